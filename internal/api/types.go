@@ -1,0 +1,221 @@
+// Package api is the wire contract of ctld's local API: HTTP/1.1 + JSON over
+// a Unix socket, versioned under /v1. It holds the request and response
+// types, the typed error codes, ID validation, and the server and client
+// plumbing. It holds no node logic.
+package api
+
+import (
+	"time"
+)
+
+// Code is one of a small fixed set of error kinds, mapped to HTTP statuses.
+type Code string
+
+const (
+	CodeInvalidArgument   Code = "invalid_argument"
+	CodeNotFound          Code = "not_found"
+	CodeConflict          Code = "conflict"
+	CodeCapacityExhausted Code = "capacity_exhausted"
+	CodeFenced            Code = "fenced"
+	CodeNotPrimary        Code = "not_primary"
+	CodeUnavailable       Code = "unavailable"
+	CodePermissionDenied  Code = "permission_denied"
+	CodeInternal          Code = "internal"
+)
+
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+// Capacity is an amount of each resource ctld hands out.
+type Capacity struct {
+	CPUMillis   int64 `json:"cpu_millis"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	PIDs        int64 `json:"pids"`
+	NBDDevices  int64 `json:"nbd_devices"`
+	Addresses   int64 `json:"addresses"`
+	DiskBytes   int64 `json:"disk_bytes"`
+}
+
+// NodeCapacity is the node's capacity ledger. Allocatable = total - reserve;
+// free = allocatable - leased - withheld.
+type NodeCapacity struct {
+	Total       Capacity `json:"total"`
+	Allocatable Capacity `json:"allocatable"`
+	Leased      Capacity `json:"leased"`
+	Withheld    Capacity `json:"withheld"`
+}
+
+// Versions of the kernel pieces ctld depends on.
+type Versions struct {
+	Ctld   string `json:"ctld"`
+	Kernel string `json:"kernel"`
+	Runsc  string `json:"runsc"`
+	Nft    string `json:"nft"`
+}
+
+// Node is the answer to GET /v1/node.
+type Node struct {
+	NodeID   string       `json:"node_id"`
+	BootID   string       `json:"boot_id"`
+	Slot     string       `json:"slot"`
+	Role     string       `json:"role"`
+	Epoch    uint64       `json:"epoch"`
+	Versions Versions     `json:"versions"`
+	Capacity NodeCapacity `json:"capacity"`
+	// Withheld lists the generations whose cleanup could not be proven.
+	Withheld []WithheldLease `json:"withheld_leases,omitempty"`
+}
+
+// WithheldLease is capacity held back because its cleanup is unproven.
+type WithheldLease struct {
+	SandboxID  string   `json:"sandbox_id"`
+	Generation uint64   `json:"generation"`
+	Reason     string   `json:"reason"`
+	Resources  Capacity `json:"resources"`
+}
+
+// Resources asked for by a claim.
+type Resources struct {
+	CPUMillis   int64  `json:"cpu_millis"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	PIDs        int64  `json:"pids"`
+	Cpuset      string `json:"cpuset,omitempty"`
+}
+
+// RootFS says where a generation's root filesystem comes from.
+type RootFS struct {
+	Mode     string `json:"mode"`     // "overlay" (now) or "block"
+	Template string `json:"template"` // template name
+}
+
+// NetworkPolicy of a sandbox. Until the network issue lands only deny_all is
+// accepted: the sandbox gets a netns with loopback and no route out.
+type NetworkPolicy struct {
+	Mode string `json:"mode"` // "deny_all"
+}
+
+// Process is the sandbox's main process.
+type Process struct {
+	Args []string `json:"args,omitempty"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	UID  uint32   `json:"uid,omitempty"`
+	GID  uint32   `json:"gid,omitempty"`
+}
+
+// ClaimRequest is the body of POST /v1/sandboxes/{id}/claim.
+type ClaimRequest struct {
+	OperationID    string        `json:"operation_id"`
+	Generation     uint64        `json:"generation"`
+	RootFS         RootFS        `json:"rootfs"`
+	Resources      Resources     `json:"resources"`
+	Network        NetworkPolicy `json:"network"`
+	Process        Process       `json:"process"`
+	MaxLifetimeSec int64         `json:"max_lifetime_sec,omitempty"`
+}
+
+// Timings of a claim's steps, in milliseconds.
+type Timings struct {
+	LeaseMS   float64 `json:"lease_ms"`
+	RootFSMS  float64 `json:"rootfs_ms"`
+	NetworkMS float64 `json:"network_ms"`
+	RunscMS   float64 `json:"runsc_ms"`
+	ProofMS   float64 `json:"proof_ms"`
+	TotalMS   float64 `json:"total_ms"`
+}
+
+// Sandbox states.
+const (
+	StateClaiming  = "claiming"
+	StateReady     = "ready"
+	StateReleasing = "releasing"
+	StateReleased  = "released"
+	StateFailed    = "failed"
+	StateLost      = "lost"
+)
+
+// Sandbox is a sandbox as ctld sees it: the identity and its current runtime
+// generation.
+type Sandbox struct {
+	ID          string    `json:"id"`
+	Generation  uint64    `json:"generation"`
+	State       string    `json:"state"`
+	ContainerID string    `json:"container_id,omitempty"`
+	LeaseID     string    `json:"lease_id,omitempty"`
+	Resources   Resources `json:"resources"`
+	RootFS      RootFS    `json:"rootfs"`
+	Epoch       uint64    `json:"epoch"`
+	CreatedAt   time.Time `json:"created_at"`
+	Timings     Timings   `json:"timings"`
+	Reason      string    `json:"reason,omitempty"`
+	// OOMKills counts memory.max kills seen in the lease (memory.events).
+	OOMKills int64 `json:"oom_kills"`
+}
+
+// ClaimResponse answers a claim once the readiness proof arrived.
+type ClaimResponse struct {
+	Sandbox Sandbox `json:"sandbox"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec. With
+// Accept: text/event-stream the output streams as events "stdout",
+// "stderr" (data = base64 chunk) and "exit" (data = ExecResult JSON).
+type ExecRequest struct {
+	Args       []string `json:"args"`
+	Env        []string `json:"env,omitempty"`
+	Cwd        string   `json:"cwd,omitempty"`
+	Stdin      []byte   `json:"stdin,omitempty"`
+	TimeoutSec int64    `json:"timeout_sec,omitempty"`
+}
+
+// ExecResult is the plain JSON answer of exec.
+type ExecResult struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   []byte `json:"stdout"`
+	Stderr   []byte `json:"stderr"`
+}
+
+// ReleaseRequest is the body of POST /v1/sandboxes/{id}/release.
+type ReleaseRequest struct {
+	OperationID string `json:"operation_id"`
+	Generation  uint64 `json:"generation"`
+}
+
+// ProofCheck is one check of a cleanup proof.
+type ProofCheck struct {
+	Name   string `json:"name"` // e.g. "cgroup_removed"
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// CleanupProof says everything of one generation is physically gone.
+// Signature is ed25519 over SignedBytes() (the JSON of the proof with an
+// empty signature), by the node key whose public half is NodeKey.
+type CleanupProof struct {
+	OperationID string       `json:"operation_id"`
+	NodeID      string       `json:"node_id"`
+	BootID      string       `json:"boot_id"`
+	Epoch       uint64       `json:"epoch"`
+	SandboxID   string       `json:"sandbox_id"`
+	Generation  uint64       `json:"generation"`
+	LeaseID     string       `json:"lease_id"`
+	Checks      []ProofCheck `json:"checks"`
+	Clean       bool         `json:"clean"`
+	Time        time.Time    `json:"time"`
+	NodeKey     []byte       `json:"node_key"`
+	Signature   []byte       `json:"signature"`
+}
+
+// ReleaseResponse answers a release.
+type ReleaseResponse struct {
+	Sandbox Sandbox      `json:"sandbox"`
+	Proof   CleanupProof `json:"proof"`
+}
+
+// SandboxList answers GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}

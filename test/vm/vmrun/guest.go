@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// initModules are loaded by the initramfs, in this order, to reach the
+// host's root over virtio-9p and put a tmpfs overlay over it.
+var initModules = []string{
+	"virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev",
+	"virtio_pci", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p", "overlay",
+}
+
+// guestModules are what a sandbox host needs; the guest script modprobes them
+// and the kernel tests fail if one is missing.
+var guestModules = []string{
+	"nbd nbds_max=16", "nf_tables", "nft_chain_nat", "nft_ct", "nft_nat", "nft_masq",
+	"nft_reject_inet", "nft_fib_inet", "veth", "overlay", "xfs", "ext4", "loop", "tun",
+}
+
+// initScript is /init of the initramfs (busybox sh). It mounts the host's /
+// read-only, a tmpfs upper over it, binds the unpacked kernel's modules and
+// the results share, and switches root into the guest script.
+func initScript(kver, kdir string) string {
+	return fmt.Sprintf(`#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in $(cat /modules.order); do
+	insmod /modules/$m.ko || echo "vm-init: insmod $m failed"
+done
+if grep -q ctldprobe /proc/cmdline; then
+	echo CTLD-PROBE-OK
+	poweroff -f
+fi
+die() { echo "vm-init: $*"; echo CTLD-INIT-FAILED; poweroff -f; }
+mkdir -p /hostroot /rw /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot /hostroot || die "mount host root"
+mount -t tmpfs -o mode=755 tmpfs /rw || die "mount tmpfs"
+mkdir -p /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/hostroot,upperdir=/rw/upper,workdir=/rw/work /newroot || die "mount overlay root"
+mkdir -p /newroot/lib/modules/%[1]s /newroot/ctld-vm
+mount --bind /newroot%[2]s/lib/modules/%[1]s /newroot/lib/modules/%[1]s || die "bind modules"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 ctldvm /newroot/ctld-vm || die "mount results share"
+umount /proc /sys
+mount --move /dev /newroot/dev || die "move /dev"
+exec switch_root /newroot /bin/sh /ctld-vm/guest.sh
+`, kver, kdir)
+}
+
+// Job is one program the guest runs as root: a test binary or a command.
+type Job struct {
+	Name    string   // shown in the summary (a package path for tests)
+	Dir     string   // working directory in the guest (same path as on the host)
+	Argv    []string // program and arguments
+	IsTest  bool     // output is `go test -v` output to count
+	Timeout int      // seconds
+}
+
+// guestScript is run by the guest as PID 1 after switch_root.
+func guestScript(jobs []Job, env []string) string {
+	var b strings.Builder
+	b.WriteString(`#!/bin/sh
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin
+export HOME=/root
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -p /dev/pts /dev/shm /run/netns /var/lib/ctld /var/tmp
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+# ctld's state and scratch must sit on a filesystem that can be an overlay upper.
+mount -t tmpfs tmpfs /var/lib/ctld
+mount -t tmpfs -o mode=1777 tmpfs /var/tmp
+mount -t cgroup2 cgroup2 /sys/fs/cgroup || echo "vm: cannot mount cgroup2"
+for c in cpu memory pids cpuset io; do
+	echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control || echo "vm: cannot enable cgroup controller $c"
+done
+`)
+	for _, m := range guestModules {
+		fmt.Fprintf(&b, "modprobe %s || echo \"vm: modprobe %s failed\"\n", m, strings.Fields(m)[0])
+	}
+	b.WriteString(`ip link set lo up
+hostname ctld-vm
+mkdir -p /ctld-vm/out
+echo CTLD-GUEST-UP
+`)
+	for _, e := range env {
+		fmt.Fprintf(&b, "export %s\n", shellQuote(e))
+	}
+	for i, j := range jobs {
+		fmt.Fprintf(&b, "echo '=== vm job %d: %s'\n", i, strings.ReplaceAll(j.Name, "'", ""))
+		fmt.Fprintf(&b, "(cd %s && timeout -k 10 %d %s; echo $? > /ctld-vm/out/%d.rc) 2>&1 | tee /ctld-vm/out/%d.log\n",
+			shellQuote(j.Dir), j.Timeout, shellJoin(j.Argv), i, i)
+	}
+	b.WriteString(`dmesg -l err,crit,alert,emerg > /ctld-vm/dmesg.txt 2>&1
+echo done > /ctld-vm/done
+sync
+echo CTLD-GUEST-DONE
+busybox poweroff -f || echo o > /proc/sysrq-trigger
+`)
+	return b.String()
+}
+
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func shellJoin(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = shellQuote(a)
+	}
+	return strings.Join(q, " ")
+}

@@ -1,0 +1,435 @@
+// Command vmrun runs ctld's kernel tests (or any command) as root inside a
+// qemu VM booted from the stock Debian kernel, with the build machine's / as
+// a read-only root under a tmpfs overlay. It builds the test binaries on the
+// host, boots the guest, streams the guest console, brings back each job's
+// output and exit status, and prints a per-package summary. It fails if the
+// guest dies, hangs, a job fails, or any kernel test skipped.
+//
+//	vmrun -kernel DIR [-run REGEX] [-timeout 20m] PKG...        test packages
+//	vmrun -kernel DIR -cmd 'shell command' [-cmd ...]            commands
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+type config struct {
+	kernelDir string
+	cacheDir  string
+	run       string
+	bench     string
+	timeout   time.Duration
+	jobTime   time.Duration
+	memMB     int
+	smp       int
+	accel     string
+	cmds      multiFlag
+	env       multiFlag
+	pkgs      []string
+	keep      bool
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func main() {
+	var c config
+	flag.StringVar(&c.kernelDir, "kernel", os.Getenv("CTLD_VM_KERNEL_DIR"), "unpacked Debian kernel package (from test/vm/setup.sh)")
+	flag.StringVar(&c.cacheDir, "cache", envOr("CTLD_VM_CACHE", "/var/cache/ctld-vm"), "cache directory")
+	flag.StringVar(&c.run, "run", "", "only tests matching this regexp (go test -run)")
+	flag.StringVar(&c.bench, "bench", "", "run benchmarks matching this regexp (go test -bench), tests off")
+	flag.DurationVar(&c.timeout, "timeout", 25*time.Minute, "whole VM run limit")
+	flag.DurationVar(&c.jobTime, "job-timeout", 15*time.Minute, "limit per test binary or command")
+	flag.IntVar(&c.memMB, "mem", 4096, "guest memory in MiB")
+	flag.IntVar(&c.smp, "smp", 2, "guest CPUs")
+	flag.StringVar(&c.accel, "accel", envOr("CTLD_VM_ACCEL", "auto"), "tcg, kvm, or auto (kvm only if a probe boot succeeds)")
+	flag.Var(&c.cmds, "cmd", "shell command to run in the guest (repeatable)")
+	flag.Var(&c.env, "env", "K=V exported in the guest (repeatable)")
+	flag.BoolVar(&c.keep, "keep", false, "keep the work directory")
+	flag.Parse()
+	c.pkgs = flag.Args()
+
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	if err := run(ctx, c); err != nil {
+		fmt.Fprintf(os.Stderr, "vmrun: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, c config) error {
+	if c.kernelDir == "" {
+		return errors.New("no kernel: pass -kernel DIR (test/vm/setup.sh prints it)")
+	}
+	if len(c.pkgs) == 0 && len(c.cmds) == 0 {
+		return errors.New("nothing to run: give packages or -cmd")
+	}
+	kver, err := kernelVersion(c.kernelDir)
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "ctld-vm-")
+	if err != nil {
+		return fmt.Errorf("make work dir: %w", err)
+	}
+	if c.keep {
+		fmt.Fprintf(os.Stderr, "vmrun: work dir %s\n", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+	share := filepath.Join(work, "share")
+	if err := os.MkdirAll(filepath.Join(share, "bin"), 0o755); err != nil {
+		return err
+	}
+
+	var jobs []Job
+	if len(c.pkgs) > 0 {
+		t0 := time.Now()
+		tj, err := buildTests(ctx, c, filepath.Join(share, "bin"))
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, tj...)
+		fmt.Printf("vmrun: built %d test binaries in %.1fs\n", len(tj), time.Since(t0).Seconds())
+	}
+	wd, _ := os.Getwd()
+	for _, cmd := range c.cmds {
+		jobs = append(jobs, Job{Name: cmd, Dir: wd, Argv: []string{"/bin/sh", "-c", cmd}, Timeout: int(c.jobTime.Seconds())})
+	}
+	if len(jobs) == 0 {
+		return errors.New("no test binaries: the packages have no tests")
+	}
+
+	env := append([]string{"CTLD_KERNEL_TESTS=1", "CTLD_IN_VM=1"}, c.env...)
+	if err := os.WriteFile(filepath.Join(share, "guest.sh"), []byte(guestScript(jobs, env)), 0o755); err != nil {
+		return err
+	}
+	initrd := filepath.Join(work, "initrd.cpio")
+	if err := buildInitramfs(ctx, c.kernelDir, kver, filepath.Join(work, "initramfs"), initrd); err != nil {
+		return err
+	}
+	accel := c.accel
+	if accel == "auto" {
+		accel = probeAccel(ctx, c, kver, initrd)
+	}
+	fmt.Printf("vmrun: booting kernel %s (accel %s, %d MiB, %d cpus)\n", kver, accel, c.memMB, c.smp)
+
+	res, err := boot(ctx, c, kver, initrd, share, accel)
+	if err != nil {
+		return err
+	}
+	return report(jobs, share, res)
+}
+
+func kernelVersion(kdir string) (string, error) {
+	ents, err := os.ReadDir(filepath.Join(kdir, "lib/modules"))
+	if err != nil || len(ents) != 1 {
+		return "", fmt.Errorf("find kernel version under %s/lib/modules: want one dir (err %v)", kdir, err)
+	}
+	return ents[0].Name(), nil
+}
+
+// buildTests compiles each package's tests with `go test -c`, skipping
+// packages without test files.
+func buildTests(ctx context.Context, c config, outDir string) ([]Job, error) {
+	args := append([]string{"list", "-f", "{{.ImportPath}}\t{{.Dir}}\t{{len .TestGoFiles}}\t{{len .XTestGoFiles}}"}, c.pkgs...)
+	out, err := exec.CommandContext(ctx, "go", args...).Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list %v: %w", c.pkgs, stderrOf(err))
+	}
+	var jobs []Job
+	for i, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 4 || (f[2] == "0" && f[3] == "0") {
+			continue
+		}
+		bin := filepath.Join(outDir, fmt.Sprintf("%d-%s.test", i, filepath.Base(f[0])))
+		cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", bin, f[0])
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("build tests of %s: %w", f[0], err)
+		}
+		// The guest sees the share at /ctld-vm; /tmp there is its own tmpfs.
+		guestBin := "/ctld-vm/bin/" + filepath.Base(bin)
+		argv := []string{guestBin, "-test.v", "-test.timeout", c.jobTime.String()}
+		if c.bench != "" {
+			argv = append(argv, "-test.run", "^$", "-test.bench", c.bench, "-test.benchtime", "1x")
+		} else if c.run != "" {
+			argv = append(argv, "-test.run", c.run)
+		}
+		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", Timeout: int(c.jobTime.Seconds()) + 30})
+	}
+	return jobs, nil
+}
+
+func stderrOf(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
+	}
+	return err
+}
+
+// buildInitramfs makes a busybox initramfs holding the modules needed to
+// reach the host's root.
+func buildInitramfs(ctx context.Context, kdir, kver, dir, out string) error {
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return fmt.Errorf("find busybox (install busybox-static): %w", err)
+	}
+	for _, d := range []string{"bin", "proc", "sys", "dev", "modules"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := copyFile(bb, filepath.Join(dir, "bin/busybox"), 0o755); err != nil {
+		return err
+	}
+	mods := filepath.Join(kdir, "lib/modules", kver, "kernel")
+	found := map[string]string{}
+	err = filepath.WalkDir(mods, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".ko") {
+			found[strings.TrimSuffix(d.Name(), ".ko")] = p
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("walk modules: %w", err)
+	}
+	for _, m := range initModules {
+		p, ok := found[m]
+		if !ok {
+			return fmt.Errorf("module %s not in %s", m, mods)
+		}
+		if err := copyFile(p, filepath.Join(dir, "modules", m+".ko"), 0o644); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "modules.order"), []byte(strings.Join(initModules, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "init"), []byte(initScript(kver, kdir)), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, "sh", "-c", "find . | cpio -o -H newc --quiet")
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, f, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("build initramfs: %w", err)
+	}
+	return nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, mode)
+}
+
+// probeAccel uses KVM only if a probe boot under KVM reaches userspace; the
+// verdict is cached per host kernel. On the build machines KVM hangs right
+// after decompression, so the answer there is tcg.
+func probeAccel(ctx context.Context, c config, kver, initrd string) string {
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return "tcg"
+	}
+	uname, _ := exec.Command("uname", "-r").Output()
+	cache := filepath.Join(c.cacheDir, "kvm-probe-"+strings.TrimSpace(string(uname)))
+	if b, err := os.ReadFile(cache); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	args := []string{"-accel", "kvm", "-m", "512", "-nographic", "-monitor", "none", "-no-reboot", "-net", "none",
+		"-kernel", filepath.Join(c.kernelDir, "boot", "vmlinuz-"+kver), "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 loglevel=3 ctldprobe"}
+	out, _ := exec.CommandContext(pctx, "qemu-system-x86_64", args...).CombinedOutput()
+	verdict := "tcg"
+	if strings.Contains(string(out), "CTLD-PROBE-OK") {
+		verdict = "kvm"
+	}
+	_ = os.WriteFile(cache, []byte(verdict+"\n"), 0o644)
+	fmt.Printf("vmrun: kvm probe: %s (cached in %s)\n", verdict, cache)
+	return verdict
+}
+
+type bootResult struct {
+	bootTime time.Duration
+	kernel   []string // console lines that show kernel trouble
+	exitErr  error
+	timedOut bool
+}
+
+var troubleRE = regexp.MustCompile(`(Oops|BUG:|Kernel panic|general protection fault|blocked for more than|hung_task|Call Trace:|WARNING: CPU|INFO: task|out of memory: Killed|CTLD-INIT-FAILED)`)
+
+func boot(ctx context.Context, c config, kver, initrd, share, accel string) (bootResult, error) {
+	args := []string{
+		"-accel", accel, "-m", strconv.Itoa(c.memMB), "-smp", strconv.Itoa(c.smp),
+		"-nographic", "-monitor", "none", "-no-reboot", "-net", "none",
+		"-kernel", filepath.Join(c.kernelDir, "boot", "vmlinuz-"+kver), "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 loglevel=4 hung_task_timeout_secs=60",
+		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+		"-virtfs", "local,path=" + share + ",mount_tag=ctldvm,security_model=none,multidevs=remap",
+	}
+	if accel == "kvm" {
+		args = append(args, "-cpu", "host")
+	} else {
+		args = append(args, "-cpu", "max")
+	}
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	cmd.Stdin = nil
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	var res bootResult
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("start qemu: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := strings.TrimRight(sc.Text(), "\r")
+			fmt.Println(line)
+			if strings.Contains(line, "CTLD-GUEST-UP") && res.bootTime == 0 {
+				res.bootTime = time.Since(start)
+				fmt.Printf("vmrun: guest up after %.1fs\n", res.bootTime.Seconds())
+			}
+			if troubleRE.MatchString(line) {
+				res.kernel = append(res.kernel, line)
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	res.exitErr = cmd.Wait()
+	pw.Close()
+	wg.Wait()
+	res.timedOut = ctx.Err() != nil
+	fmt.Printf("vmrun: guest ran %.1fs\n", time.Since(start).Seconds())
+	return res, nil
+}
+
+type pkgCount struct{ pass, fail, skip int }
+
+var resultRE = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): `)
+
+// countResults counts `go test -v` result lines.
+func countResults(log string) pkgCount {
+	var pc pkgCount
+	for _, l := range strings.Split(log, "\n") {
+		m := resultRE.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		switch m[1] {
+		case "PASS":
+			pc.pass++
+		case "FAIL":
+			pc.fail++
+		case "SKIP":
+			pc.skip++
+		}
+	}
+	return pc
+}
+
+func report(jobs []Job, share string, res bootResult) error {
+	var problems []string
+	if res.timedOut {
+		problems = append(problems, "the guest hung: killed at the run's time limit")
+	} else if res.exitErr != nil {
+		problems = append(problems, fmt.Sprintf("qemu failed: %v", res.exitErr))
+	}
+	if _, err := os.Stat(filepath.Join(share, "done")); err != nil && !res.timedOut {
+		problems = append(problems, "the guest died before finishing its jobs")
+	}
+	if b, err := os.ReadFile(filepath.Join(share, "dmesg.txt")); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		fmt.Printf("vmrun: guest kernel errors (dmesg -l err+):\n%s", b)
+	}
+	for _, l := range res.kernel {
+		problems = append(problems, "guest kernel: "+l)
+	}
+	var total pkgCount
+	fmt.Println("vmrun: summary")
+	for i, j := range jobs {
+		rcb, err := os.ReadFile(filepath.Join(share, "out", strconv.Itoa(i)+".rc"))
+		rc := -1
+		if err == nil {
+			rc, _ = strconv.Atoi(strings.TrimSpace(string(rcb)))
+		}
+		logb, _ := os.ReadFile(filepath.Join(share, "out", strconv.Itoa(i)+".log"))
+		status := "ok  "
+		if rc != 0 {
+			status = "FAIL"
+			why := fmt.Sprintf("exit status %d", rc)
+			switch rc {
+			case -1:
+				why = "no exit status (did not run or did not finish)"
+			case 124, 137:
+				why = "timed out in the guest"
+			}
+			problems = append(problems, fmt.Sprintf("%s: %s", j.Name, why))
+		}
+		if j.IsTest {
+			pc := countResults(string(logb))
+			if pc.pass+pc.fail+pc.skip == 0 && rc == 0 {
+				problems = append(problems, j.Name+": no test ran (check -run)")
+				status = "FAIL"
+			}
+			if pc.skip > 0 {
+				problems = append(problems, fmt.Sprintf("%s: %d test(s) skipped in the VM; kernel tests must run", j.Name, pc.skip))
+				status = "FAIL"
+			}
+			total.pass += pc.pass
+			total.fail += pc.fail
+			total.skip += pc.skip
+			fmt.Printf("  %s %-50s passed %3d  failed %3d  skipped %3d\n", status, j.Name, pc.pass, pc.fail, pc.skip)
+		} else {
+			fmt.Printf("  %s %s (exit %d)\n", status, j.Name, rc)
+		}
+	}
+	if res.bootTime > 0 {
+		fmt.Printf("vmrun: boot to guest userspace %.1fs\n", res.bootTime.Seconds())
+	}
+	if total.pass+total.fail+total.skip > 0 {
+		fmt.Printf("vm: %d passed, %d failed, %d skipped\n", total.pass, total.fail, total.skip)
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Printf("vmrun: FAIL: %s\n", p)
+		}
+		return fmt.Errorf("%d problem(s) in the VM run", len(problems))
+	}
+	return nil
+}

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCountResults(t *testing.T) {
+	log := `=== RUN   TestA
+--- PASS: TestA (0.00s)
+=== RUN   TestB
+=== RUN   TestB/sub
+    --- SKIP: TestB/sub (0.00s)
+--- FAIL: TestB (0.01s)
+some output --- PASS: not a result line
+PASS`
+	got := countResults(log)
+	if got != (pkgCount{pass: 1, fail: 1, skip: 1}) {
+		t.Fatalf("countResults = %+v, want 1 pass, 1 fail, 1 skip", got)
+	}
+}
+
+func TestGuestScriptQuotesArguments(t *testing.T) {
+	s := guestScript([]Job{{Name: "x", Dir: "/a b", Argv: []string{"/bin/t", "it's"}, Timeout: 5}}, []string{"K=v w"})
+	for _, want := range []string{
+		`cd '/a b' && timeout -k 10 5 '/bin/t' 'it'\''s'`,
+		`export 'K=v w'`,
+		"echo $? > /ctld-vm/out/0.rc",
+		"mount -t cgroup2 cgroup2 /sys/fs/cgroup",
+		"modprobe nbd nbds_max=16",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("guest script lacks %q", want)
+		}
+	}
+}
