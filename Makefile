@@ -17,7 +17,7 @@ build:
 	$(GO) build ./...
 
 vet:
-	@test -z "$$(gofmt -l cmd internal test)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 
 # Unit tests on the host: kernel tests skip here with a visible reason.

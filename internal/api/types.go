@@ -162,7 +162,8 @@ type ClaimResponse struct {
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. With
 // Accept: text/event-stream the output streams as events "stdout",
-// "stderr" (data = base64 chunk) and "exit" (data = ExecResult JSON).
+// "stderr" (data = base64 chunk) and a last "exit" (data = ExecExit JSON)
+// or "error" (data = ErrorBody JSON); see sse.go.
 type ExecRequest struct {
 	Args       []string `json:"args"`
 	Env        []string `json:"env,omitempty"`
@@ -171,11 +172,14 @@ type ExecRequest struct {
 	TimeoutSec int64    `json:"timeout_sec,omitempty"`
 }
 
-// ExecResult is the plain JSON answer of exec.
+// ExecResult is the plain JSON answer of exec. Each output is capped at the
+// server's MaxFileBytes; the rest is dropped and flagged as truncated.
 type ExecResult struct {
-	ExitCode int    `json:"exit_code"`
-	Stdout   []byte `json:"stdout"`
-	Stderr   []byte `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	Stdout          []byte `json:"stdout"`
+	Stderr          []byte `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
 }
 
 // ReleaseRequest is the body of POST /v1/sandboxes/{id}/release.

@@ -67,7 +67,12 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/lo
 export HOME=/root
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays the host's (read-only lower, tmpfs upper) so a checkout under
+# /tmp is visible at the same path; tests get a fresh tmpfs as TMPDIR, which
+# can also be an overlay upper.
+mkdir -p /ctld-tmp
+mount -t tmpfs -o mode=1777 tmpfs /ctld-tmp
+export TMPDIR=/ctld-tmp
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /dev/pts /dev/shm /run/netns /var/lib/ctld /var/tmp
 mount -t devpts devpts /dev/pts
