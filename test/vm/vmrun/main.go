@@ -112,7 +112,13 @@ func run(ctx context.Context, c config) error {
 			return err
 		}
 		jobs = append(jobs, tj...)
-		fmt.Printf("vmrun: built %d test binaries in %.1fs\n", len(tj), time.Since(t0).Seconds())
+		// End-to-end tests drive the real binaries: build them on the host.
+		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, "bin", "cmd")+"/", "./cmd/...")
+		build.Stdout, build.Stderr = os.Stdout, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build ./cmd/...: %w", err)
+		}
+		fmt.Printf("vmrun: built %d test binaries and ./cmd/... in %.1fs\n", len(tj), time.Since(t0).Seconds())
 	}
 	wd, _ := os.Getwd()
 	for _, cmd := range c.cmds {
@@ -122,7 +128,7 @@ func run(ctx context.Context, c config) error {
 		return errors.New("no test binaries: the packages have no tests")
 	}
 
-	env := append([]string{"CTLD_KERNEL_TESTS=1", "CTLD_IN_VM=1"}, c.env...)
+	env := append([]string{"CTLD_KERNEL_TESTS=1", "CTLD_IN_VM=1", "CTLD_BIN_DIR=/ctld-vm/bin/cmd"}, c.env...)
 	if err := os.WriteFile(filepath.Join(share, "guest.sh"), []byte(guestScript(jobs, env)), 0o755); err != nil {
 		return err
 	}

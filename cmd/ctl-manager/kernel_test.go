@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/node/ha"
+)
+
+// startCtld runs the real `ctld run --slot a` built by the VM harness and
+// waits until it serves the API as primary.
+func startCtld(t *testing.T) (socket string) {
+	t.Helper()
+	dir := os.Getenv("CTLD_BIN_DIR")
+	bin := filepath.Join(dir, "ctld")
+	if _, err := os.Stat(bin); dir == "" || err != nil {
+		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
+	}
+	root := t.TempDir()
+	stateDir, runDir := filepath.Join(root, "state"), filepath.Join(root, "run")
+	parent := "ctlm-kt-" + strings.ReplaceAll(t.Name(), "/", "-") + ".slice"
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(runDir, "runsc")}})
+	t.Cleanup(func() {
+		// The parent is ctld's to create and the operator's to remove.
+		if err := os.Remove(filepath.Join(ktest.CgroupRoot, parent)); err != nil && !os.IsNotExist(err) {
+			t.Errorf("remove cgroup parent: %v", err)
+		}
+	})
+	logPath := filepath.Join(root, "ctld-a.log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	cmd := exec.Command(bin, "run", "--slot", "a", "--state-dir", stateDir, "--run-dir", runDir, "--cgroup-parent", parent, "--group", "")
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start ctld: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("ctld ignored SIGTERM for 30s; killing")
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("ctld log:\n%s", b)
+		}
+	})
+	socket = filepath.Join(runDir, "ctld.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		st, perr := ha.Probe(ctx, filepath.Join(runDir, "ctld-a.sock"))
+		if perr == nil && st.Role == ha.RolePrimary && st.Health == "ok" {
+			if _, err := (&api.Client{SocketPath: socket}).Node(ctx); err == nil {
+				return socket
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("ctld not serving as primary within 60s (last probe: %+v, %v)", st, perr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestKernelCLIAgainstRealCtld drives the whole CLI against a real ctld
+// with a real gVisor guest: create, exec, files, ls, destroy with a
+// verified cleanup proof, and the next generation of the same identity.
+func TestKernelCLIAgainstRealCtld(t *testing.T) {
+	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
+	ktest.RequireBinary(t, "runsc")
+	socket := startCtld(t)
+	e := &env{t: t, socket: socket, db: filepath.Join(t.TempDir(), "manager.db")}
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			e.run("", "sandbox", "destroy", "kt1")
+		}
+	})
+
+	var st manager.NodeStatus
+	if err := json.Unmarshal([]byte(e.ok("--json", "node", "status")), &st); err != nil || st.Node.Role != "primary" {
+		t.Fatalf("node status = %+v, %v", st, err)
+	}
+
+	out := e.ok("sandbox", "create", "kt1", "--cpu", "0.5", "--memory", "256Mi", "--pids", "128")
+	if !strings.Contains(out, "sandbox kt1 ready: generation 1") {
+		t.Fatalf("create:\n%s", out)
+	}
+	t.Logf("create:\n%s", out)
+
+	r := e.run("", "sandbox", "exec", "kt1", "--", "/bin/sh", "-c", "echo hello from $(hostname); echo oops >&2; exit 3")
+	if r.code != 3 || r.stdout != "hello from kt1\n" || r.stderr != "oops\n" {
+		t.Fatalf("exec = %+v, want exit 3 with the guest's output", r)
+	}
+	if r := e.run("file body", "sandbox", "file", "put", "kt1", "/note"); r.code != 0 {
+		t.Fatalf("file put = %+v", r)
+	}
+	if out := e.ok("sandbox", "exec", "kt1", "--", "/bin/cat", "/note"); out != "file body" {
+		t.Fatalf("guest sees %q", out)
+	}
+	if out := e.ok("sandbox", "file", "get", "kt1", "/note"); out != "file body" {
+		t.Fatalf("file get = %q", out)
+	}
+	if out := e.ok("sandbox", "ls"); !regexp.MustCompile(`(?m)^kt1\s+1\s+ready\s+ready\s+500m\s+256Mi\s+in_sync$`).MatchString(out) {
+		t.Fatalf("ls:\n%s", out)
+	}
+
+	out = e.ok("sandbox", "destroy", "kt1")
+	released = true
+	m := regexp.MustCompile(`proof (\S+) verified: kt1 generation 1 is gone`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("destroy:\n%s", out)
+	}
+	t.Logf("destroy:\n%s", out)
+	var v manager.Verdict
+	if err := json.Unmarshal([]byte(e.ok("--json", "proof", "verify", m[1])), &v); err != nil || !v.OK() || len(v.Proof.Checks) == 0 {
+		t.Fatalf("proof verify = %+v, %v", v, err)
+	}
+	if err := json.Unmarshal([]byte(e.ok("--json", "node", "status")), &st); err != nil || len(st.Record.PublicKey) == 0 {
+		t.Fatalf("node key not pinned after the first proof: %+v, %v", st.Record, err)
+	}
+	if st.Node.Capacity.Leased.CPUMillis != 0 {
+		t.Fatalf("capacity still leased after a proven release: %+v", st.Node.Capacity.Leased)
+	}
+
+	// The identity outlives its generation.
+	released = false
+	if out := e.ok("sandbox", "create", "kt1"); !strings.Contains(out, "generation 2") {
+		t.Fatalf("recreate:\n%s", out)
+	}
+	if out := e.ok("sandbox", "destroy", "kt1"); !strings.Contains(out, "verified: kt1 generation 2 is gone") {
+		t.Fatalf("second destroy:\n%s", out)
+	}
+	released = true
+}

@@ -1,0 +1,658 @@
+// Command ctl-manager is the thin manager and operator CLI of ctld: it keeps
+// the lifecycle truth in SQLite and issues claims to ctld over its Unix
+// socket.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/manager"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// cli holds the global flags and the process's streams; commands read
+// everything from here, so tests run the whole CLI in-process.
+type cli struct {
+	socket  string
+	db      string
+	json    bool
+	timeout time.Duration
+	verbose bool
+
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	// ran is set once a command's action starts: an error before that is
+	// a usage error (bad flag, wrong argument count, unknown command).
+	ran bool
+}
+
+// usageError is a mistake in the command line (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+
+// exitCode ends the process with a code and no message (the guest's exit
+// code of exec).
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit code %d", int(e)) }
+
+// opError names what failed, for the one-line message.
+type opError struct {
+	what string
+	err  error
+}
+
+func (e opError) Error() string { return e.what + ": " + e.err.Error() }
+func (e opError) Unwrap() error { return e.err }
+
+// errorLine renders an error as the single line ctl-manager prints:
+// "ctl-manager: <what>: <code>: <message>" for API errors, local errors
+// with their own wrapping otherwise.
+func errorLine(err error) string {
+	what, inner := "", err
+	var oe opError
+	if errors.As(err, &oe) {
+		what, inner = oe.what+": ", oe.err
+	}
+	var ae *api.Error
+	if errors.As(inner, &ae) {
+		return "ctl-manager: " + what + string(ae.Code) + ": " + oneLine(ae.Message)
+	}
+	return "ctl-manager: " + what + oneLine(inner.Error())
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := c.rootCommand(getenv)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	var ec exitCode
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ec):
+		return int(ec)
+	case errors.As(err, &ue) || !c.ran:
+		fmt.Fprintf(stderr, "ctl-manager: %s\nRun 'ctl-manager --help' for usage.\n", oneLine(err.Error()))
+		return exitUsage
+	}
+	fmt.Fprintln(stderr, errorLine(err))
+	return exitError
+}
+
+func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "ctl-manager",
+		Short:         "Manage sandboxes on a ctld node",
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	db := getenv("CTL_MANAGER_DB")
+	if db == "" {
+		db = manager.DefaultDBPath
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&c.socket, "socket", api.DefaultSocketPath, "ctld API socket")
+	pf.StringVar(&c.db, "db", db, "manager database (env CTL_MANAGER_DB)")
+	pf.BoolVar(&c.json, "json", false, "print JSON")
+	pf.DurationVar(&c.timeout, "timeout", 5*time.Minute, "give up after this long (0: never)")
+	pf.BoolVarP(&c.verbose, "verbose", "v", false, "log what the manager does to stderr")
+
+	sandbox := group("sandbox", "Create, use and destroy sandboxes")
+	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand())
+	node := group("node", "Inspect the node")
+	node.AddCommand(c.nodeStatusCommand())
+	proof := group("proof", "Check cleanup proofs")
+	proof.AddCommand(c.proofVerifyCommand())
+	root.AddCommand(sandbox, node, proof)
+	return root
+}
+
+// group is a command that only holds subcommands. Cobra would print help
+// and exit 0 for a mistyped subcommand; here it is a usage error.
+func group(use, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+			}
+			return usageError{fmt.Errorf("%s needs a subcommand", cmd.CommandPath())}
+		},
+	}
+}
+
+// action wraps a command body: it marks the start of the run (errors from
+// here on are not usage errors), applies --timeout, and names the failure.
+func (c *cli) action(what func(args []string) string, fn func(ctx context.Context, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c.ran = true
+		ctx := cmd.Context()
+		if c.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.timeout)
+			defer cancel()
+		}
+		err := fn(ctx, args)
+		var ue usageError
+		var ec exitCode
+		if err == nil || errors.As(err, &ue) || errors.As(err, &ec) {
+			return err
+		}
+		return opError{what: what(args), err: err}
+	}
+}
+
+func (c *cli) logger() *slog.Logger {
+	level := slog.LevelError + 1 // quiet: failures are reported as one line
+	if c.verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// manager builds the Manager; commands that only talk to the node (exec,
+// files) do not open the database.
+func (c *cli) manager(ctx context.Context, withStore bool) (*manager.Manager, func(), error) {
+	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger()}
+	if !withStore {
+		return m, func() {}, nil
+	}
+	st, err := manager.OpenStore(ctx, c.db, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.Store = st
+	return m, func() { st.Close() }, nil
+}
+
+func (c *cli) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
+}
+
+func named(verb string) func([]string) string {
+	return func(args []string) string {
+		if len(args) > 0 {
+			return verb + " " + args[0]
+		}
+		return verb
+	}
+}
+
+func fixed(what string) func([]string) string { return func([]string) string { return what } }
+
+// splitDash separates ID arguments from the command after "--".
+func splitDash(cmd *cobra.Command, args []string) (before, after []string) {
+	if i := cmd.ArgsLenAtDash(); i >= 0 {
+		return args[:i], args[i:]
+	}
+	return args, nil
+}
+
+func (c *cli) createCommand() *cobra.Command {
+	var cpu, memory, template, mode, cwd string
+	var pids, lifetime int64
+	var env []string
+	cmd := &cobra.Command{
+		Use:   "create ID [flags] [-- CMD ARGS...]",
+		Short: "Create a sandbox (claim its next generation)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if before, _ := splitDash(cmd, args); len(before) != 1 {
+				return usageError{fmt.Errorf("sandbox create takes one ID before \"--\", got %d", len(before))}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cpu, "cpu", "500m", "CPU: millicores (500m) or cores (0.5, 2)")
+	f.StringVar(&memory, "memory", "256Mi", "memory: 256Mi, 1Gi, 512M or bytes")
+	f.Int64Var(&pids, "pids", 256, "maximum number of processes")
+	f.StringVar(&template, "template", "busybox", "RootFS template")
+	f.StringVar(&mode, "mode", api.RootFSOverlay, "RootFS mode")
+	f.StringArrayVar(&env, "env", nil, "environment of the main process (KEY=VALUE, repeatable)")
+	f.StringVar(&cwd, "cwd", "", "working directory of the main process")
+	f.Int64Var(&lifetime, "max-lifetime", 0, "seconds until the node releases it (0: none)")
+	cmd.RunE = c.action(named("create sandbox"), func(ctx context.Context, args []string) error {
+		ids, proc := splitDash(cmd, args)
+		millis, err := manager.ParseCPU(cpu)
+		if err != nil {
+			return usageError{fmt.Errorf("--cpu: %w", err)}
+		}
+		mem, err := manager.ParseMemory(memory)
+		if err != nil {
+			return usageError{fmt.Errorf("--memory: %w", err)}
+		}
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		res, err := m.Create(ctx, ids[0], manager.Spec{
+			Resources:      api.Resources{CPUMillis: millis, MemoryBytes: mem, PIDs: pids},
+			RootFS:         api.RootFS{Mode: mode, Template: template},
+			Network:        api.NetworkPolicy{Mode: api.NetworkDenyAll},
+			Process:        api.Process{Args: proc, Env: env, Cwd: cwd},
+			MaxLifetimeSec: lifetime,
+		})
+		if err != nil {
+			if res.OperationID != "" && !res.Reused && api.CodeOf(err) == api.CodeUnavailable {
+				err = fmt.Errorf("%w (operation %s stays pending; run create again to retry it)", err, res.OperationID)
+			}
+			return err
+		}
+		if c.json {
+			return c.printJSON(res)
+		}
+		sb, t := res.Sandbox, res.Sandbox.Timings
+		fmt.Fprintf(c.stdout, "sandbox %s %s: generation %d, container %s, lease %s\n", sb.ID, sb.State, sb.Generation, sb.ContainerID, sb.LeaseID)
+		fmt.Fprintf(c.stdout, "timings: total %.0f ms (lease %.0f, rootfs %.0f, network %.0f, runsc %.0f, proof %.0f)\n",
+			t.TotalMS, t.LeaseMS, t.RootFSMS, t.NetworkMS, t.RunscMS, t.ProofMS)
+		reused := ""
+		if res.Reused {
+			reused = " (retried)"
+		}
+		fmt.Fprintf(c.stdout, "operation %s%s\n", res.OperationID, reused)
+		return nil
+	})
+	return cmd
+}
+
+func (c *cli) execCommand() *cobra.Command {
+	var env []string
+	var cwd string
+	var withStdin bool
+	var timeout int64
+	cmd := &cobra.Command{
+		Use:   "exec ID [flags] -- CMD [ARGS...]",
+		Short: "Run a command in a sandbox; exits with its exit code",
+		Args: func(cmd *cobra.Command, args []string) error {
+			before, after := splitDash(cmd, args)
+			if len(before) == 0 || len(args) < 2 {
+				return usageError{errors.New("sandbox exec needs an ID and a command: exec ID -- CMD [ARGS...]")}
+			}
+			if len(before) > 1 && len(after) > 0 {
+				return usageError{fmt.Errorf("sandbox exec takes one ID before \"--\", got %d", len(before))}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&env, "env", nil, "environment (KEY=VALUE, repeatable)")
+	f.StringVar(&cwd, "cwd", "", "working directory")
+	f.BoolVarP(&withStdin, "stdin", "i", false, "send this process's stdin to the command")
+	f.Int64Var(&timeout, "exec-timeout", 0, "seconds the command may run (0: node default)")
+	cmd.RunE = c.action(named("exec in sandbox"), func(ctx context.Context, args []string) error {
+		id, argv := args[0], args[1:]
+		req := api.ExecRequest{Args: argv, Env: env, Cwd: cwd, TimeoutSec: timeout}
+		if withStdin {
+			b, err := io.ReadAll(c.stdin)
+			if err != nil {
+				return fmt.Errorf("read stdin: %w", err)
+			}
+			req.Stdin = b
+		}
+		m, done, err := c.manager(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer done()
+		code, err := m.Exec(ctx, id, req, c.stdout, c.stderr)
+		if err != nil {
+			return err
+		}
+		if code != 0 {
+			return exitCode(code)
+		}
+		return nil
+	})
+	return cmd
+}
+
+func (c *cli) lsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "ls", Short: "List sandboxes (manager's record merged with the node's)", Args: noArgs}
+	cmd.RunE = c.action(fixed("list sandboxes"), func(ctx context.Context, _ []string) error {
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		l, err := m.Ls(ctx)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(l)
+		}
+		if l.NodeError != "" {
+			fmt.Fprintf(c.stderr, "ctl-manager: warning: node not reachable, showing the manager's record only: %s\n", oneLine(l.NodeError))
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tGEN\tSTATE\tNODE STATE\tCPU\tMEMORY\tSTATUS")
+		for _, e := range l.Sandboxes {
+			gen, state, nodeState, cpu, mem := "-", "-", "-", "-", "-"
+			if e.Store != nil {
+				gen, state = fmt.Sprint(e.Store.Generation), e.Store.State
+			}
+			if e.Node != nil {
+				nodeState = e.Node.State
+				if e.Store == nil {
+					gen = fmt.Sprint(e.Node.Generation)
+				}
+				cpu, mem = manager.FormatCPU(e.Node.Resources.CPUMillis), manager.FormatMemory(e.Node.Resources.MemoryBytes)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, gen, state, nodeState, cpu, mem, e.Status)
+		}
+		return tw.Flush()
+	})
+	return cmd
+}
+
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) != 0 {
+		return usageError{fmt.Errorf("unexpected arguments %q", args)}
+	}
+	return nil
+}
+
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("%s takes %s, got %d arguments", cmd.CommandPath(), names, len(args))}
+		}
+		return nil
+	}
+}
+
+func (c *cli) getCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "get ID", Short: "Show one sandbox: record, generations, operations, node view", Args: exactArgs(1, "ID")}
+	cmd.RunE = c.action(named("get sandbox"), func(ctx context.Context, args []string) error {
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		d, err := m.Get(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(d)
+		}
+		c.printDetail(args[0], d)
+		return nil
+	})
+	return cmd
+}
+
+func (c *cli) printDetail(id string, d manager.Detail) {
+	w := c.stdout
+	fmt.Fprintf(w, "sandbox %s\n", id)
+	if s := d.Sandbox; s != nil {
+		fmt.Fprintf(w, "  recorded:   %s, generation %d, node %s, created %s\n", s.State, s.Generation, s.NodeID, s.CreatedAt.Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(w, "  recorded:   not known to the manager\n")
+	}
+	switch n := d.Node; {
+	case n != nil:
+		fmt.Fprintf(w, "  on node:    %s, generation %d, container %s, lease %s, epoch %d, oom kills %d\n", n.State, n.Generation, n.ContainerID, n.LeaseID, n.Epoch, n.OOMKills)
+		fmt.Fprintf(w, "  resources:  cpu %s, memory %s, pids %d\n", manager.FormatCPU(n.Resources.CPUMillis), manager.FormatMemory(n.Resources.MemoryBytes), n.Resources.PIDs)
+		if n.Reason != "" {
+			fmt.Fprintf(w, "  reason:     %s\n", n.Reason)
+		}
+	case d.NodeError != "":
+		fmt.Fprintf(w, "  on node:    unknown (%s)\n", oneLine(d.NodeError))
+	default:
+		fmt.Fprintf(w, "  on node:    absent\n")
+	}
+	if len(d.Generations) > 0 {
+		fmt.Fprintln(w, "generations:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  GEN\tSTATE\tCONTAINER\tLEASE\tCPU\tMEMORY\tTOTAL MS\tCREATED")
+		for _, g := range d.Generations {
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\n", g.Generation, g.State, dash(g.ContainerID), dash(g.LeaseID),
+				manager.FormatCPU(g.Resources.CPUMillis), manager.FormatMemory(g.Resources.MemoryBytes), g.Timings.TotalMS, g.CreatedAt.Format(time.RFC3339))
+		}
+		tw.Flush()
+	}
+	if len(d.Operations) > 0 {
+		fmt.Fprintln(w, "operations:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  OPERATION\tKIND\tGEN\tSTATE\tERROR")
+		for _, o := range d.Operations {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", o.OperationID, o.Kind, o.Generation, o.State, dash(oneLine(o.Error)))
+		}
+		tw.Flush()
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// errProofNotAccepted makes destroy and proof verify exit 1 after printing
+// the verdict: the release happened, but its cleanup is not proven.
+var errProofNotAccepted = errors.New("cleanup proof not accepted")
+
+func (c *cli) destroyCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "destroy ID", Short: "Release a sandbox and verify its cleanup proof", Args: exactArgs(1, "ID")}
+	cmd.RunE = c.action(named("destroy sandbox"), func(ctx context.Context, args []string) error {
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		res, err := m.Destroy(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			if err := c.printJSON(res); err != nil {
+				return err
+			}
+		} else {
+			note := ""
+			if res.AlreadyReleased {
+				note = " (already)"
+			}
+			fmt.Fprintf(c.stdout, "sandbox %s generation %d released%s, operation %s\n", res.Sandbox.ID, res.Sandbox.Generation, note, res.OperationID)
+			fmt.Fprintln(c.stdout, res.Verdict.String())
+		}
+		if !res.Verdict.OK() {
+			return fmt.Errorf("%w: %s", errProofNotAccepted, verdictReason(res.Verdict))
+		}
+		return nil
+	})
+	return cmd
+}
+
+func verdictReason(v manager.Verdict) string {
+	if !v.Verified {
+		return v.Reason
+	}
+	return "failed checks: " + strings.Join(v.FailedChecks, ", ")
+}
+
+func (c *cli) fileCommand() *cobra.Command {
+	file := group("file", "Read and write files inside a sandbox")
+	put := &cobra.Command{
+		Use:   "put ID PATH [LOCALFILE|-]",
+		Short: "Write a file inside the sandbox from LOCALFILE or stdin",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 || len(args) > 3 {
+				return usageError{fmt.Errorf("%s takes ID PATH [LOCALFILE|-], got %d arguments", cmd.CommandPath(), len(args))}
+			}
+			return nil
+		},
+	}
+	put.RunE = c.action(func(args []string) string { return "put file " + args[1] + " in sandbox " + args[0] }, func(ctx context.Context, args []string) error {
+		var data []byte
+		var err error
+		if len(args) == 3 && args[2] != "-" {
+			data, err = os.ReadFile(args[2])
+		} else {
+			data, err = io.ReadAll(c.stdin)
+		}
+		if err != nil {
+			return fmt.Errorf("read local data: %w", err)
+		}
+		m, done, err := c.manager(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer done()
+		if err := m.WriteFile(ctx, args[0], args[1], data); err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"sandbox": args[0], "path": args[1], "bytes": len(data)})
+		}
+		fmt.Fprintf(c.stdout, "wrote %d bytes to %s:%s\n", len(data), args[0], args[1])
+		return nil
+	})
+	get := &cobra.Command{Use: "get ID PATH", Short: "Print a file from inside the sandbox", Args: exactArgs(2, "ID PATH")}
+	get.RunE = c.action(func(args []string) string { return "get file " + args[1] + " from sandbox " + args[0] }, func(ctx context.Context, args []string) error {
+		m, done, err := c.manager(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer done()
+		data, err := m.ReadFile(ctx, args[0], args[1])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			// encoding/json renders []byte as base64, so binary files survive.
+			return c.printJSON(map[string]any{"sandbox": args[0], "path": args[1], "data": data})
+		}
+		if _, err := c.stdout.Write(data); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+		return nil
+	})
+	file.AddCommand(put, get)
+	return file
+}
+
+func (c *cli) nodeStatusCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "status", Short: "Show the node's identity, role and capacity", Args: noArgs}
+	cmd.RunE = c.action(fixed("node status"), func(ctx context.Context, _ []string) error {
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		st, err := m.NodeStatus(ctx)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(st)
+		}
+		n, w := st.Node, c.stdout
+		fmt.Fprintf(w, "node %s (boot %s)\n", n.NodeID, n.BootID)
+		fmt.Fprintf(w, "  slot %s, role %s, epoch %d\n", n.Slot, n.Role, n.Epoch)
+		fmt.Fprintf(w, "  versions: ctld %s, kernel %s, runsc %s, nft %s\n", n.Versions.Ctld, n.Versions.Kernel, n.Versions.Runsc, n.Versions.Nft)
+		key := "not pinned yet (pinned from the first cleanup proof)"
+		if len(st.Record.PublicKey) > 0 {
+			key = fmt.Sprintf("%x (pinned %s)", st.Record.PublicKey, st.Record.FirstSeen.Format(time.RFC3339))
+		}
+		fmt.Fprintf(w, "  key: %s\n", key)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  CAPACITY\tCPU\tMEMORY\tPIDS\tNBD\tADDRESSES\tDISK")
+		row := func(name string, c api.Capacity) {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%s\n", name, manager.FormatCPU(c.CPUMillis), manager.FormatMemory(c.MemoryBytes), c.PIDs, c.NBDDevices, c.Addresses, manager.FormatMemory(c.DiskBytes))
+		}
+		row("total", n.Capacity.Total)
+		row("allocatable", n.Capacity.Allocatable)
+		row("leased", n.Capacity.Leased)
+		row("withheld", n.Capacity.Withheld)
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, wl := range n.Withheld {
+			fmt.Fprintf(w, "  withheld: %s generation %d: %s\n", wl.SandboxID, wl.Generation, wl.Reason)
+		}
+		return nil
+	})
+	return cmd
+}
+
+func (c *cli) proofVerifyCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "verify OPERATION_ID", Short: "Verify the cleanup proof of a release", Args: exactArgs(1, "OPERATION_ID")}
+	cmd.RunE = c.action(named("verify proof"), func(ctx context.Context, args []string) error {
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		v, err := m.VerifyProof(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			if err := c.printJSON(v); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintln(c.stdout, v.String())
+			for _, ch := range v.Proof.Checks {
+				mark := "ok"
+				if !ch.OK {
+					mark = "FAILED"
+				}
+				fmt.Fprintf(c.stdout, "  %-24s %s %s\n", ch.Name, mark, ch.Detail)
+			}
+		}
+		if !v.OK() {
+			return fmt.Errorf("%w: %s", errProofNotAccepted, verdictReason(v))
+		}
+		return nil
+	})
+	return cmd
+}

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/manager/fakenode"
+)
+
+type env struct {
+	t      *testing.T
+	node   *fakenode.Node
+	socket string
+	db     string
+}
+
+func newEnv(t *testing.T) *env {
+	n := fakenode.New("node-a")
+	return &env{t: t, node: n, socket: fakenode.Serve(t, n), db: filepath.Join(t.TempDir(), "m.db")}
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (e *env) run(stdin string, args ...string) result {
+	e.t.Helper()
+	var out, errb bytes.Buffer
+	full := append([]string{"--socket", e.socket, "--db", e.db}, args...)
+	code := run(context.Background(), full, strings.NewReader(stdin), &out, &errb, func(string) string { return "" })
+	return result{code, out.String(), errb.String()}
+}
+
+func (e *env) ok(args ...string) string {
+	e.t.Helper()
+	r := e.run("", args...)
+	if r.code != 0 {
+		e.t.Fatalf("ctl-manager %v: exit %d\nstdout: %s\nstderr: %s", args, r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// errLine is the one-line error format: "ctl-manager: <what>: <code>: <message>".
+var errLine = regexp.MustCompile(`^ctl-manager: [^\n]+: [a-z_]+: [^\n]+\n$`)
+
+func TestCLISandboxLifecycle(t *testing.T) {
+	e := newEnv(t)
+	out := e.ok("sandbox", "create", "sb1", "--cpu", "0.5", "--memory", "512Mi", "--pids", "64", "--", "sleep", "infinity")
+	if !strings.Contains(out, "sandbox sb1 ready: generation 1") || !strings.Contains(out, "operation op-") {
+		t.Fatalf("create output:\n%s", out)
+	}
+	// Exec streams output and exits with the guest's code.
+	if out := e.ok("sandbox", "exec", "sb1", "--", "echo", "hello", "world"); out != "hello world\n" {
+		t.Fatalf("exec output %q", out)
+	}
+	r := e.run("", "sandbox", "exec", "sb1", "--", "fail", "7", "oops")
+	if r.code != 7 || r.stderr != "oops\n" || r.stdout != "" {
+		t.Fatalf("exec fail = %+v, want exit 7 with the guest's stderr only", r)
+	}
+	r = e.run("piped", "sandbox", "exec", "-i", "sb1", "--", "cat")
+	if r.code != 0 || r.stdout != "piped" {
+		t.Fatalf("exec stdin = %+v", r)
+	}
+
+	// Files: put from stdin and from a local file, get back.
+	if r := e.run("from stdin", "sandbox", "file", "put", "sb1", "/tmp/a"); r.code != 0 || !strings.Contains(r.stdout, "wrote 10 bytes") {
+		t.Fatalf("file put = %+v", r)
+	}
+	if out := e.ok("sandbox", "file", "get", "sb1", "/tmp/a"); out != "from stdin" {
+		t.Fatalf("file get = %q", out)
+	}
+	local := filepath.Join(t.TempDir(), "local")
+	if err := os.WriteFile(local, []byte("\x00binary\xff"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.ok("sandbox", "file", "put", "sb1", "/b", local)
+	if out := e.ok("sandbox", "file", "get", "sb1", "/b"); out != "\x00binary\xff" {
+		t.Fatalf("binary round trip = %q", out)
+	}
+
+	// ls: human table and JSON.
+	out = e.ok("sandbox", "ls")
+	if !regexp.MustCompile(`(?m)^ID\s+GEN\s+STATE\s+NODE STATE`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^sb1\s+1\s+ready\s+ready\s+500m\s+512Mi\s+in_sync$`).MatchString(out) {
+		t.Fatalf("ls output:\n%s", out)
+	}
+	var l manager.Listing
+	if err := json.Unmarshal([]byte(e.ok("--json", "sandbox", "ls")), &l); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Sandboxes) != 1 || l.Sandboxes[0].Store.State != api.StateReady || l.Sandboxes[0].Node.Resources.PIDs != 64 {
+		t.Fatalf("ls json = %+v", l)
+	}
+
+	out = e.ok("sandbox", "get", "sb1")
+	if !strings.Contains(out, "recorded:   ready, generation 1, node node-a") || !strings.Contains(out, "operations:") {
+		t.Fatalf("get output:\n%s", out)
+	}
+	var d manager.Detail
+	if err := json.Unmarshal([]byte(e.ok("--json", "sandbox", "get", "sb1")), &d); err != nil || d.Node == nil || len(d.Operations) != 1 {
+		t.Fatalf("get json = %+v, %v", d, err)
+	}
+
+	// destroy prints the verdict; proof verify finds it again.
+	out = e.ok("sandbox", "destroy", "sb1")
+	m := regexp.MustCompile(`proof (op-[0-9a-f]+) verified: sb1 generation 1 is gone`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("destroy output:\n%s", out)
+	}
+	out = e.ok("proof", "verify", m[1])
+	if !strings.Contains(out, "verified") || !strings.Contains(out, "cgroup_removed") {
+		t.Fatalf("proof verify output:\n%s", out)
+	}
+	var v manager.Verdict
+	if err := json.Unmarshal([]byte(e.ok("--json", "proof", "verify", m[1])), &v); err != nil || !v.OK() || v.OperationID != m[1] {
+		t.Fatalf("proof verify json = %+v, %v", v, err)
+	}
+}
+
+func TestCLINodeStatus(t *testing.T) {
+	e := newEnv(t)
+	out := e.ok("node", "status")
+	if !strings.Contains(out, "node node-a (boot boot-1)") || !strings.Contains(out, "role primary, epoch 3") ||
+		!regexp.MustCompile(`(?m)^\s+total\s+2\s+4Gi\s+4096`).MatchString(out) {
+		t.Fatalf("node status:\n%s", out)
+	}
+	var st manager.NodeStatus
+	if err := json.Unmarshal([]byte(e.ok("--json", "node", "status")), &st); err != nil || st.Node.NodeID != "node-a" || st.Record.Socket != e.socket {
+		t.Fatalf("node status json = %+v, %v", st, err)
+	}
+}
+
+func TestCLIErrors(t *testing.T) {
+	e := newEnv(t)
+	// A node error is one line with what, code and message; exit 1.
+	e.node.Lock()
+	e.node.FailClaim = func(api.ClaimRequest) error {
+		return api.Errorf(api.CodeCapacityExhausted, "not enough memory")
+	}
+	e.node.Unlock()
+	r := e.run("", "sandbox", "create", "sb1")
+	if r.code != 1 || r.stderr != "ctl-manager: create sandbox sb1: capacity_exhausted: not enough memory\n" || r.stdout != "" {
+		t.Fatalf("create error = %+v", r)
+	}
+	r = e.run("", "sandbox", "exec", "nope", "--", "echo")
+	if r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "exec in sandbox nope: not_found: ") {
+		t.Fatalf("exec error = %+v", r)
+	}
+	r = e.run("", "sandbox", "get", "Bad_ID")
+	if r.code != 1 || !strings.HasPrefix(r.stderr, "ctl-manager: get sandbox Bad_ID: invalid_argument: ") || !errLine.MatchString(r.stderr) {
+		t.Fatalf("bad id error = %+v", r)
+	}
+	// An unreachable node is unavailable, still one line.
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--socket", filepath.Join(t.TempDir(), "no.sock"), "--db", e.db, "node", "status"},
+		strings.NewReader(""), &out, &errb, func(string) string { return "" })
+	if code != 1 || !strings.HasPrefix(errb.String(), "ctl-manager: node status: unavailable: ") || !errLine.MatchString(errb.String()) {
+		t.Fatalf("unreachable = %d %q", code, errb.String())
+	}
+
+	// Usage errors exit 2.
+	for _, args := range [][]string{
+		{"sandbox", "create"},
+		{"sandbox", "create", "a", "b"},
+		{"sandbox", "create", "sb1", "--cpu", "lots"},
+		{"sandbox", "create", "sb1", "--memory", "12MB"},
+		{"sandbox", "exec", "sb1"},
+		{"sandbox", "get"},
+		{"sandbox", "frobnicate"},
+		{"--no-such-flag", "sandbox", "ls"},
+		{"proof", "verify"},
+		{"sandbox", "file", "put", "sb1"},
+	} {
+		r := e.run("", args...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "ctl-manager: ") {
+			t.Errorf("%v = %+v, want exit 2 with a message", args, r)
+		}
+	}
+	// Nothing was recorded by the usage errors.
+	if r := e.run("", "--json", "sandbox", "ls"); r.code != 0 || strings.Contains(r.stdout, `"id"`) && strings.Contains(r.stdout, "\"a\"") {
+		t.Fatalf("ls after usage errors = %+v", r)
+	}
+}
+
+func TestCLIDestroyRejectedProofExitsOne(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "sb1")
+	e.ok("sandbox", "destroy", "sb1") // pins the node key
+	e.ok("sandbox", "create", "sb2")
+	_, impostor, _ := ed25519.GenerateKey(nil)
+	e.node.Lock()
+	e.node.Signer = impostor
+	e.node.Unlock()
+	r := e.run("", "sandbox", "destroy", "sb2")
+	if r.code != 1 || !strings.Contains(r.stdout, "REJECTED") ||
+		!strings.HasPrefix(r.stderr, "ctl-manager: destroy sandbox sb2: cleanup proof not accepted: not signed by the pinned key") {
+		t.Fatalf("destroy with forged proof = %+v", r)
+	}
+	r = e.run("", "--json", "sandbox", "destroy", "sb2")
+	var d manager.DestroyResult
+	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil || r.code != 1 || d.Verdict.Verified || !d.AlreadyReleased {
+		t.Fatalf("json destroy again = %+v (%v), %+v", d, err, r)
+	}
+}
+
+func TestCLIDBFromEnv(t *testing.T) {
+	e := newEnv(t)
+	db := filepath.Join(t.TempDir(), "env.db")
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--socket", e.socket, "node", "status"}, strings.NewReader(""), &out, &errb,
+		func(k string) string {
+			if k == "CTL_MANAGER_DB" {
+				return db
+			}
+			return ""
+		})
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if _, err := os.Stat(db); err != nil {
+		t.Fatalf("database from CTL_MANAGER_DB not created: %v", err)
+	}
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/rootfs"
+	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/template"
+	"github.com/spf13/cobra"
+)
+
+type runOpts struct {
+	slot         string
+	group        string
+	cgroupRoot   string
+	cgroupParent string
+	runsc        string
+	reserveCPU   int64
+	reserveMem   int64
+	reservePIDs  int64
+	busybox      string
+}
+
+func runCmd(g *globalOpts) *cobra.Command {
+	var o runOpts
+	c := &cobra.Command{
+		Use:   "run --slot a|b",
+		Short: "run one instance of the A/B pair (standby until it holds the primary lock)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.slot != "a" && o.slot != "b" {
+				return fmt.Errorf("--slot must be a or b, got %q", o.slot)
+			}
+			if os.Geteuid() != 0 {
+				return errNotRoot
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			return run(ctx, *g, o)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.slot, "slot", "", "instance slot: a or b")
+	f.StringVar(&o.group, "group", "ctld", "group allowed on the API socket (besides root)")
+	f.StringVar(&o.cgroupRoot, "cgroup-root", lease.DefaultRoot, "cgroup v2 mount point")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", lease.DefaultParent, "ctld-owned parent cgroup of the leases")
+	f.StringVar(&o.runsc, "runsc", "runsc", "runsc binary")
+	f.Int64Var(&o.reserveCPU, "reserve-cpu-millis", 250, "CPU kept back from sandboxes for the host")
+	f.Int64Var(&o.reserveMem, "reserve-memory-bytes", 512<<20, "memory kept back from sandboxes for the host")
+	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
+	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
+	return c
+}
+
+// instance is one ctld process's view of its role, for the probe socket.
+type instance struct {
+	mu     sync.Mutex
+	status ha.Status
+}
+
+func (i *instance) get() ha.Status {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.status
+}
+
+func (i *instance) set(f func(*ha.Status)) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	f(&i.status)
+}
+
+func groupID(name string, log *slog.Logger) int {
+	if name == "" {
+		return -1
+	}
+	gr, err := user.LookupGroup(name)
+	if err != nil {
+		log.Warn("API socket group not found: only root may use the API", "group", name, "err", err)
+		return -1
+	}
+	gid, _ := strconv.Atoi(gr.Gid)
+	return gid
+}
+
+func run(ctx context.Context, g globalOpts, o runOpts) error {
+	log := newLogger(o.slot)
+	for _, d := range []string{g.stateDir, g.runDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("make dir %s: %w", d, err)
+		}
+	}
+	gid := groupID(o.group, log)
+	inst := &instance{status: ha.Status{Slot: o.slot, Role: ha.RoleStandby, Health: "ok", PID: os.Getpid(), Since: time.Now().UTC()}}
+	probeLn, err := ha.ListenUnix(probePath(g.runDir, o.slot), 0o660, gid)
+	if err != nil {
+		return fmt.Errorf("listen probe socket: %w", err)
+	}
+	go func() {
+		if err := ha.ServeProbe(ctx, probeLn, inst.get, log); err != nil && ctx.Err() == nil {
+			log.Error("probe socket stopped", "err", err)
+		}
+	}()
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+	go watchdog(ctx)
+	log.Info("standby: waiting for the primary lock", "lock", ha.LockPath(g.stateDir))
+
+	el := &ha.Elector{StateDir: g.stateDir, Slot: o.slot, Logger: log}
+	term, err := el.WaitPrimary(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("standby stopped")
+			return nil
+		}
+		return fmt.Errorf("wait for primary lock: %w", err)
+	}
+	defer term.Release()
+	took := time.Now()
+	inst.set(func(s *ha.Status) {
+		s.Role, s.Epoch, s.Since, s.Health = ha.RolePrimary, term.Epoch, time.Now().UTC(), "starting"
+	})
+	log = log.With("epoch", term.Epoch)
+	log.Info("primary: took the lock")
+	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary epoch %d", term.Epoch))
+
+	n, closeNode, err := buildNode(ctx, g, o, term.Epoch, log)
+	if err != nil {
+		inst.set(func(s *ha.Status) { s.Health = "failed: " + err.Error() })
+		return err
+	}
+	defer closeNode()
+	if err := n.Reconcile(ctx); err != nil {
+		// What could not be cleaned stays journaled and its capacity
+		// withheld; serving the rest is better than a node that is down.
+		log.Error("reconcile incomplete", "err", err)
+	}
+	apiLn, err := ha.ListenUnix(filepath.Join(g.runDir, "ctld.sock"), 0o660, gid)
+	if err != nil {
+		return fmt.Errorf("listen API socket: %w", err)
+	}
+	inst.set(func(s *ha.Status) { s.Health = "ok" })
+	log.Info("primary: serving the API", "socket", apiLn.Addr().String(), "takeover_ms", time.Since(took).Milliseconds())
+	srv := &api.Server{Service: n, Logger: log, AllowedGID: gid}
+	err = srv.Serve(ctx, apiLn)
+	log.Info("primary: handing over", "err", err)
+	return err
+}
+
+// buildNode wires the subsystems of a primary: main is the only place
+// that builds them.
+func buildNode(ctx context.Context, g globalOpts, o runOpts, epoch uint64, log *slog.Logger) (*node.Node, func(), error) {
+	j, err := journal.Open(filepath.Join(g.stateDir, "journal.db"), 5*time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	ident, err := proof.LoadOrCreateIdentity(g.stateDir)
+	if err != nil {
+		j.Close()
+		return nil, nil, fmt.Errorf("load node identity: %w", err)
+	}
+	leases := &lease.Manager{Root: o.cgroupRoot, Parent: o.cgroupParent, Logger: log}
+	if err := leases.Init(ctx); err != nil {
+		j.Close()
+		return nil, nil, fmt.Errorf("init leases: %w", err)
+	}
+	scratch := filepath.Join(g.stateDir, "scratch")
+	templates := filepath.Join(g.stateDir, "templates")
+	for _, d := range []string{scratch, templates, filepath.Join(g.runDir, "bundles")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			j.Close()
+			return nil, nil, fmt.Errorf("make dir %s: %w", d, err)
+		}
+	}
+	// Built once: rebuilding on every takeover would slow failover down.
+	if _, err := os.Stat(filepath.Join(templates, "busybox", "bin", "sh")); o.busybox != "" && err != nil {
+		if err := template.BuildBusybox(filepath.Join(templates, "busybox"), o.busybox); err != nil {
+			log.Warn("built-in busybox template unavailable", "err", err)
+		}
+	}
+	total, err := node.HostCapacity(scratch)
+	if err != nil {
+		j.Close()
+		return nil, nil, err
+	}
+	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log}
+	versions := api.Versions{Ctld: version, Kernel: kernelRelease()}
+	if v, err := runtime.Version(ctx, o.runsc); err == nil {
+		versions.Runsc = v
+	}
+	n := node.New(node.Config{
+		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
+		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},
+		Versions: versions,
+	}, node.Deps{
+		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
+		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
+		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: total,
+		Crash: crashHook(log),
+	})
+	return n, func() { j.Close() }, nil
+}
+
+// crashHook kills the process with SIGKILL at the crash point named by
+// CTLD_TEST_CRASH_AT (tests of journal recovery only).
+func crashHook(log *slog.Logger) func(string) {
+	at := os.Getenv("CTLD_TEST_CRASH_AT")
+	if at == "" {
+		return nil
+	}
+	log.Warn("test crash point armed", "point", at)
+	return func(point string) {
+		if point == at {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}
+
+func kernelRelease() string {
+	var u syscall.Utsname
+	if err := syscall.Uname(&u); err != nil {
+		return ""
+	}
+	b := make([]byte, 0, len(u.Release))
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// watchdog pings systemd's watchdog at half its interval, if enabled.
+func watchdog(ctx context.Context) {
+	iv, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || iv == 0 {
+		return
+	}
+	t := time.NewTicker(iv / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+		}
+	}
+}

@@ -1,0 +1,645 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults of Server.
+const (
+	DefaultMaxBodyBytes  = 1 << 20
+	DefaultMaxFileBytes  = 8 << 20
+	DefaultShutdownGrace = 30 * time.Second
+)
+
+// Server serves a Service over HTTP/1.1 + JSON. It validates every ID and
+// body before the Service sees it, and admits only peers whose SO_PEERCRED
+// says uid 0 or gid AllowedGID.
+type Server struct {
+	Service Service
+	Logger  *slog.Logger
+	// AllowedGID is the ctld group; -1 admits root only. SO_PEERCRED
+	// carries the peer's effective gid only, not its supplementary groups.
+	AllowedGID int
+	// MaxBodyBytes caps a JSON request body (default 1 MiB).
+	MaxBodyBytes int64
+	// MaxFileBytes caps a file read or written and each output stream of a
+	// JSON exec result (default 8 MiB).
+	MaxFileBytes int64
+	// ShutdownGrace is how long Serve lets requests in flight finish after
+	// its context is done (default 30 s); then connections are closed.
+	ShutdownGrace time.Duration
+}
+
+// PeerCred is the identity of the process at the other end of the socket.
+type PeerCred struct {
+	PID int32
+	UID uint32
+	GID uint32
+}
+
+type peerKey struct{}
+
+type peerInfo struct {
+	cred PeerCred
+	err  error
+}
+
+// PeerFromContext returns the credentials of the peer of a request served
+// by Serve.
+func PeerFromContext(ctx context.Context) (PeerCred, bool) {
+	p, ok := ctx.Value(peerKey{}).(peerInfo)
+	if !ok || p.err != nil {
+		return PeerCred{}, false
+	}
+	return p.cred, true
+}
+
+// readPeer reads SO_PEERCRED once per connection: the kernel records the
+// credentials at connect time, so they cannot change under the connection.
+func readPeer(c net.Conn) peerInfo {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return peerInfo{err: fmt.Errorf("read peer credentials: %T is not a socket", c)}
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return peerInfo{err: fmt.Errorf("read peer credentials: %w", err)}
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return peerInfo{err: fmt.Errorf("read peer credentials: %w", err)}
+	}
+	if serr != nil {
+		return peerInfo{err: fmt.Errorf("read peer credentials: %w", serr)}
+	}
+	return peerInfo{cred: PeerCred{PID: cred.Pid, UID: cred.Uid, GID: cred.Gid}}
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+func (s *Server) maxBody() int64 {
+	if s.MaxBodyBytes <= 0 {
+		return DefaultMaxBodyBytes
+	}
+	return s.MaxBodyBytes
+}
+
+func (s *Server) maxFile() int64 {
+	if s.MaxFileBytes <= 0 {
+		return DefaultMaxFileBytes
+	}
+	return s.MaxFileBytes
+}
+
+func (s *Server) admits(c PeerCred) bool {
+	return c.UID == 0 || (s.AllowedGID >= 0 && c.GID == uint32(s.AllowedGID))
+}
+
+// Serve serves the API on ln until ctx is done, then shuts down gracefully:
+// requests in flight get ShutdownGrace to finish. It returns nil after a
+// shutdown asked for by ctx.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	log := s.logger()
+	hs := &http.Server{
+		Handler: s.Handler(),
+		// Requests keep ctx's values but not its cancellation, so a
+		// shutdown lets a claim in flight finish instead of tearing it
+		// down halfway.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, peerKey{}, readPeer(c))
+		},
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve api: %w", err)
+	case <-ctx.Done():
+	}
+	grace := s.ShutdownGrace
+	if grace <= 0 {
+		grace = DefaultShutdownGrace
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	var err error
+	if serr := hs.Shutdown(sctx); serr != nil {
+		err = errors.Join(fmt.Errorf("shut down api server: %w", serr), hs.Close())
+	}
+	<-errc // http.ErrServerClosed once Shutdown or Close ran
+	return err
+}
+
+// apiFunc is a route handler; an error it returns is written as ErrorBody
+// with the status of its code.
+type apiFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Handler returns the API's routes under /v1, behind the peer check and
+// the request log. Without Serve there are no peer credentials and every
+// request is refused.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	methods := map[string][]string{}
+	var paths []string
+	route := func(method, path string, h apiFunc) {
+		if _, ok := methods[path]; !ok {
+			paths = append(paths, path)
+		}
+		methods[path] = append(methods[path], method)
+		mux.Handle(method+" "+path, s.adapt(h))
+	}
+	route(http.MethodGet, "/v1/node", s.handleNode)
+	route(http.MethodGet, "/v1/sandboxes", s.handleList)
+	route(http.MethodGet, "/v1/sandboxes/{id}", s.handleGet)
+	route(http.MethodPost, "/v1/sandboxes/{id}/claim", s.handleClaim)
+	route(http.MethodPost, "/v1/sandboxes/{id}/exec", s.handleExec)
+	route(http.MethodGet, "/v1/sandboxes/{id}/files", s.handleReadFile)
+	route(http.MethodPut, "/v1/sandboxes/{id}/files", s.handleWriteFile)
+	route(http.MethodPost, "/v1/sandboxes/{id}/release", s.handleRelease)
+	route(http.MethodGet, "/v1/proofs/{operation_id}", s.handleProof)
+	// A pattern without a method is less specific than the routes above,
+	// so it catches exactly the other methods on the same path; ServeMux's
+	// own 405 would not be in the JSON error shape.
+	for _, p := range paths {
+		allow := strings.Join(methods[p], ", ")
+		if strings.Contains(allow, http.MethodGet) {
+			allow += ", " + http.MethodHead
+		}
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, CodeInvalidArgument,
+				fmt.Sprintf("method %s not allowed on %s: use %s", r.Method, p, allow))
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.EscapedPath()))
+	})
+	return s.guard(mux)
+}
+
+// recorder remembers what a handler answered, for the request log.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	code   Code
+}
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+	r.ResponseWriter.WriteHeader(status)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection to flush.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// guard checks the peer, logs every request and turns a panic in the
+// Service into a 500 instead of a dropped connection.
+func (s *Server) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w}
+		peer, _ := r.Context().Value(peerKey{}).(peerInfo)
+		if peer.err == nil && r.Context().Value(peerKey{}) == nil {
+			peer.err = errors.New("no peer credentials: not served by Server.Serve")
+		}
+		log := s.logger()
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				log.Error("api handler panic", "method", r.Method, "path", r.URL.EscapedPath(),
+					"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				if rec.status == 0 {
+					writeError(rec, http.StatusInternalServerError, CodeInternal, fmt.Sprintf("internal error: %v", p))
+				}
+			}
+			attrs := []slog.Attr{
+				slog.String("method", r.Method),
+				slog.String("path", r.URL.EscapedPath()),
+				slog.Int("status", rec.status),
+				slog.Duration("duration", time.Since(start)),
+			}
+			if rec.code != "" {
+				attrs = append(attrs, slog.String("code", string(rec.code)))
+			}
+			if peer.err == nil {
+				attrs = append(attrs, slog.Int64("peer_uid", int64(peer.cred.UID)))
+			}
+			level := slog.LevelInfo
+			if rec.status >= 500 {
+				level = slog.LevelWarn
+			}
+			log.LogAttrs(r.Context(), level, "api request", attrs...)
+		}()
+		if peer.err != nil {
+			log.Warn("api peer refused", "reason", peer.err.Error())
+			writeError(rec, http.StatusForbidden, CodePermissionDenied, "peer credentials unknown: connect over the ctld Unix socket")
+			return
+		}
+		if c := peer.cred; !s.admits(c) {
+			log.Warn("api peer refused", "peer_uid", c.UID, "peer_gid", c.GID, "peer_pid", c.PID, "allowed_gid", s.AllowedGID)
+			writeError(rec, http.StatusForbidden, CodePermissionDenied,
+				fmt.Sprintf("peer uid %d gid %d is neither root nor in the ctld group", c.UID, c.GID))
+			return
+		}
+		next.ServeHTTP(rec, r)
+	})
+}
+
+func (s *Server) adapt(h apiFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			code := CodeOf(err)
+			var se *statusError
+			status := HTTPStatus(code)
+			if errors.As(err, &se) {
+				status = se.status
+			}
+			writeError(w, status, code, wireMessage(err))
+		}
+	})
+}
+
+// statusError is an *Error that needs a status other than its code's
+// (405, 415).
+type statusError struct {
+	status int
+	err    *Error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
+
+// wireMessage is the message sent for err: the bare message of an *Error,
+// or the whole chain when the *Error is wrapped in context.
+func wireMessage(err error) string {
+	var se *statusError
+	if errors.As(err, &se) {
+		return se.err.Message
+	}
+	if e, ok := err.(*Error); ok {
+		return e.Message
+	}
+	return err.Error()
+}
+
+func writeError(w http.ResponseWriter, status int, code Code, msg string) {
+	if rec, ok := w.(*recorder); ok {
+		rec.code = code
+	}
+	writeJSON(w, status, ErrorBody{Code: code, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(ErrorBody{Code: CodeInternal, Message: "encode response: " + err.Error()})
+	}
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(b) // the client is gone if this fails; nothing to tell it
+}
+
+// decodeJSON reads exactly one JSON value into v, refusing unknown fields,
+// bodies over MaxBodyBytes and anything after the value.
+func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return &statusError{http.StatusUnsupportedMediaType,
+				invalid("content-type %s not supported: send application/json", quote(ct))}
+		}
+	}
+	limit := s.maxBody()
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return bodyError(err, limit)
+	}
+	var extra json.RawMessage
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return invalid("request body has data after the JSON object: send exactly one JSON value")
+	default:
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return bodyError(err, limit)
+		}
+		return invalid("request body has data after the JSON object: send exactly one JSON value")
+	}
+}
+
+func bodyError(err error, limit int64) error {
+	var (
+		mbe *http.MaxBytesError
+		se  *json.SyntaxError
+		ute *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		return invalid("request body exceeds %d bytes", limit)
+	case errors.Is(err, io.EOF):
+		return invalid("request body is empty: want a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return invalid("request body is truncated JSON")
+	case errors.As(err, &se):
+		return invalid("request body is not valid JSON at offset %d: %v", se.Offset, se)
+	case errors.As(err, &ute):
+		if ute.Field == "" {
+			return invalid("request body is JSON %s: want an object", ute.Value)
+		}
+		return invalid("request body field %q: JSON %s cannot be %s", ute.Field, ute.Value, ute.Type)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return invalid("request body has unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	default:
+		return invalid("decode request body: %v", err)
+	}
+}
+
+func pathID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	return id, ValidateID("sandbox id", id)
+}
+
+func (s *Server) handleNode(w http.ResponseWriter, r *http.Request) error {
+	n, err := s.Service.Node(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, n)
+	return nil
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) error {
+	l, err := s.Service.List(r.Context())
+	if err != nil {
+		return err
+	}
+	if l.Sandboxes == nil {
+		l.Sandboxes = []Sandbox{}
+	}
+	writeJSON(w, http.StatusOK, l)
+	return nil
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	sb, err := s.Service.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	var req ClaimRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	resp, err := s.Service.Claim(r.Context(), id, req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	var req ReleaseRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	resp, err := s.Service.Release(r.Context(), id, req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (s *Server) handleProof(w http.ResponseWriter, r *http.Request) error {
+	op := r.PathValue("operation_id")
+	if err := ValidateOperationID(op); err != nil {
+		return err
+	}
+	p, err := s.Service.Proof(r.Context(), op)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, p)
+	return nil
+}
+
+// wantsEventStream reports whether the client asked for text/event-stream;
+// loosely, as clients send lists with parameters.
+func wantsEventStream(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), contentTypeSSE)
+}
+
+func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	var req ExecRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if wantsEventStream(r) {
+		return s.execStream(w, r, id, req)
+	}
+	limit := s.maxFile()
+	stdout, stderr := &cappedBuffer{limit: limit}, &cappedBuffer{limit: limit}
+	code, err := s.Service.Exec(r.Context(), id, req, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, ExecResult{
+		ExitCode:        code,
+		Stdout:          stdout.bytes(),
+		Stderr:          stderr.bytes(),
+		StdoutTruncated: stdout.truncated(),
+		StderrTruncated: stderr.truncated(),
+	})
+	return nil
+}
+
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req ExecRequest) error {
+	sw := newSSEWriter(w)
+	code, err := s.Service.Exec(r.Context(), id, req, sw.stream(EventStdout), sw.stream(EventStderr))
+	if err != nil && !sw.hasStarted() {
+		// Nothing went out yet: answer with the error's own status.
+		return err
+	}
+	if err != nil {
+		c := CodeOf(err)
+		if rec, ok := w.(*recorder); ok {
+			rec.code = c
+		}
+		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err)})
+		_ = sw.event(EventError, b) // the client may be gone; the log has it
+		return nil
+	}
+	b, _ := json.Marshal(ExecExit{ExitCode: code})
+	_ = sw.event(EventExit, b)
+	return nil
+}
+
+// cappedBuffer keeps the first limit bytes written to it and counts the
+// rest, so a chatty command cannot grow a JSON exec answer without bound.
+// It never fails a write: the command runs to its end either way.
+type cappedBuffer struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	limit   int64
+	dropped int64
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	room := c.limit - int64(c.buf.Len())
+	keep := min(int64(len(p)), max(room, 0))
+	c.buf.Write(p[:keep])
+	c.dropped += int64(len(p)) - keep
+	return len(p), nil
+}
+
+func (c *cappedBuffer) bytes() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.buf.Bytes())
+}
+
+func (c *cappedBuffer) truncated() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dropped > 0
+}
+
+func filePath(r *http.Request) (string, error) {
+	ps, ok := r.URL.Query()["path"]
+	if !ok || len(ps) != 1 {
+		return "", invalid("need exactly one path query parameter, got %d", len(ps))
+	}
+	return ps[0], ValidateFilePath(ps[0])
+}
+
+func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	p, err := filePath(r)
+	if err != nil {
+		return err
+	}
+	limit := s.maxFile()
+	data, err := s.Service.ReadFile(r.Context(), id, p, limit)
+	if err != nil {
+		return err
+	}
+	if int64(len(data)) > limit {
+		return invalid("file exceeds %d bytes", limit)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Length", fmt.Sprint(len(data)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(data) // the client is gone if this fails
+	return nil
+}
+
+func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	p, err := filePath(r)
+	if err != nil {
+		return err
+	}
+	limit := s.maxFile()
+	if r.ContentLength > limit {
+		return invalid("file exceeds %d bytes", limit)
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return invalid("file exceeds %d bytes", limit)
+		}
+		return invalid("read request body: %v", err)
+	}
+	if err := s.Service.WriteFile(r.Context(), id, p, data); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

@@ -1,0 +1,223 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+)
+
+// Exec streams use server-sent events (text/event-stream):
+//
+//	event: stdout | stderr   data: base64 of a chunk of output
+//	event: exit              data: ExecExit JSON, the last event
+//	event: error             data: ErrorBody JSON, the last event
+const (
+	EventStdout = "stdout"
+	EventStderr = "stderr"
+	EventExit   = "exit"
+	EventError  = "error"
+
+	contentTypeSSE = "text/event-stream"
+
+	// sseChunk is the largest output chunk of one event, so one event
+	// line stays small for the reader whatever the Service writes at once.
+	sseChunk = 32 << 10
+	// maxSSELine bounds one line the client accepts.
+	maxSSELine = 1 << 20
+)
+
+// ExecExit is the data of the final "exit" event of an exec stream.
+type ExecExit struct {
+	ExitCode int `json:"exit_code"`
+}
+
+// sseWriter writes events to an http.ResponseWriter. The Service may write
+// stdout and stderr from two goroutines, so writes are serialized. The
+// response header is sent with the first event, so an error before any
+// output can still go out as a plain JSON error with its status.
+type sseWriter struct {
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
+	err     error // first write error: the client is gone
+}
+
+func newSSEWriter(w http.ResponseWriter) *sseWriter {
+	return &sseWriter{w: w, rc: http.NewResponseController(w)}
+}
+
+func (s *sseWriter) start() {
+	if s.started {
+		return
+	}
+	s.started = true
+	h := s.w.Header()
+	h.Set("Content-Type", contentTypeSSE)
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	s.w.WriteHeader(http.StatusOK)
+}
+
+// event writes one event and flushes it.
+func (s *sseWriter) event(name string, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	s.start()
+	var b bytes.Buffer
+	b.Grow(len(name) + len(data) + 16)
+	b.WriteString("event: ")
+	b.WriteString(name)
+	b.WriteString("\ndata: ")
+	b.Write(data)
+	b.WriteString("\n\n")
+	if _, err := s.w.Write(b.Bytes()); err != nil {
+		s.err = fmt.Errorf("write event: %w", err)
+		return s.err
+	}
+	if err := s.rc.Flush(); err != nil {
+		s.err = fmt.Errorf("flush event: %w", err)
+	}
+	return s.err
+}
+
+// hasStarted reports whether the stream header went out.
+func (s *sseWriter) hasStarted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started
+}
+
+// stream returns an io.Writer that sends what is written to it as events
+// named name, in base64 chunks of at most sseChunk bytes.
+func (s *sseWriter) stream(name string) io.Writer {
+	return sseStream{s: s, name: name}
+}
+
+type sseStream struct {
+	s    *sseWriter
+	name string
+}
+
+func (o sseStream) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		c := p[:min(len(p), sseChunk)]
+		if err := o.s.event(o.name, []byte(base64.StdEncoding.EncodeToString(c))); err != nil {
+			return n, err
+		}
+		n += len(c)
+		p = p[len(c):]
+	}
+	return n, nil
+}
+
+// readExecStream reads an exec event stream, copying output to stdout and
+// stderr, until the exit or error event.
+func readExecStream(r io.Reader, stdout, stderr io.Writer) (int, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var name string
+	var data []byte
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return -1, &Error{Code: CodeUnavailable, Message: "exec stream ended without an exit event", cause: io.ErrUnexpectedEOF}
+			}
+			return -1, &Error{Code: CodeUnavailable, Message: "read exec stream: " + err.Error(), cause: err}
+		}
+		switch {
+		case len(line) == 0:
+			if name == "" && data == nil {
+				continue
+			}
+			code, done, err := dispatchEvent(name, data, stdout, stderr)
+			if done || err != nil {
+				return code, err
+			}
+			name, data = "", nil
+		case line[0] == ':':
+			// comment (keep-alive)
+		default:
+			field, value, _ := bytes.Cut(line, []byte(":"))
+			value = bytes.TrimPrefix(value, []byte(" "))
+			switch string(field) {
+			case "event":
+				name = string(value)
+			case "data":
+				if data != nil {
+					data = append(data, '\n')
+				}
+				data = append(data, value...)
+			}
+		}
+	}
+}
+
+// readLine reads one line without its end, refusing lines over maxSSELine.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		line = append(line, frag...)
+		if len(line) > maxSSELine {
+			return nil, fmt.Errorf("event line longer than %d bytes", maxSSELine)
+		}
+		if err == nil {
+			break
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if errors.Is(err, io.EOF) && len(line) > 0 {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	return bytes.TrimSuffix(line, []byte("\r")), nil
+}
+
+func dispatchEvent(name string, data []byte, stdout, stderr io.Writer) (code int, done bool, err error) {
+	switch name {
+	case EventStdout, EventStderr:
+		out := stdout
+		if name == EventStderr {
+			out = stderr
+		}
+		chunk, err := base64.StdEncoding.DecodeString(string(data))
+		if err != nil {
+			return -1, true, &Error{Code: CodeInternal, Message: "decode " + name + " event: " + err.Error(), cause: err}
+		}
+		if out != nil {
+			if _, err := out.Write(chunk); err != nil {
+				return -1, true, fmt.Errorf("write exec %s: %w", name, err)
+			}
+		}
+		return 0, false, nil
+	case EventExit:
+		var x ExecExit
+		if err := json.Unmarshal(data, &x); err != nil {
+			return -1, true, &Error{Code: CodeInternal, Message: "decode exit event: " + err.Error(), cause: err}
+		}
+		return x.ExitCode, true, nil
+	case EventError:
+		var b ErrorBody
+		if err := json.Unmarshal(data, &b); err != nil || b.Code == "" {
+			return -1, true, &Error{Code: CodeInternal, Message: fmt.Sprintf("exec stream error event: %s", data)}
+		}
+		return -1, true, &Error{Code: b.Code, Message: b.Message}
+	default:
+		// Unknown events are skipped so the server may add some later.
+		return 0, false, nil
+	}
+}

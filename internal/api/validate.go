@@ -1,0 +1,286 @@
+package api
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// IDs of sandboxes, leases and templates become cgroup names, directory
+// names, netns names and parts of nft object names, so they are held to the
+// DNS label rule: nothing that could traverse a path or be read two ways.
+var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+const idRule = "must be 1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+
+// Operation IDs are chosen by the manager and are only journal keys, so
+// they may be longer and use a few more characters (UUIDs, ULIDs,
+// "manager:seq"), but ".." is refused so they are safe in a path anyway.
+var opIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+
+const opIDRule = "must be 1-128 characters of A-Z, a-z, 0-9 and '_.:-', starting with a letter or digit, without \"..\""
+
+// Limits of a request. They are far above what a sane caller sends and
+// far below what would hurt the node.
+const (
+	MaxCPUMillis      = 1024 * 1000 // 1024 CPUs
+	MinMemoryBytes    = 1 << 20     // below this not even runsc's own processes fit
+	MaxMemoryBytes    = 16 << 40    // 16 TiB
+	MaxPIDs           = 1 << 22     // the kernel's pid_max ceiling
+	MaxCpusetLen      = 256
+	MaxArgs           = 4096
+	MaxEnv            = 4096
+	MaxArgvEnvBytes   = 256 << 10 // all args and env together, near ARG_MAX/8
+	MaxPathBytes      = 4096      // PATH_MAX
+	MaxLifetimeSec    = 366 * 24 * 3600
+	MaxExecTimeoutSec = 7 * 24 * 3600
+)
+
+// Supported modes. Block RootFS and the open and restricted network modes
+// are defined in DESIGN.md but not implemented yet; they are refused here
+// so a claim fails before it reaches the node.
+const (
+	RootFSOverlay   = "overlay"
+	RootFSBlock     = "block"
+	NetworkDenyAll  = "deny_all"
+	NetworkOpen     = "open"
+	NetworkRestrict = "restricted"
+)
+
+// EffectiveMode is the network mode a policy stands for: an empty mode is
+// deny_all.
+func (p NetworkPolicy) EffectiveMode() string {
+	if p.Mode == "" {
+		return NetworkDenyAll
+	}
+	return p.Mode
+}
+
+func invalid(format string, args ...any) *Error {
+	return Errorf(CodeInvalidArgument, format, args...)
+}
+
+// quote renders a rejected value for a message: escaped, and cut short so
+// a 10 MiB ID does not make a 10 MiB log line.
+func quote(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:max], len(s))
+}
+
+// ValidateID checks a sandbox, lease or template ID. kind names it in the
+// message ("sandbox id").
+func ValidateID(kind, s string) error {
+	if s == "" {
+		return invalid("%s is empty: %s", kind, idRule)
+	}
+	if !idPattern.MatchString(s) {
+		return invalid("invalid %s %s: %s", kind, quote(s), idRule)
+	}
+	return nil
+}
+
+// ValidateOperationID checks the operation_id of a mutating request.
+func ValidateOperationID(s string) error {
+	if s == "" {
+		return invalid("operation_id is empty: %s", opIDRule)
+	}
+	if !opIDPattern.MatchString(s) || strings.Contains(s, "..") {
+		return invalid("invalid operation_id %s: %s", quote(s), opIDRule)
+	}
+	return nil
+}
+
+// ValidateFilePath checks a path inside a sandbox's root. It only checks
+// the form; the node resolves it inside the root (a ".." cannot leave it).
+func ValidateFilePath(p string) error {
+	if why := filePathProblem(p); why != "" {
+		return invalid("invalid path %s: %s", quote(p), why)
+	}
+	return nil
+}
+
+func filePathProblem(p string) string {
+	switch {
+	case p == "":
+		return "empty: must be an absolute path inside the sandbox"
+	case strings.IndexByte(p, 0) >= 0:
+		return "contains a NUL byte"
+	case len(p) > MaxPathBytes:
+		return fmt.Sprintf("longer than %d bytes", MaxPathBytes)
+	case !strings.HasPrefix(p, "/"):
+		return "must be absolute"
+	}
+	return ""
+}
+
+// Validate checks a claim before it reaches the node.
+func (r ClaimRequest) Validate() error {
+	if err := ValidateOperationID(r.OperationID); err != nil {
+		return err
+	}
+	if r.Generation < 1 {
+		return invalid("generation must be >= 1, got %d", r.Generation)
+	}
+	switch r.RootFS.Mode {
+	case RootFSOverlay:
+	case RootFSBlock:
+		return invalid("rootfs.mode %q is not supported yet: only %q", RootFSBlock, RootFSOverlay)
+	case "":
+		return invalid("rootfs.mode is empty: must be %q", RootFSOverlay)
+	default:
+		return invalid("unknown rootfs.mode %s: must be %q", quote(r.RootFS.Mode), RootFSOverlay)
+	}
+	if err := ValidateID("rootfs.template", r.RootFS.Template); err != nil {
+		return err
+	}
+	if err := r.Resources.validate(); err != nil {
+		return err
+	}
+	switch m := r.Network.EffectiveMode(); m {
+	case NetworkDenyAll:
+	case NetworkOpen, NetworkRestrict:
+		return invalid("network.mode %q is not supported yet: only %q", m, NetworkDenyAll)
+	default:
+		return invalid("unknown network.mode %s: must be %q", quote(m), NetworkDenyAll)
+	}
+	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
+		return err
+	}
+	if r.MaxLifetimeSec < 0 || r.MaxLifetimeSec > MaxLifetimeSec {
+		return invalid("max_lifetime_sec must be between 0 (none) and %d, got %d", MaxLifetimeSec, r.MaxLifetimeSec)
+	}
+	return nil
+}
+
+func (r Resources) validate() error {
+	if r.CPUMillis < 1 || r.CPUMillis > MaxCPUMillis {
+		return invalid("resources.cpu_millis must be between 1 and %d, got %d", MaxCPUMillis, r.CPUMillis)
+	}
+	if r.MemoryBytes < MinMemoryBytes || r.MemoryBytes > MaxMemoryBytes {
+		return invalid("resources.memory_bytes must be between %d and %d, got %d", int64(MinMemoryBytes), int64(MaxMemoryBytes), r.MemoryBytes)
+	}
+	if r.PIDs < 1 || r.PIDs > MaxPIDs {
+		return invalid("resources.pids must be between 1 and %d, got %d", MaxPIDs, r.PIDs)
+	}
+	if r.Cpuset != "" {
+		if err := validateCpuset(r.Cpuset); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateCpuset checks the cpuset.cpus list form: "0-3,8,10-11".
+func validateCpuset(s string) error {
+	bad := func(why string) error {
+		return invalid("invalid resources.cpuset %s: %s (want a list like \"0-3,8\")", quote(s), why)
+	}
+	if len(s) > MaxCpusetLen {
+		return bad(fmt.Sprintf("longer than %d bytes", MaxCpusetLen))
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, okA := cpuNumber(lo)
+		if !okA {
+			return bad(fmt.Sprintf("%q is not a CPU number or range", part))
+		}
+		if isRange {
+			b, okB := cpuNumber(hi)
+			if !okB || b < a {
+				return bad(fmt.Sprintf("%q is not a CPU range", part))
+			}
+		}
+	}
+	return nil
+}
+
+func cpuNumber(s string) (int, bool) {
+	if s == "" || len(s) > 5 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// validateCommand checks args, env and cwd of a process. Args become argv
+// of execve, so a NUL byte would be cut silently; env must be K=V.
+func validateCommand(field string, args, env []string, cwd string, needArgs bool) error {
+	if needArgs && len(args) == 0 {
+		return invalid("%s.args is empty: need the command to run", field)
+	}
+	if len(args) > MaxArgs {
+		return invalid("%s.args has %d entries, more than %d", field, len(args), MaxArgs)
+	}
+	if len(env) > MaxEnv {
+		return invalid("%s.env has %d entries, more than %d", field, len(env), MaxEnv)
+	}
+	total := 0
+	for i, a := range args {
+		if strings.IndexByte(a, 0) >= 0 {
+			return invalid("%s.args[%d] contains a NUL byte", field, i)
+		}
+		if !utf8.ValidString(a) {
+			return invalid("%s.args[%d] is not valid UTF-8", field, i)
+		}
+		total += len(a) + 1
+	}
+	if len(args) > 0 && args[0] == "" {
+		return invalid("%s.args[0] is empty: need the command to run", field)
+	}
+	for i, e := range env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" {
+			return invalid("%s.env[%d] %s is not of the form KEY=VALUE", field, i, quote(e))
+		}
+		if strings.IndexByte(e, 0) >= 0 {
+			return invalid("%s.env[%d] contains a NUL byte", field, i)
+		}
+		if !utf8.ValidString(e) {
+			return invalid("%s.env[%d] is not valid UTF-8", field, i)
+		}
+		total += len(e) + 1
+	}
+	if total > MaxArgvEnvBytes {
+		return invalid("%s.args and %s.env take %d bytes, more than %d", field, field, total, MaxArgvEnvBytes)
+	}
+	if cwd != "" {
+		if why := filePathProblem(cwd); why != "" {
+			return invalid("invalid %s.cwd %s: %s", field, quote(cwd), why)
+		}
+	}
+	return nil
+}
+
+// Validate checks an exec request before it reaches the node.
+func (r ExecRequest) Validate() error {
+	if err := validateCommand("exec", r.Args, r.Env, r.Cwd, true); err != nil {
+		return err
+	}
+	if r.TimeoutSec < 0 || r.TimeoutSec > MaxExecTimeoutSec {
+		return invalid("timeout_sec must be between 0 (none) and %d, got %d", MaxExecTimeoutSec, r.TimeoutSec)
+	}
+	return nil
+}
+
+// Validate checks a release request before it reaches the node. The
+// generation is required so a late release cannot destroy a newer
+// generation of the same sandbox.
+func (r ReleaseRequest) Validate() error {
+	if err := ValidateOperationID(r.OperationID); err != nil {
+		return err
+	}
+	if r.Generation < 1 {
+		return invalid("generation must be >= 1, got %d", r.Generation)
+	}
+	return nil
+}

@@ -1,0 +1,169 @@
+package api
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidateID(t *testing.T) {
+	good := []string{"a", "0", "sb-1", "a-b-c", strings.Repeat("a", 63), "9abc"}
+	bad := []string{"", "-a", "a-", "A", "a_b", "a.b", "../x", "..", "a/b", "/", "a\x00b", "é", "sb\u200b", strings.Repeat("a", 64), strings.Repeat("a", 300), " a", "a\n"}
+	for _, s := range good {
+		if err := ValidateID("sandbox id", s); err != nil {
+			t.Errorf("ValidateID(%q) = %v, want nil", s, err)
+		}
+	}
+	for _, s := range bad {
+		err := ValidateID("sandbox id", s)
+		if err == nil {
+			t.Errorf("ValidateID(%q) = nil, want error", s)
+			continue
+		}
+		msg := err.Error()
+		if CodeOf(err) != CodeInvalidArgument || !strings.Contains(msg, "sandbox id") || !strings.Contains(msg, "1-63 characters") {
+			t.Errorf("ValidateID(%q) = %q: want invalid_argument naming the kind and the rule", s, msg)
+		}
+		if len(msg) > 300 {
+			t.Errorf("ValidateID(%d bytes) message is %d bytes: want it cut short", len(s), len(msg))
+		}
+	}
+}
+
+func TestValidateOperationID(t *testing.T) {
+	good := []string{"op-1", "01HZX3K9", "mgr:42", "a.b_c-d", "550e8400-e29b-41d4-a716-446655440000", strings.Repeat("A", 128)}
+	bad := []string{"", "..", "a..b", ".a", "-a", "a/b", "a b", "a\x00", "ü", strings.Repeat("A", 129)}
+	for _, s := range good {
+		if err := ValidateOperationID(s); err != nil {
+			t.Errorf("ValidateOperationID(%q) = %v, want nil", s, err)
+		}
+	}
+	for _, s := range bad {
+		if err := ValidateOperationID(s); err == nil || !strings.Contains(err.Error(), "operation_id") {
+			t.Errorf("ValidateOperationID(%q) = %v, want an error naming operation_id", s, err)
+		}
+	}
+}
+
+func TestValidateFilePath(t *testing.T) {
+	for _, p := range []string{"/", "/etc/hosts", "/a/../b", strings.Repeat("/a", 2048)} {
+		if err := ValidateFilePath(p); err != nil {
+			t.Errorf("ValidateFilePath(%.20q) = %v, want nil", p, err)
+		}
+	}
+	for p, want := range map[string]string{
+		"":                              "empty",
+		"etc/hosts":                     "absolute",
+		"/a\x00b":                       "NUL",
+		"/" + strings.Repeat("a", 4096): "4096 bytes",
+	} {
+		if err := ValidateFilePath(p); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateFilePath(%.20q) = %v, want error containing %q", p, err, want)
+		}
+	}
+}
+
+func validClaim() ClaimRequest {
+	return ClaimRequest{
+		OperationID: "op-1",
+		Generation:  1,
+		RootFS:      RootFS{Mode: RootFSOverlay, Template: "alpine"},
+		Resources:   Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128},
+		Process:     Process{Args: []string{"/bin/sleep", "inf"}, Env: []string{"PATH=/bin", "EMPTY="}, Cwd: "/"},
+	}
+}
+
+func TestClaimValidate(t *testing.T) {
+	if err := validClaim().Validate(); err != nil {
+		t.Fatalf("valid claim: %v", err)
+	}
+	cases := []struct {
+		name string
+		mod  func(*ClaimRequest)
+		want string // "" = valid
+	}{
+		{"deny_all explicit", func(r *ClaimRequest) { r.Network.Mode = "deny_all" }, ""},
+		{"cpuset", func(r *ClaimRequest) { r.Resources.Cpuset = "0-3,8,10-11" }, ""},
+		{"no args", func(r *ClaimRequest) { r.Process = Process{} }, ""},
+		{"no operation id", func(r *ClaimRequest) { r.OperationID = "" }, "operation_id is empty"},
+		{"bad operation id", func(r *ClaimRequest) { r.OperationID = "../x" }, "invalid operation_id"},
+		{"generation 0", func(r *ClaimRequest) { r.Generation = 0 }, "generation must be >= 1"},
+		{"block mode", func(r *ClaimRequest) { r.RootFS.Mode = "block" }, "not supported yet"},
+		{"no mode", func(r *ClaimRequest) { r.RootFS.Mode = "" }, "rootfs.mode is empty"},
+		{"odd mode", func(r *ClaimRequest) { r.RootFS.Mode = "tmpfs" }, "unknown rootfs.mode"},
+		{"template traversal", func(r *ClaimRequest) { r.RootFS.Template = "../etc" }, "invalid rootfs.template"},
+		{"no template", func(r *ClaimRequest) { r.RootFS.Template = "" }, "rootfs.template is empty"},
+		{"cpu 0", func(r *ClaimRequest) { r.Resources.CPUMillis = 0 }, "resources.cpu_millis"},
+		{"cpu huge", func(r *ClaimRequest) { r.Resources.CPUMillis = MaxCPUMillis + 1 }, "resources.cpu_millis"},
+		{"memory negative", func(r *ClaimRequest) { r.Resources.MemoryBytes = -1 }, "resources.memory_bytes"},
+		{"memory tiny", func(r *ClaimRequest) { r.Resources.MemoryBytes = 4096 }, "resources.memory_bytes"},
+		{"memory huge", func(r *ClaimRequest) { r.Resources.MemoryBytes = 1 << 62 }, "resources.memory_bytes"},
+		{"pids 0", func(r *ClaimRequest) { r.Resources.PIDs = 0 }, "resources.pids"},
+		{"cpuset junk", func(r *ClaimRequest) { r.Resources.Cpuset = "0-3;rm" }, "resources.cpuset"},
+		{"cpuset reversed", func(r *ClaimRequest) { r.Resources.Cpuset = "3-1" }, "resources.cpuset"},
+		{"network open", func(r *ClaimRequest) { r.Network.Mode = "open" }, "not supported yet"},
+		{"network odd", func(r *ClaimRequest) { r.Network.Mode = "allow" }, "unknown network.mode"},
+		{"arg NUL", func(r *ClaimRequest) { r.Process.Args = []string{"/bin/sh", "a\x00b"} }, "process.args[1] contains a NUL"},
+		{"empty argv0", func(r *ClaimRequest) { r.Process.Args = []string{""} }, "process.args[0] is empty"},
+		{"too many args", func(r *ClaimRequest) { r.Process.Args = make([]string, MaxArgs+1) }, "more than"},
+		{"args too big", func(r *ClaimRequest) { r.Process.Args = []string{"/bin/echo", strings.Repeat("x", MaxArgvEnvBytes)} }, "bytes, more than"},
+		{"env no =", func(r *ClaimRequest) { r.Process.Env = []string{"PATH"} }, "KEY=VALUE"},
+		{"env empty key", func(r *ClaimRequest) { r.Process.Env = []string{"=x"} }, "KEY=VALUE"},
+		{"cwd relative", func(r *ClaimRequest) { r.Process.Cwd = "tmp" }, "process.cwd"},
+		{"lifetime negative", func(r *ClaimRequest) { r.MaxLifetimeSec = -1 }, "max_lifetime_sec"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := validClaim()
+			c.mod(&r)
+			err := r.Validate()
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) || CodeOf(err) != CodeInvalidArgument {
+				t.Fatalf("Validate() = %v, want invalid_argument containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestNetworkEffectiveMode(t *testing.T) {
+	if m := (NetworkPolicy{}).EffectiveMode(); m != NetworkDenyAll {
+		t.Errorf("empty mode = %q, want %q", m, NetworkDenyAll)
+	}
+}
+
+func TestExecValidate(t *testing.T) {
+	ok := ExecRequest{Args: []string{"/bin/true"}, TimeoutSec: 10}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid exec: %v", err)
+	}
+	for name, r := range map[string]ExecRequest{
+		"no args":    {},
+		"NUL arg":    {Args: []string{"/bin/echo", "\x00"}},
+		"bad env":    {Args: []string{"/bin/true"}, Env: []string{"novalue"}},
+		"bad cwd":    {Args: []string{"/bin/true"}, Cwd: "rel"},
+		"neg timout": {Args: []string{"/bin/true"}, TimeoutSec: -1},
+	} {
+		if err := r.Validate(); err == nil || CodeOf(err) != CodeInvalidArgument {
+			t.Errorf("%s: Validate() = %v, want invalid_argument", name, err)
+		}
+	}
+}
+
+func TestReleaseValidate(t *testing.T) {
+	if err := (ReleaseRequest{OperationID: "op-2", Generation: 3}).Validate(); err != nil {
+		t.Fatalf("valid release: %v", err)
+	}
+	for name, r := range map[string]ReleaseRequest{
+		"no op":        {Generation: 1},
+		"bad op":       {OperationID: "a/b", Generation: 1},
+		"generation 0": {OperationID: "op-2"},
+	} {
+		if err := r.Validate(); err == nil || CodeOf(err) != CodeInvalidArgument {
+			t.Errorf("%s: Validate() = %v, want invalid_argument", name, err)
+		}
+	}
+}

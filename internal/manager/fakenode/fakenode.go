@@ -1,0 +1,303 @@
+// Package fakenode is an in-memory ctld for ctl-manager's tests: an
+// api.Service served by the real api.Server on a real Unix socket. Claims
+// and releases are idempotent by operation id like ctld's, and cleanup
+// proofs are signed with an ed25519 key.
+package fakenode
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/proof"
+)
+
+// Node is the fake. Set the exported knobs before serving or under Lock.
+type Node struct {
+	mu sync.Mutex
+
+	NodeID string
+	// Key is the node's identity key; Signer signs proofs and is Key
+	// unless a test swaps it to forge proofs.
+	Key    ed25519.PrivateKey
+	Signer ed25519.PrivateKey
+	// FailRelease is FailClaim for releases.
+	FailRelease func(req api.ReleaseRequest) error
+	// Tamper, when set, edits each proof after it is signed.
+	Tamper func(p *api.CleanupProof)
+	// FailClaim, when set, is asked before each claim; a non-nil error is
+	// the answer (and is not remembered, like a dropped request).
+	FailClaim func(req api.ClaimRequest) error
+	// Unclean names proof checks that fail.
+	Unclean []string
+
+	sandboxes map[string]api.Sandbox
+	claims    map[string]api.ClaimResponse
+	releases  map[string]api.ReleaseResponse
+	files     map[string][]byte
+	// ClaimOps records the operation id of every claim that reached Claim.
+	ClaimOps   []string
+	ReleaseOps []string
+}
+
+// New returns a fake node with a fresh key.
+func New(nodeID string) *Node {
+	_, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		panic(err)
+	}
+	return &Node{
+		NodeID: nodeID, Key: priv, Signer: priv,
+		sandboxes: map[string]api.Sandbox{},
+		claims:    map[string]api.ClaimResponse{},
+		releases:  map[string]api.ReleaseResponse{},
+		files:     map[string][]byte{},
+	}
+}
+
+// Lock and Unlock guard the knobs while the fake is serving.
+func (n *Node) Lock()   { n.mu.Lock() }
+func (n *Node) Unlock() { n.mu.Unlock() }
+
+// Serve serves n on a fresh Unix socket until the test ends and returns the
+// socket path.
+func Serve(t testing.TB, n *Node) string {
+	t.Helper()
+	// A short directory: t.TempDir() can exceed the 108-byte sun_path.
+	dir, err := os.MkdirTemp("", "fakenode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "ctld.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := &api.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("fake node: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	return path
+}
+
+// Node implements api.Service.
+func (n *Node) Node(context.Context) (api.Node, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var leased api.Capacity
+	for _, sb := range n.sandboxes {
+		if sb.State == api.StateReady {
+			leased.CPUMillis += sb.Resources.CPUMillis
+			leased.MemoryBytes += sb.Resources.MemoryBytes
+			leased.PIDs += sb.Resources.PIDs
+		}
+	}
+	total := api.Capacity{CPUMillis: 2000, MemoryBytes: 4 << 30, PIDs: 4096, NBDDevices: 16, Addresses: 250, DiskBytes: 10 << 30}
+	return api.Node{
+		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3,
+		Versions: api.Versions{Ctld: "test", Kernel: "6.1.0", Runsc: "20221219", Nft: "1.0.6"},
+		Capacity: api.NodeCapacity{Total: total, Allocatable: total, Leased: leased},
+	}, nil
+}
+
+// Claim implements api.Service.
+func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ClaimOps = append(n.ClaimOps, req.OperationID)
+	if n.FailClaim != nil {
+		if err := n.FailClaim(req); err != nil {
+			return api.ClaimResponse{}, err
+		}
+	}
+	if r, ok := n.claims[req.OperationID]; ok {
+		return r, nil
+	}
+	if cur, ok := n.sandboxes[id]; ok && cur.State == api.StateReady {
+		return api.ClaimResponse{}, api.Errorf(api.CodeConflict, "sandbox %s generation %d is ready", id, cur.Generation)
+	} else if ok && req.Generation <= cur.Generation {
+		return api.ClaimResponse{}, api.Errorf(api.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, cur.Generation)
+	}
+	sb := api.Sandbox{
+		ID: id, Generation: req.Generation, State: api.StateReady,
+		ContainerID: fmt.Sprintf("%s-g%d", id, req.Generation), LeaseID: fmt.Sprintf("%s-g%d", id, req.Generation),
+		Resources: req.Resources, RootFS: req.RootFS, Epoch: 3, CreatedAt: time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC),
+		Timings: api.Timings{LeaseMS: 1, RootFSMS: 2, NetworkMS: 3, RunscMS: 4, ProofMS: 5, TotalMS: 15},
+	}
+	n.sandboxes[id] = sb
+	r := api.ClaimResponse{Sandbox: sb}
+	n.claims[req.OperationID] = r
+	return r, nil
+}
+
+// Exec implements api.Service: "echo ARGS" prints them, "fail N MSG"
+// writes MSG to stderr and exits N, "cat" echoes stdin.
+func (n *Node) Exec(_ context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	if err := n.ready(id); err != nil {
+		return 0, err
+	}
+	switch req.Args[0] {
+	case "echo":
+		fmt.Fprintln(stdout, joinArgs(req.Args[1:]))
+		return 0, nil
+	case "cat":
+		stdout.Write(req.Stdin)
+		return 0, nil
+	case "fail":
+		code, _ := strconv.Atoi(req.Args[1])
+		fmt.Fprintln(stderr, joinArgs(req.Args[2:]))
+		return code, nil
+	}
+	return 127, nil
+}
+
+func joinArgs(a []string) string {
+	var b bytes.Buffer
+	for i, s := range a {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+func (n *Node) ready(id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if sb, ok := n.sandboxes[id]; !ok || sb.State != api.StateReady {
+		return api.Errorf(api.CodeNotFound, "sandbox %s is not running", id)
+	}
+	return nil
+}
+
+// ReadFile implements api.Service.
+func (n *Node) ReadFile(_ context.Context, id, path string, _ int64) ([]byte, error) {
+	if err := n.ready(id); err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	b, ok := n.files[id+":"+path]
+	if !ok {
+		return nil, api.Errorf(api.CodeNotFound, "no file %s in sandbox %s", path, id)
+	}
+	return b, nil
+}
+
+// WriteFile implements api.Service.
+func (n *Node) WriteFile(_ context.Context, id, path string, data []byte) error {
+	if err := n.ready(id); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.files[id+":"+path] = bytes.Clone(data)
+	return nil
+}
+
+// Release implements api.Service.
+func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ReleaseOps = append(n.ReleaseOps, req.OperationID)
+	if n.FailRelease != nil {
+		if err := n.FailRelease(req); err != nil {
+			return api.ReleaseResponse{}, err
+		}
+	}
+	if r, ok := n.releases[req.OperationID]; ok {
+		return r, nil
+	}
+	sb, ok := n.sandboxes[id]
+	switch {
+	case !ok:
+		return api.ReleaseResponse{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", id)
+	case sb.Generation != req.Generation:
+		return api.ReleaseResponse{}, api.Errorf(api.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, sb.Generation)
+	case sb.State != api.StateReady:
+		return api.ReleaseResponse{}, api.Errorf(api.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
+	}
+	sb.State = api.StateReleased
+	n.sandboxes[id] = sb
+	p := api.CleanupProof{
+		OperationID: req.OperationID, NodeID: n.NodeID, BootID: "boot-1", Epoch: 3,
+		SandboxID: id, Generation: sb.Generation, LeaseID: sb.LeaseID, Clean: true,
+		Time: time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC),
+	}
+	for _, c := range []string{"cgroup_removed", "container_absent", "mounts_absent", "netns_removed"} {
+		ok := true
+		for _, u := range n.Unclean {
+			if u == c {
+				ok, p.Clean = false, false
+			}
+		}
+		p.Checks = append(p.Checks, api.ProofCheck{Name: c, OK: ok})
+	}
+	if err := proof.Sign(proof.Identity{NodeID: n.NodeID, BootID: p.BootID, Key: n.Signer}, &p); err != nil {
+		return api.ReleaseResponse{}, err
+	}
+	if n.Tamper != nil {
+		n.Tamper(&p)
+	}
+	r := api.ReleaseResponse{Sandbox: sb, Proof: p}
+	n.releases[req.OperationID] = r
+	return r, nil
+}
+
+// List implements api.Service.
+func (n *Node) List(context.Context) (api.SandboxList, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var l api.SandboxList
+	for _, sb := range n.sandboxes {
+		l.Sandboxes = append(l.Sandboxes, sb)
+	}
+	return l, nil
+}
+
+// Put places a sandbox on the node as if another manager created it.
+func (n *Node) Put(sb api.Sandbox) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.sandboxes[sb.ID] = sb
+}
+
+// Get implements api.Service.
+func (n *Node) Get(_ context.Context, id string) (api.Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sb, ok := n.sandboxes[id]
+	if !ok {
+		return sb, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
+// Proof implements api.Service.
+func (n *Node) Proof(_ context.Context, opID string) (api.CleanupProof, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r, ok := n.releases[opID]
+	if !ok {
+		return api.CleanupProof{}, api.Errorf(api.CodeNotFound, "no proof for operation %s", opID)
+	}
+	return r.Proof, nil
+}

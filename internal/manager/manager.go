@@ -1,0 +1,614 @@
+// Package manager is ctl-manager's core: the SQLite store that keeps the
+// lifecycle truth (sandboxes, generations, operations, proofs, nodes) and
+// the Manager that drives ctld through its local API, recording every
+// mutating operation before it is sent so a retry reuses its operation id.
+package manager
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/proof"
+)
+
+// DefaultSocket is recorded for a node reached through the client's default
+// socket path.
+const DefaultSocket = "/run/ctld/ctld.sock"
+
+// Manager wires the store and a ctld client.
+type Manager struct {
+	Store  *Store
+	Client *api.Client
+	Log    *slog.Logger
+	// NewOperationID returns a fresh operation id; nil means 128 random bits.
+	NewOperationID func() (string, error)
+}
+
+func (m *Manager) log() *slog.Logger {
+	if m.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return m.Log
+}
+
+func (m *Manager) socket() string {
+	if m.Client != nil && m.Client.SocketPath != "" {
+		return m.Client.SocketPath
+	}
+	return DefaultSocket
+}
+
+func (m *Manager) newOpID() (string, error) {
+	if m.NewOperationID != nil {
+		return m.NewOperationID()
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate operation id: %w", err)
+	}
+	return "op-" + hex.EncodeToString(b[:]), nil
+}
+
+// Spec is what a sandbox is created with.
+type Spec struct {
+	Resources      api.Resources     `json:"resources"`
+	RootFS         api.RootFS        `json:"rootfs"`
+	Network        api.NetworkPolicy `json:"network"`
+	Process        api.Process       `json:"process"`
+	MaxLifetimeSec int64             `json:"max_lifetime_sec,omitempty"`
+}
+
+func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
+	return api.ClaimRequest{
+		OperationID:    opID,
+		Generation:     gen,
+		RootFS:         s.RootFS,
+		Resources:      s.Resources,
+		Network:        s.Network,
+		Process:        s.Process,
+		MaxLifetimeSec: s.MaxLifetimeSec,
+	}
+}
+
+// CreateResult is the answer of Create.
+type CreateResult struct {
+	OperationID string      `json:"operation_id"`
+	Reused      bool        `json:"reused_operation"`
+	Sandbox     api.Sandbox `json:"sandbox"`
+}
+
+// definitive reports whether ctld's answer settles an operation: the node
+// refused or failed it and answers the same operation id the same way
+// again. Anything else (transport errors, unavailable, not_primary, a
+// cancelled context) may or may not have reached the node, so the
+// operation stays pending and the next try reuses its id.
+func definitive(err error) bool {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case api.CodeUnavailable, api.CodeNotPrimary:
+		return false
+	}
+	return true
+}
+
+// Create claims the next generation of sandbox id on the node.
+func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResult, error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return CreateResult{}, err
+	}
+	opID, err := m.newOpID()
+	if err != nil {
+		return CreateResult{}, err
+	}
+	// Bad input is refused here, before anything is recorded.
+	if err := spec.claim(opID, 1).Validate(); err != nil {
+		return CreateResult{}, err
+	}
+	node, err := m.contact(ctx)
+	if err != nil {
+		return CreateResult{}, err
+	}
+	var nodeGen uint64
+	switch cur, err := m.Client.Get(ctx, id); {
+	case err == nil:
+		nodeGen = cur.Generation
+	case api.CodeOf(err) != api.CodeNotFound:
+		return CreateResult{}, fmt.Errorf("look up sandbox on node: %w", err)
+	}
+	request, err := json.Marshal(spec)
+	if err != nil {
+		return CreateResult{}, fmt.Errorf("encode spec: %w", err)
+	}
+	op, reused, err := m.Store.BeginClaim(ctx, ClaimIntent{
+		SandboxID: id, NodeID: node.Node.NodeID, OperationID: opID,
+		Resources: spec.Resources, RootFS: spec.RootFS, Request: request, NodeGeneration: nodeGen,
+	})
+	if err != nil {
+		return CreateResult{}, err
+	}
+	log := m.log().With("sandbox", id, "generation", op.Generation, "operation", op.OperationID)
+	if reused {
+		// The node answers a repeated operation id only if the request is
+		// the same, so the retry sends what the first try recorded.
+		if len(op.Request) > 0 {
+			var recorded Spec
+			if err := json.Unmarshal(op.Request, &recorded); err != nil {
+				return CreateResult{}, fmt.Errorf("decode recorded claim %s: %w", op.OperationID, err)
+			}
+			spec = recorded
+		}
+		log.Info("retrying pending claim with its recorded operation id and request")
+	}
+	res := CreateResult{OperationID: op.OperationID, Reused: reused}
+	resp, err := m.Client.Claim(ctx, id, spec.claim(op.OperationID, op.Generation))
+	if err != nil {
+		if definitive(err) {
+			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
+				return res, errors.Join(err, ferr)
+			}
+			log.Warn("claim failed", "err", err)
+			return res, err
+		}
+		log.Warn("claim outcome unknown; operation stays pending for a retry", "err", err)
+		return res, err
+	}
+	// Record even if the caller gave up meanwhile: the node did the work.
+	if err := m.Store.FinishClaim(context.WithoutCancel(ctx), op.OperationID, resp.Sandbox); err != nil {
+		return res, err
+	}
+	log.Info("sandbox ready", "container", resp.Sandbox.ContainerID, "total_ms", resp.Sandbox.Timings.TotalMS)
+	res.Sandbox = resp.Sandbox
+	return res, nil
+}
+
+// contact asks the node who it is and records the contact.
+func (m *Manager) contact(ctx context.Context) (NodeStatus, error) {
+	n, err := m.Client.Node(ctx)
+	if err != nil {
+		return NodeStatus{}, fmt.Errorf("contact node: %w", err)
+	}
+	rec, err := m.Store.PinNode(ctx, n.NodeID, m.socket(), nil)
+	if err != nil {
+		return NodeStatus{}, err
+	}
+	return NodeStatus{Node: n, Record: rec}, nil
+}
+
+// Verdict is the manager's judgement of a cleanup proof. Verified means the
+// proof is signed by the node's pinned key and is about the operation,
+// sandbox and generation it claims; Clean means every check passed.
+type Verdict struct {
+	OperationID  string           `json:"operation_id"`
+	SandboxID    string           `json:"sandbox_id"`
+	Generation   uint64           `json:"generation"`
+	NodeID       string           `json:"node_id"`
+	Source       string           `json:"source"` // "store" or "node"
+	Verified     bool             `json:"verified"`
+	Clean        bool             `json:"clean"`
+	Reason       string           `json:"reason,omitempty"`
+	FailedChecks []string         `json:"failed_checks,omitempty"`
+	Proof        api.CleanupProof `json:"proof"`
+}
+
+// OK reports whether the proof shows, verifiably, that the generation is
+// gone.
+func (v Verdict) OK() bool { return v.Verified && v.Clean }
+
+// String is the one-line verdict the CLI prints.
+func (v Verdict) String() string {
+	switch {
+	case !v.Verified:
+		return fmt.Sprintf("proof %s REJECTED: %s", v.OperationID, v.Reason)
+	case !v.Clean:
+		return fmt.Sprintf("proof %s verified (node %s, epoch %d) but NOT clean: failed checks: %s",
+			v.OperationID, v.NodeID, v.Proof.Epoch, strings.Join(v.FailedChecks, ", "))
+	}
+	return fmt.Sprintf("proof %s verified: %s generation %d is gone (node %s, epoch %d, %d checks)",
+		v.OperationID, v.SandboxID, v.Generation, v.NodeID, v.Proof.Epoch, len(v.Proof.Checks))
+}
+
+// want is what a proof must be about.
+type want struct {
+	opID, sandboxID, nodeID string
+	generation              uint64
+}
+
+// judge verifies p against the pinned key of its node. A node without a
+// pinned key gets the proof's key pinned now (trust on first use: /v1/node
+// does not carry the key, so the first proof is the first sight of it);
+// every later proof must carry a signature by that same key.
+func (m *Manager) judge(ctx context.Context, w want, p api.CleanupProof) (Verdict, error) {
+	v := Verdict{OperationID: w.opID, SandboxID: w.sandboxID, Generation: w.generation, NodeID: w.nodeID, Proof: p, Clean: p.Clean}
+	for _, c := range p.Checks {
+		if !c.OK {
+			v.FailedChecks = append(v.FailedChecks, c.Name)
+			v.Clean = false
+		}
+	}
+	if len(p.Checks) == 0 {
+		v.Clean = false
+	}
+	switch {
+	case p.OperationID != w.opID:
+		v.Reason = fmt.Sprintf("proof is for operation %q, not %q", p.OperationID, w.opID)
+	case w.sandboxID != "" && p.SandboxID != w.sandboxID:
+		v.Reason = fmt.Sprintf("proof is for sandbox %q, not %q", p.SandboxID, w.sandboxID)
+	case w.generation != 0 && p.Generation != w.generation:
+		v.Reason = fmt.Sprintf("proof is for generation %d, not %d", p.Generation, w.generation)
+	case w.nodeID != "" && p.NodeID != w.nodeID:
+		v.Reason = fmt.Sprintf("proof is from node %q, not %q", p.NodeID, w.nodeID)
+	}
+	if v.Reason != "" {
+		return v, nil
+	}
+	v.SandboxID, v.Generation, v.NodeID = p.SandboxID, p.Generation, p.NodeID
+	if p.NodeID == "" {
+		v.Reason = "proof names no node"
+		return v, nil
+	}
+	node, err := m.Store.Node(ctx, p.NodeID)
+	if err != nil && api.CodeOf(err) != api.CodeNotFound {
+		return v, err
+	}
+	if len(node.PublicKey) == 0 {
+		if len(p.NodeKey) != ed25519.PublicKeySize {
+			v.Reason = fmt.Sprintf("node %s has no pinned key and the proof carries no valid one", p.NodeID)
+			return v, nil
+		}
+		socket := node.Socket
+		if socket == "" {
+			socket = m.socket()
+		}
+		if node, err = m.Store.PinNode(ctx, p.NodeID, socket, p.NodeKey); err != nil {
+			return v, err
+		}
+		m.log().Info("pinned node key on first use", "node", p.NodeID, "key", hex.EncodeToString(node.PublicKey))
+	}
+	if err := proof.Verify(p, ed25519.PublicKey(node.PublicKey)); err != nil {
+		v.Reason = fmt.Sprintf("not signed by the pinned key of node %s: %v", p.NodeID, err)
+		return v, nil
+	}
+	v.Verified = true
+	return v, nil
+}
+
+// DestroyResult is the answer of Destroy.
+type DestroyResult struct {
+	OperationID     string      `json:"operation_id"`
+	Reused          bool        `json:"reused_operation"`
+	AlreadyReleased bool        `json:"already_released,omitempty"`
+	Sandbox         api.Sandbox `json:"sandbox"`
+	Verdict         Verdict     `json:"verdict"`
+}
+
+// Destroy releases the sandbox's current generation with a recorded
+// operation id and judges the cleanup proof. The proof is stored with its
+// verdict either way; a rejected or unclean proof is reported in the
+// result, not as an error, because the release itself happened. A sandbox
+// on the node that the manager never created is adopted first.
+func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return DestroyResult{}, err
+	}
+	sb, err := m.Store.Sandbox(ctx, id)
+	if api.CodeOf(err) == api.CodeNotFound {
+		sb, err = m.adopt(ctx, id)
+	}
+	if err != nil {
+		return DestroyResult{}, err
+	}
+	if sb.State == api.StateReleased {
+		return m.released(ctx, sb)
+	}
+	opID, err := m.newOpID()
+	if err != nil {
+		return DestroyResult{}, err
+	}
+	op, reused, err := m.Store.BeginRelease(ctx, id, opID)
+	if err != nil {
+		return DestroyResult{}, err
+	}
+	log := m.log().With("sandbox", id, "generation", op.Generation, "operation", op.OperationID)
+	res := DestroyResult{OperationID: op.OperationID, Reused: reused}
+	resp, err := m.Client.Release(ctx, id, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+	if err != nil {
+		if definitive(err) {
+			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
+				return res, errors.Join(err, ferr)
+			}
+			log.Warn("release failed", "err", err)
+			return res, err
+		}
+		log.Warn("release outcome unknown; operation stays pending for a retry", "err", err)
+		return res, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	v, err := m.judge(ctx, want{opID: op.OperationID, sandboxID: id, generation: op.Generation, nodeID: sb.NodeID}, resp.Proof)
+	if err != nil {
+		return res, err
+	}
+	v.Source = "node"
+	if err := m.Store.FinishRelease(ctx, op.OperationID, resp.Sandbox, ProofRecord{Proof: resp.Proof, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
+		return res, err
+	}
+	log.Info("sandbox released", "proof_verified", v.Verified, "proof_clean", v.Clean, "reason", v.Reason)
+	res.Sandbox, res.Verdict = resp.Sandbox, v
+	return res, nil
+}
+
+// adopt records a sandbox that only the node knows.
+func (m *Manager) adopt(ctx context.Context, id string) (SandboxRecord, error) {
+	sb, err := m.Client.Get(ctx, id)
+	if err != nil {
+		return SandboxRecord{}, fmt.Errorf("look up sandbox on node: %w", err)
+	}
+	node, err := m.contact(ctx)
+	if err != nil {
+		return SandboxRecord{}, err
+	}
+	if err := m.Store.AdoptSandbox(ctx, node.Node.NodeID, sb); err != nil {
+		return SandboxRecord{}, err
+	}
+	m.log().Info("adopted sandbox found on the node", "sandbox", id, "generation", sb.Generation)
+	return m.Store.Sandbox(ctx, id)
+}
+
+// released answers Destroy of an already released sandbox with the proof
+// of its release: teardown of something gone is success.
+func (m *Manager) released(ctx context.Context, sb SandboxRecord) (DestroyResult, error) {
+	ops, err := m.Store.Operations(ctx, sb.ID)
+	if err != nil {
+		return DestroyResult{}, err
+	}
+	for i := len(ops) - 1; i >= 0; i-- {
+		op := ops[i]
+		if op.Kind != KindRelease || op.State != OpDone || op.Generation != sb.Generation {
+			continue
+		}
+		v, err := m.VerifyProof(ctx, op.OperationID)
+		if err != nil {
+			return DestroyResult{}, err
+		}
+		out := DestroyResult{
+			OperationID: op.OperationID, AlreadyReleased: true, Verdict: v,
+			Sandbox: api.Sandbox{ID: sb.ID, Generation: sb.Generation, State: sb.State, CreatedAt: sb.CreatedAt},
+		}
+		gens, err := m.Store.Generations(ctx, sb.ID)
+		if err != nil {
+			return DestroyResult{}, err
+		}
+		for _, g := range gens {
+			if g.Generation == sb.Generation {
+				out.Sandbox.ContainerID, out.Sandbox.LeaseID = g.ContainerID, g.LeaseID
+				out.Sandbox.Resources, out.Sandbox.RootFS, out.Sandbox.Timings = g.Resources, g.RootFS, g.Timings
+			}
+		}
+		return out, nil
+	}
+	return DestroyResult{}, api.Errorf(api.CodeInternal, "sandbox %s is released but no release operation is recorded", sb.ID)
+}
+
+// VerifyProof judges the cleanup proof of an operation, stored or fetched
+// from the node, and records the verdict when the operation is known. The
+// verdict is recomputed every time, never read back.
+func (m *Manager) VerifyProof(ctx context.Context, opID string) (Verdict, error) {
+	if err := api.ValidateOperationID(opID); err != nil {
+		return Verdict{}, err
+	}
+	w := want{opID: opID}
+	op, err := m.Store.Operation(ctx, opID)
+	known := err == nil
+	switch {
+	case known:
+		if op.Kind != KindRelease {
+			return Verdict{}, api.Errorf(api.CodeInvalidArgument, "operation %s is a %s, only releases have cleanup proofs", opID, op.Kind)
+		}
+		w.sandboxID, w.generation = op.SandboxID, op.Generation
+		sb, err := m.Store.Sandbox(ctx, op.SandboxID)
+		if err != nil {
+			return Verdict{}, err
+		}
+		w.nodeID = sb.NodeID
+	case api.CodeOf(err) != api.CodeNotFound:
+		return Verdict{}, err
+	}
+	source := "store"
+	stored, err := m.Store.Proof(ctx, opID)
+	p := stored.Proof
+	if api.CodeOf(err) == api.CodeNotFound {
+		source = "node"
+		if p, err = m.Client.Proof(ctx, opID); err != nil {
+			return Verdict{}, fmt.Errorf("fetch proof from node: %w", err)
+		}
+	} else if err != nil {
+		return Verdict{}, err
+	}
+	v, err := m.judge(ctx, w, p)
+	if err != nil {
+		return v, err
+	}
+	v.Source = source
+	if known {
+		if err := m.Store.SaveProof(ctx, ProofRecord{OperationID: opID, SandboxID: op.SandboxID, Generation: op.Generation, Proof: p, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
+			return v, err
+		}
+	}
+	return v, nil
+}
+
+// Exec runs a command in the sandbox, streaming its output, and returns the
+// guest's exit code.
+func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return 0, err
+	}
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	return m.Client.ExecStream(ctx, id, req, stdout, stderr)
+}
+
+// ReadFile reads a file inside the sandbox.
+func (m *Manager) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
+	if err := errors.Join(api.ValidateID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
+		return nil, err
+	}
+	return m.Client.ReadFile(ctx, id, path)
+}
+
+// WriteFile writes a file inside the sandbox.
+func (m *Manager) WriteFile(ctx context.Context, id, path string, data []byte) error {
+	if err := errors.Join(api.ValidateID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
+		return err
+	}
+	return m.Client.WriteFile(ctx, id, path, data)
+}
+
+// Entry is one sandbox of Ls: what the manager recorded next to what the
+// node reports.
+type Entry struct {
+	ID     string         `json:"id"`
+	Store  *SandboxRecord `json:"store,omitempty"`
+	Node   *api.Sandbox   `json:"node,omitempty"`
+	Status string         `json:"status"`
+}
+
+// Entry statuses.
+const (
+	StatusInSync         = "in_sync"
+	StatusDrift          = "drift"              // both know it, disagreeing on generation or state
+	StatusMissingOnNode  = "missing_on_node"    // recorded live, node does not have it
+	StatusUnknownToStore = "unknown_to_manager" // node has it, manager never recorded it
+	StatusNodeUnknown    = "node_unreachable"
+)
+
+// Listing is the answer of Ls.
+type Listing struct {
+	Sandboxes []Entry `json:"sandboxes"`
+	// NodeError is why the node's view is missing, if it is.
+	NodeError string `json:"node_error,omitempty"`
+}
+
+// Ls merges the store's sandboxes with the node's list. An unreachable node
+// still yields the store's view, marked as such.
+func (m *Manager) Ls(ctx context.Context) (Listing, error) {
+	recs, err := m.Store.Sandboxes(ctx)
+	if err != nil {
+		return Listing{}, err
+	}
+	var out Listing
+	nodeList, nerr := m.Client.List(ctx)
+	if nerr != nil {
+		out.NodeError = nerr.Error()
+	}
+	return mergeListing(out, recs, nodeList.Sandboxes, nerr == nil), nil
+}
+
+func mergeListing(out Listing, recs []SandboxRecord, onNode []api.Sandbox, nodeOK bool) Listing {
+	byID := map[string]*Entry{}
+	var ids []string
+	get := func(id string) *Entry {
+		e, ok := byID[id]
+		if !ok {
+			e = &Entry{ID: id}
+			byID[id] = e
+			ids = append(ids, id)
+		}
+		return e
+	}
+	for i := range recs {
+		get(recs[i].ID).Store = &recs[i]
+	}
+	for i := range onNode {
+		get(onNode[i].ID).Node = &onNode[i]
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		e := byID[id]
+		e.Status = status(e, nodeOK)
+		out.Sandboxes = append(out.Sandboxes, *e)
+	}
+	return out
+}
+
+func status(e *Entry, nodeOK bool) string {
+	switch {
+	case !nodeOK:
+		return StatusNodeUnknown
+	case e.Store == nil:
+		return StatusUnknownToStore
+	case e.Node == nil:
+		if live(e.Store.State) {
+			return StatusMissingOnNode
+		}
+		return StatusInSync
+	case e.Node.Generation != e.Store.Generation || e.Node.State != e.Store.State:
+		return StatusDrift
+	}
+	return StatusInSync
+}
+
+// Detail is the answer of Get.
+type Detail struct {
+	Sandbox     *SandboxRecord     `json:"sandbox,omitempty"`
+	Generations []GenerationRecord `json:"generations,omitempty"`
+	Operations  []OperationRecord  `json:"operations,omitempty"`
+	Node        *api.Sandbox       `json:"node,omitempty"`
+	NodeError   string             `json:"node_error,omitempty"`
+}
+
+// Get returns everything known about one sandbox; not_found only when
+// neither the store nor the node knows it.
+func (m *Manager) Get(ctx context.Context, id string) (Detail, error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return Detail{}, err
+	}
+	var d Detail
+	sb, err := m.Store.Sandbox(ctx, id)
+	switch {
+	case err == nil:
+		d.Sandbox = &sb
+		if d.Generations, err = m.Store.Generations(ctx, id); err != nil {
+			return d, err
+		}
+		if d.Operations, err = m.Store.Operations(ctx, id); err != nil {
+			return d, err
+		}
+	case api.CodeOf(err) != api.CodeNotFound:
+		return d, err
+	}
+	ns, nerr := m.Client.Get(ctx, id)
+	switch {
+	case nerr == nil:
+		d.Node = &ns
+	case api.CodeOf(nerr) == api.CodeNotFound && d.Sandbox == nil:
+		return d, nerr
+	case api.CodeOf(nerr) != api.CodeNotFound:
+		d.NodeError = nerr.Error()
+	}
+	return d, nil
+}
+
+// NodeStatus is the answer of NodeStatus.
+type NodeStatus struct {
+	Node   api.Node   `json:"node"`
+	Record NodeRecord `json:"record"`
+}
+
+// NodeStatus asks the node for its status and records the contact.
+func (m *Manager) NodeStatus(ctx context.Context) (NodeStatus, error) {
+	return m.contact(ctx)
+}

@@ -1,0 +1,754 @@
+package manager
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// DefaultDBPath is where ctl-manager keeps its lifecycle truth.
+const DefaultDBPath = "/var/lib/ctl-manager/manager.db"
+
+// Operation kinds and states as stored.
+const (
+	KindClaim   = "claim"
+	KindRelease = "release"
+
+	OpPending = "pending"
+	OpDone    = "done"
+	OpFailed  = "failed"
+)
+
+// migrations are applied in order; PRAGMA user_version counts how many ran.
+// Never edit an applied entry: append a new one.
+var migrations = []string{
+	`CREATE TABLE nodes (
+		node_id    TEXT PRIMARY KEY,
+		public_key BLOB,
+		socket     TEXT NOT NULL,
+		first_seen TEXT NOT NULL,
+		last_seen  TEXT NOT NULL
+	);
+	CREATE TABLE sandboxes (
+		id         TEXT PRIMARY KEY,
+		created_at TEXT NOT NULL,
+		state      TEXT NOT NULL,
+		generation INTEGER NOT NULL DEFAULT 0,
+		node_id    TEXT REFERENCES nodes(node_id)
+	);
+	CREATE TABLE generations (
+		sandbox_id   TEXT NOT NULL REFERENCES sandboxes(id),
+		generation   INTEGER NOT NULL,
+		state        TEXT NOT NULL,
+		container_id TEXT NOT NULL DEFAULT '',
+		lease_id     TEXT NOT NULL DEFAULT '',
+		resources    TEXT NOT NULL DEFAULT '{}',
+		rootfs       TEXT NOT NULL DEFAULT '{}',
+		timings      TEXT NOT NULL DEFAULT '{}',
+		created_at   TEXT NOT NULL,
+		ended_at     TEXT,
+		PRIMARY KEY (sandbox_id, generation)
+	);
+	CREATE TABLE operations (
+		operation_id TEXT PRIMARY KEY,
+		kind         TEXT NOT NULL CHECK (kind IN ('claim', 'release')),
+		sandbox_id   TEXT NOT NULL,
+		generation   INTEGER NOT NULL,
+		state        TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed')),
+		request      TEXT NOT NULL DEFAULT '{}',
+		error        TEXT NOT NULL DEFAULT '',
+		created_at   TEXT NOT NULL,
+		finished_at  TEXT,
+		FOREIGN KEY (sandbox_id, generation) REFERENCES generations(sandbox_id, generation)
+	);
+	CREATE INDEX operations_by_sandbox ON operations(sandbox_id, state);
+	CREATE TABLE proofs (
+		operation_id TEXT PRIMARY KEY REFERENCES operations(operation_id),
+		sandbox_id   TEXT NOT NULL,
+		generation   INTEGER NOT NULL,
+		json         TEXT NOT NULL,
+		verified     INTEGER NOT NULL CHECK (verified IN (0, 1)),
+		verify_error TEXT NOT NULL DEFAULT '',
+		FOREIGN KEY (sandbox_id, generation) REFERENCES generations(sandbox_id, generation)
+	);`,
+}
+
+// Store is the manager's SQLite database. Every method is one transaction.
+type Store struct {
+	db  *sql.DB
+	now func() time.Time
+}
+
+// OpenStore opens (creating if needed) the database at path and migrates it.
+// now is the clock for recorded times; nil means time.Now.
+func OpenStore(ctx context.Context, path string, now func() time.Time) (*Store, error) {
+	if now == nil {
+		now = time.Now
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create database dir: %w", err)
+	}
+	q := url.Values{}
+	// Pragmas run on every new connection of the pool. WAL lets readers run
+	// during a write; busy_timeout makes two CLI invocations wait for each
+	// other instead of failing; IMMEDIATE transactions take the write lock
+	// up front so read-then-write steps (next generation) cannot interleave.
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	s := &Store{db: db, now: now}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func (s *Store) migrate(ctx context.Context) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var v int
+		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		if v > len(migrations) {
+			return fmt.Errorf("check schema version: database is version %d, this binary knows %d", v, len(migrations))
+		}
+		for i := v; i < len(migrations); i++ {
+			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+				return fmt.Errorf("apply migration %d: %w", i+1, err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+			return fmt.Errorf("write schema version: %w", err)
+		}
+		return nil
+	})
+}
+
+// SchemaVersion returns how many migrations the database has.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	if err := s.db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}
+
+func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit transaction: %w", err)
+	}
+	return nil
+}
+
+// Records as stored.
+
+// NodeRecord is a ctld node the manager has talked to. PublicKey is pinned
+// on first use and never replaced.
+type NodeRecord struct {
+	NodeID    string    `json:"node_id"`
+	PublicKey []byte    `json:"public_key,omitempty"`
+	Socket    string    `json:"socket"`
+	FirstSeen time.Time `json:"first_seen"`
+	LastSeen  time.Time `json:"last_seen"`
+}
+
+// SandboxRecord is a sandbox identity.
+type SandboxRecord struct {
+	ID         string    `json:"id"`
+	CreatedAt  time.Time `json:"created_at"`
+	State      string    `json:"state"`
+	Generation uint64    `json:"generation"`
+	NodeID     string    `json:"node_id,omitempty"`
+}
+
+// GenerationRecord is one runtime generation of a sandbox.
+type GenerationRecord struct {
+	SandboxID   string        `json:"sandbox_id"`
+	Generation  uint64        `json:"generation"`
+	State       string        `json:"state"`
+	ContainerID string        `json:"container_id,omitempty"`
+	LeaseID     string        `json:"lease_id,omitempty"`
+	Resources   api.Resources `json:"resources"`
+	RootFS      api.RootFS    `json:"rootfs"`
+	Timings     api.Timings   `json:"timings"`
+	CreatedAt   time.Time     `json:"created_at"`
+	EndedAt     *time.Time    `json:"ended_at,omitempty"`
+}
+
+// OperationRecord is a mutating call to ctld, recorded before it is made.
+type OperationRecord struct {
+	OperationID string `json:"operation_id"`
+	Kind        string `json:"kind"`
+	SandboxID   string `json:"sandbox_id"`
+	Generation  uint64 `json:"generation"`
+	State       string `json:"state"`
+	// Request is what the operation asks for (a claim's Spec as JSON), so
+	// a retry sends exactly what the first try sent.
+	Request    json.RawMessage `json:"request,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+}
+
+// ProofRecord is a cleanup proof and the manager's verdict on it.
+type ProofRecord struct {
+	OperationID string           `json:"operation_id"`
+	SandboxID   string           `json:"sandbox_id"`
+	Generation  uint64           `json:"generation"`
+	Proof       api.CleanupProof `json:"proof"`
+	Verified    bool             `json:"verified"`
+	VerifyError string           `json:"verify_error,omitempty"`
+}
+
+func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func parseTS(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("parse stored time %q: %w", s, err)
+	}
+	return t, nil
+}
+
+func parseNullTS(ns sql.NullString) (*time.Time, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	t, err := parseTS(ns.String)
+	return &t, err
+}
+
+func notFound(format string, args ...any) error {
+	return api.Errorf(api.CodeNotFound, format, args...)
+}
+
+// live reports whether a sandbox state holds compute on the node (or may:
+// a claim or release in flight).
+func live(state string) bool {
+	switch state {
+	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost:
+		return true
+	}
+	return false
+}
+
+// PinNode records contact with a node. The first key seen for a node is
+// pinned (trust on first use); a later, different key is never stored. The
+// returned record carries the pinned key, which the caller compares.
+func (s *Store) PinNode(ctx context.Context, nodeID, socket string, key []byte) (NodeRecord, error) {
+	var rec NodeRecord
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		now := ts(s.now())
+		var k []byte
+		if len(key) > 0 {
+			k = key
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO nodes (node_id, public_key, socket, first_seen, last_seen)
+			VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (node_id) DO UPDATE SET
+				socket = excluded.socket,
+				last_seen = excluded.last_seen,
+				public_key = COALESCE(nodes.public_key, excluded.public_key)`,
+			nodeID, k, socket, now, now); err != nil {
+			return fmt.Errorf("record node %s: %w", nodeID, err)
+		}
+		r, err := scanNode(tx.QueryRowContext(ctx, nodeSelect+` WHERE node_id = ?`, nodeID))
+		rec = r
+		return err
+	})
+	return rec, err
+}
+
+const nodeSelect = `SELECT node_id, public_key, socket, first_seen, last_seen FROM nodes`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanNode(row rowScanner) (NodeRecord, error) {
+	var r NodeRecord
+	var first, last string
+	if err := row.Scan(&r.NodeID, &r.PublicKey, &r.Socket, &first, &last); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return r, notFound("node not known to the manager")
+		}
+		return r, fmt.Errorf("read node: %w", err)
+	}
+	var err error
+	if r.FirstSeen, err = parseTS(first); err != nil {
+		return r, err
+	}
+	r.LastSeen, err = parseTS(last)
+	return r, err
+}
+
+// Node returns a known node.
+func (s *Store) Node(ctx context.Context, nodeID string) (NodeRecord, error) {
+	r, err := scanNode(s.db.QueryRowContext(ctx, nodeSelect+` WHERE node_id = ?`, nodeID))
+	if api.CodeOf(err) == api.CodeNotFound {
+		return r, notFound("node %s not known to the manager", nodeID)
+	}
+	return r, err
+}
+
+// Nodes returns every known node.
+func (s *Store) Nodes(ctx context.Context) ([]NodeRecord, error) {
+	rows, err := s.db.QueryContext(ctx, nodeSelect+` ORDER BY node_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	defer rows.Close()
+	var out []NodeRecord
+	for rows.Next() {
+		r, err := scanNode(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+const sandboxSelect = `SELECT id, created_at, state, generation, COALESCE(node_id, '') FROM sandboxes`
+
+func scanSandbox(row rowScanner) (SandboxRecord, error) {
+	var r SandboxRecord
+	var created string
+	if err := row.Scan(&r.ID, &created, &r.State, &r.Generation, &r.NodeID); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return r, notFound("sandbox not known to the manager")
+		}
+		return r, fmt.Errorf("read sandbox: %w", err)
+	}
+	var err error
+	r.CreatedAt, err = parseTS(created)
+	return r, err
+}
+
+// Sandbox returns one sandbox; a missing one is a not_found *api.Error.
+func (s *Store) Sandbox(ctx context.Context, id string) (SandboxRecord, error) {
+	return sandboxTx(ctx, s.db, id)
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func sandboxTx(ctx context.Context, q querier, id string) (SandboxRecord, error) {
+	r, err := scanSandbox(q.QueryRowContext(ctx, sandboxSelect+` WHERE id = ?`, id))
+	if api.CodeOf(err) == api.CodeNotFound {
+		return r, notFound("sandbox %s not known to the manager", id)
+	}
+	return r, err
+}
+
+// Sandboxes returns every sandbox, ordered by id.
+func (s *Store) Sandboxes(ctx context.Context) ([]SandboxRecord, error) {
+	rows, err := s.db.QueryContext(ctx, sandboxSelect+` ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []SandboxRecord
+	for rows.Next() {
+		r, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+const generationSelect = `SELECT sandbox_id, generation, state, container_id, lease_id, resources, rootfs, timings, created_at, ended_at FROM generations`
+
+func scanGeneration(row rowScanner) (GenerationRecord, error) {
+	var r GenerationRecord
+	var res, rootfs, timings, created string
+	var ended sql.NullString
+	if err := row.Scan(&r.SandboxID, &r.Generation, &r.State, &r.ContainerID, &r.LeaseID, &res, &rootfs, &timings, &created, &ended); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return r, notFound("generation not known to the manager")
+		}
+		return r, fmt.Errorf("read generation: %w", err)
+	}
+	if err := errors.Join(
+		json.Unmarshal([]byte(res), &r.Resources),
+		json.Unmarshal([]byte(rootfs), &r.RootFS),
+		json.Unmarshal([]byte(timings), &r.Timings),
+	); err != nil {
+		return r, fmt.Errorf("decode generation %s/%d: %w", r.SandboxID, r.Generation, err)
+	}
+	var err error
+	if r.CreatedAt, err = parseTS(created); err != nil {
+		return r, err
+	}
+	r.EndedAt, err = parseNullTS(ended)
+	return r, err
+}
+
+// Generations returns a sandbox's generations, oldest first.
+func (s *Store) Generations(ctx context.Context, id string) ([]GenerationRecord, error) {
+	rows, err := s.db.QueryContext(ctx, generationSelect+` WHERE sandbox_id = ? ORDER BY generation`, id)
+	if err != nil {
+		return nil, fmt.Errorf("list generations of %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []GenerationRecord
+	for rows.Next() {
+		r, err := scanGeneration(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+const operationSelect = `SELECT operation_id, kind, sandbox_id, generation, state, request, error, created_at, finished_at FROM operations`
+
+func scanOperation(row rowScanner) (OperationRecord, error) {
+	var r OperationRecord
+	var created, request string
+	var finished sql.NullString
+	if err := row.Scan(&r.OperationID, &r.Kind, &r.SandboxID, &r.Generation, &r.State, &request, &r.Error, &created, &finished); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return r, notFound("operation not known to the manager")
+		}
+		return r, fmt.Errorf("read operation: %w", err)
+	}
+	if request != "{}" {
+		r.Request = json.RawMessage(request)
+	}
+	var err error
+	if r.CreatedAt, err = parseTS(created); err != nil {
+		return r, err
+	}
+	r.FinishedAt, err = parseNullTS(finished)
+	return r, err
+}
+
+// Operation returns one operation.
+func (s *Store) Operation(ctx context.Context, opID string) (OperationRecord, error) {
+	r, err := scanOperation(s.db.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
+	if api.CodeOf(err) == api.CodeNotFound {
+		return r, notFound("operation %s not known to the manager", opID)
+	}
+	return r, err
+}
+
+// Operations returns a sandbox's operations, oldest first.
+func (s *Store) Operations(ctx context.Context, id string) ([]OperationRecord, error) {
+	rows, err := s.db.QueryContext(ctx, operationSelect+` WHERE sandbox_id = ? ORDER BY created_at, operation_id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("list operations of %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []OperationRecord
+	for rows.Next() {
+		r, err := scanOperation(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func pendingOp(ctx context.Context, tx *sql.Tx, id, kind string) (OperationRecord, bool, error) {
+	r, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE sandbox_id = ? AND kind = ? AND state = 'pending' ORDER BY created_at DESC LIMIT 1`, id, kind))
+	if api.CodeOf(err) == api.CodeNotFound {
+		return r, false, nil
+	}
+	return r, err == nil, err
+}
+
+// ClaimIntent is what BeginClaim records before ctld is called.
+type ClaimIntent struct {
+	SandboxID   string
+	NodeID      string
+	OperationID string // used only when no claim is pending
+	Resources   api.Resources
+	RootFS      api.RootFS
+	// Request is recorded with the operation (see OperationRecord).
+	Request json.RawMessage
+	// NodeGeneration is the newest generation the node reports for the
+	// sandbox: a store that lost track (a fresh database, another manager)
+	// must still ask for a newer one, or the node refuses the claim.
+	NodeGeneration uint64
+}
+
+// BeginClaim records a claim before it is sent. If a claim for the sandbox
+// is still pending (the manager crashed or lost the answer), that operation
+// is returned with reused=true so the retry carries the same operation id
+// and ctld answers it idempotently. Otherwise the next generation is
+// allocated and in.OperationID recorded as pending. A sandbox that holds
+// compute is a conflict.
+func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRecord, reused bool, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		pending, ok, err := pendingOp(ctx, tx, in.SandboxID, KindClaim)
+		if err != nil {
+			return err
+		}
+		if ok {
+			op, reused = pending, true
+			return nil
+		}
+		now := ts(s.now())
+		sb, err := sandboxTx(ctx, tx, in.SandboxID)
+		switch {
+		case api.CodeOf(err) == api.CodeNotFound:
+			if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation, node_id) VALUES (?, ?, ?, 0, NULLIF(?, ''))`,
+				in.SandboxID, now, api.StateClaiming, in.NodeID); err != nil {
+				return fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
+			}
+		case err != nil:
+			return err
+		case live(sb.State):
+			return api.Errorf(api.CodeConflict, "sandbox %s is %s (generation %d); destroy it first", sb.ID, sb.State, sb.Generation)
+		}
+		gen := max(sb.Generation, in.NodeGeneration) + 1
+		res, _ := json.Marshal(in.Resources)
+		rootfs, _ := json.Marshal(in.RootFS)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO generations (sandbox_id, generation, state, resources, rootfs, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), now); err != nil {
+			return fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = NULLIF(?, '') WHERE id = ?`,
+			api.StateClaiming, gen, in.NodeID, in.SandboxID); err != nil {
+			return fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
+		}
+		request := "{}"
+		if len(in.Request) > 0 {
+			request = string(in.Request)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'claim', ?, ?, 'pending', ?, ?)`,
+			in.OperationID, in.SandboxID, gen, request, now); err != nil {
+			return fmt.Errorf("record operation %s: %w", in.OperationID, err)
+		}
+		op, err = scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, in.OperationID))
+		return err
+	})
+	return op, reused, err
+}
+
+// FinishClaim records a claim's answer: the generation is what ctld says.
+func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
+		if err != nil {
+			return fmt.Errorf("finish claim %s: %w", opID, err)
+		}
+		now := ts(s.now())
+		timings, _ := json.Marshal(sb.Timings)
+		res, _ := json.Marshal(sb.Resources)
+		state := sb.State
+		if state == "" {
+			state = api.StateReady
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE generations SET state = ?, container_id = ?, lease_id = ?, timings = ?, resources = ? WHERE sandbox_id = ? AND generation = ?`,
+			state, sb.ContainerID, sb.LeaseID, string(timings), string(res), op.SandboxID, op.Generation); err != nil {
+			return fmt.Errorf("update generation %s/%d: %w", op.SandboxID, op.Generation, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ? AND generation = ?`, state, op.SandboxID, op.Generation); err != nil {
+			return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
+		}
+		return finishOp(ctx, tx, opID, OpDone, "", now)
+	})
+}
+
+func finishOp(ctx context.Context, tx *sql.Tx, opID, state, msg, now string) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE operations SET state = ?, error = ?, finished_at = ? WHERE operation_id = ?`, state, msg, now, opID); err != nil {
+		return fmt.Errorf("finish operation %s: %w", opID, err)
+	}
+	return nil
+}
+
+// FailOperation records that ctld refused an operation for good. A failed
+// claim fails its generation; a failed release leaves the sandbox state as
+// it was before the release, since ctld still has it.
+func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
+		if err != nil {
+			return fmt.Errorf("fail operation %s: %w", opID, err)
+		}
+		now := ts(s.now())
+		switch op.Kind {
+		case KindClaim:
+			if _, err := tx.ExecContext(ctx, `UPDATE generations SET state = ?, ended_at = ? WHERE sandbox_id = ? AND generation = ?`,
+				api.StateFailed, now, op.SandboxID, op.Generation); err != nil {
+				return fmt.Errorf("update generation %s/%d: %w", op.SandboxID, op.Generation, err)
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ? AND generation = ?`, api.StateFailed, op.SandboxID, op.Generation); err != nil {
+				return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
+			}
+		case KindRelease:
+			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ?`,
+				op.SandboxID, op.Generation, op.SandboxID); err != nil {
+				return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
+			}
+		}
+		return finishOp(ctx, tx, opID, OpFailed, msg, now)
+	})
+}
+
+// AdoptSandbox records a sandbox the manager did not create (found on the
+// node), so it can be destroyed with a recorded operation.
+func (s *Store) AdoptSandbox(ctx context.Context, nodeID string, sb api.Sandbox) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		now := ts(s.now())
+		created := now
+		if !sb.CreatedAt.IsZero() {
+			created = ts(sb.CreatedAt)
+		}
+		res, _ := json.Marshal(sb.Resources)
+		rootfs, _ := json.Marshal(sb.RootFS)
+		timings, _ := json.Marshal(sb.Timings)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation, node_id) VALUES (?, ?, ?, ?, NULLIF(?, ''))`,
+			sb.ID, created, sb.State, sb.Generation, nodeID); err != nil {
+			return fmt.Errorf("adopt sandbox %s: %w", sb.ID, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO generations (sandbox_id, generation, state, container_id, lease_id, resources, rootfs, timings, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			sb.ID, sb.Generation, sb.State, sb.ContainerID, sb.LeaseID, string(res), string(rootfs), string(timings), created); err != nil {
+			return fmt.Errorf("adopt generation %s/%d: %w", sb.ID, sb.Generation, err)
+		}
+		return nil
+	})
+}
+
+// BeginRelease records a release of the sandbox's current generation before
+// it is sent, reusing a pending one like BeginClaim does. An unknown
+// sandbox is not_found; a released one, or one whose claim is still
+// pending, is a conflict.
+func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op OperationRecord, reused bool, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		pending, ok, err := pendingOp(ctx, tx, id, KindRelease)
+		if err != nil {
+			return err
+		}
+		if ok {
+			op, reused = pending, true
+			return nil
+		}
+		sb, err := sandboxTx(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if sb.Generation == 0 {
+			return api.Errorf(api.CodeConflict, "sandbox %s has no generation to release", id)
+		}
+		if _, ok, err := pendingOp(ctx, tx, id, KindClaim); err != nil {
+			return err
+		} else if ok {
+			// Releasing the generation a pending claim may still create
+			// would race it; the claim has to be retried (or fail) first.
+			return api.Errorf(api.CodeConflict, "sandbox %s has a pending claim of generation %d; retry the create first", id, sb.Generation)
+		}
+		if sb.State == api.StateReleased {
+			return api.Errorf(api.CodeConflict, "sandbox %s generation %d is already released", id, sb.Generation)
+		}
+		now := ts(s.now())
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ?`, api.StateReleasing, id); err != nil {
+			return fmt.Errorf("update sandbox %s: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, created_at) VALUES (?, 'release', ?, ?, 'pending', ?)`,
+			newOpID, id, sb.Generation, now); err != nil {
+			return fmt.Errorf("record operation %s: %w", newOpID, err)
+		}
+		op, err = scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, newOpID))
+		return err
+	})
+	return op, reused, err
+}
+
+// FinishRelease records a release's answer and its proof with the
+// manager's verdict, in one transaction.
+func (s *Store) FinishRelease(ctx context.Context, opID string, sb api.Sandbox, p ProofRecord) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
+		if err != nil {
+			return fmt.Errorf("finish release %s: %w", opID, err)
+		}
+		now := ts(s.now())
+		state := sb.State
+		if state == "" {
+			state = api.StateReleased
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE generations SET state = ?, ended_at = ? WHERE sandbox_id = ? AND generation = ?`,
+			state, now, op.SandboxID, op.Generation); err != nil {
+			return fmt.Errorf("update generation %s/%d: %w", op.SandboxID, op.Generation, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ? AND generation = ?`, state, op.SandboxID, op.Generation); err != nil {
+			return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
+		}
+		if err := finishOp(ctx, tx, opID, OpDone, "", now); err != nil {
+			return err
+		}
+		p.OperationID, p.SandboxID, p.Generation = op.OperationID, op.SandboxID, op.Generation
+		return saveProof(ctx, tx, p)
+	})
+}
+
+func saveProof(ctx context.Context, tx *sql.Tx, p ProofRecord) error {
+	b, err := json.Marshal(p.Proof)
+	if err != nil {
+		return fmt.Errorf("encode proof %s: %w", p.OperationID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO proofs (operation_id, sandbox_id, generation, json, verified, verify_error) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (operation_id) DO UPDATE SET json = excluded.json, verified = excluded.verified, verify_error = excluded.verify_error`,
+		p.OperationID, p.SandboxID, p.Generation, string(b), p.Verified, p.VerifyError); err != nil {
+		return fmt.Errorf("record proof %s: %w", p.OperationID, err)
+	}
+	return nil
+}
+
+// SaveProof records (or re-records) a proof and its verdict. Its operation
+// must be known.
+func (s *Store) SaveProof(ctx context.Context, p ProofRecord) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return saveProof(ctx, tx, p) })
+}
+
+// Proof returns a stored proof.
+func (s *Store) Proof(ctx context.Context, opID string) (ProofRecord, error) {
+	var r ProofRecord
+	var js string
+	err := s.db.QueryRowContext(ctx, `SELECT operation_id, sandbox_id, generation, json, verified, verify_error FROM proofs WHERE operation_id = ?`, opID).
+		Scan(&r.OperationID, &r.SandboxID, &r.Generation, &js, &r.Verified, &r.VerifyError)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, notFound("no proof stored for operation %s", opID)
+	}
+	if err != nil {
+		return r, fmt.Errorf("read proof %s: %w", opID, err)
+	}
+	if err := json.Unmarshal([]byte(js), &r.Proof); err != nil {
+		return r, fmt.Errorf("decode proof %s: %w", opID, err)
+	}
+	return r, nil
+}

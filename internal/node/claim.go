@@ -1,0 +1,361 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/runtime"
+)
+
+// maxObjectName bounds kernel object names (cgroup, netns, container id).
+const maxObjectName = 63
+
+func requestHash(kind, id string, v any) string {
+	b, _ := json.Marshal(v)
+	h := sha256.Sum256(append([]byte(kind+"\x00"+id+"\x00"), b...))
+	return hex.EncodeToString(h[:])
+}
+
+// beginOp looks up an operation id. If the operation already finished it
+// returns its record (done or failed) and started=false. If it is running
+// in this process it waits for it. Otherwise it runs create inside the
+// same transaction that records the operation as pending.
+func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*journal.Tx) error) (journal.Operation, bool, error) {
+	for {
+		n.mu.Lock()
+		wait, running := n.inflight[op.ID]
+		n.mu.Unlock()
+		if running {
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return op, false, api.Errorf(api.CodeUnavailable, "operation %q still running: %v", op.ID, ctx.Err())
+			}
+		}
+		var prev journal.Operation
+		var found bool
+		err := n.d.Journal.Update(func(tx *journal.Tx) error {
+			var err error
+			if prev, found, err = tx.Operation(op.ID); err != nil || found {
+				return err
+			}
+			if err := create(tx); err != nil {
+				return err
+			}
+			return tx.PutOperation(op)
+		})
+		if err != nil {
+			var ae *api.Error
+			if errors.As(err, &ae) {
+				return op, false, ae
+			}
+			return op, false, api.Errorf(api.CodeInternal, "journal operation %s: %v", op.ID, err)
+		}
+		if found {
+			if prev.RequestHash != op.RequestHash {
+				return prev, false, api.Errorf(api.CodeConflict, "operation_id %q was used for a different request", op.ID)
+			}
+			if prev.State == journal.OpPending {
+				// Pending but not running here: a takeover's reconciler
+				// resolves these before serving, so this is a bug or a race
+				// with reconcile; never run it twice.
+				return prev, false, api.Errorf(api.CodeUnavailable, "operation %q is pending recovery", op.ID)
+			}
+			return prev, false, nil
+		}
+		n.mu.Lock()
+		n.inflight[op.ID] = make(chan struct{})
+		n.mu.Unlock()
+		return op, true, nil
+	}
+}
+
+func (n *Node) endOp(id string) {
+	n.mu.Lock()
+	if ch, ok := n.inflight[id]; ok {
+		close(ch)
+		delete(n.inflight, id)
+	}
+	n.mu.Unlock()
+}
+
+// opOutcome decodes a finished operation's stored result or error.
+func opOutcome[T any](op journal.Operation) (T, error) {
+	var out T
+	if op.Error != nil {
+		return out, &api.Error{Code: op.Error.Code, Message: op.Error.Message}
+	}
+	if err := json.Unmarshal(op.Result, &out); err != nil {
+		return out, api.Errorf(api.CodeInternal, "decode stored result of %s: %v", op.ID, err)
+	}
+	return out, nil
+}
+
+// Claim makes a runtime generation for a sandbox and returns once its
+// readiness proof arrived.
+func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
+	cid := containerID(id, req.Generation)
+	if len(cid) > maxObjectName {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "sandbox id %q is too long: id plus \"-g<generation>\" must fit %d characters", id, maxObjectName)
+	}
+	if req.RootFS.Mode != "overlay" {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "rootfs mode %q is not supported yet: use overlay", req.RootFS.Mode)
+	}
+	if req.Network.Mode != "" && req.Network.Mode != "deny_all" {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "network mode %q is not supported yet: use deny_all", req.Network.Mode)
+	}
+	lower := filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
+	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
+		return api.ClaimResponse{}, api.Errorf(api.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
+	}
+	nonce, err := newNonce()
+	if err != nil {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInternal, "%v", err)
+	}
+	reqCopy := req
+	rec := journal.Sandbox{
+		Sandbox: api.Sandbox{
+			ID: id, Generation: req.Generation, State: api.StateClaiming, ContainerID: cid, LeaseID: cid,
+			Resources: req.Resources, RootFS: req.RootFS, Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(),
+		},
+		ClaimOp: req.OperationID, Nonce: nonce, Netns: cid, Bundle: n.bundleDir(cid), Request: &reqCopy,
+	}
+	op := journal.Operation{
+		ID: req.OperationID, Kind: "claim", SandboxID: id, Generation: req.Generation,
+		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
+	}
+	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
+		prev, ok, err := tx.Sandbox(id)
+		if err != nil {
+			return err
+		}
+		if ok && prev.Holds() {
+			return api.Errorf(api.CodeConflict, "sandbox %q already has generation %d in state %s", id, prev.Generation, prev.State)
+		}
+		if ok && prev.Withheld {
+			return api.Errorf(api.CodeConflict, "sandbox %q generation %d has unproven cleanup (withheld)", id, prev.Generation)
+		}
+		if ok && req.Generation <= prev.Generation {
+			return api.Errorf(api.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, prev.Generation)
+		}
+		all, err := tx.Sandboxes()
+		if err != nil {
+			return err
+		}
+		if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
+			return api.Errorf(api.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
+		}
+		return tx.PutSandbox(rec)
+	})
+	if err != nil || !started {
+		if err != nil {
+			return api.ClaimResponse{}, err
+		}
+		return opOutcome[api.ClaimResponse](op)
+	}
+	defer n.endOp(op.ID)
+	log := n.log.With("sandbox", id, "generation", req.Generation, "op", op.ID)
+
+	resp, cerr := n.runClaim(ctx, rec, lower)
+	if cerr == nil {
+		log.Info("sandbox ready", "container", cid, "total_ms", resp.Sandbox.Timings.TotalMS)
+		return resp, nil
+	}
+	log.Warn("claim failed, rolling back", "err", cerr)
+	// Roll back without the caller's context: a cancelled request must not
+	// leave half a generation behind.
+	rb, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	rec, _ = n.sandbox(id)
+	proof, perr := n.teardown(rb, rec, op.ID, api.StateFailed, cerr.Error())
+	if perr != nil {
+		log.Error("rollback incomplete", "err", perr)
+	}
+	_ = proof
+	return api.ClaimResponse{}, n.failOp(op, cerr)
+}
+
+// failOp stores the operation's error so a retry gets the same answer.
+func (n *Node) failOp(op journal.Operation, cause error) error {
+	code := api.CodeOf(cause)
+	msg := cause.Error()
+	var ae *api.Error
+	if errors.As(cause, &ae) {
+		msg = ae.Message
+	}
+	op.State, op.Error = journal.OpFailed, &api.ErrorBody{Code: code, Message: msg}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutOperation(op) }); err != nil {
+		n.log.Error("journal failed operation", "op", op.ID, "err", err)
+	}
+	return &api.Error{Code: code, Message: msg}
+}
+
+// effect journals an effect as intended, makes it, and journals it done.
+func (n *Node) effect(kind, name string, rec journal.Sandbox, make func() error) error {
+	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
+		return fmt.Errorf("journal %s %s intended: %w", kind, name, err)
+	}
+	n.crash(kind + ":intended")
+	if err := make(); err != nil {
+		return err
+	}
+	n.crash(kind + ":made")
+	e.State = journal.Done
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
+		return fmt.Errorf("journal %s %s done: %w", kind, name, err)
+	}
+	n.crash(kind + ":done")
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
+	req := rec.Request
+	cid := rec.ContainerID
+	var t api.Timings
+	start := time.Now()
+	step := time.Now()
+
+	spec := lease.Spec{ID: cid, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs, Cpuset: req.Resources.Cpuset}
+	if err := spec.Validate(); err != nil {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "lease: %v", err)
+	}
+	if err := n.effect(journal.KindCgroup, cid, rec, func() error { return n.d.Leases.Create(ctx, spec) }); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("create lease: %w", err)
+	}
+	t.LeaseMS, step = ms(time.Since(step)), time.Now()
+
+	var root string
+	if err := n.effect(journal.KindMount, cid, rec, func() (err error) {
+		root, err = n.d.RootFS.Mount(ctx, cid, lower)
+		return err
+	}); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("mount rootfs: %w", err)
+	}
+	t.RootFSMS, step = ms(time.Since(step)), time.Now()
+
+	var nsPath string
+	if err := n.effect(journal.KindNetns, cid, rec, func() (err error) {
+		nsPath, err = n.d.Netns.Create(ctx, cid)
+		return err
+	}); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("create netns: %w", err)
+	}
+	t.NetworkMS, step = ms(time.Since(step)), time.Now()
+
+	args := req.Process.Args
+	if len(args) == 0 {
+		args = n.cfg.DefaultArgs
+	}
+	oci, err := runtime.BuildSpec(runtime.BundleSpec{
+		ContainerID: cid, RootPath: root, Hostname: rec.ID, NetnsPath: nsPath,
+		CgroupsPath: n.d.Leases.CgroupsPath(cid), CPUMillis: req.Resources.CPUMillis,
+		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
+		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
+	})
+	if err != nil {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "build OCI spec: %v", err)
+	}
+	if err := n.effect(journal.KindBundle, cid, rec, func() error { return runtime.WriteBundle(rec.Bundle, oci) }); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("write bundle: %w", err)
+	}
+	if err := n.effect(journal.KindRunsc, cid, rec, func() error {
+		if err := n.d.Runtime.Create(ctx, cid, rec.Bundle); err != nil {
+			return err
+		}
+		return n.d.Runtime.Start(ctx, cid)
+	}); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("start container: %w", err)
+	}
+	t.RunscMS, step = ms(time.Since(step)), time.Now()
+
+	// Readiness proof: the first command through the guest must return
+	// this generation's nonce.
+	var out, errb bytes.Buffer
+	code, err := n.d.Runtime.Exec(ctx, cid, runtime.ExecProcess{Args: []string{"/bin/echo", rec.Nonce}}, nil, &out, &errb)
+	if err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("readiness probe: %w", err)
+	}
+	if code != 0 {
+		return api.ClaimResponse{}, fmt.Errorf("readiness probe exited %d: %s", code, strings.TrimSpace(errb.String()))
+	}
+	ready, err := n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: cid, Nonce: strings.TrimSpace(out.String())}, func(s *journal.Sandbox) {
+		t.ProofMS = ms(time.Since(step))
+		t.TotalMS = ms(time.Since(start))
+		s.Root, s.Timings = root, t
+	})
+	if err != nil {
+		return api.ClaimResponse{}, err
+	}
+	return api.ClaimResponse{Sandbox: ready.Sandbox}, nil
+}
+
+// Readiness is a proof that a generation's guest runs: it returned the
+// nonce of (sandbox, generation, container).
+type Readiness struct {
+	SandboxID, ContainerID, Nonce string
+	Generation                    uint64
+}
+
+// acceptReadiness publishes the generation as ready, in the same
+// transaction as its claim operation's result, only if the proof matches
+// the sandbox's current generation, container and nonce. A late proof from
+// an older attempt is rejected.
+func (n *Node) acceptReadiness(r Readiness, finish func(*journal.Sandbox)) (journal.Sandbox, error) {
+	var out journal.Sandbox
+	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(r.SandboxID)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !ok:
+			return api.Errorf(api.CodeNotFound, "readiness proof for unknown sandbox %q", r.SandboxID)
+		case s.Generation != r.Generation || s.ContainerID != r.ContainerID:
+			return api.Errorf(api.CodeFenced, "late readiness proof for generation %d (container %s) rejected: current is generation %d", r.Generation, r.ContainerID, s.Generation)
+		case s.State != api.StateClaiming:
+			return api.Errorf(api.CodeFenced, "readiness proof for generation %d rejected: state is %s", r.Generation, s.State)
+		case r.Nonce != s.Nonce:
+			return api.Errorf(api.CodeFenced, "readiness proof for generation %d rejected: nonce mismatch", r.Generation)
+		}
+		finish(&s)
+		s.State = api.StateReady
+		if err := tx.PutSandbox(s); err != nil {
+			return err
+		}
+		op, ok, err := tx.Operation(s.ClaimOp)
+		if err != nil || !ok {
+			return fmt.Errorf("claim operation %s of %s missing: %v", s.ClaimOp, s.ID, err)
+		}
+		res, err := json.Marshal(api.ClaimResponse{Sandbox: s.Sandbox})
+		if err != nil {
+			return err
+		}
+		op.State, op.Result = journal.OpDone, res
+		out = s
+		return tx.PutOperation(op)
+	})
+	if err != nil {
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			return out, ae
+		}
+		return out, fmt.Errorf("publish ready: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,211 @@
+// Package node is the primary's authority over the sandboxes of one host:
+// it turns claims into a lease, a RootFS, a netns and a runsc container,
+// journals every effect before making it, publishes a generation only on a
+// readiness proof, and returns capacity only with a signed cleanup proof.
+// It implements api.Service.
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/rootfs"
+	"github.com/ctld/ctld/internal/runtime"
+)
+
+// Config is the node's static configuration.
+type Config struct {
+	Slot         string
+	StateDir     string // e.g. /var/lib/ctld
+	RunDir       string // e.g. /run/ctld
+	TemplatesDir string // a template named T is the directory TemplatesDir/T
+	Reserve      api.Capacity
+	Versions     api.Versions
+	// DefaultArgs is the main process when a claim names none.
+	DefaultArgs []string
+}
+
+// Deps are the subsystems the node drives; main builds them.
+type Deps struct {
+	Journal  *journal.Journal
+	Identity proof.Identity
+	Epoch    uint64
+	Leases   *lease.Manager
+	RootFS   *rootfs.Overlay
+	Netns    *netpolicy.Netns
+	Runtime  *runtime.Runsc
+	Logger   *slog.Logger
+	// Total is the host's capacity before the reserve (see HostCapacity).
+	Total api.Capacity
+	// Crash, when set, is called at each crash point ("cgroup:intended",
+	// "cgroup:made", ...) so tests can kill the process there. nil in production.
+	Crash func(point string)
+}
+
+// Node implements api.Service for the primary.
+type Node struct {
+	cfg Config
+	d   Deps
+	log *slog.Logger
+
+	mu       sync.Mutex
+	inflight map[string]chan struct{} // operation id → closed when it finishes
+	busy     map[string]bool          // sandbox id → a claim/release is running
+}
+
+// New wires a node. Call Reconcile before serving.
+func New(cfg Config, d Deps) *Node {
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	if len(cfg.DefaultArgs) == 0 {
+		cfg.DefaultArgs = []string{"/bin/sleep", "2147483647"}
+	}
+	return &Node{
+		cfg:      cfg,
+		d:        d,
+		log:      d.Logger.With("epoch", d.Epoch),
+		inflight: map[string]chan struct{}{},
+		busy:     map[string]bool{},
+	}
+}
+
+func (n *Node) crash(point string) {
+	if n.d.Crash != nil {
+		n.d.Crash(point)
+	}
+}
+
+// names of a generation's kernel objects, all derived from validated ids.
+func containerID(id string, gen uint64) string { return fmt.Sprintf("%s-g%d", id, gen) }
+
+func (n *Node) bundleDir(cid string) string { return filepath.Join(n.cfg.RunDir, "bundles", cid) }
+
+func newNonce() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("read random nonce: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Node answers GET /v1/node.
+func (n *Node) Node(ctx context.Context) (api.Node, error) {
+	out := api.Node{
+		NodeID:   n.d.Identity.NodeID,
+		BootID:   n.d.Identity.BootID,
+		Slot:     n.cfg.Slot,
+		Role:     "primary",
+		Epoch:    n.d.Epoch,
+		Versions: n.cfg.Versions,
+	}
+	err := n.d.Journal.View(func(tx *journal.Tx) error {
+		ss, err := tx.Sandboxes()
+		if err != nil {
+			return err
+		}
+		out.Capacity = ledger(n.d.Total, n.cfg.Reserve, ss)
+		for _, s := range ss {
+			if s.Withheld {
+				out.Withheld = append(out.Withheld, api.WithheldLease{
+					SandboxID: s.ID, Generation: s.Generation, Reason: s.Reason, Resources: asCapacity(s.Resources),
+				})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return api.Node{}, api.Errorf(api.CodeInternal, "read journal: %v", err)
+	}
+	return out, nil
+}
+
+// List answers GET /v1/sandboxes.
+func (n *Node) List(ctx context.Context) (api.SandboxList, error) {
+	var out api.SandboxList
+	err := n.d.Journal.View(func(tx *journal.Tx) error {
+		ss, err := tx.Sandboxes()
+		for _, s := range ss {
+			out.Sandboxes = append(out.Sandboxes, n.view(ctx, s))
+		}
+		return err
+	})
+	if err != nil {
+		return out, api.Errorf(api.CodeInternal, "read journal: %v", err)
+	}
+	if out.Sandboxes == nil {
+		out.Sandboxes = []api.Sandbox{}
+	}
+	return out, nil
+}
+
+// Get answers GET /v1/sandboxes/{id}.
+func (n *Node) Get(ctx context.Context, id string) (api.Sandbox, error) {
+	s, err := n.sandbox(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return n.view(ctx, s), nil
+}
+
+// view adds live facts (OOM kills) to a ready sandbox's record.
+func (n *Node) view(ctx context.Context, s journal.Sandbox) api.Sandbox {
+	out := s.Sandbox
+	if s.State == api.StateReady {
+		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
+			out.OOMKills = st.OOMKills
+		}
+	}
+	return out
+}
+
+func (n *Node) sandbox(id string) (journal.Sandbox, error) {
+	var s journal.Sandbox
+	var ok bool
+	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		s, ok, err = tx.Sandbox(id)
+		return err
+	})
+	if err != nil {
+		return s, api.Errorf(api.CodeInternal, "read journal: %v", err)
+	}
+	if !ok {
+		return s, api.Errorf(api.CodeNotFound, "sandbox %q not found", id)
+	}
+	return s, nil
+}
+
+// Proof answers GET /v1/proofs/{operation_id}.
+func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error) {
+	var p api.CleanupProof
+	var ok bool
+	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		p, ok, err = tx.Proof(opID)
+		return err
+	})
+	if err != nil {
+		return p, api.Errorf(api.CodeInternal, "read journal: %v", err)
+	}
+	if !ok {
+		return p, api.Errorf(api.CodeNotFound, "no cleanup proof for operation %q", opID)
+	}
+	return p, nil
+}
+
+func ensureDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make dir %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package node
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+func testNode(t *testing.T) *Node {
+	t.Helper()
+	j, err := journal.Open(filepath.Join(t.TempDir(), "journal.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return New(Config{Slot: "a"}, Deps{Journal: j, Epoch: 3})
+}
+
+// TestLateReadinessProofRejected: a proof from an older attempt (another
+// generation or container, or a wrong nonce) must not publish the sandbox.
+func TestLateReadinessProofRejected(t *testing.T) {
+	n := testNode(t)
+	rec := journal.Sandbox{
+		Sandbox: api.Sandbox{ID: "sb", Generation: 2, State: api.StateClaiming, ContainerID: "sb-g2"},
+		ClaimOp: "op2", Nonce: "n2",
+	}
+	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		if err := tx.PutSandbox(rec); err != nil {
+			return err
+		}
+		return tx.PutOperation(journal.Operation{ID: "op2", Kind: "claim", State: journal.OpPending})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noop := func(*journal.Sandbox) {}
+	for name, r := range map[string]Readiness{
+		"older generation": {SandboxID: "sb", Generation: 1, ContainerID: "sb-g1", Nonce: "n1"},
+		"other container":  {SandboxID: "sb", Generation: 2, ContainerID: "sb-g1", Nonce: "n2"},
+		"wrong nonce":      {SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n1"},
+	} {
+		if _, err := n.acceptReadiness(r, noop); api.CodeOf(err) != api.CodeFenced {
+			t.Errorf("%s: %v, want fenced", name, err)
+		}
+	}
+	if s, _ := n.sandbox("sb"); s.State != api.StateClaiming {
+		t.Fatalf("a rejected proof changed the state to %s", s.State)
+	}
+	s, err := n.acceptReadiness(Readiness{SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n2"}, noop)
+	if err != nil || s.State != api.StateReady {
+		t.Fatalf("matching proof: %+v, %v", s, err)
+	}
+	var op journal.Operation
+	n.d.Journal.View(func(tx *journal.Tx) (err error) { op, _, err = tx.Operation("op2"); return err })
+	if op.State != journal.OpDone {
+		t.Fatalf("claim operation is %s after readiness, want done in the same transaction", op.State)
+	}
+	// A second (late, duplicate) proof for the now-ready generation is refused.
+	if _, err := n.acceptReadiness(Readiness{SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n2"}, noop); api.CodeOf(err) != api.CodeFenced {
+		t.Fatalf("duplicate proof: %v, want fenced", err)
+	}
+}
+
+func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
+	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000}
+	reserve := api.Capacity{CPUMillis: 500, MemoryBytes: 1 << 30, PIDs: 1000}
+	res := api.Resources{CPUMillis: 1000, MemoryBytes: 1 << 30, PIDs: 100}
+	sb := func(state string, withheld bool) journal.Sandbox {
+		return journal.Sandbox{Sandbox: api.Sandbox{State: state, Resources: res}, Withheld: withheld}
+	}
+	c := ledger(total, reserve, []journal.Sandbox{
+		sb(api.StateReady, false), sb(api.StateClaiming, false), sb(api.StateReleasing, false),
+		sb(api.StateReleased, false), sb(api.StateFailed, false), sb(api.StateReleased, true),
+	})
+	if c.Allocatable.CPUMillis != 3500 || c.Leased.CPUMillis != 3000 || c.Withheld.CPUMillis != 1000 {
+		t.Fatalf("ledger = %+v; want allocatable 3500m, leased 3000m (ready+claiming+releasing), withheld 1000m", c)
+	}
+	if ok, why := fits(c, api.Resources{CPUMillis: 1}); ok {
+		t.Fatalf("a claim fits although leased+withheld exceed allocatable")
+	} else if why == "" {
+		t.Fatal("no reason given")
+	}
+	c = ledger(total, reserve, []journal.Sandbox{sb(api.StateReady, false)})
+	if ok, _ := fits(c, api.Resources{CPUMillis: 2500, MemoryBytes: 6 << 30, PIDs: 8900}); !ok {
+		t.Fatal("a claim of exactly the free capacity must fit")
+	}
+	if ok, why := fits(c, api.Resources{CPUMillis: 2500, MemoryBytes: 6<<30 + 1, PIDs: 1}); ok {
+		t.Fatal("memory over free must not fit")
+	} else {
+		t.Log(why)
+	}
+}

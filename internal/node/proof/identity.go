@@ -1,0 +1,148 @@
+// Package proof holds the node identity (node id, boot id, ed25519 signing
+// key) and signs and verifies cleanup proofs (DESIGN.md, invariant 3: capacity
+// comes back only after a proof shows the old holder is physically gone).
+package proof
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/ctld/ctld/internal/fsutil"
+)
+
+// BootIDPath is where the kernel publishes the current boot's id.
+const BootIDPath = "/proc/sys/kernel/random/boot_id"
+
+const (
+	identityDir = "identity"
+	nodeIDName  = "node-id"
+	keyName     = "node.key"
+)
+
+var nodeIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// Identity is who signs this node's proofs. NodeID and Key are created once
+// per state dir and shared by both instances; BootID changes every boot.
+type Identity struct {
+	NodeID, BootID string
+	Key            ed25519.PrivateKey
+}
+
+// PublicKey is the key a verifier trusts for this node.
+func (id Identity) PublicKey() ed25519.PublicKey {
+	return id.Key.Public().(ed25519.PublicKey)
+}
+
+// LoadOrCreateIdentity loads <stateDir>/identity/{node-id,node.key}, creating
+// each the first time. Creation never replaces an existing file, so two
+// instances starting together end up with the same identity.
+func LoadOrCreateIdentity(stateDir string) (Identity, error) {
+	return loadOrCreateIdentity(stateDir, BootIDPath)
+}
+
+func loadOrCreateIdentity(stateDir, bootIDPath string) (Identity, error) {
+	dir := filepath.Join(stateDir, identityDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Identity{}, fmt.Errorf("create identity dir: %w", err)
+	}
+	idBytes, err := loadOrCreate(filepath.Join(dir, nodeIDName), 0o644, func() ([]byte, error) {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return nil, err
+		}
+		return []byte(hex.EncodeToString(b) + "\n"), nil
+	})
+	if err != nil {
+		return Identity{}, err
+	}
+	nodeID := strings.TrimSpace(string(idBytes))
+	if !nodeIDPattern.MatchString(nodeID) {
+		return Identity{}, fmt.Errorf("parse node id %q: want 32 lowercase hex digits", nodeID)
+	}
+	keyPath := filepath.Join(dir, keyName)
+	keyPEM, err := loadOrCreate(keyPath, 0o600, func() ([]byte, error) {
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		der, err := x509.MarshalPKCS8PrivateKey(priv)
+		if err != nil {
+			return nil, err
+		}
+		return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+	})
+	if err != nil {
+		return Identity{}, err
+	}
+	// A key others could read can sign proofs in our name.
+	st, err := os.Stat(keyPath)
+	if err != nil {
+		return Identity{}, fmt.Errorf("stat node key: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return Identity{}, fmt.Errorf("load node key: %s has mode %v, want 0600", keyPath, st.Mode().Perm())
+	}
+	key, err := parseKey(keyPEM)
+	if err != nil {
+		return Identity{}, fmt.Errorf("parse node key %s: %w", keyPath, err)
+	}
+	boot, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return Identity{}, fmt.Errorf("read boot id: %w", err)
+	}
+	bootID := strings.TrimSpace(string(boot))
+	if bootID == "" {
+		return Identity{}, fmt.Errorf("read boot id: %s is empty", bootIDPath)
+	}
+	return Identity{NodeID: nodeID, BootID: bootID, Key: key}, nil
+}
+
+// loadOrCreate returns the content of path, first creating it from gen if it
+// does not exist. A lost creation race reads the winner's content.
+func loadOrCreate(path string, perm os.FileMode, gen func() ([]byte, error)) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return b, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	data, err := gen()
+	if err != nil {
+		return nil, fmt.Errorf("generate %s: %w", path, err)
+	}
+	if err := fsutil.CreateFileOnce(path, data, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	b, err = os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return b, nil
+}
+
+func parseKey(b []byte) (ed25519.PrivateKey, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "PRIVATE KEY" {
+		return nil, errors.New("no PEM PRIVATE KEY block")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("key is %T, want ed25519", k)
+	}
+	return priv, nil
+}

@@ -1,0 +1,201 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
+)
+
+// Release destroys a sandbox's current generation and returns the signed
+// cleanup proof.
+func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
+	op := journal.Operation{
+		ID: req.OperationID, Kind: "release", SandboxID: id, Generation: req.Generation,
+		RequestHash: requestHash("release", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
+	}
+	var rec journal.Sandbox
+	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return api.Errorf(api.CodeNotFound, "sandbox %q not found", id)
+		}
+		if req.Generation != 0 && req.Generation != s.Generation {
+			return api.Errorf(api.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, s.Generation)
+		}
+		switch s.State {
+		case api.StateReady, api.StateLost:
+		case api.StateClaiming, api.StateReleasing:
+			return api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s", id, s.Generation, s.State)
+		default:
+			return api.Errorf(api.CodeConflict, "sandbox %q generation %d is already %s", id, s.Generation, s.State)
+		}
+		s.State, s.ReleaseOp = api.StateReleasing, req.OperationID
+		rec = s
+		return tx.PutSandbox(s)
+	})
+	if err != nil || !started {
+		if err != nil {
+			return api.ReleaseResponse{}, err
+		}
+		return opOutcome[api.ReleaseResponse](op)
+	}
+	defer n.endOp(op.ID)
+	td, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	p, err := n.teardown(td, rec, op.ID, api.StateReleased, "released")
+	if err != nil {
+		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", err)
+	}
+	var done journal.Operation
+	var ok bool
+	if jerr := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		done, ok, err = tx.Operation(op.ID)
+		return err
+	}); jerr != nil || !ok || done.State != journal.OpDone {
+		return api.ReleaseResponse{}, api.Errorf(api.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(jerr, err))
+	}
+	_ = p
+	return opOutcome[api.ReleaseResponse](done)
+}
+
+// teardown removes every kernel object of a generation (idempotently, in
+// reverse claim order), checks each is physically gone, signs the cleanup
+// proof and, in one journal transaction, stores it, ends the generation
+// (state final, or withheld if any check failed, which keeps its capacity
+// out) and completes the operation opID.
+func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, reason string) (api.CleanupProof, error) {
+	cid := rec.ContainerID
+	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
+	var errs []error
+	remove := func(kind, name string, fn func() error) {
+		n.markRemoving(kind, name, rec)
+		if err := fn(); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s %s: %w", kind, name, err))
+			return
+		}
+		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.DeleteEffect(kind, name) }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	remove(journal.KindRunsc, cid, func() error {
+		_ = n.d.Runtime.Kill(ctx, cid, syscall.SIGKILL, true)
+		return n.d.Runtime.Delete(ctx, cid)
+	})
+	remove(journal.KindBundle, cid, func() error { return os.RemoveAll(n.bundleDir(cid)) })
+	remove(journal.KindNetns, cid, func() error { return n.d.Netns.Delete(ctx, cid) })
+	remove(journal.KindMount, cid, func() error { return n.d.RootFS.Unmount(ctx, cid) })
+	remove(journal.KindCgroup, cid, func() error { return n.d.Leases.Remove(ctx, cid) })
+
+	p := n.checkGone(ctx, rec, opID)
+	if err := proof.Sign(n.d.Identity, &p); err != nil {
+		errs = append(errs, fmt.Errorf("sign proof: %w", err))
+	}
+	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(rec.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || s.Generation != rec.Generation {
+			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
+		}
+		if err := tx.PutProof(p); err != nil {
+			return err
+		}
+		s.State, s.Reason = final, reason
+		if !p.Clean {
+			s.Withheld = true
+			s.Reason = reason + "; cleanup unproven: " + failedChecks(p)
+		}
+		if err := tx.PutSandbox(s); err != nil {
+			return err
+		}
+		op, ok, err := tx.Operation(opID)
+		if err != nil || !ok || op.Kind != "release" {
+			return err // claim rollbacks store their error in failOp
+		}
+		res, err := json.Marshal(api.ReleaseResponse{Sandbox: s.Sandbox, Proof: p})
+		if err != nil {
+			return err
+		}
+		op.State, op.Result = journal.OpDone, res
+		return tx.PutOperation(op)
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("journal cleanup proof: %w", err))
+	}
+	if !p.Clean {
+		errs = append(errs, fmt.Errorf("cleanup unproven: %s", failedChecks(p)))
+	}
+	if len(errs) == 0 {
+		log.Info("generation cleaned up", "state", final)
+	}
+	return p, errors.Join(errs...)
+}
+
+func (n *Node) markRemoving(kind, name string, rec journal.Sandbox) {
+	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
+		n.log.Error("journal removing", "kind", kind, "name", name, "err", err)
+	}
+}
+
+// checkGone asks the kernel, per object, whether the generation is gone.
+func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string) api.CleanupProof {
+	cid := rec.ContainerID
+	p := api.CleanupProof{
+		OperationID: opID, NodeID: n.d.Identity.NodeID, BootID: n.d.Identity.BootID, Epoch: n.d.Epoch,
+		SandboxID: rec.ID, Generation: rec.Generation, LeaseID: rec.LeaseID, Time: time.Now().UTC(),
+	}
+	check := func(name string, ok bool, detail string) {
+		p.Checks = append(p.Checks, api.ProofCheck{Name: name, OK: ok, Detail: detail})
+	}
+	ok, d := n.d.Leases.CheckGone(ctx, rec.LeaseID)
+	check("cgroup_removed", ok, d)
+	ok, d = n.d.Runtime.CheckGone(ctx, cid)
+	check("runsc_container_gone", ok, d)
+	ok, d = n.d.RootFS.CheckGone(ctx, cid)
+	check("mounts_gone", ok, d)
+	ok, d = n.d.Netns.CheckGone(ctx, cid)
+	check("netns_gone", ok, d)
+	_, err := os.Stat(n.bundleDir(cid))
+	check("bundle_removed", os.IsNotExist(err), errString(err))
+	p.Clean = true
+	for _, c := range p.Checks {
+		p.Clean = p.Clean && c.OK
+	}
+	return p
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "exists"
+	}
+	return ""
+}
+
+func failedChecks(p api.CleanupProof) string {
+	var s string
+	for _, c := range p.Checks {
+		if !c.OK {
+			if s != "" {
+				s += ", "
+			}
+			s += c.Name
+			if c.Detail != "" {
+				s += " (" + c.Detail + ")"
+			}
+		}
+	}
+	return s
+}

@@ -1,0 +1,331 @@
+// Package rootfs makes the writable root filesystem of a sandbox. Overlay
+// mode (this file) stacks a per-sandbox upper and work dir on scratch over
+// a read-only template dir; the merged dir becomes the OCI root and is
+// thrown away with the sandbox.
+package rootfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/mountinfo"
+)
+
+// Mount is a mount described as plain data, so it can be unit-tested and
+// logged before it is made.
+type Mount struct {
+	Source  string
+	Target  string
+	FSType  string
+	Options []string
+}
+
+// Data is the option string passed to mount(2).
+func (m Mount) Data() string { return strings.Join(m.Options, ",") }
+
+// Overlay mounts per-sandbox overlay roots. Each sandbox owns
+// <ScratchDir>/<id>/ with upper/, work/ and root/ (the merged mount).
+type Overlay struct {
+	// ScratchDir holds the per-sandbox dirs, e.g. /var/lib/ctld/scratch.
+	// It must be on a filesystem that can be an overlay upper (tmpfs,
+	// ext4, xfs), not on overlayfs itself.
+	ScratchDir string
+	Logger     *slog.Logger
+	// MountinfoPath is where mounts are read from; empty means
+	// mountinfo.SelfPath.
+	MountinfoPath string
+}
+
+// Sub-directories of a sandbox's scratch dir.
+const (
+	upperName = "upper"
+	workName  = "work"
+	rootName  = "root"
+)
+
+// Bounded EBUSY retries before a lazy detach (about 1 s in total).
+const (
+	busyRetries = 10
+	busyDelay   = 100 * time.Millisecond
+)
+
+func (o *Overlay) logger() *slog.Logger {
+	if o.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return o.Logger
+}
+
+func (o *Overlay) mountinfo() ([]mountinfo.Mount, error) {
+	p := o.MountinfoPath
+	if p == "" {
+		p = mountinfo.SelfPath
+	}
+	return mountinfo.ReadFile(p)
+}
+
+// scratch is ScratchDir with symlinks resolved, because mountinfo shows
+// resolved paths and every "is it mounted" answer compares against them.
+func (o *Overlay) scratch() string {
+	d := filepath.Clean(o.ScratchDir)
+	if r, err := filepath.EvalSymlinks(d); err == nil {
+		return r
+	}
+	return d
+}
+
+// Dir is the sandbox's scratch dir.
+func (o *Overlay) Dir(id string) string { return filepath.Join(o.scratch(), id) }
+
+// Plan describes the overlay mount of sandbox id over lower, without
+// touching anything.
+func (o *Overlay) Plan(id, lower string) Mount {
+	dir := o.Dir(id)
+	return Mount{
+		Source: "overlay",
+		Target: filepath.Join(dir, rootName),
+		FSType: "overlay",
+		Options: []string{
+			"lowerdir=" + filepath.Clean(lower),
+			"upperdir=" + filepath.Join(dir, upperName),
+			"workdir=" + filepath.Join(dir, workName),
+		},
+	}
+}
+
+// checkOverlayPath refuses paths that overlayfs would read differently
+// from what we mean: its option parser splits on ',' and lowerdir on ':',
+// and mountinfo escapes whitespace and '\'.
+func checkOverlayPath(kind, p string) error {
+	if !filepath.IsAbs(p) {
+		return api.Errorf(api.CodeInvalidArgument, "%s %q must be absolute", kind, p)
+	}
+	if i := strings.IndexAny(p, ",:\\ \t\n\x00"); i >= 0 {
+		return api.Errorf(api.CodeInvalidArgument, "%s %q contains %q, which overlayfs options cannot carry", kind, p, p[i])
+	}
+	return nil
+}
+
+// Mount makes the overlay root of sandbox id over the template dir lower
+// and returns the merged dir. It is idempotent: an overlay already mounted
+// there with the same lowerdir is success.
+func (o *Overlay) Mount(ctx context.Context, id, lower string) (root string, err error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return "", err
+	}
+	if err := checkOverlayPath("template dir", lower); err != nil {
+		return "", err
+	}
+	if err := checkOverlayPath("scratch dir", o.ScratchDir); err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(lower); err != nil {
+		return "", fmt.Errorf("stat template dir: %w", err)
+	} else if !fi.IsDir() {
+		return "", api.Errorf(api.CodeInvalidArgument, "template %q is not a directory", lower)
+	}
+	if err := os.MkdirAll(o.ScratchDir, 0o700); err != nil {
+		return "", fmt.Errorf("make scratch dir: %w", err)
+	}
+	if err := checkUpperFS(o.ScratchDir); err != nil {
+		return "", err
+	}
+	m := o.Plan(id, lower)
+	log := o.logger().With("sandbox", id, "root", m.Target)
+
+	mounted, err := o.mountedOverlay(m)
+	if err != nil {
+		return "", err
+	}
+	if mounted {
+		log.Debug("overlay already mounted")
+		return m.Target, nil
+	}
+	dir := o.Dir(id)
+	// 0700: the guest's files must not be readable by other host users.
+	for _, d := range []string{dir, filepath.Join(dir, upperName), filepath.Join(dir, workName), m.Target} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("make dir %s: %w", d, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("mount overlay: %w", err)
+	}
+	if err := unix.Mount(m.Source, m.Target, m.FSType, 0, m.Data()); err != nil {
+		err = fmt.Errorf("mount overlay %s (%s): %w", m.Target, m.Data(), err)
+		// Roll back the dirs so a failed claim leaves nothing behind.
+		return "", errors.Join(err, o.Unmount(ctx, id))
+	}
+	log.Info("overlay mounted", "lower", lower)
+	return m.Target, nil
+}
+
+// mountedOverlay reports whether m is already mounted: an overlay at the
+// target with the same lowerdir. Anything else at the target is a conflict
+// the caller must clean up first.
+func (o *Overlay) mountedOverlay(m Mount) (bool, error) {
+	ms, err := o.mountinfo()
+	if err != nil {
+		return false, err
+	}
+	at := mountinfo.At(ms, m.Target)
+	if len(at) == 0 {
+		return false, nil
+	}
+	top := at[len(at)-1]
+	want, _ := mountinfo.Option(m.Data(), "lowerdir")
+	have, _ := mountinfo.Option(top.SuperOptions, "lowerdir")
+	if top.FSType != "overlay" || have != want {
+		return false, api.Errorf(api.CodeConflict, "%s is already mounted (%s, lowerdir=%q), want overlay over %q", m.Target, top.FSType, have, want)
+	}
+	return true, nil
+}
+
+// checkUpperFS refuses scratch on overlayfs, which the kernel does not
+// accept as an upper dir; the clear error beats mount's EINVAL.
+func checkUpperFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs scratch dir %s: %w", dir, err)
+	}
+	if st.Type == unix.OVERLAYFS_SUPER_MAGIC {
+		return fmt.Errorf("scratch dir %s is on overlayfs, which cannot hold an overlay upper dir; use tmpfs, ext4 or xfs", dir)
+	}
+	return nil
+}
+
+// Unmount removes sandbox id's overlay and its scratch dir. It is
+// idempotent: nothing mounted and no dir is success. Every mount under the
+// scratch dir goes (deepest first) before the dir is removed, so the
+// removal can never walk into a mounted filesystem.
+func (o *Overlay) Unmount(ctx context.Context, id string) error {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return err
+	}
+	dir := o.Dir(id)
+	log := o.logger().With("sandbox", id, "dir", dir)
+	ms, err := o.mountinfo()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mountinfo.Under(ms, dir) {
+		if err := unmountBusy(ctx, log, m.MountPoint); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	// Re-read: removing the dir is safe only if nothing is mounted in it.
+	if ms, err = o.mountinfo(); err != nil {
+		return err
+	}
+	if left := mountinfo.Under(ms, dir); len(left) > 0 {
+		return fmt.Errorf("unmount overlay %s: %s still mounted", id, left[0].MountPoint)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove scratch dir %s: %w", dir, err)
+	}
+	log.Info("overlay removed")
+	return nil
+}
+
+// unmountBusy unmounts target; not mounted (EINVAL) or missing (ENOENT)
+// is success. EBUSY is retried a bounded number of times, then the mount
+// is lazily detached as a last resort and that is logged as a warning: the
+// filesystem may live on until its last user goes.
+func unmountBusy(ctx context.Context, log *slog.Logger, target string) error {
+	for i := 0; ; i++ {
+		err := unix.Unmount(target, 0)
+		switch {
+		case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		case !errors.Is(err, unix.EBUSY):
+			return fmt.Errorf("unmount %s: %w", target, err)
+		}
+		if i == busyRetries {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("unmount %s: busy: %w", target, ctx.Err())
+		case <-time.After(busyDelay):
+		}
+	}
+	log.Warn("mount still busy after retries, detaching lazily", "target", target, "retries", busyRetries)
+	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("detach %s: %w", target, err)
+	}
+	return nil
+}
+
+// List returns the sandbox ids that have a scratch dir or a mount under
+// ScratchDir, sorted, for the reconciler. Entries whose names are not
+// valid ids are logged and left alone: ctld never made them.
+func (o *Overlay) List(ctx context.Context) ([]string, error) {
+	scratch := o.scratch()
+	seen := map[string]bool{}
+	ents, err := os.ReadDir(scratch)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list scratch dir: %w", err)
+	}
+	for _, e := range ents {
+		seen[e.Name()] = true
+	}
+	ms, err := o.mountinfo()
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range mountinfo.Under(ms, scratch) {
+		rel, err := filepath.Rel(scratch, m.MountPoint)
+		if err != nil || rel == "." {
+			continue
+		}
+		seen[strings.SplitN(rel, "/", 2)[0]] = true
+	}
+	out := make([]string, 0, len(seen))
+	for id := range seen {
+		if err := api.ValidateID("sandbox id", id); err != nil {
+			o.logger().Warn("ignoring foreign entry in scratch dir", "name", id, "dir", scratch)
+			continue
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// CheckGone is the overlay part of the cleanup proof: no mount at or under
+// the sandbox's scratch dir and the dir itself absent. detail says what
+// was seen either way.
+func (o *Overlay) CheckGone(ctx context.Context, id string) (ok bool, detail string) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return false, err.Error()
+	}
+	dir := o.Dir(id)
+	ms, err := o.mountinfo()
+	if err != nil {
+		return false, fmt.Sprintf("cannot read mounts: %v", err)
+	}
+	if left := mountinfo.Under(ms, dir); len(left) > 0 {
+		return false, fmt.Sprintf("%d mount(s) left under %s, first %s (%s)", len(left), dir, left[0].MountPoint, left[0].FSType)
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return false, fmt.Sprintf("no mounts under %s but the dir still exists", dir)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Sprintf("cannot stat %s: %v", dir, err)
+	}
+	return true, fmt.Sprintf("no mounts under %s and the dir is gone", dir)
+}

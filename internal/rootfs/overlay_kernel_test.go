@@ -1,0 +1,190 @@
+package rootfs
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/mountinfo"
+)
+
+func kernelOverlay(t *testing.T) (o *Overlay, lower string, logs *bytes.Buffer) {
+	t.Helper()
+	lower = t.TempDir() // tmpfs in the test VM
+	for p, s := range map[string]string{"hello": "template", "sub/keep": "keep"} {
+		if err := os.MkdirAll(filepath.Join(lower, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(lower, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs = &bytes.Buffer{}
+	o = &Overlay{ScratchDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	// Registered after the temp dirs, so it runs before their removal.
+	t.Cleanup(func() {
+		for _, id := range []string{"sb-k1", "sb-busy"} {
+			if err := o.Unmount(context.Background(), id); err != nil {
+				t.Errorf("cleanup unmount %s: %v", id, err)
+			}
+		}
+	})
+	return o, lower, logs
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestKernelOverlayMount(t *testing.T) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	o, lower, _ := kernelOverlay(t)
+	ctx := context.Background()
+
+	root, err := o.Mount(ctx, "sb-k1", lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := o.Mount(ctx, "sb-k1", lower)
+	if err != nil || again != root {
+		t.Fatalf("second Mount = %q, %v; want %q, nil", again, err, root)
+	}
+	ms, err := mountinfo.ReadFile(mountinfo.SelfPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := mountinfo.At(ms, root); len(at) != 1 || at[0].FSType != "overlay" {
+		t.Fatalf("mounts at %s = %+v, want exactly one overlay", root, at)
+	}
+	if _, err := o.Mount(ctx, "sb-k1", t.TempDir()); api.CodeOf(err) != api.CodeConflict {
+		t.Errorf("Mount over another lower = %v, want conflict", err)
+	}
+
+	// The guest's view: template content, then its own writes.
+	if got := readFile(t, filepath.Join(root, "hello")); got != "template" {
+		t.Errorf("root/hello = %q, want template", got)
+	}
+	if err := os.WriteFile(filepath.Join(root, "hello"), []byte("guest"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "new"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, "sub", "keep")); err != nil {
+		t.Fatal(err)
+	}
+	// The file API path resolves inside the merged root.
+	f, err := OpenInRoot(root, "../../../hello", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(f)
+	f.Close()
+	if buf.String() != "guest" {
+		t.Errorf("OpenInRoot(root, ../../../hello) = %q, want guest", buf.String())
+	}
+
+	// Writes landed in upper; lower is untouched.
+	upper := filepath.Join(o.Dir("sb-k1"), "upper")
+	if got := readFile(t, filepath.Join(upper, "hello")); got != "guest" {
+		t.Errorf("upper/hello = %q, want guest", got)
+	}
+	if got := readFile(t, filepath.Join(upper, "new")); got != "new" {
+		t.Errorf("upper/new = %q, want new", got)
+	}
+	if fi, err := os.Lstat(filepath.Join(upper, "sub", "keep")); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Errorf("upper/sub/keep should be a whiteout: %v %v", fi, err)
+	}
+	if got := readFile(t, filepath.Join(lower, "hello")); got != "template" {
+		t.Errorf("lower/hello = %q, want template", got)
+	}
+	if got := readFile(t, filepath.Join(lower, "sub", "keep")); got != "keep" {
+		t.Errorf("lower/sub/keep = %q, want keep", got)
+	}
+	if _, err := os.Stat(filepath.Join(lower, "new")); !os.IsNotExist(err) {
+		t.Errorf("lower/new exists: %v", err)
+	}
+
+	if ids, err := o.List(ctx); err != nil || len(ids) != 1 || ids[0] != "sb-k1" {
+		t.Errorf("List = %v, %v; want [sb-k1]", ids, err)
+	}
+	if ok, detail := o.CheckGone(ctx, "sb-k1"); ok {
+		t.Errorf("CheckGone while mounted = true (%s)", detail)
+	}
+	for i := 0; i < 2; i++ {
+		if err := o.Unmount(ctx, "sb-k1"); err != nil {
+			t.Fatalf("Unmount #%d: %v", i+1, err)
+		}
+	}
+	if ok, detail := o.CheckGone(ctx, "sb-k1"); !ok {
+		t.Errorf("CheckGone after Unmount = false: %s", detail)
+	}
+	if ids, err := o.List(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("List after Unmount = %v, %v; want none", ids, err)
+	}
+	if got := readFile(t, filepath.Join(lower, "hello")); got != "template" {
+		t.Errorf("lower/hello after Unmount = %q, want template", got)
+	}
+}
+
+// A file held open in the root makes umount return EBUSY; Unmount retries,
+// then detaches lazily and says so, and the proof still holds.
+func TestKernelOverlayUnmountBusy(t *testing.T) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	o, lower, logs := kernelOverlay(t)
+	ctx := context.Background()
+	root, err := o.Mount(ctx, "sb-busy", lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(root, "hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := o.Unmount(ctx, "sb-busy"); err != nil {
+		t.Fatalf("Unmount while busy: %v", err)
+	}
+	if !strings.Contains(logs.String(), "detaching lazily") {
+		t.Errorf("no lazy-detach warning in the log:\n%s", logs.String())
+	}
+	if ok, detail := o.CheckGone(ctx, "sb-busy"); !ok {
+		t.Errorf("CheckGone after lazy detach = false: %s", detail)
+	}
+}
+
+// A mount that fails after the dirs were made rolls them back.
+func TestKernelOverlayMountFailureRollsBack(t *testing.T) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	o, lower, _ := kernelOverlay(t)
+	ctx := context.Background()
+	// A file where the merged dir goes makes mount(2) fail with ENOTDIR.
+	dir := o.Dir("sb-k1")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "root"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Mount(ctx, "sb-k1", lower); err == nil {
+		t.Fatal("Mount over a file target succeeded")
+	}
+	if ok, detail := o.CheckGone(ctx, "sb-k1"); !ok {
+		t.Errorf("CheckGone after failed Mount = false: %s", detail)
+	}
+}

@@ -1,0 +1,153 @@
+package rootfs
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ctld/ctld/internal/api"
+)
+
+func TestPlan(t *testing.T) {
+	o := &Overlay{ScratchDir: "/var/lib/ctld/scratch/"}
+	got := o.Plan("sb-1", "/var/lib/ctld/templates/base/")
+	want := Mount{
+		Source: "overlay",
+		Target: "/var/lib/ctld/scratch/sb-1/root",
+		FSType: "overlay",
+		Options: []string{
+			"lowerdir=/var/lib/ctld/templates/base",
+			"upperdir=/var/lib/ctld/scratch/sb-1/upper",
+			"workdir=/var/lib/ctld/scratch/sb-1/work",
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Plan:\n got %+v\nwant %+v", got, want)
+	}
+	if d := got.Data(); d != "lowerdir=/var/lib/ctld/templates/base,upperdir=/var/lib/ctld/scratch/sb-1/upper,workdir=/var/lib/ctld/scratch/sb-1/work" {
+		t.Errorf("Data = %q", d)
+	}
+}
+
+// Bad ids and paths are refused before anything is created.
+func TestMountRejectsBadInput(t *testing.T) {
+	scratch := t.TempDir()
+	lower := t.TempDir()
+	o := &Overlay{ScratchDir: scratch}
+	ctx := context.Background()
+	for _, c := range []struct{ id, lower string }{
+		{"", lower},
+		{"../x", lower},
+		{"A", lower},
+		{"a/b", lower},
+		{"sb", "relative/dir"},
+		{"sb", "/tmp/a,upperdir=/etc"},
+		{"sb", "/tmp/a:/tmp/b"},
+		{"sb", "/tmp/a b"},
+	} {
+		_, err := o.Mount(ctx, c.id, c.lower)
+		if api.CodeOf(err) != api.CodeInvalidArgument {
+			t.Errorf("Mount(%q, %q) = %v, want invalid_argument", c.id, c.lower, err)
+		}
+	}
+	for _, id := range []string{"", "..", "a/../b"} {
+		if err := o.Unmount(ctx, id); api.CodeOf(err) != api.CodeInvalidArgument {
+			t.Errorf("Unmount(%q) = %v, want invalid_argument", id, err)
+		}
+		if ok, _ := o.CheckGone(ctx, id); ok {
+			t.Errorf("CheckGone(%q) = true for an invalid id", id)
+		}
+	}
+	if ents, _ := os.ReadDir(scratch); len(ents) != 0 {
+		t.Errorf("scratch dir not empty after refused mounts: %v", ents)
+	}
+	bad := &Overlay{ScratchDir: "/tmp/scr,atch"}
+	if _, err := bad.Mount(ctx, "sb", lower); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Errorf("Mount with scratch dir containing ',' = %v, want invalid_argument", err)
+	}
+}
+
+// writeMountinfo renders a fake mount table so List, CheckGone and
+// Unmount's safety check can be tested without mounting.
+func writeMountinfo(t *testing.T, lines ...string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "mountinfo")
+	base := "1 0 0:1 / / rw - rootfs rootfs rw\n"
+	if err := os.WriteFile(p, []byte(base+strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestListAndCheckGone(t *testing.T) {
+	scratch := t.TempDir()
+	ctx := context.Background()
+	for _, d := range []string{"sb-dir", "Not_An_ID"} {
+		if err := os.Mkdir(filepath.Join(scratch, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mi := writeMountinfo(t,
+		"40 1 0:33 / "+scratch+"/sb-mounted/root rw - overlay overlay rw,lowerdir=/t,upperdir=/u,workdir=/w",
+		"41 1 0:34 / "+scratch+"-other/sb-x rw - tmpfs tmpfs rw",
+	)
+	o := &Overlay{ScratchDir: scratch, MountinfoPath: mi}
+	ids, err := o.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"sb-dir", "sb-mounted"}; !reflect.DeepEqual(ids, want) {
+		t.Errorf("List = %v, want %v", ids, want)
+	}
+	for _, c := range []struct {
+		id     string
+		ok     bool
+		detail string
+	}{
+		{"sb-dir", false, "dir still exists"},
+		{"sb-mounted", false, "mount(s) left"},
+		{"sb-gone", true, "dir is gone"},
+	} {
+		ok, detail := o.CheckGone(ctx, c.id)
+		if ok != c.ok || !strings.Contains(detail, c.detail) {
+			t.Errorf("CheckGone(%q) = %v, %q; want %v, ~%q", c.id, ok, detail, c.ok, c.detail)
+		}
+	}
+	// Unmount of a dir-only sandbox removes the dir and is idempotent.
+	for i := 0; i < 2; i++ {
+		if err := o.Unmount(ctx, "sb-dir"); err != nil {
+			t.Fatalf("Unmount #%d: %v", i+1, err)
+		}
+	}
+	if ok, detail := o.CheckGone(ctx, "sb-dir"); !ok {
+		t.Errorf("after Unmount: CheckGone = false: %s", detail)
+	}
+}
+
+// Unmount never removes a dir that (per mountinfo) still has a mount in
+// it: here the fake table says so and the unmount itself reports "not
+// mounted", so the dir must stay and the error say why.
+func TestUnmountRefusesToRemoveMountedDir(t *testing.T) {
+	scratch := t.TempDir()
+	root := filepath.Join(scratch, "sb", "root")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o := &Overlay{ScratchDir: scratch, MountinfoPath: writeMountinfo(t,
+		"40 1 0:33 / "+root+" rw - overlay overlay rw,lowerdir=/t,upperdir=/u,workdir=/w")}
+	err := o.Unmount(context.Background(), "sb")
+	if err == nil {
+		t.Fatal("Unmount = nil, want an error")
+	}
+	// As non-root the umount itself fails first (EPERM); either way the
+	// dir must stay.
+	if os.Geteuid() == 0 && !strings.Contains(err.Error(), "still mounted") {
+		t.Errorf("Unmount = %v, want a 'still mounted' error", err)
+	}
+	if _, err := os.Stat(root); err != nil {
+		t.Errorf("dir removed although mountinfo shows a mount: %v", err)
+	}
+}

@@ -1,0 +1,537 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// ErrNotExist is returned (wrapped) when runsc has no container of that id.
+var ErrNotExist = errors.New("container does not exist")
+
+// State is the part of `runsc state` ctld uses.
+type State struct {
+	ID     string `json:"id"`
+	Status string `json:"status"` // creating, created, running, paused, stopped
+	Pid    int    `json:"pid"`    // the sandbox process on the host; -1 once stopped
+	Bundle string `json:"bundle"`
+}
+
+// ExecProcess is a process to run in an existing container.
+type ExecProcess struct {
+	Args, Env []string
+	Cwd       string // default "/"
+	UID, GID  uint32
+}
+
+// Runsc drives the runsc binary. Every container of one Runsc lives under
+// Root; the zero values of the other fields are usable defaults.
+//
+// Logs: runsc's own log for container <id> is LogDir/<id>.log (the sandbox
+// and gofer keep writing there), its init process's stdout/stderr go to
+// LogDir/<id>.init.log, and commands not about one container log to
+// LogDir/runsc.log. LogDir defaults to Root+".logs".
+type Runsc struct {
+	Binary   string // default "runsc"
+	Root     string // runsc state root, e.g. /run/ctld/runsc
+	Platform string // default "ptrace": the test VM has no KVM
+	// Network is runsc's --network: "sandbox" (default) runs gVisor's
+	// netstack in the spec's netns; "none" is for hosts that cannot give a
+	// netns (it ignores the spec's netns).
+	Network string
+	LogDir  string
+	// IgnoreCgroups passes --ignore-cgroups, for hosts without a usable
+	// cgroup v2 only. ctld leaves it false: the sandbox joins the lease.
+	IgnoreCgroups bool
+	// Debug adds runsc debug logs under LogDir/<id>.debug/.
+	Debug bool
+	// SharedRoot passes --file-access=shared: the sentry revalidates the
+	// root filesystem, so files ctld writes into the root from the host
+	// (the files API) are seen by the guest. Costs some guest FS speed.
+	SharedRoot bool
+	Logger     *slog.Logger
+}
+
+func (r *Runsc) binary() string {
+	if r.Binary == "" {
+		return "runsc"
+	}
+	return r.Binary
+}
+
+func (r *Runsc) logDir() string {
+	if r.LogDir == "" {
+		return r.Root + ".logs"
+	}
+	return r.LogDir
+}
+
+func (r *Runsc) logger() *slog.Logger {
+	if r.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Logger
+}
+
+// logFile is runsc's --log for container id ("" = not about one container).
+// The sandbox and gofer inherit it on their command lines, which is how
+// CheckGone recognises a gofer (its command line has no container id).
+func (r *Runsc) logFile(id string) string {
+	if id == "" {
+		return filepath.Join(r.logDir(), "runsc.log")
+	}
+	return filepath.Join(r.logDir(), id+".log")
+}
+
+// InitLogFile is where the init process of container id writes its output.
+func (r *Runsc) InitLogFile(id string) string {
+	return filepath.Join(r.logDir(), id+".init.log")
+}
+
+// GlobalArgs are the flags before the subcommand for a command about
+// container id ("" for none).
+func (r *Runsc) GlobalArgs(id string) []string {
+	platform, network := r.Platform, r.Network
+	if platform == "" {
+		platform = "ptrace"
+	}
+	if network == "" {
+		network = "sandbox"
+	}
+	args := []string{
+		"--root=" + r.Root,
+		"--platform=" + platform,
+		"--network=" + network,
+		"--log=" + r.logFile(id),
+	}
+	if r.IgnoreCgroups {
+		args = append(args, "--ignore-cgroups")
+	}
+	if r.SharedRoot {
+		args = append(args, "--file-access=shared")
+	}
+	if r.Debug && id != "" {
+		args = append(args, "--debug", "--debug-log="+filepath.Join(r.logDir(), id+".debug")+"/")
+	}
+	return args
+}
+
+func (r *Runsc) command(ctx context.Context, id string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, r.binary(), append(r.GlobalArgs(id), args...)...)
+}
+
+// run runs a runsc command that prints a result (or nothing) and exits.
+func (r *Runsc) run(ctx context.Context, id string, args ...string) ([]byte, error) {
+	if err := os.MkdirAll(r.logDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("create runsc log dir: %w", err)
+	}
+	cmd := r.command(ctx, id, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	r.logger().Debug("runsc", "args", args, "container", id, "took", time.Since(start), "err", err)
+	if err != nil {
+		return stdout.Bytes(), cmdError(args[0], id, err, stderr.String())
+	}
+	return stdout.Bytes(), nil
+}
+
+// cmdError turns a failed runsc run into "runsc <verb> <id>: <stderr>: err",
+// wrapping ErrNotExist when runsc says the container is not there.
+func cmdError(verb, id string, err error, stderr string) error {
+	msg := strings.TrimSpace(stderr)
+	if len(msg) > 2048 {
+		msg = "..." + msg[len(msg)-2048:]
+	}
+	if notExist(msg) {
+		return fmt.Errorf("runsc %s %s: %s: %w", verb, id, msg, ErrNotExist)
+	}
+	if msg != "" {
+		return fmt.Errorf("runsc %s %s: %s: %w", verb, id, msg, err)
+	}
+	return fmt.Errorf("runsc %s %s: %w", verb, id, err)
+}
+
+// notExist recognises runsc 20221219's "loading container: file does not
+// exist" and "loading sandbox: ..." (it has no distinct exit code).
+func notExist(msg string) bool {
+	return strings.Contains(msg, "does not exist") && strings.Contains(msg, "loading ")
+}
+
+// Create creates container id from the bundle in bundleDir: runsc starts
+// the sandbox and gofer, which outlive this process. Their stdio is
+// /dev/null and a log file, never a pipe of ours, and they run in their own
+// session, so our exit or our process group's signals do not reach them.
+func (r *Runsc) Create(ctx context.Context, id, bundleDir string) error {
+	if err := ValidID(id); err != nil {
+		return fmt.Errorf("runsc create: %w", err)
+	}
+	if err := os.MkdirAll(r.logDir(), 0o700); err != nil {
+		return fmt.Errorf("create runsc log dir: %w", err)
+	}
+	if err := os.MkdirAll(r.Root, 0o700); err != nil {
+		return fmt.Errorf("create runsc root: %w", err)
+	}
+	out, err := os.OpenFile(r.InitLogFile(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open init log: %w", err)
+	}
+	defer out.Close()
+	start, _ := out.Seek(0, io.SeekEnd)
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", os.DevNull, err)
+	}
+	defer null.Close()
+
+	cmd := r.command(ctx, id, "create", "--bundle", bundleDir, id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	t0 := time.Now()
+	err = cmd.Run()
+	r.logger().Debug("runsc", "args", []string{"create"}, "container", id, "took", time.Since(t0), "err", err)
+	if err != nil {
+		// runsc's own error went to the init log (its stderr); quote it.
+		return cmdError("create", id, err, readFrom(r.InitLogFile(id), start))
+	}
+	return nil
+}
+
+// readFrom returns what file p holds after offset, at most 4 KiB of its end.
+func readFrom(p string, offset int64) string {
+	b, err := os.ReadFile(p)
+	if err != nil || offset > int64(len(b)) {
+		return ""
+	}
+	b = b[offset:]
+	if len(b) > 4096 {
+		b = b[len(b)-4096:]
+	}
+	return string(b)
+}
+
+// Start starts the init process of a created container.
+func (r *Runsc) Start(ctx context.Context, id string) error {
+	_, err := r.run(ctx, id, "start", id)
+	return err
+}
+
+// State returns runsc's view of container id, or an error wrapping
+// ErrNotExist.
+func (r *Runsc) State(ctx context.Context, id string) (State, error) {
+	out, err := r.run(ctx, id, "state", id)
+	if err != nil {
+		return State{}, err
+	}
+	return ParseState(out)
+}
+
+// ParseState decodes `runsc state` output.
+func ParseState(b []byte) (State, error) {
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return State{}, fmt.Errorf("decode runsc state %q: %w", truncate(b, 256), err)
+	}
+	if s.ID == "" || s.Status == "" {
+		return State{}, fmt.Errorf("decode runsc state %q: no id or status", truncate(b, 256))
+	}
+	return s, nil
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
+}
+
+// ExecSpec describes p as the OCI process runsc exec runs: the same
+// privileges as a container's init (no new privileges, minimal
+// capabilities).
+func ExecSpec(p ExecProcess) (*specs.Process, error) {
+	if len(p.Args) == 0 || p.Args[0] == "" {
+		return nil, errors.New("exec spec: empty command")
+	}
+	if p.Cwd != "" && !filepath.IsAbs(p.Cwd) {
+		return nil, fmt.Errorf("exec spec: cwd %q: must be absolute", p.Cwd)
+	}
+	for _, e := range p.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return nil, fmt.Errorf("exec spec: env %q: must be KEY=VALUE", e)
+		}
+	}
+	cwd := p.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	env := append([]string(nil), p.Env...)
+	if !hasEnv(env, "PATH") {
+		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	}
+	return &specs.Process{
+		User:            specs.User{UID: p.UID, GID: p.GID},
+		Args:            append([]string(nil), p.Args...),
+		Env:             env,
+		Cwd:             cwd,
+		NoNewPrivileges: true,
+		Capabilities:    capabilities(p.UID),
+	}, nil
+}
+
+// execWaitDelay bounds how long Exec waits for output after runsc exec
+// ended (or after a cancel), should anything else still hold the pipes.
+const execWaitDelay = 2 * time.Second
+
+// Exec runs p in container id, streaming its output, and returns its exit
+// code. Cancelling ctx kills the guest process (not only runsc exec).
+//
+// runsc exits 128 on its own failures too; Exec tells those apart by
+// checking that the container still exists.
+func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	ps, err := ExecSpec(p)
+	if err != nil {
+		return -1, err
+	}
+	if err := os.MkdirAll(r.logDir(), 0o700); err != nil {
+		return -1, fmt.Errorf("create runsc log dir: %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "ctld-exec-")
+	if err != nil {
+		return -1, fmt.Errorf("create exec temp dir: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	b, err := json.Marshal(ps)
+	if err != nil {
+		return -1, fmt.Errorf("encode exec process: %w", err)
+	}
+	procFile, pidFile := filepath.Join(tmp, "process.json"), filepath.Join(tmp, "pid")
+	if err := os.WriteFile(procFile, b, 0o600); err != nil {
+		return -1, fmt.Errorf("write exec process: %w", err)
+	}
+
+	cmd := r.command(ctx, id, "exec", "--process", procFile, "--internal-pid-file", pidFile, id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	cmd.WaitDelay = execWaitDelay
+	killed := false
+	killGuest := func() {
+		// Killing runsc exec alone would leave the guest process running.
+		pid, err := readPid(pidFile)
+		if err != nil || killed {
+			return
+		}
+		killed = true
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, err := r.run(kctx, id, "kill", "--pid", strconv.Itoa(pid), id, "KILL"); err != nil {
+			r.logger().Warn("kill exec process", "container", id, "pid", pid, "err", err)
+		}
+	}
+	cmd.Cancel = func() error {
+		killGuest()
+		return cmd.Process.Kill()
+	}
+	t0 := time.Now()
+	err = cmd.Run()
+	r.logger().Debug("runsc", "args", []string{"exec"}, "container", id, "took", time.Since(t0), "err", err)
+	if ctx.Err() != nil {
+		// runsc may have written the pid only after Cancel looked for it.
+		killGuest()
+		return -1, fmt.Errorf("runsc exec %s: %w", id, ctx.Err())
+	}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, nil
+	case errors.As(err, &ee) && ee.Exited():
+		code := ee.ExitCode()
+		if code == 128 {
+			if _, serr := r.State(context.WithoutCancel(ctx), id); serr != nil {
+				return -1, fmt.Errorf("runsc exec %s: %w", id, serr)
+			}
+		}
+		return code, nil
+	default:
+		return -1, fmt.Errorf("runsc exec %s: %w", id, err)
+	}
+}
+
+func readPid(p string) (int, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// Kill sends sig to the init process of container id, or to all its
+// processes.
+func (r *Runsc) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	args := []string{"kill"}
+	if all {
+		args = append(args, "--all")
+	}
+	_, err := r.run(ctx, id, append(args, id, strconv.Itoa(int(sig)))...)
+	return err
+}
+
+// deleteAttempts bounds retries of a failing delete (e.g. a cgroup still
+// busy right after the sandbox died).
+const deleteAttempts = 5
+
+// Delete destroys container id, killing it if it runs. A container that
+// does not exist is already deleted.
+func (r *Runsc) Delete(ctx context.Context, id string) error {
+	var err error
+	for i := range deleteAttempts {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(time.Duration(i) * 200 * time.Millisecond):
+			}
+		}
+		_, err = r.run(ctx, id, "delete", "--force", id)
+		if err == nil || errors.Is(err, ErrNotExist) {
+			return nil
+		}
+	}
+	return err
+}
+
+// List returns the ids of the containers under Root, sorted.
+func (r *Runsc) List(ctx context.Context) ([]string, error) {
+	if _, err := os.Stat(r.Root); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	out, err := r.run(ctx, "", "list", "-quiet")
+	if err != nil {
+		return nil, err
+	}
+	ids := strings.Fields(string(out))
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// CheckGone proves container id is physically absent: runsc does not list
+// it, no state or lock file of it is left in Root, and no runsc sandbox or
+// gofer process of it runs. detail says what is left (or what was checked).
+func (r *Runsc) CheckGone(ctx context.Context, id string) (ok bool, detail string) {
+	var left []string
+	ids, err := r.List(ctx)
+	if err != nil {
+		left = append(left, fmt.Sprintf("runsc list: %v", err))
+	} else if slices.Contains(ids, id) {
+		left = append(left, "listed by runsc list")
+	}
+	files, err := stateFiles(r.Root, id)
+	if err != nil {
+		left = append(left, err.Error())
+	}
+	for _, f := range files {
+		left = append(left, "state file "+f)
+	}
+	procs, err := r.processes(id)
+	if err != nil {
+		left = append(left, err.Error())
+	}
+	for _, p := range procs {
+		left = append(left, "process "+p)
+	}
+	if len(left) > 0 {
+		return false, strings.Join(left, "; ")
+	}
+	return true, fmt.Sprintf("not listed under %s, no state files, no sandbox/gofer processes", r.Root)
+}
+
+// stateFiles lists runsc's files for container id in root. runsc 20221219
+// names them "<container>_sandbox:<sandbox>.state" (and ".lock").
+func stateFiles(root, id string) ([]string, error) {
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read runsc root: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), id+"_sandbox:") || e.Name() == id {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// processes finds runsc processes of container id under this Root by their
+// command lines: the sandbox ends with the id, the gofer carries the
+// per-container --log this driver gave it.
+func (r *Runsc) processes(id string) ([]string, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("read /proc: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(b) == 0 {
+			continue // exited meanwhile, or a kernel thread
+		}
+		argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if r.ownsCmdline(argv, id) {
+			out = append(out, e.Name()+":"+argv[0])
+		}
+	}
+	return out, nil
+}
+
+// ownsCmdline reports whether argv is a runsc sandbox or gofer of container
+// id under this Root.
+func (r *Runsc) ownsCmdline(argv []string, id string) bool {
+	if len(argv) == 0 || !strings.HasPrefix(filepath.Base(argv[0]), "runsc") {
+		return false
+	}
+	if !slices.Contains(argv, "--root="+r.Root) {
+		return false
+	}
+	return argv[len(argv)-1] == id || slices.Contains(argv, "--log="+r.logFile(id))
+}
+
+// Version returns the version runsc reports, e.g. "0.0~20221219.0".
+func Version(ctx context.Context, binary string) (string, error) {
+	if binary == "" {
+		binary = "runsc"
+	}
+	out, err := exec.CommandContext(ctx, binary, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("run %s --version: %w", binary, err)
+	}
+	return ParseVersion(string(out))
+}
+
+// ParseVersion reads the version from `runsc --version` output.
+func ParseVersion(out string) (string, error) {
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "runsc version "); ok && v != "" {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("parse runsc version from %q", truncate([]byte(out), 256))
+}

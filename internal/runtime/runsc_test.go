@@ -1,0 +1,282 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// fakeRunsc is a shell script standing in for runsc: it appends each call's
+// arguments to a calls file and answers like runsc 20221219 does, with the
+// containers of the fake "kernel" being files in a dir.
+const fakeRunsc = `#!/bin/sh
+calls="$FAKE_DIR/calls"
+echo "$*" >> "$calls"
+while [ $# -gt 0 ]; do case "$1" in --*) shift;; *) break;; esac; done
+cmd=$1; shift
+last=$(for a in "$@"; do :; done; echo "$a")
+notexist() { echo "loading container: file does not exist" >&2; exit 128; }
+case "$cmd" in
+create)
+	# Report what the container's init would inherit as stdio.
+	echo "stdin=$(readlink /proc/$$/fd/0) stdout=$(readlink /proc/$$/fd/1)" >> "$FAKE_DIR/stdio"
+	[ "$(cut -d' ' -f6 /proc/self/stat)" = "$$" ] && echo "session-leader" >> "$FAKE_DIR/stdio"
+	if [ -e "$FAKE_DIR/fail-create" ]; then echo "creating container: boom" >&2; exit 128; fi
+	touch "$FAKE_DIR/c-$last";;
+start) [ -e "$FAKE_DIR/c-$last" ] || notexist;;
+state)
+	[ -e "$FAKE_DIR/c-$last" ] || notexist
+	printf '{"ociVersion":"1.0.2-dev","id":"%s","status":"running","pid":42,"bundle":"/b"}' "$last";;
+exec)
+	[ -e "$FAKE_DIR/c-$last" ] || { echo "loading sandbox: file does not exist" >&2; exit 128; }
+	echo out-line; echo err-line >&2; cat > "$FAKE_DIR/stdin"; exit "${FAKE_EXEC_CODE:-0}";;
+kill) [ -e "$FAKE_DIR/c-$1" ] || [ -e "$FAKE_DIR/c-$2" ] || notexist;;
+delete) rm -f "$FAKE_DIR/c-$last";;
+list) for f in "$FAKE_DIR"/c-*; do [ -e "$f" ] && echo "${f##*/c-}"; done; true;;
+*) echo "unknown $cmd" >&2; exit 2;;
+esac
+`
+
+func newFake(t *testing.T) (*Runsc, string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "runsc")
+	if err := os.WriteFile(bin, []byte(fakeRunsc), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FAKE_DIR", dir)
+	root := filepath.Join(dir, "root")
+	return &Runsc{Binary: bin, Root: root, LogDir: filepath.Join(dir, "logs")}, dir
+}
+
+func calls(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "calls"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+func TestGlobalArgs(t *testing.T) {
+	r := &Runsc{Root: "/run/ctld/runsc"}
+	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1.log"}
+	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
+		t.Errorf("defaults: %q, want %q", got, want)
+	}
+	r = &Runsc{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, Debug: true}
+	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1.log", "--ignore-cgroups", "--debug", "--debug-log=/l/c1.debug/"}
+	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
+		t.Errorf("all set: %q, want %q", got, want)
+	}
+	if got := r.GlobalArgs(""); got[3] != "--log=/l/runsc.log" || slices.Contains(got, "--debug") {
+		t.Errorf("no container: %q", got)
+	}
+}
+
+func TestRunscLifecycleFake(t *testing.T) {
+	r, dir := newFake(t)
+	ctx := context.Background()
+	if err := r.Create(ctx, "c1", "/bundles/c1"); err != nil {
+		t.Fatal(err)
+	}
+	stdio, err := os.ReadFile(filepath.Join(dir, "stdio"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox inherits create's stdio: it must be /dev/null and the init
+	// log file, never a pipe that dies with us; and it runs in its own session.
+	wantStdio := "stdin=/dev/null stdout=" + r.InitLogFile("c1") + "\nsession-leader\n"
+	if string(stdio) != wantStdio {
+		t.Errorf("create stdio:\n%s\nwant:\n%s", stdio, wantStdio)
+	}
+	if err := r.Start(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.State(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != (State{ID: "c1", Status: "running", Pid: 42, Bundle: "/b"}) {
+		t.Errorf("state = %+v", st)
+	}
+	var out, errb bytes.Buffer
+	code, err := r.Exec(ctx, "c1", ExecProcess{Args: []string{"echo", "hi"}}, strings.NewReader("in-data"), &out, &errb)
+	if err != nil || code != 0 {
+		t.Fatalf("exec: code %d err %v", code, err)
+	}
+	if out.String() != "out-line\n" || errb.String() != "err-line\n" {
+		t.Errorf("exec output %q / %q", out.String(), errb.String())
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "stdin")); string(b) != "in-data" {
+		t.Errorf("exec stdin = %q", b)
+	}
+	t.Setenv("FAKE_EXEC_CODE", "3")
+	if code, err := r.Exec(ctx, "c1", ExecProcess{Args: []string{"false"}}, nil, &out, &errb); err != nil || code != 3 {
+		t.Errorf("exec exit 3: code %d err %v", code, err)
+	}
+	// 128 from a container that is there is the guest's code.
+	t.Setenv("FAKE_EXEC_CODE", "128")
+	if code, err := r.Exec(ctx, "c1", ExecProcess{Args: []string{"x"}}, nil, &out, &errb); err != nil || code != 128 {
+		t.Errorf("exec exit 128: code %d err %v", code, err)
+	}
+	if err := r.Kill(ctx, "c1", syscall.SIGTERM, true); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := r.List(ctx); err != nil || !slices.Equal(ids, []string{"c1"}) {
+		t.Errorf("list = %q, %v", ids, err)
+	}
+	for range 2 {
+		if err := r.Delete(ctx, "c1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, err := r.List(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("list after delete = %q, %v", ids, err)
+	}
+
+	want := []string{
+		"create --bundle /bundles/c1 c1",
+		"start c1",
+		"state c1",
+		"exec --process",
+		"exec --process",
+		"exec --process",
+		"state c1", // exit 128: is the container still there?
+		"kill --all c1 15",
+		"list -quiet",
+		"delete --force c1",
+		"delete --force c1",
+		"list -quiet",
+	}
+	got := calls(t, dir)
+	if len(got) != len(want) {
+		t.Fatalf("calls:\n%s", strings.Join(got, "\n"))
+	}
+	for i, c := range got {
+		if !strings.HasPrefix(c, strings.Join(r.GlobalArgs(idOf(want[i])), " ")+" "+want[i]) {
+			t.Errorf("call %d = %q, want global args + %q", i, c, want[i])
+		}
+	}
+}
+
+// idOf is the container a call in TestRunscLifecycleFake is about.
+func idOf(call string) string {
+	if strings.HasPrefix(call, "list") {
+		return ""
+	}
+	return "c1"
+}
+
+func TestRunscNotExist(t *testing.T) {
+	r, dir := newFake(t)
+	ctx := context.Background()
+	if _, err := r.State(ctx, "gone"); !errors.Is(err, ErrNotExist) {
+		t.Errorf("state of missing container: %v, want ErrNotExist", err)
+	}
+	if err := r.Start(ctx, "gone"); !errors.Is(err, ErrNotExist) {
+		t.Errorf("start of missing container: %v", err)
+	}
+	var out bytes.Buffer
+	if code, err := r.Exec(ctx, "gone", ExecProcess{Args: []string{"true"}}, nil, &out, &out); !errors.Is(err, ErrNotExist) || code != -1 {
+		t.Errorf("exec in missing container: code %d err %v", code, err)
+	}
+	if err := r.Delete(ctx, "gone"); err != nil {
+		t.Errorf("delete of missing container: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fail-create"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := r.Create(ctx, "c2", "/b")
+	if err == nil || !strings.Contains(err.Error(), "creating container: boom") {
+		t.Errorf("failed create error %v should quote runsc's message", err)
+	}
+	if err := r.Create(ctx, "../x", "/b"); err == nil {
+		t.Error("create accepted a bad id")
+	}
+}
+
+func TestExecSpec(t *testing.T) {
+	p, err := ExecSpec(ExecProcess{Args: []string{"id"}, UID: 65534, GID: 65534})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.NoNewPrivileges || p.Cwd != "/" || p.User.UID != 65534 || len(p.Capabilities.Effective) != 0 || !slices.Equal(p.Capabilities.Bounding, Capabilities) {
+		t.Errorf("process = %+v caps %+v", p, p.Capabilities)
+	}
+	if !hasEnv(p.Env, "PATH") {
+		t.Errorf("env %q lacks PATH", p.Env)
+	}
+	for _, bad := range []ExecProcess{{}, {Args: []string{""}}, {Args: []string{"x"}, Cwd: "rel"}, {Args: []string{"x"}, Env: []string{"NOEQ"}}} {
+		if _, err := ExecSpec(bad); err == nil {
+			t.Errorf("accepted %+v", bad)
+		}
+	}
+}
+
+func TestParseState(t *testing.T) {
+	s, err := ParseState([]byte(`{"ociVersion":"1.0.2-dev","id":"c1","status":"stopped","pid":-1,"bundle":"/b"}`))
+	if err != nil || s != (State{ID: "c1", Status: "stopped", Pid: -1, Bundle: "/b"}) {
+		t.Errorf("state %+v err %v", s, err)
+	}
+	for _, bad := range []string{"", "null", "{}", "W1129 warning\n{"} {
+		if _, err := ParseState([]byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+func TestParseVersion(t *testing.T) {
+	v, err := ParseVersion("runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n")
+	if err != nil || v != "0.0~20221219.0" {
+		t.Errorf("version %q err %v", v, err)
+	}
+	if _, err := ParseVersion("something else"); err == nil {
+		t.Error("accepted garbage")
+	}
+}
+
+func TestOwnsCmdline(t *testing.T) {
+	r := &Runsc{Root: "/run/ctld/runsc", LogDir: "/var/log/ctld"}
+	sandbox := []string{"runsc-sandbox", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1.log", "--log-fd=3", "boot", "--bundle=/b", "c1"}
+	gofer := []string{"runsc-gofer", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1.log", "--log-fd=3", "gofer", "--bundle", "/b"}
+	for _, tc := range []struct {
+		argv []string
+		id   string
+		want bool
+	}{
+		{sandbox, "c1", true},
+		{gofer, "c1", true},
+		{sandbox, "c2", false},
+		{gofer, "c2", false},
+		{[]string{"runsc-sandbox", "--root=/other", "boot", "c1"}, "c1", false},
+		{[]string{"sleep", "--root=/run/ctld/runsc", "c1"}, "c1", false},
+		{nil, "c1", false},
+	} {
+		if got := r.ownsCmdline(tc.argv, tc.id); got != tc.want {
+			t.Errorf("ownsCmdline(%q, %s) = %v, want %v", tc.argv, tc.id, got, tc.want)
+		}
+	}
+}
+
+func TestStateFiles(t *testing.T) {
+	root := t.TempDir()
+	for _, n := range []string{"c1_sandbox:c1.state", "c1_sandbox:c1.lock", "c10_sandbox:c10.state"} {
+		if err := os.WriteFile(filepath.Join(root, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := stateFiles(root, "c1")
+	if err != nil || !slices.Equal(got, []string{"c1_sandbox:c1.lock", "c1_sandbox:c1.state"}) {
+		t.Errorf("state files %q err %v", got, err)
+	}
+	if got, err := stateFiles(filepath.Join(root, "missing"), "c1"); err != nil || got != nil {
+		t.Errorf("missing root: %q %v", got, err)
+	}
+}

@@ -1,0 +1,290 @@
+// Package runtime describes a sandbox as an OCI bundle and drives the stock
+// gVisor runsc binary through its OCI runtime command line.
+//
+// BuildSpec is pure data (unit-tested as such); WriteBundle and Runsc are the
+// thin code that applies it.
+package runtime
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// OCIVersion is the runtime-spec version written into config.json: the one
+// runsc 20221219 implements ("1.0.2-dev"), not the newer Go module's.
+const OCIVersion = "1.0.2"
+
+// cpuPeriod is the CFS period every lease uses, in microseconds.
+const cpuPeriod = 100_000
+
+// Rlimit defaults. NPROC follows the lease's PIDs when it has one.
+const (
+	rlimitNOFILE = 65_536
+	rlimitNPROC  = 65_536
+)
+
+// idPattern is what a container ID must look like: it becomes a path under
+// the runsc root and a process argument, so no slashes, no leading dot/dash.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ValidID reports whether id is acceptable as a container ID.
+func ValidID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("invalid container id %q: must match %s", id, idPattern)
+	}
+	return nil
+}
+
+// Capabilities is the whole capability set a root guest gets: what a
+// package-installing, file-owning, port-binding root user needs and nothing
+// that reaches past gVisor (no NET_RAW, SYS_ADMIN, MKNOD, SYS_PTRACE).
+var Capabilities = []string{
+	"CAP_CHOWN",
+	"CAP_DAC_OVERRIDE",
+	"CAP_FOWNER",
+	"CAP_FSETID",
+	"CAP_KILL",
+	"CAP_NET_BIND_SERVICE",
+	"CAP_SETGID",
+	"CAP_SETPCAP",
+	"CAP_SETUID",
+	"CAP_SYS_CHROOT",
+}
+
+// MaskedPaths and ReadonlyPaths are runc's defaults (`runc spec`).
+var (
+	MaskedPaths = []string{
+		"/proc/acpi",
+		"/proc/asound",
+		"/proc/kcore",
+		"/proc/keys",
+		"/proc/latency_stats",
+		"/proc/timer_list",
+		"/proc/timer_stats",
+		"/proc/sched_debug",
+		"/sys/firmware",
+		"/proc/scsi",
+	}
+	ReadonlyPaths = []string{
+		"/proc/bus",
+		"/proc/fs",
+		"/proc/irq",
+		"/proc/sys",
+		"/proc/sysrq-trigger",
+	}
+)
+
+// BundleSpec is everything ctld decides about one runtime generation's
+// container.
+type BundleSpec struct {
+	ContainerID, RootPath, Hostname string
+	// NetnsPath is an existing netns (e.g. /run/netns/x) the container joins;
+	// runsc's netstack takes over its links.
+	NetnsPath string
+	// CgroupsPath is the lease cgroup relative to the cgroup2 mount, e.g.
+	// "/ctld.slice/<lease>". ctld pre-creates it and sets its limits; runsc
+	// then only joins it (it leaves pre-existing cgroups' limits and
+	// existence alone).
+	CgroupsPath string
+	// Zero means no limit for the resource.
+	CPUMillis, MemoryBytes, PIDs int64
+	Args, Env                    []string
+	Cwd                          string // default "/"
+	UID, GID                     uint32
+	ReadonlyRoot                 bool
+}
+
+// BuildSpec describes b as an OCI runtime spec. It has no effects.
+func BuildSpec(b BundleSpec) (*specs.Spec, error) {
+	if err := validate(b); err != nil {
+		return nil, fmt.Errorf("build spec: %w", err)
+	}
+	cwd := b.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	env := b.Env
+	if !hasEnv(env, "PATH") {
+		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	}
+	nproc := uint64(rlimitNPROC)
+	if b.PIDs > 0 {
+		nproc = uint64(b.PIDs)
+	}
+	s := &specs.Spec{
+		Version:  OCIVersion,
+		Hostname: b.Hostname,
+		Root:     &specs.Root{Path: b.RootPath, Readonly: b.ReadonlyRoot},
+		Process: &specs.Process{
+			User:            specs.User{UID: b.UID, GID: b.GID},
+			Args:            append([]string(nil), b.Args...),
+			Env:             append([]string(nil), env...),
+			Cwd:             cwd,
+			NoNewPrivileges: true,
+			Capabilities:    capabilities(b.UID),
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: rlimitNOFILE, Soft: rlimitNOFILE},
+				{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
+			},
+		},
+		Mounts: mounts(b.ReadonlyRoot),
+		Linux: &specs.Linux{
+			CgroupsPath: b.CgroupsPath,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: b.NetnsPath},
+			},
+			Resources:     resources(b),
+			MaskedPaths:   append([]string(nil), MaskedPaths...),
+			ReadonlyPaths: append([]string(nil), ReadonlyPaths...),
+		},
+	}
+	return s, nil
+}
+
+func validate(b BundleSpec) error {
+	var errs []error
+	if err := ValidID(b.ContainerID); err != nil {
+		errs = append(errs, err)
+	}
+	if !filepath.IsAbs(b.RootPath) || filepath.Clean(b.RootPath) != b.RootPath {
+		errs = append(errs, fmt.Errorf("root path %q: must be absolute and clean", b.RootPath))
+	}
+	if !filepath.IsAbs(b.NetnsPath) || filepath.Clean(b.NetnsPath) != b.NetnsPath {
+		errs = append(errs, fmt.Errorf("netns path %q: must be absolute and clean", b.NetnsPath))
+	}
+	if b.CgroupsPath != "" && (!path.IsAbs(b.CgroupsPath) || path.Clean(b.CgroupsPath) != b.CgroupsPath || b.CgroupsPath == "/") {
+		errs = append(errs, fmt.Errorf("cgroups path %q: must be an absolute, clean path below the cgroup root", b.CgroupsPath))
+	}
+	if len(b.Hostname) > 64 || strings.ContainsAny(b.Hostname, "/\x00 ") {
+		errs = append(errs, fmt.Errorf("hostname %q: not a host name", b.Hostname))
+	}
+	if b.CPUMillis < 0 || b.MemoryBytes < 0 || b.PIDs < 0 {
+		errs = append(errs, fmt.Errorf("resources cpu=%dm memory=%d pids=%d: must not be negative", b.CPUMillis, b.MemoryBytes, b.PIDs))
+	}
+	if b.CPUMillis > 0 && b.CPUMillis < 10 {
+		// cpu.max refuses quotas below 1ms per period.
+		errs = append(errs, fmt.Errorf("cpu %dm: below the 10m minimum", b.CPUMillis))
+	}
+	if len(b.Args) == 0 || b.Args[0] == "" {
+		errs = append(errs, errors.New("args: empty command"))
+	}
+	for _, e := range b.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.ContainsRune(e, 0) {
+			errs = append(errs, fmt.Errorf("env %q: must be KEY=VALUE", e))
+		}
+	}
+	if b.Cwd != "" && !path.IsAbs(b.Cwd) {
+		errs = append(errs, fmt.Errorf("cwd %q: must be absolute", b.Cwd))
+	}
+	return errors.Join(errs...)
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, e := range env {
+		if strings.HasPrefix(e, key+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// capabilities gives root the whole minimal set and any other user only the
+// bounding set, so a non-root guest holds no effective capability.
+func capabilities(uid uint32) *specs.LinuxCapabilities {
+	c := &specs.LinuxCapabilities{Bounding: append([]string(nil), Capabilities...)}
+	if uid == 0 {
+		c.Effective = append([]string(nil), Capabilities...)
+		c.Permitted = append([]string(nil), Capabilities...)
+	}
+	return c
+}
+
+func mounts(readonlyRoot bool) []specs.Mount {
+	ms := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	if readonlyRoot {
+		// A read-only root still needs somewhere to write scratch files.
+		ms = append(ms, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}})
+	}
+	return ms
+}
+
+func resources(b BundleSpec) *specs.LinuxResources {
+	r := &specs.LinuxResources{}
+	if b.CPUMillis > 0 {
+		quota := b.CPUMillis * cpuPeriod / 1000
+		period := uint64(cpuPeriod)
+		// 1024 shares per CPU, as the kubelet maps millicores.
+		shares := max(uint64(b.CPUMillis)*1024/1000, 2)
+		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period, Shares: &shares}
+	}
+	if b.MemoryBytes > 0 {
+		limit := b.MemoryBytes
+		// OCI swap is memory+swap: equal to the limit means no swap.
+		swap := b.MemoryBytes
+		r.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &swap}
+	}
+	if b.PIDs > 0 {
+		pids := b.PIDs
+		r.Pids = &specs.LinuxPids{Limit: &pids}
+	}
+	return r
+}
+
+// WriteBundle writes s as dir/config.json durably: temp file, fsync, rename,
+// fsync of dir. An existing config.json is replaced atomically.
+func WriteBundle(dir string, s *specs.Spec) error {
+	b, err := json.MarshalIndent(s, "", "\t")
+	if err != nil {
+		return fmt.Errorf("encode spec: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create bundle dir: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".config.json.tmp*")
+	if err != nil {
+		return fmt.Errorf("create temp config: %w", err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after the rename
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "config.json")); err != nil {
+		return fmt.Errorf("rename config: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open bundle dir: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync bundle dir: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,196 @@
+// Package e2e drives the real ctld binaries (built by the VM harness into
+// $CTLD_BIN_DIR) as root in the test VM: both instances, a real gVisor
+// guest, failover and crashes.
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/node/ha"
+)
+
+// env is one node: a state dir and run dir shared by slots a and b.
+type env struct {
+	t        *testing.T
+	bin      string
+	stateDir string
+	runDir   string
+	parent   string // cgroup parent of this test's leases
+	procs    map[string]*exec.Cmd
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
+	ktest.RequireBinary(t, "runsc")
+	dir := os.Getenv("CTLD_BIN_DIR")
+	bin := filepath.Join(dir, "ctld")
+	if _, err := os.Stat(bin); dir == "" || err != nil {
+		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
+	}
+	root := t.TempDir()
+	e := &env{
+		t: t, bin: bin, stateDir: filepath.Join(root, "state"), runDir: filepath.Join(root, "run"),
+		parent: "ctld-e2e-" + randHex(4) + ".slice", procs: map[string]*exec.Cmd{},
+	}
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(e.runDir, "runsc")}})
+	t.Cleanup(func() {
+		e.releaseAll()
+		for slot := range e.procs {
+			e.stop(slot)
+		}
+		// The parent is ctld's to create and the operator's to remove.
+		if err := os.Remove(filepath.Join(ktest.CgroupRoot, e.parent)); err != nil && !os.IsNotExist(err) {
+			t.Errorf("remove cgroup parent: %v", err)
+		}
+	})
+	return e
+}
+
+// releaseAll releases whatever a failed test left running, so one failure
+// does not cascade into leaks reported by every later test.
+func (e *env) releaseAll() {
+	if len(e.procs) == 0 {
+		return
+	}
+	cx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := e.client().List(cx)
+	if err != nil {
+		return
+	}
+	for _, s := range l.Sandboxes {
+		if s.State == api.StateReady || s.State == api.StateLost {
+			if _, err := e.client().Release(cx, s.ID, api.ReleaseRequest{OperationID: "cleanup-" + s.ContainerID, Generation: s.Generation}); err != nil {
+				e.t.Errorf("cleanup release of %s: %v", s.ID, err)
+			}
+		}
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// start runs `ctld run --slot slot`, its log in the test's temp dir.
+func (e *env) start(slot string, extraEnv ...string) {
+	e.t.Helper()
+	logPath := filepath.Join(filepath.Dir(e.stateDir), "ctld-"+slot+"-"+randHex(2)+".log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer lf.Close()
+	cmd := exec.Command(e.bin, "run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", "")
+	cmd.Env = append(os.Environ(), extraEnv...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		e.t.Fatalf("start ctld %s: %v", slot, err)
+	}
+	e.procs[slot] = cmd
+	e.t.Cleanup(func() {
+		if e.t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			e.t.Logf("ctld@%s log:\n%s", slot, b)
+		}
+	})
+}
+
+// kill9 kills an instance with SIGKILL and reaps it.
+func (e *env) kill9(slot string) {
+	cmd := e.procs[slot]
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	delete(e.procs, slot)
+}
+
+// stop asks an instance to hand over (SIGTERM) and waits for it.
+func (e *env) stop(slot string) {
+	cmd := e.procs[slot]
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		e.t.Errorf("ctld@%s ignored SIGTERM for 30s; killing", slot)
+		cmd.Process.Kill()
+		<-done
+	}
+	delete(e.procs, slot)
+}
+
+// waitExit waits for an instance that is expected to die by itself.
+func (e *env) waitExit(slot string, d time.Duration) {
+	e.t.Helper()
+	cmd := e.procs[slot]
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		e.t.Fatalf("ctld@%s did not exit within %v", slot, d)
+	}
+	delete(e.procs, slot)
+}
+
+func (e *env) client() *api.Client {
+	return &api.Client{SocketPath: filepath.Join(e.runDir, "ctld.sock")}
+}
+
+// waitPrimary waits until slot reports primary and the API answers.
+func (e *env) waitPrimary(slot string, d time.Duration) api.Node {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		st, err := ha.Probe(ctx, filepath.Join(e.runDir, "ctld-"+slot+".sock"))
+		if err == nil && st.Role == ha.RolePrimary && st.Health == "ok" {
+			n, err := e.client().Node(ctx)
+			if err == nil && n.Slot == slot {
+				return n
+			}
+		}
+		select {
+		case <-ctx.Done():
+			e.t.Fatalf("ctld@%s not serving as primary within %v (last probe: %+v, %v)", slot, d, st, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func claimReq(op string, gen uint64) api.ClaimRequest {
+	return api.ClaimRequest{
+		OperationID: op, Generation: gen,
+		RootFS:    api.RootFS{Mode: "overlay", Template: "busybox"},
+		Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128},
+		Network:   api.NetworkPolicy{Mode: "deny_all"},
+	}
+}
+
+func ctx(t *testing.T, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return c
+}
+
+func codeOf(err error) api.Code {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return ""
+}

@@ -1,0 +1,244 @@
+package kernel_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/ktest"
+	ctldruntime "github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// TestRunscGuestTCPOverVeth proves the VM runs a real gVisor guest with a
+// sandbox network: a busybox container in a netns of ours, wired to the host
+// by a veth pair, talks TCP both ways with a listener on the host end, and
+// after delete nothing of it is left (container, processes, netns, links).
+func TestRunscGuestTCPOverVeth(t *testing.T) {
+	ktest.RequireBinary(t, "runsc")
+	tmp := t.TempDir()
+	runscRoot := filepath.Join(tmp, "runsc")
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{runscRoot}})
+
+	const (
+		id       = "kt-veth"
+		hostLink = "ctldkt0"
+		peerLink = "ctldkt1"
+	)
+	hostAddr, guestAddr := "10.200.0.1", "10.200.0.2"
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	rootfs := filepath.Join(tmp, "rootfs")
+	if err := template.BuildBusybox(rootfs, "/bin/busybox"); err != nil {
+		t.Fatal(err)
+	}
+	nsPath, ns := bindNetns(t, filepath.Join(tmp, "netns"))
+
+	// veth: host end here with .1, peer in the netns with .2, both up. The
+	// pair goes when the host end is deleted or the netns dies.
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostLink}, PeerName: peerLink}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(hostLink); err == nil {
+			if err := netlink.LinkDel(l); err != nil {
+				t.Errorf("delete veth: %v", err)
+			}
+		}
+	})
+	host, err := netlink.LinkByName(hostLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := netlink.LinkByName(peerLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
+		t.Fatalf("move peer into netns: %v", err)
+	}
+	if err := netlink.AddrAdd(host, mustAddr(t, hostAddr+"/30")); err != nil {
+		t.Fatalf("address host end: %v", err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		t.Fatalf("host end up: %v", err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatalf("netlink in netns: %v", err)
+	}
+	defer h.Close()
+	for _, name := range []string{"lo", peerLink} {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			t.Fatalf("find %s in netns: %v", name, err)
+		}
+		if name == peerLink {
+			if err := h.AddrAdd(l, mustAddr(t, guestAddr+"/30")); err != nil {
+				t.Fatalf("address peer: %v", err)
+			}
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatalf("%s up: %v", name, err)
+		}
+	}
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(hostAddr, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	type result struct {
+		line, from string
+		err        error
+	}
+	got := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil {
+			_, err = c.Write([]byte("pong from host\n"))
+		}
+		got <- result{line: line, from: c.RemoteAddr().String(), err: err}
+	}()
+
+	r := &ctldruntime.Runsc{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")}
+	spec, err := ctldruntime.BuildSpec(ctldruntime.BundleSpec{
+		ContainerID: id, RootPath: rootfs, Hostname: id, NetnsPath: nsPath,
+		PIDs: 64, MemoryBytes: 256 << 20, Args: []string{"sleep", "1000"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(tmp, "bundle")
+	if err := ctldruntime.WriteBundle(bundle, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.Delete(context.Background(), id); err != nil {
+			t.Errorf("cleanup delete: %v", err)
+		}
+		if t.Failed() {
+			for _, f := range []string{filepath.Join(r.LogDir, id+".log"), r.InitLogFile(id)} {
+				b, _ := os.ReadFile(f)
+				t.Logf("%s:\n%s", f, b)
+			}
+		}
+	})
+	if err := r.Create(ctx, id, bundle); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+
+	var out, errb bytes.Buffer
+	script := fmt.Sprintf("echo ping from guest | nc %s %d", hostAddr, port)
+	code, err := r.Exec(ctx, id, ctldruntime.ExecProcess{Args: []string{"sh", "-c", script}}, nil, &out, &errb)
+	if err != nil || code != 0 {
+		t.Fatalf("guest nc: code %d err %v stdout %q stderr %q", code, err, out.String(), errb.String())
+	}
+	select {
+	case res := <-got:
+		if res.err != nil {
+			t.Fatalf("host side: %v", res.err)
+		}
+		if res.line != "ping from guest\n" {
+			t.Errorf("host read %q", res.line)
+		}
+		if h, _, _ := net.SplitHostPort(res.from); h != guestAddr {
+			t.Errorf("connection came from %s, want the guest's %s", res.from, guestAddr)
+		}
+	case <-ctx.Done():
+		t.Fatal("host side never got a connection")
+	}
+	if out.String() != "pong from host\n" {
+		t.Errorf("guest read %q (stderr %q)", out.String(), errb.String())
+	}
+
+	if err := r.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	var detail string
+	gone := false
+	for i := 0; i < 50 && !gone; i++ {
+		if gone, detail = r.CheckGone(ctx, id); !gone {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !gone {
+		t.Errorf("container not gone: %s", detail)
+	}
+	if ids, err := r.List(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("runsc list after delete = %q, %v", ids, err)
+	}
+	t.Logf("guest<->host TCP over veth %s:%s ok; %s", hostAddr, strconv.Itoa(port), detail)
+}
+
+func mustAddr(t *testing.T, cidr string) *netlink.Addr {
+	t.Helper()
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// bindNetns makes a fresh netns, bind-mounted on file p so runsc can join it
+// by path, and undoes both when the test ends.
+func bindNetns(t *testing.T, p string) (string, netns.NsHandle) {
+	t.Helper()
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := func() netns.NsHandle {
+		// Unsharing changes the calling thread only: pin it, and put it back.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Fatalf("get netns: %v", err)
+		}
+		defer orig.Close()
+		ns, err := netns.New()
+		if err != nil {
+			t.Fatalf("new netns: %v", err)
+		}
+		if err := netns.Set(orig); err != nil {
+			t.Fatalf("restore netns: %v", err)
+		}
+		return ns
+	}()
+	t.Cleanup(func() { ns.Close() })
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", int(ns)), p, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind netns: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("unmount netns: %v", err)
+		}
+	})
+	return p, ns
+}
