@@ -169,7 +169,7 @@ func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string) 
 	ok, d = n.d.Netns.CheckGone(ctx, cid)
 	check("netns_gone", ok, d)
 	_, err := os.Stat(n.bundleDir(cid))
-	check("bundle_removed", os.IsNotExist(err), errString(err))
+	check("bundle_removed", os.IsNotExist(err), n.bundleDir(cid)+" "+errString(err))
 	p.Clean = true
 	for _, c := range p.Checks {
 		p.Clean = p.Clean && c.OK
@@ -178,10 +178,13 @@ func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string) 
 }
 
 func errString(err error) string {
-	if err == nil {
+	switch {
+	case err == nil:
 		return "exists"
+	case os.IsNotExist(err):
+		return "absent"
 	}
-	return ""
+	return err.Error()
 }
 
 func failedChecks(p api.CleanupProof) string {

@@ -213,13 +213,13 @@ func TestKernelPidsMaxEnforced(t *testing.T) {
 		cmds = append(cmds, c)
 	}
 	extra := exec.Command("sleep", "60")
-	err := startIn(t, m, s.ID, extra)
-	if err == nil {
+	forkErr := startIn(t, m, s.ID, extra)
+	if forkErr == nil {
 		cmds = append(cmds, extra)
 		t.Fatalf("process %d started in a lease with pids.max=%d", limit+1, limit)
 	}
-	if !errors.Is(err, syscall.EAGAIN) {
-		t.Fatalf("start beyond pids.max: %v, want EAGAIN", err)
+	if !errors.Is(forkErr, syscall.EAGAIN) {
+		t.Fatalf("start beyond pids.max: %v, want EAGAIN", forkErr)
 	}
 	st, err := m.Stats(ctx, s.ID)
 	if err != nil {
@@ -228,7 +228,7 @@ func TestKernelPidsMaxEnforced(t *testing.T) {
 	if st.Procs != limit || st.PIDsCurrent != limit || st.PIDsMaxEvents < 1 {
 		t.Fatalf("Stats = %+v, want %d procs, pids.current %d, pids.events max >= 1", st, limit, limit)
 	}
-	t.Logf("pids.max=%d: fork %d refused with %v; stats %+v", limit, limit+1, err, st)
+	t.Logf("pids.max=%d: fork %d refused with %v; stats %+v", limit, limit+1, forkErr, st)
 }
 
 // TestKernelPidsMaxShell shows the limit from inside: a shell in the lease
@@ -242,14 +242,22 @@ func TestKernelPidsMaxShell(t *testing.T) {
 	}
 	// The shell is 1 task; it tries to fork 8 sleepers into a lease of 4.
 	sh := exec.Command("/bin/sh", "-c", `for i in 1 2 3 4 5 6 7 8; do sleep 60 & done; echo all-forked`)
-	var out bytes.Buffer
-	sh.Stdout, sh.Stderr = &out, &out
+	// A file, not a pipe: the sleepers inherit the shell's output and would
+	// keep a pipe (and Wait) open until they exit.
+	outFile := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(outFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sh.Stdout, sh.Stderr = f, f
 	if err := startIn(t, m, s.ID, sh); err != nil {
 		t.Fatalf("start shell in lease: %v", err)
 	}
-	err := sh.Wait()
-	if err == nil || strings.Contains(out.String(), "all-forked") {
-		t.Fatalf("shell forked 8 children under pids.max=4: err=%v output=%q", err, out.String())
+	err = sh.Wait()
+	out := readFile(t, outFile)
+	if err == nil || strings.Contains(out, "all-forked") {
+		t.Fatalf("shell forked 8 children under pids.max=4: err=%v output=%q", err, out)
 	}
 	st, serr := m.Stats(ctx, s.ID)
 	if serr != nil {
@@ -258,7 +266,7 @@ func TestKernelPidsMaxShell(t *testing.T) {
 	if st.PIDsMaxEvents < 1 {
 		t.Fatalf("pids.events max = %d, want >= 1", st.PIDsMaxEvents)
 	}
-	t.Logf("shell: %v, output %q; stats %+v", err, strings.TrimSpace(out.String()), st)
+	t.Logf("shell: %v, output %q; stats %+v", err, out, st)
 	// The sleepers the shell did fork are orphans in the lease; Remove
 	// must kill them through cgroup.kill.
 	if err := m.Remove(ctx, s.ID); err != nil {

@@ -1,20 +1,27 @@
 package lease
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ctld/ctld/internal/ktest"
 )
 
-// TestKernelRunscPrecreatedLease records how runsc treats an OCI
-// linux.cgroupsPath that points at a lease ctld already made.
+// TestKernelRunscPrecreatedLease pins how runsc (release 20221219) treats
+// an OCI linux.cgroupsPath that names a lease ctld already made: the sandbox
+// and gofer run in it, the spec's resources do not overwrite the lease's
+// limits, and runsc delete leaves the (empty) cgroup for ctld to remove.
 func TestKernelRunscPrecreatedLease(t *testing.T) {
 	runsc := ktest.RequireBinary(t, "runsc")
 	busybox := ktest.RequireBinary(t, "busybox")
@@ -73,78 +80,98 @@ func TestKernelRunscPrecreatedLease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	logDir := t.TempDir()
 	run := func(args ...string) (string, error) {
-		full := append([]string{"--root", stateRoot, "--network=none", "--debug", "--debug-log=" + logDir + "/"}, args...)
-		out, err := exec.CommandContext(ctx, runsc, full...).CombinedOutput()
-		t.Logf("runsc %s: %v\n%s", strings.Join(args, " "), err, out)
-		return string(out), err
+		full := append([]string{"--root", stateRoot, "--network=none"}, args...)
+		// Output goes to a file, not a pipe: the sandbox runsc create
+		// starts inherits stdout/stderr and would hold a pipe open forever.
+		out, err := os.CreateTemp(t.TempDir(), "out")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		c := exec.CommandContext(cctx, runsc, full...)
+		c.Stdout, c.Stderr = out, out
+		err = c.Run()
+		b, _ := os.ReadFile(out.Name())
+		if err != nil {
+			return string(b), fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, b)
+		}
+		return string(b), nil
 	}
 	const cid = "lease-probe"
 	created := false
 	t.Cleanup(func() {
 		if created {
-			run("delete", "--force", cid)
+			_, _ = run("delete", "--force", cid)
 		}
 	})
 	if _, err := run("create", "--bundle", bundle, cid); err != nil {
-		dumpLogs(t, logDir)
-		t.Fatalf("runsc create: %v", err)
+		t.Fatal(err)
 	}
 	created = true
 	dir := m.Dir(s.ID)
-	show := func(when string) {
-		procs := strings.Fields(readFile(t, filepath.Join(dir, "cgroup.procs")))
-		var who []string
-		for _, p := range procs {
-			comm, _ := os.ReadFile(filepath.Join("/proc", p, "comm"))
-			who = append(who, p+":"+strings.TrimSpace(string(comm)))
-		}
-		t.Logf("%s: lease procs %v; cpu.max=%q memory.max=%q pids.max=%q", when, who,
-			readFile(t, filepath.Join(dir, "cpu.max")), readFile(t, filepath.Join(dir, "memory.max")),
-			readFile(t, filepath.Join(dir, "pids.max")))
-		subs, _ := os.ReadDir(dir)
-		for _, e := range subs {
-			if e.IsDir() {
-				t.Logf("%s: child cgroup %s", when, e.Name())
+	lease := map[string]string{"cpu.max": "50000 100000", "memory.max": strconv.Itoa(512 << 20), "pids.max": "64"}
+	checkLimits := func(when string) {
+		for name, want := range lease {
+			if got := readFile(t, filepath.Join(dir, name)); got != want {
+				t.Errorf("%s: %s = %q, want the lease's %q (runsc rewrote a pre-created lease)", when, name, got, want)
 			}
 		}
 	}
-	show("after create")
+	checkLimits("after create")
 	if _, err := run("start", cid); err != nil {
-		dumpLogs(t, logDir)
-		t.Fatalf("runsc start: %v", err)
+		t.Fatal(err)
 	}
-	show("after start")
-	st, _ := run("state", cid)
-	_ = st
+	out, err := run("state", cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state struct{ Pid int }
+	if err := json.Unmarshal([]byte(out), &state); err != nil || state.Pid == 0 {
+		t.Fatalf("parse runsc state %q: %v", out, err)
+	}
+	procs := strings.Fields(readFile(t, filepath.Join(dir, "cgroup.procs")))
+	if !slices.Contains(procs, strconv.Itoa(state.Pid)) {
+		t.Fatalf("sandbox pid %d not in the lease: cgroup.procs %v", state.Pid, procs)
+	}
+	// The gofer is in the lease too, so the lease accounts for all of runsc.
+	if len(procs) < 2 {
+		t.Errorf("lease holds %v, want the sandbox and the gofer", procs)
+	}
+	checkLimits("after start")
+	t.Logf("runsc joined the pre-created lease: procs %v, sandbox pid %d", procs, state.Pid)
+
 	if _, err := run("kill", cid, "KILL"); err != nil {
-		t.Errorf("runsc kill: %v", err)
+		t.Fatal(err)
 	}
-	run("wait", cid)
-	if _, err := run("delete", cid); err != nil {
-		t.Errorf("runsc delete: %v", err)
+	if _, err := run("delete", "--force", cid); err != nil {
+		t.Fatal(err)
 	}
 	created = false
-	if _, err := os.Stat(dir); err == nil {
-		show("after delete")
-		t.Logf("after delete: lease dir still exists")
-	} else {
-		t.Logf("after delete: lease dir gone: %v", err)
+	// runsc does not own a cgroup it did not create: the lease stays, now
+	// empty, for ctld to remove and prove gone.
+	if ok, detail := m.CheckGone(ctx, s.ID); ok {
+		t.Fatalf("runsc delete removed the pre-created lease (%s); ctld's Remove expects to own it", detail)
 	}
-	dumpLogs(t, logDir)
+	if err := m.waitEmpty(ctx, mustRoot(t, m), m.rel(s.ID)); err != nil {
+		t.Fatalf("lease not empty after runsc delete: %v", err)
+	}
+	if err := m.Remove(ctx, s.ID); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if ok, detail := m.CheckGone(ctx, s.ID); !ok {
+		t.Fatalf("CheckGone: %s", detail)
+	}
 }
 
-func dumpLogs(t *testing.T, dir string) {
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
-		var keep []string
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(strings.ToLower(l), "cgroup") {
-				keep = append(keep, l)
-			}
-		}
-		t.Logf("log %s (cgroup lines):\n%s", e.Name(), strings.Join(keep, "\n"))
+func mustRoot(t *testing.T, m *Manager) *rootFS {
+	t.Helper()
+	r, err := m.open()
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { r.Close() })
+	return r
 }

@@ -34,3 +34,17 @@ func TestGuestScriptQuotesArguments(t *testing.T) {
 		}
 	}
 }
+
+func TestTroubleMatchesKernelProblemsNotCgroupOOM(t *testing.T) {
+	for line, want := range map[string]bool{
+		"[ 12.1] Memory cgroup out of memory: Killed process 183 (0-lease.test)": false,
+		"[ 12.1] Out of memory: Killed process 183 (x)":                          true,
+		"[ 30.0] INFO: task kworker/0:1:12 blocked for more than 120 seconds.":   true,
+		"[ 31.0] BUG: kernel NULL pointer dereference, address: 0000":            true,
+		"--- PASS: TestX (0.01s)":                                                false,
+	} {
+		if got := troubleRE.MatchString(line); got != want {
+			t.Errorf("troubleRE(%q) = %v, want %v", line, got, want)
+		}
+	}
+}
