@@ -49,5 +49,19 @@ demo:
 bench:
 	$(VMRUN) -bench '$(BENCH)' $(VM_PKGS)
 
+# Installs binaries, units and host configuration (run as root).
+install:
+	$(GO) build -ldflags "-X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" -o bin/ ./cmd/...
+	install -D -m 0755 bin/ctld $(DESTDIR)$(PREFIX)/bin/ctld
+	install -D -m 0755 bin/ctl-manager $(DESTDIR)$(PREFIX)/bin/ctl-manager
+	install -D -m 0644 systemd/ctld@.service $(DESTDIR)/etc/systemd/system/ctld@.service
+	install -D -m 0644 systemd/ctld.target $(DESTDIR)/etc/systemd/system/ctld.target
+	install -D -m 0644 systemd/ctld.tmpfiles.conf $(DESTDIR)/etc/tmpfiles.d/ctld.conf
+	install -D -m 0644 systemd/ctld.modules-load.conf $(DESTDIR)/etc/modules-load.d/ctld.conf
+	install -D -m 0644 systemd/ctld.modprobe.conf $(DESTDIR)/etc/modprobe.d/ctld.conf
+	install -D -m 0644 systemd/ctld.sysusers.conf $(DESTDIR)/etc/sysusers.d/ctld.conf
+	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/ctld/operations.md
+	@echo "installed; then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now ctld.target"
+
 clean:
 	rm -rf bin
