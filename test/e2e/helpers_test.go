@@ -22,7 +22,7 @@ import (
 
 // env is one node: a state dir and run dir shared by slots a and b.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	bin      string
 	stateDir string
 	runDir   string
@@ -30,7 +30,7 @@ type env struct {
 	procs    map[string]*exec.Cmd
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
@@ -181,7 +181,7 @@ func claimReq(op string, gen uint64) api.ClaimRequest {
 	}
 }
 
-func ctx(t *testing.T, d time.Duration) context.Context {
+func ctx(t testing.TB, d time.Duration) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return c
