@@ -19,6 +19,7 @@ build:
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Unit tests on the host: kernel tests skip here with a visible reason.
 test-unit:

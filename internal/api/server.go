@@ -408,11 +408,7 @@ func pathID(r *http.Request) (string, error) {
 
 func (s *Server) handleNode(w http.ResponseWriter, r *http.Request) error {
 	n, err := s.Service.Node(r.Context())
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, n)
-	return nil
+	return answer(w, n, err)
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) error {
@@ -433,51 +429,48 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	sb, err := s.Service.Get(r.Context(), id)
+	return answer(w, sb, err)
+}
+
+// decodeFor decodes and validates the body of a mutating call on sandbox
+// {id}; nothing reaches the Service unless both pass.
+func decodeFor[Req interface{ Validate() error }](s *Server, w http.ResponseWriter, r *http.Request) (string, Req, error) {
+	var req Req
+	id, err := pathID(r)
+	if err != nil {
+		return id, req, err
+	}
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return id, req, err
+	}
+	return id, req, req.Validate()
+}
+
+// answer writes a Service result, or returns its error for the adapter.
+func answer[T any](w http.ResponseWriter, v T, err error) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 
 func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r)
+	id, req, err := decodeFor[ClaimRequest](s, w, r)
 	if err != nil {
-		return err
-	}
-	var req ClaimRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
 		return err
 	}
 	resp, err := s.Service.Claim(r.Context(), id, req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
+	return answer(w, resp, err)
 }
 
 func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r)
+	id, req, err := decodeFor[ReleaseRequest](s, w, r)
 	if err != nil {
-		return err
-	}
-	var req ReleaseRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
 		return err
 	}
 	resp, err := s.Service.Release(r.Context(), id, req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
+	return answer(w, resp, err)
 }
 
 func (s *Server) handleProof(w http.ResponseWriter, r *http.Request) error {
@@ -486,11 +479,7 @@ func (s *Server) handleProof(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p, err := s.Service.Proof(r.Context(), op)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, p)
-	return nil
+	return answer(w, p, err)
 }
 
 // wantsEventStream reports whether the client asked for text/event-stream;

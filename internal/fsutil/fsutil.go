@@ -15,23 +15,15 @@ import (
 // WriteFileAtomic replaces path with data durably. perm applies to the new
 // file (the umask does not narrow it, so 0600 key files stay 0600).
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	dir, tmp, err := writeTemp(path, data, perm)
 	if err != nil {
-		return fmt.Errorf("create temp file for %s: %w", path, err)
+		return err
 	}
-	tmp := f.Name()
 	defer func() {
 		if err != nil {
 			_ = os.Remove(tmp)
 		}
 	}()
-	if err := writeSyncClose(f, data, perm); err != nil {
-		return err
-	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("rename %s to %s: %w", tmp, path, err)
 	}
@@ -48,28 +40,38 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 // fsynced and hard-linked into place, and link(2) fails if path exists, so
 // two racing creators cannot both win.
 func CreateFileOnce(path string, data []byte, perm os.FileMode) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	dir, tmp, err := writeTemp(path, data, perm)
 	if err != nil {
-		return fmt.Errorf("create temp file for %s: %w", path, err)
+		return err
 	}
-	tmp := f.Name()
 	// The temp name goes in every case: on success path is the second link.
 	defer func() {
 		if rmErr := os.Remove(tmp); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) && err == nil {
 			err = fmt.Errorf("remove temp file %s: %w", tmp, rmErr)
 		}
 	}()
-	if err := writeSyncClose(f, data, perm); err != nil {
-		return err
-	}
 	if err := os.Link(tmp, path); err != nil {
 		return fmt.Errorf("link %s to %s: %w", tmp, path, err)
 	}
 	return SyncDir(dir)
+}
+
+// writeTemp writes data durably to a new temp file beside path (removed
+// again on failure) and returns path's directory and the temp file's name.
+func writeTemp(path string, data []byte, perm os.FileMode) (dir, tmp string, err error) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return "", "", fmt.Errorf("create temp file for %s: %w", path, err)
+	}
+	if err := writeSyncClose(f, data, perm); err != nil {
+		_ = os.Remove(f.Name())
+		return "", "", err
+	}
+	return dir, f.Name(), nil
 }
 
 func writeSyncClose(f *os.File, data []byte, perm os.FileMode) error {

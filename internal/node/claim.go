@@ -23,7 +23,7 @@ import (
 const maxObjectName = 63
 
 func requestHash(kind, id string, v any) string {
-	b, _ := json.Marshal(v)
+	b, _ := json.Marshal(v) // plain request structs always marshal
 	h := sha256.Sum256(append([]byte(kind+"\x00"+id+"\x00"), b...))
 	return hex.EncodeToString(h[:])
 }
@@ -183,11 +183,9 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	rb, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	rec, _ = n.sandbox(id)
-	proof, perr := n.teardown(rb, rec, op.ID, api.StateFailed, cerr.Error())
-	if perr != nil {
-		log.Error("rollback incomplete", "err", perr)
+	if _, err := n.teardown(rb, rec, op.ID, api.StateFailed, cerr.Error()); err != nil {
+		log.Error("rollback incomplete; capacity withheld", "err", err)
 	}
-	_ = proof
 	return api.ClaimResponse{}, n.failOp(op, cerr)
 }
 

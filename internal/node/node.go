@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 
@@ -201,11 +200,4 @@ func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error)
 		return p, api.Errorf(api.CodeNotFound, "no cleanup proof for operation %q", opID)
 	}
 	return p, nil
-}
-
-func ensureDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("make dir %s: %w", dir, err)
-	}
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/runtime"
 )
 
 // Reconcile runs once on taking over, before the API is served. It replays
@@ -35,6 +37,12 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("read journal: %w", err)
 	}
+	// One `runsc list` for all guests: a takeover must not pay a runsc
+	// call per sandbox before it serves.
+	states, err := n.d.Runtime.States(ctx)
+	if err != nil {
+		return fmt.Errorf("list runsc containers: %w", err)
+	}
 	var errs []error
 	live := map[string]bool{} // container ids of generations that stay
 	for _, s := range ss {
@@ -50,7 +58,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			_, err := n.teardown(ctx, s, s.ReleaseOp, api.StateReleased, "released")
 			errs = append(errs, err)
 		case api.StateReady, api.StateLost:
-			if missing := n.missing(ctx, s); len(missing) > 0 || s.State == api.StateLost {
+			if missing := n.missing(ctx, s, states); len(missing) > 0 || s.State == api.StateLost {
 				log.Warn("generation lost: kernel objects gone", "missing", missing)
 				n.setState(s.ID, api.StateLost, fmt.Sprintf("lost: %v gone", missing))
 				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, api.StateLost, fmt.Sprintf("lost: %v gone", missing))
@@ -69,7 +77,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			n.failPending(op.ID, api.Errorf(api.CodeUnavailable, "operation interrupted by failover of the primary"))
 		}
 	}
-	errs = append(errs, n.removeOrphans(ctx, live))
+	errs = append(errs, n.removeOrphans(ctx, live, states))
 	return errors.Join(errs...)
 }
 
@@ -102,10 +110,9 @@ func (n *Node) setState(id, state, reason string) {
 }
 
 // missing lists which of a ready generation's kernel objects are gone.
-func (n *Node) missing(ctx context.Context, s journal.Sandbox) []string {
+func (n *Node) missing(ctx context.Context, s journal.Sandbox, states map[string]runtime.State) []string {
 	var out []string
-	st, err := n.d.Runtime.State(ctx, s.ContainerID)
-	if err != nil || st.Status != "running" {
+	if st, ok := states[s.ContainerID]; !ok || st.Status != "running" {
 		out = append(out, "runsc container")
 	}
 	if gone, _ := n.d.Leases.CheckGone(ctx, s.LeaseID); gone {
@@ -122,7 +129,7 @@ func (n *Node) missing(ctx context.Context, s journal.Sandbox) []string {
 
 // removeOrphans removes ctld-named kernel objects no live generation owns,
 // and forgets effect records of objects that are gone.
-func (n *Node) removeOrphans(ctx context.Context, live map[string]bool) error {
+func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, states map[string]runtime.State) error {
 	var errs []error
 	sweep := func(kind string, list func(context.Context) ([]string, error), remove func(context.Context, string) error) {
 		names, err := list(ctx)
@@ -140,7 +147,10 @@ func (n *Node) removeOrphans(ctx context.Context, live map[string]bool) error {
 			}
 		}
 	}
-	sweep(journal.KindRunsc, n.d.Runtime.List, func(ctx context.Context, id string) error {
+	containers := func(context.Context) ([]string, error) {
+		return slices.Sorted(maps.Keys(states)), nil
+	}
+	sweep(journal.KindRunsc, containers, func(ctx context.Context, id string) error {
 		_ = n.d.Runtime.Kill(ctx, id, syscall.SIGKILL, true)
 		return n.d.Runtime.Delete(ctx, id)
 	})

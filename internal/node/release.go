@@ -53,19 +53,20 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	defer n.endOp(op.ID)
 	td, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	p, err := n.teardown(td, rec, op.ID, api.StateReleased, "released")
-	if err != nil {
-		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", err)
+	_, terr := n.teardown(td, rec, op.ID, api.StateReleased, "released")
+	if terr != nil {
+		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", terr)
 	}
+	// The answer is what the journal stored with the proof, so a repeat of
+	// this operation id gets exactly the same bytes.
 	var done journal.Operation
 	var ok bool
 	if jerr := n.d.Journal.View(func(tx *journal.Tx) (err error) {
 		done, ok, err = tx.Operation(op.ID)
 		return err
 	}); jerr != nil || !ok || done.State != journal.OpDone {
-		return api.ReleaseResponse{}, api.Errorf(api.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(jerr, err))
+		return api.ReleaseResponse{}, api.Errorf(api.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(jerr, terr))
 	}
-	_ = p
 	return opOutcome[api.ReleaseResponse](done)
 }
 
