@@ -6,6 +6,8 @@ PKGS ?= ./...
 VM_PKGS ?= ./...
 RUN ?=
 BENCH ?= .
+VM_MEM ?= 4096
+BENCH_TIMEOUT ?= 30m
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR"
 PREFIX ?= /usr/local
 
@@ -48,7 +50,7 @@ demo:
 	fi
 
 bench:
-	$(VMRUN) -bench '$(BENCH)' $(VM_PKGS)
+	$(VMRUN) -timeout 45m -job-timeout $(BENCH_TIMEOUT) -mem $(VM_MEM) $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) -bench '$(BENCH)' $(VM_PKGS)
 
 # Installs binaries, units and host configuration (run as root).
 install:

@@ -122,6 +122,12 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 	go watchdog(ctx)
 	log.Info("standby: waiting for the primary lock", "lock", ha.LockPath(g.stateDir))
 
+	// Read-only host facts are gathered while standby, so a takeover does
+	// not pay for them (runsc --version alone is a process start).
+	facts, err := gatherFacts(ctx, g, o)
+	if err != nil {
+		return err
+	}
 	el := &ha.Elector{StateDir: g.stateDir, Slot: o.slot, Logger: log}
 	term, err := el.WaitPrimary(ctx)
 	if err != nil {
@@ -140,13 +146,17 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 	log.Info("primary: took the lock")
 	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary epoch %d", term.Epoch))
 
-	n, closeNode, err := buildNode(ctx, g, o, term.Epoch, log)
+	n, closeNode, err := buildNode(ctx, g, o, facts, term.Epoch, log)
 	if err != nil {
 		inst.set(func(s *ha.Status) { s.Health = "failed: " + err.Error() })
 		return err
 	}
 	defer closeNode()
-	if err := n.Reconcile(ctx); err != nil {
+	defer n.Close()
+	built := time.Now()
+	err = n.Reconcile(ctx)
+	log.Info("primary: reconciled", "build_ms", built.Sub(took).Milliseconds(), "reconcile_ms", time.Since(built).Milliseconds())
+	if err != nil {
 		// What could not be cleaned stays journaled and its capacity
 		// withheld; serving the rest is better than a node that is down.
 		log.Error("reconcile incomplete", "err", err)
@@ -165,7 +175,26 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 
 // buildNode wires the subsystems of a primary: main is the only place
 // that builds them.
-func buildNode(ctx context.Context, g globalOpts, o runOpts, epoch uint64, log *slog.Logger) (*node.Node, func(), error) {
+// hostFacts are read-only facts about the host, gathered before primacy.
+type hostFacts struct {
+	total    api.Capacity
+	versions api.Versions
+}
+
+func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error) {
+	// The scratch dir lives in the state dir: same filesystem, same space.
+	total, err := node.HostCapacity(g.stateDir)
+	if err != nil {
+		return hostFacts{}, err
+	}
+	f := hostFacts{total: total, versions: api.Versions{Ctld: version, Kernel: kernelRelease()}}
+	if v, err := runtime.Version(ctx, o.runsc); err == nil {
+		f.versions.Runsc = v
+	}
+	return f, nil
+}
+
+func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, epoch uint64, log *slog.Logger) (*node.Node, func(), error) {
 	j, err := journal.Open(filepath.Join(g.stateDir, "journal.db"), 5*time.Second)
 	if err != nil {
 		return nil, nil, err
@@ -194,24 +223,15 @@ func buildNode(ctx context.Context, g globalOpts, o runOpts, epoch uint64, log *
 			log.Warn("built-in busybox template unavailable", "err", err)
 		}
 	}
-	total, err := node.HostCapacity(scratch)
-	if err != nil {
-		j.Close()
-		return nil, nil, err
-	}
 	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log}
-	versions := api.Versions{Ctld: version, Kernel: kernelRelease()}
-	if v, err := runtime.Version(ctx, o.runsc); err == nil {
-		versions.Runsc = v
-	}
 	n := node.New(node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},
-		Versions: versions,
+		Versions: facts.versions,
 	}, node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
-		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: total,
+		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log),
 	})
 	return n, func() { j.Close() }, nil

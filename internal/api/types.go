@@ -58,11 +58,14 @@ type Versions struct {
 
 // Node is the answer to GET /v1/node.
 type Node struct {
-	NodeID   string       `json:"node_id"`
-	BootID   string       `json:"boot_id"`
-	Slot     string       `json:"slot"`
-	Role     string       `json:"role"`
-	Epoch    uint64       `json:"epoch"`
+	NodeID string `json:"node_id"`
+	BootID string `json:"boot_id"`
+	Slot   string `json:"slot"`
+	Role   string `json:"role"`
+	Epoch  uint64 `json:"epoch"`
+	// NodeKey is the ed25519 public key that signs this node's cleanup
+	// proofs; a manager pins it on first contact.
+	NodeKey  []byte       `json:"node_key"`
 	Versions Versions     `json:"versions"`
 	Capacity NodeCapacity `json:"capacity"`
 	// Withheld lists the generations whose cleanup could not be proven.

@@ -5,6 +5,7 @@
 package manager
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -180,9 +181,18 @@ func (m *Manager) contact(ctx context.Context) (NodeStatus, error) {
 	if err != nil {
 		return NodeStatus{}, fmt.Errorf("contact node: %w", err)
 	}
-	rec, err := m.Store.PinNode(ctx, n.NodeID, m.socket(), nil)
+	var key []byte
+	if len(n.NodeKey) == ed25519.PublicKeySize {
+		key = n.NodeKey
+	}
+	rec, err := m.Store.PinNode(ctx, n.NodeID, m.socket(), key)
 	if err != nil {
 		return NodeStatus{}, err
+	}
+	// Fail closed: a node that now presents another key than the pinned one
+	// is not the node whose proofs this store trusts.
+	if key != nil && rec.PublicKey != nil && !bytes.Equal(rec.PublicKey, key) {
+		return NodeStatus{}, api.Errorf(api.CodeConflict, "node %s presents key %x, not its pinned key %x", n.NodeID, key, rec.PublicKey)
 	}
 	return NodeStatus{Node: n, Record: rec}, nil
 }

@@ -524,3 +524,25 @@ func TestCreateRetrySendsTheRecordedRequest(t *testing.T) {
 		t.Fatalf("node saw %+v, want the first request twice", seen)
 	}
 }
+
+func TestNodeKeyPinnedOnFirstContactAndChangeRefused(t *testing.T) {
+	ctx := context.Background()
+	m, n := setup(t)
+	if _, err := m.NodeStatus(ctx); err != nil {
+		t.Fatal(err)
+	}
+	node, err := m.Store.Node(ctx, "node-a")
+	if err != nil || !bytes.Equal(node.PublicKey, n.Key.Public().(ed25519.PublicKey)) {
+		t.Fatalf("key not pinned at first contact: %+v, %v", node, err)
+	}
+	_, other, _ := ed25519.GenerateKey(nil)
+	n.Lock()
+	n.Key = other
+	n.Unlock()
+	if _, err := m.NodeStatus(ctx); api.CodeOf(err) != api.CodeConflict {
+		t.Fatalf("contact with a changed node key: %v, want conflict", err)
+	}
+	if _, err := m.Create(ctx, "sb1", testSpec()); err == nil {
+		t.Fatal("create against a node with a changed key succeeded")
+	}
+}

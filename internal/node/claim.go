@@ -117,9 +117,6 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if req.Network.Mode != "" && req.Network.Mode != "deny_all" {
 		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "network mode %q is not supported yet: use deny_all", req.Network.Mode)
 	}
-	if req.MaxLifetimeSec != 0 {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "max_lifetime_sec is not supported yet: release the sandbox explicitly")
-	}
 	lower := filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
 	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
 		return api.ClaimResponse{}, api.Errorf(api.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
@@ -175,6 +172,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	resp, cerr := n.runClaim(ctx, rec, lower)
 	if cerr == nil {
 		log.Info("sandbox ready", "container", cid, "total_ms", resp.Sandbox.Timings.TotalMS)
+		n.armExpiry(rec)
 		return resp, nil
 	}
 	log.Warn("claim failed, rolling back", "err", cerr)

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -60,7 +61,8 @@ type Node struct {
 
 	mu       sync.Mutex
 	inflight map[string]chan struct{} // operation id → closed when it finishes
-	busy     map[string]bool          // sandbox id → a claim/release is running
+	timers   map[string]*time.Timer   // container id → max-lifetime release
+	closed   bool
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -76,7 +78,7 @@ func New(cfg Config, d Deps) *Node {
 		d:        d,
 		log:      d.Logger.With("epoch", d.Epoch),
 		inflight: map[string]chan struct{}{},
-		busy:     map[string]bool{},
+		timers:   map[string]*time.Timer{},
 	}
 }
 
@@ -108,6 +110,9 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 		Role:     "primary",
 		Epoch:    n.d.Epoch,
 		Versions: n.cfg.Versions,
+	}
+	if n.d.Identity.Key != nil {
+		out.NodeKey = n.d.Identity.PublicKey()
 	}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		ss, err := tx.Sandboxes()

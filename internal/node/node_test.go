@@ -93,3 +93,30 @@ func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
 		t.Log(why)
 	}
 }
+
+func TestArmExpiryOnlyWithLifetimeAndCloseStopsTimers(t *testing.T) {
+	n := testNode(t)
+	base := journal.Sandbox{Sandbox: api.Sandbox{ID: "sb", Generation: 1, ContainerID: "sb-g1", CreatedAt: time.Now()}}
+	n.armExpiry(base) // no request recorded
+	noLife := base
+	noLife.Request = &api.ClaimRequest{}
+	n.armExpiry(noLife)
+	if len(n.timers) != 0 {
+		t.Fatalf("timers armed without a max lifetime: %d", len(n.timers))
+	}
+	withLife := base
+	withLife.Request = &api.ClaimRequest{MaxLifetimeSec: 3600}
+	n.armExpiry(withLife)
+	n.armExpiry(withLife) // re-arming replaces, never doubles
+	if len(n.timers) != 1 {
+		t.Fatalf("want one timer, have %d", len(n.timers))
+	}
+	n.Close()
+	if len(n.timers) != 0 {
+		t.Fatal("Close left timers")
+	}
+	n.armExpiry(withLife)
+	if len(n.timers) != 0 {
+		t.Fatal("a closed node armed a timer")
+	}
+}

@@ -67,6 +67,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			}
 			log.Info("re-adopted running generation", "container", s.ContainerID)
 			live[s.ContainerID] = true
+			n.armExpiry(s)
 		}
 	}
 	// Operations pending without a sandbox in flight (e.g. a claim refused

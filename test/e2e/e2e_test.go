@@ -90,8 +90,9 @@ func TestClaimExecFilesRelease(t *testing.T) {
 	if !rel.Proof.Clean {
 		t.Fatalf("cleanup proof not clean: %+v", rel.Proof.Checks)
 	}
-	if err := proof.Verify(rel.Proof, nil); err != nil {
-		t.Fatalf("verify proof: %v", err)
+	// Verified against the key the node announced, not the one the proof carries.
+	if err := proof.Verify(rel.Proof, n0.NodeKey); err != nil {
+		t.Fatalf("verify proof against GET /v1/node's key: %v", err)
 	}
 	if rel.Proof.NodeID != n0.NodeID || rel.Proof.Epoch != n0.Epoch || rel.Proof.Generation != 1 {
 		t.Fatalf("proof identity %s/%d/%d, want node %s epoch %d generation 1", rel.Proof.NodeID, rel.Proof.Epoch, rel.Proof.Generation, n0.NodeID, n0.Epoch)
@@ -222,5 +223,49 @@ func TestCrashBetweenIntendedAndDone(t *testing.T) {
 				t.Fatalf("release: %v", err)
 			}
 		})
+	}
+}
+
+// TestMaxLifetimeReleases: a sandbox claimed with max_lifetime_sec is
+// released by the node at its deadline, with a verified cleanup proof, also
+// when a failover happened in between (the new primary re-arms the timer).
+func TestMaxLifetimeReleases(t *testing.T) {
+	e := newEnv(t)
+	e.start("a")
+	e.waitPrimary("a", 60*time.Second)
+	e.start("b")
+	c := e.client()
+	cx := ctx(t, 3*time.Minute)
+	req := claimReq("claim-short", 1)
+	req.MaxLifetimeSec = 20
+	res, err := c.Claim(cx, "short", req)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	e.kill9("a")
+	e.waitPrimary("b", 60*time.Second)
+	deadline := res.Sandbox.CreatedAt.Add(20 * time.Second)
+	for {
+		sb, err := c.Get(cx, "short")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.State == api.StateReleased {
+			if time.Now().Before(deadline) {
+				t.Fatalf("released before its deadline %v", deadline)
+			}
+			break
+		}
+		if time.Now().After(deadline.Add(90 * time.Second)) {
+			t.Fatalf("still %s 90s after its max lifetime", sb.State)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	p, err := c.Proof(cx, "expire-"+res.Sandbox.ContainerID)
+	if err != nil {
+		t.Fatalf("proof of the expiry release: %v", err)
+	}
+	if err := proof.Verify(p, nil); err != nil || !p.Clean {
+		t.Fatalf("expiry proof: clean %v, %v", p.Clean, err)
 	}
 }

@@ -172,6 +172,24 @@ func (e *env) waitPrimary(slot string, d time.Duration) api.Node {
 	}
 }
 
+// waitRole waits until slot's probe reports role.
+func (e *env) waitRole(slot, role string, d time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		cx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := ha.Probe(cx, filepath.Join(e.runDir, "ctld-"+slot+".sock"))
+		cancel()
+		if err == nil && st.Role == role {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("ctld@%s not %s within %v (last probe: %+v, %v)", slot, role, d, st, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func claimReq(op string, gen uint64) api.ClaimRequest {
 	return api.ClaimRequest{
 		OperationID: op, Generation: gen,

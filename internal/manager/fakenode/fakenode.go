@@ -111,7 +111,7 @@ func (n *Node) Node(context.Context) (api.Node, error) {
 	}
 	total := api.Capacity{CPUMillis: 2000, MemoryBytes: 4 << 30, PIDs: 4096, NBDDevices: 16, Addresses: 250, DiskBytes: 10 << 30}
 	return api.Node{
-		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3,
+		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3, NodeKey: n.Key.Public().(ed25519.PublicKey),
 		Versions: api.Versions{Ctld: "test", Kernel: "6.1.0", Runsc: "20221219", Nft: "1.0.6"},
 		Capacity: api.NodeCapacity{Total: total, Allocatable: total, Leased: leased},
 	}, nil
