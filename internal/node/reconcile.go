@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/runtime"
 )
 
 // Reconcile runs once on taking over, before the API is served. It replays
@@ -37,12 +37,15 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("read journal: %w", err)
 	}
-	// One `runsc list` for all guests: a takeover must not pay a runsc
-	// call per sandbox before it serves.
-	states, err := n.d.Runtime.States(ctx)
+	// Take stock of the kernel once (runsc state dir, mountinfo) rather than
+	// per sandbox: a takeover must not pay a runsc process or a mountinfo
+	// parse per guest before it serves.
+	t0 := time.Now()
+	inv, err := n.inventory()
 	if err != nil {
-		return fmt.Errorf("list runsc containers: %w", err)
+		return err
 	}
+	tList := time.Since(t0)
 	var errs []error
 	live := map[string]bool{} // container ids of generations that stay
 	for _, s := range ss {
@@ -58,10 +61,12 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			_, err := n.teardown(ctx, s, s.ReleaseOp, api.StateReleased, "released")
 			errs = append(errs, err)
 		case api.StateReady, api.StateLost:
-			if missing := n.missing(ctx, s, states); len(missing) > 0 || s.State == api.StateLost {
+			if missing := n.missing(ctx, s, inv); len(missing) > 0 || s.State == api.StateLost {
 				log.Warn("generation lost: kernel objects gone", "missing", missing)
 				n.setState(s.ID, api.StateLost, fmt.Sprintf("lost: %v gone", missing))
-				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, api.StateLost, fmt.Sprintf("lost: %v gone", missing))
+				// Lost holds its capacity until the proof; a clean proof ends
+				// it as released (the reason keeps that it was lost).
+				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, api.StateReleased, fmt.Sprintf("lost: %v gone", missing))
 				errs = append(errs, err)
 				continue
 			}
@@ -78,7 +83,10 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			n.failPending(op.ID, api.Errorf(api.CodeUnavailable, "operation interrupted by failover of the primary"))
 		}
 	}
-	errs = append(errs, n.removeOrphans(ctx, live, states))
+	tCheck := time.Since(t0) - tList
+	errs = append(errs, n.removeOrphans(ctx, live, inv.containers))
+	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
+		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)
 }
 
@@ -110,19 +118,44 @@ func (n *Node) setState(id, state, reason string) {
 	}
 }
 
-// missing lists which of a ready generation's kernel objects are gone.
-func (n *Node) missing(ctx context.Context, s journal.Sandbox, states map[string]runtime.State) []string {
+// kernelInventory is what exists, read once per reconcile.
+type kernelInventory struct {
+	containers []string        // containers with runsc state under the runsc root
+	mounted    map[string]bool // mount points
+}
+
+func (n *Node) inventory() (kernelInventory, error) {
+	var inv kernelInventory
+	var err error
+	if inv.containers, err = n.d.Runtime.Known(); err != nil {
+		return inv, fmt.Errorf("list runsc containers: %w", err)
+	}
+	ms, err := mountinfo.ReadFile(mountinfo.SelfPath)
+	if err != nil {
+		return inv, fmt.Errorf("read mountinfo: %w", err)
+	}
+	inv.mounted = make(map[string]bool, len(ms))
+	for _, m := range ms {
+		inv.mounted[m.MountPoint] = true
+	}
+	return inv, nil
+}
+
+// missing lists which of a ready generation's kernel objects are gone. The
+// guest is alive while its lease cgroup is populated: runsc puts the
+// sandbox and gofer processes there, and they die together.
+func (n *Node) missing(ctx context.Context, s journal.Sandbox, inv kernelInventory) []string {
 	var out []string
-	if st, ok := states[s.ContainerID]; !ok || st.Status != "running" {
+	if !slices.Contains(inv.containers, s.ContainerID) {
 		out = append(out, "runsc container")
 	}
-	if gone, _ := n.d.Leases.CheckGone(ctx, s.LeaseID); gone {
-		out = append(out, "cgroup")
+	if alive, err := n.d.Leases.Populated(ctx, s.LeaseID); err != nil || !alive {
+		out = append(out, "guest processes")
 	}
-	if gone, _ := n.d.RootFS.CheckGone(ctx, s.ContainerID); gone {
+	if !inv.mounted[s.Root] {
 		out = append(out, "rootfs mount")
 	}
-	if gone, _ := n.d.Netns.CheckGone(ctx, s.ContainerID); gone {
+	if !inv.mounted[n.d.Netns.Path(s.ContainerID)] {
 		out = append(out, "netns")
 	}
 	return out
@@ -130,7 +163,7 @@ func (n *Node) missing(ctx context.Context, s journal.Sandbox, states map[string
 
 // removeOrphans removes ctld-named kernel objects no live generation owns,
 // and forgets effect records of objects that are gone.
-func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, states map[string]runtime.State) error {
+func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, containers []string) error {
 	var errs []error
 	sweep := func(kind string, list func(context.Context) ([]string, error), remove func(context.Context, string) error) {
 		names, err := list(ctx)
@@ -148,10 +181,8 @@ func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, states m
 			}
 		}
 	}
-	containers := func(context.Context) ([]string, error) {
-		return slices.Sorted(maps.Keys(states)), nil
-	}
-	sweep(journal.KindRunsc, containers, func(ctx context.Context, id string) error {
+	known := func(context.Context) ([]string, error) { return containers, nil }
+	sweep(journal.KindRunsc, known, func(ctx context.Context, id string) error {
 		_ = n.d.Runtime.Kill(ctx, id, syscall.SIGKILL, true)
 		return n.d.Runtime.Delete(ctx, id)
 	})

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -229,8 +230,8 @@ func TestRunscLifecycle(t *testing.T) {
 	if st.Status != "running" || st.Pid <= 0 || st.ID != id {
 		t.Fatalf("state = %+v, want running with a pid", st)
 	}
-	if all, err := r.States(ctx); err != nil || all[id] != st {
-		t.Fatalf("States = %+v, %v; want %s as State reports it: %+v", all, err, id, st)
+	if known, err := r.Known(); err != nil || !slices.Contains(known, id) {
+		t.Fatalf("Known = %v, %v; want it to contain %s", known, err, id)
 	}
 	// The sandbox joined the pre-created lease, and the lease kept its limits.
 	procs, err := os.ReadFile(filepath.Join(e.leaseDir, "cgroup.procs"))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -414,37 +415,6 @@ func (r *Runsc) Delete(ctx context.Context, id string) error {
 }
 
 // List returns the ids of the containers under Root, sorted.
-// States returns the state of every container under Root with one
-// `runsc list`, so a takeover checks all guests at once instead of running
-// `runsc state` for each. runsc checks each sandbox process is alive.
-func (r *Runsc) States(ctx context.Context) (map[string]State, error) {
-	if _, err := os.Stat(r.Root); errors.Is(err, os.ErrNotExist) {
-		return map[string]State{}, nil
-	}
-	out, err := r.run(ctx, "", "list", "-format=json")
-	if err != nil {
-		return nil, err
-	}
-	return ParseStates(out)
-}
-
-// ParseStates decodes `runsc list -format=json` (a JSON array, or null when
-// there are no containers).
-func ParseStates(b []byte) (map[string]State, error) {
-	var list []State
-	if err := json.Unmarshal(b, &list); err != nil {
-		return nil, fmt.Errorf("decode runsc list %q: %w", truncate(b, 256), err)
-	}
-	out := make(map[string]State, len(list))
-	for _, s := range list {
-		if s.ID == "" || s.Status == "" {
-			return nil, fmt.Errorf("decode runsc list %q: entry without id or status", truncate(b, 256))
-		}
-		out[s.ID] = s
-	}
-	return out, nil
-}
-
 func (r *Runsc) List(ctx context.Context) ([]string, error) {
 	if _, err := os.Stat(r.Root); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -487,6 +457,26 @@ func (r *Runsc) CheckGone(ctx context.Context, id string) (ok bool, detail strin
 		return false, strings.Join(left, "; ")
 	}
 	return true, fmt.Sprintf("not listed under %s, no state files, no sandbox/gofer processes", r.Root)
+}
+
+// Known lists the containers that have runsc state files under Root, by
+// reading the directory: no runsc process is started, so a takeover can
+// take stock of many guests at once. It says nothing about liveness.
+func (r *Runsc) Known() ([]string, error) {
+	ents, err := os.ReadDir(r.Root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read runsc root: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, e := range ents {
+		if id, _, ok := strings.Cut(e.Name(), "_sandbox:"); ok && ValidID(id) == nil {
+			seen[id] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
 }
 
 // stateFiles lists runsc's files for container id in root. runsc 20221219

@@ -232,23 +232,6 @@ func TestParseState(t *testing.T) {
 	}
 }
 
-func TestParseStates(t *testing.T) {
-	m, err := ParseStates([]byte(`[{"ociVersion":"1.0.2-dev","id":"c1","status":"running","pid":7,"bundle":"/b1"},{"id":"c2","status":"stopped","pid":0,"bundle":"/b2"}]`))
-	if err != nil || len(m) != 2 || m["c1"] != (State{ID: "c1", Status: "running", Pid: 7, Bundle: "/b1"}) || m["c2"].Status != "stopped" {
-		t.Errorf("states %+v err %v", m, err)
-	}
-	for _, empty := range []string{"null", "[]"} {
-		if m, err := ParseStates([]byte(empty)); err != nil || len(m) != 0 {
-			t.Errorf("%s: %+v, %v; want no containers", empty, m, err)
-		}
-	}
-	for _, bad := range []string{"", "{}", `[{"id":"c1"}]`, "W1129 warning\n["} {
-		if _, err := ParseStates([]byte(bad)); err == nil {
-			t.Errorf("accepted %q", bad)
-		}
-	}
-}
-
 func TestParseVersion(t *testing.T) {
 	v, err := ParseVersion("runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n")
 	if err != nil || v != "0.0~20221219.0" {

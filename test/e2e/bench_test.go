@@ -153,4 +153,5 @@ func BenchmarkFailover(b *testing.B) {
 	b.Logf("failover, no sandboxes (baseline): p50 %.0f ms, max %.0f ms (%d rounds)", pct(base, 50), pct(base, 100), rounds)
 	b.Logf("failover, %d live sandboxes:       p50 %.0f ms, max %.0f ms (%d rounds; goal <= 300 ms)", n, pct(live, 50), pct(live, 100), rounds)
 	b.Logf("ratio live / baseline at p50: %.2f", pct(live, 50)/pct(base, 50))
+	e.dumpLogs("reconciled")
 }

@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/node/proof"
 )
 
@@ -267,5 +270,42 @@ func TestMaxLifetimeReleases(t *testing.T) {
 	}
 	if err := proof.Verify(p, nil); err != nil || !p.Clean {
 		t.Fatalf("expiry proof: clean %v, %v", p.Clean, err)
+	}
+}
+
+// TestGuestGoneWhilePrimaryDownIsMarkedLost: the journal says a generation
+// is ready, the kernel says its guest is gone (killed while no primary was
+// up): the new primary marks it lost, cleans up with a proof, and returns
+// its capacity. The kernel is the truth for "exists".
+func TestGuestGoneWhilePrimaryDownIsMarkedLost(t *testing.T) {
+	e := newEnv(t)
+	e.start("a")
+	e.waitPrimary("a", 60*time.Second)
+	c := e.client()
+	cx := ctx(t, 3*time.Minute)
+	res, err := c.Claim(cx, "doomed", claimReq("claim-doomed", 1))
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	e.kill9("a")
+	kill := filepath.Join(ktest.CgroupRoot, e.parent, res.Sandbox.LeaseID, "cgroup.kill")
+	if err := os.WriteFile(kill, []byte("1"), 0o644); err != nil {
+		t.Fatalf("kill the guest: %v", err)
+	}
+	e.start("b")
+	e.waitPrimary("b", 60*time.Second)
+	sb, err := c.Get(cx, "doomed")
+	if err != nil || sb.State != api.StateReleased || !strings.Contains(sb.Reason, "lost: [guest processes] gone") {
+		t.Fatalf("after takeover: %+v, %v; want released with reason lost (guest processes gone)", sb, err)
+	}
+	p, err := c.Proof(cx, "lost-"+res.Sandbox.ContainerID)
+	if err != nil || !p.Clean {
+		t.Fatalf("proof of the lost generation: %+v, %v", p, err)
+	}
+	if err := proof.Verify(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := c.Node(cx); n.Capacity.Leased != (api.Capacity{}) {
+		t.Fatalf("capacity of the lost generation not returned: %+v", n.Capacity.Leased)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,19 +66,30 @@ func (e *env) releaseAll() {
 	if len(e.procs) == 0 {
 		return
 	}
-	cx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	cx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l, err := e.client().List(cx)
 	if err != nil {
 		return
 	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
 	for _, s := range l.Sandboxes {
-		if s.State == api.StateReady || s.State == api.StateLost {
+		if s.State != api.StateReady && s.State != api.StateLost {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			cx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
 			if _, err := e.client().Release(cx, s.ID, api.ReleaseRequest{OperationID: "cleanup-" + s.ContainerID, Generation: s.Generation}); err != nil {
 				e.t.Errorf("cleanup release of %s: %v", s.ID, err)
 			}
-		}
+		}()
 	}
+	wg.Wait()
 }
 
 func randHex(n int) string {
@@ -107,6 +120,19 @@ func (e *env) start(slot string, extraEnv ...string) {
 			e.t.Logf("ctld@%s log:\n%s", slot, b)
 		}
 	})
+}
+
+// dumpLogs prints the lines of every instance's log that contain substr.
+func (e *env) dumpLogs(substr string) {
+	logs, _ := filepath.Glob(filepath.Join(filepath.Dir(e.stateDir), "ctld-*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, substr) {
+				e.t.Logf("%s: %s", filepath.Base(l), line)
+			}
+		}
+	}
 }
 
 // kill9 kills an instance with SIGKILL and reaps it.

@@ -286,6 +286,24 @@ func (m *Manager) removeTree(ctx context.Context, r *rootFS, rel string) error {
 }
 
 // isPopulated reads cgroup.events; populated counts the whole subtree.
+// Populated reports whether lease id exists and has processes in it
+// (cgroup.events "populated 1"): a live guest's sandbox and gofer run there.
+func (m *Manager) Populated(ctx context.Context, id string) (bool, error) {
+	if err := ValidateID(id); err != nil {
+		return false, err
+	}
+	r, err := m.open()
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	ok, err := isPopulated(r, m.rel(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return ok, err
+}
+
 func isPopulated(r *rootFS, rel string) (bool, error) {
 	s, err := r.read(path.Join(rel, "cgroup.events"))
 	if err != nil {
