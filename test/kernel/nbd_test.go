@@ -59,12 +59,25 @@ func TestNBDWriteReadDisconnect(t *testing.T) {
 	name := nbdFreeDevice(t)
 	dev := nbdConnect(t, name, srv, 0)
 
-	sizeB, err := os.ReadFile(filepath.Join(nbdSysBlock, name, "size"))
-	if err != nil {
-		t.Fatalf("read size: %v", err)
+	// go-nbd reports "connected" at the first non-zero size; the kernel may
+	// publish the final capacity a moment later, so allow it to settle.
+	var size string
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		sizeB, err := os.ReadFile(filepath.Join(nbdSysBlock, name, "size"))
+		if err != nil {
+			t.Fatalf("read size: %v", err)
+		}
+		if size = strings.TrimSpace(string(sizeB)); size == "8192" || time.Now().After(deadline) {
+			break
+		}
 	}
-	if got, want := strings.TrimSpace(string(sizeB)), "8192"; got != want {
-		t.Fatalf("%s size = %s sectors, want %s (%d bytes)", name, got, want, nbdExportSize)
+	if size != "8192" {
+		select {
+		case err := <-srv.done:
+			t.Fatalf("%s size = %s sectors, want 8192 (%d bytes); the server ended: %v", name, size, nbdExportSize, err)
+		default:
+			t.Fatalf("%s size = %s sectors, want 8192 (%d bytes); the server still runs", name, size, nbdExportSize)
+		}
 	}
 
 	const off, n = 1 << 20, 64 << 10
