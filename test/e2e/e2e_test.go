@@ -22,6 +22,7 @@ func TestClaimExecFilesRelease(t *testing.T) {
 	n0 := e.waitPrimary("a", 60*time.Second)
 	c := e.client()
 	cx := ctx(t, 3*time.Minute)
+	fdsBefore := e.fds("a")
 
 	res, err := c.Claim(cx, "sb1", claimReq("claim-sb1-1", 1))
 	if err != nil {
@@ -112,6 +113,17 @@ func TestClaimExecFilesRelease(t *testing.T) {
 	rel2, err := c.Release(cx, "sb1", api.ReleaseRequest{OperationID: "release-sb1-1", Generation: 1})
 	if err != nil || string(rel2.Proof.Signature) != string(rel.Proof.Signature) {
 		t.Fatalf("repeated release: %v", err)
+	}
+	// ctld itself leaks nothing per sandbox: its open fds are back to the
+	// count before the claim (allowing a moment for closed connections).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		fds := e.fds("a")
+		if len(fds) <= len(fdsBefore) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ctld fds: %d before the claim, %d after the release:\nbefore %v\nafter  %v", len(fdsBefore), len(fds), fdsBefore, fds)
+		}
 	}
 	// A new generation of the same identity.
 	if _, err := c.Claim(cx, "sb1", claimReq("claim-sb1-3", 2)); err != nil {

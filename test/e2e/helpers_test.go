@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,6 +134,22 @@ func (e *env) dumpLogs(substr string) {
 			}
 		}
 	}
+}
+
+// fds lists the targets of an instance's open file descriptors.
+func (e *env) fds(slot string) []string {
+	e.t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", e.procs[slot].Process.Pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		e.t.Fatalf("list fds of ctld@%s: %v", slot, err)
+	}
+	var out []string
+	for _, ent := range ents {
+		target, _ := os.Readlink(filepath.Join(dir, ent.Name()))
+		out = append(out, ent.Name()+"->"+target)
+	}
+	return out
 }
 
 // kill9 kills an instance with SIGKILL and reaps it.
