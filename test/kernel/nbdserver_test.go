@@ -97,6 +97,12 @@ type nbdDevice struct {
 }
 
 // nbdFreeDevice returns the first nbd device without a connection.
+// nbdUsed holds the devices this test binary already connected. The kernel
+// releases a disconnected device's configuration asynchronously ("shutting
+// down sockets"); connecting it again before that answers EBUSY, so each
+// test takes a device no earlier test used.
+var nbdUsed sync.Map
+
 func nbdFreeDevice(t *testing.T) string {
 	t.Helper()
 	ents, err := os.ReadDir(nbdSysBlock)
@@ -112,7 +118,11 @@ func nbdFreeDevice(t *testing.T) string {
 	// Numeric order, so nbd0 is preferred over nbd10.
 	nbdSortByIndex(names)
 	for _, n := range names {
+		if _, used := nbdUsed.Load(n); used {
+			continue
+		}
 		if _, err := os.Stat(filepath.Join(nbdSysBlock, n, "pid")); os.IsNotExist(err) {
+			nbdUsed.Store(n, true)
 			return n
 		}
 	}
