@@ -46,7 +46,7 @@ demo:
 		CTLD_BIN_DIR=$$PWD/bin test/demo.sh; \
 	else \
 		echo "demo: this host is not a sandbox host (see bin/ctld doctor): running in the test VM"; \
-		$(VMRUN) -timeout 10m -cmd test/demo.sh; \
+		$(VMRUN) -timeout 20m -job-timeout 15m -cmd test/demo.sh; \
 	fi
 
 bench:

@@ -18,15 +18,28 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_primary() { # slot
-	for _ in $(seq 1 600); do
-		if ctld status --json 2>/dev/null | grep -q "\"slot\":\"$1\",\"role\":\"primary\",\"epoch\":[0-9]*,\"health\":\"ok\""; then
-			ctl-manager node status >/dev/null 2>&1 && return 0
+# wait_for SECONDS WHAT CMD...: polls CMD until it succeeds; gives up after
+# SECONDS, saying what it waited for, with ctld's logs.
+wait_for() {
+	local limit=$1 what=$2 start=$SECONDS
+	shift 2
+	until "$@" >/dev/null 2>&1; do
+		if (( SECONDS - start >= limit )); then
+			echo "demo: gave up after ${limit}s waiting for $what; ctld logs:"
+			tail -n 50 "$LOGS"/*.log
+			return 1
 		fi
-		sleep 0.05
+		sleep 0.1
 	done
-	echo "ctld@$1 did not become primary; logs:"; cat "$LOGS"/*.log; return 1
 }
+is_role() { # slot role
+	ctld status --json | grep -q "\"slot\":\"$1\",\"role\":\"$2\",\"epoch\":[0-9]*,\"health\":\"ok\""
+}
+serving() { # slot
+	is_role "$1" primary && ctl-manager --timeout 10s node status
+}
+wait_primary() { wait_for 120 "ctld@$1 to become primary and serve the API" serving "$1"; }
+wait_standby() { wait_for 60 "ctld@$1 to run as standby" is_role "$1" standby; }
 
 step "ctld doctor: is this a sandbox host?"
 ctld doctor
@@ -35,7 +48,7 @@ step "start ctld@a, then ctld@b (one primary by flock, the other standby)"
 ctld run --slot a >"$LOGS/a.log" 2>&1 & A=$!; pids+=("$A")
 wait_primary a
 ctld run --slot b >"$LOGS/b.log" 2>&1 & B=$!; pids+=("$B")
-sleep 0.5
+wait_standby b
 ctld status
 
 step "node status (identity, epoch, capacity)"
@@ -65,7 +78,7 @@ ctl-manager sandbox exec demo -- /bin/cat /root/hello.txt
 
 step "restart ctld@a: it joins as standby (no failback)"
 ctld run --slot a >"$LOGS/a2.log" 2>&1 & pids+=("$!")
-sleep 0.5
+wait_standby a
 ctld status
 
 step "destroy the sandbox: cleanup proof, signed by the node key, verified"

@@ -172,6 +172,10 @@ func (c *cli) action(what func(args []string) string, fn func(ctx context.Contex
 			defer cancel()
 		}
 		err := fn(ctx, args)
+		if err != nil && c.timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Say what was waited for, not only that a deadline passed.
+			err = fmt.Errorf("gave up after %s (--timeout) waiting for ctld to answer on %s: %w", c.timeout, c.socket, err)
+		}
 		var ue usageError
 		var ec exitCode
 		if err == nil || errors.As(err, &ue) || errors.As(err, &ec) {

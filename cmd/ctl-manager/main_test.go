@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/manager"
@@ -229,5 +231,42 @@ func TestCLIDBFromEnv(t *testing.T) {
 	}
 	if _, err := os.Stat(db); err != nil {
 		t.Fatalf("database from CTL_MANAGER_DB not created: %v", err)
+	}
+}
+
+// A node that accepts but never answers: ctl-manager gives up at --timeout
+// and says what it waited for.
+func TestCLITimeoutSaysWhatItWaitedFor(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "mute.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	var out, errb bytes.Buffer
+	args := []string{"--socket", sock, "--db", filepath.Join(t.TempDir(), "m.db"), "--timeout", "300ms", "node", "status"}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), args, strings.NewReader(""), &out, &errb, func(string) string { return "" })
+	}()
+	select {
+	case code := <-done:
+		if code == 0 {
+			t.Fatalf("exit 0 from a mute node; stdout %q", out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("ctl-manager did not give up at --timeout 300ms")
+	}
+	if want := "gave up after 300ms (--timeout) waiting for ctld to answer on " + sock; !strings.Contains(errb.String(), want) {
+		t.Fatalf("stderr %q does not say %q", errb.String(), want)
 	}
 }

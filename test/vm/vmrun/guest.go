@@ -77,8 +77,16 @@ mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /dev/pts /dev/shm /run/netns /var/lib/ctld /var/tmp
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-# ctld's state and scratch must sit on a filesystem that can be an overlay upper.
-mount -t tmpfs tmpfs /var/lib/ctld
+# ctld's state dir is a real disk (XFS with project quotas, as on a host):
+# fsync, disk leases and overlay uppers behave as they do in production.
+modprobe virtio_blk
+modprobe xfs
+if [ -b /dev/vda ] && mkfs.xfs -q -f /dev/vda && mount -o prjquota /dev/vda /var/lib/ctld; then
+	:
+else
+	echo "vm: cannot make the state disk (/dev/vda, XFS, prjquota) for /var/lib/ctld"
+	echo CTLD-INIT-FAILED
+fi
 mount -t tmpfs -o mode=1777 tmpfs /var/tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup || echo "vm: cannot mount cgroup2"
 for c in cpu memory pids cpuset io; do

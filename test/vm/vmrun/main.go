@@ -291,6 +291,7 @@ func probeAccel(ctx context.Context, c config, kver, initrd string) string {
 type bootResult struct {
 	bootTime time.Duration
 	kernel   []string // console lines that show kernel trouble
+	lockup   string   // the first soft-lockup or RCU-stall line, if any
 	exitErr  error
 	timedOut bool
 }
@@ -298,23 +299,32 @@ type bootResult struct {
 // troubleRE picks the guest kernel's own failures out of the console. Call
 // traces are not themselves failures (a test's intended cgroup OOM kill
 // prints one); with loglevel=5 they are shown after the line that matched.
-var troubleRE = regexp.MustCompile(`(Oops|BUG:|Kernel panic|general protection fault|blocked for more than|hung_task|WARNING: CPU|INFO: task|Out of memory: Killed|CTLD-INIT-FAILED)`)
+var troubleRE = regexp.MustCompile(`(Oops|BUG:|Kernel panic|general protection fault|blocked for more than|WARNING: CPU|INFO: task|Out of memory: Killed|CTLD-INIT-FAILED)`)
 
 func boot(ctx context.Context, c config, kver, initrd, share, accel string) (bootResult, error) {
+	work := filepath.Dir(share)
+	// ctld's state dir in the guest is a real disk (a sparse file here), not
+	// tmpfs: fsync costs what it costs on a host, and XFS project quotas work.
+	disk := filepath.Join(work, "state.img")
+	if err := makeSparse(disk, stateDiskBytes); err != nil {
+		return bootResult{}, err
+	}
+	mon := monitor{path: filepath.Join(work, "qemu-monitor.sock")}
 	args := []string{
 		"-accel", accel, "-m", strconv.Itoa(c.memMB), "-smp", strconv.Itoa(c.smp),
-		"-nographic", "-monitor", "none", "-no-reboot", "-net", "none",
+		"-nographic", "-monitor", "unix:" + mon.path + ",server=on,wait=off", "-no-reboot", "-net", "none",
 		"-kernel", filepath.Join(c.kernelDir, "boot", "vmlinuz-"+kver), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=5 hung_task_timeout_secs=60",
+		"-append", "console=ttyS0 panic=-1 loglevel=5 hung_task_timeout_secs=60 softlockup_all_cpu_backtrace=1 sysrq_always_enabled=1",
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + share + ",mount_tag=ctldvm,security_model=none,multidevs=remap",
+		"-drive", "file=" + disk + ",format=raw,if=virtio",
 	}
 	if accel == "kvm" {
 		args = append(args, "-cpu", "host")
 	} else {
 		args = append(args, "-cpu", "max")
 	}
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	cmd := exec.Command("qemu-system-x86_64", args...)
 	cmd.Stdin = nil
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -323,6 +333,7 @@ func boot(ctx context.Context, c config, kver, initrd, share, accel string) (boo
 	if err := cmd.Start(); err != nil {
 		return res, fmt.Errorf("start qemu: %w", err)
 	}
+	lockup := make(chan string, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -339,15 +350,53 @@ func boot(ctx context.Context, c config, kver, initrd, share, accel string) (boo
 			if troubleRE.MatchString(line) {
 				res.kernel = append(res.kernel, line)
 			}
+			if lockupRE.MatchString(line) {
+				select {
+				case lockup <- line:
+				default:
+				}
+			}
 		}
 		io.Copy(io.Discard, pr)
 	}()
-	res.exitErr = cmd.Wait()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stop := func(why string) {
+		dumpGuest(mon, why, 2*time.Second)
+		// Let the console drain the guest's backtraces, then stop it.
+		time.Sleep(3 * time.Second)
+		_ = cmd.Process.Kill()
+		<-done
+	}
+	select {
+	case res.exitErr = <-done:
+	case line := <-lockup:
+		res.lockup = line
+		stop(fmt.Sprintf("the guest kernel reports a lockup %.0fs after boot (%s)", time.Since(start).Seconds(), strings.TrimSpace(line)))
+	case <-ctx.Done():
+		res.timedOut = true
+		stop("the run reached its time limit")
+	}
 	pw.Close()
 	wg.Wait()
-	res.timedOut = ctx.Err() != nil
 	fmt.Printf("vmrun: guest ran %.1fs\n", time.Since(start).Seconds())
 	return res, nil
+}
+
+// stateDiskBytes is the size of the guest's state disk; the file is sparse,
+// so only what the guest writes takes space on the host.
+const stateDiskBytes = 16 << 30
+
+func makeSparse(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create state disk: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("size state disk %s: %w", path, err)
+	}
+	return nil
 }
 
 type pkgCount struct{ pass, fail, skip int }
@@ -376,12 +425,16 @@ func countResults(log string) pkgCount {
 
 func report(jobs []Job, share string, res bootResult) error {
 	var problems []string
-	if res.timedOut {
-		problems = append(problems, "the guest hung: killed at the run's time limit")
-	} else if res.exitErr != nil {
+	switch {
+	case res.lockup != "":
+		problems = append(problems, "the guest kernel locked up and was stopped at once (its CPUs' stacks are above): "+
+			"a hang of the emulator or the guest kernel, not a test result: "+strings.TrimSpace(res.lockup))
+	case res.timedOut:
+		problems = append(problems, "the guest hung: killed at the run's time limit (its CPUs' stacks are above)")
+	case res.exitErr != nil:
 		problems = append(problems, fmt.Sprintf("qemu failed: %v", res.exitErr))
 	}
-	if _, err := os.Stat(filepath.Join(share, "done")); err != nil && !res.timedOut {
+	if _, err := os.Stat(filepath.Join(share, "done")); err != nil && !res.timedOut && res.lockup == "" {
 		problems = append(problems, "the guest died before finishing its jobs")
 	}
 	if b, err := os.ReadFile(filepath.Join(share, "dmesg.txt")); err == nil && len(strings.TrimSpace(string(b))) > 0 {

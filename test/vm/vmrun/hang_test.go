@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bufio"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLockupRE(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want bool
+	}{
+		{"[  521.123456] watchdog: BUG: soft lockup - CPU#1 stuck for 495s! [ctld:192]", true},
+		{"[   60.052025] NMI watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [bash:228]", true},
+		{"[   24.713693] rcu: INFO: rcu_sched detected stalls on CPUs/tasks:", true},
+		{"[   24.713693] rcu: INFO: rcu_preempt self-detected stall on CPU", true},
+		{"[   30.0] rcu_preempt self-detected stall on CPU", true},
+		// A test's intended OOM kill or a slow hrtimer is not a lockup.
+		{"[   94.933168] hrtimer: interrupt took 18977910 ns", false},
+		{"[  100.0] Memory cgroup out of memory: Killed process 812 (sh)", false},
+		{"--- PASS: TestSoftLockupWording (0.00s)", false},
+	} {
+		if got := lockupRE.MatchString(tc.line); got != tc.want {
+			t.Errorf("lockupRE(%q) = %v, want %v", tc.line, got, tc.want)
+		}
+	}
+}
+
+// fakeMonitor answers like qemu's human monitor: a banner, a prompt, and
+// for each command its echo, an answer and the next prompt.
+func fakeMonitor(t *testing.T, answers map[string]string) (monitor, *[]string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "mon.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var got []string
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("QEMU 7.2.0 monitor - type 'help' for more information\r\n(qemu) "))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil {
+				cmd := strings.TrimSpace(line)
+				got = append(got, cmd)
+				c.Write([]byte(cmd + "\r\n\x1b[K" + answers[cmd] + "\r\n(qemu) "))
+			}
+			c.Close()
+		}
+	}()
+	return monitor{path: path}, &got
+}
+
+func TestMonitorCmd(t *testing.T) {
+	m, got := fakeMonitor(t, map[string]string{"info cpus": "* CPU #0: thread_id=12\r\n  CPU #1: thread_id=13"})
+	out, err := m.cmd("info cpus", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "* CPU #0: thread_id=12\n  CPU #1: thread_id=13"; cleanMonitor(out) != want {
+		t.Fatalf("answer %q, want %q", cleanMonitor(out), want)
+	}
+	if len(*got) != 1 || (*got)[0] != "info cpus" {
+		t.Fatalf("monitor saw %q", *got)
+	}
+}
+
+func TestDumpGuestAsksForEveryCPUAndTask(t *testing.T) {
+	m, got := fakeMonitor(t, nil)
+	dumpGuest(m, "test", 0)
+	want := []string{"info cpus", "info registers -a", "sendkey alt-sysrq-9", "sendkey alt-sysrq-l", "sendkey alt-sysrq-w", "sendkey alt-sysrq-t"}
+	if strings.Join(*got, "|") != strings.Join(want, "|") {
+		t.Fatalf("monitor commands %q, want %q", *got, want)
+	}
+}
