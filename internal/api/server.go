@@ -460,6 +460,9 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := ValidateGeneration(id, req.Generation); err != nil {
+		return err
+	}
 	resp, err := s.Service.Claim(r.Context(), id, req)
 	return answer(w, resp, err)
 }

@@ -63,6 +63,11 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.OperationID = "../op" }), 400, CodeInvalidArgument, "invalid operation_id"},
 		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 0 }), 400, CodeInvalidArgument, "generation must be >= 1"},
 		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Mode = "block" }), 400, CodeInvalidArgument, "not supported yet"},
+		// Claims the API once passed and only the lease refused, after the
+		// claim was journaled: the API now holds the lease's own rules.
+		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, CodeInvalidArgument, "resources.cpu_millis must be between 10"},
+		{"cpuset beyond the lease's CPUs", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.Cpuset = "9000" }), 400, CodeInvalidArgument, "invalid resources.cpuset"},
+		{"generation name too long", "POST", "/v1/sandboxes/" + strings.Repeat("a", 60) + "/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 10 }), 400, CodeInvalidArgument, "more than 63"},
 		{"release no op", "POST", "/v1/sandboxes/sb-1/release", jsonCT, []byte(`{"generation":1}`), 400, CodeInvalidArgument, "operation_id is empty"},
 		{"release bad id", "POST", "/v1/sandboxes/a%2F..%2Fb/release", jsonCT, []byte(`{"operation_id":"op-1","generation":1}`), 400, CodeInvalidArgument, "invalid sandbox id"},
 		{"exec no args", "POST", "/v1/sandboxes/sb-1/exec", nil, []byte(`{"args":[]}`), 400, CodeInvalidArgument, "exec.args is empty"},

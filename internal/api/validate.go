@@ -5,14 +5,15 @@ import (
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node/lease"
 )
 
 // IDs of sandboxes, leases and templates become cgroup names, directory
 // names, netns names and parts of nft object names, so they are held to the
-// DNS label rule: nothing that could traverse a path or be read two ways.
-var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
-const idRule = "must be 1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+// one rule of package names (a DNS label).
+const idRule = names.Rule
 
 // Operation IDs are chosen by the manager and are only journal keys, so
 // they may be longer and use a few more characters (UUIDs, ULIDs,
@@ -21,14 +22,17 @@ var opIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 
 const opIDRule = "must be 1-128 characters of A-Z, a-z, 0-9 and '_.:-', starting with a letter or digit, without \"..\""
 
-// Limits of a request. They are far above what a sane caller sends and
-// far below what would hurt the node.
+// Limits of a request. The resource limits are the lease's own (package
+// lease), so a claim the API accepts is a lease the node can make; the
+// others are far above what a sane caller sends and far below what would
+// hurt the node.
 const (
-	MaxCPUMillis      = 1024 * 1000 // 1024 CPUs
-	MinMemoryBytes    = 1 << 20     // below this not even runsc's own processes fit
-	MaxMemoryBytes    = 16 << 40    // 16 TiB
-	MaxPIDs           = 1 << 22     // the kernel's pid_max ceiling
-	MaxCpusetLen      = 256
+	MinCPUMillis      = lease.MinCPUMillis
+	MaxCPUMillis      = lease.MaxCPUMillis
+	MinMemoryBytes    = lease.MinMemoryBytes
+	MaxMemoryBytes    = lease.MaxMemoryBytes
+	MaxPIDs           = lease.MaxPIDs
+	MaxCpusetLen      = lease.MaxCpusetLen
 	MaxArgs           = 4096
 	MaxEnv            = 4096
 	MaxArgvEnvBytes   = 256 << 10 // all args and env together, near ARG_MAX/8
@@ -77,7 +81,7 @@ func ValidateID(kind, s string) error {
 	if s == "" {
 		return invalid("%s is empty: %s", kind, idRule)
 	}
-	if !idPattern.MatchString(s) {
+	if !names.Valid(s) {
 		return invalid("invalid %s %s: %s", kind, quote(s), idRule)
 	}
 	return nil
@@ -157,8 +161,8 @@ func (r ClaimRequest) Validate() error {
 }
 
 func (r Resources) validate() error {
-	if r.CPUMillis < 1 || r.CPUMillis > MaxCPUMillis {
-		return invalid("resources.cpu_millis must be between 1 and %d, got %d", MaxCPUMillis, r.CPUMillis)
+	if r.CPUMillis < MinCPUMillis || r.CPUMillis > MaxCPUMillis {
+		return invalid("resources.cpu_millis must be between %d and %d, got %d", MinCPUMillis, MaxCPUMillis, r.CPUMillis)
 	}
 	if r.MemoryBytes < MinMemoryBytes || r.MemoryBytes > MaxMemoryBytes {
 		return invalid("resources.memory_bytes must be between %d and %d, got %d", int64(MinMemoryBytes), int64(MaxMemoryBytes), r.MemoryBytes)
@@ -174,42 +178,22 @@ func (r Resources) validate() error {
 	return nil
 }
 
-// validateCpuset checks the cpuset.cpus list form: "0-3,8,10-11".
+// validateCpuset checks the cpuset.cpus list form ("0-3,8,10-11") with
+// the lease's own parser.
 func validateCpuset(s string) error {
-	bad := func(why string) error {
-		return invalid("invalid resources.cpuset %s: %s (want a list like \"0-3,8\")", quote(s), why)
-	}
-	if len(s) > MaxCpusetLen {
-		return bad(fmt.Sprintf("longer than %d bytes", MaxCpusetLen))
-	}
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, okA := cpuNumber(lo)
-		if !okA {
-			return bad(fmt.Sprintf("%q is not a CPU number or range", part))
-		}
-		if isRange {
-			b, okB := cpuNumber(hi)
-			if !okB || b < a {
-				return bad(fmt.Sprintf("%q is not a CPU range", part))
-			}
-		}
+	if err := lease.ValidateCpuset(s); err != nil {
+		return invalid("invalid resources.cpuset %s: %v (want a list like \"0-3,8\")", quote(s), err)
 	}
 	return nil
 }
 
-func cpuNumber(s string) (int, bool) {
-	if s == "" || len(s) > 5 {
-		return 0, false
+// ValidateGeneration checks that generation gen of sandbox id has a valid
+// kernel object name ("<id>-g<gen>" within the length limit).
+func ValidateGeneration(id string, gen uint64) error {
+	if why := names.CheckGeneration(id, gen); why != "" {
+		return invalid("sandbox %s generation %d: %s", quote(id), gen, why)
 	}
-	n := 0
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int(c-'0')
-	}
-	return n, true
+	return nil
 }
 
 // validateCommand checks args, env and cwd of a process. Args become argv

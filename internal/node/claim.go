@@ -19,9 +19,6 @@ import (
 	"github.com/ctld/ctld/internal/runtime"
 )
 
-// maxObjectName bounds kernel object names (cgroup, netns, container id).
-const maxObjectName = 63
-
 func requestHash(kind, id string, v any) string {
 	b, _ := json.Marshal(v) // plain request structs always marshal
 	h := sha256.Sum256(append([]byte(kind+"\x00"+id+"\x00"), b...))
@@ -108,8 +105,13 @@ func opOutcome[T any](op journal.Operation) (T, error) {
 // readiness proof arrived.
 func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
 	cid := containerID(id, req.Generation)
-	if len(cid) > maxObjectName {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "sandbox id %q is too long: id plus \"-g<generation>\" must fit %d characters", id, maxObjectName)
+	// Everything that can be refused is refused here, before the journal:
+	// a bad request must never become a record and a rollback.
+	if err := api.ValidateGeneration(id, req.Generation); err != nil {
+		return api.ClaimResponse{}, err
+	}
+	if err := leaseSpec(cid, req.Resources).Validate(); err != nil {
+		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "lease: %v", err)
 	}
 	if req.RootFS.Mode != "overlay" {
 		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "rootfs mode %q is not supported yet: use overlay", req.RootFS.Mode)
@@ -221,6 +223,10 @@ func (n *Node) effect(kind, name string, rec journal.Sandbox, make func() error)
 	return nil
 }
 
+func leaseSpec(cid string, r api.Resources) lease.Spec {
+	return lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset}
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
@@ -230,10 +236,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	start := time.Now()
 	step := time.Now()
 
-	spec := lease.Spec{ID: cid, CPUMillis: req.Resources.CPUMillis, MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs, Cpuset: req.Resources.Cpuset}
-	if err := spec.Validate(); err != nil {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "lease: %v", err)
-	}
+	spec := leaseSpec(cid, req.Resources) // validated by Claim before the journal
 	if err := n.effect(journal.KindCgroup, cid, rec, func() error { return n.d.Leases.Create(ctx, spec) }); err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("create lease: %w", err)
 	}

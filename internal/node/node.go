@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/lease"
@@ -89,7 +90,7 @@ func (n *Node) crash(point string) {
 }
 
 // names of a generation's kernel objects, all derived from validated ids.
-func containerID(id string, gen uint64) string { return fmt.Sprintf("%s-g%d", id, gen) }
+func containerID(id string, gen uint64) string { return names.Generation(id, gen) }
 
 func (n *Node) bundleDir(cid string) string { return filepath.Join(n.cfg.RunDir, "bundles", cid) }
 

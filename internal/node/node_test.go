@@ -1,7 +1,10 @@
 package node
 
 import (
+	"context"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,5 +121,56 @@ func TestArmExpiryOnlyWithLifetimeAndCloseStopsTimers(t *testing.T) {
 	n.armExpiry(withLife)
 	if len(n.timers) != 0 {
 		t.Fatal("a closed node armed a timer")
+	}
+}
+
+// TestBadClaimNeverReachesJournal: a claim the lease would refuse is
+// refused before the journal, so it leaves no operation, no sandbox record
+// and no rollback (it was once journaled, then failed in runClaim).
+func TestBadClaimNeverReachesJournal(t *testing.T) {
+	n := testNode(t)
+	n.cfg.TemplatesDir = t.TempDir()
+	n.d.Total = api.Capacity{CPUMillis: 1 << 40, MemoryBytes: 1 << 62, PIDs: 1 << 40}
+	if err := os.Mkdir(filepath.Join(n.cfg.TemplatesDir, "busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good := api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 64}
+	for name, c := range map[string]struct {
+		id  string
+		gen uint64
+		res func(*api.Resources)
+	}{
+		"cpu below the kernel's quota minimum": {"sb", 1, func(r *api.Resources) { r.CPUMillis = 5 }},
+		"cpuset beyond NR_CPUS":                {"sb", 1, func(r *api.Resources) { r.Cpuset = "9000" }},
+		"memory beyond the limit":              {"sb", 1, func(r *api.Resources) { r.MemoryBytes = 1 << 60 }},
+		"generation name too long":             {strings.Repeat("a", 60), 10, func(*api.Resources) {}},
+	} {
+		res := good
+		c.res(&res)
+		req := api.ClaimRequest{
+			OperationID: "op-" + strings.ReplaceAll(name, " ", "-"), Generation: c.gen,
+			RootFS: api.RootFS{Mode: "overlay", Template: "busybox"}, Resources: res,
+		}
+		if _, err := n.Claim(context.Background(), c.id, req); api.CodeOf(err) != api.CodeInvalidArgument {
+			t.Errorf("%s: claim = %v, want invalid_argument", name, err)
+		}
+		var ops []journal.Operation
+		var sbs []journal.Sandbox
+		var effs []journal.Effect
+		if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+			if ops, err = tx.Operations(); err != nil {
+				return err
+			}
+			if effs, err = tx.Effects(); err != nil {
+				return err
+			}
+			sbs, err = tx.Sandboxes()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(ops)+len(sbs)+len(effs) != 0 {
+			t.Fatalf("%s: a refused claim reached the journal: operations %+v sandboxes %+v effects %+v", name, ops, sbs, effs)
+		}
 	}
 }

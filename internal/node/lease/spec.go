@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ctld/ctld/internal/names"
 )
 
 // ErrInvalid marks a Spec or id that fails validation (wire code
@@ -26,6 +28,10 @@ const (
 	// MinMemoryBytes is the smallest memory.max worth leasing; anything
 	// smaller cannot even start a process.
 	MinMemoryBytes = 1 << 20
+	// MaxMemoryBytes is far above any host and far from overflow (16 TiB).
+	MaxMemoryBytes = 16 << 40
+	// MaxCpusetLen bounds a cpuset list before it is parsed.
+	MaxCpusetLen = 256
 	// MaxPIDs is the kernel's PID_MAX_LIMIT; pids.max refuses more.
 	MaxPIDs = 4 << 20
 	// maxCPU bounds cpuset CPU numbers (the kernel's NR_CPUS ceiling).
@@ -33,8 +39,6 @@ const (
 	// cpuPeriod is the cpu.max period in microseconds.
 	cpuPeriod = 100000
 )
-
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // Spec describes one lease as plain data.
 type Spec struct {
@@ -45,10 +49,11 @@ type Spec struct {
 	Cpuset      string // optional cpuset.cpus list, e.g. "0-1,3"
 }
 
-// ValidateID checks that id can safely become a cgroup directory name.
+// ValidateID checks that id can safely become a cgroup directory name:
+// the one ID rule of package names.
 func ValidateID(id string) error {
-	if !idPattern.MatchString(id) {
-		return fmt.Errorf("%w: id %q must match %s", ErrInvalid, id, idPattern)
+	if !names.Valid(id) {
+		return fmt.Errorf("%w: id %q %s", ErrInvalid, id, names.Rule)
 	}
 	return nil
 }
@@ -62,14 +67,14 @@ func (s Spec) Validate() error {
 	if s.CPUMillis < MinCPUMillis || s.CPUMillis > MaxCPUMillis {
 		errs = append(errs, fmt.Errorf("%w: cpu_millis %d not in [%d, %d]", ErrInvalid, s.CPUMillis, MinCPUMillis, MaxCPUMillis))
 	}
-	if s.MemoryBytes < MinMemoryBytes {
-		errs = append(errs, fmt.Errorf("%w: memory_bytes %d below %d", ErrInvalid, s.MemoryBytes, MinMemoryBytes))
+	if s.MemoryBytes < MinMemoryBytes || s.MemoryBytes > MaxMemoryBytes {
+		errs = append(errs, fmt.Errorf("%w: memory_bytes %d not in [%d, %d]", ErrInvalid, s.MemoryBytes, int64(MinMemoryBytes), int64(MaxMemoryBytes)))
 	}
 	if s.PIDs < 1 || s.PIDs > MaxPIDs {
 		errs = append(errs, fmt.Errorf("%w: pids %d not in [1, %d]", ErrInvalid, s.PIDs, MaxPIDs))
 	}
 	if s.Cpuset != "" {
-		if _, err := parseCPUList(s.Cpuset); err != nil {
+		if err := ValidateCpuset(s.Cpuset); err != nil {
 			errs = append(errs, fmt.Errorf("%w: cpuset: %w", ErrInvalid, err))
 		}
 	}
@@ -134,18 +139,30 @@ func sameValue(name, want, got string, pageSize int64) bool {
 		}
 		return g == w-w%pageSize
 	case "cpuset.cpus", "cpuset.mems":
-		w, err1 := parseCPUList(want)
-		g, err2 := parseCPUList(got)
+		w, err1 := ParseCPUList(want)
+		g, err2 := ParseCPUList(got)
 		return err1 == nil && err2 == nil && slices.Equal(w, g)
 	}
 	return want == got
 }
 
-// parseCPUList parses a kernel CPU list ("0-2,5") into sorted unique CPUs.
-func parseCPUList(s string) ([]int, error) {
+// ValidateCpuset checks a requested cpuset.cpus list ("0-3,8"): bounded in
+// length, then parsed by the one CPU list parser. The API validates a
+// claim's cpuset with it, so the API and the lease agree.
+func ValidateCpuset(s string) error {
+	if len(s) > MaxCpusetLen {
+		return fmt.Errorf("longer than %d bytes", MaxCpusetLen)
+	}
+	_, err := ParseCPUList(s)
+	return err
+}
+
+// ParseCPUList parses a kernel CPU list ("0-2,5") into sorted unique CPUs.
+func ParseCPUList(s string) ([]int, error) {
 	if s == "" {
 		return nil, errors.New("empty cpu list")
 	}
+
 	var cpus []int
 	for part := range strings.SplitSeq(s, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")

@@ -46,6 +46,9 @@ func TestSpecValidate(t *testing.T) {
 		{"zero memory", func(s *Spec) { s.MemoryBytes = 0 }, false},
 		{"negative memory", func(s *Spec) { s.MemoryBytes = -1 }, false},
 		{"tiny memory", func(s *Spec) { s.MemoryBytes = 4096 }, false},
+		{"memory above the limit", func(s *Spec) { s.MemoryBytes = MaxMemoryBytes + 1 }, false},
+		{"trailing dash", func(s *Spec) { s.ID = "sb-" }, false},
+		{"cpuset too long", func(s *Spec) { s.Cpuset = strings.Repeat("1,", MaxCpusetLen) + "1" }, false},
 		{"zero pids", func(s *Spec) { s.PIDs = 0 }, false},
 		{"negative pids", func(s *Spec) { s.PIDs = -5 }, false},
 		{"pids above kernel max", func(s *Spec) { s.PIDs = MaxPIDs + 1 }, false},
@@ -178,13 +181,13 @@ func TestSameValue(t *testing.T) {
 }
 
 func TestParseCPUList(t *testing.T) {
-	got, err := parseCPUList("5,0-2,1")
+	got, err := ParseCPUList("5,0-2,1")
 	if err != nil || !slices.Equal(got, []int{0, 1, 2, 5}) {
-		t.Fatalf("parseCPUList = %v, %v", got, err)
+		t.Fatalf("ParseCPUList = %v, %v", got, err)
 	}
 	for _, bad := range []string{"", ",", "1-", "-1", "a", "1 2", "2-1", "8192"} {
-		if _, err := parseCPUList(bad); err == nil {
-			t.Errorf("parseCPUList(%q) accepted", bad)
+		if _, err := ParseCPUList(bad); err == nil {
+			t.Errorf("ParseCPUList(%q) accepted", bad)
 		}
 	}
 }
