@@ -62,14 +62,18 @@ func TestPeerCredentials(t *testing.T) {
 	cases := []struct {
 		name       string
 		uid, gid   uint32
+		groups     []uint32
 		allowedGID int
 		want       Code
 	}{
-		{"nobody refused", 65534, 65534, ctldGID, CodePermissionDenied},
-		{"ctld group admitted", 65534, ctldGID, ctldGID, ""},
-		{"root admitted", 0, 0, ctldGID, ""},
-		{"root admitted with root-only", 0, 0, -1, ""},
-		{"gid 0 alone refused with root-only", 65534, 0, -1, CodePermissionDenied},
+		{"nobody refused", 65534, 65534, nil, ctldGID, CodePermissionDenied},
+		{"ctld group admitted", 65534, ctldGID, nil, ctldGID, ""},
+		{"supplementary ctld group admitted", 65534, 65534, []uint32{100, ctldGID}, ctldGID, ""},
+		{"other supplementary groups refused", 65534, 65534, []uint32{100, ctldGID + 1}, ctldGID, CodePermissionDenied},
+		{"root admitted", 0, 0, nil, ctldGID, ""},
+		{"root admitted with root-only", 0, 0, nil, -1, ""},
+		{"gid 0 alone refused with root-only", 65534, 0, nil, -1, CodePermissionDenied},
+		{"supplementary gid 0 refused with root-only", 65534, 65534, []uint32{0}, -1, CodePermissionDenied},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -84,7 +88,7 @@ func TestPeerCredentials(t *testing.T) {
 			}
 			cmd := exec.Command(bin)
 			cmd.Env = append(os.Environ(), peerHelperEnv+"="+srv.sock)
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: c.uid, Gid: c.gid, Groups: []uint32{}}}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: c.uid, Gid: c.gid, Groups: append([]uint32{}, c.groups...)}}
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
 			out, err := cmd.Output()
@@ -101,6 +105,11 @@ func TestPeerCredentials(t *testing.T) {
 			logs := srv.logs.String()
 			if c.want == CodePermissionDenied {
 				line := fmt.Sprintf(`msg="api peer refused" peer_uid=%d peer_gid=%d peer_pid=`, c.uid, c.gid)
+				// slog's text handler quotes a value only when it has a space.
+				g := fmt.Sprint(c.groups)
+				if len(c.groups) > 0 && !strings.Contains(logs, "peer_groups="+g) && !strings.Contains(logs, fmt.Sprintf("peer_groups=%q", g)) {
+					t.Errorf("log lacks peer_groups=%s:\n%s", g, logs)
+				}
 				if !strings.Contains(logs, line) {
 					t.Errorf("log lacks %q:\n%s", line, logs)
 				}

@@ -12,10 +12,12 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,12 +31,14 @@ const (
 
 // Server serves a Service over HTTP/1.1 + JSON. It validates every ID and
 // body before the Service sees it, and admits only peers whose SO_PEERCRED
-// says uid 0 or gid AllowedGID.
+// says uid 0, or whose primary or supplementary groups (SO_PEERGROUPS)
+// include AllowedGID.
 type Server struct {
 	Service Service
 	Logger  *slog.Logger
-	// AllowedGID is the ctld group; -1 admits root only. SO_PEERCRED
-	// carries the peer's effective gid only, not its supplementary groups.
+	// AllowedGID is the ctld group; -1 admits root only. A peer is in it
+	// by its effective gid (SO_PEERCRED) or a supplementary group
+	// (SO_PEERGROUPS), as the kernel recorded them at connect time.
 	AllowedGID int
 	// MaxBodyBytes caps a JSON request body (default 1 MiB).
 	MaxBodyBytes int64
@@ -51,6 +55,8 @@ type PeerCred struct {
 	PID int32
 	UID uint32
 	GID uint32
+	// Groups are the peer's supplementary groups.
+	Groups []uint32
 }
 
 type peerKey struct{}
@@ -91,7 +97,37 @@ func readPeer(c net.Conn) peerInfo {
 	if serr != nil {
 		return peerInfo{err: fmt.Errorf("read peer credentials: %w", serr)}
 	}
-	return peerInfo{cred: PeerCred{PID: cred.Pid, UID: cred.Uid, GID: cred.Gid}}
+	var groups []uint32
+	if err := raw.Control(func(fd uintptr) { groups, serr = peerGroups(int(fd)) }); err != nil {
+		return peerInfo{err: fmt.Errorf("read peer groups: %w", err)}
+	}
+	if serr != nil {
+		return peerInfo{err: fmt.Errorf("read peer groups: %w", serr)}
+	}
+	return peerInfo{cred: PeerCred{PID: cred.Pid, UID: cred.Uid, GID: cred.Gid, Groups: groups}}
+}
+
+// peerGroups reads SO_PEERGROUPS (Linux 4.13+): the supplementary groups the
+// kernel recorded with the peer's credentials at connect time. Unlike
+// /proc/<pid>/status it cannot be read from a reused pid. x/sys has no
+// getter for it, hence the raw getsockopt.
+func peerGroups(fd int) ([]uint32, error) {
+	buf := make([]uint32, 64)
+	for range 2 {
+		n := uint32(len(buf) * 4)
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+		switch {
+		case errno == unix.ERANGE:
+			// The kernel wrote the size it needs into n.
+			buf = make([]uint32, n/4+1)
+		case errno != 0:
+			return nil, fmt.Errorf("getsockopt SO_PEERGROUPS: %w", errno)
+		default:
+			return slices.Clone(buf[:n/4]), nil
+		}
+	}
+	return nil, errors.New("getsockopt SO_PEERGROUPS: group list keeps growing")
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -116,7 +152,13 @@ func (s *Server) maxFile() int64 {
 }
 
 func (s *Server) admits(c PeerCred) bool {
-	return c.UID == 0 || (s.AllowedGID >= 0 && c.GID == uint32(s.AllowedGID))
+	if c.UID == 0 {
+		return true
+	}
+	if s.AllowedGID < 0 {
+		return false
+	}
+	return c.GID == uint32(s.AllowedGID) || slices.Contains(c.Groups, uint32(s.AllowedGID))
 }
 
 // Serve serves the API on ln until ctx is done, then shuts down gracefully:
@@ -276,7 +318,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			return
 		}
 		if c := peer.cred; !s.admits(c) {
-			log.Warn("api peer refused", "peer_uid", c.UID, "peer_gid", c.GID, "peer_pid", c.PID, "allowed_gid", s.AllowedGID)
+			log.Warn("api peer refused", "peer_uid", c.UID, "peer_gid", c.GID, "peer_pid", c.PID, "peer_groups", fmt.Sprint(c.Groups), "allowed_gid", s.AllowedGID)
 			writeError(rec, http.StatusForbidden, CodePermissionDenied,
 				fmt.Sprintf("peer uid %d gid %d is neither root nor in the ctld group", c.UID, c.GID))
 			return
