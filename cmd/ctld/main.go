@@ -65,8 +65,6 @@ func statusCmd(g *globalOpts) *cobra.Command {
 		Short: "show the role and epoch of slots a and b",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
-			defer cancel()
 			type row struct {
 				Slot   string     `json:"slot"`
 				Status *ha.Status `json:"status,omitempty"`
@@ -74,10 +72,14 @@ func statusCmd(g *globalOpts) *cobra.Command {
 			}
 			var rows []row
 			for _, slot := range []string{"a", "b"} {
+				// Each slot gets its own bound, so a wedged instance cannot
+				// hide the other one.
+				ctx, cancel := context.WithTimeout(cmd.Context(), probeTimeout)
 				st, err := ha.Probe(ctx, probePath(g.runDir, slot))
+				cancel()
 				r := row{Slot: slot}
 				if err != nil {
-					r.Error = err.Error()
+					r.Error = fmt.Sprintf("no answer on %s within %s: %v", probePath(g.runDir, slot), probeTimeout, err)
 				} else {
 					r.Status = &st
 				}
@@ -85,17 +87,17 @@ func statusCmd(g *globalOpts) *cobra.Command {
 			}
 			epoch, eerr := ha.ReadEpoch(g.stateDir)
 			if asJSON {
-				return json.NewEncoder(os.Stdout).Encode(map[string]any{"slots": rows, "epoch": epoch})
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"slots": rows, "epoch": epoch})
 			}
 			for _, r := range rows {
 				if r.Status == nil {
-					fmt.Printf("ctld@%s  down     (%s)\n", r.Slot, r.Error)
+					fmt.Fprintf(cmd.OutOrStdout(), "ctld@%s  down     (%s)\n", r.Slot, r.Error)
 					continue
 				}
-				fmt.Printf("ctld@%s  %-8s epoch %d  pid %d  health %s  since %s\n", r.Slot, r.Status.Role, r.Status.Epoch, r.Status.PID, r.Status.Health, r.Status.Since.Format(time.RFC3339))
+				fmt.Fprintf(cmd.OutOrStdout(), "ctld@%s  %-8s epoch %d  pid %d  health %s  since %s\n", r.Slot, r.Status.Role, r.Status.Epoch, r.Status.PID, r.Status.Health, r.Status.Since.Format(time.RFC3339))
 			}
 			if eerr == nil {
-				fmt.Printf("durable epoch %d (%s)\n", epoch, ha.EpochPath(g.stateDir))
+				fmt.Fprintf(cmd.OutOrStdout(), "durable epoch %d (%s)\n", epoch, ha.EpochPath(g.stateDir))
 			}
 			return nil
 		},
@@ -103,6 +105,9 @@ func statusCmd(g *globalOpts) *cobra.Command {
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
+
+// probeTimeout bounds how long `ctld status` waits for each instance.
+const probeTimeout = 2 * time.Second
 
 func probePath(runDir, slot string) string {
 	return filepath.Join(runDir, "ctld-"+slot+".sock")
