@@ -2,7 +2,10 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -80,5 +83,61 @@ func TestDumpGuestAsksForEveryCPUAndTask(t *testing.T) {
 	want := []string{"info cpus", "info registers -a", "sendkey alt-sysrq-9", "sendkey alt-sysrq-l", "sendkey alt-sysrq-w", "sendkey alt-sysrq-t"}
 	if strings.Join(*got, "|") != strings.Join(want, "|") {
 		t.Fatalf("monitor commands %q, want %q", *got, want)
+	}
+}
+
+func TestBootRetryingOnlyAfterLockups(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		results []bootResult
+		retries int
+		boots   int
+		lockups int
+		final   string
+	}{
+		{"clean", []bootResult{{}}, 1, 1, 0, ""},
+		{"a test failure is not retried", []bootResult{{exitErr: errors.New("exit 1")}}, 1, 1, 0, ""},
+		{"lockup then clean", []bootResult{{lockup: "soft lockup - CPU#0"}, {}}, 1, 2, 1, ""},
+		{"lockup twice, one retry", []bootResult{{lockup: "soft lockup - CPU#0"}, {lockup: "soft lockup - CPU#1"}}, 1, 2, 1, "soft lockup - CPU#1"},
+		{"no retries", []bootResult{{lockup: "soft lockup - CPU#0"}}, 0, 1, 0, "soft lockup - CPU#0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			boots, resets := 0, 0
+			res, lockups, err := bootRetrying(context.Background(), tc.retries,
+				func() (bootResult, error) { boots++; return tc.results[boots-1], nil },
+				func() error { resets++; return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if boots != tc.boots || resets != tc.boots-1 || len(lockups) != tc.lockups || res.lockup != tc.final {
+				t.Fatalf("boots %d resets %d lockups %q final %q; want boots %d, %d lockups, final %q",
+					boots, resets, lockups, res.lockup, tc.boots, tc.lockups, tc.final)
+			}
+		})
+	}
+}
+
+func TestResetShareClearsResults(t *testing.T) {
+	share := t.TempDir()
+	for _, p := range []string{"out/0.rc", "done", "dmesg.txt", "guest.sh", "bin/x.test"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(share, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(share, p), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := resetShare(share); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"out", "done", "dmesg.txt"} {
+		if _, err := os.Stat(filepath.Join(share, p)); !os.IsNotExist(err) {
+			t.Errorf("%s still there after reset (err %v)", p, err)
+		}
+	}
+	for _, p := range []string{"guest.sh", "bin/x.test"} {
+		if _, err := os.Stat(filepath.Join(share, p)); err != nil {
+			t.Errorf("%s gone after reset: %v", p, err)
+		}
 	}
 }

@@ -36,10 +36,15 @@ type config struct {
 	memMB     int
 	smp       int
 	accel     string
-	cmds      multiFlag
-	env       multiFlag
-	pkgs      []string
-	keep      bool
+	tcgThread string
+	// lockupRetries is how many fresh boots a run gets after the guest
+	// kernel locked up (an emulator or guest-kernel hang, not a test result).
+	lockupRetries int
+	kargs         string
+	cmds          multiFlag
+	env           multiFlag
+	pkgs          []string
+	keep          bool
 }
 
 type multiFlag []string
@@ -58,6 +63,9 @@ func main() {
 	flag.IntVar(&c.memMB, "mem", 4096, "guest memory in MiB")
 	flag.IntVar(&c.smp, "smp", 2, "guest CPUs")
 	flag.StringVar(&c.accel, "accel", envOr("CTLD_VM_ACCEL", "auto"), "tcg, kvm, or auto (kvm only if a probe boot succeeds)")
+	flag.StringVar(&c.tcgThread, "tcg-thread", envOr("CTLD_VM_TCG_THREAD", "multi"), "TCG vCPU threading: multi (one host thread per vCPU) or single (all vCPUs on one thread)")
+	flag.IntVar(&c.lockupRetries, "lockup-retries", 1, "fresh boots after a guest kernel lockup (each one is reported)")
+	flag.StringVar(&c.kargs, "kargs", "", "extra guest kernel parameters")
 	flag.Var(&c.cmds, "cmd", "shell command to run in the guest (repeatable)")
 	flag.Var(&c.env, "env", "K=V exported in the guest (repeatable)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory")
@@ -141,13 +149,49 @@ func run(ctx context.Context, c config) error {
 	if accel == "auto" {
 		accel = probeAccel(ctx, c, kver, initrd)
 	}
-	fmt.Printf("vmrun: booting kernel %s (accel %s, %d MiB, %d cpus)\n", kver, accel, c.memMB, c.smp)
+	fmt.Printf("vmrun: booting kernel %s (accel %s, %d MiB, %d cpus)\n", kver, accelArg(accel, c.tcgThread), c.memMB, c.smp)
 
-	res, err := boot(ctx, c, kver, initrd, share, accel)
+	res, lockups, err := bootRetrying(ctx, c.lockupRetries,
+		func() (bootResult, error) { return boot(ctx, c, kver, initrd, share, accel) },
+		func() error { return resetShare(share) })
 	if err != nil {
 		return err
 	}
-	return report(jobs, share, res)
+	err = report(jobs, share, res)
+	for i, l := range lockups {
+		fmt.Printf("vmrun: NOTE: boot %d of this run was stopped when the guest kernel locked up (%s); its stacks are above\n", i+1, l)
+	}
+	return err
+}
+
+// bootRetrying boots, and boots a fresh VM again (up to retries times) when
+// the guest kernel locked up: that is a hang of the emulator or the guest
+// kernel, not a test result. It returns the last boot's result and the
+// lockup lines of the boots it stopped.
+func bootRetrying(ctx context.Context, retries int, boot func() (bootResult, error), reset func() error) (bootResult, []string, error) {
+	var lockups []string
+	for attempt := 0; ; attempt++ {
+		res, err := boot()
+		if err != nil || res.lockup == "" || attempt >= retries || ctx.Err() != nil {
+			return res, lockups, err
+		}
+		lockups = append(lockups, strings.TrimSpace(res.lockup))
+		fmt.Printf("vmrun: the guest kernel locked up (stacks above): booting a fresh VM to run every job again (retry %d of %d)\n", attempt+1, retries)
+		if err := reset(); err != nil {
+			return res, lockups, err
+		}
+	}
+}
+
+// resetShare removes the results of a boot that was stopped, so the next
+// boot's results are its own.
+func resetShare(share string) error {
+	for _, p := range []string{"out", "done", "dmesg.txt"} {
+		if err := os.RemoveAll(filepath.Join(share, p)); err != nil {
+			return fmt.Errorf("clear results of the stopped boot: %w", err)
+		}
+	}
+	return nil
 }
 
 func kernelVersion(kdir string) (string, error) {
@@ -311,10 +355,10 @@ func boot(ctx context.Context, c config, kver, initrd, share, accel string) (boo
 	}
 	mon := monitor{path: filepath.Join(work, "qemu-monitor.sock")}
 	args := []string{
-		"-accel", accel, "-m", strconv.Itoa(c.memMB), "-smp", strconv.Itoa(c.smp),
+		"-accel", accelArg(accel, c.tcgThread), "-m", strconv.Itoa(c.memMB), "-smp", strconv.Itoa(c.smp),
 		"-nographic", "-monitor", "unix:" + mon.path + ",server=on,wait=off", "-no-reboot", "-net", "none",
 		"-kernel", filepath.Join(c.kernelDir, "boot", "vmlinuz-"+kver), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=5 hung_task_timeout_secs=60 softlockup_all_cpu_backtrace=1 sysrq_always_enabled=1",
+		"-append", "console=ttyS0 panic=-1 loglevel=5 hung_task_timeout_secs=60 softlockup_all_cpu_backtrace=1 sysrq_always_enabled=1 " + c.kargs,
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + share + ",mount_tag=ctldvm,security_model=none,multidevs=remap",
 		"-drive", "file=" + disk + ",format=raw,if=virtio",
@@ -381,6 +425,13 @@ func boot(ctx context.Context, c config, kver, initrd, share, accel string) (boo
 	wg.Wait()
 	fmt.Printf("vmrun: guest ran %.1fs\n", time.Since(start).Seconds())
 	return res, nil
+}
+
+func accelArg(accel, tcgThread string) string {
+	if accel == "tcg" {
+		return "tcg,thread=" + tcgThread
+	}
+	return accel
 }
 
 // stateDiskBytes is the size of the guest's state disk; the file is sparse,
