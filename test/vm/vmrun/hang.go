@@ -63,7 +63,7 @@ func readUntilPrompt(r *bufio.Reader) (string, error) {
 // backtraces of all CPUs (sysrq-l), blocked tasks (sysrq-w) and all tasks
 // (sysrq-t), which arrive on the serial console. The sysrq keys go through
 // the emulated keyboard, so they work while userspace is stuck.
-func dumpGuest(m monitor, why string, settle time.Duration) {
+func dumpGuest(m monitor, why string, settle time.Duration, syms symtab) {
 	fmt.Printf("vmrun: %s: dumping every CPU and task of the guest\n", why)
 	for _, c := range []string{"info cpus", "info registers -a"} {
 		out, err := m.cmd(c, 5*time.Second)
@@ -71,7 +71,13 @@ func dumpGuest(m monitor, why string, settle time.Duration) {
 			fmt.Printf("vmrun: qemu monitor: %v\n", err)
 			return
 		}
-		fmt.Printf("vmrun: qemu monitor %q:\n%s\n", c, strings.ReplaceAll(cleanMonitor(out), "\n", "\n    "))
+		out = cleanMonitor(out)
+		fmt.Printf("vmrun: qemu monitor %q:\n    %s\n", c, strings.ReplaceAll(out, "\n", "\n    "))
+		if c == "info registers -a" {
+			for _, l := range vcpuSummary(out, syms) {
+				fmt.Printf("vmrun: %s\n", l)
+			}
+		}
 	}
 	// sysrq-9 first: the task dumps print at KERN_INFO, below the console's
 	// loglevel 5.

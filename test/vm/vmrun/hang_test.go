@@ -79,7 +79,7 @@ func TestMonitorCmd(t *testing.T) {
 
 func TestDumpGuestAsksForEveryCPUAndTask(t *testing.T) {
 	m, got := fakeMonitor(t, nil)
-	dumpGuest(m, "test", 0)
+	dumpGuest(m, "test", 0, symtab{})
 	want := []string{"info cpus", "info registers -a", "sendkey alt-sysrq-9", "sendkey alt-sysrq-l", "sendkey alt-sysrq-w", "sendkey alt-sysrq-t"}
 	if strings.Join(*got, "|") != strings.Join(want, "|") {
 		t.Fatalf("monitor commands %q, want %q", *got, want)
@@ -139,5 +139,31 @@ func TestResetShareClearsResults(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(share, p)); err != nil {
 			t.Errorf("%s gone after reset: %v", p, err)
 		}
+	}
+}
+
+func TestVCPUSummaryNamesWhereEachCPUIs(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "System.map")
+	m := "ffffffff81000000 T _stext\nffffffff81100000 t smp_call_function_many_cond\nffffffff81100400 D some_data\nffffffff81200000 T native_safe_halt\n"
+	if err := os.WriteFile(p, []byte(m), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	syms, err := loadSymtab(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs := `CPU#0
+RAX=0000000000000000 RBX=0000000000000001
+RIP=ffffffff81100123 RFL=00000202 [-------] CPL=0 II=0 A20=1 SMM=0 HLT=0
+CPU#1
+RAX=0000000000000000 RBX=0000000000000001
+RIP=ffffffff8120000b RFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=1`
+	got := vcpuSummary(regs, syms)
+	want := []string{
+		"vCPU 0 running at ffffffff81100123 (smp_call_function_many_cond+0x123)",
+		"vCPU 1 halted at ffffffff8120000b (native_safe_halt+0xb)",
+	}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("summary %q, want %q", got, want)
 	}
 }

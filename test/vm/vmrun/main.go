@@ -358,7 +358,7 @@ func boot(ctx context.Context, c config, kver, initrd, share, accel string) (boo
 		"-accel", accelArg(accel, c.tcgThread), "-m", strconv.Itoa(c.memMB), "-smp", strconv.Itoa(c.smp),
 		"-nographic", "-monitor", "unix:" + mon.path + ",server=on,wait=off", "-no-reboot", "-net", "none",
 		"-kernel", filepath.Join(c.kernelDir, "boot", "vmlinuz-"+kver), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=5 hung_task_timeout_secs=60 softlockup_all_cpu_backtrace=1 sysrq_always_enabled=1 " + c.kargs,
+		"-append", "console=ttyS0 panic=-1 loglevel=5 hung_task_timeout_secs=60 softlockup_all_cpu_backtrace=1 sysrq_always_enabled=1 nokaslr " + c.kargs,
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + share + ",mount_tag=ctldvm,security_model=none,multidevs=remap",
 		"-drive", "file=" + disk + ",format=raw,if=virtio",
@@ -406,7 +406,11 @@ func boot(ctx context.Context, c config, kver, initrd, share, accel string) (boo
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	stop := func(why string) {
-		dumpGuest(mon, why, 2*time.Second)
+		syms, err := loadSymtab(filepath.Join(c.kernelDir, "boot", "System.map-"+kver))
+		if err != nil {
+			fmt.Printf("vmrun: %v (vCPU addresses stay unnamed)\n", err)
+		}
+		dumpGuest(mon, why, 2*time.Second, syms)
 		// Let the console drain the guest's backtraces, then stop it.
 		time.Sleep(3 * time.Second)
 		_ = cmd.Process.Kill()
