@@ -50,6 +50,8 @@ type Elector struct {
 	StateDir string
 	Slot     string
 	Logger   *slog.Logger
+
+	statfs func(string) (int64, error) // tests only; nil is statfs(2)
 }
 
 // Term is one tenure as primary. It lasts until Release or process exit.
@@ -79,6 +81,12 @@ func (e *Elector) WaitPrimary(ctx context.Context) (*Term, error) {
 	dir := filepath.Join(e.StateDir, haDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create ha dir: %w", err)
+	}
+	if e.statfs == nil {
+		e.statfs = statfsType
+	}
+	if err := checkLocalLock(dir, e.statfs); err != nil {
+		return nil, err
 	}
 	lockPath := LockPath(e.StateDir)
 	f, err := lockFile(ctx, lockPath, log)
