@@ -96,3 +96,81 @@ func syscallMode(m os.FileMode) uint32 {
 	}
 	return o
 }
+
+// ErrNotRegular is returned (wrapped) by OpenRegularInRoot for anything
+// but a regular file: directory, FIFO, socket, device node.
+var ErrNotRegular = errors.New("not a regular file")
+
+// notRegular names the kind of file found, and matches ErrNotRegular.
+type notRegular struct{ kind string }
+
+func (e notRegular) Error() string        { return ErrNotRegular.Error() + " (" + e.kind + ")" }
+func (e notRegular) Is(target error) bool { return target == ErrNotRegular }
+
+// OpenRegularInRoot opens path inside root as OpenInRoot does, but only if
+// it is a regular file, and without ever opening anything else: the path
+// is first opened O_PATH (which runs no driver and waits for no FIFO
+// writer), checked with fstat, and only then reopened through
+// /proc/self/fd with flag, which names the same inode whatever the guest
+// does to the path meanwhile. A FIFO, socket or device node that a guest
+// (or a template) put at the path is refused with ErrNotRegular instead of
+// hanging the caller or touching a host device. With O_CREATE a missing
+// file is created O_EXCL, so what is created is a new regular file.
+func OpenRegularInRoot(root, path string, flag int, perm os.FileMode) (*os.File, error) {
+	const tries = 3 // a guest creating or removing the same path races us
+	var err error
+	for range tries {
+		var p *os.File
+		p, err = OpenInRoot(root, path, unix.O_PATH, 0)
+		if errors.Is(err, fs.ErrNotExist) && flag&os.O_CREATE != 0 {
+			var f *os.File
+			f, err = OpenInRoot(root, path, flag|os.O_EXCL|unix.O_NONBLOCK|unix.O_NOCTTY, perm)
+			if errors.Is(err, fs.ErrExist) {
+				continue // made meanwhile: check what it is
+			}
+			return f, err
+		}
+		if err != nil {
+			return nil, err
+		}
+		return reopenRegular(p, path, flag)
+	}
+	return nil, fmt.Errorf("open %s in root %s: %w", path, root, err)
+}
+
+// reopenRegular checks that the O_PATH file p is a regular file and opens
+// it again with flag (O_CREATE and O_EXCL dropped: it exists). It closes p.
+func reopenRegular(p *os.File, path string, flag int) (*os.File, error) {
+	defer p.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(p.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", p.Name(), &fs.PathError{Op: "fstat", Path: path, Err: err})
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("open %s: %w", p.Name(), &fs.PathError{Op: "open", Path: path, Err: notRegular{fileKind(st.Mode)}})
+	}
+	flag = flag&^(os.O_CREATE|os.O_EXCL) | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", p.Fd()), flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("reopen %s: %w", p.Name(), &fs.PathError{Op: "open", Path: path, Err: err})
+	}
+	return os.NewFile(uintptr(fd), p.Name()), nil
+}
+
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return "directory"
+	case unix.S_IFIFO:
+		return "FIFO"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR:
+		return "character device"
+	case unix.S_IFBLK:
+		return "block device"
+	case unix.S_IFLNK:
+		return "symlink"
+	}
+	return fmt.Sprintf("file type %#o", mode&unix.S_IFMT)
+}
