@@ -25,6 +25,12 @@ const OCIVersion = "1.0.2"
 // cpuPeriod is the CFS period every lease uses, in microseconds.
 const cpuPeriod = 100_000
 
+// DefaultGuestOOMScoreAdj is the oom_score_adj of a guest's runsc
+// processes unless configured: positive, so under host memory pressure the
+// kernel kills guests before ctld (OOMScoreAdjust=-900 in its unit, which
+// runsc would otherwise inherit) and before ordinary host daemons (0).
+const DefaultGuestOOMScoreAdj = 500
+
 // Rlimit defaults. NPROC follows the lease's PIDs when it has one.
 const (
 	rlimitNOFILE = 65_536
@@ -100,6 +106,10 @@ type BundleSpec struct {
 	Cwd                          string // default "/"
 	UID, GID                     uint32
 	ReadonlyRoot                 bool
+	// OOMScoreAdj is written as process.oomScoreAdj; runsc gives it to the
+	// sandbox and gofer processes. 0 to 1000: a guest is never more
+	// protected from the OOM killer than an ordinary process.
+	OOMScoreAdj int
 }
 
 // BuildSpec describes b as an OCI runtime spec. It has no effects.
@@ -115,6 +125,7 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 	if !hasEnv(env, "PATH") {
 		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
 	}
+	oomScoreAdj := b.OOMScoreAdj
 	nproc := uint64(rlimitNPROC)
 	if b.PIDs > 0 {
 		nproc = uint64(b.PIDs)
@@ -130,6 +141,9 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 			Cwd:             cwd,
 			NoNewPrivileges: true,
 			Capabilities:    capabilities(b.UID),
+			// Always explicit: absent, runsc leaves its processes with
+			// ctld's own (protective) oom_score_adj.
+			OOMScoreAdj: &oomScoreAdj,
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: rlimitNOFILE, Soft: rlimitNOFILE},
 				{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
@@ -176,6 +190,9 @@ func validate(b BundleSpec) error {
 	if b.CPUMillis > 0 && b.CPUMillis < 10 {
 		// cpu.max refuses quotas below 1ms per period.
 		errs = append(errs, fmt.Errorf("cpu %dm: below the 10m minimum", b.CPUMillis))
+	}
+	if b.OOMScoreAdj < 0 || b.OOMScoreAdj > 1000 {
+		errs = append(errs, fmt.Errorf("oom score adj %d: must be between 0 and 1000", b.OOMScoreAdj))
 	}
 	if len(b.Args) == 0 || b.Args[0] == "" {
 		errs = append(errs, errors.New("args: empty command"))

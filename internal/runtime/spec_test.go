@@ -23,6 +23,7 @@ func goodBundle() BundleSpec {
 		PIDs:        128,
 		Args:        []string{"sleep", "1000"},
 		Env:         []string{"A=b"},
+		OOMScoreAdj: 300,
 	}
 }
 
@@ -46,6 +47,15 @@ func TestBuildSpec(t *testing.T) {
 	}
 	if !p.NoNewPrivileges {
 		t.Error("no_new_privileges not set")
+	}
+	if p.OOMScoreAdj == nil || *p.OOMScoreAdj != 300 {
+		t.Errorf("oomScoreAdj = %v, want 300", p.OOMScoreAdj)
+	}
+	// Zero is written too: absent, runsc leaves ctld's own value.
+	zero := goodBundle()
+	zero.OOMScoreAdj = 0
+	if z, err := BuildSpec(zero); err != nil || z.Process.OOMScoreAdj == nil || *z.Process.OOMScoreAdj != 0 {
+		t.Errorf("oomScoreAdj 0 not written explicitly: %v", err)
 	}
 	wantCaps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
 	c := p.Capabilities
@@ -171,6 +181,8 @@ func TestBuildSpecBadInput(t *testing.T) {
 		"relative cwd":     func(b *BundleSpec) { b.Cwd = "tmp" },
 		"hostname slash":   func(b *BundleSpec) { b.Hostname = "a/b" },
 		"hostname too big": func(b *BundleSpec) { b.Hostname = strings.Repeat("h", 65) },
+		"protective oom":   func(b *BundleSpec) { b.OOMScoreAdj = -900 },
+		"oom above max":    func(b *BundleSpec) { b.OOMScoreAdj = 1001 },
 	} {
 		b := goodBundle()
 		mut(&b)
