@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -304,11 +305,31 @@ func (c *cli) createCommand() *cobra.Command {
 	return cmd
 }
 
+// parseUser parses --user UID[:GID]: numeric ids only (the guest's
+// /etc/passwd is the guest's business); GID defaults to UID. Empty means
+// no user: the node runs the command as the sandbox's process user.
+func parseUser(s string) (*api.User, error) {
+	if s == "" {
+		return nil, nil
+	}
+	us, gs, hasGID := strings.Cut(s, ":")
+	if !hasGID {
+		gs = us
+	}
+	uid, err1 := strconv.ParseUint(us, 10, 32)
+	gid, err2 := strconv.ParseUint(gs, 10, 32)
+	if err1 != nil || err2 != nil || (hasGID && gs == "") {
+		return nil, usageError{fmt.Errorf("--user %q: want UID[:GID], numeric", s)}
+	}
+	return &api.User{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
 func (c *cli) execCommand() *cobra.Command {
 	var env []string
 	var cwd string
 	var withStdin bool
 	var timeout int64
+	var user string
 	cmd := &cobra.Command{
 		Use:   "exec ID [flags] -- CMD [ARGS...]",
 		Short: "Run a command in a sandbox; exits with its exit code",
@@ -328,9 +349,15 @@ func (c *cli) execCommand() *cobra.Command {
 	f.StringVar(&cwd, "cwd", "", "working directory")
 	f.BoolVarP(&withStdin, "stdin", "i", false, "send this process's stdin to the command")
 	f.Int64Var(&timeout, "exec-timeout", 0, "seconds the command may run (0: node default)")
+	f.StringVar(&user, "user", "", "run as UID[:GID] (numeric; GID defaults to UID); default: the sandbox's process user")
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		_, err := parseUser(user)
+		return err
+	}
 	cmd.RunE = c.action(named("exec in sandbox"), func(ctx context.Context, args []string) error {
 		id, argv := args[0], args[1:]
-		req := api.ExecRequest{Args: argv, Env: env, Cwd: cwd, TimeoutSec: timeout}
+		u, _ := parseUser(user) // checked by PreRunE
+		req := api.ExecRequest{Args: argv, Env: env, Cwd: cwd, TimeoutSec: timeout, User: u}
 		if withStdin {
 			b, err := io.ReadAll(c.stdin)
 			if err != nil {

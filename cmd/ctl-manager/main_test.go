@@ -65,6 +65,17 @@ func TestCLISandboxLifecycle(t *testing.T) {
 	if out := e.ok("sandbox", "exec", "sb1", "--", "echo", "hello", "world"); out != "hello world\n" {
 		t.Fatalf("exec output %q", out)
 	}
+	// --user reaches the node as a numeric uid and gid; absent, the node
+	// picks the sandbox's process user.
+	for flag, want := range map[string]string{"": "default\n", "0": "uid=0 gid=0\n", "1000": "uid=1000 gid=1000\n", "1000:50": "uid=1000 gid=50\n"} {
+		args := []string{"sandbox", "exec", "sb1", "--", "id"}
+		if flag != "" {
+			args = []string{"sandbox", "exec", "--user", flag, "sb1", "--", "id"}
+		}
+		if out := e.ok(args...); out != want {
+			t.Errorf("exec --user %q: %q, want %q", flag, out, want)
+		}
+	}
 	r := e.run("", "sandbox", "exec", "sb1", "--", "fail", "7", "oops")
 	if r.code != 7 || r.stderr != "oops\n" || r.stdout != "" {
 		t.Fatalf("exec fail = %+v, want exit 7 with the guest's stderr only", r)
@@ -177,6 +188,10 @@ func TestCLIErrors(t *testing.T) {
 		{"sandbox", "create", "sb1", "--cpu", "lots"},
 		{"sandbox", "create", "sb1", "--memory", "12MB"},
 		{"sandbox", "exec", "sb1"},
+		{"sandbox", "exec", "--user", "root", "sb1", "--", "id"},
+		{"sandbox", "exec", "--user", "1000:", "sb1", "--", "id"},
+		{"sandbox", "exec", "--user", "-1", "sb1", "--", "id"},
+		{"sandbox", "exec", "--user", "4294967296", "sb1", "--", "id"},
 		{"sandbox", "get"},
 		{"sandbox", "frobnicate"},
 		{"--no-such-flag", "sandbox", "ls"},

@@ -36,6 +36,7 @@ type runOpts struct {
 	reserveMem   int64
 	reservePIDs  int64
 	busybox      string
+	guestOOMAdj  int
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -47,6 +48,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.slot != "a" && o.slot != "b" {
 				return fmt.Errorf("--slot must be a or b, got %q", o.slot)
+			}
+			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
+				return fmt.Errorf("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
 			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
@@ -65,6 +69,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.reserveCPU, "reserve-cpu-millis", 250, "CPU kept back from sandboxes for the host")
 	f.Int64Var(&o.reserveMem, "reserve-memory-bytes", 512<<20, "memory kept back from sandboxes for the host")
 	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
+	f.IntVar(&o.guestOOMAdj, "guest-oom-score-adj", runtime.DefaultGuestOOMScoreAdj, "oom_score_adj of every guest's runsc processes (0-1000; ctld's own is its unit's OOMScoreAdjust)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	return c
 }
@@ -227,7 +232,7 @@ func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, ep
 	n := node.New(node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},
-		Versions: facts.versions,
+		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 	}, node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},

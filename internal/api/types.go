@@ -173,6 +173,15 @@ type ExecRequest struct {
 	Cwd        string   `json:"cwd,omitempty"`
 	Stdin      []byte   `json:"stdin,omitempty"`
 	TimeoutSec int64    `json:"timeout_sec,omitempty"`
+	// User runs the command as this uid and gid; absent, it runs as the
+	// claim's process.uid and process.gid (the workload's user).
+	User *User `json:"user,omitempty"`
+}
+
+// User is a numeric uid and gid inside the guest.
+type User struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
 }
 
 // ExecResult is the plain JSON answer of exec. Each output is capped at the

@@ -245,6 +245,9 @@ func validateCommand(field string, args, env []string, cwd string, needArgs bool
 	return nil
 }
 
+// noID is (uid_t)-1.
+const noID = ^uint32(0)
+
 // Validate checks an exec request before it reaches the node.
 func (r ExecRequest) Validate() error {
 	if err := validateCommand("exec", r.Args, r.Env, r.Cwd, true); err != nil {
@@ -252,6 +255,10 @@ func (r ExecRequest) Validate() error {
 	}
 	if r.TimeoutSec < 0 || r.TimeoutSec > MaxExecTimeoutSec {
 		return invalid("timeout_sec must be between 0 (none) and %d, got %d", MaxExecTimeoutSec, r.TimeoutSec)
+	}
+	if u := r.User; u != nil && (u.UID == noID || u.GID == noID) {
+		// (uid_t)-1 means "unchanged" to setresuid, not a user.
+		return invalid("user %d:%d: %d is not a user or group id", u.UID, u.GID, uint32(noID))
 	}
 	return nil
 }

@@ -146,6 +146,8 @@ func TestExecValidate(t *testing.T) {
 		"bad env":    {Args: []string{"/bin/true"}, Env: []string{"novalue"}},
 		"bad cwd":    {Args: []string{"/bin/true"}, Cwd: "rel"},
 		"neg timout": {Args: []string{"/bin/true"}, TimeoutSec: -1},
+		"uid -1":     {Args: []string{"/bin/true"}, User: &User{UID: ^uint32(0)}},
+		"gid -1":     {Args: []string{"/bin/true"}, User: &User{GID: ^uint32(0)}},
 	} {
 		if err := r.Validate(); err == nil || CodeOf(err) != CodeInvalidArgument {
 			t.Errorf("%s: Validate() = %v, want invalid_argument", name, err)

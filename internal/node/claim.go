@@ -269,6 +269,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 		CgroupsPath: n.d.Leases.CgroupsPath(cid), CPUMillis: req.Resources.CPUMillis,
 		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
+		OOMScoreAdj: n.cfg.GuestOOMScoreAdj,
 	})
 	if err != nil {
 		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "build OCI spec: %v", err)
@@ -289,7 +290,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	// Readiness proof: the first command through the guest must return
 	// this generation's nonce.
 	var out, errb bytes.Buffer
-	code, err := n.d.Runtime.Exec(ctx, cid, runtime.ExecProcess{Args: []string{"/bin/echo", rec.Nonce}}, nil, &out, &errb)
+	code, err := n.d.Runtime.Exec(ctx, cid, readinessProbe(rec), nil, &out, &errb)
 	if err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("readiness probe: %w", err)
 	}
@@ -305,6 +306,14 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 		return api.ClaimResponse{}, err
 	}
 	return api.ClaimResponse{Sandbox: ready.Sandbox}, nil
+}
+
+// readinessProbe is the first command through a new guest: it echoes the
+// generation's nonce, as the workload's own user, so the proof also shows
+// that user can run in the guest.
+func readinessProbe(rec journal.Sandbox) runtime.ExecProcess {
+	uid, gid := workloadUser(rec)
+	return runtime.ExecProcess{Args: []string{"/bin/echo", rec.Nonce}, UID: uid, GID: gid}
 }
 
 // Readiness is a proof that a generation's guest runs: it returned the

@@ -10,24 +10,44 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runtime"
 )
 
-func (n *Node) ready(id string) (string, string, error) {
+func (n *Node) ready(id string) (journal.Sandbox, error) {
 	s, err := n.sandbox(id)
 	if err != nil {
-		return "", "", err
+		return s, err
 	}
 	if s.State != api.StateReady {
-		return "", "", api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s, not ready", id, s.Generation, s.State)
+		return s, api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s, not ready", id, s.Generation, s.State)
 	}
-	return s.ContainerID, s.Root, nil
+	return s, nil
+}
+
+// workloadUser is the uid and gid of the sandbox's main process, as its
+// claim asked for them: what an exec runs as unless it names a user.
+func workloadUser(s journal.Sandbox) (uid, gid uint32) {
+	if s.Request == nil {
+		return 0, 0
+	}
+	return s.Request.Process.UID, s.Request.Process.GID
+}
+
+// execProcess is what runsc exec runs for req in sandbox s: as req's user,
+// or else as the workload's, never as root by default.
+func execProcess(s journal.Sandbox, req api.ExecRequest) runtime.ExecProcess {
+	uid, gid := workloadUser(s)
+	if req.User != nil {
+		uid, gid = req.User.UID, req.User.GID
+	}
+	return runtime.ExecProcess{Args: req.Args, Env: req.Env, Cwd: req.Cwd, UID: uid, GID: gid}
 }
 
 // Exec runs a command in the sandbox's guest through runsc exec.
 func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
-	cid, _, err := n.ready(id)
+	s, err := n.ready(id)
 	if err != nil {
 		return -1, err
 	}
@@ -40,7 +60,7 @@ func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout,
 	if len(req.Stdin) > 0 {
 		stdin = bytes.NewReader(req.Stdin)
 	}
-	code, err := n.d.Runtime.Exec(ctx, cid, runtime.ExecProcess{Args: req.Args, Env: req.Env, Cwd: req.Cwd}, stdin, stdout, stderr)
+	code, err := n.d.Runtime.Exec(ctx, s.ContainerID, execProcess(s, req), stdin, stdout, stderr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return -1, api.Errorf(api.CodeUnavailable, "exec in %s: %v", id, ctx.Err())
@@ -50,13 +70,15 @@ func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout,
 	return code, nil
 }
 
-// ReadFile reads a file of the sandbox's root, resolved inside the root.
+// ReadFile reads a regular file of the sandbox's root, resolved inside the
+// root. Anything else at the path (directory, FIFO, socket, device) is
+// refused without being opened.
 func (n *Node) ReadFile(ctx context.Context, id, path string, limit int64) ([]byte, error) {
-	_, root, err := n.ready(id)
+	s, err := n.ready(id)
 	if err != nil {
 		return nil, err
 	}
-	f, err := rootfs.OpenInRoot(root, path, os.O_RDONLY, 0)
+	f, err := rootfs.OpenRegularInRoot(s.Root, path, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, fileErr("open", path, err)
 	}
@@ -71,14 +93,15 @@ func (n *Node) ReadFile(ctx context.Context, id, path string, limit int64) ([]by
 	return b, nil
 }
 
-// WriteFile writes (creating or truncating) a file of the sandbox's root,
-// resolved inside the root. The parent directory must exist.
+// WriteFile writes (creating or truncating) a regular file of the
+// sandbox's root, resolved inside the root. The parent directory must
+// exist; anything but a regular file at the path is refused.
 func (n *Node) WriteFile(ctx context.Context, id, path string, data []byte) error {
-	_, root, err := n.ready(id)
+	s, err := n.ready(id)
 	if err != nil {
 		return err
 	}
-	f, err := rootfs.OpenInRoot(root, path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := rootfs.OpenRegularInRoot(s.Root, path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return fileErr("open", path, err)
 	}
@@ -96,6 +119,8 @@ func fileErr(verb, path string, err error) error {
 	switch {
 	case errors.Is(err, os.ErrNotExist) || errors.Is(err, rootfs.ErrParentMissing):
 		return api.Errorf(api.CodeNotFound, "%s %s: %v", verb, path, err)
+	case errors.Is(err, rootfs.ErrNotRegular):
+		return api.Errorf(api.CodeInvalidArgument, "%s %s: %v: the file API serves regular files only", verb, path, err)
 	case errors.Is(err, os.ErrPermission):
 		return api.Errorf(api.CodeInvalidArgument, "%s %s: %v", verb, path, err)
 	}

@@ -35,6 +35,9 @@ type Config struct {
 	Versions     api.Versions
 	// DefaultArgs is the main process when a claim names none.
 	DefaultArgs []string
+	// GuestOOMScoreAdj is every guest's oom_score_adj (0..1000), set in
+	// its OCI spec so guests never inherit ctld's protective value.
+	GuestOOMScoreAdj int
 }
 
 // Deps are the subsystems the node drives; main builds them.

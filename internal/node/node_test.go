@@ -174,3 +174,18 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 		}
 	}
 }
+
+// TestExecAndProbeRunAsWorkloadUser: without a user, exec and the
+// readiness probe run as the claim's process user, not as root.
+func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
+	rec := journal.Sandbox{Nonce: "n", Request: &api.ClaimRequest{Process: api.Process{UID: 1000, GID: 1001}}}
+	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
+		t.Errorf("exec without a user runs as %d:%d, want the workload's 1000:1001", p.UID, p.GID)
+	}
+	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}, User: &api.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
+		t.Errorf("exec as 0:0 runs as %d:%d", p.UID, p.GID)
+	}
+	if p := readinessProbe(rec); p.UID != 1000 || p.GID != 1001 || p.Args[1] != "n" {
+		t.Errorf("readiness probe %+v, want /bin/echo of the nonce as 1000:1001", p)
+	}
+}

@@ -148,7 +148,8 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 }
 
 // Exec implements api.Service: "echo ARGS" prints them, "fail N MSG"
-// writes MSG to stderr and exits N, "cat" echoes stdin.
+// writes MSG to stderr and exits N, "cat" echoes stdin, "id" prints the
+// user asked for ("uid=U gid=G", or "default").
 func (n *Node) Exec(_ context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
 	if err := n.ready(id); err != nil {
 		return 0, err
@@ -159,6 +160,13 @@ func (n *Node) Exec(_ context.Context, id string, req api.ExecRequest, stdout, s
 		return 0, nil
 	case "cat":
 		stdout.Write(req.Stdin)
+		return 0, nil
+	case "id":
+		if req.User == nil {
+			fmt.Fprintln(stdout, "default")
+		} else {
+			fmt.Fprintf(stdout, "uid=%d gid=%d\n", req.User.UID, req.User.GID)
+		}
 		return 0, nil
 	case "fail":
 		code, _ := strconv.Atoi(req.Args[1])
