@@ -130,9 +130,10 @@ func (o *Overlay) Mount(ctx context.Context, id, lower string) (root string, err
 	if err := checkOverlayPath("scratch dir", o.ScratchDir); err != nil {
 		return "", err
 	}
-	if fi, err := os.Stat(lower); err != nil {
+	lowerInfo, err := os.Stat(lower)
+	if err != nil {
 		return "", fmt.Errorf("stat template dir: %w", err)
-	} else if !fi.IsDir() {
+	} else if !lowerInfo.IsDir() {
 		return "", api.Errorf(api.CodeInvalidArgument, "template %q is not a directory", lower)
 	}
 	if err := os.MkdirAll(o.ScratchDir, 0o700); err != nil {
@@ -158,6 +159,12 @@ func (o *Overlay) Mount(ctx context.Context, id, lower string) (root string, err
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return "", fmt.Errorf("make dir %s: %w", d, err)
 		}
+	}
+	// The merged root takes the upper dir's mode, and the guest sees it as
+	// its "/": give it the template root's, or a non-root workload cannot
+	// even reach /bin. dir (0700) still keeps other host users out.
+	if err := os.Chmod(filepath.Join(dir, upperName), lowerInfo.Mode().Perm()); err != nil {
+		return "", fmt.Errorf("set mode of upper dir: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("mount overlay: %w", err)
