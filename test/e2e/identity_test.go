@@ -31,7 +31,7 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 	ctldPID := e.procs["a"].Process.Pid
 	writeOOMScoreAdj(t, ctldPID, -900)
 	c := e.client()
-	cx := ctx(t, 3*time.Minute)
+	cx := ctx(t, 6*time.Minute)
 
 	req := claimReq("claim-ids-1", 1)
 	req.Process = api.Process{UID: 1000, GID: 1000}
