@@ -154,6 +154,9 @@ func (r ClaimRequest) Validate() error {
 	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
 		return err
 	}
+	if r.Process.UID == noID || r.Process.GID == noID {
+		return invalid("process.uid %d, process.gid %d: %d is not a user or group id", r.Process.UID, r.Process.GID, noID)
+	}
 	if r.MaxLifetimeSec < 0 || r.MaxLifetimeSec > MaxLifetimeSec {
 		return invalid("max_lifetime_sec must be between 0 (none) and %d, got %d", MaxLifetimeSec, r.MaxLifetimeSec)
 	}
@@ -258,7 +261,7 @@ func (r ExecRequest) Validate() error {
 	}
 	if u := r.User; u != nil && (u.UID == noID || u.GID == noID) {
 		// (uid_t)-1 means "unchanged" to setresuid, not a user.
-		return invalid("user %d:%d: %d is not a user or group id", u.UID, u.GID, uint32(noID))
+		return invalid("user %d:%d: %d is not a user or group id", u.UID, u.GID, noID)
 	}
 	return nil
 }

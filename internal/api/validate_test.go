@@ -109,6 +109,8 @@ func TestClaimValidate(t *testing.T) {
 		{"env no =", func(r *ClaimRequest) { r.Process.Env = []string{"PATH"} }, "KEY=VALUE"},
 		{"env empty key", func(r *ClaimRequest) { r.Process.Env = []string{"=x"} }, "KEY=VALUE"},
 		{"cwd relative", func(r *ClaimRequest) { r.Process.Cwd = "tmp" }, "process.cwd"},
+		{"uid -1", func(r *ClaimRequest) { r.Process.UID = ^uint32(0) }, "not a user or group id"},
+		{"gid -1", func(r *ClaimRequest) { r.Process.GID = ^uint32(0) }, "not a user or group id"},
 		{"lifetime negative", func(r *ClaimRequest) { r.MaxLifetimeSec = -1 }, "max_lifetime_sec"},
 	}
 	for _, c := range cases {
