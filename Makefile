@@ -11,7 +11,7 @@ BENCH_TIMEOUT ?= 30m
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR"
 PREFIX ?= /usr/local
 
-.PHONY: all build test test-unit test-vm vet demo bench install clean
+.PHONY: all build test test-unit test-vm test-systemd vet demo bench install clean
 
 all: build
 
@@ -32,11 +32,16 @@ test-unit:
 test-vm:
 	$(VMRUN) $(if $(RUN),-run '$(RUN)') $(VM_PKGS)
 
+# The shipped units under systemd as PID 1 in the test VM (test/systemd/scenario.sh).
+test-systemd:
+	$(VMRUN) -timeout 16m -job-timeout 12m -systemd test/systemd/scenario.sh
+
 test:
 	@test/stage.sh setup test/vm/setup.sh
 	@test/stage.sh vet $(MAKE) --no-print-directory vet
 	@test/stage.sh unit $(MAKE) --no-print-directory test-unit
 	@test/stage.sh vm $(MAKE) --no-print-directory test-vm
+	@test/stage.sh systemd $(MAKE) --no-print-directory test-systemd
 
 # The demo runs natively where `ctld doctor` passes, otherwise in the test VM.
 demo:

@@ -45,6 +45,7 @@ type config struct {
 	env           multiFlag
 	pkgs          []string
 	keep          bool
+	systemd       string // scenario script: boot systemd as PID 1 (systemd.go)
 }
 
 type multiFlag []string
@@ -74,6 +75,7 @@ func main() {
 	flag.Var(&c.cmds, "cmd", "shell command to run in the guest (repeatable)")
 	flag.Var(&c.env, "env", "K=V exported in the guest (repeatable)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory")
+	flag.StringVar(&c.systemd, "systemd", "", "boot systemd as PID 1 with ctld installed and run this scenario script")
 	flag.Parse()
 	c.pkgs = flag.Args()
 
@@ -96,8 +98,11 @@ func run(ctx context.Context, c config) error {
 	if c.kernelDir == "" {
 		return errors.New("no kernel: pass -kernel DIR (test/vm/setup.sh prints it)")
 	}
-	if len(c.pkgs) == 0 && len(c.cmds) == 0 {
-		return errors.New("nothing to run: give packages or -cmd")
+	if len(c.pkgs) == 0 && len(c.cmds) == 0 && c.systemd == "" {
+		return errors.New("nothing to run: give packages, -cmd or -systemd")
+	}
+	if c.systemd != "" && (len(c.pkgs) > 0 || len(c.cmds) > 0) {
+		return errors.New("-systemd runs alone: no packages or -cmd with it")
 	}
 	kver, err := kernelVersion(c.kernelDir)
 	if err != nil {
@@ -138,12 +143,16 @@ func run(ctx context.Context, c config) error {
 	for _, cmd := range c.cmds {
 		jobs = append(jobs, Job{Name: cmd, Dir: wd, Argv: []string{"/bin/sh", "-c", cmd}, Timeout: int(c.jobTime.Seconds())})
 	}
-	if len(jobs) == 0 {
-		return errors.New("no test binaries: the packages have no tests")
-	}
-
 	env := append([]string{"CTLD_KERNEL_TESTS=1", "CTLD_IN_VM=1", "CTLD_BIN_DIR=/ctld-vm/bin/cmd"}, c.env...)
-	if err := os.WriteFile(filepath.Join(share, "guest.sh"), []byte(guestScript(jobs, env)), 0o755); err != nil {
+	if c.systemd != "" {
+		j, err := prepareSystemd(ctx, c, share, wd, env)
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, j)
+	} else if len(jobs) == 0 {
+		return errors.New("no test binaries: the packages have no tests")
+	} else if err := os.WriteFile(filepath.Join(share, "guest.sh"), []byte(guestScript(jobs, env)), 0o755); err != nil {
 		return err
 	}
 	initrd := filepath.Join(work, "initrd.cpio")

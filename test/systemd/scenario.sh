@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# The systemd units under test, for real: run by `make test-systemd` inside
+# the test VM with systemd as PID 1 and ctld installed by `make install`
+# (test/vm/vmrun -systemd). It plays the operator: starts ctld@a and ctld@b,
+# claims a sandbox, kills the primary with -9 and checks that the standby
+# adopts the running guest and that the host (PID 1's mount namespace) sees
+# the guest's mounts and netns; then the watchdog, readiness, OOM score,
+# `systemctl stop ctld.target` and `ctld status` under systemd.
+# Every check is printed; the script exits 1 if any failed.
+set -uo pipefail
+export CTL_MANAGER_DB=/var/lib/ctl-manager/manager.db
+REPO=$(pwd)
+t0=${EPOCHREALTIME/./}
+failed=0
+step() { printf '\n[%6.1fs] ==> %s\n' "$(((${EPOCHREALTIME/./} - t0) / 1000))e-3" "$*"; }
+ok() { echo "  ok:   $*"; }
+bad() {
+	echo "  FAIL: $*"
+	failed=$((failed + 1))
+}
+# check DESCRIPTION COMMAND...: a check that passes when COMMAND succeeds.
+check() {
+	local what=$1
+	shift
+	if "$@"; then ok "$what"; else bad "$what"; fi
+}
+fatal() {
+	bad "$*"
+	finish
+}
+finish() {
+	step "journal of the ctld units"
+	journalctl --no-pager -o short-monotonic -u 'ctld@*' | tail -n 120
+	step "result: $failed failed check(s)"
+	[ "$failed" = 0 ] && exit 0
+	exit 1
+}
+mainpid() { systemctl show -p MainPID --value "ctld@$1"; }
+# primary_slot prints the slot that is primary and healthy, if any.
+primary_slot() {
+	ctld status --json 2>/dev/null |
+		jq -r '.slots[] | select(.status.role == "primary" and .status.health == "ok") | .slot'
+}
+wait_primary() { # [not-slot] -> slot, within 120 s
+	local s
+	for _ in $(seq 1 1200); do
+		s=$(primary_slot)
+		if [ -n "$s" ] && [ "$s" != "${1:-}" ] && ctl-manager node status >/dev/null 2>&1; then
+			echo "$s"
+			return 0
+		fi
+		sleep 0.1
+	done
+	return 1
+}
+other() { if [ "$1" = a ]; then echo b; else echo a; fi; }
+node_field() { ctl-manager --json sandbox get demo 2>/dev/null | jq -r ".node.$1 // empty"; }
+node_state() { node_field state; }
+# guest_pid prints the runsc sandbox PID of the one live container.
+guest_pid() { runsc --root /run/ctld/runsc list -format json 2>/dev/null | jq -r '.[0].pid // empty'; }
+host_sees() { # what the host (PID 1's mount namespace) sees of the guest $CID
+	ip netns list | grep -q "^ctld-$CID\b" &&
+		findmnt -l -n -t overlay -o TARGET | grep -qx "/var/lib/ctld/scratch/$CID/root"
+}
+
+step "the installed units are the shipped ones"
+for f in ctld@.service ctld.target; do
+	check "/etc/systemd/system/$f is systemd/$f" cmp "/etc/systemd/system/$f" "$REPO/systemd/$f"
+done
+check "the scenario runs in PID 1's mount namespace" test "$(readlink /proc/self/ns/mnt)" = "$(readlink /proc/1/ns/mnt)"
+check "cgroup2 is the only hierarchy" test "$(stat -f -c %T /sys/fs/cgroup)" = cgroup2fs
+check "group ctld exists (sysusers)" getent group ctld
+check "nbd loaded with the shipped nbds_max=64" test "$(cat /sys/module/nbd/parameters/nbds_max 2>/dev/null)" = 64
+
+step "systemctl start ctld@a (Type=notify: start returns after READY=1)"
+systemctl start ctld@a || fatal "systemctl start ctld@a"
+check "ctld@a is active" test "$(systemctl is-active ctld@a)" = active
+# READY=1 is sent once the probe socket listens, so it answers right away.
+check "ctld@a's probe socket answers as soon as start returns" sh -c 'ctld status --json | jq -e ".slots[] | select(.slot == \"a\") | .status.pid" >/dev/null'
+check "the unit is Type=notify with the watchdog on" test "$(systemctl show -p Type,WatchdogUSec --value ctld@a | tr '\n' ' ')" = "notify 30s "
+A=$(wait_primary) || fatal "no primary after starting ctld@a"
+check "ctld@a is the primary" test "$A" = a
+systemctl start ctld@b || fatal "systemctl start ctld@b"
+ctld status
+
+step "each instance runs in the host's namespaces, with the unit's limits"
+for s in a b; do
+	pid=$(mainpid $s)
+	check "ctld@$s (pid $pid) sees PID 1's mount namespace" test "$(readlink /proc/"$pid"/ns/mnt)" = "$(readlink /proc/1/ns/mnt)"
+	check "ctld@$s oom_score_adj is -900" test "$(cat /proc/"$pid"/oom_score_adj)" = -900
+	check "ctld@$s may open /dev/nbd0 (no device allow-list)" sh -c "echo \$\$ > /sys/fs/cgroup/system.slice/system-ctld.slice/ctld@$s.service/cgroup.procs && exec 3<>/dev/nbd0"
+done
+check "ctld status shows each unit's main PID" sh -c "ctld status --json | jq -e '[.slots[] | .status.pid] == [$(mainpid a), $(mainpid b)]' >/dev/null"
+owners=$(stat -c '%n %U:%G %a' /run/ctld /var/lib/ctld | tr '\n' ' ')
+check "/run/ctld and /var/lib/ctld keep root:ctld 750 (tmpfiles), so group ctld reaches the socket: $owners" \
+	test "$owners" = "/run/ctld root:ctld 750 /var/lib/ctld root:ctld 750 "
+echo "  device policy of ctld@a: $(systemctl show -p DevicePolicy,DeviceAllow ctld@a | tr '\n' ' ')"
+
+step "claim a sandbox"
+ctl-manager sandbox create demo --cpu 500m --memory 256Mi --pids 256 || fatal "claim"
+check "the guest answers" ctl-manager sandbox exec demo -- /bin/true
+CID=$(node_field container_id)
+GUEST=$(guest_pid)
+echo "container $CID, lease $(node_field lease_id), runsc sandbox pid $GUEST"
+ip netns list
+findmnt -t overlay
+check "runsc shows the guest (pid $GUEST)" test -n "$GUEST"
+check "the host sees the guest's netns (ip netns) and overlay root (findmnt)" host_sees
+LEASE=$(node_field lease_id)
+LEASEDIR=/sys/fs/cgroup/ctld.slice/$LEASE
+check "the guest runs in its lease cgroup $LEASEDIR, not in a unit's" grep -qx "$GUEST" "$LEASEDIR/cgroup.procs"
+for s in a b; do
+	check "ctld@$s's unit cgroup holds only ctld" test "$(cat /sys/fs/cgroup/system.slice/system-ctld.slice/ctld@$s.service/cgroup.procs)" = "$(mainpid $s)"
+done
+
+step "kill -9 the primary's main PID: the standby adopts the running guest"
+kill -9 "$(mainpid "$A")"
+B=$(wait_primary "$A") || fatal "no new primary after kill -9 of ctld@$A"
+ok "ctld@$B is primary"
+check "the sandbox is still ready on the node" test "$(node_state)" = ready
+check "the same guest process runs (pid $GUEST)" test "$(guest_pid)" = "$GUEST"
+check "the adopted guest answers" ctl-manager sandbox exec demo -- /bin/true
+check "the host still sees the guest's netns and overlay root" host_sees
+for _ in $(seq 1 100); do [ "$(systemctl is-active "ctld@$A")" = active ] && break; sleep 0.1; done
+check "systemd restarted ctld@$A (Restart=always) and it is standby" sh -c "ctld status --json | jq -e '.slots[] | select(.slot == \"$A\") | .status.role == \"standby\"' >/dev/null"
+ctld status
+
+step "systemd re-applies its cgroup tree: ctld.slice keeps its controllers"
+systemctl daemon-reexec
+check "the lease still has cpu, memory and pids" sh -c "tr ' ' '\n' < $LEASEDIR/cgroup.controllers | grep -cxE 'cpu|memory|pids' | grep -qx 3"
+check "the lease's memory.max is still 256Mi" test "$(cat "$LEASEDIR/memory.max")" = 268435456
+
+step "systemctl stop ctld.target: ctld stops, guests keep running (KillMode=process)"
+systemctl stop ctld.target
+check "both instances are inactive" test "$(systemctl is-active ctld@a ctld@b | sort -u)" = inactive
+check "the guest process still runs" kill -0 "$GUEST"
+check "the host still sees the guest's netns and overlay root" host_sees
+systemctl start ctld.target
+P=$(wait_primary) || fatal "no primary after systemctl start ctld.target"
+check "after start, the sandbox is adopted and ready" test "$(node_state)" = ready
+check "the same guest process runs" test "$(guest_pid)" = "$GUEST"
+check "the guest answers" ctl-manager sandbox exec demo -- /bin/true
+
+step "watchdog: SIGSTOP the primary ctld@$P; systemd kills it and the standby takes over"
+pid=$(mainpid "$P")
+kill -STOP "$pid"
+Q=$(wait_primary "$P") || bad "no takeover within 60 s of SIGSTOP of ctld@$P"
+check "ctld@$Q took over" test -n "$Q"
+check "the journal says systemd's watchdog fired for ctld@$P" sh -c "journalctl --no-pager -u ctld@$P | grep -q 'Watchdog timeout'"
+check "the frozen process is gone" sh -c "! kill -0 $pid 2>/dev/null"
+check "the guest is adopted again and answers" ctl-manager sandbox exec demo -- /bin/true
+ctld status
+
+step "destroy the sandbox: cleanup proof verified, nothing left"
+check "destroy with a verified proof" ctl-manager sandbox destroy demo
+check "no ctld netns left" sh -c "! ip netns list | grep -q '^ctld-'"
+check "no overlay left" sh -c "! findmnt -l -n -t overlay -o TARGET | grep -q /var/lib/ctld/scratch"
+check "no lease cgroup left" test -z "$(find /sys/fs/cgroup/ctld.slice -mindepth 1 -type d)"
+check "no runsc container left" test -z "$(runsc --root /run/ctld/runsc list -quiet)"
+finish
