@@ -114,9 +114,10 @@ for s in a b; do
 done
 
 step "kill -9 the primary's main PID: the standby adopts the running guest"
+k=${EPOCHREALTIME/./}
 kill -9 "$(mainpid "$A")"
 B=$(wait_primary "$A") || fatal "no new primary after kill -9 of ctld@$A"
-ok "ctld@$B is primary"
+ok "ctld@$B is primary, serving $(((${EPOCHREALTIME/./} - k) / 1000)) ms after the kill"
 check "the sandbox is still ready on the node" test "$(node_state)" = ready
 check "the same guest process runs (pid $GUEST)" test "$(guest_pid)" = "$GUEST"
 check "the adopted guest answers" ctl-manager sandbox exec demo -- /bin/true
@@ -143,9 +144,10 @@ check "the guest answers" ctl-manager sandbox exec demo -- /bin/true
 
 step "watchdog: SIGSTOP the primary ctld@$P; systemd kills it and the standby takes over"
 pid=$(mainpid "$P")
+k=${EPOCHREALTIME/./}
 kill -STOP "$pid"
-Q=$(wait_primary "$P") || bad "no takeover within 60 s of SIGSTOP of ctld@$P"
-check "ctld@$Q took over" test -n "$Q"
+Q=$(wait_primary "$P") || bad "no takeover within 120 s of SIGSTOP of ctld@$P"
+check "ctld@$Q took over, $(((${EPOCHREALTIME/./} - k) / 1000000)) s after the SIGSTOP" test -n "$Q"
 check "the journal says systemd's watchdog fired for ctld@$P" sh -c "journalctl --no-pager -u ctld@$P | grep -q 'Watchdog timeout'"
 check "the frozen process is gone" sh -c "! kill -0 $pid 2>/dev/null"
 check "the guest is adopted again and answers" ctl-manager sandbox exec demo -- /bin/true
