@@ -33,7 +33,7 @@ func TestStatusBoundsEachSlot(t *testing.T) {
 	var out bytes.Buffer
 	c := statusCmd(&g)
 	c.SetOut(&out)
-	c.SetArgs(nil)
+	c.SetArgs([]string{}) // nil would make cobra read os.Args
 	t0 := time.Now()
 	if err := c.Execute(); err != nil {
 		t.Fatal(err)
