@@ -113,10 +113,14 @@ func Open(path string, timeout time.Duration) (*Journal, error) {
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketEffects, bucketSandboxes, bucketOperations, bucketProofs} {
+		unindexed := tx.Bucket(bucketLive) == nil
+		for _, b := range [][]byte{bucketEffects, bucketSandboxes, bucketOperations, bucketProofs, bucketLive, bucketPending, bucketHistory, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
+		}
+		if unindexed {
+			return buildIndex(tx)
 		}
 		return nil
 	})
@@ -189,8 +193,13 @@ func (t *Tx) DeleteEffect(kind, name string) error {
 // Effects lists all effects, ordered by kind and name.
 func (t *Tx) Effects() ([]Effect, error) { return all[Effect](t.tx, bucketEffects) }
 
-// PutSandbox stores a sandbox record.
-func (t *Tx) PutSandbox(s Sandbox) error { return put(t.tx, bucketSandboxes, s.ID, s) }
+// PutSandbox stores a sandbox record (and indexes it: see index.go).
+func (t *Tx) PutSandbox(s Sandbox) error {
+	if err := indexSandbox(t.tx, s); err != nil {
+		return fmt.Errorf("index sandbox %s: %w", s.ID, err)
+	}
+	return put(t.tx, bucketSandboxes, s.ID, s)
+}
 
 // Sandbox reads a sandbox record.
 func (t *Tx) Sandbox(id string) (Sandbox, bool, error) {
@@ -199,15 +208,21 @@ func (t *Tx) Sandbox(id string) (Sandbox, bool, error) {
 	return s, ok, err
 }
 
-// Sandboxes lists all sandbox records ordered by id.
+// Sandboxes lists all sandbox records, history included, ordered by id.
+// Hot paths use LiveSandboxes.
 func (t *Tx) Sandboxes() ([]Sandbox, error) {
 	ss, err := all[Sandbox](t.tx, bucketSandboxes)
 	sort.Slice(ss, func(i, k int) bool { return ss[i].ID < ss[k].ID })
 	return ss, err
 }
 
-// PutOperation stores an operation record.
-func (t *Tx) PutOperation(o Operation) error { return put(t.tx, bucketOperations, o.ID, o) }
+// PutOperation stores an operation record (and indexes it).
+func (t *Tx) PutOperation(o Operation) error {
+	if err := indexOperation(t.tx, o); err != nil {
+		return fmt.Errorf("index operation %s: %w", o.ID, err)
+	}
+	return put(t.tx, bucketOperations, o.ID, o)
+}
 
 // Operation reads an operation record.
 func (t *Tx) Operation(id string) (Operation, bool, error) {
@@ -216,11 +231,17 @@ func (t *Tx) Operation(id string) (Operation, bool, error) {
 	return o, ok, err
 }
 
-// Operations lists all operation records.
+// Operations lists all operation records, history included. Hot paths use
+// PendingOperations.
 func (t *Tx) Operations() ([]Operation, error) { return all[Operation](t.tx, bucketOperations) }
 
-// PutProof stores a cleanup proof under its operation id.
-func (t *Tx) PutProof(p api.CleanupProof) error { return put(t.tx, bucketProofs, p.OperationID, p) }
+// PutProof stores a cleanup proof under its operation id (and indexes it).
+func (t *Tx) PutProof(p api.CleanupProof) error {
+	if err := indexProof(t.tx, p); err != nil {
+		return fmt.Errorf("index proof %s: %w", p.OperationID, err)
+	}
+	return put(t.tx, bucketProofs, p.OperationID, p)
+}
 
 // Proof reads a cleanup proof.
 func (t *Tx) Proof(opID string) (api.CleanupProof, bool, error) {

@@ -1,0 +1,77 @@
+// Package journaltest fills a journal with history for tests and
+// benchmarks: released generations written directly with the journal API,
+// shaped like the records a real claim and release leave.
+package journaltest
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// SeedFinished writes n released generations (sandbox record, claim and
+// release operations with their stored results, signed-size cleanup proof)
+// under sandbox ids prefix0..prefix(n-1), in transactions of 1,000.
+func SeedFinished(j *journal.Journal, prefix string, n int) error {
+	const batch = 1000
+	sig := make([]byte, 64)
+	key := make([]byte, 32)
+	for lo := 0; lo < n; lo += batch {
+		err := j.Update(func(tx *journal.Tx) error {
+			for i := lo; i < min(lo+batch, n); i++ {
+				id := fmt.Sprintf("%s%d", prefix, i)
+				cid := id + "-g1"
+				now := time.Now().UTC()
+				req := api.ClaimRequest{
+					OperationID: "claim-" + id, Generation: 1,
+					RootFS:    api.RootFS{Mode: "overlay", Template: "busybox"},
+					Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128},
+					Network:   api.NetworkPolicy{Mode: "deny_all"},
+					Process:   api.Process{Args: []string{"/bin/sleep", "2147483647"}, Env: []string{"PATH=/bin:/usr/bin"}},
+				}
+				sb := api.Sandbox{
+					ID: id, Generation: 1, State: api.StateReleased, ContainerID: cid, LeaseID: cid,
+					Resources: req.Resources, RootFS: req.RootFS, Epoch: 1, CreatedAt: now, Reason: "released",
+					Timings: api.Timings{LeaseMS: 3, RootFSMS: 5, NetworkMS: 12, RunscMS: 4500, ProofMS: 700, TotalMS: 5220},
+				}
+				p := api.CleanupProof{
+					OperationID: "release-" + id, NodeID: "node", BootID: "boot", Epoch: 1, SandboxID: id,
+					Generation: 1, LeaseID: cid, Clean: true, Time: now, NodeKey: key, Signature: sig,
+				}
+				for _, c := range []string{"cgroup_removed", "runsc_container_gone", "mounts_gone", "netns_gone", "bundle_removed"} {
+					p.Checks = append(p.Checks, api.ProofCheck{Name: c, OK: true, Detail: "absent"})
+				}
+				claimRes, _ := json.Marshal(api.ClaimResponse{Sandbox: sb})
+				relRes, _ := json.Marshal(api.ReleaseResponse{Sandbox: sb, Proof: p})
+				rec := journal.Sandbox{
+					Sandbox: sb, ClaimOp: req.OperationID, ReleaseOp: p.OperationID, Nonce: "00112233445566778899aabbccddeeff",
+					Netns: cid, Root: "/var/lib/ctld/scratch/" + cid + "/root", Bundle: "/run/ctld/bundles/" + cid, Request: &req,
+				}
+				for _, put := range []func() error{
+					func() error { return tx.PutSandbox(rec) },
+					func() error {
+						return tx.PutOperation(journal.Operation{ID: req.OperationID, Kind: "claim", SandboxID: id, Generation: 1,
+							RequestHash: "seed", State: journal.OpDone, Result: claimRes, Epoch: 1, Created: now})
+					},
+					func() error {
+						return tx.PutOperation(journal.Operation{ID: p.OperationID, Kind: "release", SandboxID: id, Generation: 1,
+							RequestHash: "seed", State: journal.OpDone, Result: relRes, Epoch: 1, Created: now})
+					},
+					func() error { return tx.PutProof(p) },
+				} {
+					if err := put(); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("seed finished generations: %w", err)
+		}
+	}
+	return nil
+}
