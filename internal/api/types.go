@@ -122,6 +122,9 @@ type ClaimRequest struct {
 
 // Timings of a claim's steps, in milliseconds.
 type Timings struct {
+	// AdmitMS is the journal transaction that admits the claim (idempotency
+	// lookup, ledger, pending record).
+	AdmitMS   float64 `json:"admit_ms"`
 	LeaseMS   float64 `json:"lease_ms"`
 	RootFSMS  float64 `json:"rootfs_ms"`
 	NetworkMS float64 `json:"network_ms"`

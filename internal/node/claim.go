@@ -139,29 +139,9 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		ID: req.OperationID, Kind: "claim", SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
-	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
-		prev, ok, err := tx.Sandbox(id)
-		if err != nil {
-			return err
-		}
-		if ok && prev.Holds() {
-			return api.Errorf(api.CodeConflict, "sandbox %q already has generation %d in state %s", id, prev.Generation, prev.State)
-		}
-		if ok && prev.Withheld {
-			return api.Errorf(api.CodeConflict, "sandbox %q generation %d has unproven cleanup (withheld)", id, prev.Generation)
-		}
-		if ok && req.Generation <= prev.Generation {
-			return api.Errorf(api.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, prev.Generation)
-		}
-		all, err := tx.Sandboxes()
-		if err != nil {
-			return err
-		}
-		if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
-			return api.Errorf(api.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
-		}
-		return tx.PutSandbox(rec)
-	})
+	admitStart := time.Now()
+	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error { return n.admitClaim(tx, rec) })
+	rec.Timings.AdmitMS = ms(time.Since(admitStart))
 	if err != nil || !started {
 		if err != nil {
 			return api.ClaimResponse{}, err
@@ -187,6 +167,35 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		log.Error("rollback incomplete; capacity withheld", "err", err)
 	}
 	return api.ClaimResponse{}, n.failOp(op, cerr)
+}
+
+// admitClaim decides, inside the transaction that records the claim as
+// pending, whether generation rec may start: no live generation, newer than
+// the last, and it fits the ledger. It reads only live records (the
+// journal's live index), so its cost does not grow with history.
+func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
+	id, req := rec.ID, rec.Request
+	prev, ok, err := tx.Sandbox(id)
+	if err != nil {
+		return err
+	}
+	if ok && prev.Holds() {
+		return api.Errorf(api.CodeConflict, "sandbox %q already has generation %d in state %s", id, prev.Generation, prev.State)
+	}
+	if ok && prev.Withheld {
+		return api.Errorf(api.CodeConflict, "sandbox %q generation %d has unproven cleanup (withheld)", id, prev.Generation)
+	}
+	if ok && req.Generation <= prev.Generation {
+		return api.Errorf(api.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, prev.Generation)
+	}
+	all, err := tx.LiveSandboxes()
+	if err != nil {
+		return err
+	}
+	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
+		return api.Errorf(api.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
+	}
+	return tx.PutSandbox(rec)
 }
 
 // failOp stores the operation's error so a retry gets the same answer.
@@ -232,7 +241,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
 	req := rec.Request
 	cid := rec.ContainerID
-	var t api.Timings
+	t := api.Timings{AdmitMS: rec.Timings.AdmitMS}
 	start := time.Now()
 	step := time.Now()
 

@@ -119,7 +119,7 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 		out.NodeKey = n.d.Identity.PublicKey()
 	}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
-		ss, err := tx.Sandboxes()
+		ss, err := tx.LiveSandboxes()
 		if err != nil {
 			return err
 		}

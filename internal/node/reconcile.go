@@ -29,10 +29,10 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	var ss []journal.Sandbox
 	var ops []journal.Operation
 	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		if ss, err = tx.Sandboxes(); err != nil {
+		if ss, err = tx.LiveSandboxes(); err != nil {
 			return err
 		}
-		ops, err = tx.Operations()
+		ops, err = tx.PendingOperations()
 		return err
 	}); err != nil {
 		return fmt.Errorf("read journal: %w", err)
