@@ -41,11 +41,12 @@ const (
 // cli holds the global flags and the process's streams; commands read
 // everything from here, so tests run the whole CLI in-process.
 type cli struct {
-	socket  string
-	db      string
-	json    bool
-	timeout time.Duration
-	verbose bool
+	socket      string
+	db          string
+	json        bool
+	timeout     time.Duration
+	verbose     bool
+	busyRetries int
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -86,7 +87,11 @@ func errorLine(err error) string {
 	}
 	var ae *api.Error
 	if errors.As(inner, &ae) {
-		return "ctl-manager: " + what + string(ae.Code) + ": " + oneLine(ae.Message)
+		line := "ctl-manager: " + what + string(ae.Code) + ": " + oneLine(ae.Message)
+		if ae.RetryAfter > 0 {
+			line += fmt.Sprintf(" (node busy: retry after %v)", ae.RetryAfter)
+		}
+		return line
 	}
 	return "ctl-manager: " + what + oneLine(inner.Error())
 }
@@ -134,6 +139,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	pf.BoolVar(&c.json, "json", false, "print JSON")
 	pf.DurationVar(&c.timeout, "timeout", 5*time.Minute, "give up after this long (0: never)")
 	pf.BoolVarP(&c.verbose, "verbose", "v", false, "log what the manager does to stderr")
+	pf.IntVar(&c.busyRetries, "busy-retries", 3, "send a claim or exec the node refused as busy again, after its retry hint, this many times")
 
 	sandbox := group("sandbox", "Create, use and destroy sandboxes")
 	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand())
@@ -197,7 +203,7 @@ func (c *cli) logger() *slog.Logger {
 // manager builds the Manager; commands that only talk to the node (exec,
 // files) do not open the database.
 func (c *cli) manager(ctx context.Context, withStore bool) (*manager.Manager, func(), error) {
-	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger()}
+	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger(), BusyRetries: c.busyRetries}
 	if !withStore {
 		return m, func() {}, nil
 	}

@@ -37,6 +37,9 @@ type runOpts struct {
 	reservePIDs  int64
 	busybox      string
 	guestOOMAdj  int
+	// Bounds on concurrent work and on the journal's history.
+	maxClaims, maxExecs int
+	retention           journal.Retention
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -51,6 +54,13 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
 				return fmt.Errorf("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
+			}
+			if o.maxClaims < 1 || o.maxExecs < 1 {
+				return fmt.Errorf("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
+			}
+			if o.retention.MaxAge < time.Minute || o.retention.MaxRecords < 1000 {
+				return fmt.Errorf("--journal-retention must be at least 1m and --journal-retention-records at least 1000, got %v and %d",
+					o.retention.MaxAge, o.retention.MaxRecords)
 			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
@@ -71,6 +81,12 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
 	f.IntVar(&o.guestOOMAdj, "guest-oom-score-adj", runtime.DefaultGuestOOMScoreAdj, "oom_score_adj of every guest's runsc processes (0-1000; ctld's own is its unit's OOMScoreAdjust)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
+	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
+	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
+	f.DurationVar(&o.retention.MaxAge, "journal-retention", 24*time.Hour,
+		"how long finished generations, operation results and cleanup proofs stay in the journal: the idempotency window of an operation_id")
+	f.IntVar(&o.retention.MaxRecords, "journal-retention-records", 200000,
+		"at most this many finished records (about 4 per generation) stay in the journal; the oldest go first, even inside --journal-retention")
 	return c
 }
 
@@ -172,7 +188,12 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 	}
 	inst.set(func(s *ha.Status) { s.Health = "ok" })
 	log.Info("primary: serving the API", "socket", apiLn.Addr().String(), "takeover_ms", time.Since(took).Milliseconds())
-	srv := &api.Server{Service: n, Logger: log, AllowedGID: gid}
+	go n.KeepHistory(ctx, o.retention, 10*time.Minute)
+	srv := &api.Server{
+		Service: n, Logger: log, AllowedGID: gid,
+		Claims: api.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
+		Execs:  api.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
+	}
 	err = srv.Serve(ctx, apiLn)
 	log.Info("primary: handing over", "err", err)
 	return err

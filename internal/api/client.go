@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultSocketPath is where the primary serves the API.
@@ -96,13 +98,22 @@ func (c *Client) target() string {
 // ErrorBody.
 func decodeError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	// The body's hint wins; the header serves answers without one.
+	var retry time.Duration
+	if s, err := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64); err == nil && s > 0 {
+		retry = time.Duration(s) * time.Second
+	}
 	var eb ErrorBody
 	if err := json.Unmarshal(b, &eb); err == nil && eb.Code != "" {
-		return &Error{Code: eb.Code, Message: eb.Message}
+		if eb.RetryAfterSec > 0 {
+			retry = time.Duration(eb.RetryAfterSec) * time.Second
+		}
+		return &Error{Code: eb.Code, Message: eb.Message, RetryAfter: retry}
 	}
 	return &Error{
-		Code:    codeForStatus(resp.StatusCode),
-		Message: fmt.Sprintf("ctld answered %s: %s", resp.Status, strings.TrimSpace(string(b))),
+		Code:       codeForStatus(resp.StatusCode),
+		Message:    fmt.Sprintf("ctld answered %s: %s", resp.Status, strings.TrimSpace(string(b))),
+		RetryAfter: retry,
 	}
 }
 

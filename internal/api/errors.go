@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Error is a typed API error: a code from the fixed set in types.go and a
@@ -12,6 +13,9 @@ import (
 type Error struct {
 	Code    Code
 	Message string
+	// RetryAfter, when positive, is the server's hint of when to try
+	// again (ErrorBody.RetryAfterSec, the Retry-After header).
+	RetryAfter time.Duration
 	// cause is kept for errors.Is/As on the client side (for example a
 	// refused connection behind CodeUnavailable); it never goes on the wire.
 	cause error
@@ -29,6 +33,33 @@ func (e *Error) Unwrap() error { return e.cause }
 func Errorf(code Code, format string, args ...any) *Error {
 	err := fmt.Errorf(format, args...)
 	return &Error{Code: code, Message: err.Error(), cause: errors.Unwrap(err)}
+}
+
+// Busy is the unavailable error of a node at one of its concurrency limits:
+// the caller should retry after the hint (rounded up to whole seconds on
+// the wire, at least one).
+func Busy(retryAfter time.Duration, format string, args ...any) *Error {
+	e := Errorf(CodeUnavailable, format, args...)
+	e.RetryAfter = max(retryAfter, time.Second)
+	return e
+}
+
+// RetryAfterOf returns the retry hint of the first *Error in err's chain,
+// or 0.
+func RetryAfterOf(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.RetryAfter
+	}
+	return 0
+}
+
+// retryAfterSec rounds a hint up to whole seconds (the header's unit).
+func retryAfterSec(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
 }
 
 // CodeOf returns the code of the first *Error in err's chain, CodeInternal

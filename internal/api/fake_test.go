@@ -36,6 +36,9 @@ type fakeService struct {
 	exec func(stdout, stderr io.Writer) (int, error)
 	// block, when set, is waited on by Node (to hold a request in flight).
 	block chan struct{}
+	// slow, when set, is waited on by Claim and Exec: a runtime that takes
+	// its time.
+	slow chan struct{}
 }
 
 func (f *fakeService) record(format string, args ...any) {
@@ -60,11 +63,17 @@ func (f *fakeService) Node(ctx context.Context) (Node, error) {
 
 func (f *fakeService) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimResponse, error) {
 	f.record("Claim %s %s gen=%d", id, req.OperationID, req.Generation)
+	if f.slow != nil {
+		<-f.slow
+	}
 	return f.claim, f.err
 }
 
 func (f *fakeService) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
 	f.record("Exec %s %q", id, req.Args)
+	if f.slow != nil {
+		<-f.slow
+	}
 	if f.exec != nil {
 		return f.exec(stdout, stderr)
 	}

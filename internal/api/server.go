@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,6 +49,10 @@ type Server struct {
 	// ShutdownGrace is how long Serve lets requests in flight finish after
 	// its context is done (default 30 s); then connections are closed.
 	ShutdownGrace time.Duration
+	// Claims and Execs bound the claims and execs running at once (nil:
+	// no bound). Beyond them a request is answered unavailable with a
+	// retry hint at once, before it reaches the Service.
+	Claims, Execs *Limiter
 }
 
 // PeerCred is the identity of the process at the other end of the socket.
@@ -336,7 +341,8 @@ func (s *Server) adapt(h apiFunc) http.Handler {
 			if errors.As(err, &se) {
 				status = se.status
 			}
-			writeError(w, status, code, wireMessage(err))
+			body := ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(RetryAfterOf(err))}
+			writeErrorBody(w, status, body)
 		}
 	})
 }
@@ -365,10 +371,19 @@ func wireMessage(err error) string {
 }
 
 func writeError(w http.ResponseWriter, status int, code Code, msg string) {
+	writeErrorBody(w, status, ErrorBody{Code: code, Message: msg})
+}
+
+// writeErrorBody sends an error; a retry hint also goes in the standard
+// Retry-After header (seconds), for clients that know nothing of ctld.
+func writeErrorBody(w http.ResponseWriter, status int, body ErrorBody) {
 	if rec, ok := w.(*recorder); ok {
-		rec.code = code
+		rec.code = body.Code
 	}
-	writeJSON(w, status, ErrorBody{Code: code, Message: msg})
+	if body.RetryAfterSec > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(body.RetryAfterSec, 10))
+	}
+	writeJSON(w, status, body)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -505,6 +520,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
 	if err := ValidateGeneration(id, req.Generation); err != nil {
 		return err
 	}
+	done, err := s.Claims.Acquire()
+	if err != nil {
+		return err
+	}
+	defer done()
 	resp, err := s.Service.Claim(r.Context(), id, req)
 	return answer(w, resp, err)
 }
@@ -545,6 +565,11 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	done, err := s.Execs.Acquire()
+	if err != nil {
+		return err
+	}
+	defer done()
 	if wantsEventStream(r) {
 		return s.execStream(w, r, id, req)
 	}
@@ -576,7 +601,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, r
 		if rec, ok := w.(*recorder); ok {
 			rec.code = c
 		}
-		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err)})
+		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err), RetryAfterSec: retryAfterSec(RetryAfterOf(err))})
 		_ = sw.event(EventError, b) // the client may be gone; the log has it
 		return nil
 	}

@@ -2,7 +2,9 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -258,5 +260,100 @@ func TestHandlerWithoutServeRefuses(t *testing.T) {
 	}
 	if len(fake.Calls()) != 0 {
 		t.Errorf("Service called: %q", fake.Calls())
+	}
+}
+
+// TestBusyAnswersWithRetryHint: a node at a concurrency limit answers 503
+// unavailable with the hint in the body and the Retry-After header, and the
+// client returns it in Error.RetryAfter (JSON and stream answers alike).
+func TestBusyAnswersWithRetryHint(t *testing.T) {
+	fake := &fakeService{err: Busy(2500*time.Millisecond, "%d claims running, limit %d", 4, 4)}
+	fake.exec = func(io.Writer, io.Writer) (int, error) { return -1, fake.err }
+	srv := startServer(t, &Server{Service: fake, AllowedGID: -1})
+	resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil)
+	var eb ErrorBody
+	if err := json.Unmarshal(resp.body, &eb); err != nil {
+		t.Fatalf("body %q: %v", resp.body, err)
+	}
+	if resp.status != 503 || eb.Code != CodeUnavailable || eb.RetryAfterSec != 3 || resp.header.Get("Retry-After") != "3" {
+		t.Fatalf("busy answer: %d %+v Retry-After=%q; want 503 unavailable, 3 s in body and header", resp.status, eb, resp.header.Get("Retry-After"))
+	}
+	c := &Client{SocketPath: srv.sock}
+	ctx := context.Background()
+	_, err := c.Claim(ctx, "sb-1", validClaim())
+	if RetryAfterOf(err) != 3*time.Second || CodeOf(err) != CodeUnavailable {
+		t.Fatalf("client claim: %v, retry after %v; want unavailable, 3s", err, RetryAfterOf(err))
+	}
+	_, err = c.ExecStream(ctx, "sb-1", ExecRequest{Args: []string{"/x"}}, io.Discard, io.Discard)
+	if RetryAfterOf(err) != 3*time.Second {
+		t.Fatalf("client exec stream: %v, retry after %v; want 3s", err, RetryAfterOf(err))
+	}
+	// Other errors carry no hint.
+	fake.err = Errorf(CodeNotFound, "no")
+	if resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil); resp.header.Get("Retry-After") != "" {
+		t.Fatalf("not_found answered with Retry-After %q", resp.header.Get("Retry-After"))
+	}
+}
+
+// TestConcurrencyLimits: with a slow runtime, claims and execs beyond
+// their bounds are refused at once (unavailable, retry hint) without
+// reaching the Service; the two kinds have separate bounds; slots come
+// back when requests finish.
+func TestConcurrencyLimits(t *testing.T) {
+	fake := &fakeService{slow: make(chan struct{})}
+	s := &Server{
+		Service: fake, AllowedGID: -1,
+		Claims: NewLimiter("claims", "--max-concurrent-claims", 2, 4*time.Second),
+		Execs:  NewLimiter("execs", "--max-concurrent-execs", 1, 1500*time.Millisecond),
+	}
+	srv := startServer(t, s)
+	c := &Client{SocketPath: srv.sock}
+	ctx := context.Background()
+	errs := make(chan error, 3)
+	for i := range 2 {
+		go func() { _, err := c.Claim(ctx, fmt.Sprintf("sb-%d", i), validClaim()); errs <- err }()
+	}
+	go func() { _, err := c.Exec(ctx, "sb-0", ExecRequest{Args: []string{"/bin/sleep", "9"}}); errs <- err }()
+	waitFor(t, func() bool { return s.Claims.InUse() == 2 && s.Execs.InUse() == 1 })
+	before := len(fake.Calls())
+
+	t0 := time.Now()
+	_, err := c.Claim(ctx, "sb-9", validClaim())
+	if CodeOf(err) != CodeUnavailable || RetryAfterOf(err) != 4*time.Second {
+		t.Fatalf("third claim: %v (retry after %v); want unavailable, 4s", err, RetryAfterOf(err))
+	}
+	if !strings.Contains(err.Error(), "--max-concurrent-claims=2") {
+		t.Errorf("message does not name the setting: %v", err)
+	}
+	_, err = c.Exec(ctx, "sb-0", ExecRequest{Args: []string{"/bin/true"}})
+	if CodeOf(err) != CodeUnavailable || RetryAfterOf(err) != 2*time.Second {
+		t.Fatalf("second exec: %v (retry after %v); want unavailable, 2s", err, RetryAfterOf(err))
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Fatalf("refusals took %v: they must not queue", d)
+	}
+	if got := fake.Calls()[before:]; len(got) != 0 {
+		t.Fatalf("refused requests reached the service: %q", got)
+	}
+	close(fake.slow)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("admitted request: %v", err)
+		}
+	}
+	waitFor(t, func() bool { return s.Claims.InUse() == 0 && s.Execs.InUse() == 0 })
+	if _, err := c.Claim(ctx, "sb-9", validClaim()); err != nil {
+		t.Fatalf("claim after slots freed: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

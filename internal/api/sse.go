@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // Exec streams use server-sent events (text/event-stream):
@@ -215,7 +216,7 @@ func dispatchEvent(name string, data []byte, stdout, stderr io.Writer) (code int
 		if err := json.Unmarshal(data, &b); err != nil || b.Code == "" {
 			return -1, true, &Error{Code: CodeInternal, Message: fmt.Sprintf("exec stream error event: %s", data)}
 		}
-		return -1, true, &Error{Code: b.Code, Message: b.Message}
+		return -1, true, &Error{Code: b.Code, Message: b.Message, RetryAfter: time.Duration(b.RetryAfterSec) * time.Second}
 	default:
 		// Unknown events are skipped so the server may add some later.
 		return 0, false, nil

@@ -27,6 +27,10 @@ const (
 type ErrorBody struct {
 	Code    Code   `json:"code"`
 	Message string `json:"message"`
+	// RetryAfterSec, when set, is how long the caller should wait before
+	// trying again (also sent as the Retry-After header): the node is busy
+	// (a concurrency limit), not broken.
+	RetryAfterSec int64 `json:"retry_after_sec,omitempty"`
 }
 
 // Capacity is an amount of each resource ctld hands out.

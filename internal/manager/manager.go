@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/proof"
@@ -33,6 +34,45 @@ type Manager struct {
 	Log    *slog.Logger
 	// NewOperationID returns a fresh operation id; nil means 128 random bits.
 	NewOperationID func() (string, error)
+	// BusyRetries is how many times a claim or exec the node refused as
+	// busy (unavailable with a retry hint: it never started) is sent again
+	// after the hinted wait. 0: report busy at once.
+	BusyRetries int
+	// Wait sleeps for a retry hint; nil means a timer that ctx cancels.
+	Wait func(ctx context.Context, d time.Duration) error
+}
+
+// whileBusy calls fn again while the node answers busy, after the node's
+// retry hint, at most BusyRetries times. Only busy answers are retried: the
+// node refused them before doing anything, so a repeat is safe even for an
+// exec; any other answer is returned as it is.
+func (m *Manager) whileBusy(ctx context.Context, what string, fn func() error) error {
+	for try := 0; ; try++ {
+		err := fn()
+		hint := api.RetryAfterOf(err)
+		if err == nil || hint <= 0 || api.CodeOf(err) != api.CodeUnavailable || try >= m.BusyRetries {
+			return err
+		}
+		m.log().Info("node busy; retrying after its hint", "what", what, "retry_after", hint, "try", try+1, "of", m.BusyRetries)
+		wait := m.Wait
+		if wait == nil {
+			wait = sleepCtx
+		}
+		if werr := wait(ctx, hint); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (m *Manager) log() *slog.Logger {
@@ -154,7 +194,11 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 		log.Info("retrying pending claim with its recorded operation id and request")
 	}
 	res := CreateResult{OperationID: op.OperationID, Reused: reused}
-	resp, err := m.Client.Claim(ctx, id, spec.claim(op.OperationID, op.Generation))
+	var resp api.ClaimResponse
+	err = m.whileBusy(ctx, "claim "+id, func() (err error) {
+		resp, err = m.Client.Claim(ctx, id, spec.claim(op.OperationID, op.Generation))
+		return err
+	})
 	if err != nil {
 		if definitive(err) {
 			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
@@ -468,7 +512,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 	if err := req.Validate(); err != nil {
 		return 0, err
 	}
-	return m.Client.ExecStream(ctx, id, req, stdout, stderr)
+	var code int
+	err := m.whileBusy(ctx, "exec in "+id, func() (err error) {
+		code, err = m.Client.ExecStream(ctx, id, req, stdout, stderr)
+		return err
+	})
+	return code, err
 }
 
 // ReadFile reads a file inside the sandbox.

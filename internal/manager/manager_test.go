@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/manager/fakenode"
@@ -544,5 +546,38 @@ func TestNodeKeyPinnedOnFirstContactAndChangeRefused(t *testing.T) {
 	}
 	if _, err := m.Create(ctx, "sb1", testSpec()); err == nil {
 		t.Fatal("create against a node with a changed key succeeded")
+	}
+}
+
+// TestCreateRetriesBusyAfterHint: a claim the node refused as busy (a
+// concurrency limit, with a retry hint) is sent again after the hinted
+// wait, with the same operation id, at most BusyRetries times.
+func TestCreateRetriesBusyAfterHint(t *testing.T) {
+	ctx := context.Background()
+	m, n := setup(t)
+	busy := 2
+	n.Lock()
+	n.FailClaim = func(api.ClaimRequest) error {
+		if busy > 0 {
+			busy--
+			return api.Busy(1500*time.Millisecond, "8 claims already running")
+		}
+		return nil
+	}
+	n.Unlock()
+	var waits []time.Duration
+	m.Wait = func(_ context.Context, d time.Duration) error { waits = append(waits, d); return nil }
+	m.BusyRetries = 0
+	res, err := m.Create(ctx, "sb1", testSpec())
+	if api.CodeOf(err) != api.CodeUnavailable || api.RetryAfterOf(err) != 2*time.Second || len(waits) != 0 {
+		t.Fatalf("without retries: %v (hint %v, waits %v); want busy, 2s hint, no wait", err, api.RetryAfterOf(err), waits)
+	}
+	m.BusyRetries = 3
+	again, err := m.Create(ctx, "sb1", testSpec())
+	if err != nil {
+		t.Fatalf("create with busy retries: %v", err)
+	}
+	if fmt.Sprint(waits) != "[2s]" || again.OperationID != res.OperationID {
+		t.Fatalf("waits %v, op %s (first %s); want one 2s wait and the same operation id", waits, again.OperationID, res.OperationID)
 	}
 }
