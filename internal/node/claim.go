@@ -299,7 +299,9 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	// Readiness proof: the first command through the guest must return
 	// this generation's nonce.
 	var out, errb bytes.Buffer
-	code, err := n.d.Runtime.Exec(ctx, cid, readinessProbe(rec), nil, &out, &errb)
+	probe := readinessProbe(rec)
+	probe.CgroupDir = n.d.Leases.Dir(rec.LeaseID) // charged to the sandbox
+	code, err := n.d.Runtime.Exec(ctx, cid, probe, nil, &out, &errb)
 	if err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("readiness probe: %w", err)
 	}

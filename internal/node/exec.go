@@ -60,7 +60,13 @@ func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout,
 	if len(req.Stdin) > 0 {
 		stdin = bytes.NewReader(req.Stdin)
 	}
-	code, err := n.d.Runtime.Exec(ctx, s.ContainerID, execProcess(s, req), stdin, stdout, stderr)
+	// runsc exec runs in the sandbox's lease, charged to the sandbox like
+	// the rest of its processes.
+	p := execProcess(s, req)
+	if p.CgroupDir = n.d.Leases.Dir(s.LeaseID); p.CgroupDir == "" {
+		return -1, api.Errorf(api.CodeInternal, "exec in %s: no lease cgroup %q", id, s.LeaseID)
+	}
+	code, err := n.d.Runtime.Exec(ctx, s.ContainerID, p, stdin, stdout, stderr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return -1, api.Errorf(api.CodeUnavailable, "exec in %s: %v", id, ctx.Err())

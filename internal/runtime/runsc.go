@@ -37,6 +37,11 @@ type ExecProcess struct {
 	Args, Env []string
 	Cwd       string // default "/"
 	UID, GID  uint32
+	// CgroupDir, when set, is the cgroup v2 directory the host-side
+	// `runsc exec` process starts in (clone3 CLONE_INTO_CGROUP), so its
+	// CPU, memory and PIDs are charged to the sandbox's lease, never to
+	// ctld's cgroup, not even for the moment between fork and a move.
+	CgroupDir string
 }
 
 // Runsc drives the runsc binary. Every container of one Runsc lives under
@@ -327,6 +332,14 @@ func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Rea
 
 	cmd := r.command(ctx, id, "exec", "--process", procFile, "--internal-pid-file", pidFile, id)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	if p.CgroupDir != "" {
+		cg, err := os.OpenFile(p.CgroupDir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("open cgroup of exec in %s: %w", id, err)
+		}
+		defer cg.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	}
 	cmd.WaitDelay = execWaitDelay
 	killed := false
 	killGuest := func() {
