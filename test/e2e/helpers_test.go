@@ -31,6 +31,8 @@ type env struct {
 	runDir   string
 	parent   string // cgroup parent of this test's leases
 	procs    map[string]*exec.Cmd
+	// args are added to every `ctld run` of this env (limits, retention).
+	args []string
 }
 
 func newEnv(t testing.TB) *env {
@@ -108,7 +110,7 @@ func (e *env) start(slot string, extraEnv ...string) {
 		e.t.Fatal(err)
 	}
 	defer lf.Close()
-	cmd := exec.Command(e.bin, "run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", "")
+	cmd := exec.Command(e.bin, append([]string{"run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", ""}, e.args...)...)
 	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
