@@ -57,7 +57,9 @@ func TestConcurrencyLimitsAndExecCharge(t *testing.T) {
 		t.Fatalf("lease cgroup.procs %q lacks runsc exec pid %d", procs, pid)
 	}
 	ctldCg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", e.procs["a"].Process.Pid))
-	t.Logf("runsc exec pid %d in %s (ctld in %s)", pid, want, strings.TrimSpace(string(ctldCg)))
+	pids, _ := os.ReadFile(filepath.Join(lease, "pids.current"))
+	t.Logf("runsc exec pid %d in %s (ctld in %s); lease pids.current %s during the exec",
+		pid, want, strings.TrimSpace(string(ctldCg)), strings.TrimSpace(string(pids)))
 
 	t0 := time.Now()
 	_, err = c.Exec(cx, "lim1", api.ExecRequest{Args: []string{"/bin/true"}})
