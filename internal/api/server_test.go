@@ -317,15 +317,18 @@ func TestConcurrencyLimits(t *testing.T) {
 	waitFor(t, func() bool { return s.Claims.InUse() == 2 && s.Execs.InUse() == 1 })
 	before := len(fake.Calls())
 
+	// Bounded: without a limit these would wait for the slow runtime.
+	short, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
 	t0 := time.Now()
-	_, err := c.Claim(ctx, "sb-9", validClaim())
+	_, err := c.Claim(short, "sb-9", validClaim())
 	if CodeOf(err) != CodeUnavailable || RetryAfterOf(err) != 4*time.Second {
 		t.Fatalf("third claim: %v (retry after %v); want unavailable, 4s", err, RetryAfterOf(err))
 	}
 	if !strings.Contains(err.Error(), "--max-concurrent-claims=2") {
 		t.Errorf("message does not name the setting: %v", err)
 	}
-	_, err = c.Exec(ctx, "sb-0", ExecRequest{Args: []string{"/bin/true"}})
+	_, err = c.Exec(short, "sb-0", ExecRequest{Args: []string{"/bin/true"}})
 	if CodeOf(err) != CodeUnavailable || RetryAfterOf(err) != 2*time.Second {
 		t.Fatalf("second exec: %v (retry after %v); want unavailable, 2s", err, RetryAfterOf(err))
 	}
