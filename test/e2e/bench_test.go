@@ -264,6 +264,7 @@ func failoverRounds(b *testing.B, e *env, name string, guests, baseRounds, round
 		}
 	}
 	takeoverLogs(e, guests, res)
+	e.dumpLogs("msg=reconciled")
 }
 
 // takeoverLogs adds ctld's own takeover_ms and reconcile_ms of every
