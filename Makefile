@@ -11,7 +11,7 @@ BENCH_TIMEOUT ?= 30m
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR"
 PREFIX ?= /usr/local
 
-.PHONY: all build test test-unit test-vm test-systemd vet demo bench install clean
+.PHONY: all build test test-unit test-vm test-systemd vet demo bench bench-systemd install clean
 
 all: build
 
@@ -36,6 +36,11 @@ test-vm:
 test-systemd:
 	$(VMRUN) -timeout 16m -job-timeout 12m -systemd test/systemd/scenario.sh
 
+# The failover benchmark under the installed units (systemd as PID 1).
+bench-systemd:
+	$(GO) test -c -o bin/e2e.test ./test/e2e
+	$(VMRUN) -timeout 58m -job-timeout 52m -mem 8192 $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) $(if $(CTLD_BENCH_FAILOVERS),-env CTLD_BENCH_FAILOVERS=$(CTLD_BENCH_FAILOVERS)) -systemd test/systemd/bench-failover.sh
+
 test:
 	@test/stage.sh setup test/vm/setup.sh
 	@test/stage.sh vet $(MAKE) --no-print-directory vet
@@ -55,7 +60,7 @@ demo:
 	fi
 
 bench:
-	$(VMRUN) -timeout 45m -job-timeout $(BENCH_TIMEOUT) -mem $(VM_MEM) $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) -bench '$(BENCH)' $(VM_PKGS)
+	$(VMRUN) -timeout 45m -job-timeout $(BENCH_TIMEOUT) -mem $(VM_MEM) $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) $(if $(CTLD_BENCH_CLAIMS),-env CTLD_BENCH_CLAIMS=$(CTLD_BENCH_CLAIMS)) $(if $(CTLD_BENCH_FAILOVERS),-env CTLD_BENCH_FAILOVERS=$(CTLD_BENCH_FAILOVERS)) -bench '$(BENCH)' $(VM_PKGS)
 
 # Installs binaries, units and host configuration (run as root).
 install:
