@@ -249,7 +249,7 @@ func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, ep
 			log.Warn("built-in busybox template unavailable", "err", err)
 		}
 	}
-	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log}
+	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj}
 	n := node.New(node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -60,6 +61,11 @@ type Runsc struct {
 	// netns (it ignores the spec's netns).
 	Network string
 	LogDir  string
+	// ExecOOMScoreAdj, when set, is the oom_score_adj of each `runsc exec`
+	// process, which lives as long as the guest command: the guest's own,
+	// not ctld's protective one it would inherit. (The sandbox and gofer
+	// take theirs from the spec's process.oomScoreAdj.)
+	ExecOOMScoreAdj *int
 	// IgnoreCgroups passes --ignore-cgroups, for hosts without a usable
 	// cgroup v2 only. ctld leaves it false: the sandbox joins the lease.
 	IgnoreCgroups bool
@@ -360,7 +366,10 @@ func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Rea
 		return cmd.Process.Kill()
 	}
 	t0 := time.Now()
-	err = cmd.Run()
+	if err = cmd.Start(); err == nil {
+		r.setOOMScoreAdj(id, cmd.Process.Pid)
+		err = cmd.Wait()
+	}
 	r.logger().Debug("runsc", "args", []string{"exec"}, "container", id, "took", time.Since(t0), "err", err)
 	if ctx.Err() != nil {
 		// runsc may have written the pid only after Cancel looked for it.
@@ -381,6 +390,19 @@ func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Rea
 		return code, nil
 	default:
 		return -1, fmt.Errorf("runsc exec %s: %w", id, err)
+	}
+}
+
+// setOOMScoreAdj gives a runsc process the guest's oom_score_adj. It runs
+// right after the fork; until then the process has ctld's. A failure is
+// logged, not fatal: the command still runs, only more protected.
+func (r *Runsc) setOOMScoreAdj(id string, pid int) {
+	if r.ExecOOMScoreAdj == nil {
+		return
+	}
+	p := fmt.Sprintf("/proc/%d/oom_score_adj", pid)
+	if err := os.WriteFile(p, []byte(strconv.Itoa(*r.ExecOOMScoreAdj)), 0); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
+		r.logger().Warn("set oom_score_adj of runsc exec", "container", id, "pid", pid, "err", err)
 	}
 }
 

@@ -76,6 +76,36 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 		}
 	})
 
+	t.Run("oom score adj of exec", func(t *testing.T) {
+		// runsc exec lives on the host as long as the guest command.
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Exec(cx, "ids", api.ExecRequest{Args: []string{"/bin/sleep", "20"}})
+			done <- err
+		}()
+		var execs []proc
+		for deadline := time.Now().Add(15 * time.Second); len(execs) == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			for _, p := range runscProcesses(t, filepath.Join(e.runDir, "runsc"), cid) {
+				if strings.HasSuffix(p.what, " exec") {
+					execs = append(execs, p)
+				}
+			}
+		}
+		if len(execs) == 0 {
+			t.Fatal("no runsc exec process seen during a 20 s exec")
+		}
+		for _, p := range execs {
+			if got := readOOMScoreAdj(t, p.pid); got != runtime.DefaultGuestOOMScoreAdj {
+				t.Errorf("runsc exec process %d has oom_score_adj %d, want %d", p.pid, got, runtime.DefaultGuestOOMScoreAdj)
+			} else {
+				t.Logf("runsc exec process %d: oom_score_adj %d", p.pid, got)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("exec sleep: %v", err)
+		}
+	})
+
 	t.Run("file kinds", func(t *testing.T) {
 		root := guestRoot(t, cid)
 		must := func(err error) {
@@ -162,7 +192,7 @@ func runscProcesses(t *testing.T, root, cid string) []proc {
 		}
 		what := argv[0]
 		for _, a := range argv[1:] {
-			if a == "boot" || a == "gofer" {
+			if a == "boot" || a == "gofer" || a == "exec" {
 				what += " " + a
 			}
 		}
