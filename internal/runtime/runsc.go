@@ -20,6 +20,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/ctld/ctld/internal/guestlog"
 )
 
 // ErrNotExist is returned (wrapped) when runsc has no container of that id.
@@ -48,9 +50,10 @@ type ExecProcess struct {
 // Runsc drives the runsc binary. Every container of one Runsc lives under
 // Root; the zero values of the other fields are usable defaults.
 //
-// Logs: runsc's own log for container <id> is LogDir/<id>.log (the sandbox
-// and gofer keep writing there), its init process's stdout/stderr go to
-// LogDir/<id>.init.log, and commands not about one container log to
+// Logs: each container has a directory LogDir/<id>/ (see guestlog):
+// runsc's own log is runsc.log there (the sandbox and gofer keep writing to
+// it), the init process's stdout/stderr go where InitOutput says (default
+// the file init.log there), and commands not about one container log to
 // LogDir/runsc.log. LogDir defaults to Root+".logs".
 type Runsc struct {
 	Binary   string // default "runsc"
@@ -75,6 +78,16 @@ type Runsc struct {
 	// root filesystem, so files ctld writes into the root from the host
 	// (the files API) are seen by the guest. Costs some guest FS speed.
 	SharedRoot bool
+	// LogMaxBytes, when > 0, caps each runsc log file: before every runsc
+	// command a log past the cap keeps its latest half (guestlog.Cap).
+	LogMaxBytes int64
+	// InitOutput, when set, gives the file that becomes container id's
+	// init stdout and stderr (e.g. the write end of a pipe to a bounded
+	// log writer), and a wait that returns once what was written to it is
+	// readable in the log; Create closes its copy of the file after runsc
+	// create returned. nil: append to the file InitLogFile(id), unbounded
+	// (for tools and tests).
+	InitOutput func(id string) (out *os.File, wait func(context.Context) error, err error)
 	Logger     *slog.Logger
 }
 
@@ -104,14 +117,49 @@ func (r *Runsc) logger() *slog.Logger {
 // CheckGone recognises a gofer (its command line has no container id).
 func (r *Runsc) logFile(id string) string {
 	if id == "" {
-		return filepath.Join(r.logDir(), "runsc.log")
+		return filepath.Join(r.logDir(), guestlog.RunscName)
 	}
+	return filepath.Join(r.ContainerLogDir(id), guestlog.RunscName)
+}
+
+// legacyLogFile is the --log of containers created by ctld before
+// per-container log directories; their gofers still carry it.
+func (r *Runsc) legacyLogFile(id string) string {
 	return filepath.Join(r.logDir(), id+".log")
 }
 
-// InitLogFile is where the init process of container id writes its output.
+// LogRoot is the directory of the per-container log directories.
+func (r *Runsc) LogRoot() string { return r.logDir() }
+
+// ContainerLogDir is the log directory of container id.
+func (r *Runsc) ContainerLogDir(id string) string {
+	return filepath.Join(r.logDir(), id)
+}
+
+// InitLogFile is where the init process of container id writes its output
+// (the current half, when InitOutput is a guestlog writer).
 func (r *Runsc) InitLogFile(id string) string {
-	return filepath.Join(r.logDir(), id+".init.log")
+	return filepath.Join(r.ContainerLogDir(id), guestlog.InitName)
+}
+
+// prepareLog makes the log directory a command about id writes to and caps
+// its log. A command may run after the generation's logs were removed (a
+// repeated teardown): the directory is made again and removed again by the
+// teardown's later log step.
+func (r *Runsc) prepareLog(id string) error {
+	dir := r.logDir()
+	if id != "" {
+		dir = r.ContainerLogDir(id)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create runsc log dir: %w", err)
+	}
+	if r.LogMaxBytes > 0 {
+		if err := guestlog.Cap(r.logFile(id), r.LogMaxBytes); err != nil {
+			r.logger().Warn("cap runsc log", "container", id, "err", err)
+		}
+	}
+	return nil
 }
 
 // GlobalArgs are the flags before the subcommand for a command about
@@ -137,7 +185,7 @@ func (r *Runsc) GlobalArgs(id string) []string {
 		args = append(args, "--file-access=shared")
 	}
 	if r.Debug && id != "" {
-		args = append(args, "--debug", "--debug-log="+filepath.Join(r.logDir(), id+".debug")+"/")
+		args = append(args, "--debug", "--debug-log="+filepath.Join(r.ContainerLogDir(id), "debug")+"/")
 	}
 	return args
 }
@@ -148,8 +196,8 @@ func (r *Runsc) command(ctx context.Context, id string, args ...string) *exec.Cm
 
 // run runs a runsc command that prints a result (or nothing) and exits.
 func (r *Runsc) run(ctx context.Context, id string, args ...string) ([]byte, error) {
-	if err := os.MkdirAll(r.logDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("create runsc log dir: %w", err)
+	if err := r.prepareLog(id); err != nil {
+		return nil, err
 	}
 	cmd := r.command(ctx, id, args...)
 	var stdout, stderr bytes.Buffer
@@ -187,24 +235,24 @@ func notExist(msg string) bool {
 
 // Create creates container id from the bundle in bundleDir: runsc starts
 // the sandbox and gofer, which outlive this process. Their stdio is
-// /dev/null and a log file, never a pipe of ours, and they run in their own
+// /dev/null and InitOutput (a log file, or a pipe to a log writer that
+// outlives us too), never a pipe of ours, and they run in their own
 // session, so our exit or our process group's signals do not reach them.
 func (r *Runsc) Create(ctx context.Context, id, bundleDir string) error {
 	if err := ValidID(id); err != nil {
 		return fmt.Errorf("runsc create: %w", err)
 	}
-	if err := os.MkdirAll(r.logDir(), 0o700); err != nil {
-		return fmt.Errorf("create runsc log dir: %w", err)
+	if err := r.prepareLog(id); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("create runsc root: %w", err)
 	}
-	out, err := os.OpenFile(r.InitLogFile(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	out, wait, err := r.initOutput(id)
 	if err != nil {
-		return fmt.Errorf("open init log: %w", err)
+		return fmt.Errorf("open init output: %w", err)
 	}
 	defer out.Close()
-	start, _ := out.Seek(0, io.SeekEnd)
 	null, err := os.Open(os.DevNull)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", os.DevNull, err)
@@ -217,24 +265,28 @@ func (r *Runsc) Create(ctx context.Context, id, bundleDir string) error {
 	t0 := time.Now()
 	err = cmd.Run()
 	r.logger().Debug("runsc", "args", []string{"create"}, "container", id, "took", time.Since(t0), "err", err)
+	out.Close() // the sandbox holds its own copy
 	if err != nil {
-		// runsc's own error went to the init log (its stderr); quote it.
-		return cmdError("create", id, err, readFrom(r.InitLogFile(id), start))
+		// runsc's own error went to the init output (its stderr): quote
+		// it once the writer has it in the log.
+		if wait != nil {
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = wait(wctx)
+			cancel()
+		}
+		tail, _ := guestlog.Tail(r.ContainerLogDir(id), guestlog.InitName, 4096)
+		return cmdError("create", id, err, string(tail))
 	}
 	return nil
 }
 
-// readFrom returns what file p holds after offset, at most 4 KiB of its end.
-func readFrom(p string, offset int64) string {
-	b, err := os.ReadFile(p)
-	if err != nil || offset > int64(len(b)) {
-		return ""
+// initOutput opens the init's stdout/stderr for container id.
+func (r *Runsc) initOutput(id string) (*os.File, func(context.Context) error, error) {
+	if r.InitOutput != nil {
+		return r.InitOutput(id)
 	}
-	b = b[offset:]
-	if len(b) > 4096 {
-		b = b[len(b)-4096:]
-	}
-	return string(b)
+	f, err := os.OpenFile(r.InitLogFile(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	return f, nil, err
 }
 
 // Start starts the init process of a created container.
@@ -319,8 +371,8 @@ func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Rea
 	if err != nil {
 		return -1, err
 	}
-	if err := os.MkdirAll(r.logDir(), 0o700); err != nil {
-		return -1, fmt.Errorf("create runsc log dir: %w", err)
+	if err := r.prepareLog(id); err != nil {
+		return -1, err
 	}
 	tmp, err := os.MkdirTemp("", "ctld-exec-")
 	if err != nil {
@@ -567,7 +619,8 @@ func (r *Runsc) ownsCmdline(argv []string, id string) bool {
 	if !slices.Contains(argv, "--root="+r.Root) {
 		return false
 	}
-	return argv[len(argv)-1] == id || slices.Contains(argv, "--log="+r.logFile(id))
+	return argv[len(argv)-1] == id || slices.Contains(argv, "--log="+r.logFile(id)) ||
+		slices.Contains(argv, "--log="+r.legacyLogFile(id))
 }
 
 // Version returns the version runsc reports, e.g. "0.0~20221219.0".

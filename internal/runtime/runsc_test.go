@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/ctld/ctld/internal/guestlog"
 )
 
 // fakeRunsc is a shell script standing in for runsc: it appends each call's
@@ -66,12 +69,12 @@ func calls(t *testing.T, dir string) []string {
 
 func TestGlobalArgs(t *testing.T) {
 	r := &Runsc{Root: "/run/ctld/runsc"}
-	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1.log"}
+	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1/runsc.log"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("defaults: %q, want %q", got, want)
 	}
 	r = &Runsc{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, Debug: true}
-	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1.log", "--ignore-cgroups", "--debug", "--debug-log=/l/c1.debug/"}
+	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--ignore-cgroups", "--debug", "--debug-log=/l/c1/debug/"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("all set: %q, want %q", got, want)
 	}
@@ -244,8 +247,10 @@ func TestParseVersion(t *testing.T) {
 
 func TestOwnsCmdline(t *testing.T) {
 	r := &Runsc{Root: "/run/ctld/runsc", LogDir: "/var/log/ctld"}
-	sandbox := []string{"runsc-sandbox", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1.log", "--log-fd=3", "boot", "--bundle=/b", "c1"}
-	gofer := []string{"runsc-gofer", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1.log", "--log-fd=3", "gofer", "--bundle", "/b"}
+	sandbox := []string{"runsc-sandbox", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1/runsc.log", "--log-fd=3", "boot", "--bundle=/b", "c1"}
+	gofer := []string{"runsc-gofer", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1/runsc.log", "--log-fd=3", "gofer", "--bundle", "/b"}
+	// Gofers of containers made before per-container log directories.
+	legacyGofer := []string{"runsc-gofer", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1.log", "--log-fd=3", "gofer", "--bundle", "/b"}
 	for _, tc := range []struct {
 		argv []string
 		id   string
@@ -255,6 +260,8 @@ func TestOwnsCmdline(t *testing.T) {
 		{gofer, "c1", true},
 		{sandbox, "c2", false},
 		{gofer, "c2", false},
+		{legacyGofer, "c1", true},
+		{legacyGofer, "c2", false},
 		{[]string{"runsc-sandbox", "--root=/other", "boot", "c1"}, "c1", false},
 		{[]string{"sleep", "--root=/run/ctld/runsc", "c1"}, "c1", false},
 		{nil, "c1", false},
@@ -278,5 +285,65 @@ func TestStateFiles(t *testing.T) {
 	}
 	if got, err := stateFiles(filepath.Join(root, "missing"), "c1"); err != nil || got != nil {
 		t.Errorf("missing root: %q %v", got, err)
+	}
+}
+
+// TestInitOutputAndLogCap: with InitOutput the init's stdio is the given
+// pipe (to a bounded log writer), a failed create still quotes runsc's
+// error once the writer has it, and LogMaxBytes caps runsc's own log
+// before every command.
+func TestInitOutputAndLogCap(t *testing.T) {
+	r, dir := newFake(t)
+	r.LogMaxBytes = guestlog.MinMax
+	var opened []string
+	r.InitOutput = func(id string) (*os.File, func(context.Context) error, error) {
+		opened = append(opened, id)
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return nil, nil, err
+		}
+		done := make(chan error, 1)
+		go func() {
+			defer pr.Close()
+			ring := &guestlog.Ring{Dir: r.ContainerLogDir(id), Name: guestlog.InitName, Max: guestlog.MinMax}
+			_, err := io.Copy(ring, pr)
+			done <- errors.Join(err, ring.Close())
+		}()
+		return pw, func(ctx context.Context) error {
+			select {
+			case err := <-done:
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, nil
+	}
+	ctx := context.Background()
+	if err := r.Create(ctx, "c1", "/bundles/c1"); err != nil {
+		t.Fatal(err)
+	}
+	stdio, _ := os.ReadFile(filepath.Join(dir, "stdio"))
+	if !strings.Contains(string(stdio), "stdout=pipe:") || !slices.Equal(opened, []string{"c1"}) {
+		t.Fatalf("create stdio %q (opened %q): want the InitOutput pipe", stdio, opened)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fail-create"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Create(ctx, "c2", "/b"); err == nil || !strings.Contains(err.Error(), "creating container: boom") {
+		t.Fatalf("failed create error %v should quote runsc's message from the log", err)
+	}
+	// runsc's own log of c1, grown past the cap, is capped before the next command.
+	big := bytes.Repeat([]byte("runsc log line\n"), 2*guestlog.MinMax/15)
+	if err := os.WriteFile(r.logFile("c1"), big, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.State(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(r.logFile("c1")); err != nil || len(b) > guestlog.MinMax {
+		t.Fatalf("runsc log after a command: %d bytes, %v; want capped at %d", len(b), err, guestlog.MinMax)
+	}
+	if b, err := os.ReadFile(r.logFile("c1") + guestlog.OldSuffix); err != nil || len(b) != guestlog.MinMax/2 {
+		t.Fatalf("runsc log's old half: %d bytes, %v", len(b), err)
 	}
 }

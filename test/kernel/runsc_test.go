@@ -141,7 +141,7 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 			t.Errorf("cleanup delete: %v", err)
 		}
 		if t.Failed() {
-			for _, f := range []string{filepath.Join(r.LogDir, id+".log"), r.InitLogFile(id)} {
+			for _, f := range []string{filepath.Join(r.ContainerLogDir(id), "runsc.log"), r.InitLogFile(id)} {
 				b, _ := os.ReadFile(f)
 				t.Logf("%s:\n%s", f, b)
 			}
