@@ -30,7 +30,7 @@ func startCtld(t *testing.T) (socket string) {
 	root := t.TempDir()
 	stateDir, runDir := filepath.Join(root, "state"), filepath.Join(root, "run")
 	parent := "ctlm-kt-" + strings.ReplaceAll(t.Name(), "/", "-") + ".slice"
-	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(runDir, "runsc")}})
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(runDir, "runsc")}, RunDir: runDir, StateDir: stateDir})
 	t.Cleanup(func() {
 		// The parent is ctld's to create and the operator's to remove.
 		if err := os.Remove(filepath.Join(ktest.CgroupRoot, parent)); err != nil && !os.IsNotExist(err) {

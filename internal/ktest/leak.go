@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -28,11 +29,46 @@ type HostState struct {
 	Runsc     []string // root:container of each runsc state root asked for
 	Procs     []string // pid:comm of processes whose comm starts with runsc
 	FDs       int      // open fds of this process
+	// Files are the per-generation files and directories under ctld's run
+	// and state dirs (see GenerationFiles).
+	Files []string
 }
 
-// SnapshotOptions names the runsc state roots to list.
+// SnapshotOptions names the runsc state roots to list, and ctld's run and
+// state dirs whose per-generation files to list.
 type SnapshotOptions struct {
 	RunscRoots []string
+	RunDir     string
+	StateDir   string
+}
+
+// generationName matches what ctld names a generation's files:
+// "<sandbox id>-g<generation>", and the log files of the layout before
+// per-generation log directories.
+var generationName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?-g[1-9][0-9]*(\.log|\.init\.log|\.debug)?$`)
+
+// GenerationFiles lists the entries that belong to one generation in the
+// directories where ctld keeps them: <run>/bundles, <run>/runsc.logs and
+// <state>/scratch. Only generation-named entries count, so the journal,
+// keys, sockets, templates and runsc's own runsc.log are never reported.
+func GenerationFiles(runDir, stateDir string) []string {
+	var dirs []string
+	if runDir != "" {
+		dirs = append(dirs, filepath.Join(runDir, "bundles"), filepath.Join(runDir, "runsc.logs"))
+	}
+	if stateDir != "" {
+		dirs = append(dirs, filepath.Join(stateDir, "scratch"))
+	}
+	var out []string
+	for _, d := range dirs {
+		for _, n := range dirNames(d) {
+			if generationName.MatchString(n) {
+				out = append(out, filepath.Join(d, n))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Snapshot reads the current host state.
@@ -69,6 +105,7 @@ func Snapshot(opts SnapshotOptions) (HostState, error) {
 	}
 	s.Procs = runscProcs()
 	s.FDs = len(dirNames("/proc/self/fd"))
+	s.Files = GenerationFiles(opts.RunDir, opts.StateDir)
 	return s, nil
 }
 
@@ -95,6 +132,7 @@ func Diff(before, after HostState) []string {
 	add("nbd devices", before.NBD, after.NBD)
 	add("runsc containers", before.Runsc, after.Runsc)
 	add("runsc processes", before.Procs, after.Procs)
+	add("generation files", before.Files, after.Files)
 	if after.FDs > before.FDs {
 		out = append(out, fmt.Sprintf("fds: %d open before, %d after", before.FDs, after.FDs))
 	}

@@ -49,7 +49,7 @@ func newEnv(t testing.TB) *env {
 		t: t, bin: bin, stateDir: filepath.Join(root, "state"), runDir: filepath.Join(root, "run"),
 		parent: "ctld-e2e-" + randHex(4) + ".slice", procs: map[string]*exec.Cmd{},
 	}
-	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(e.runDir, "runsc")}})
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(e.runDir, "runsc")}, RunDir: e.runDir, StateDir: e.stateDir})
 	t.Cleanup(func() {
 		e.releaseAll()
 		for slot := range e.procs {
