@@ -142,7 +142,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	pf.IntVar(&c.busyRetries, "busy-retries", 3, "send a claim or exec the node refused as busy again, after its retry hint, this many times")
 
 	sandbox := group("sandbox", "Create, use and destroy sandboxes")
-	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand())
+	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand())
 	node := group("node", "Inspect the node")
 	node.AddCommand(c.nodeStatusCommand())
 	proof := group("proof", "Check cleanup proofs")
@@ -614,6 +614,63 @@ func (c *cli) fileCommand() *cobra.Command {
 	})
 	file.AddCommand(put, get)
 	return file
+}
+
+func (c *cli) logsCommand() *cobra.Command {
+	var follow, runsc bool
+	var tail int
+	var idle time.Duration
+	cmd := &cobra.Command{
+		Use:   "logs ID [--follow] [--tail N] [--runsc]",
+		Short: "Print the output of a sandbox's main process (kept on the node up to its log cap)",
+		Long: "Print what the sandbox's main process wrote to stdout and stderr, as far as the node keeps it " +
+			"(the latest --log-max-bytes of ctld). --follow keeps printing new output until the generation ends, " +
+			"nothing comes for --idle, or the primary hands over; the reason is printed to stderr. " +
+			"--follow is not cut by --timeout unless --timeout is given.",
+		Args: exactArgs(1, "ID"),
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	f.IntVar(&tail, "tail", 0, "print only the last N lines (0: all the node keeps)")
+	f.BoolVar(&runsc, "runsc", false, "print runsc's own log of the generation instead")
+	f.DurationVar(&idle, "idle", api.DefaultLogIdleSec*time.Second, "with --follow: stop after this long without output (1s to 1h)")
+	body := c.action(named("logs of sandbox"), func(ctx context.Context, args []string) error {
+		req := api.LogsRequest{Tail: tail, Follow: follow}
+		if runsc {
+			req.Source = api.LogSourceRunsc
+		}
+		if follow {
+			if idle < time.Second || idle > api.MaxLogIdleSec*time.Second {
+				return usageError{fmt.Errorf("--idle must be between 1s and %ds, got %v", api.MaxLogIdleSec, idle)}
+			}
+			req.IdleSec = int64(idle / time.Second)
+		}
+		m, done, err := c.manager(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer done()
+		end, err := m.Logs(ctx, args[0], req, c.stdout)
+		if err != nil {
+			if follow && ctx.Err() == context.DeadlineExceeded {
+				return fmt.Errorf("stopped following after --timeout %v (the generation still runs)", c.timeout)
+			}
+			return err
+		}
+		if follow {
+			fmt.Fprintf(c.stderr, "ctl-manager: follow of sandbox %s generation %d ended: %s\n", args[0], end.Generation, end.Reason)
+		}
+		return nil
+	})
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		// A follow has its own bound (--idle, the generation's end); the
+		// default --timeout would cut it for no reason.
+		if follow && !cmd.Flags().Changed("timeout") {
+			c.timeout = 0
+		}
+		return body(cmd, args)
+	}
+	return cmd
 }
 
 func (c *cli) nodeStatusCommand() *cobra.Command {

@@ -285,3 +285,47 @@ func TestCLITimeoutSaysWhatItWaitedFor(t *testing.T) {
 		t.Fatalf("stderr %q does not say %q", errb.String(), want)
 	}
 }
+
+func TestCLISandboxLogs(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "sb1")
+	e.node.Lock()
+	e.node.GuestLog["sb1"] = "one\ntwo\nthree\n"
+	e.node.Unlock()
+	if out := e.ok("sandbox", "logs", "sb1"); out != "one\ntwo\nthree\n" {
+		t.Fatalf("logs = %q", out)
+	}
+	if out := e.ok("sandbox", "logs", "sb1", "--tail", "2"); out != "two\nthree\n" {
+		t.Fatalf("logs --tail 2 = %q", out)
+	}
+	// Nothing comes: the follow gives up after --idle and says why.
+	r := e.run("", "sandbox", "logs", "sb1", "--follow", "--tail", "1", "--idle", "1s")
+	if r.code != 0 || r.stdout != "three\n" || !strings.Contains(r.stderr, "follow of sandbox sb1 generation 1 ended: no output for 1s") {
+		t.Fatalf("follow with no output = %+v", r)
+	}
+	// New output is printed as it comes, and the follow ends with the generation.
+	done := make(chan result, 1)
+	go func() { done <- e.run("", "sandbox", "logs", "sb1", "-f", "--tail", "1") }()
+	time.Sleep(200 * time.Millisecond)
+	e.node.Lock()
+	e.node.GuestLog["sb1"] += "four\n"
+	e.node.Unlock()
+	time.Sleep(200 * time.Millisecond)
+	e.ok("sandbox", "destroy", "sb1")
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("follow did not end with the generation")
+	}
+	if r.code != 0 || r.stdout != "three\nfour\n" || !strings.Contains(r.stderr, "generation 1 ended (released)") {
+		t.Fatalf("follow = %+v", r)
+	}
+	// Logs go with the generation.
+	r = e.run("", "sandbox", "logs", "sb1")
+	if r.code == 0 || !strings.Contains(r.stderr, "not_found") || !strings.Contains(r.stderr, "removed with it") {
+		t.Fatalf("logs after destroy = %+v", r)
+	}
+	if r := e.run("", "sandbox", "logs", "sb1", "-f", "--idle", "2h"); r.code != 2 || !strings.Contains(r.stderr, "--idle") {
+		t.Fatalf("--idle 2h = %+v, want a usage error", r)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
 	"github.com/ctld/ctld/internal/node/ha"
@@ -40,6 +42,7 @@ type runOpts struct {
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
+	logMax              int64
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -61,6 +64,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if o.retention.MaxAge < time.Minute || o.retention.MaxRecords < 1000 {
 				return fmt.Errorf("--journal-retention must be at least 1m and --journal-retention-records at least 1000, got %v and %d",
 					o.retention.MaxAge, o.retention.MaxRecords)
+			}
+			if err := guestlog.ValidMax(o.logMax); err != nil {
+				return fmt.Errorf("--log-max-bytes: %w", err)
 			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
@@ -87,6 +93,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 		"how long finished generations, operation results and cleanup proofs stay in the journal: the idempotency window of an operation_id")
 	f.IntVar(&o.retention.MaxRecords, "journal-retention-records", 200000,
 		"at most this many finished records (about 4 per generation) stay in the journal; the oldest go first, even inside --journal-retention")
+	f.Int64Var(&o.logMax, "log-max-bytes", 1<<20, "cap of each log of a generation (the guest's output, runsc's log), in RAM on the run dir's tmpfs, charged to the sandbox's memory")
 	return c
 }
 
@@ -249,7 +256,24 @@ func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, ep
 			log.Warn("built-in busybox template unavailable", "err", err)
 		}
 	}
-	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj}
+	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
+	exe, err := os.Executable()
+	if err != nil {
+		j.Close()
+		return nil, nil, fmt.Errorf("find own binary for the log writer: %w", err)
+	}
+	// The guest's output goes through a pipe to `ctld logshim`, which keeps
+	// the latest --log-max-bytes of it. The writer is placed in the lease
+	// cgroup (container id == lease id), so it outlives this primary and
+	// what it writes is charged to the sandbox.
+	shim := guestlog.Shim{Argv: []string{exe, "logshim"}, Max: o.logMax}
+	rt.InitOutput = func(id string) (*os.File, func(context.Context) error, error) {
+		w, wr, err := shim.Start(rt.ContainerLogDir(id), leases.Dir(id))
+		if err != nil {
+			return nil, nil, err
+		}
+		return w, wr.Wait, nil
+	}
 	n := node.New(node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},
@@ -310,4 +334,25 @@ func watchdog(ctx context.Context) {
 			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
 		}
 	}
+}
+
+// logshimCmd is the guest output writer started per generation by the
+// primary (guestlog.Shim): stdin is the pipe the guest's init writes to.
+func logshimCmd() *cobra.Command {
+	var cfg guestlog.Config
+	c := &cobra.Command{
+		Use:    "logshim --dir DIR --max-bytes N",
+		Short:  "copy a guest's output from stdin into a size-capped log (started by the primary)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Dir == "" {
+				return errors.New("--dir is required")
+			}
+			return guestlog.Run(cmd.Context(), os.Stdin, cfg)
+		},
+	}
+	c.Flags().StringVar(&cfg.Dir, "dir", "", "the generation's log directory")
+	c.Flags().Int64Var(&cfg.Max, "max-bytes", 1<<20, "cap of the guest's output log (two halves)")
+	return c
 }

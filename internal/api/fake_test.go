@@ -39,6 +39,8 @@ type fakeService struct {
 	// slow, when set, is waited on by Claim and Exec: a runtime that takes
 	// its time.
 	slow chan struct{}
+	// logs writes the log; nil writes nothing and ends with "end of log".
+	logs func(ctx context.Context, req LogsRequest, w io.Writer) (LogsEnd, error)
 }
 
 func (f *fakeService) record(format string, args ...any) {
@@ -114,6 +116,14 @@ func (f *fakeService) Get(ctx context.Context, id string) (Sandbox, error) {
 func (f *fakeService) Proof(ctx context.Context, op string) (CleanupProof, error) {
 	f.record("Proof %s", op)
 	return f.proof, f.err
+}
+
+func (f *fakeService) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer) (LogsEnd, error) {
+	f.record("Logs %s source=%s tail=%d follow=%v idle=%d", id, req.Source, req.Tail, req.Follow, req.IdleSec)
+	if f.logs != nil {
+		return f.logs(ctx, req, w)
+	}
+	return LogsEnd{Reason: "end of log"}, f.err
 }
 
 // logBuffer is a goroutine-safe log sink.

@@ -171,12 +171,16 @@ func (s *Server) admits(c PeerCred) bool {
 // shutdown asked for by ctx.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	log := s.logger()
+	// Streams without an end of their own (log follows) watch this.
+	shutdown := make(chan struct{})
 	hs := &http.Server{
 		Handler: s.Handler(),
 		// Requests keep ctx's values but not its cancellation, so a
 		// shutdown lets a claim in flight finish instead of tearing it
 		// down halfway.
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(context.WithoutCancel(ctx), shutdownKey{}, (<-chan struct{})(shutdown))
+		},
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, peerKey{}, readPeer(c))
 		},
@@ -185,6 +189,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	hs.RegisterOnShutdown(func() { close(shutdown) })
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -232,6 +237,7 @@ func (s *Server) Handler() http.Handler {
 	route(http.MethodGet, "/v1/sandboxes/{id}/files", s.handleReadFile)
 	route(http.MethodPut, "/v1/sandboxes/{id}/files", s.handleWriteFile)
 	route(http.MethodPost, "/v1/sandboxes/{id}/release", s.handleRelease)
+	route(http.MethodGet, "/v1/sandboxes/{id}/logs", s.handleLogs)
 	route(http.MethodGet, "/v1/proofs/{operation_id}", s.handleProof)
 	// A pattern without a method is less specific than the routes above,
 	// so it catches exactly the other methods on the same path; ServeMux's

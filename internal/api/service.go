@@ -20,4 +20,7 @@ type Service interface {
 	List(ctx context.Context) (SandboxList, error)
 	Get(ctx context.Context, id string) (Sandbox, error)
 	Proof(ctx context.Context, operationID string) (CleanupProof, error)
+	// Logs writes the sandbox's log to w (and with req.Follow what comes
+	// after, as it comes) and says why it ended. req is validated.
+	Logs(ctx context.Context, id string, req LogsRequest, w io.Writer) (LogsEnd, error)
 }

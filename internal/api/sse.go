@@ -125,6 +125,21 @@ func (o sseStream) Write(p []byte) (int, error) {
 // readExecStream reads an exec event stream, copying output to stdout and
 // stderr, until the exit or error event.
 func readExecStream(r io.Reader, stdout, stderr io.Writer) (int, error) {
+	code := -1
+	err := readEvents(r, "exec", "an exit event", func(name string, data []byte) (bool, error) {
+		c, done, err := dispatchEvent(name, data, stdout, stderr)
+		if done {
+			code = c
+		}
+		return done, err
+	})
+	return code, err
+}
+
+// readEvents reads an event stream and hands each event to fn until fn
+// says it was the last one (or fails). A stream that ends before is an
+// unavailable error naming the stream and the event it lacked.
+func readEvents(r io.Reader, what, last string, fn func(name string, data []byte) (last bool, err error)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var name string
 	var data []byte
@@ -132,18 +147,18 @@ func readExecStream(r io.Reader, stdout, stderr io.Writer) (int, error) {
 		line, err := readLine(br)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return -1, &Error{Code: CodeUnavailable, Message: "exec stream ended without an exit event", cause: io.ErrUnexpectedEOF}
+				return &Error{Code: CodeUnavailable, Message: what + " stream ended without " + last, cause: io.ErrUnexpectedEOF}
 			}
-			return -1, &Error{Code: CodeUnavailable, Message: "read exec stream: " + err.Error(), cause: err}
+			return &Error{Code: CodeUnavailable, Message: "read " + what + " stream: " + err.Error(), cause: err}
 		}
 		switch {
 		case len(line) == 0:
 			if name == "" && data == nil {
 				continue
 			}
-			code, done, err := dispatchEvent(name, data, stdout, stderr)
-			if done || err != nil {
-				return code, err
+			last, err := fn(name, data)
+			if last || err != nil {
+				return err
 			}
 			name, data = "", nil
 		case line[0] == ':':

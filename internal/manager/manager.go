@@ -520,6 +520,18 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 	return code, err
 }
 
+// Logs copies the output of the sandbox's main process to w (see
+// api.Client.Logs).
+func (m *Manager) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return api.LogsEnd{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return api.LogsEnd{}, err
+	}
+	return m.Client.Logs(ctx, id, req, w)
+}
+
 // ReadFile reads a file inside the sandbox.
 func (m *Manager) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
 	if err := errors.Join(api.ValidateID("sandbox id", id), api.ValidateFilePath(path)); err != nil {

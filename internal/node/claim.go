@@ -246,6 +246,9 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	step := time.Now()
 
 	spec := leaseSpec(cid, req.Resources) // validated by Claim before the journal
+	if err := n.effect(journal.KindLogs, cid, rec, func() error { return n.logDirs().Make(cid) }); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("make log dir: %w", err)
+	}
 	if err := n.effect(journal.KindCgroup, cid, rec, func() error { return n.d.Leases.Create(ctx, spec) }); err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("create lease: %w", err)
 	}

@@ -190,6 +190,7 @@ func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, containe
 	sweep(journal.KindNetns, n.d.Netns.List, n.d.Netns.Delete)
 	sweep(journal.KindMount, n.d.RootFS.List, n.d.RootFS.Unmount)
 	sweep(journal.KindCgroup, n.d.Leases.List, n.d.Leases.Remove)
+	sweep(journal.KindLogs, n.listLogs, n.removeLogs) // after the cgroups: no log writer left
 
 	err := n.d.Journal.Update(func(tx *journal.Tx) error {
 		effects, err := tx.Effects()

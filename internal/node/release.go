@@ -97,6 +97,7 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 	remove(journal.KindNetns, cid, func() error { return n.d.Netns.Delete(ctx, cid) })
 	remove(journal.KindMount, cid, func() error { return n.d.RootFS.Unmount(ctx, cid) })
 	remove(journal.KindCgroup, cid, func() error { return n.d.Leases.Remove(ctx, cid) })
+	remove(journal.KindLogs, cid, func() error { return n.removeLogs(ctx, cid) })
 
 	p := n.checkGone(ctx, rec, opID)
 	if err := proof.Sign(n.d.Identity, &p); err != nil {
@@ -171,6 +172,8 @@ func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string) 
 	check("netns_gone", ok, d)
 	_, err := os.Stat(n.bundleDir(cid))
 	check("bundle_removed", os.IsNotExist(err), n.bundleDir(cid)+" "+errString(err))
+	ok, d = n.logDirs().CheckGone(cid)
+	check("logs_removed", ok, d)
 	p.Clean = true
 	for _, c := range p.Checks {
 		p.Clean = p.Clean && c.OK

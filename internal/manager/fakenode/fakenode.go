@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/node/proof"
 )
 
@@ -40,6 +41,10 @@ type Node struct {
 	FailClaim func(req api.ClaimRequest) error
 	// Unclean names proof checks that fail.
 	Unclean []string
+	// GuestLog is each sandbox's init output, by sandbox id; a follow
+	// streams what is appended to it until the sandbox stops being ready
+	// or req.IdleSec passes without output.
+	GuestLog map[string]string
 
 	sandboxes map[string]api.Sandbox
 	claims    map[string]api.ClaimResponse
@@ -62,6 +67,7 @@ func New(nodeID string) *Node {
 		claims:    map[string]api.ClaimResponse{},
 		releases:  map[string]api.ReleaseResponse{},
 		files:     map[string][]byte{},
+		GuestLog:  map[string]string{},
 	}
 }
 
@@ -308,4 +314,46 @@ func (n *Node) Proof(_ context.Context, opID string) (api.CleanupProof, error) {
 		return api.CleanupProof{}, api.Errorf(api.CodeNotFound, "no proof for operation %s", opID)
 	}
 	return r.Proof, nil
+}
+
+// Logs implements api.Service.
+func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
+	sb, err := n.Get(ctx, id)
+	if err != nil {
+		return api.LogsEnd{}, err
+	}
+	if sb.State != api.StateReady {
+		return api.LogsEnd{}, api.Errorf(api.CodeNotFound, "sandbox %s generation %d is %s: its log files were removed with it", id, sb.Generation, sb.State)
+	}
+	logOf := func() string {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.GuestLog[id]
+	}
+	sent := logOf()
+	w.Write(guestlog.LastLines([]byte(sent), req.Tail))
+	end := api.LogsEnd{Generation: sb.Generation, Reason: "end of log"}
+	if !req.Follow {
+		return end, nil
+	}
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return end, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+		if cur := logOf(); len(cur) > len(sent) {
+			w.Write([]byte(cur[len(sent):]))
+			sent, last = cur, time.Now()
+		}
+		if cur, err := n.Get(ctx, id); err != nil || cur.State != api.StateReady {
+			end.Reason = fmt.Sprintf("generation %d ended (%s)", sb.Generation, cur.State)
+			return end, nil
+		}
+		if time.Since(last) >= time.Duration(req.IdleSec)*time.Second {
+			end.Reason = fmt.Sprintf("no output for %ds", req.IdleSec)
+			return end, nil
+		}
+	}
 }

@@ -31,6 +31,9 @@ const (
 	KindNetns  = "netns"
 	KindBundle = "bundle"
 	KindRunsc  = "runsc"
+	// KindLogs is a generation's log directory (guestlog): made first,
+	// removed last, after the lease cgroup (and the log writer in it).
+	KindLogs = "logs"
 )
 
 // Effect states.

@@ -1,0 +1,153 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/guestlog"
+	"github.com/ctld/ctld/internal/names"
+)
+
+// A generation's log files (the guest's init output through a bounded log
+// writer, runsc's own log) live in one directory per container under the
+// runtime's log root; see internal/guestlog. They are a resource of the
+// generation like its cgroup: made first in a claim, removed last in a
+// teardown (after the lease cgroup, so no writer is left), proven gone by
+// the check logs_removed, and swept as orphans on takeover.
+
+// followPoll is how often a follow looks for new output.
+const followPoll = 200 * time.Millisecond
+
+// followStateEvery is how often a follow asks the journal whether the
+// generation still runs.
+const followStateEvery = time.Second
+
+func (n *Node) logDirs() guestlog.Dirs { return guestlog.Dirs{Root: n.d.Runtime.LogRoot()} }
+
+// isGenerationName reports whether s names a generation's objects:
+// "<sandbox id>-g<generation>".
+func isGenerationName(s string) bool {
+	i := strings.LastIndex(s, "-g")
+	if i <= 0 {
+		return false
+	}
+	g, err := strconv.ParseUint(s[i+2:], 10, 64)
+	return err == nil && g > 0 && names.CheckGeneration(s[:i], g) == "" && names.Generation(s[:i], g) == s
+}
+
+func (n *Node) listLogs(context.Context) ([]string, error) {
+	return n.logDirs().List(isGenerationName)
+}
+
+func (n *Node) removeLogs(_ context.Context, cid string) error { return n.logDirs().Remove(cid) }
+
+// running is whether a generation in this state still has a guest that
+// may write to its log.
+func running(state string) bool { return state == api.StateClaiming || state == api.StateReady }
+
+// Logs answers GET /v1/sandboxes/{id}/logs: the current generation's log,
+// and with req.Follow what the guest writes after, until the generation
+// ends, nothing comes for req.IdleSec, the node hands over, or the client
+// goes away.
+func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
+	s, err := n.sandbox(id)
+	if err != nil {
+		return api.LogsEnd{}, err
+	}
+	end := api.LogsEnd{Generation: s.Generation}
+	if !s.Holds() && !s.Withheld {
+		return end, api.Errorf(api.CodeNotFound, "sandbox %q generation %d is %s: its log files were removed with it", id, s.Generation, s.State)
+	}
+	dir := n.d.Runtime.ContainerLogDir(s.ContainerID)
+	name := guestlog.InitName
+	if req.Source == api.LogSourceRunsc {
+		name = guestlog.RunscName
+	}
+	if !req.Follow {
+		// Both halves: bounded by the cap (runsc's log by the cap plus
+		// what it wrote since the last cap).
+		b, err := guestlog.Tail(dir, name, 1<<30)
+		if err != nil {
+			return end, api.Errorf(api.CodeInternal, "read log of %s: %v", id, err)
+		}
+		if _, err := w.Write(guestlog.LastLines(b, req.Tail)); err != nil {
+			return end, err
+		}
+		end.Reason = "end of log"
+		return end, nil
+	}
+	if !running(s.State) {
+		return end, api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s: nothing to follow (read the log without follow)", id, s.Generation, s.State)
+	}
+	first, fl, err := guestlog.Follow(dir, name)
+	if err != nil {
+		return end, api.Errorf(api.CodeInternal, "read log of %s: %v", id, err)
+	}
+	defer fl.Close()
+	if _, err := w.Write(guestlog.LastLines(first, req.Tail)); err != nil {
+		return end, err
+	}
+	idle := time.Duration(req.IdleSec) * time.Second
+	lastOutput, lastState := time.Now(), time.Now()
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	// drain sends what is there now; a write error means the client left.
+	drain := func() error {
+		for {
+			b, err := fl.Next(256 << 10)
+			if err != nil {
+				return api.Errorf(api.CodeInternal, "follow log of %s: %v", id, err)
+			}
+			if len(b) == 0 {
+				return nil
+			}
+			lastOutput = time.Now()
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return end, api.Errorf(api.CodeUnavailable, "follow log of %s: %v", id, ctx.Err())
+		case <-api.ShuttingDown(ctx):
+			if err := drain(); err != nil {
+				return end, err
+			}
+			end.Reason = "the primary is handing over: follow again once the new primary serves"
+			return end, nil
+		case <-tick.C:
+		}
+		if err := drain(); err != nil {
+			return end, err
+		}
+		if time.Since(lastState) >= followStateEvery {
+			lastState = time.Now()
+			cur, err := n.sandbox(id)
+			if err != nil && api.CodeOf(err) != api.CodeNotFound {
+				return end, err
+			}
+			if err != nil || cur.Generation != s.Generation || !running(cur.State) {
+				if err := drain(); err != nil {
+					return end, err
+				}
+				state := "gone"
+				if err == nil && cur.Generation == s.Generation {
+					state = cur.State
+				}
+				end.Reason = fmt.Sprintf("generation %d ended (%s)", s.Generation, state)
+				return end, nil
+			}
+		}
+		if time.Since(lastOutput) >= idle {
+			end.Reason = fmt.Sprintf("no output for %v (idle_sec %d); generation %d still runs: follow again to wait longer", idle, req.IdleSec, s.Generation)
+			return end, nil
+		}
+	}
+}

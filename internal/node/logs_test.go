@@ -1,0 +1,128 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/guestlog"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/runtime"
+)
+
+func TestIsGenerationName(t *testing.T) {
+	for s, want := range map[string]bool{
+		"sb-g1": true, "a-b-c-g12": true, "sb-g0": false, "sb-g01": false, "sb-g": false, "-g1": false,
+		"sb": false, "runsc": false, "Sb-g1": false, "sb_x-g1": false, "sb-g1x": false,
+		strings.Repeat("a", 61) + "-g1": false,
+	} {
+		if got := isGenerationName(s); got != want {
+			t.Errorf("isGenerationName(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// syncBuffer is written by Logs while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func logsNode(t *testing.T, state string) (*Node, *guestlog.Ring) {
+	t.Helper()
+	n := testNode(t)
+	n.d.Runtime = &runtime.Runsc{Root: filepath.Join(t.TempDir(), "runsc")}
+	rec := journal.Sandbox{Sandbox: api.Sandbox{ID: "sb", Generation: 2, State: state, ContainerID: "sb-g2"}}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.logDirs().Make("sb-g2"); err != nil {
+		t.Fatal(err)
+	}
+	r := &guestlog.Ring{Dir: n.d.Runtime.ContainerLogDir("sb-g2"), Name: guestlog.InitName, Max: guestlog.MinMax}
+	t.Cleanup(func() { r.Close() })
+	return n, r
+}
+
+func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
+	n, r := logsNode(t, api.StateReady)
+	r.Write([]byte("a\nb\nc\n"))
+	var out bytes.Buffer
+	end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceInit, Tail: 2}, &out)
+	if err != nil || out.String() != "b\nc\n" || end.Generation != 2 {
+		t.Fatalf("tail 2: %q %+v %v", out.String(), end, err)
+	}
+	os.WriteFile(filepath.Join(n.d.Runtime.ContainerLogDir("sb-g2"), guestlog.RunscName), []byte("runsc says\n"), 0o600)
+	out.Reset()
+	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceRunsc}, &out); err != nil || out.String() != "runsc says\n" {
+		t.Fatalf("runsc log: %q %v", out.String(), err)
+	}
+
+	var fout syncBuffer
+	type result struct {
+		end api.LogsEnd
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceInit, Tail: 1, Follow: true, IdleSec: 60}, &fout)
+		res <- result{end, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	r.Write([]byte("d\n"))
+	for deadline := time.Now().Add(5 * time.Second); fout.String() != "c\nd\n"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("followed %q, want c and the new line d", fout.String())
+		}
+	}
+	n.setState("sb", api.StateReleasing, "")
+	select {
+	case got := <-res:
+		if got.err != nil || got.end.Reason != "generation 2 ended (releasing)" {
+			t.Fatalf("follow ended with %+v, %v", got.end, got.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("follow did not end when the generation did")
+	}
+	// Nothing to follow once the guest is gone; nothing at all once the
+	// generation was released (its logs went with it).
+	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out); api.CodeOf(err) != api.CodeConflict {
+		t.Fatalf("follow of a releasing generation: %v, want conflict", err)
+	}
+	n.setState("sb", api.StateReleased, "released")
+	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{}, &out); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("logs of a released generation: %v, want not_found", err)
+	}
+}
+
+func TestLogsFollowGivesUpWhenIdle(t *testing.T) {
+	n, r := logsNode(t, api.StateReady)
+	r.Write([]byte("only line\n"))
+	var out bytes.Buffer
+	t0 := time.Now()
+	end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out)
+	if err != nil || out.String() != "only line\n" || !strings.Contains(end.Reason, "no output for 1s") {
+		t.Fatalf("idle follow: %q %+v %v", out.String(), end, err)
+	}
+	if d := time.Since(t0); d < time.Second || d > 3*time.Second {
+		t.Fatalf("idle follow took %v, want about 1s", d)
+	}
+}
