@@ -145,8 +145,20 @@ func TestKernelCLIAgainstRealCtld(t *testing.T) {
 
 	// The identity outlives its generation.
 	released = false
-	if out := e.ok("sandbox", "create", "kt1"); !strings.Contains(out, "generation 2") {
+	if out := e.ok("sandbox", "create", "kt1", "--", "/bin/sh", "-c", "echo main says hi; echo to stderr >&2; exec sleep 1000000"); !strings.Contains(out, "generation 2") {
 		t.Fatalf("recreate:\n%s", out)
+	}
+	// The main process's output, as the node keeps it.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if out := e.ok("sandbox", "logs", "kt1"); out == "main says hi\nto stderr\n" {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("sandbox logs = %q", out)
+		}
+	}
+	if r := e.run("", "sandbox", "logs", "kt1", "--follow", "--tail", "1", "--idle", "1s"); r.code != 0 || r.stdout != "to stderr\n" ||
+		!strings.Contains(r.stderr, "follow of sandbox kt1 generation 2 ended: no output for 1s") {
+		t.Fatalf("sandbox logs --follow = %+v", r)
 	}
 	if out := e.ok("sandbox", "destroy", "kt1"); !strings.Contains(out, "verified: kt1 generation 2 is gone") {
 		t.Fatalf("second destroy:\n%s", out)
