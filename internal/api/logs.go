@@ -137,11 +137,11 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !req.Follow {
-		buf := &cappedBuffer{limit: s.maxFile()}
+		buf := &tailBuffer{limit: int(s.maxFile())}
 		if _, err := s.Service.Logs(r.Context(), id, req, buf); err != nil {
 			return err
 		}
-		data := buf.bytes()
+		data := buf.buf
 		h := w.Header()
 		h.Set("Content-Type", "text/plain; charset=utf-8")
 		h.Set("X-Content-Type-Options", "nosniff")
@@ -225,4 +225,19 @@ func readLogStream(r io.Reader, w io.Writer) (LogsEnd, error) {
 		return false, nil // unknown events are skipped
 	})
 	return end, err
+}
+
+// tailBuffer keeps the last limit bytes written to it: of a log, the
+// latest lines matter.
+type tailBuffer struct {
+	buf   []byte
+	limit int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.limit; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
 }

@@ -133,3 +133,16 @@ func TestLogFollowEndsAtShutdown(t *testing.T) {
 		t.Fatalf("follow across shutdown: %q %+v %v", out.String(), r.end, r.err)
 	}
 }
+
+func TestLogsAnswerKeepsTheLatestBytes(t *testing.T) {
+	fake := &fakeService{logs: func(ctx context.Context, req LogsRequest, w io.Writer) (LogsEnd, error) {
+		w.Write([]byte("old old old\n"))
+		w.Write([]byte("newest\n"))
+		return LogsEnd{Reason: "end of log"}, nil
+	}}
+	srv := startServer(t, &Server{Service: fake, AllowedGID: -1, MaxFileBytes: 10})
+	var out bytes.Buffer
+	if _, err := (&Client{SocketPath: srv.sock}).Logs(context.Background(), "sb-1", LogsRequest{}, &out); err != nil || out.String() != "ld\nnewest\n" {
+		t.Fatalf("logs over MaxFileBytes: %q, %v; want its last 10 bytes", out.String(), err)
+	}
+}
