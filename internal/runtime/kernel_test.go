@@ -29,8 +29,11 @@ import (
 const helperEnv = "CTLD_RUNTIME_HELPER"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) == "create-start" {
+	switch os.Getenv(helperEnv) {
+	case "create-start":
 		os.Exit(helperCreateStart())
+	case "stdio-descriptions":
+		os.Exit(helperStdioDescriptions())
 	}
 	os.Exit(m.Run())
 }

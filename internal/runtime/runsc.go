@@ -258,14 +258,25 @@ func (r *Runsc) Create(ctx context.Context, id, bundleDir string) error {
 		return fmt.Errorf("open %s: %w", os.DevNull, err)
 	}
 	defer null.Close()
+	// stdout and stderr must be two open file descriptions of the same
+	// file: the sentry makes each imported host fd non-blocking, and with
+	// one shared description the second one it imports looks non-blocking
+	// to the guest, whose writes then fail with EAGAIN whenever the pipe to
+	// the log writer is full.
+	errOut, err := reopen(out)
+	if err != nil {
+		return fmt.Errorf("open init output: %w", err)
+	}
+	defer errOut.Close()
 
 	cmd := r.command(ctx, id, "create", "--bundle", bundleDir, id)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, out, out
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, out, errOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	t0 := time.Now()
 	err = cmd.Run()
 	r.logger().Debug("runsc", "args", []string{"create"}, "container", id, "took", time.Since(t0), "err", err)
-	out.Close() // the sandbox holds its own copy
+	out.Close() // the sandbox holds its own copies
+	errOut.Close()
 	if err != nil {
 		// runsc's own error went to the init output (its stderr): quote
 		// it once the writer has it in the log.
@@ -278,6 +289,13 @@ func (r *Runsc) Create(ctx context.Context, id, bundleDir string) error {
 		return cmdError("create", id, err, string(tail))
 	}
 	return nil
+}
+
+// reopen opens f again as a new open file description, for writing (and
+// appending, for a regular file): a pipe reopened through /proc is the same
+// pipe.
+func reopen(f *os.File) (*os.File, error) {
+	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_WRONLY|os.O_APPEND, 0)
 }
 
 // initOutput opens the init's stdout/stderr for container id.

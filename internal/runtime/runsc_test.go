@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/guestlog"
 )
@@ -345,5 +348,56 @@ func TestInitOutputAndLogCap(t *testing.T) {
 	}
 	if b, err := os.ReadFile(r.logFile("c1") + guestlog.OldSuffix); err != nil || len(b) != guestlog.MinMax/2 {
 		t.Fatalf("runsc log's old half: %d bytes, %v", len(b), err)
+	}
+}
+
+// helperStdioDescriptions stands in for `runsc create`: it does what the
+// sentry does to an imported stdio fd (make it non-blocking) to stdout and
+// reports whether stderr became non-blocking too, i.e. shares stdout's open
+// file description.
+func helperStdioDescriptions() int {
+	if err := unix.SetNonblock(1, true); err != nil {
+		return 2
+	}
+	defer unix.SetNonblock(1, false)
+	fl, err := unix.FcntlInt(2, unix.F_GETFL, 0)
+	if err != nil {
+		return 2
+	}
+	msg := fmt.Sprintf("stderr-nonblock=%v", fl&unix.O_NONBLOCK != 0)
+	if err := os.WriteFile(os.Getenv("HELPER_OUT"), []byte(msg), 0o600); err != nil {
+		return 2
+	}
+	return 0
+}
+
+// TestCreateGivesStdoutAndStderrTheirOwnDescriptions: the guest must see
+// blocking stdout and stderr even though both go to one pipe (see Create).
+func TestCreateGivesStdoutAndStderrTheirOwnDescriptions(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	t.Setenv(helperEnv, "stdio-descriptions")
+	t.Setenv("HELPER_OUT", out)
+	r := &Runsc{Binary: self, Root: filepath.Join(dir, "root"), LogDir: filepath.Join(dir, "logs")}
+	pipe := func(string) (*os.File, func(context.Context) error, error) {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return nil, nil, err
+		}
+		go func() { io.Copy(io.Discard, pr); pr.Close() }()
+		return pw, nil, nil
+	}
+	for name, output := range map[string]func(string) (*os.File, func(context.Context) error, error){"file": nil, "pipe": pipe} {
+		r.InitOutput = output
+		if err := r.Create(context.Background(), "c-"+name, "/b"); err != nil {
+			t.Fatalf("%s: create: %v", name, err)
+		}
+		if b, err := os.ReadFile(out); err != nil || string(b) != "stderr-nonblock=false" {
+			t.Fatalf("%s: %q, %v: stdout and stderr share one open file description", name, b, err)
+		}
 	}
 }
