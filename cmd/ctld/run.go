@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -43,6 +46,13 @@ type runOpts struct {
 	maxClaims, maxExecs int
 	retention           journal.Retention
 	logMax              int64
+	// journalTimeout bounds the wait for the journal's flock on takeover.
+	journalTimeout time.Duration
+	// takeoverLimit bounds a takeover (journal, reconcile) before the
+	// watchdog stops being pinged.
+	takeoverLimit time.Duration
+	// drainTimeout bounds the wait for in-flight work after the term.
+	drainTimeout time.Duration
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -94,6 +104,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.IntVar(&o.retention.MaxRecords, "journal-retention-records", 200000,
 		"at most this many finished records (about 4 per generation) stay in the journal; the oldest go first, even inside --journal-retention")
 	f.Int64Var(&o.logMax, "log-max-bytes", 1<<20, "cap of each log of a generation (the guest's output, runsc's log), in RAM on the run dir's tmpfs, charged to the sandbox's memory")
+	f.DurationVar(&o.journalTimeout, "journal-timeout", 5*time.Second, "on takeover, how long to wait for the journal's lock before giving the primary role up")
+	f.DurationVar(&o.takeoverLimit, "takeover-limit", 5*time.Minute, "longest takeover (journal, reconcile) before the watchdog stops being pinged")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after the term ends, how long to wait for cancelled work before exiting with the lock held")
 	return c
 }
 
@@ -137,7 +150,8 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 	}
 	gid := groupID(o.group, log)
 	inst := &instance{status: ha.Status{Slot: o.slot, Role: ha.RoleStandby, Health: "ok", PID: os.Getpid(), Since: time.Now().UTC()}}
-	probeLn, err := ha.ListenUnix(probePath(g.runDir, o.slot), 0o660, gid)
+	probeSock := probePath(g.runDir, o.slot)
+	probeLn, err := ha.ListenUnix(probeSock, 0o660, gid)
 	if err != nil {
 		return fmt.Errorf("listen probe socket: %w", err)
 	}
@@ -146,8 +160,10 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 			log.Error("probe socket stopped", "err", err)
 		}
 	}()
+	mon := newMonitor(log, func(h string) { inst.set(func(s *ha.Status) { s.Health = h }) })
+	mon.set(healthCheck{"probe", func(ctx context.Context) error { _, err := ha.Probe(ctx, probeSock); return err }})
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
-	go watchdog(ctx)
+	go mon.run(ctx)
 	log.Info("standby: waiting for the primary lock", "lock", ha.LockPath(g.stateDir))
 
 	// Read-only host facts are gathered while standby, so a takeover does
@@ -165,45 +181,156 @@ func run(ctx context.Context, g globalOpts, o runOpts) error {
 		}
 		return fmt.Errorf("wait for primary lock: %w", err)
 	}
-	defer term.Release()
-	took := time.Now()
-	inst.set(func(s *ha.Status) {
-		s.Role, s.Epoch, s.Since, s.Health = ha.RolePrimary, term.Epoch, time.Now().UTC(), "starting"
-	})
-	log = log.With("epoch", term.Epoch)
-	log.Info("primary: took the lock")
-	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary epoch %d", term.Epoch))
+	return runPrimary(ctx, g, o, facts, term, inst, mon, gid, log.With("epoch", term.Epoch))
+}
 
-	n, closeNode, err := buildNode(ctx, g, o, facts, term.Epoch, log)
-	if err != nil {
-		inst.set(func(s *ha.Status) { s.Health = "failed: " + err.Error() })
-		return err
+// runPrimary is one term. In order: the lock is held and the epoch bumped
+// (WaitPrimary); the journal is opened (bounded wait for its flock) and
+// taken over at the term's epoch; the node is built and reconciled; the API
+// listens; only then does the probe say primary. A failure before that gives
+// the role and the lock back without ever saying primary. When the term ends
+// (SIGTERM, the lock or the journal lost) in-flight work is cancelled and
+// waited for, the journal closed, and only then is the lock released.
+func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, term *ha.Term, inst *instance, mon *monitor, gid int, log *slog.Logger) (err error) {
+	took := time.Now()
+	termCtx, endTerm := context.WithCancelCause(ctx)
+	defer endTerm(nil)
+	inst.set(func(s *ha.Status) {
+		s.Role, s.Epoch, s.Since, s.Health = ha.RoleStarting, term.Epoch, time.Now().UTC(), "starting"
+	})
+	// The takeover has its own bound: a reconcile that hangs stops the
+	// watchdog pings and systemd restarts the instance.
+	mon.set(healthCheck{"takeover", func(context.Context) error {
+		if d := time.Since(took); d > o.takeoverLimit {
+			return fmt.Errorf("taking over for %v (limit %v)", d.Round(time.Second), o.takeoverLimit)
+		}
+		return nil
+	}})
+	log.Info("took the primary lock: taking over")
+	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=taking over, epoch %d", term.Epoch))
+	giveUp := func(err error) error {
+		inst.set(func(s *ha.Status) { s.Role, s.Health = ha.RoleStandby, "failed: "+err.Error() })
+		log.Error("giving up the primary role", "err", err)
+		return errors.Join(err, term.Release())
 	}
-	defer closeNode()
-	defer n.Close()
-	built := time.Now()
-	err = n.Reconcile(ctx)
-	log.Info("primary: reconciled", "build_ms", built.Sub(took).Milliseconds(), "reconcile_ms", time.Since(built).Milliseconds())
+
+	j, err := journal.Open(filepath.Join(g.stateDir, "journal.db"), o.journalTimeout)
 	if err != nil {
+		return giveUp(err)
+	}
+	if err := j.TakeOver(term.Epoch); err != nil {
+		return giveUp(errors.Join(err, j.Close()))
+	}
+	n, err := buildNode(termCtx, g, o, facts, term.Epoch, j, log)
+	if err != nil {
+		return giveUp(errors.Join(err, j.Close()))
+	}
+	// From here on the node may make kernel effects: the term ends with a
+	// drain before the journal is closed and the lock released.
+	defer func() {
+		inst.set(func(s *ha.Status) { s.Role, s.Health = ha.RoleStopping, "draining" })
+		mon.set()
+		endTerm(nil)
+		if derr := n.Drain(o.drainTimeout); derr != nil {
+			// Work may still be running: keep the journal and the lock,
+			// and let the process exit (the kernel drops both).
+			err = errors.Join(err, fmt.Errorf("drain: %w; exiting with the lock held", derr))
+			return
+		}
+		err = errors.Join(err, j.Close())
+		inst.set(func(s *ha.Status) { s.Role, s.Health = ha.RoleStandby, "stopped" })
+		err = errors.Join(err, term.Release())
+	}()
+	built := time.Now()
+	rerr := n.Reconcile(termCtx)
+	log.Info("primary: reconciled", "build_ms", built.Sub(took).Milliseconds(), "reconcile_ms", time.Since(built).Milliseconds())
+	if rerr != nil {
 		// What could not be cleaned stays journaled and its capacity
 		// withheld; serving the rest is better than a node that is down.
-		log.Error("reconcile incomplete", "err", err)
+		log.Error("reconcile incomplete", "err", rerr)
 	}
-	apiLn, err := ha.ListenUnix(filepath.Join(g.runDir, "ctld.sock"), 0o660, gid)
+	if termCtx.Err() != nil {
+		log.Info("term ended during takeover", "cause", context.Cause(termCtx))
+		return nil
+	}
+	apiSock := filepath.Join(g.runDir, "ctld.sock")
+	apiLn, err := ha.ListenUnix(apiSock, 0o660, gid)
 	if err != nil {
 		return fmt.Errorf("listen API socket: %w", err)
 	}
-	inst.set(func(s *ha.Status) { s.Health = "ok" })
+	mon.set(primaryChecks(term, j, apiSock, filepath.Join(o.cgroupRoot, o.cgroupParent), endTerm)...)
+	inst.set(func(s *ha.Status) { s.Role, s.Health, s.Since = ha.RolePrimary, "ok", time.Now().UTC() })
+	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary, epoch %d", term.Epoch))
 	log.Info("primary: serving the API", "socket", apiLn.Addr().String(), "takeover_ms", time.Since(took).Milliseconds())
-	go n.KeepHistory(ctx, o.retention, 10*time.Minute)
+	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
 	srv := &api.Server{
 		Service: n, Logger: log, AllowedGID: gid,
 		Claims: api.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
 		Execs:  api.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
 	}
-	err = srv.Serve(ctx, apiLn)
-	log.Info("primary: handing over", "err", err)
+	err = srv.Serve(termCtx, apiLn)
+	cause := context.Cause(termCtx)
+	log.Info("primary: term over, handing over", "cause", cause, "err", err)
+	if errors.Is(cause, errTermLost) {
+		err = errors.Join(err, cause)
+	}
 	return err
+}
+
+// apiAnswers asks the API socket for GET /v1/node, as a client would.
+func apiAnswers(ctx context.Context, sock string) error {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://ctld/v1/node", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set(api.HealthCheckHeader, "1")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /v1/node: %s", resp.Status)
+	}
+	return nil
+}
+
+// errTermLost ends a term whose lock or journal now belongs to someone else.
+var errTermLost = errors.New("primary term lost")
+
+// primaryChecks are what a primary must be able to do to serve: hold its
+// lock, write the journal at its epoch, answer on the API socket, reach the
+// kernel (its lease parent cgroup). A lost lock or a fenced journal ends the
+// term at once; any failure stops the watchdog pings.
+func primaryChecks(term *ha.Term, j *journal.Journal, apiSock, leaseParent string, endTerm context.CancelCauseFunc) []healthCheck {
+	return []healthCheck{
+		{"lock", func(context.Context) error {
+			err := term.Held()
+			if err != nil {
+				endTerm(fmt.Errorf("%w: %w", errTermLost, err))
+			}
+			return err
+		}},
+		{"journal", func(context.Context) error {
+			err := j.Heartbeat(time.Now())
+			if errors.Is(err, journal.ErrFenced) {
+				endTerm(fmt.Errorf("%w: %w", errTermLost, err))
+			}
+			return err
+		}},
+		{"api", func(ctx context.Context) error { return apiAnswers(ctx, apiSock) }},
+		{"kernel", func(context.Context) error {
+			_, err := os.ReadFile(filepath.Join(leaseParent, "cgroup.controllers"))
+			return err
+		}},
+	}
 }
 
 // buildNode wires the subsystems of a primary: main is the only place
@@ -227,27 +354,22 @@ func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error
 	return f, nil
 }
 
-func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, epoch uint64, log *slog.Logger) (*node.Node, func(), error) {
-	j, err := journal.Open(filepath.Join(g.stateDir, "journal.db"), 5*time.Second)
-	if err != nil {
-		return nil, nil, err
-	}
+// term is the term's context: the node stops making kernel effects when it
+// ends.
+func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, epoch uint64, j *journal.Journal, log *slog.Logger) (*node.Node, error) {
 	ident, err := proof.LoadOrCreateIdentity(g.stateDir)
 	if err != nil {
-		j.Close()
-		return nil, nil, fmt.Errorf("load node identity: %w", err)
+		return nil, fmt.Errorf("load node identity: %w", err)
 	}
 	leases := &lease.Manager{Root: o.cgroupRoot, Parent: o.cgroupParent, Logger: log}
-	if err := leases.Init(ctx); err != nil {
-		j.Close()
-		return nil, nil, fmt.Errorf("init leases: %w", err)
+	if err := leases.Init(term); err != nil {
+		return nil, fmt.Errorf("init leases: %w", err)
 	}
 	scratch := filepath.Join(g.stateDir, "scratch")
 	templates := filepath.Join(g.stateDir, "templates")
 	for _, d := range []string{scratch, templates, filepath.Join(g.runDir, "bundles")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			j.Close()
-			return nil, nil, fmt.Errorf("make dir %s: %w", d, err)
+			return nil, fmt.Errorf("make dir %s: %w", d, err)
 		}
 	}
 	// Built once: rebuilding on every takeover would slow failover down.
@@ -259,8 +381,7 @@ func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, ep
 	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
 	exe, err := os.Executable()
 	if err != nil {
-		j.Close()
-		return nil, nil, fmt.Errorf("find own binary for the log writer: %w", err)
+		return nil, fmt.Errorf("find own binary for the log writer: %w", err)
 	}
 	// The guest's output goes through a pipe to `ctld logshim`, which keeps
 	// the latest --log-max-bytes of it. The writer is placed in the lease
@@ -282,23 +403,30 @@ func buildNode(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, ep
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
 		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: facts.total,
-		Crash: crashHook(log),
+		Crash: crashHook(log), Term: term,
 	})
-	return n, func() { j.Close() }, nil
+	return n, nil
 }
 
-// crashHook kills the process with SIGKILL at the crash point named by
-// CTLD_TEST_CRASH_AT (tests of journal recovery only).
+// crashHook serves the tests of journal recovery and of term end only: at
+// the crash point named by CTLD_TEST_CRASH_AT it kills the process with
+// SIGKILL; at the point named by CTLD_TEST_STALL_AT it sleeps
+// CTLD_TEST_STALL_FOR (an effect that takes long while the term ends).
 func crashHook(log *slog.Logger) func(string) {
-	at := os.Getenv("CTLD_TEST_CRASH_AT")
-	if at == "" {
+	at, stallAt := os.Getenv("CTLD_TEST_CRASH_AT"), os.Getenv("CTLD_TEST_STALL_AT")
+	if at == "" && stallAt == "" {
 		return nil
 	}
-	log.Warn("test crash point armed", "point", at)
+	stall, _ := time.ParseDuration(os.Getenv("CTLD_TEST_STALL_FOR"))
+	log.Warn("test crash point armed", "point", at, "stall_point", stallAt, "stall", stall)
 	return func(point string) {
 		if point == at {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
+		}
+		if point == stallAt {
+			log.Warn("test stall point reached", "point", point, "stall", stall)
+			time.Sleep(stall)
 		}
 	}
 }
@@ -316,24 +444,6 @@ func kernelRelease() string {
 		b = append(b, byte(c))
 	}
 	return string(b)
-}
-
-// watchdog pings systemd's watchdog at half its interval, if enabled.
-func watchdog(ctx context.Context) {
-	iv, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || iv == 0 {
-		return
-	}
-	t := time.NewTicker(iv / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
-		}
-	}
 }
 
 // logshimCmd is the guest output writer started per generation by the

@@ -211,6 +211,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
+// HealthCheckHeader marks ctld's own periodic health-check requests, which
+// are logged at debug level only.
+const HealthCheckHeader = "X-Ctld-Health-Check"
+
 // apiFunc is a route handler; an error it returns is written as ErrorBody
 // with the status of its code.
 type apiFunc func(w http.ResponseWriter, r *http.Request) error
@@ -320,6 +324,8 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			level := slog.LevelInfo
 			if rec.status >= 500 {
 				level = slog.LevelWarn
+			} else if r.Header.Get(HealthCheckHeader) != "" {
+				level = slog.LevelDebug // ctld's own health check, every few seconds
 			}
 			log.LogAttrs(r.Context(), level, "api request", attrs...)
 		}()

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,11 +56,7 @@ func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*j
 			return tx.PutOperation(op)
 		})
 		if err != nil {
-			var ae *api.Error
-			if errors.As(err, &ae) {
-				return op, false, ae
-			}
-			return op, false, api.Errorf(api.CodeInternal, "journal operation %s: %v", op.ID, err)
+			return op, false, journalErr("journal operation "+op.ID, err)
 		}
 		if found {
 			if prev.RequestHash != op.RequestHash {
@@ -127,6 +124,11 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if err != nil {
 		return api.ClaimResponse{}, api.Errorf(api.CodeInternal, "%v", err)
 	}
+	ctx, done, err := n.begin(ctx)
+	if err != nil {
+		return api.ClaimResponse{}, err
+	}
+	defer done()
 	reqCopy := req
 	rec := journal.Sandbox{
 		Sandbox: api.Sandbox{
@@ -157,13 +159,20 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		n.armExpiry(rec)
 		return resp, nil
 	}
+	if n.live() != nil {
+		return api.ClaimResponse{}, n.leftToSuccessor(log, op.ID, cerr)
+	}
 	log.Warn("claim failed, rolling back", "err", cerr)
-	// Roll back without the caller's context: a cancelled request must not
-	// leave half a generation behind.
-	rb, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	// Roll back without the caller's context (a cancelled request must not
+	// leave half a generation behind) but within the term: after it, the
+	// next primary's reconcile rolls back instead.
+	rb, cancel := n.background(2 * time.Minute)
 	defer cancel()
 	rec, _ = n.sandbox(id)
 	if _, err := n.teardown(rb, rec, op.ID, api.StateFailed, cerr.Error()); err != nil {
+		if n.live() != nil {
+			return api.ClaimResponse{}, n.leftToSuccessor(log, op.ID, errors.Join(cerr, err))
+		}
 		log.Error("rollback incomplete; capacity withheld", "err", err)
 	}
 	return api.ClaimResponse{}, n.failOp(op, cerr)
@@ -198,9 +207,17 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	return tx.PutSandbox(rec)
 }
 
+// leftToSuccessor answers a claim cut short by the end of the term. Its
+// records stay as they are (sandbox claiming, operation pending): the next
+// primary's reconcile rolls it back and fails the operation.
+func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error {
+	log.Warn("claim interrupted by the end of the term; rollback left to the next primary", "err", cause)
+	return api.Errorf(api.CodeUnavailable, "claim %s interrupted: this primary's term ended; the next primary rolls it back; retry with a new operation_id", opID)
+}
+
 // failOp stores the operation's error so a retry gets the same answer.
 func (n *Node) failOp(op journal.Operation, cause error) error {
-	code := api.CodeOf(cause)
+	code := codeOf(cause)
 	msg := cause.Error()
 	var ae *api.Error
 	if errors.As(cause, &ae) {
@@ -216,10 +233,16 @@ func (n *Node) failOp(op journal.Operation, cause error) error {
 // effect journals an effect as intended, makes it, and journals it done.
 func (n *Node) effect(kind, name string, rec journal.Sandbox, make func() error) error {
 	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch}
+	if err := n.live(); err != nil {
+		return err
+	}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
 		return fmt.Errorf("journal %s %s intended: %w", kind, name, err)
 	}
 	n.crash(kind + ":intended")
+	if err := n.live(); err != nil {
+		return err
+	}
 	if err := make(); err != nil {
 		return err
 	}

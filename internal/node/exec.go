@@ -47,6 +47,11 @@ func execProcess(s journal.Sandbox, req api.ExecRequest) runtime.ExecProcess {
 
 // Exec runs a command in the sandbox's guest through runsc exec.
 func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	ctx, done, err := n.begin(ctx)
+	if err != nil {
+		return -1, err
+	}
+	defer done()
 	s, err := n.ready(id)
 	if err != nil {
 		return -1, err
@@ -103,9 +108,17 @@ func (n *Node) ReadFile(ctx context.Context, id, path string, limit int64) ([]by
 // sandbox's root, resolved inside the root. The parent directory must
 // exist; anything but a regular file at the path is refused.
 func (n *Node) WriteFile(ctx context.Context, id, path string, data []byte) error {
+	_, done, err := n.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	s, err := n.ready(id)
 	if err != nil {
 		return err
+	}
+	if err := n.live(); err != nil {
+		return journalErr("write file", err)
 	}
 	f, err := rootfs.OpenRegularInRoot(s.Root, path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {

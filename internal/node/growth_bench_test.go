@@ -30,6 +30,9 @@ func growthNode(b testing.TB, history int) *Node {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { j.Close() })
+	if err := j.TakeOver(2); err != nil {
+		b.Fatal(err)
+	}
 	if err := journaltest.SeedFinished(j, "hist", history); err != nil {
 		b.Fatal(err)
 	}

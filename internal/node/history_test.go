@@ -23,6 +23,9 @@ func TestHotPathsNeverReadHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := journaltest.TakeOverNext(j); err != nil {
+		t.Fatal(err)
+	}
 	if err := journaltest.SeedFinished(j, "hist", 50); err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +48,9 @@ func TestHotPathsNeverReadHistory(t *testing.T) {
 	n := growthNode(t, 0)
 	n.d.Journal.Close()
 	if n.d.Journal, err = journal.Open(path, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := journaltest.TakeOverNext(n.d.Journal); err != nil {
 		t.Fatal(err)
 	}
 	defer n.d.Journal.Close()

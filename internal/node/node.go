@@ -52,6 +52,9 @@ type Deps struct {
 	Logger   *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
+	// Term is the primary's term: cancelled when it ends, after which the
+	// node makes no kernel effect (see term.go). nil: never ends (tests).
+	Term context.Context
 	// Crash, when set, is called at each crash point ("cgroup:intended",
 	// "cgroup:made", ...) so tests can kill the process there. nil in production.
 	Crash func(point string)
@@ -67,6 +70,8 @@ type Node struct {
 	inflight map[string]chan struct{} // operation id → closed when it finishes
 	timers   map[string]*time.Timer   // container id → max-lifetime release
 	closed   bool
+	draining bool           // Drain started: no new operation
+	ops      sync.WaitGroup // operations of the term in flight (begin)
 }
 
 // New wires a node. Call Reconcile before serving.

@@ -19,6 +19,9 @@ func testNode(t *testing.T) *Node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
+	if err := j.TakeOver(3); err != nil {
+		t.Fatal(err)
+	}
 	return New(Config{Slot: "a"}, Deps{Journal: j, Epoch: 3})
 }
 

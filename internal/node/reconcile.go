@@ -175,6 +175,10 @@ func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, containe
 			if live[name] {
 				continue
 			}
+			if err := n.live(); err != nil {
+				errs = append(errs, err)
+				return
+			}
 			n.log.Warn("removing orphan", "kind", kind, "name", name)
 			if err := remove(ctx, name); err != nil {
 				errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", kind, name, err))

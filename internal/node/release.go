@@ -21,6 +21,11 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 		ID: req.OperationID, Kind: "release", SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("release", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
+	ctx, end, err := n.begin(ctx)
+	if err != nil {
+		return api.ReleaseResponse{}, err
+	}
+	defer end()
 	var rec journal.Sandbox
 	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(id)
@@ -51,9 +56,14 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 		return opOutcome[api.ReleaseResponse](op)
 	}
 	defer n.endOp(op.ID)
-	td, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	// Not stopped by the caller going away, but by the end of the term.
+	td, cancel := n.background(2 * time.Minute)
 	defer cancel()
 	_, terr := n.teardown(td, rec, op.ID, api.StateReleased, "released")
+	if errors.Is(terr, ErrTermOver) {
+		n.log.Warn("release interrupted by the end of the term; the next primary completes it", "sandbox", id, "generation", rec.Generation, "err", terr)
+		return api.ReleaseResponse{}, api.Errorf(api.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
+	}
 	if terr != nil {
 		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", terr)
 	}
@@ -79,7 +89,14 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 	cid := rec.ContainerID
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
 	var errs []error
+	var over error // the term ended: stop, leave the rest to the next primary
 	remove := func(kind, name string, fn func() error) {
+		if over != nil {
+			return
+		}
+		if over = n.live(); over != nil {
+			return
+		}
 		n.markRemoving(kind, name, rec)
 		if err := fn(); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s %s: %w", kind, name, err))
@@ -98,6 +115,13 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 	remove(journal.KindMount, cid, func() error { return n.d.RootFS.Unmount(ctx, cid) })
 	remove(journal.KindCgroup, cid, func() error { return n.d.Leases.Remove(ctx, cid) })
 	remove(journal.KindLogs, cid, func() error { return n.removeLogs(ctx, cid) })
+	if over != nil {
+		// No proof and no final state: the generation stays claiming or
+		// releasing in the journal, and the next primary's reconcile
+		// tears it down again (every step is idempotent).
+		log.Warn("teardown stopped by the end of the term", "err", over)
+		return api.CleanupProof{}, errors.Join(append(errs, over)...)
+	}
 
 	p := n.checkGone(ctx, rec, opID)
 	if err := proof.Sign(n.d.Identity, &p); err != nil {

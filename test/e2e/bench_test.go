@@ -61,11 +61,21 @@ func (e *env) seedHistory(n int) {
 		e.t.Fatal(err)
 	}
 	t0 := time.Now()
+	// Written as a term of its own, as a primary would: the journal's epoch
+	// must stay the durable ha/epoch, or ctld refuses to take over.
+	term, err := (&ha.Elector{StateDir: e.stateDir, Slot: "seed"}).WaitPrimary(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer term.Release()
 	j, err := journal.Open(filepath.Join(e.stateDir, "journal.db"), 5*time.Second)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	defer j.Close()
+	if err := j.TakeOver(term.Epoch); err != nil {
+		e.t.Fatal(err)
+	}
 	if err := journaltest.SeedFinished(j, "hist", n); err != nil {
 		e.t.Fatal(err)
 	}

@@ -26,10 +26,16 @@ import (
 	"github.com/ctld/ctld/internal/fsutil"
 )
 
-// Roles an instance reports on its probe socket.
+// Roles an instance reports on its probe socket. Only an instance that
+// serves (journal taken over, reconciled, API listening) says primary; one
+// that holds the lock but is not there yet says starting, one whose term
+// ended and that drains before giving the lock back says stopping. So a
+// probe never shows two primaries, even while a new primary takes over.
 const (
-	RoleStandby = "standby"
-	RolePrimary = "primary"
+	RoleStandby  = "standby"
+	RoleStarting = "starting"
+	RolePrimary  = "primary"
+	RoleStopping = "stopping"
 )
 
 // Paths of the election state relative to the state dir.

@@ -19,7 +19,7 @@ import (
 // Status is what an instance reports on its probe socket.
 type Status struct {
 	Slot   string    `json:"slot"`
-	Role   string    `json:"role"` // RoleStandby or RolePrimary
+	Role   string    `json:"role"` // RoleStandby, RoleStarting, RolePrimary or RoleStopping
 	Epoch  uint64    `json:"epoch"`
 	Health string    `json:"health"`
 	PID    int       `json:"pid"`

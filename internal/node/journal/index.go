@@ -230,6 +230,9 @@ func (j *Journal) Prune(r Retention, now time.Time, batch int) (PruneResult, err
 		return res, errors.New("prune journal: batch must be positive")
 	}
 	err := j.db.Update(func(tx *bolt.Tx) error {
+		if err := j.fence(tx); err != nil {
+			return err
+		}
 		count := historyCount(tx)
 		cutoff := now.Add(-r.MaxAge)
 		expired := func(k []byte, count uint64) (due, early bool) {

@@ -23,6 +23,9 @@ func open(t testing.TB, path string) *journal.Journal {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
+	if err := journaltest.TakeOverNext(j); err != nil {
+		t.Fatal(err)
+	}
 	return j
 }
 
@@ -183,6 +186,9 @@ func TestIndexConsistentAfterKill(t *testing.T) {
 
 func writeForever(path string) {
 	j, err := journal.Open(path, 5*time.Second)
+	if err == nil {
+		err = journaltest.TakeOverNext(j)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

@@ -103,14 +103,21 @@ const (
 	OpFailed  = "failed"
 )
 
-// Journal is the bbolt database.
+// Journal is the bbolt database, bound to the epoch of the term that took
+// it over (see TakeOver); writes of a handle that did not are refused.
 type Journal struct {
-	db *bolt.DB
+	db    *bolt.DB
+	epoch uint64
 }
 
 // Open opens (creating if needed) the journal at path. bbolt takes its own
-// flock, so only the primary may hold it open.
+// flock, so only one process holds it open; timeout bounds the wait for it
+// (0 would wait forever behind a wedged holder). Call TakeOver before any
+// write.
 func Open(path string, timeout time.Duration) (*Journal, error) {
+	if timeout <= 0 {
+		return nil, fmt.Errorf("open journal %s: a positive timeout is required", path)
+	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
 	if err != nil {
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
@@ -140,9 +147,16 @@ func (j *Journal) Close() error { return j.db.Close() }
 // Tx is a read-write view used to change several records atomically.
 type Tx struct{ tx *bolt.Tx }
 
-// Update runs fn in one durable transaction.
+// Update runs fn in one durable transaction, after checking inside it that
+// this handle's epoch is the journal's current epoch (else a *FencedError
+// and nothing is written).
 func (j *Journal) Update(fn func(*Tx) error) error {
-	return j.db.Update(func(tx *bolt.Tx) error { return fn(&Tx{tx}) })
+	return j.db.Update(func(tx *bolt.Tx) error {
+		if err := j.fence(tx); err != nil {
+			return err
+		}
+		return fn(&Tx{tx})
+	})
 }
 
 // View runs fn in a read-only transaction.

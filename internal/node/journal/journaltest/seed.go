@@ -75,3 +75,13 @@ func SeedFinished(j *journal.Journal, prefix string, n int) error {
 	}
 	return nil
 }
+
+// TakeOverNext takes j over at the epoch after the journal's, as a test's
+// own term (a real primary takes it over at its ha/epoch).
+func TakeOverNext(j *journal.Journal) error {
+	e, err := j.Epoch()
+	if err != nil {
+		return err
+	}
+	return j.TakeOver(e + 1)
+}

@@ -1,0 +1,106 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+func termNode(t *testing.T) (*Node, context.CancelFunc) {
+	t.Helper()
+	n := testNode(t)
+	term, end := context.WithCancel(context.Background())
+	t.Cleanup(end)
+	n.d.Term = term
+	return n, end
+}
+
+// TestNoEffectAfterTermEnds: once the term is over, an effect is neither
+// journaled nor made, and a teardown (a rollback or a release) stops
+// before its first removal and leaves the generation as it is for the next
+// primary's reconcile: no proof, no final state.
+func TestNoEffectAfterTermEnds(t *testing.T) {
+	n, end := termNode(t)
+	rec := journal.Sandbox{
+		Sandbox: api.Sandbox{ID: "sb", Generation: 1, State: api.StateClaiming, ContainerID: "sb-g1", LeaseID: "sb-g1"},
+		ClaimOp: "op1",
+	}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
+		t.Fatal(err)
+	}
+	made := 0
+	if err := n.effect(journal.KindCgroup, "sb-g1", rec, func() error { made++; return nil }); err != nil {
+		t.Fatalf("effect within the term: %v", err)
+	}
+	end()
+	err := n.effect(journal.KindMount, "sb-g1", rec, func() error { made++; return nil })
+	if !errors.Is(err, ErrTermOver) || made != 1 {
+		t.Fatalf("effect after the term: err %v, made %d times; want ErrTermOver and no second make", err, made)
+	}
+	var effects []journal.Effect
+	n.d.Journal.View(func(tx *journal.Tx) (err error) { effects, err = tx.Effects(); return err })
+	if len(effects) != 1 || effects[0].Kind != journal.KindCgroup || effects[0].State != journal.Done {
+		t.Fatalf("effects = %+v, want only the cgroup done (nothing journaled after the term)", effects)
+	}
+	// The deps are nil: a teardown that touched the kernel would panic.
+	if _, err := n.teardown(context.Background(), rec, "op1", api.StateFailed, "rollback"); !errors.Is(err, ErrTermOver) {
+		t.Fatalf("teardown after the term = %v, want ErrTermOver", err)
+	}
+	if s, _ := n.sandbox("sb"); s.State != api.StateClaiming {
+		t.Fatalf("teardown after the term changed the state to %s", s.State)
+	}
+	if _, err := n.Proof(context.Background(), "op1"); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("teardown after the term stored a proof (%v)", err)
+	}
+	if err := n.WriteFile(context.Background(), "sb", "/x", nil); api.CodeOf(err) != api.CodeNotPrimary {
+		t.Fatalf("files write after the term = %v, want not_primary", err)
+	}
+}
+
+// TestDrainWaitsForOperationsInFlight: Drain refuses new operations and
+// returns only when those in flight returned (bounded), so the lock is
+// released after the last effect.
+func TestDrainWaitsForOperationsInFlight(t *testing.T) {
+	n, end := termNode(t)
+	ctx, done, err := n.begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	end()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Second):
+		t.Fatal("an operation's context did not end with the term")
+	}
+	if err := n.Drain(100 * time.Millisecond); err == nil {
+		t.Fatal("Drain returned while an operation is in flight")
+	}
+	if _, _, err := n.begin(context.Background()); api.CodeOf(err) != api.CodeNotPrimary {
+		t.Fatalf("begin after the term = %v, want not_primary", err)
+	}
+	done()
+	if err := n.Drain(time.Second); err != nil {
+		t.Fatalf("Drain after the last operation returned: %v", err)
+	}
+}
+
+func TestJournalErrorsKeepTheirKind(t *testing.T) {
+	fenced := &journal.FencedError{Writer: 3, Current: 4}
+	for err, want := range map[error]api.Code{
+		fenced: api.CodeFenced,
+		errors.Join(errors.New("journal"), fenced): api.CodeFenced,
+		ErrTermOver:                api.CodeUnavailable,
+		errors.New("disk on fire"): api.CodeInternal,
+	} {
+		if got := codeOf(err); got != want {
+			t.Errorf("codeOf(%v) = %s, want %s", err, got, want)
+		}
+		if got := api.CodeOf(journalErr("x", err)); got != want {
+			t.Errorf("journalErr(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
