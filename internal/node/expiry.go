@@ -39,6 +39,8 @@ func (n *Node) armExpiry(s journal.Sandbox) {
 			n.log.Info("released at max lifetime", "sandbox", id, "generation", gen)
 		case api.CodeConflict, api.CodeFenced, api.CodeNotFound:
 			// Released or replaced before its deadline.
+		case api.CodeNotPrimary, api.CodeUnavailable:
+			n.log.Info("release at max lifetime left to the next primary", "sandbox", id, "generation", gen, "err", err)
 		default:
 			n.log.Error("release at max lifetime failed", "sandbox", id, "generation", gen, "err", err)
 		}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
 // The failover test re-executes this test binary as ctld-like instances:
@@ -58,11 +60,36 @@ func runHelper(slot, stateDir, sock string) int {
 		log.Error("wait primary", "err", err)
 		return 3
 	}
+	// As ctld: starting until the journal is taken over at the term's
+	// epoch, primary only then; stopping until the journal is closed.
 	mu.Lock()
-	st.Role, st.Epoch, st.Since = RolePrimary, term.Epoch, term.Since
+	st.Role, st.Epoch, st.Since = RoleStarting, term.Epoch, term.Since
+	mu.Unlock()
+	j, err := journal.Open(filepath.Join(stateDir, "journal.db"), 5*time.Second)
+	if err != nil {
+		log.Error("open journal", "err", err)
+		return 6
+	}
+	if err := j.TakeOver(term.Epoch); err != nil {
+		log.Error("take journal over", "err", err)
+		return 7
+	}
+	if err := j.Heartbeat(time.Now()); err != nil {
+		log.Error("journal heartbeat", "err", err)
+		return 8
+	}
+	mu.Lock()
+	st.Role = RolePrimary
 	mu.Unlock()
 
 	<-ctx.Done()
+	mu.Lock()
+	st.Role = RoleStopping
+	mu.Unlock()
+	if err := j.Close(); err != nil {
+		log.Error("close journal", "err", err)
+		return 9
+	}
 	mu.Lock()
 	st.Role = RoleStandby
 	mu.Unlock()
@@ -82,6 +109,7 @@ type instance struct {
 	cmd        *exec.Cmd
 	done       chan struct{}
 	waitErr    error
+	stopped    bool // by the test; any other exit is a failure
 }
 
 func (in *instance) running() bool {
@@ -104,7 +132,7 @@ func (in *instance) start(t *testing.T, stateDir string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start instance %s: %v", in.slot, err)
 	}
-	in.cmd, in.done, in.waitErr = cmd, make(chan struct{}), nil
+	in.cmd, in.done, in.waitErr, in.stopped = cmd, make(chan struct{}), nil, false
 	go func() { in.waitErr = cmd.Wait(); close(in.done) }()
 }
 
@@ -112,6 +140,7 @@ func (in *instance) start(t *testing.T, stateDir string) {
 // can no longer answer a probe.
 func (in *instance) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
+	in.stopped = true
 	if err := in.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatalf("signal %s: %v", in.slot, err)
 	}
@@ -190,6 +219,11 @@ func TestFailoverRandomized(t *testing.T) {
 		where := fmt.Sprintf("round %d (%s %s)", round, action, in.slot)
 
 		primary := settle(t, insts, where)
+		for _, other := range insts {
+			if other.cmd != nil && !other.running() && !other.stopped {
+				t.Fatalf("%s: instance %s exited by itself: %v", where, other.slot, other.waitErr)
+			}
+		}
 		if primary.PID == 0 {
 			continue // both down: nothing to compare
 		}
@@ -226,6 +260,25 @@ func TestFailoverRandomized(t *testing.T) {
 	}
 	t.Logf("%d rounds: %d kill -9, %d SIGTERM, %d starts, %d takeovers, final epoch %d, slowest settle after a takeover %v",
 		rounds, kills, terms, starts, takeovers, maxEpoch, maxTakeover)
+	for _, in := range insts {
+		if in.running() {
+			in.stop(t, syscall.SIGTERM)
+		}
+	}
+	// Every term took the journal over at its epoch, so it carries the
+	// last one (the standby may have taken a last term as they stopped).
+	last, err := ReadEpoch(stateDir)
+	if err != nil || last < maxEpoch {
+		t.Fatalf("durable epoch %d, %v; want at least %d", last, err, maxEpoch)
+	}
+	j, err := journal.Open(filepath.Join(stateDir, "journal.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if e, err := j.Epoch(); err != nil || e != last {
+		t.Fatalf("journal epoch %d, %v; want the last term's %d", e, err, last)
+	}
 	if takeovers < rounds/10 {
 		t.Fatalf("only %d takeovers in %d rounds: the test did not exercise failover", takeovers, rounds)
 	}
