@@ -233,3 +233,56 @@ func TestTakeoverRefusesRolledBackEpoch(t *testing.T) {
 		t.Fatalf("journal epoch after the refused term = %d, %v; want 10", e, err)
 	}
 }
+
+// TestLostLockEndsTheTerm: when the lock no longer excludes (its file was
+// replaced), the primary's lock check fails and ends the term at once.
+func TestLostLockEndsTheTerm(t *testing.T) {
+	stateDir := t.TempDir()
+	term, err := (&ha.Elector{StateDir: stateDir, Slot: "a"}).WaitPrimary(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term.Release()
+	j, err := journal.Open(filepath.Join(stateDir, "journal.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if err := j.TakeOver(term.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	termCtx, endTerm := context.WithCancelCause(context.Background())
+	checks := primaryChecks(term, j, filepath.Join(shortDir(t), "none.sock"), t.TempDir(), endTerm)
+	run := func(name string) error {
+		for _, c := range checks {
+			if c.name == name {
+				return c.fn(context.Background())
+			}
+		}
+		t.Fatalf("no check %s", name)
+		return nil
+	}
+	for _, name := range []string{"lock", "journal"} {
+		if err := run(name); err != nil {
+			t.Fatalf("%s check while the term holds: %v", name, err)
+		}
+	}
+	if err := run("api"); err == nil {
+		t.Fatal("api check passed without an API socket")
+	}
+	if termCtx.Err() != nil {
+		t.Fatal("a failing api check ended the term; only a lost lock or journal does")
+	}
+	if err := os.Remove(ha.LockPath(stateDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ha.LockPath(stateDir), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run("lock"); err == nil {
+		t.Fatal("lock check passed with the lock file replaced")
+	}
+	if !errors.Is(context.Cause(termCtx), errTermLost) {
+		t.Fatalf("term after a lost lock: %v, want ended with errTermLost", context.Cause(termCtx))
+	}
+}
