@@ -115,6 +115,11 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 	remove(journal.KindMount, cid, func() error { return n.d.RootFS.Unmount(ctx, cid) })
 	remove(journal.KindCgroup, cid, func() error { return n.d.Leases.Remove(ctx, cid) })
 	remove(journal.KindLogs, cid, func() error { return n.removeLogs(ctx, cid) })
+	if over == nil && len(errs) > 0 {
+		// A step that failed as the term ended was likely cut short by it:
+		// the successor decides, rather than an unproven proof of ours.
+		over = n.live()
+	}
 	if over != nil {
 		// No proof and no final state: the generation stays claiming or
 		// releasing in the journal, and the next primary's reconcile
