@@ -1,8 +1,10 @@
 package journal_test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,10 +163,37 @@ func TestIndexConsistentAfterKill(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestIndexConsistentAfterKill$")
 		cmd.Env = append(os.Environ(), "JOURNAL_TEST_WRITER="+path, fmt.Sprintf("JOURNAL_TEST_ROUND=%d", round))
 		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(300+100*round) * time.Millisecond)
+		// Kill it mid-write, after its first writes committed: a fixed
+		// sleep from the start is too short on a loaded machine.
+		wrote := make(chan error, 1)
+		go func() {
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err == nil && line != "wrote\n" {
+				err = fmt.Errorf("writer said %q", line)
+			}
+			wrote <- err
+			_, _ = io.Copy(io.Discard, out)
+		}()
+		select {
+		case err := <-wrote:
+			if err != nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				t.Fatalf("round %d: writer: %v", round, err)
+			}
+		case <-time.After(2 * time.Minute):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("round %d: the writer committed nothing within 2m", round)
+		}
+		time.Sleep(time.Duration(50+100*round) * time.Millisecond)
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		_ = cmd.Wait()
 		j, err := journal.Open(path, time.Second)
@@ -224,6 +253,9 @@ func writeForever(path string) {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(2)
 			}
+		}
+		if i == 0 {
+			fmt.Println("wrote")
 		}
 		if i%20 == 0 {
 			if _, err := j.Prune(journal.Retention{MaxRecords: 100}, time.Now(), 16); err != nil {
