@@ -45,6 +45,9 @@ type Netns struct {
 	// MountinfoPath is where mounts are read from; empty means
 	// mountinfo.SelfPath.
 	MountinfoPath string
+	// ProcRoot is where every process's namespaces, fds and mounts are
+	// looked at for the cleanup proof; empty means /proc.
+	ProcRoot string
 }
 
 func (n *Netns) dir() string {
@@ -321,9 +324,12 @@ func (n *Netns) List(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// CheckGone is the netns part of the cleanup proof: the file is absent and
-// nothing is mounted at its path.
-func (n *Netns) CheckGone(ctx context.Context, name string) (ok bool, detail string) {
+// CheckGone is the netns part of the cleanup proof: the file is absent,
+// nothing is mounted at its path, and the namespace itself (id, from
+// Identify; zero when unknown) is gone: no thread in it, no fd to it, no
+// nsfs mount of it in any mount namespace. Removing the name alone does
+// not end a namespace that a process still holds.
+func (n *Netns) CheckGone(ctx context.Context, name string, id NSID) (ok bool, detail string) {
 	if err := validateName(name); err != nil {
 		return false, err.Error()
 	}
@@ -349,7 +355,11 @@ func (n *Netns) CheckGone(ctx context.Context, name string) (ok bool, detail str
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Sprintf("cannot stat %s: %v", p, err)
 	}
-	return true, fmt.Sprintf("%s absent and not mounted", p)
+	ok, d := n.checkNamespaceGone(id)
+	if !ok {
+		return false, d
+	}
+	return true, fmt.Sprintf("%s absent and not mounted; %s", p, d)
 }
 
 // Describe lists the links ("lo up") and routes of every table

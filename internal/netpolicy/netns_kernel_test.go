@@ -3,9 +3,11 @@ package netpolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -138,7 +140,7 @@ func TestKernelNetnsLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The proof must not pass while the namespace is still there.
-	if ok, _ := n.CheckGone(ctx, name); ok {
+	if ok, _ := n.CheckGone(ctx, name, NSID{}); ok {
 		t.Error("CheckGone = true while the netns exists")
 	}
 
@@ -147,7 +149,7 @@ func TestKernelNetnsLifecycle(t *testing.T) {
 			t.Fatalf("Delete #%d: %v", i+1, err)
 		}
 	}
-	if ok, detail := n.CheckGone(ctx, name); !ok {
+	if ok, detail := n.CheckGone(ctx, name, NSID{}); !ok {
 		t.Errorf("CheckGone after Delete = false: %s", detail)
 	}
 	if names, err := n.List(ctx); err != nil || len(names) != 0 {
@@ -183,7 +185,7 @@ func TestKernelNetnsCreateOverLeftoverFile(t *testing.T) {
 	if err := n.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	if ok, detail := n.CheckGone(ctx, name); !ok {
+	if ok, detail := n.CheckGone(ctx, name, NSID{}); !ok {
 		t.Errorf("CheckGone = false: %s", detail)
 	}
 }
@@ -218,5 +220,116 @@ func TestKernelNetnsCreateRefusesOtherNamespace(t *testing.T) {
 	}
 	if c := strings.Count(string(mi), " "+p+" "); c != 1 {
 		t.Errorf("%s is mounted %d times, want 1 (the uts bind only)", p, c)
+	}
+}
+
+// Removing the name does not end a namespace a process still holds: a
+// thread in it, an open fd to it, or an nsfs bind mount of it elsewhere.
+// The proof checks the namespace by inode and cookie and names the holder.
+func TestKernelNetnsCheckGoneSeesHolders(t *testing.T) {
+	ktest.Require(t)
+	ktest.RequireBinary(t, "nsenter")
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	n := &Netns{Prefix: "ctld-ktest-", Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	ctx := context.Background()
+	const name = "sb-held"
+	t.Cleanup(func() {
+		if err := n.Delete(ctx, name); err != nil {
+			t.Errorf("cleanup delete: %v", err)
+		}
+	})
+	p, err := n.Create(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := n.Identify(ctx, name)
+	if err != nil || !id.Known() || id.Cookie == 0 {
+		t.Fatalf("Identify = %+v, %v; want inode and cookie", id, err)
+	}
+	// Holder 1: a process inside the namespace.
+	sleeper := exec.Command("nsenter", "--net="+p, "sleep", "1000")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", sleeper.Process.Pid)); ns == id.String() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nsenter did not enter the namespace within 10s")
+		}
+	}
+	// Holder 2: an nsfs bind mount of it at another path.
+	bind := filepath.Join(t.TempDir(), "netns-bind")
+	if err := os.WriteFile(bind, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(p, bind, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(bind, unix.MNT_DETACH) })
+	// Holder 3: an open fd in this process.
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	if err := n.Delete(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	ok, detail := n.CheckGone(ctx, name, id)
+	for _, want := range []string{
+		fmt.Sprintf("pid %d (task %d ns/net)", sleeper.Process.Pid, sleeper.Process.Pid),
+		"mounted at " + bind,
+		fmt.Sprintf("pid %d (fd %d)", os.Getpid(), f.Fd()),
+	} {
+		if ok || !strings.Contains(detail, want) {
+			t.Errorf("CheckGone with holders = %v, %q; want false, naming %q", ok, detail, want)
+		}
+	}
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
+	if err := unix.Unmount(bind, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, detail := n.CheckGone(ctx, name, id); ok || !strings.Contains(detail, "(fd ") {
+		t.Errorf("CheckGone with an fd left = %v, %q; want false, naming the fd", ok, detail)
+	}
+	f.Close()
+	if ok, detail := n.CheckGone(ctx, name, id); !ok {
+		t.Errorf("CheckGone after every holder went = false: %s", detail)
+	}
+}
+
+// A namespace that got a freed inode number is not the recorded one: the
+// cookie tells them apart.
+func TestKernelNetnsCheckGoneCookie(t *testing.T) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	n := &Netns{Dir: t.TempDir(), Prefix: "ctld-ktest-"}
+	ctx := context.Background()
+	const name = "sb-new"
+	t.Cleanup(func() {
+		if err := n.Delete(ctx, name); err != nil {
+			t.Errorf("cleanup delete: %v", err)
+		}
+	})
+	if _, err := n.Create(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	live, err := n.Identify(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An old generation's record with the same inode but another cookie.
+	old := live
+	old.Cookie++
+	if ok, detail := n.CheckGone(ctx, "sb-old", old); !ok {
+		t.Errorf("CheckGone of a namespace whose inode was reused = false: %s", detail)
+	}
+	if ok, _ := n.CheckGone(ctx, "sb-old", live); ok {
+		t.Errorf("CheckGone with the live namespace's identity = true")
 	}
 }

@@ -40,7 +40,7 @@ func TestRejectsBadNames(t *testing.T) {
 		if _, _, err := n.Describe(ctx, name); api.CodeOf(err) != api.CodeInvalidArgument {
 			t.Errorf("Describe(%q) = %v, want invalid_argument", name, err)
 		}
-		if ok, _ := n.CheckGone(ctx, name); ok {
+		if ok, _ := n.CheckGone(ctx, name, NSID{}); ok {
 			t.Errorf("CheckGone(%q) = true for an invalid name", name)
 		}
 	}
@@ -80,7 +80,7 @@ func TestListAndCheckGone(t *testing.T) {
 		{"m", false, "still mounted"},
 		{"z", true, "absent and not mounted"},
 	} {
-		ok, detail := n.CheckGone(ctx, c.name)
+		ok, detail := n.CheckGone(ctx, c.name, NSID{})
 		if ok != c.ok || !strings.Contains(detail, c.detail) {
 			t.Errorf("CheckGone(%q) = %v, %q; want %v, ~%q", c.name, ok, detail, c.ok, c.detail)
 		}
@@ -92,7 +92,7 @@ func TestListAndCheckGone(t *testing.T) {
 		}
 	}
 	if os.Geteuid() == 0 {
-		if ok, detail := n.CheckGone(ctx, "a"); !ok {
+		if ok, detail := n.CheckGone(ctx, "a", NSID{}); !ok {
 			t.Errorf("after Delete: %s", detail)
 		}
 	}

@@ -293,6 +293,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	}); err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("create netns: %w", err)
 	}
+	rec = n.identify(ctx, rec)
 	t.NetworkMS, step = ms(time.Since(step)), time.Now()
 
 	args := req.Process.Args

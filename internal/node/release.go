@@ -88,6 +88,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, reason string) (api.CleanupProof, error) {
 	cid := rec.ContainerID
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
+	rec = n.identify(ctx, rec)
 	var errs []error
 	var over error // the term ended: stop, leave the rest to the next primary
 	remove := func(kind, name string, fn func() error) {
@@ -143,9 +144,9 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		if err := tx.PutProof(p); err != nil {
 			return err
 		}
-		s.State, s.Reason = final, reason
+		s.State, s.Reason, s.ProofOp = final, reason, opID
+		s.Withheld = !p.Clean // a clean retry of a withheld generation returns its capacity
 		if !p.Clean {
-			s.Withheld = true
 			s.Reason = reason + "; cleanup unproven: " + failedChecks(p)
 		}
 		if err := tx.PutSandbox(s); err != nil {
@@ -195,9 +196,9 @@ func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string) 
 	check("cgroup_removed", ok, d)
 	ok, d = n.d.Runtime.CheckGone(ctx, cid)
 	check("runsc_container_gone", ok, d)
-	ok, d = n.d.RootFS.CheckGone(ctx, cid)
+	ok, d = n.d.RootFS.CheckGone(ctx, cid, rec.RootDev)
 	check("mounts_gone", ok, d)
-	ok, d = n.d.Netns.CheckGone(ctx, cid)
+	ok, d = n.d.Netns.CheckGone(ctx, cid, netnsID(rec))
 	check("netns_gone", ok, d)
 	_, err := os.Stat(n.bundleDir(cid))
 	check("bundle_removed", os.IsNotExist(err), n.bundleDir(cid)+" "+errString(err))

@@ -45,6 +45,9 @@ type Overlay struct {
 	// MountinfoPath is where mounts are read from; empty means
 	// mountinfo.SelfPath.
 	MountinfoPath string
+	// ProcRoot is where every process's mounts and files are looked at
+	// for the cleanup proof; empty means /proc.
+	ProcRoot string
 }
 
 // Sub-directories of a sandbox's scratch dir.
@@ -315,9 +318,11 @@ func (o *Overlay) List(ctx context.Context) ([]string, error) {
 }
 
 // CheckGone is the overlay part of the cleanup proof: no mount at or under
-// the sandbox's scratch dir and the dir itself absent. detail says what
-// was seen either way.
-func (o *Overlay) CheckGone(ctx context.Context, id string) (ok bool, detail string) {
+// the sandbox's scratch dir, the dir itself absent, and the overlay's
+// superblock (dev, from Superblock; "" when unknown) gone: mounted in no
+// mount namespace and, after a lazy detach, held by no process. detail
+// says what was seen either way, naming a holder's pid.
+func (o *Overlay) CheckGone(ctx context.Context, id, dev string) (ok bool, detail string) {
 	if err := api.ValidateID("sandbox id", id); err != nil {
 		return false, err.Error()
 	}
@@ -334,5 +339,9 @@ func (o *Overlay) CheckGone(ctx context.Context, id string) (ok bool, detail str
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Sprintf("cannot stat %s: %v", dir, err)
 	}
-	return true, fmt.Sprintf("no mounts under %s and the dir is gone", dir)
+	ok, sb := o.checkSuperblockGone(id, dev)
+	if !ok {
+		return false, sb
+	}
+	return true, fmt.Sprintf("no mounts under %s and the dir is gone; %s", dir, sb)
 }

@@ -3,11 +3,14 @@ package rootfs
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
@@ -121,7 +124,7 @@ func TestKernelOverlayMount(t *testing.T) {
 	if ids, err := o.List(ctx); err != nil || len(ids) != 1 || ids[0] != "sb-k1" {
 		t.Errorf("List = %v, %v; want [sb-k1]", ids, err)
 	}
-	if ok, detail := o.CheckGone(ctx, "sb-k1"); ok {
+	if ok, detail := o.CheckGone(ctx, "sb-k1", ""); ok {
 		t.Errorf("CheckGone while mounted = true (%s)", detail)
 	}
 	for i := 0; i < 2; i++ {
@@ -129,7 +132,7 @@ func TestKernelOverlayMount(t *testing.T) {
 			t.Fatalf("Unmount #%d: %v", i+1, err)
 		}
 	}
-	if ok, detail := o.CheckGone(ctx, "sb-k1"); !ok {
+	if ok, detail := o.CheckGone(ctx, "sb-k1", ""); !ok {
 		t.Errorf("CheckGone after Unmount = false: %s", detail)
 	}
 	if ids, err := o.List(ctx); err != nil || len(ids) != 0 {
@@ -141,13 +144,19 @@ func TestKernelOverlayMount(t *testing.T) {
 }
 
 // A file held open in the root makes umount return EBUSY; Unmount retries,
-// then detaches lazily and says so, and the proof still holds.
+// then detaches lazily and says so. The detached overlay lives on while
+// the file is open: the proof must say so, naming the holder, and pass
+// once it is closed.
 func TestKernelOverlayUnmountBusy(t *testing.T) {
 	ktest.Require(t)
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
 	o, lower, logs := kernelOverlay(t)
 	ctx := context.Background()
 	root, err := o.Mount(ctx, "sb-busy", lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := o.Superblock("sb-busy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,8 +171,111 @@ func TestKernelOverlayUnmountBusy(t *testing.T) {
 	if !strings.Contains(logs.String(), "detaching lazily") {
 		t.Errorf("no lazy-detach warning in the log:\n%s", logs.String())
 	}
-	if ok, detail := o.CheckGone(ctx, "sb-busy"); !ok {
-		t.Errorf("CheckGone after lazy detach = false: %s", detail)
+	ok, detail := o.CheckGone(ctx, "sb-busy", dev)
+	if want := fmt.Sprintf("held by pid %d (fd %d)", os.Getpid(), f.Fd()); ok || !strings.Contains(detail, want) {
+		t.Errorf("CheckGone after lazy detach with a file open = %v, %q; want false, ~%q", ok, detail, want)
+	}
+	f.Close()
+	if ok, detail := o.CheckGone(ctx, "sb-busy", dev); !ok {
+		t.Errorf("CheckGone after the holder closed its file = false: %s", detail)
+	}
+}
+
+// startHolder starts a process that keeps the overlay alive and waits
+// until ready(pid) holds; the test's cleanup kills it.
+func startHolder(t *testing.T, ready func(pid int) bool, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); !ready(cmd.Process.Pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s %v not holding the overlay within 10s", name, args)
+		}
+	}
+	return cmd
+}
+
+// stopHolder kills the holder and waits for it to be reaped, so its
+// namespace and references are gone.
+func stopHolder(cmd *exec.Cmd) {
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+// A process in another mount namespace (unshare -m, private propagation)
+// that bind-mounted the root elsewhere keeps the overlay mounted there:
+// the unmount in ctld's namespace succeeds at once and does not reach it
+// (removing the scratch dir only detaches the copy at the old mount
+// point), so the superblock lives on.
+func TestKernelOverlayMountedInOtherNamespace(t *testing.T) {
+	ktest.Require(t)
+	ktest.RequireBinary(t, "unshare")
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	o, lower, _ := kernelOverlay(t)
+	ctx := context.Background()
+	root, err := o.Mount(ctx, "sb-k1", lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := o.Superblock("sb-k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := t.TempDir()
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := startHolder(t, func(pid int) bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		return ns != self && strings.Contains(string(b), " "+hold+" ")
+	}, "unshare", "-m", "--propagation", "private", "sh", "-c", "mount --bind "+root+" "+hold+" && exec sleep 1000")
+	if err := o.Unmount(ctx, "sb-k1"); err != nil {
+		t.Fatalf("Unmount: %v", err)
+	}
+	ok, detail := o.CheckGone(ctx, "sb-k1", dev)
+	if want := fmt.Sprintf("still mounted at %s in mount namespace", hold); ok || !strings.Contains(detail, want) || !strings.Contains(detail, fmt.Sprintf("(pid %d)", holder.Process.Pid)) {
+		t.Errorf("CheckGone with the overlay mounted in another namespace = %v, %q; want false, ~%q and pid %d", ok, detail, want, holder.Process.Pid)
+	}
+	stopHolder(holder)
+	if ok, detail := o.CheckGone(ctx, "sb-k1", dev); !ok {
+		t.Errorf("CheckGone after the other namespace ended = false: %s", detail)
+	}
+}
+
+// A process whose cwd is inside the root makes umount busy; after the lazy
+// detach its cwd keeps the superblock alive, and the proof names it.
+func TestKernelOverlayDetachedHeldByCwd(t *testing.T) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	o, lower, _ := kernelOverlay(t)
+	ctx := context.Background()
+	root, err := o.Mount(ctx, "sb-busy", lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := o.Superblock("sb-busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := startHolder(t, func(pid int) bool {
+		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		return cwd == filepath.Join(root, "sub")
+	}, "sh", "-c", "cd "+filepath.Join(root, "sub")+" && exec sleep 1000")
+	if err := o.Unmount(ctx, "sb-busy"); err != nil {
+		t.Fatalf("Unmount: %v", err)
+	}
+	ok, detail := o.CheckGone(ctx, "sb-busy", dev)
+	if want := fmt.Sprintf("held by pid %d (cwd)", holder.Process.Pid); ok || !strings.Contains(detail, want) {
+		t.Errorf("CheckGone with a cwd in the detached overlay = %v, %q; want false, ~%q", ok, detail, want)
+	}
+	stopHolder(holder)
+	if ok, detail := o.CheckGone(ctx, "sb-busy", dev); !ok {
+		t.Errorf("CheckGone after the holder exited = false: %s", detail)
 	}
 }
 
@@ -184,7 +296,7 @@ func TestKernelOverlayMountFailureRollsBack(t *testing.T) {
 	if _, err := o.Mount(ctx, "sb-k1", lower); err == nil {
 		t.Fatal("Mount over a file target succeeded")
 	}
-	if ok, detail := o.CheckGone(ctx, "sb-k1"); !ok {
+	if ok, detail := o.CheckGone(ctx, "sb-k1", ""); !ok {
 		t.Errorf("CheckGone after failed Mount = false: %s", detail)
 	}
 }

@@ -2,11 +2,15 @@ package rootfs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/api"
 )
@@ -57,7 +61,7 @@ func TestMountRejectsBadInput(t *testing.T) {
 		if err := o.Unmount(ctx, id); api.CodeOf(err) != api.CodeInvalidArgument {
 			t.Errorf("Unmount(%q) = %v, want invalid_argument", id, err)
 		}
-		if ok, _ := o.CheckGone(ctx, id); ok {
+		if ok, _ := o.CheckGone(ctx, id, ""); ok {
 			t.Errorf("CheckGone(%q) = true for an invalid id", id)
 		}
 	}
@@ -94,7 +98,7 @@ func TestListAndCheckGone(t *testing.T) {
 		"40 1 0:33 / "+scratch+"/sb-mounted/root rw - overlay overlay rw,lowerdir=/t,upperdir=/u,workdir=/w",
 		"41 1 0:34 / "+scratch+"-other/sb-x rw - tmpfs tmpfs rw",
 	)
-	o := &Overlay{ScratchDir: scratch, MountinfoPath: mi}
+	o := &Overlay{ScratchDir: scratch, MountinfoPath: mi, ProcRoot: t.TempDir()}
 	ids, err := o.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +115,7 @@ func TestListAndCheckGone(t *testing.T) {
 		{"sb-mounted", false, "mount(s) left"},
 		{"sb-gone", true, "dir is gone"},
 	} {
-		ok, detail := o.CheckGone(ctx, c.id)
+		ok, detail := o.CheckGone(ctx, c.id, "")
 		if ok != c.ok || !strings.Contains(detail, c.detail) {
 			t.Errorf("CheckGone(%q) = %v, %q; want %v, ~%q", c.id, ok, detail, c.ok, c.detail)
 		}
@@ -122,7 +126,7 @@ func TestListAndCheckGone(t *testing.T) {
 			t.Fatalf("Unmount #%d: %v", i+1, err)
 		}
 	}
-	if ok, detail := o.CheckGone(ctx, "sb-dir"); !ok {
+	if ok, detail := o.CheckGone(ctx, "sb-dir", ""); !ok {
 		t.Errorf("after Unmount: CheckGone = false: %s", detail)
 	}
 }
@@ -149,5 +153,74 @@ func TestUnmountRefusesToRemoveMountedDir(t *testing.T) {
 	}
 	if _, err := os.Stat(root); err != nil {
 		t.Errorf("dir removed although mountinfo shows a mount: %v", err)
+	}
+}
+
+// fakeProcess is one process of a fake /proc: its mount namespace, mount
+// table and cwd (a real dir, so stat through the link gives its device).
+type fakeProcess struct {
+	mntNS, mountinfo, cwd string
+}
+
+func fakeProc(t *testing.T, procs map[int]fakeProcess) string {
+	t.Helper()
+	root := t.TempDir()
+	for pid, p := range procs {
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		for _, d := range []string{"ns", "fd"} {
+			if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink(p.mntNS, filepath.Join(dir, "ns", "mnt")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte("1 0 0:1 / / rw - rootfs rootfs rw\n"+p.mountinfo), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if p.cwd != "" {
+			if err := os.Symlink(p.cwd, filepath.Join(dir, "cwd")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return root
+}
+
+// The superblock check looks in every mount namespace and at every
+// process's cwd and files; a device number that now belongs to another
+// filesystem is not ours.
+func TestCheckGoneSuperblock(t *testing.T) {
+	ctx := context.Background()
+	scratch := t.TempDir()
+	mi := writeMountinfo(t)
+	o := &Overlay{ScratchDir: scratch, MountinfoPath: mi}
+	upper := filepath.Join(o.Dir("sb-x"), "upper")
+	held := t.TempDir()
+	var st unix.Stat_t
+	if err := unix.Stat(held, &st); err != nil {
+		t.Fatal(err)
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	ours := "50 1 0:99 / /elsewhere rw - overlay overlay rw,lowerdir=/t,upperdir=" + upper + ",workdir=/w\n"
+	other := "51 1 " + dev + " / /data rw - tmpfs tmpfs rw\n"
+	for _, c := range []struct {
+		name   string
+		procs  map[int]fakeProcess
+		dev    string
+		ok     bool
+		detail string
+	}{
+		{"no processes", nil, dev, true, "held by no process"},
+		{"mounted in another namespace", map[int]fakeProcess{1: {mntNS: "mnt:[1]"}, 10: {mntNS: "mnt:[2]", mountinfo: ours}}, dev, false, "still mounted at /elsewhere in mount namespace mnt:[2] (pid 10)"},
+		{"detached, held by a cwd", map[int]fakeProcess{11: {mntNS: "mnt:[1]", cwd: held}}, dev, false, "detached but alive: held by pid 11 (cwd)"},
+		{"device reused", map[int]fakeProcess{11: {mntNS: "mnt:[1]", mountinfo: other, cwd: held}}, dev, true, "belongs to another filesystem"},
+		{"device not recorded", map[int]fakeProcess{11: {mntNS: "mnt:[1]", cwd: held}}, "", true, "not recorded"},
+	} {
+		o.ProcRoot = fakeProc(t, c.procs)
+		ok, detail := o.CheckGone(ctx, "sb-x", c.dev)
+		if ok != c.ok || !strings.Contains(detail, c.detail) {
+			t.Errorf("%s: CheckGone = %v, %q; want %v, ~%q", c.name, ok, detail, c.ok, c.detail)
+		}
 	}
 }

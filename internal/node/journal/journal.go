@@ -69,6 +69,21 @@ type Sandbox struct {
 	// Withheld is set when cleanup of this generation could not be proven:
 	// its capacity stays out until an operator or a later proof clears it.
 	Withheld bool `json:"withheld,omitempty"`
+	// ProofOp is the operation id the latest cleanup proof of this
+	// generation is stored under.
+	ProofOp string `json:"proof_op,omitempty"`
+	// Kernel identities of the generation's objects, recorded once made,
+	// so the cleanup proof checks the objects and not only their names:
+	// the overlay's superblock (major:minor) and the netns (nsfs device,
+	// inode, cookie).
+	RootDev     string `json:"root_dev,omitempty"`
+	NetnsDev    uint64 `json:"netns_dev,omitempty"`
+	NetnsIno    uint64 `json:"netns_ino,omitempty"`
+	NetnsCookie uint64 `json:"netns_cookie,omitempty"`
+	// Retries of a withheld generation's teardown (see node/withheld.go).
+	RetryAttempts int       `json:"retry_attempts,omitempty"`
+	RetryLast     time.Time `json:"retry_last,omitzero"`
+	RetryNext     time.Time `json:"retry_next,omitzero"`
 }
 
 // Holds reports whether the record still holds leased capacity: a live or

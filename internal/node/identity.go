@@ -1,0 +1,51 @@
+package node
+
+import (
+	"context"
+
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// identify reads from the kernel the identities of rec's overlay
+// superblock and netns that are not journaled yet, journals them in the
+// sandbox record and returns rec with them. Claim calls it once both are
+// made; teardown calls it again before removing anything, which covers a
+// crash in between. An object that is already gone cannot be identified:
+// its proof check then falls back to names (and says so).
+func (n *Node) identify(ctx context.Context, rec journal.Sandbox) journal.Sandbox {
+	if n.live() != nil {
+		return rec // no journal write after the term; the successor identifies
+	}
+	cid := rec.ContainerID
+	changed := false
+	if rec.RootDev == "" {
+		if dev, err := n.d.RootFS.Superblock(cid); err == nil {
+			rec.RootDev, changed = dev, true
+		}
+	}
+	if rec.NetnsIno == 0 {
+		if id, err := n.d.Netns.Identify(ctx, cid); err == nil {
+			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie, changed = id.Dev, id.Ino, id.Cookie, true
+		}
+	}
+	if !changed {
+		return rec
+	}
+	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(rec.ID)
+		if err != nil || !ok || s.Generation != rec.Generation {
+			return err
+		}
+		s.RootDev, s.NetnsDev, s.NetnsIno, s.NetnsCookie = rec.RootDev, rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie
+		return tx.PutSandbox(s)
+	})
+	if err != nil {
+		n.log.Warn("journal kernel identities", "sandbox", rec.ID, "generation", rec.Generation, "err", err)
+	}
+	return rec
+}
+
+func netnsID(rec journal.Sandbox) netpolicy.NSID {
+	return netpolicy.NSID{Dev: rec.NetnsDev, Ino: rec.NetnsIno, Cookie: rec.NetnsCookie}
+}

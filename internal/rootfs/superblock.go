@@ -1,0 +1,114 @@
+package rootfs
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/holders"
+	"github.com/ctld/ctld/internal/mountinfo"
+)
+
+// Superblock is the device number ("major:minor", as mountinfo shows it)
+// of sandbox id's mounted overlay, which the cleanup proof needs once the
+// mount point is gone: a lazily detached overlay lives on, invisible in
+// this namespace's mountinfo, while a process has its cwd or a file in it
+// or another mount namespace still has a copy of the mount.
+func (o *Overlay) Superblock(id string) (string, error) {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return "", err
+	}
+	ms, err := o.mountinfo()
+	if err != nil {
+		return "", err
+	}
+	target := filepath.Join(o.Dir(id), rootName)
+	at := mountinfo.At(ms, target)
+	if len(at) == 0 || at[len(at)-1].FSType != "overlay" {
+		return "", fmt.Errorf("no overlay mounted at %s", target)
+	}
+	top := at[len(at)-1]
+	return fmt.Sprintf("%d:%d", top.Major, top.Minor), nil
+}
+
+func (o *Overlay) proc() string {
+	if o.ProcRoot == "" {
+		return mountinfo.ProcRoot
+	}
+	return o.ProcRoot
+}
+
+// checkSuperblockGone looks for sandbox id's overlay superblock in every
+// mount namespace and, when its device number dev is known, for processes
+// that hold it by cwd, root or an open file. The overlay is recognised by
+// its upperdir (a per-generation path), so a device number the kernel has
+// reused for another filesystem is not mistaken for it.
+func (o *Overlay) checkSuperblockGone(id, dev string) (ok bool, detail string) {
+	upper := filepath.Join(o.Dir(id), upperName)
+	nss, err := mountinfo.AllNamespaces(o.proc())
+	if err != nil {
+		return false, fmt.Sprintf("cannot read the mounts of every namespace: %v", err)
+	}
+	reused := false
+	for _, ns := range nss {
+		for _, m := range ns.Mounts {
+			ud, _ := mountinfo.Option(m.SuperOptions, "upperdir")
+			ours := m.FSType == "overlay" && ud == upper
+			if ours {
+				return false, fmt.Sprintf("overlay superblock %d:%d (upperdir %s) still mounted at %s in mount namespace %s (pid %d)", m.Major, m.Minor, upper, m.MountPoint, ns.ID, ns.PID)
+			}
+			if dev != "" && fmt.Sprintf("%d:%d", m.Major, m.Minor) == dev {
+				reused = true
+			}
+		}
+	}
+	where := fmt.Sprintf("in none of %d mount namespaces", len(nss))
+	if dev == "" {
+		return true, fmt.Sprintf("overlay (upperdir %s) mounted %s; superblock device not recorded, holders not checked", upper, where)
+	}
+	if reused {
+		// Device numbers are unique among live superblocks: another
+		// filesystem has ours, so ours is gone.
+		return true, fmt.Sprintf("overlay superblock %s mounted %s; the device now belongs to another filesystem", dev, where)
+	}
+	maj, min, err := parseDev(dev)
+	if err != nil {
+		return false, err.Error()
+	}
+	refs, err := holders.Files(o.proc(), unix.Mkdev(maj, min))
+	if err != nil {
+		return false, fmt.Sprintf("cannot look for holders of superblock %s: %v", dev, err)
+	}
+	if len(refs) > 0 {
+		return false, fmt.Sprintf("overlay superblock %s is detached but alive: held by %s", dev, refList(refs))
+	}
+	return true, fmt.Sprintf("overlay superblock %s mounted %s and held by no process", dev, where)
+}
+
+func parseDev(dev string) (uint32, uint32, error) {
+	a, b, ok := strings.Cut(dev, ":")
+	maj, err1 := strconv.ParseUint(a, 10, 32)
+	min, err2 := strconv.ParseUint(b, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("bad device number %q: want major:minor", dev)
+	}
+	return uint32(maj), uint32(min), nil
+}
+
+// refList names at most a few holders, so a proof's detail stays short.
+func refList(refs []holders.Ref) string {
+	const most = 4
+	var s []string
+	for i, r := range refs {
+		if i == most {
+			s = append(s, fmt.Sprintf("and %d more", len(refs)-most))
+			break
+		}
+		s = append(s, r.String())
+	}
+	return strings.Join(s, ", ")
+}
