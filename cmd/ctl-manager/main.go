@@ -144,7 +144,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	sandbox := group("sandbox", "Create, use and destroy sandboxes")
 	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand())
 	node := group("node", "Inspect the node")
-	node.AddCommand(c.nodeStatusCommand())
+	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
 	root.AddCommand(sandbox, node, proof)
@@ -711,6 +711,55 @@ func (c *cli) nodeStatusCommand() *cobra.Command {
 		}
 		for _, wl := range n.Withheld {
 			fmt.Fprintf(w, "  withheld: %s generation %d: %s\n", wl.SandboxID, wl.Generation, wl.Reason)
+		}
+		return nil
+	})
+	return cmd
+}
+
+// nodeWithheldCommand lists the generations whose cleanup is unproven,
+// with the failed checks of each one's latest proof and its retries. It
+// only asks the node (no manager database).
+func (c *cli) nodeWithheldCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "withheld", Short: "List withheld generations (unproven cleanup) with their failed checks", Args: noArgs}
+	cmd.RunE = c.action(fixed("node withheld"), func(ctx context.Context, _ []string) error {
+		m, done, err := c.manager(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer done()
+		n, err := m.Client.Node(ctx)
+		if err != nil {
+			return err
+		}
+		ws := n.Withheld
+		if ws == nil {
+			ws = []api.WithheldLease{}
+		}
+		if c.json {
+			return c.printJSON(ws)
+		}
+		w := c.stdout
+		if len(ws) == 0 {
+			fmt.Fprintln(w, "no withheld generations")
+			return nil
+		}
+		when := func(t time.Time) string {
+			if t.IsZero() {
+				return "-"
+			}
+			return t.Format(time.RFC3339)
+		}
+		for _, wl := range ws {
+			fmt.Fprintf(w, "%s generation %d: %s cpu, %s memory, %d pids withheld\n", wl.SandboxID, wl.Generation,
+				manager.FormatCPU(wl.Resources.CPUMillis), manager.FormatMemory(wl.Resources.MemoryBytes), wl.Resources.PIDs)
+			fmt.Fprintf(w, "  retries: %d, last %s, next %s; latest proof: %s\n", wl.RetryAttempts, when(wl.LastAttempt), when(wl.NextAttempt), wl.ProofOperationID)
+			if len(wl.FailedChecks) == 0 {
+				fmt.Fprintf(w, "  reason: %s\n", wl.Reason)
+			}
+			for _, ch := range wl.FailedChecks {
+				fmt.Fprintf(w, "  FAILED %-22s %s\n", ch.Name, ch.Detail)
+			}
 		}
 		return nil
 	})

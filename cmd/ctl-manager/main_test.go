@@ -153,6 +153,36 @@ func TestCLINodeStatus(t *testing.T) {
 	}
 }
 
+func TestCLINodeWithheld(t *testing.T) {
+	e := newEnv(t)
+	if out := e.ok("node", "withheld"); out != "no withheld generations\n" {
+		t.Fatalf("node withheld with none:\n%s", out)
+	}
+	if out := e.ok("--json", "node", "withheld"); strings.TrimSpace(out) != "[]" {
+		t.Fatalf("node withheld --json with none: %q", out)
+	}
+	next := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	e.node.Lock()
+	e.node.Withheld = []api.WithheldLease{{
+		SandboxID: "sb1", Generation: 2, Reason: "released; cleanup unproven: mounts_gone (held)",
+		Resources: api.Capacity{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 64}, ProofOperationID: "retry-sb1-g2",
+		RetryAttempts: 3, NextAttempt: next,
+		FailedChecks: []api.ProofCheck{{Name: "mounts_gone", Detail: "overlay superblock 0:45 is detached but alive: held by pid 77 (cwd)"}},
+	}}
+	e.node.Unlock()
+	out := e.ok("node", "withheld")
+	for _, want := range []string{"sb1 generation 2: 500m cpu, 256Mi memory, 64 pids withheld", "retries: 3, last -, next 2026-11-30T10:00:00Z; latest proof: retry-sb1-g2",
+		"FAILED mounts_gone", "held by pid 77 (cwd)"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("node withheld output lacks %q:\n%s", want, out)
+		}
+	}
+	var ws []api.WithheldLease
+	if err := json.Unmarshal([]byte(e.ok("--json", "node", "withheld")), &ws); err != nil || len(ws) != 1 || ws[0].FailedChecks[0].Name != "mounts_gone" || !ws[0].NextAttempt.Equal(next) {
+		t.Fatalf("node withheld --json = %+v, %v", ws, err)
+	}
+}
+
 func TestCLIErrors(t *testing.T) {
 	e := newEnv(t)
 	// A node error is one line with what, code and message; exit 1.

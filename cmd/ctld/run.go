@@ -53,6 +53,9 @@ type runOpts struct {
 	takeoverLimit time.Duration
 	// drainTimeout bounds the wait for in-flight work after the term.
 	drainTimeout time.Duration
+	// Withheld teardown retries: timer and first backoff step, and cap.
+	withheldRetry    time.Duration
+	withheldRetryMax time.Duration
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -107,6 +110,8 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.journalTimeout, "journal-timeout", 5*time.Second, "on takeover, how long to wait for the journal's lock before giving the primary role up")
 	f.DurationVar(&o.takeoverLimit, "takeover-limit", 5*time.Minute, "longest takeover (journal, reconcile) before the watchdog stops being pinged")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after the term ends, how long to wait for cancelled work before exiting with the lock held")
+	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
+	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
 	return c
 }
 
@@ -249,6 +254,9 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		// withheld; serving the rest is better than a node that is down.
 		log.Error("reconcile incomplete", "err", rerr)
 	}
+	// Withheld teardowns are retried on a timer for the whole term; each
+	// attempt is an operation of the term, so the drain waits for it.
+	go n.RetryWithheld(termCtx)
 	if termCtx.Err() != nil {
 		log.Info("term ended during takeover", "cause", context.Cause(termCtx))
 		return nil
@@ -399,6 +407,8 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
+		// Withheld teardown retries (see node.RetryWithheld).
+		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
 	}, node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},

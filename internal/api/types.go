@@ -77,11 +77,19 @@ type Node struct {
 }
 
 // WithheldLease is capacity held back because its cleanup is unproven.
+// The node retries the teardown on takeover and on a timer with backoff;
+// a clean proof (stored under ProofOperationID) returns the capacity.
 type WithheldLease struct {
 	SandboxID  string   `json:"sandbox_id"`
 	Generation uint64   `json:"generation"`
 	Reason     string   `json:"reason"`
 	Resources  Capacity `json:"resources"`
+	// FailedChecks are the failed checks of the latest cleanup proof.
+	FailedChecks     []ProofCheck `json:"failed_checks"`
+	ProofOperationID string       `json:"proof_operation_id,omitempty"`
+	RetryAttempts    int          `json:"retry_attempts"`
+	LastAttempt      time.Time    `json:"last_attempt,omitzero"`
+	NextAttempt      time.Time    `json:"next_attempt,omitzero"`
 }
 
 // Resources asked for by a claim.

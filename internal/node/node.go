@@ -38,6 +38,11 @@ type Config struct {
 	// GuestOOMScoreAdj is every guest's oom_score_adj (0..1000), set in
 	// its OCI spec so guests never inherit ctld's protective value.
 	GuestOOMScoreAdj int
+	// WithheldRetry is the timer of withheld teardown retries and the
+	// first backoff step (0: retry on takeover only); the backoff doubles
+	// per attempt up to WithheldRetryMax.
+	WithheldRetry    time.Duration
+	WithheldRetryMax time.Duration
 }
 
 // Deps are the subsystems the node drives; main builds them.
@@ -78,6 +83,9 @@ type Node struct {
 func New(cfg Config, d Deps) *Node {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
+	}
+	if cfg.WithheldRetryMax <= 0 {
+		cfg.WithheldRetryMax = DefaultWithheldRetryMax
 	}
 	if len(cfg.DefaultArgs) == 0 {
 		cfg.DefaultArgs = []string{"/bin/sleep", "2147483647"}
@@ -131,9 +139,7 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 		out.Capacity = ledger(n.d.Total, n.cfg.Reserve, ss)
 		for _, s := range ss {
 			if s.Withheld {
-				out.Withheld = append(out.Withheld, api.WithheldLease{
-					SandboxID: s.ID, Generation: s.Generation, Reason: s.Reason, Resources: asCapacity(s.Resources),
-				})
+				out.Withheld = append(out.Withheld, withheldLease(tx, s))
 			}
 		}
 		return nil

@@ -85,6 +85,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	}
 	tCheck := time.Since(t0) - tList
 	errs = append(errs, n.removeOrphans(ctx, live, inv.containers))
+	// Every takeover retries every withheld teardown once, whatever its
+	// backoff: the obstacle may have gone with the previous primary.
+	n.retryWithheld(ctx, "takeover", withheldIn(ss))
 	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
 		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)

@@ -45,6 +45,8 @@ type Node struct {
 	// streams what is appended to it until the sandbox stops being ready
 	// or req.IdleSec passes without output.
 	GuestLog map[string]string
+	// Withheld is what GET /v1/node lists as withheld.
+	Withheld []api.WithheldLease
 
 	sandboxes map[string]api.Sandbox
 	claims    map[string]api.ClaimResponse
@@ -120,6 +122,7 @@ func (n *Node) Node(context.Context) (api.Node, error) {
 		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3, NodeKey: n.Key.Public().(ed25519.PublicKey),
 		Versions: api.Versions{Ctld: "test", Kernel: "6.1.0", Runsc: "20221219", Nft: "1.0.6"},
 		Capacity: api.NodeCapacity{Total: total, Allocatable: total, Leased: leased},
+		Withheld: n.Withheld,
 	}, nil
 }
 
