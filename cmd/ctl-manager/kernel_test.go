@@ -28,7 +28,9 @@ func startCtld(t *testing.T) (socket string) {
 		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
 	}
 	root := t.TempDir()
-	stateDir, runDir := filepath.Join(root, "state"), filepath.Join(root, "run")
+	// The state dir is on the VM's state disk (XFS, prjquota): disk leases
+	// are refused where they cannot be enforced.
+	stateDir, runDir := filepath.Join(ktest.QuotaDir(t), "state"), filepath.Join(root, "run")
 	parent := "ctlm-kt-" + strings.ReplaceAll(t.Name(), "/", "-") + ".slice"
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(runDir, "runsc")}, RunDir: runDir, StateDir: stateDir})
 	t.Cleanup(func() {

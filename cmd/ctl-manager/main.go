@@ -244,7 +244,7 @@ func splitDash(cmd *cobra.Command, args []string) (before, after []string) {
 }
 
 func (c *cli) createCommand() *cobra.Command {
-	var cpu, memory, template, mode, cwd string
+	var cpu, memory, disk, template, mode, cwd string
 	var pids, lifetime int64
 	var env []string
 	cmd := &cobra.Command{
@@ -261,6 +261,7 @@ func (c *cli) createCommand() *cobra.Command {
 	f.StringVar(&cpu, "cpu", "500m", "CPU: millicores (500m) or cores (0.5, 2)")
 	f.StringVar(&memory, "memory", "256Mi", "memory: 256Mi, 1Gi, 512M or bytes")
 	f.Int64Var(&pids, "pids", 256, "maximum number of processes")
+	f.StringVar(&disk, "disk", "", "disk lease of the RootFS: 1Gi, 512Mi or bytes (empty: the node's default)")
 	f.StringVar(&template, "template", "busybox", "RootFS template")
 	f.StringVar(&mode, "mode", api.RootFSOverlay, "RootFS mode")
 	f.StringArrayVar(&env, "env", nil, "environment of the main process (KEY=VALUE, repeatable)")
@@ -276,13 +277,19 @@ func (c *cli) createCommand() *cobra.Command {
 		if err != nil {
 			return usageError{fmt.Errorf("--memory: %w", err)}
 		}
+		var diskBytes int64
+		if disk != "" {
+			if diskBytes, err = manager.ParseMemory(disk); err != nil {
+				return usageError{fmt.Errorf("--disk: %w", err)}
+			}
+		}
 		m, done, err := c.manager(ctx, true)
 		if err != nil {
 			return err
 		}
 		defer done()
 		res, err := m.Create(ctx, ids[0], manager.Spec{
-			Resources:      api.Resources{CPUMillis: millis, MemoryBytes: mem, PIDs: pids},
+			Resources:      api.Resources{CPUMillis: millis, MemoryBytes: mem, PIDs: pids, DiskBytes: diskBytes},
 			RootFS:         api.RootFS{Mode: mode, Template: template},
 			Network:        api.NetworkPolicy{Mode: api.NetworkDenyAll},
 			Process:        api.Process{Args: proc, Env: env, Cwd: cwd},
@@ -475,7 +482,7 @@ func (c *cli) printDetail(id string, d manager.Detail) {
 	switch n := d.Node; {
 	case n != nil:
 		fmt.Fprintf(w, "  on node:    %s, generation %d, container %s, lease %s, epoch %d, oom kills %d\n", n.State, n.Generation, n.ContainerID, n.LeaseID, n.Epoch, n.OOMKills)
-		fmt.Fprintf(w, "  resources:  cpu %s, memory %s, pids %d\n", manager.FormatCPU(n.Resources.CPUMillis), manager.FormatMemory(n.Resources.MemoryBytes), n.Resources.PIDs)
+		fmt.Fprintf(w, "  resources:  cpu %s, memory %s, pids %d, disk %s\n", manager.FormatCPU(n.Resources.CPUMillis), manager.FormatMemory(n.Resources.MemoryBytes), n.Resources.PIDs, manager.FormatMemory(n.Resources.DiskBytes))
 		if n.Reason != "" {
 			fmt.Fprintf(w, "  reason:     %s\n", n.Reason)
 		}

@@ -20,7 +20,7 @@ type check struct {
 	fix    string
 }
 
-func doctorCmd() *cobra.Command {
+func doctorCmd(g *globalOpts) *cobra.Command {
 	var cgroupRoot string
 	c := &cobra.Command{
 		Use:   "doctor",
@@ -30,7 +30,7 @@ func doctorCmd() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 20*time.Second)
 			defer cancel()
 			failed := 0
-			for _, c := range doctorChecks(ctx, cgroupRoot) {
+			for _, c := range append(doctorChecks(ctx, cgroupRoot), stateChecks(g.stateDir)...) {
 				mark := "ok  "
 				if !c.ok {
 					mark = "FAIL"

@@ -38,7 +38,7 @@ func main() {
 	}
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", "/var/lib/ctld", "state directory shared by slots a and b")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", "/run/ctld", "runtime directory (sockets, runsc state, bundles)")
-	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(), versionCmd(), logshimCmd())
+	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(&g), versionCmd(), logshimCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "ctld: %v\n", err)
 		os.Exit(1)

@@ -40,6 +40,9 @@ type runOpts struct {
 	reserveCPU   int64
 	reserveMem   int64
 	reservePIDs  int64
+	reserveDisk  int64
+	defaultDisk  int64
+	diskProjBase uint32
 	busybox      string
 	guestOOMAdj  int
 	// Bounds on concurrent work and on the journal's history.
@@ -81,6 +84,12 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if err := guestlog.ValidMax(o.logMax); err != nil {
 				return fmt.Errorf("--log-max-bytes: %w", err)
 			}
+			if o.defaultDisk < api.MinDiskBytes || o.defaultDisk > api.MaxDiskBytes {
+				return fmt.Errorf("--default-disk-bytes must be between %d and %d, got %d", int64(api.MinDiskBytes), int64(api.MaxDiskBytes), o.defaultDisk)
+			}
+			if o.diskProjBase == 0 || o.diskProjBase > ^uint32(0)-node.DefaultDiskProjects.Count {
+				return fmt.Errorf("--disk-project-base must be between 1 and %d, got %d", ^uint32(0)-node.DefaultDiskProjects.Count, o.diskProjBase)
+			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
 			}
@@ -99,6 +108,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.reserveMem, "reserve-memory-bytes", 512<<20, "memory kept back from sandboxes for the host")
 	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
 	f.IntVar(&o.guestOOMAdj, "guest-oom-score-adj", runtime.DefaultGuestOOMScoreAdj, "oom_score_adj of every guest's runsc processes (0-1000; ctld's own is its unit's OOMScoreAdjust)")
+	f.Int64Var(&o.reserveDisk, "reserve-disk-bytes", 1<<30, "scratch filesystem space kept back from disk leases (journal, templates, host)")
+	f.Int64Var(&o.defaultDisk, "default-disk-bytes", 1<<30, "disk lease of a claim that names no resources.disk_bytes")
+	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
 	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
@@ -350,8 +362,13 @@ type hostFacts struct {
 }
 
 func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error) {
-	// The scratch dir lives in the state dir: same filesystem, same space.
-	total, err := node.HostCapacity(g.stateDir)
+	// Disk leases are counted against the scratch filesystem (<state>/scratch,
+	// which may be a mount of its own).
+	scratch := filepath.Join(g.stateDir, "scratch")
+	if err := os.MkdirAll(scratch, 0o700); err != nil {
+		return hostFacts{}, fmt.Errorf("make dir %s: %w", scratch, err)
+	}
+	total, err := node.HostCapacity(scratch)
 	if err != nil {
 		return hostFacts{}, err
 	}
@@ -405,10 +422,12 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	n := node.New(node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
-		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs},
+		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
 		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
+		DefaultDiskBytes: o.defaultDisk,
+		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 	}, node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},

@@ -98,6 +98,9 @@ type Resources struct {
 	MemoryBytes int64  `json:"memory_bytes"`
 	PIDs        int64  `json:"pids"`
 	Cpuset      string `json:"cpuset,omitempty"`
+	// DiskBytes bounds what the guest can write to its RootFS (the overlay
+	// upper, enforced by a project quota); 0 asks for the node's default.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // RootFS says where a generation's root filesystem comes from.

@@ -32,6 +32,8 @@ const (
 	MinMemoryBytes    = lease.MinMemoryBytes
 	MaxMemoryBytes    = lease.MaxMemoryBytes
 	MaxPIDs           = lease.MaxPIDs
+	MinDiskBytes      = 1 << 20 // a disk lease below 1 MiB holds not even a copied-up file
+	MaxDiskBytes      = 1 << 50 // 1 PiB
 	MaxCpusetLen      = lease.MaxCpusetLen
 	MaxArgs           = 4096
 	MaxEnv            = 4096
@@ -172,6 +174,9 @@ func (r Resources) validate() error {
 	}
 	if r.PIDs < 1 || r.PIDs > MaxPIDs {
 		return invalid("resources.pids must be between 1 and %d, got %d", MaxPIDs, r.PIDs)
+	}
+	if r.DiskBytes != 0 && (r.DiskBytes < MinDiskBytes || r.DiskBytes > MaxDiskBytes) {
+		return invalid("resources.disk_bytes must be 0 (the node's default) or between %d and %d, got %d", int64(MinDiskBytes), int64(MaxDiskBytes), r.DiskBytes)
 	}
 	if r.Cpuset != "" {
 		if err := validateCpuset(r.Cpuset); err != nil {

@@ -31,7 +31,9 @@ type HostState struct {
 	FDs       int      // open fds of this process
 	// Files are the per-generation files and directories under ctld's run
 	// and state dirs (see GenerationFiles).
-	Files []string
+	Files  []string
+	Quotas []string // project quotas with a limit or usage (disk leases)
+	Loops  []string // attached loop devices
 }
 
 // SnapshotOptions names the runsc state roots to list, and ctld's run and
@@ -106,6 +108,10 @@ func Snapshot(opts SnapshotOptions) (HostState, error) {
 	s.Procs = runscProcs()
 	s.FDs = len(dirNames("/proc/self/fd"))
 	s.Files = GenerationFiles(opts.RunDir, opts.StateDir)
+	if s.Quotas, err = projectQuotas(); err != nil {
+		return s, err
+	}
+	s.Loops = attachedLoops()
 	return s, nil
 }
 
@@ -133,6 +139,8 @@ func Diff(before, after HostState) []string {
 	add("runsc containers", before.Runsc, after.Runsc)
 	add("runsc processes", before.Procs, after.Procs)
 	add("generation files", before.Files, after.Files)
+	add("project quotas", before.Quotas, after.Quotas)
+	add("loop devices", before.Loops, after.Loops)
 	if after.FDs > before.FDs {
 		out = append(out, fmt.Sprintf("fds: %d open before, %d after", before.FDs, after.FDs))
 	}

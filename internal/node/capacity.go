@@ -35,10 +35,14 @@ func HostCapacity(scratchDir string) (api.Capacity, error) {
 	c.PIDs = min(pidMax, threadsMax)
 	nbd, _ := filepath.Glob("/sys/block/nbd*")
 	c.NBDDevices = int64(len(nbd))
+	// Disk is the scratch filesystem's size: leases are counted against it
+	// (minus the reserve for the journal, templates and the host), not
+	// against what happens to be free now.
 	var st unix.Statfs_t
-	if err := unix.Statfs(scratchDir, &st); err == nil {
-		c.DiskBytes = int64(st.Bavail) * st.Bsize
+	if err := unix.Statfs(scratchDir, &st); err != nil {
+		return c, fmt.Errorf("statfs scratch dir %s: %w", scratchDir, err)
 	}
+	c.DiskBytes = int64(st.Blocks) * st.Bsize
 	return c, nil
 }
 
@@ -75,7 +79,7 @@ func readInt(path string) (int64, error) {
 }
 
 func asCapacity(r api.Resources) api.Capacity {
-	return api.Capacity{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs}
+	return api.Capacity{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, DiskBytes: r.DiskBytes}
 }
 
 func add(a, b api.Capacity) api.Capacity {
@@ -124,6 +128,8 @@ func fits(c api.NodeCapacity, r api.Resources) (bool, string) {
 		return false, fmt.Sprintf("memory: asked %d bytes, free %d", r.MemoryBytes, free.MemoryBytes)
 	case r.PIDs > free.PIDs:
 		return false, fmt.Sprintf("pids: asked %d, free %d", r.PIDs, free.PIDs)
+	case r.DiskBytes > free.DiskBytes:
+		return false, fmt.Sprintf("disk: asked %d bytes, free %d", r.DiskBytes, free.DiskBytes)
 	}
 	return true, ""
 }

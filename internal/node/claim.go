@@ -116,6 +116,10 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if req.Network.Mode != "" && req.Network.Mode != "deny_all" {
 		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "network mode %q is not supported yet: use deny_all", req.Network.Mode)
 	}
+	req.Resources = n.withDiskDefault(req.Resources)
+	if err := n.checkDisk(req.Resources); err != nil {
+		return api.ClaimResponse{}, err
+	}
 	lower := filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
 	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
 		return api.ClaimResponse{}, api.Errorf(api.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
@@ -142,7 +146,18 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
 	admitStart := time.Now()
-	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error { return n.admitClaim(tx, rec) })
+	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
+		// The disk project is allocated in the admitting transaction, so
+		// two claims never pick the same one.
+		live, err := tx.LiveSandboxes()
+		if err != nil {
+			return err
+		}
+		if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
+			return err
+		}
+		return n.admitClaim(tx, rec)
+	})
 	rec.Timings.AdmitMS = ms(time.Since(admitStart))
 	if err != nil || !started {
 		if err != nil {
@@ -277,6 +292,9 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	}
 	t.LeaseMS, step = ms(time.Since(step)), time.Now()
 
+	if err := n.limitDisk(ctx, rec); err != nil {
+		return api.ClaimResponse{}, fmt.Errorf("limit disk: %w", err)
+	}
 	var root string
 	if err := n.effect(journal.KindMount, cid, rec, func() (err error) {
 		root, err = n.d.RootFS.Mount(ctx, cid, lower)

@@ -43,6 +43,11 @@ type Config struct {
 	// per attempt up to WithheldRetryMax.
 	WithheldRetry    time.Duration
 	WithheldRetryMax time.Duration
+	// DefaultDiskBytes is the disk lease of a claim that names none.
+	DefaultDiskBytes int64
+	// DiskProjects is the project id range ctld owns on the scratch
+	// filesystem (zero: DefaultDiskProjects).
+	DiskProjects DiskProjects
 }
 
 // Deps are the subsystems the node drives; main builds them.

@@ -85,6 +85,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	}
 	tCheck := time.Since(t0) - tList
 	errs = append(errs, n.removeOrphans(ctx, live, inv.containers))
+	errs = append(errs, n.sweepDiskProjects(ctx))
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))

@@ -203,7 +203,7 @@ func TestFailoverWithLiveGuest(t *testing.T) {
 // over, roll the claim back with a clean proof, and leave nothing behind;
 // a retry of the operation gets the stored failure, a new claim works.
 func TestCrashBetweenIntendedAndDone(t *testing.T) {
-	points := []string{"cgroup:intended", "cgroup:made", "mount:made", "netns:made", "bundle:made", "runsc:intended", "runsc:made", "runsc:done"}
+	points := []string{"cgroup:intended", "cgroup:made", "disk:made", "mount:made", "netns:made", "bundle:made", "runsc:intended", "runsc:made", "runsc:done"}
 	for _, point := range points {
 		t.Run(strings.ReplaceAll(point, ":", "-"), func(t *testing.T) {
 			e := newEnv(t)

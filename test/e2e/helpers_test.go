@@ -35,6 +35,9 @@ type env struct {
 	args []string
 }
 
+// defaultDisk is the default disk lease of the e2e nodes (64 MiB).
+func (e *env) defaultDisk() int64 { return 64 << 20 }
+
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
@@ -45,8 +48,10 @@ func newEnv(t testing.TB) *env {
 		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
 	}
 	root := t.TempDir()
+	// The state dir is on the VM's state disk (XFS with project quotas), as
+	// on a host: disk leases are enforced there and fsync is real.
 	e := &env{
-		t: t, bin: bin, stateDir: filepath.Join(root, "state"), runDir: filepath.Join(root, "run"),
+		t: t, bin: bin, stateDir: filepath.Join(ktest.QuotaDir(t), "state"), runDir: filepath.Join(root, "run"),
 		parent: "ctld-e2e-" + randHex(4) + ".slice", procs: map[string]*exec.Cmd{},
 	}
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(e.runDir, "runsc")}, RunDir: e.runDir, StateDir: e.stateDir})
@@ -110,7 +115,10 @@ func (e *env) start(slot string, extraEnv ...string) {
 		e.t.Fatal(err)
 	}
 	defer lf.Close()
-	cmd := exec.Command(e.bin, append([]string{"run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", ""}, e.args...)...)
+	// A small default disk lease, so the benchmarks' 50 guests fit the
+	// VM's 16 GiB state disk.
+	cmd := exec.Command(e.bin, append([]string{"run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", "",
+		"--default-disk-bytes", fmt.Sprint(e.defaultDisk())}, e.args...)...)
 	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {

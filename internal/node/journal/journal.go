@@ -34,6 +34,7 @@ const (
 	// KindLogs is a generation's log directory (guestlog): made first,
 	// removed last, after the lease cgroup (and the log writer in it).
 	KindLogs = "logs"
+	KindDisk = "disk" // the project quota that bounds a generation's scratch dir
 )
 
 // Effect states.
@@ -84,6 +85,9 @@ type Sandbox struct {
 	RetryAttempts int       `json:"retry_attempts,omitempty"`
 	RetryLast     time.Time `json:"retry_last,omitzero"`
 	RetryNext     time.Time `json:"retry_next,omitzero"`
+	// DiskProject is the project id whose quota bounds the generation's
+	// scratch dir (0: none, a record from before disk leases).
+	DiskProject uint32 `json:"disk_project,omitempty"`
 }
 
 // Holds reports whether the record still holds leased capacity: a live or
