@@ -72,6 +72,10 @@ check "cgroup2 is the only hierarchy" test "$(stat -f -c %T /sys/fs/cgroup)" = c
 check "group ctld exists (sysusers)" getent group ctld
 check "nbd loaded with the shipped nbds_max=64" test "$(cat /sys/module/nbd/parameters/nbds_max 2>/dev/null)" = 64
 
+# Files of other owners live in the state dir (a guest's overlay upper):
+# starting the units must not chown them.
+install -d -o 1000 -g 1000 /var/lib/ctld/owner-probe
+
 step "systemctl start ctld@a (Type=notify: start returns after READY=1)"
 systemctl start ctld@a || fatal "systemctl start ctld@a"
 check "ctld@a is active" test "$(systemctl is-active ctld@a)" = active
@@ -94,6 +98,9 @@ check "ctld status shows each unit's main PID" sh -c "ctld status --json | jq -e
 owners=$(stat -c '%n %U:%G %a' /run/ctld /var/lib/ctld | tr '\n' ' ')
 check "/run/ctld and /var/lib/ctld keep root:ctld 750 (tmpfiles), so group ctld reaches the socket: $owners" \
 	test "$owners" = "/run/ctld root:ctld 750 /var/lib/ctld root:ctld 750 "
+check "a file of uid 1000 in the state dir keeps its owner: $(stat -c %u:%g /var/lib/ctld/owner-probe)" \
+	test "$(stat -c %u:%g /var/lib/ctld/owner-probe)" = 1000:1000
+rmdir /var/lib/ctld/owner-probe
 echo "  device policy of ctld@a: $(systemctl show -p DevicePolicy,DeviceAllow ctld@a | tr '\n' ' ')"
 
 step "claim a sandbox"
