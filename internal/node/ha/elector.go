@@ -57,7 +57,7 @@ type Elector struct {
 	Slot     string
 	Logger   *slog.Logger
 
-	statfs func(string) (int64, error) // tests only; nil is statfs(2)
+	probeFS func(string) (fsInfo, error) // tests only; nil is statfs(2) + mountinfo
 }
 
 // Term is one tenure as primary. It lasts until Release or process exit.
@@ -88,10 +88,10 @@ func (e *Elector) WaitPrimary(ctx context.Context) (*Term, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create ha dir: %w", err)
 	}
-	if e.statfs == nil {
-		e.statfs = statfsType
+	if e.probeFS == nil {
+		e.probeFS = probeFS
 	}
-	if err := checkLocalLock(dir, e.statfs); err != nil {
+	if err := checkLocalLock(dir, e.probeFS); err != nil {
 		return nil, err
 	}
 	lockPath := LockPath(e.StateDir)

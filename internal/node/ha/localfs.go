@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/mountinfo"
 )
 
 // The election is a flock(2) on <state>/ha/primary.lock, and bbolt locks
@@ -50,6 +52,14 @@ var remoteLockFS = map[uint32]string{
 	0x786f4256:             "vboxsf",
 }
 
+// localLockNames and remoteLockNames judge the filesystem type as
+// mountinfo names it. The statfs magic alone is not enough: 9P2000.L
+// reports the server's f_type (a 9p share of an ext4 dir says ext4).
+var localLockNames = map[string]bool{
+	"ext2": true, "ext3": true, "ext4": true, "xfs": true, "btrfs": true, "tmpfs": true, "ramfs": true,
+	"f2fs": true, "zfs": true, "bcachefs": true, "overlay": true, "jfs": true, "reiserfs": true, "nilfs2": true,
+}
+
 // LocalLock says whether flock on a filesystem of statfs type fsType is a
 // local kernel lock, and names the filesystem.
 func LocalLock(fsType int64) (ok bool, name string) {
@@ -61,6 +71,17 @@ func LocalLock(fsType int64) (ok bool, name string) {
 		return false, n
 	}
 	return false, fmt.Sprintf("unknown filesystem type 0x%x", t)
+}
+
+// LocalLockName says whether flock on a filesystem that mountinfo calls
+// name (nfs4, cifs, 9p, fuse.sshfs, virtiofs, ...) is a local kernel lock.
+func LocalLockName(name string) bool { return localLockNames[name] }
+
+// fsInfo is what the check looks at: the statfs magic and the mount's
+// filesystem type from mountinfo.
+type fsInfo struct {
+	Magic int64
+	Name  string
 }
 
 // NonLocalLockError is the refusal to run the election or the journal on a
@@ -77,25 +98,49 @@ func (e *NonLocalLockError) Error() string {
 		e.Dir, e.Name, uint32(e.FSType))
 }
 
-// statfsType returns the statfs f_type of path.
-func statfsType(path string) (int64, error) {
+// probeFS reads path's statfs magic and, through its mount id (statx),
+// the filesystem type mountinfo shows for its mount.
+func probeFS(path string) (fsInfo, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", path, err)
+		return fsInfo{}, fmt.Errorf("statfs %s: %w", path, err)
 	}
-	return int64(st.Type), nil
+	info := fsInfo{Magic: int64(st.Type)}
+	var sx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_MNT_ID, &sx); err != nil {
+		return info, fmt.Errorf("statx %s: %w", path, err)
+	}
+	if sx.Mask&unix.STATX_MNT_ID == 0 {
+		return info, fmt.Errorf("statx %s: no mount id (kernel older than 5.8)", path)
+	}
+	ms, err := mountinfo.ReadFile(mountinfo.SelfPath)
+	if err != nil {
+		return info, err
+	}
+	for _, m := range ms {
+		if uint64(m.ID) == sx.Mnt_id {
+			info.Name = m.FSType
+			return info, nil
+		}
+	}
+	return info, fmt.Errorf("mount %d of %s not in %s", sx.Mnt_id, path, mountinfo.SelfPath)
 }
 
 // CheckLocalLock refuses dir if flock there is not a local kernel lock.
-func CheckLocalLock(dir string) error { return checkLocalLock(dir, statfsType) }
+func CheckLocalLock(dir string) error { return checkLocalLock(dir, probeFS) }
 
-func checkLocalLock(dir string, statfs func(string) (int64, error)) error {
-	t, err := statfs(dir)
+// checkLocalLock needs both the mount's type and the statfs magic to be
+// local ones.
+func checkLocalLock(dir string, probe func(string) (fsInfo, error)) error {
+	info, err := probe(dir)
 	if err != nil {
 		return err
 	}
-	if ok, name := LocalLock(t); !ok {
-		return &NonLocalLockError{Dir: dir, FSType: t, Name: name}
+	if ok, name := LocalLock(info.Magic); !ok {
+		return &NonLocalLockError{Dir: dir, FSType: info.Magic, Name: name}
+	}
+	if !LocalLockName(info.Name) {
+		return &NonLocalLockError{Dir: dir, FSType: info.Magic, Name: info.Name}
 	}
 	return nil
 }

@@ -44,7 +44,7 @@ func TestLocalLockVerdicts(t *testing.T) {
 // the epoch, and says which filesystem.
 func TestWaitPrimaryRefusesNonLocalLock(t *testing.T) {
 	dir := t.TempDir()
-	e := &Elector{StateDir: dir, Slot: "a", statfs: func(string) (int64, error) { return unix.NFS_SUPER_MAGIC, nil }}
+	e := &Elector{StateDir: dir, Slot: "a", probeFS: func(string) (fsInfo, error) { return fsInfo{Magic: unix.NFS_SUPER_MAGIC, Name: "nfs4"}, nil }}
 	term, err := e.WaitPrimary(context.Background())
 	var nl *NonLocalLockError
 	if !errors.As(err, &nl) || term != nil {
@@ -62,5 +62,31 @@ func TestWaitPrimaryRefusesNonLocalLock(t *testing.T) {
 	// The real statfs of this test's temp dir (a local filesystem) passes.
 	if err := CheckLocalLock(dir); err != nil {
 		t.Fatalf("CheckLocalLock(%s): %v", dir, err)
+	}
+}
+
+// TestLocalLockNeedsBoth: a 9P2000.L share reports the server's statfs
+// magic (ext4 here); the mount's type (9p) still refuses it. Either
+// signal being non-local refuses.
+func TestLocalLockNeedsBoth(t *testing.T) {
+	for _, c := range []struct {
+		info fsInfo
+		ok   bool
+	}{
+		{fsInfo{unix.EXT4_SUPER_MAGIC, "ext4"}, true},
+		{fsInfo{unix.XFS_SUPER_MAGIC, "xfs"}, true},
+		{fsInfo{unix.EXT4_SUPER_MAGIC, "9p"}, false},
+		{fsInfo{unix.EXT4_SUPER_MAGIC, "fuse.sshfs"}, false},
+		{fsInfo{unix.EXT4_SUPER_MAGIC, "virtiofs"}, false},
+		{fsInfo{unix.EXT4_SUPER_MAGIC, "nfs4"}, false},
+		{fsInfo{unix.NFS_SUPER_MAGIC, "ext4"}, false},
+	} {
+		err := checkLocalLock("/x", func(string) (fsInfo, error) { return c.info, nil })
+		if (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok=%v", c.info, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "not a local kernel lock") {
+			t.Errorf("%+v: unclear error %v", c.info, err)
+		}
 	}
 }
