@@ -26,7 +26,7 @@ import (
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/node/proof"
 	"github.com/ctld/ctld/internal/rootfs"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/template"
 	"github.com/spf13/cobra"
 )
@@ -107,7 +107,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.reserveCPU, "reserve-cpu-millis", 250, "CPU kept back from sandboxes for the host")
 	f.Int64Var(&o.reserveMem, "reserve-memory-bytes", 512<<20, "memory kept back from sandboxes for the host")
 	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
-	f.IntVar(&o.guestOOMAdj, "guest-oom-score-adj", runtime.DefaultGuestOOMScoreAdj, "oom_score_adj of every guest's runsc processes (0-1000; ctld's own is its unit's OOMScoreAdjust)")
+	f.IntVar(&o.guestOOMAdj, "guest-oom-score-adj", runsc.DefaultGuestOOMScoreAdj, "oom_score_adj of every guest's runsc processes (0-1000; ctld's own is its unit's OOMScoreAdjust)")
 	f.Int64Var(&o.reserveDisk, "reserve-disk-bytes", 1<<30, "scratch filesystem space kept back from disk leases (journal, templates, host)")
 	f.Int64Var(&o.defaultDisk, "default-disk-bytes", 1<<30, "disk lease of a claim that names no resources.disk_bytes")
 	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
@@ -373,7 +373,7 @@ func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error
 		return hostFacts{}, err
 	}
 	f := hostFacts{total: total, versions: api.Versions{Ctld: version, Kernel: kernelRelease()}}
-	if v, err := runtime.Version(ctx, o.runsc); err == nil {
+	if v, err := runsc.Version(ctx, o.runsc); err == nil {
 		f.versions.Runsc = v
 	}
 	return f, nil
@@ -403,7 +403,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 			log.Warn("built-in busybox template unavailable", "err", err)
 		}
 	}
-	rt := &runtime.Runsc{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
+	rt := &runsc.Runtime{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own binary for the log writer: %w", err)

@@ -17,7 +17,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/lease"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 func requestHash(kind, id string, v any) string {
@@ -318,7 +318,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	if len(args) == 0 {
 		args = n.cfg.DefaultArgs
 	}
-	oci, err := runtime.BuildSpec(runtime.BundleSpec{
+	oci, err := runsc.BuildSpec(runsc.BundleSpec{
 		ContainerID: cid, RootPath: root, Hostname: rec.ID, NetnsPath: nsPath,
 		CgroupsPath: n.d.Leases.CgroupsPath(cid), CPUMillis: req.Resources.CPUMillis,
 		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
@@ -328,7 +328,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	if err != nil {
 		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "build OCI spec: %v", err)
 	}
-	if err := n.effect(journal.KindBundle, cid, rec, func() error { return runtime.WriteBundle(rec.Bundle, oci) }); err != nil {
+	if err := n.effect(journal.KindBundle, cid, rec, func() error { return runsc.WriteBundle(rec.Bundle, oci) }); err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("write bundle: %w", err)
 	}
 	if err := n.effect(journal.KindRunsc, cid, rec, func() error {
@@ -367,9 +367,9 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 // readinessProbe is the first command through a new guest: it echoes the
 // generation's nonce, as the workload's own user, so the proof also shows
 // that user can run in the guest.
-func readinessProbe(rec journal.Sandbox) runtime.ExecProcess {
+func readinessProbe(rec journal.Sandbox) runsc.ExecProcess {
 	uid, gid := workloadUser(rec)
-	return runtime.ExecProcess{Args: []string{"/bin/echo", rec.Nonce}, UID: uid, GID: gid}
+	return runsc.ExecProcess{Args: []string{"/bin/echo", rec.Nonce}, UID: uid, GID: gid}
 }
 
 // Readiness is a proof that a generation's guest runs: it returned the

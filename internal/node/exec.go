@@ -12,7 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/rootfs"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 func (n *Node) ready(id string) (journal.Sandbox, error) {
@@ -37,12 +37,12 @@ func workloadUser(s journal.Sandbox) (uid, gid uint32) {
 
 // execProcess is what runsc exec runs for req in sandbox s: as req's user,
 // or else as the workload's, never as root by default.
-func execProcess(s journal.Sandbox, req api.ExecRequest) runtime.ExecProcess {
+func execProcess(s journal.Sandbox, req api.ExecRequest) runsc.ExecProcess {
 	uid, gid := workloadUser(s)
 	if req.User != nil {
 		uid, gid = req.User.UID, req.User.GID
 	}
-	return runtime.ExecProcess{Args: req.Args, Env: req.Env, Cwd: req.Cwd, UID: uid, GID: gid}
+	return runsc.ExecProcess{Args: req.Args, Env: req.Env, Cwd: req.Cwd, UID: uid, GID: gid}
 }
 
 // Exec runs a command in the sandbox's guest through runsc exec.

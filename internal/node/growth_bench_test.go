@@ -16,7 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/node/journal/journaltest"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 // growthNode is a node whose kernel-facing parts point at empty temp dirs
@@ -45,7 +45,7 @@ func growthNode(b testing.TB, history int) *Node {
 		Leases:  &lease.Manager{Root: filepath.Join(dir, "cgroup"), Parent: "ctld.slice", Logger: log},
 		RootFS:  &rootfs.Overlay{ScratchDir: filepath.Join(dir, "scratch"), Logger: log},
 		Netns:   &netpolicy.Netns{Dir: filepath.Join(dir, "netns"), Logger: log},
-		Runtime: &runtime.Runsc{Root: filepath.Join(dir, "runsc"), Logger: log},
+		Runtime: &runsc.Runtime{Root: filepath.Join(dir, "runsc"), Logger: log},
 		Total:   api.Capacity{CPUMillis: 64000, MemoryBytes: 256 << 30, PIDs: 1 << 22},
 	})
 }

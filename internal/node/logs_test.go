@@ -13,7 +13,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 func TestIsGenerationName(t *testing.T) {
@@ -49,7 +49,7 @@ func (b *syncBuffer) String() string {
 func logsNode(t *testing.T, state string) (*Node, *guestlog.Ring) {
 	t.Helper()
 	n := testNode(t)
-	n.d.Runtime = &runtime.Runsc{Root: filepath.Join(t.TempDir(), "runsc")}
+	n.d.Runtime = &runsc.Runtime{Root: filepath.Join(t.TempDir(), "runsc")}
 	rec := journal.Sandbox{Sandbox: api.Sandbox{ID: "sb", Generation: 2, State: state, ContainerID: "sb-g2"}}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ import (
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/node/proof"
 	"github.com/ctld/ctld/internal/rootfs"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 // Config is the node's static configuration.
@@ -58,7 +58,7 @@ type Deps struct {
 	Leases   *lease.Manager
 	RootFS   *rootfs.Overlay
 	Netns    *netpolicy.Netns
-	Runtime  *runtime.Runsc
+	Runtime  *runsc.Runtime
 	Logger   *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity

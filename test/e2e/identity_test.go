@@ -13,7 +13,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/mountinfo"
-	"github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,8 +68,8 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 			t.Fatalf("found %d runsc processes of %s, want the sandbox and the gofer: %v", len(procs), cid, procs)
 		}
 		for _, p := range procs {
-			if got := readOOMScoreAdj(t, p.pid); got != runtime.DefaultGuestOOMScoreAdj {
-				t.Errorf("runsc process %d (%s) has oom_score_adj %d, want %d (ctld has %d)", p.pid, p.what, got, runtime.DefaultGuestOOMScoreAdj, readOOMScoreAdj(t, ctldPID))
+			if got := readOOMScoreAdj(t, p.pid); got != runsc.DefaultGuestOOMScoreAdj {
+				t.Errorf("runsc process %d (%s) has oom_score_adj %d, want %d (ctld has %d)", p.pid, p.what, got, runsc.DefaultGuestOOMScoreAdj, readOOMScoreAdj(t, ctldPID))
 			} else {
 				t.Logf("runsc process %d (%s): oom_score_adj %d", p.pid, p.what, got)
 			}
@@ -95,8 +95,8 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 			t.Fatal("no runsc exec process seen during a 20 s exec")
 		}
 		for _, p := range execs {
-			if got := readOOMScoreAdj(t, p.pid); got != runtime.DefaultGuestOOMScoreAdj {
-				t.Errorf("runsc exec process %d has oom_score_adj %d, want %d", p.pid, got, runtime.DefaultGuestOOMScoreAdj)
+			if got := readOOMScoreAdj(t, p.pid); got != runsc.DefaultGuestOOMScoreAdj {
+				t.Errorf("runsc exec process %d has oom_score_adj %d, want %d", p.pid, got, runsc.DefaultGuestOOMScoreAdj)
 			} else {
 				t.Logf("runsc exec process %d: oom_score_adj %d", p.pid, got)
 			}

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
-	ctldruntime "github.com/ctld/ctld/internal/runtime"
+	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/template"
 )
 
@@ -124,8 +124,8 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 		got <- result{line: line, from: c.RemoteAddr().String(), err: err}
 	}()
 
-	r := &ctldruntime.Runsc{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")}
-	spec, err := ctldruntime.BuildSpec(ctldruntime.BundleSpec{
+	r := &runsc.Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")}
+	spec, err := runsc.BuildSpec(runsc.BundleSpec{
 		ContainerID: id, RootPath: rootfs, Hostname: id, NetnsPath: nsPath,
 		PIDs: 64, MemoryBytes: 256 << 20, Args: []string{"sleep", "1000"},
 	})
@@ -133,7 +133,7 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 		t.Fatal(err)
 	}
 	bundle := filepath.Join(tmp, "bundle")
-	if err := ctldruntime.WriteBundle(bundle, spec); err != nil {
+	if err := runsc.WriteBundle(bundle, spec); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -156,7 +156,7 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 
 	var out, errb bytes.Buffer
 	script := fmt.Sprintf("echo ping from guest | nc %s %d", hostAddr, port)
-	code, err := r.Exec(ctx, id, ctldruntime.ExecProcess{Args: []string{"sh", "-c", script}}, nil, &out, &errb)
+	code, err := r.Exec(ctx, id, runsc.ExecProcess{Args: []string{"sh", "-c", script}}, nil, &out, &errb)
 	if err != nil || code != 0 {
 		t.Fatalf("guest nc: code %d err %v stdout %q stderr %q", code, err, out.String(), errb.String())
 	}

@@ -1,4 +1,4 @@
-package runtime
+package runsc
 
 import (
 	"bytes"
@@ -47,7 +47,7 @@ type ExecProcess struct {
 	CgroupDir string
 }
 
-// Runsc drives the runsc binary. Every container of one Runsc lives under
+// Runtime drives the runsc binary. Every container of one Runtime lives under
 // Root; the zero values of the other fields are usable defaults.
 //
 // Logs: each container has a directory LogDir/<id>/ (see guestlog):
@@ -55,7 +55,7 @@ type ExecProcess struct {
 // it), the init process's stdout/stderr go where InitOutput says (default
 // the file init.log there), and commands not about one container log to
 // LogDir/runsc.log. LogDir defaults to Root+".logs".
-type Runsc struct {
+type Runtime struct {
 	Binary   string // default "runsc"
 	Root     string // runsc state root, e.g. /run/ctld/runsc
 	Platform string // default "ptrace": the test VM has no KVM
@@ -91,21 +91,21 @@ type Runsc struct {
 	Logger     *slog.Logger
 }
 
-func (r *Runsc) binary() string {
+func (r *Runtime) binary() string {
 	if r.Binary == "" {
 		return "runsc"
 	}
 	return r.Binary
 }
 
-func (r *Runsc) logDir() string {
+func (r *Runtime) logDir() string {
 	if r.LogDir == "" {
 		return r.Root + ".logs"
 	}
 	return r.LogDir
 }
 
-func (r *Runsc) logger() *slog.Logger {
+func (r *Runtime) logger() *slog.Logger {
 	if r.Logger == nil {
 		return slog.New(slog.DiscardHandler)
 	}
@@ -115,7 +115,7 @@ func (r *Runsc) logger() *slog.Logger {
 // logFile is runsc's --log for container id ("" = not about one container).
 // The sandbox and gofer inherit it on their command lines, which is how
 // CheckGone recognises a gofer (its command line has no container id).
-func (r *Runsc) logFile(id string) string {
+func (r *Runtime) logFile(id string) string {
 	if id == "" {
 		return filepath.Join(r.logDir(), guestlog.RunscName)
 	}
@@ -124,21 +124,21 @@ func (r *Runsc) logFile(id string) string {
 
 // legacyLogFile is the --log of containers created by ctld before
 // per-container log directories; their gofers still carry it.
-func (r *Runsc) legacyLogFile(id string) string {
+func (r *Runtime) legacyLogFile(id string) string {
 	return filepath.Join(r.logDir(), id+".log")
 }
 
 // LogRoot is the directory of the per-container log directories.
-func (r *Runsc) LogRoot() string { return r.logDir() }
+func (r *Runtime) LogRoot() string { return r.logDir() }
 
 // ContainerLogDir is the log directory of container id.
-func (r *Runsc) ContainerLogDir(id string) string {
+func (r *Runtime) ContainerLogDir(id string) string {
 	return filepath.Join(r.logDir(), id)
 }
 
 // InitLogFile is where the init process of container id writes its output
 // (the current half, when InitOutput is a guestlog writer).
-func (r *Runsc) InitLogFile(id string) string {
+func (r *Runtime) InitLogFile(id string) string {
 	return filepath.Join(r.ContainerLogDir(id), guestlog.InitName)
 }
 
@@ -146,7 +146,7 @@ func (r *Runsc) InitLogFile(id string) string {
 // its log. A command may run after the generation's logs were removed (a
 // repeated teardown): the directory is made again and removed again by the
 // teardown's later log step.
-func (r *Runsc) prepareLog(id string) error {
+func (r *Runtime) prepareLog(id string) error {
 	dir := r.logDir()
 	if id != "" {
 		dir = r.ContainerLogDir(id)
@@ -164,7 +164,7 @@ func (r *Runsc) prepareLog(id string) error {
 
 // GlobalArgs are the flags before the subcommand for a command about
 // container id ("" for none).
-func (r *Runsc) GlobalArgs(id string) []string {
+func (r *Runtime) GlobalArgs(id string) []string {
 	platform, network := r.Platform, r.Network
 	if platform == "" {
 		platform = "ptrace"
@@ -190,12 +190,12 @@ func (r *Runsc) GlobalArgs(id string) []string {
 	return args
 }
 
-func (r *Runsc) command(ctx context.Context, id string, args ...string) *exec.Cmd {
+func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, r.binary(), append(r.GlobalArgs(id), args...)...)
 }
 
 // run runs a runsc command that prints a result (or nothing) and exits.
-func (r *Runsc) run(ctx context.Context, id string, args ...string) ([]byte, error) {
+func (r *Runtime) run(ctx context.Context, id string, args ...string) ([]byte, error) {
 	if err := r.prepareLog(id); err != nil {
 		return nil, err
 	}
@@ -238,7 +238,7 @@ func notExist(msg string) bool {
 // /dev/null and InitOutput (a log file, or a pipe to a log writer that
 // outlives us too), never a pipe of ours, and they run in their own
 // session, so our exit or our process group's signals do not reach them.
-func (r *Runsc) Create(ctx context.Context, id, bundleDir string) error {
+func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 	if err := ValidID(id); err != nil {
 		return fmt.Errorf("runsc create: %w", err)
 	}
@@ -299,7 +299,7 @@ func reopen(f *os.File) (*os.File, error) {
 }
 
 // initOutput opens the init's stdout/stderr for container id.
-func (r *Runsc) initOutput(id string) (*os.File, func(context.Context) error, error) {
+func (r *Runtime) initOutput(id string) (*os.File, func(context.Context) error, error) {
 	if r.InitOutput != nil {
 		return r.InitOutput(id)
 	}
@@ -308,14 +308,14 @@ func (r *Runsc) initOutput(id string) (*os.File, func(context.Context) error, er
 }
 
 // Start starts the init process of a created container.
-func (r *Runsc) Start(ctx context.Context, id string) error {
+func (r *Runtime) Start(ctx context.Context, id string) error {
 	_, err := r.run(ctx, id, "start", id)
 	return err
 }
 
 // State returns runsc's view of container id, or an error wrapping
 // ErrNotExist.
-func (r *Runsc) State(ctx context.Context, id string) (State, error) {
+func (r *Runtime) State(ctx context.Context, id string) (State, error) {
 	out, err := r.run(ctx, id, "state", id)
 	if err != nil {
 		return State{}, err
@@ -384,7 +384,7 @@ const execWaitDelay = 2 * time.Second
 //
 // runsc exits 128 on its own failures too; Exec tells those apart by
 // checking that the container still exists.
-func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+func (r *Runtime) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	ps, err := ExecSpec(p)
 	if err != nil {
 		return -1, err
@@ -466,7 +466,7 @@ func (r *Runsc) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Rea
 // setOOMScoreAdj gives a runsc process the guest's oom_score_adj. It runs
 // right after the fork; until then the process has ctld's. A failure is
 // logged, not fatal: the command still runs, only more protected.
-func (r *Runsc) setOOMScoreAdj(id string, pid int) {
+func (r *Runtime) setOOMScoreAdj(id string, pid int) {
 	if r.ExecOOMScoreAdj == nil {
 		return
 	}
@@ -486,7 +486,7 @@ func readPid(p string) (int, error) {
 
 // Kill sends sig to the init process of container id, or to all its
 // processes.
-func (r *Runsc) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
 	args := []string{"kill"}
 	if all {
 		args = append(args, "--all")
@@ -501,7 +501,7 @@ const deleteAttempts = 5
 
 // Delete destroys container id, killing it if it runs. A container that
 // does not exist is already deleted.
-func (r *Runsc) Delete(ctx context.Context, id string) error {
+func (r *Runtime) Delete(ctx context.Context, id string) error {
 	var err error
 	for i := range deleteAttempts {
 		if i > 0 {
@@ -520,7 +520,7 @@ func (r *Runsc) Delete(ctx context.Context, id string) error {
 }
 
 // List returns the ids of the containers under Root, sorted.
-func (r *Runsc) List(ctx context.Context) ([]string, error) {
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	if _, err := os.Stat(r.Root); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -536,7 +536,7 @@ func (r *Runsc) List(ctx context.Context) ([]string, error) {
 // CheckGone proves container id is physically absent: runsc does not list
 // it, no state or lock file of it is left in Root, and no runsc sandbox or
 // gofer process of it runs. detail says what is left (or what was checked).
-func (r *Runsc) CheckGone(ctx context.Context, id string) (ok bool, detail string) {
+func (r *Runtime) CheckGone(ctx context.Context, id string) (ok bool, detail string) {
 	var left []string
 	ids, err := r.List(ctx)
 	if err != nil {
@@ -567,7 +567,7 @@ func (r *Runsc) CheckGone(ctx context.Context, id string) (ok bool, detail strin
 // Known lists the containers that have runsc state files under Root, by
 // reading the directory: no runsc process is started, so a takeover can
 // take stock of many guests at once. It says nothing about liveness.
-func (r *Runsc) Known() ([]string, error) {
+func (r *Runtime) Known() ([]string, error) {
 	ents, err := os.ReadDir(r.Root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -606,7 +606,7 @@ func stateFiles(root, id string) ([]string, error) {
 // processes finds runsc processes of container id under this Root by their
 // command lines: the sandbox ends with the id, the gofer carries the
 // per-container --log this driver gave it.
-func (r *Runsc) processes(id string) ([]string, error) {
+func (r *Runtime) processes(id string) ([]string, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("read /proc: %w", err)
@@ -630,7 +630,7 @@ func (r *Runsc) processes(id string) ([]string, error) {
 
 // ownsCmdline reports whether argv is a runsc sandbox or gofer of container
 // id under this Root.
-func (r *Runsc) ownsCmdline(argv []string, id string) bool {
+func (r *Runtime) ownsCmdline(argv []string, id string) bool {
 	if len(argv) == 0 || !strings.HasPrefix(filepath.Base(argv[0]), "runsc") {
 		return false
 	}

@@ -1,4 +1,4 @@
-package runtime
+package runsc
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package runtime
+package runsc
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 }
 
 func helperCreateStart() int {
-	r := &Runsc{Root: os.Getenv("HELPER_ROOT"), LogDir: os.Getenv("HELPER_LOGDIR")}
+	r := &Runtime{Root: os.Getenv("HELPER_ROOT"), LogDir: os.Getenv("HELPER_LOGDIR")}
 	id, bundle := os.Getenv("HELPER_ID"), os.Getenv("HELPER_BUNDLE")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -137,7 +137,7 @@ func newLease(t *testing.T, name string) string {
 }
 
 type kernelEnv struct {
-	r          *Runsc
+	r          *Runtime
 	rootfs     string
 	bundle     string
 	netnsPath  string
@@ -154,7 +154,7 @@ func setupKernel(t *testing.T, name string) kernelEnv {
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{runscRoot}})
 
 	e := kernelEnv{
-		r:      &Runsc{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")},
+		r:      &Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")},
 		rootfs: filepath.Join(tmp, "rootfs"),
 		bundle: filepath.Join(tmp, "bundle"),
 	}
@@ -193,7 +193,7 @@ func setupKernel(t *testing.T, name string) kernelEnv {
 	return e
 }
 
-func execOut(t *testing.T, r *Runsc, id string, args ...string) (string, int) {
+func execOut(t *testing.T, r *Runtime, id string, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -296,7 +296,7 @@ func TestRunscLifecycle(t *testing.T) {
 
 // waitGone polls CheckGone briefly: the sandbox and gofer may take a moment
 // to be reaped after delete returned.
-func waitGone(ctx context.Context, r *Runsc, id string) (bool, string) {
+func waitGone(ctx context.Context, r *Runtime, id string) (bool, string) {
 	var detail string
 	for range 50 {
 		var ok bool

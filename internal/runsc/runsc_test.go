@@ -1,4 +1,4 @@
-package runtime
+package runsc
 
 import (
 	"bytes"
@@ -49,7 +49,7 @@ list) for f in "$FAKE_DIR"/c-*; do [ -e "$f" ] && echo "${f##*/c-}"; done; true;
 esac
 `
 
-func newFake(t *testing.T) (*Runsc, string) {
+func newFake(t *testing.T) (*Runtime, string) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "runsc")
@@ -58,7 +58,7 @@ func newFake(t *testing.T) (*Runsc, string) {
 	}
 	t.Setenv("FAKE_DIR", dir)
 	root := filepath.Join(dir, "root")
-	return &Runsc{Binary: bin, Root: root, LogDir: filepath.Join(dir, "logs")}, dir
+	return &Runtime{Binary: bin, Root: root, LogDir: filepath.Join(dir, "logs")}, dir
 }
 
 func calls(t *testing.T, dir string) []string {
@@ -71,12 +71,12 @@ func calls(t *testing.T, dir string) []string {
 }
 
 func TestGlobalArgs(t *testing.T) {
-	r := &Runsc{Root: "/run/ctld/runsc"}
+	r := &Runtime{Root: "/run/ctld/runsc"}
 	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1/runsc.log"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("defaults: %q, want %q", got, want)
 	}
-	r = &Runsc{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, Debug: true}
+	r = &Runtime{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, Debug: true}
 	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--ignore-cgroups", "--debug", "--debug-log=/l/c1/debug/"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("all set: %q, want %q", got, want)
@@ -249,7 +249,7 @@ func TestParseVersion(t *testing.T) {
 }
 
 func TestOwnsCmdline(t *testing.T) {
-	r := &Runsc{Root: "/run/ctld/runsc", LogDir: "/var/log/ctld"}
+	r := &Runtime{Root: "/run/ctld/runsc", LogDir: "/var/log/ctld"}
 	sandbox := []string{"runsc-sandbox", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1/runsc.log", "--log-fd=3", "boot", "--bundle=/b", "c1"}
 	gofer := []string{"runsc-gofer", "--root=/run/ctld/runsc", "--log=/var/log/ctld/c1/runsc.log", "--log-fd=3", "gofer", "--bundle", "/b"}
 	// Gofers of containers made before per-container log directories.
@@ -382,7 +382,7 @@ func TestCreateGivesStdoutAndStderrTheirOwnDescriptions(t *testing.T) {
 	out := filepath.Join(dir, "out")
 	t.Setenv(helperEnv, "stdio-descriptions")
 	t.Setenv("HELPER_OUT", out)
-	r := &Runsc{Binary: self, Root: filepath.Join(dir, "root"), LogDir: filepath.Join(dir, "logs")}
+	r := &Runtime{Binary: self, Root: filepath.Join(dir, "root"), LogDir: filepath.Join(dir, "logs")}
 	pipe := func(string) (*os.File, func(context.Context) error, error) {
 		pr, pw, err := os.Pipe()
 		if err != nil {

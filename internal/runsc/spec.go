@@ -1,9 +1,9 @@
-// Package runtime describes a sandbox as an OCI bundle and drives the stock
+// Package runsc describes a sandbox as an OCI bundle and drives the stock
 // gVisor runsc binary through its OCI runtime command line.
 //
-// BuildSpec is pure data (unit-tested as such); WriteBundle and Runsc are the
+// BuildSpec is pure data (unit-tested as such); WriteBundle and Runtime are the
 // thin code that applies it.
-package runtime
+package runsc
 
 import (
 	"encoding/json"
