@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 )
 
@@ -85,7 +86,7 @@ func errorLine(err error) string {
 	if errors.As(err, &oe) {
 		what, inner = oe.what+": ", oe.err
 	}
-	var ae *api.Error
+	var ae *errdefs.Error
 	if errors.As(inner, &ae) {
 		line := "ctl-manager: " + what + string(ae.Code) + ": " + oneLine(ae.Message)
 		if ae.RetryAfter > 0 {
@@ -296,7 +297,7 @@ func (c *cli) createCommand() *cobra.Command {
 			MaxLifetimeSec: lifetime,
 		})
 		if err != nil {
-			if res.OperationID != "" && !res.Reused && api.CodeOf(err) == api.CodeUnavailable {
+			if res.OperationID != "" && !res.Reused && errdefs.CodeOf(err) == errdefs.CodeUnavailable {
 				err = fmt.Errorf("%w (operation %s stays pending; run create again to retry it)", err, res.OperationID)
 			}
 			return err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/fakenode"
 )
@@ -188,7 +189,7 @@ func TestCLIErrors(t *testing.T) {
 	// A node error is one line with what, code and message; exit 1.
 	e.node.Lock()
 	e.node.FailClaim = func(api.ClaimRequest) error {
-		return api.Errorf(api.CodeCapacityExhausted, "not enough memory")
+		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough memory")
 	}
 	e.node.Unlock()
 	r := e.run("", "sandbox", "create", "sb1")

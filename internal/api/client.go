@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // DefaultSocketPath is where the primary serves the API.
@@ -22,8 +24,8 @@ const DefaultSocketPath = "/run/ctld/ctld.sock"
 const maxErrorBody = 64 << 10
 
 // Client calls the local API. Its zero value talks to DefaultSocketPath.
-// Errors the server answered come back as *Error with the server's code and
-// message; a node that cannot be reached is an *Error with CodeUnavailable
+// Errors the server answered come back as *errdefs.Error with the server's code and
+// message; a node that cannot be reached is an *errdefs.Error with errdefs.CodeUnavailable
 // wrapping the dial error.
 type Client struct {
 	// SocketPath is the API socket; "" means DefaultSocketPath.
@@ -77,7 +79,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("call ctld %s %s: %w", method, path, err)
 		}
-		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("call ctld at %s: %v", c.target(), err), cause: err}
+		return nil, &errdefs.Error{Code: errdefs.CodeUnavailable, Message: fmt.Sprintf("call ctld at %s: %v", c.target(), err), Cause: err}
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
@@ -93,7 +95,7 @@ func (c *Client) target() string {
 	return c.socketPath()
 }
 
-// decodeError turns an error response into *Error, keeping the server's
+// decodeError turns an error response into *errdefs.Error, keeping the server's
 // code and message, or making one from the status when the body is not an
 // ErrorBody.
 func decodeError(resp *http.Response) error {
@@ -108,9 +110,9 @@ func decodeError(resp *http.Response) error {
 		if eb.RetryAfterSec > 0 {
 			retry = time.Duration(eb.RetryAfterSec) * time.Second
 		}
-		return &Error{Code: eb.Code, Message: eb.Message, RetryAfter: retry}
+		return &errdefs.Error{Code: eb.Code, Message: eb.Message, RetryAfter: retry}
 	}
-	return &Error{
+	return &errdefs.Error{
 		Code:       codeForStatus(resp.StatusCode),
 		Message:    fmt.Sprintf("ctld answered %s: %s", resp.Status, strings.TrimSpace(string(b))),
 		RetryAfter: retry,
@@ -200,7 +202,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, r ExecRequest, stdou
 	}
 	defer resp.Body.Close()
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != contentTypeSSE {
-		return -1, &Error{Code: CodeInternal, Message: fmt.Sprintf("exec answered %q, want %s", mt, contentTypeSSE)}
+		return -1, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("exec answered %q, want %s", mt, contentTypeSSE)}
 	}
 	code, err := readExecStream(resp.Body, stdout, stderr)
 	if err != nil && ctx.Err() != nil {

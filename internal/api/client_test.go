@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 func testSandbox() Sandbox {
@@ -120,11 +122,11 @@ func TestClientDecodesServerErrors(t *testing.T) {
 	srv := startServer(t, &Server{Service: fake, AllowedGID: -1})
 	c := &Client{SocketPath: srv.sock}
 	ctx := context.Background()
-	for _, svcErr := range []*Error{
-		Errorf(CodeNotFound, "sandbox %q not found", "sb-1"),
-		Errorf(CodeCapacityExhausted, "need 4096 MiB, 512 MiB free"),
-		Errorf(CodeFenced, "writer epoch 3 is stale"),
-		Errorf(CodeNotPrimary, "this is slot b, standby"),
+	for _, svcErr := range []*errdefs.Error{
+		errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", "sb-1"),
+		errdefs.Errorf(errdefs.CodeCapacityExhausted, "need 4096 MiB, 512 MiB free"),
+		errdefs.Errorf(errdefs.CodeFenced, "writer epoch 3 is stale"),
+		errdefs.Errorf(errdefs.CodeNotPrimary, "this is slot b, standby"),
 	} {
 		fake.err = svcErr
 		calls := map[string]func() error{
@@ -148,9 +150,9 @@ func TestClientDecodesServerErrors(t *testing.T) {
 		fake.exec = func(io.Writer, io.Writer) (int, error) { return -1, svcErr }
 		for name, call := range calls {
 			err := call()
-			var e *Error
+			var e *errdefs.Error
 			if !errors.As(err, &e) || e.Code != svcErr.Code || e.Message != svcErr.Message {
-				t.Errorf("%s with Service error %v: got %#v, want *Error{%s, %q}", name, svcErr, err, svcErr.Code, svcErr.Message)
+				t.Errorf("%s with Service error %v: got %#v, want *errdefs.Error{%s, %q}", name, svcErr, err, svcErr.Code, svcErr.Message)
 			}
 		}
 	}
@@ -164,7 +166,7 @@ func TestClientExecStream(t *testing.T) {
 		wantCode   int
 		wantOut    string
 		wantErr    string
-		wantErrMsg Code
+		wantErrMsg errdefs.Code
 	}{
 		{"interleaved", func(o, e io.Writer) (int, error) {
 			o.Write([]byte("a\n"))
@@ -181,12 +183,12 @@ func TestClientExecStream(t *testing.T) {
 			return 1, nil
 		}, 1, "\x00\x01\x02\n\r\xff", "", ""},
 		{"error before output", func(o, e io.Writer) (int, error) {
-			return -1, Errorf(CodeNotFound, "no sandbox")
-		}, -1, "", "", CodeNotFound},
+			return -1, errdefs.Errorf(errdefs.CodeNotFound, "no sandbox")
+		}, -1, "", "", errdefs.CodeNotFound},
 		{"error after output", func(o, e io.Writer) (int, error) {
 			o.Write([]byte("partial"))
-			return -1, Errorf(CodeUnavailable, "guest went away")
-		}, -1, "partial", "", CodeUnavailable},
+			return -1, errdefs.Errorf(errdefs.CodeUnavailable, "guest went away")
+		}, -1, "partial", "", errdefs.CodeUnavailable},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -194,7 +196,7 @@ func TestClientExecStream(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			code, err := (&Client{SocketPath: srv.sock}).ExecStream(context.Background(), "sb-1", ExecRequest{Args: []string{"/x"}}, &stdout, &stderr)
 			if c.wantErrMsg != "" {
-				if CodeOf(err) != c.wantErrMsg {
+				if errdefs.CodeOf(err) != c.wantErrMsg {
 					t.Errorf("err = %v, want code %s", err, c.wantErrMsg)
 				}
 			} else if err != nil {
@@ -244,11 +246,11 @@ func TestClientRefusesBadIDsLocally(t *testing.T) {
 	c := &Client{SocketPath: srv.sock}
 	ctx := context.Background()
 	for _, id := range []string{"..", "../etc", "a/b", "a\x00", "é", strings.Repeat("a", 300)} {
-		if _, err := c.Get(ctx, id); CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), "sandbox id") {
+		if _, err := c.Get(ctx, id); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(err.Error(), "sandbox id") {
 			t.Errorf("Get(%.20q) = %v, want invalid_argument naming the sandbox id", id, err)
 		}
 	}
-	if _, err := c.Proof(ctx, "a/../b"); CodeOf(err) != CodeInvalidArgument {
+	if _, err := c.Proof(ctx, "a/../b"); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Errorf("Proof(a/../b) = %v, want invalid_argument", err)
 	}
 	if calls := fake.Calls(); len(calls) != 0 {
@@ -267,7 +269,7 @@ func TestClientZeroValueUsesDefaultSocket(t *testing.T) {
 		return
 	}
 	_, err := c.Node(context.Background())
-	if CodeOf(err) != CodeUnavailable || !strings.Contains(err.Error(), DefaultSocketPath) || !errors.Is(err, syscall.ENOENT) {
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), DefaultSocketPath) || !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("zero Client Node() = %v, want unavailable naming %s and wrapping ENOENT", err, DefaultSocketPath)
 	}
 }
@@ -290,7 +292,7 @@ func TestClientUnreachable(t *testing.T) {
 	dir := shortTempDir(t)
 	c := Client{SocketPath: dir + "/none.sock"}
 	_, err := c.Node(context.Background())
-	if CodeOf(err) != CodeUnavailable || !errors.Is(err, syscall.ENOENT) {
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("Node() on a missing socket = %v, want unavailable wrapping ENOENT", err)
 	}
 }

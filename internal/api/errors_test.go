@@ -1,25 +1,24 @@
 package api
 
 import (
-	"errors"
-	"fmt"
-	"io/fs"
 	"net/http"
 	"testing"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 func TestHTTPStatus(t *testing.T) {
-	for code, want := range map[Code]int{
-		CodeInvalidArgument:   http.StatusBadRequest,
-		CodeNotFound:          http.StatusNotFound,
-		CodeConflict:          http.StatusConflict,
-		CodeCapacityExhausted: http.StatusTooManyRequests,
-		CodeFenced:            http.StatusConflict,
-		CodeNotPrimary:        http.StatusServiceUnavailable,
-		CodeUnavailable:       http.StatusServiceUnavailable,
-		CodePermissionDenied:  http.StatusForbidden,
-		CodeInternal:          http.StatusInternalServerError,
-		Code("bogus"):         http.StatusInternalServerError,
+	for code, want := range map[errdefs.Code]int{
+		errdefs.CodeInvalidArgument:   http.StatusBadRequest,
+		errdefs.CodeNotFound:          http.StatusNotFound,
+		errdefs.CodeConflict:          http.StatusConflict,
+		errdefs.CodeCapacityExhausted: http.StatusTooManyRequests,
+		errdefs.CodeFenced:            http.StatusConflict,
+		errdefs.CodeNotPrimary:        http.StatusServiceUnavailable,
+		errdefs.CodeUnavailable:       http.StatusServiceUnavailable,
+		errdefs.CodePermissionDenied:  http.StatusForbidden,
+		errdefs.CodeInternal:          http.StatusInternalServerError,
+		errdefs.Code("bogus"):         http.StatusInternalServerError,
 	} {
 		if got := HTTPStatus(code); got != want {
 			t.Errorf("HTTPStatus(%q) = %d, want %d", code, got, want)
@@ -27,33 +26,12 @@ func TestHTTPStatus(t *testing.T) {
 	}
 }
 
-func TestCodeOf(t *testing.T) {
-	cases := []struct {
-		err  error
-		want Code
-	}{
-		{nil, ""},
-		{Errorf(CodeNotFound, "sandbox %q", "a"), CodeNotFound},
-		{fmt.Errorf("claim sandbox: %w", Errorf(CodeFenced, "epoch 3 < 4")), CodeFenced},
-		{errors.New("disk on fire"), CodeInternal},
-		{&Error{Message: "no code"}, CodeInternal},
-	}
-	for _, c := range cases {
-		if got := CodeOf(c.err); got != c.want {
-			t.Errorf("CodeOf(%v) = %q, want %q", c.err, got, c.want)
+// Every code has a deliberate status: only internal (and unknown codes)
+// is 500.
+func TestHTTPStatusCoversEveryCode(t *testing.T) {
+	for _, c := range errdefs.Codes {
+		if got := HTTPStatus(c); got == http.StatusInternalServerError && c != errdefs.CodeInternal {
+			t.Errorf("HTTPStatus(%q) = 500: the code has no mapping", c)
 		}
-	}
-}
-
-func TestErrorfKeepsCause(t *testing.T) {
-	err := Errorf(CodeNotFound, "open template: %w", fs.ErrNotExist)
-	if !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("errors.Is(%v, fs.ErrNotExist) = false, want true", err)
-	}
-	if want := "not_found: open template: file does not exist"; err.Error() != want {
-		t.Errorf("Error() = %q, want %q", err.Error(), want)
-	}
-	if err.Message != "open template: file does not exist" {
-		t.Errorf("Message = %q", err.Message)
 	}
 }

@@ -3,11 +3,13 @@ package api
 import (
 	"sync"
 	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // Limiter bounds how many requests of one kind run at once. Beyond the
 // bound a request is refused at once (never queued: a queue would only
-// move the overload into memory and timeouts) with CodeUnavailable and a
+// move the overload into memory and timeouts) with errdefs.CodeUnavailable and a
 // retry hint: the recent average duration of one request of the kind,
 // roughly when a slot frees up. A nil *Limiter admits everything.
 type Limiter struct {
@@ -37,7 +39,7 @@ func (l *Limiter) Acquire() (release func(), err error) {
 	select {
 	case l.slots <- struct{}{}:
 	default:
-		return nil, Busy(l.RetryAfter(), "%d %s already running on this node (limit %s=%d); retry later",
+		return nil, errdefs.Busy(l.RetryAfter(), "%d %s already running on this node (limit %s=%d); retry later",
 			cap(l.slots), l.kind, l.flag, cap(l.slots))
 	}
 	start := time.Now()

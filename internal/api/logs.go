@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // Log sources of GET /v1/sandboxes/{id}/logs.
@@ -156,7 +158,7 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err != nil {
-		c := CodeOf(err)
+		c := errdefs.CodeOf(err)
 		if rec, ok := w.(*recorder); ok {
 			rec.code = c
 		}
@@ -196,7 +198,7 @@ func (c *Client) Logs(ctx context.Context, id string, r LogsRequest, w io.Writer
 		return LogsEnd{Reason: "end of log"}, nil
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != contentTypeSSE {
-		return LogsEnd{}, &Error{Code: CodeInternal, Message: fmt.Sprintf("logs answered %q, want %s", mt, contentTypeSSE)}
+		return LogsEnd{}, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("logs answered %q, want %s", mt, contentTypeSSE)}
 	}
 	end, err := readLogStream(resp.Body, w)
 	if err != nil && ctx.Err() != nil {
@@ -215,7 +217,7 @@ func readLogStream(r io.Reader, w io.Writer) (LogsEnd, error) {
 			return false, err
 		case EventEnd:
 			if err := json.Unmarshal(data, &end); err != nil {
-				return true, &Error{Code: CodeInternal, Message: "decode end event: " + err.Error(), cause: err}
+				return true, &errdefs.Error{Code: errdefs.CodeInternal, Message: "decode end event: " + err.Error(), Cause: err}
 			}
 			return true, nil
 		case EventError:

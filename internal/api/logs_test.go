@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 func TestLogsRequestValidate(t *testing.T) {
@@ -18,7 +20,7 @@ func TestLogsRequestValidate(t *testing.T) {
 	for _, bad := range []LogsRequest{
 		{Source: "kernel"}, {Tail: -1}, {Tail: MaxLogTailLines + 1}, {IdleSec: -1}, {IdleSec: MaxLogIdleSec + 1},
 	} {
-		if err := bad.Validate(); CodeOf(err) != CodeInvalidArgument {
+		if err := bad.Validate(); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%+v: %v, want invalid_argument", bad, err)
 		}
 	}
@@ -78,17 +80,17 @@ func TestClientLogs(t *testing.T) {
 	// An error before any output keeps its status; after output it is the
 	// stream's last event.
 	fake.logs = func(ctx context.Context, req LogsRequest, w io.Writer) (LogsEnd, error) {
-		return LogsEnd{}, Errorf(CodeNotFound, "logs of sandbox sb-1 generation 2 were removed at its release")
+		return LogsEnd{}, errdefs.Errorf(errdefs.CodeNotFound, "logs of sandbox sb-1 generation 2 were removed at its release")
 	}
-	if _, err := c.Logs(ctx, "sb-1", LogsRequest{Follow: true}, &out); CodeOf(err) != CodeNotFound {
+	if _, err := c.Logs(ctx, "sb-1", LogsRequest{Follow: true}, &out); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("follow of removed logs: %v, want not_found", err)
 	}
 	fake.logs = func(ctx context.Context, req LogsRequest, w io.Writer) (LogsEnd, error) {
 		w.Write([]byte("x"))
-		return LogsEnd{}, Errorf(CodeInternal, "read log: boom")
+		return LogsEnd{}, errdefs.Errorf(errdefs.CodeInternal, "read log: boom")
 	}
 	out.Reset()
-	if _, err := c.Logs(ctx, "sb-1", LogsRequest{Follow: true}, &out); CodeOf(err) != CodeInternal || out.String() != "x" {
+	if _, err := c.Logs(ctx, "sb-1", LogsRequest{Follow: true}, &out); errdefs.CodeOf(err) != errdefs.CodeInternal || out.String() != "x" {
 		t.Fatalf("follow failing midway: %q, %v", out.String(), err)
 	}
 }

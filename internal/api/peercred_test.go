@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 )
 
@@ -31,7 +32,7 @@ func peerHelper(sock string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := (&Client{SocketPath: sock}).Node(ctx)
-	out := ErrorBody{Code: CodeOf(err)}
+	out := ErrorBody{Code: errdefs.CodeOf(err)}
 	if err != nil {
 		out.Message = err.Error()
 	}
@@ -64,16 +65,16 @@ func TestPeerCredentials(t *testing.T) {
 		uid, gid   uint32
 		groups     []uint32
 		allowedGID int
-		want       Code
+		want       errdefs.Code
 	}{
-		{"nobody refused", 65534, 65534, nil, ctldGID, CodePermissionDenied},
+		{"nobody refused", 65534, 65534, nil, ctldGID, errdefs.CodePermissionDenied},
 		{"ctld group admitted", 65534, ctldGID, nil, ctldGID, ""},
 		{"supplementary ctld group admitted", 65534, 65534, []uint32{100, ctldGID}, ctldGID, ""},
-		{"other supplementary groups refused", 65534, 65534, []uint32{100, ctldGID + 1}, ctldGID, CodePermissionDenied},
+		{"other supplementary groups refused", 65534, 65534, []uint32{100, ctldGID + 1}, ctldGID, errdefs.CodePermissionDenied},
 		{"root admitted", 0, 0, nil, ctldGID, ""},
 		{"root admitted with root-only", 0, 0, nil, -1, ""},
-		{"gid 0 alone refused with root-only", 65534, 0, nil, -1, CodePermissionDenied},
-		{"supplementary gid 0 refused with root-only", 65534, 65534, []uint32{0}, -1, CodePermissionDenied},
+		{"gid 0 alone refused with root-only", 65534, 0, nil, -1, errdefs.CodePermissionDenied},
+		{"supplementary gid 0 refused with root-only", 65534, 65534, []uint32{0}, -1, errdefs.CodePermissionDenied},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -103,7 +104,7 @@ func TestPeerCredentials(t *testing.T) {
 				t.Fatalf("call as uid %d gid %d: code %q (%s), want %q", c.uid, c.gid, got.Code, got.Message, c.want)
 			}
 			logs := srv.logs.String()
-			if c.want == CodePermissionDenied {
+			if c.want == errdefs.CodePermissionDenied {
 				line := fmt.Sprintf(`msg="api peer refused" peer_uid=%d peer_gid=%d peer_pid=`, c.uid, c.gid)
 				// slog's text handler quotes a value only when it has a space.
 				g := fmt.Sprint(c.groups)

@@ -20,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -253,12 +254,12 @@ func (s *Server) Handler() http.Handler {
 		}
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
-			writeError(w, http.StatusMethodNotAllowed, CodeInvalidArgument,
+			writeError(w, http.StatusMethodNotAllowed, errdefs.CodeInvalidArgument,
 				fmt.Sprintf("method %s not allowed on %s: use %s", r.Method, p, allow))
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.EscapedPath()))
+		writeError(w, http.StatusNotFound, errdefs.CodeNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.EscapedPath()))
 	})
 	return s.guard(mux)
 }
@@ -267,7 +268,7 @@ func (s *Server) Handler() http.Handler {
 type recorder struct {
 	http.ResponseWriter
 	status int
-	code   Code
+	code   errdefs.Code
 }
 
 func (r *recorder) WriteHeader(status int) {
@@ -306,7 +307,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 				log.Error("api handler panic", "method", r.Method, "path", r.URL.EscapedPath(),
 					"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				if rec.status == 0 {
-					writeError(rec, http.StatusInternalServerError, CodeInternal, fmt.Sprintf("internal error: %v", p))
+					writeError(rec, http.StatusInternalServerError, errdefs.CodeInternal, fmt.Sprintf("internal error: %v", p))
 				}
 			}
 			attrs := []slog.Attr{
@@ -331,12 +332,12 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		}()
 		if peer.err != nil {
 			log.Warn("api peer refused", "reason", peer.err.Error())
-			writeError(rec, http.StatusForbidden, CodePermissionDenied, "peer credentials unknown: connect over the ctld Unix socket")
+			writeError(rec, http.StatusForbidden, errdefs.CodePermissionDenied, "peer credentials unknown: connect over the ctld Unix socket")
 			return
 		}
 		if c := peer.cred; !s.admits(c) {
 			log.Warn("api peer refused", "peer_uid", c.UID, "peer_gid", c.GID, "peer_pid", c.PID, "peer_groups", fmt.Sprint(c.Groups), "allowed_gid", s.AllowedGID)
-			writeError(rec, http.StatusForbidden, CodePermissionDenied,
+			writeError(rec, http.StatusForbidden, errdefs.CodePermissionDenied,
 				fmt.Sprintf("peer uid %d gid %d is neither root nor in the ctld group", c.UID, c.GID))
 			return
 		}
@@ -347,42 +348,42 @@ func (s *Server) guard(next http.Handler) http.Handler {
 func (s *Server) adapt(h apiFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			code := CodeOf(err)
+			code := errdefs.CodeOf(err)
 			var se *statusError
 			status := HTTPStatus(code)
 			if errors.As(err, &se) {
 				status = se.status
 			}
-			body := ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(RetryAfterOf(err))}
+			body := ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))}
 			writeErrorBody(w, status, body)
 		}
 	})
 }
 
-// statusError is an *Error that needs a status other than its code's
+// statusError is an *errdefs.Error that needs a status other than its code's
 // (405, 415).
 type statusError struct {
 	status int
-	err    *Error
+	err    *errdefs.Error
 }
 
 func (e *statusError) Error() string { return e.err.Error() }
 func (e *statusError) Unwrap() error { return e.err }
 
-// wireMessage is the message sent for err: the bare message of an *Error,
-// or the whole chain when the *Error is wrapped in context.
+// wireMessage is the message sent for err: the bare message of an *errdefs.Error,
+// or the whole chain when the *errdefs.Error is wrapped in context.
 func wireMessage(err error) string {
 	var se *statusError
 	if errors.As(err, &se) {
 		return se.err.Message
 	}
-	if e, ok := err.(*Error); ok {
+	if e, ok := err.(*errdefs.Error); ok {
 		return e.Message
 	}
 	return err.Error()
 }
 
-func writeError(w http.ResponseWriter, status int, code Code, msg string) {
+func writeError(w http.ResponseWriter, status int, code errdefs.Code, msg string) {
 	writeErrorBody(w, status, ErrorBody{Code: code, Message: msg})
 }
 
@@ -402,7 +403,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		b, _ = json.Marshal(ErrorBody{Code: CodeInternal, Message: "encode response: " + err.Error()})
+		b, _ = json.Marshal(ErrorBody{Code: errdefs.CodeInternal, Message: "encode response: " + err.Error()})
 	}
 	b = append(b, '\n')
 	h := w.Header()
@@ -609,11 +610,11 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, r
 		return err
 	}
 	if err != nil {
-		c := CodeOf(err)
+		c := errdefs.CodeOf(err)
 		if rec, ok := w.(*recorder); ok {
 			rec.code = c
 		}
-		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err), RetryAfterSec: retryAfterSec(RetryAfterOf(err))})
+		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))})
 		_ = sw.event(EventError, b) // the client may be gone; the log has it
 		return nil
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 func claimJSON(t *testing.T, mod func(*ClaimRequest)) []byte {
@@ -41,52 +43,52 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		header               map[string]string
 		body                 []byte
 		status               int
-		code                 Code
+		code                 errdefs.Code
 		msg                  string
 	}{
-		{"bad json", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"operation_id":`), 400, CodeInvalidArgument, "truncated JSON"},
-		{"not json", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`operation_id=1`), 400, CodeInvalidArgument, "not valid JSON"},
-		{"empty body", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, nil, 400, CodeInvalidArgument, "body is empty"},
-		{"array body", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`[1]`), 400, CodeInvalidArgument, "want an object"},
-		{"wrong field type", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"generation":"one"}`), 400, CodeInvalidArgument, `field "generation"`},
-		{"trailing garbage", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append(bytes.Clone(good), " xyz"...), 400, CodeInvalidArgument, "data after the JSON object"},
-		{"two objects", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append(bytes.Clone(good), good...), 400, CodeInvalidArgument, "data after the JSON object"},
-		{"10 MiB body", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append([]byte(`{"operation_id":"`), bytes.Repeat([]byte("a"), 10<<20)...), 400, CodeInvalidArgument, "exceeds 1048576 bytes"},
-		{"10 MiB after object", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append(bytes.Clone(good), bytes.Repeat([]byte(" "), 10<<20)...), 400, CodeInvalidArgument, "exceeds 1048576 bytes"},
-		{"unknown field", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"operation_id":"op-1","bogus":1}`), 400, CodeInvalidArgument, `unknown field "bogus"`},
-		{"form content type", "POST", "/v1/sandboxes/sb-1/claim", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, good, 415, CodeInvalidArgument, "content-type"},
-		{"id ../", "POST", "/v1/sandboxes/..%2Fetc/claim", jsonCT, good, 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"id slash", "POST", "/v1/sandboxes/a%2Fb/claim", jsonCT, good, 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"id NUL", "POST", "/v1/sandboxes/a%00b/claim", jsonCT, good, 400, CodeInvalidArgument, `invalid sandbox id "a\x00b"`},
-		{"id unicode", "POST", "/v1/sandboxes/%C3%A9t%C3%A9/claim", jsonCT, good, 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"id 300 chars", "POST", "/v1/sandboxes/" + long + "/claim", jsonCT, good, 400, CodeInvalidArgument, "(300 bytes)"},
-		{"id uppercase", "GET", "/v1/sandboxes/SB", nil, nil, 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"template ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Template = "../../etc" }), 400, CodeInvalidArgument, "invalid rootfs.template"},
-		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.OperationID = "../op" }), 400, CodeInvalidArgument, "invalid operation_id"},
-		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 0 }), 400, CodeInvalidArgument, "generation must be >= 1"},
-		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Mode = "block" }), 400, CodeInvalidArgument, "not supported yet"},
+		{"bad json", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"operation_id":`), 400, errdefs.CodeInvalidArgument, "truncated JSON"},
+		{"not json", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`operation_id=1`), 400, errdefs.CodeInvalidArgument, "not valid JSON"},
+		{"empty body", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, nil, 400, errdefs.CodeInvalidArgument, "body is empty"},
+		{"array body", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`[1]`), 400, errdefs.CodeInvalidArgument, "want an object"},
+		{"wrong field type", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"generation":"one"}`), 400, errdefs.CodeInvalidArgument, `field "generation"`},
+		{"trailing garbage", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append(bytes.Clone(good), " xyz"...), 400, errdefs.CodeInvalidArgument, "data after the JSON object"},
+		{"two objects", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append(bytes.Clone(good), good...), 400, errdefs.CodeInvalidArgument, "data after the JSON object"},
+		{"10 MiB body", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append([]byte(`{"operation_id":"`), bytes.Repeat([]byte("a"), 10<<20)...), 400, errdefs.CodeInvalidArgument, "exceeds 1048576 bytes"},
+		{"10 MiB after object", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, append(bytes.Clone(good), bytes.Repeat([]byte(" "), 10<<20)...), 400, errdefs.CodeInvalidArgument, "exceeds 1048576 bytes"},
+		{"unknown field", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"operation_id":"op-1","bogus":1}`), 400, errdefs.CodeInvalidArgument, `unknown field "bogus"`},
+		{"form content type", "POST", "/v1/sandboxes/sb-1/claim", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, good, 415, errdefs.CodeInvalidArgument, "content-type"},
+		{"id ../", "POST", "/v1/sandboxes/..%2Fetc/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"id slash", "POST", "/v1/sandboxes/a%2Fb/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"id NUL", "POST", "/v1/sandboxes/a%00b/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, `invalid sandbox id "a\x00b"`},
+		{"id unicode", "POST", "/v1/sandboxes/%C3%A9t%C3%A9/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"id 300 chars", "POST", "/v1/sandboxes/" + long + "/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, "(300 bytes)"},
+		{"id uppercase", "GET", "/v1/sandboxes/SB", nil, nil, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"template ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Template = "../../etc" }), 400, errdefs.CodeInvalidArgument, "invalid rootfs.template"},
+		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.OperationID = "../op" }), 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
+		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 0 }), 400, errdefs.CodeInvalidArgument, "generation must be >= 1"},
+		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Mode = "block" }), 400, errdefs.CodeInvalidArgument, "not supported yet"},
 		// Claims the API once passed and only the lease refused, after the
 		// claim was journaled: the API now holds the lease's own rules.
-		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, CodeInvalidArgument, "resources.cpu_millis must be between 10"},
-		{"cpuset beyond the lease's CPUs", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.Cpuset = "9000" }), 400, CodeInvalidArgument, "invalid resources.cpuset"},
-		{"generation name too long", "POST", "/v1/sandboxes/" + strings.Repeat("a", 60) + "/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 10 }), 400, CodeInvalidArgument, "more than 63"},
-		{"release no op", "POST", "/v1/sandboxes/sb-1/release", jsonCT, []byte(`{"generation":1}`), 400, CodeInvalidArgument, "operation_id is empty"},
-		{"release bad id", "POST", "/v1/sandboxes/a%2F..%2Fb/release", jsonCT, []byte(`{"operation_id":"op-1","generation":1}`), 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"exec no args", "POST", "/v1/sandboxes/sb-1/exec", nil, []byte(`{"args":[]}`), 400, CodeInvalidArgument, "exec.args is empty"},
-		{"exec stream bad id", "POST", "/v1/sandboxes/a%00/exec", map[string]string{"Accept": "text/event-stream"}, []byte(`{"args":["/bin/true"]}`), 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"proof bad op", "GET", "/v1/proofs/a..b", nil, nil, 400, CodeInvalidArgument, "invalid operation_id"},
-		{"proof NUL op", "GET", "/v1/proofs/a%00", nil, nil, 400, CodeInvalidArgument, "invalid operation_id"},
-		{"file no path", "GET", "/v1/sandboxes/sb-1/files", nil, nil, 400, CodeInvalidArgument, "path query parameter"},
-		{"file two paths", "GET", "/v1/sandboxes/sb-1/files?path=/a&path=/b", nil, nil, 400, CodeInvalidArgument, "path query parameter"},
-		{"file relative", "GET", "/v1/sandboxes/sb-1/files?path=etc/passwd", nil, nil, 400, CodeInvalidArgument, "must be absolute"},
-		{"file NUL", "PUT", "/v1/sandboxes/sb-1/files?path=/a%00b", nil, []byte("x"), 400, CodeInvalidArgument, "NUL"},
-		{"file bad id", "GET", "/v1/sandboxes/..%2F..%2Fetc/files?path=/passwd", nil, nil, 400, CodeInvalidArgument, "invalid sandbox id"},
-		{"file too big", "PUT", "/v1/sandboxes/sb-1/files?path=/big", nil, bytes.Repeat([]byte("x"), 1025), 400, CodeInvalidArgument, "file exceeds 1024 bytes"},
-		{"wrong method", "DELETE", "/v1/node", nil, nil, 405, CodeInvalidArgument, "method DELETE not allowed"},
-		{"GET on claim", "GET", "/v1/sandboxes/sb-1/claim", nil, nil, 405, CodeInvalidArgument, "use POST"},
-		{"POST on files", "POST", "/v1/sandboxes/sb-1/files?path=/a", nil, nil, 405, CodeInvalidArgument, "use GET, PUT, HEAD"},
-		{"unknown route", "GET", "/v1/nodes", nil, nil, 404, CodeNotFound, "no route GET /v1/nodes"},
-		{"unversioned", "GET", "/node", nil, nil, 404, CodeNotFound, "no route"},
+		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, errdefs.CodeInvalidArgument, "resources.cpu_millis must be between 10"},
+		{"cpuset beyond the lease's CPUs", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.Cpuset = "9000" }), 400, errdefs.CodeInvalidArgument, "invalid resources.cpuset"},
+		{"generation name too long", "POST", "/v1/sandboxes/" + strings.Repeat("a", 60) + "/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 10 }), 400, errdefs.CodeInvalidArgument, "more than 63"},
+		{"release no op", "POST", "/v1/sandboxes/sb-1/release", jsonCT, []byte(`{"generation":1}`), 400, errdefs.CodeInvalidArgument, "operation_id is empty"},
+		{"release bad id", "POST", "/v1/sandboxes/a%2F..%2Fb/release", jsonCT, []byte(`{"operation_id":"op-1","generation":1}`), 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"exec no args", "POST", "/v1/sandboxes/sb-1/exec", nil, []byte(`{"args":[]}`), 400, errdefs.CodeInvalidArgument, "exec.args is empty"},
+		{"exec stream bad id", "POST", "/v1/sandboxes/a%00/exec", map[string]string{"Accept": "text/event-stream"}, []byte(`{"args":["/bin/true"]}`), 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"proof bad op", "GET", "/v1/proofs/a..b", nil, nil, 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
+		{"proof NUL op", "GET", "/v1/proofs/a%00", nil, nil, 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
+		{"file no path", "GET", "/v1/sandboxes/sb-1/files", nil, nil, 400, errdefs.CodeInvalidArgument, "path query parameter"},
+		{"file two paths", "GET", "/v1/sandboxes/sb-1/files?path=/a&path=/b", nil, nil, 400, errdefs.CodeInvalidArgument, "path query parameter"},
+		{"file relative", "GET", "/v1/sandboxes/sb-1/files?path=etc/passwd", nil, nil, 400, errdefs.CodeInvalidArgument, "must be absolute"},
+		{"file NUL", "PUT", "/v1/sandboxes/sb-1/files?path=/a%00b", nil, []byte("x"), 400, errdefs.CodeInvalidArgument, "NUL"},
+		{"file bad id", "GET", "/v1/sandboxes/..%2F..%2Fetc/files?path=/passwd", nil, nil, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"file too big", "PUT", "/v1/sandboxes/sb-1/files?path=/big", nil, bytes.Repeat([]byte("x"), 1025), 400, errdefs.CodeInvalidArgument, "file exceeds 1024 bytes"},
+		{"wrong method", "DELETE", "/v1/node", nil, nil, 405, errdefs.CodeInvalidArgument, "method DELETE not allowed"},
+		{"GET on claim", "GET", "/v1/sandboxes/sb-1/claim", nil, nil, 405, errdefs.CodeInvalidArgument, "use POST"},
+		{"POST on files", "POST", "/v1/sandboxes/sb-1/files?path=/a", nil, nil, 405, errdefs.CodeInvalidArgument, "use GET, PUT, HEAD"},
+		{"unknown route", "GET", "/v1/nodes", nil, nil, 404, errdefs.CodeNotFound, "no route GET /v1/nodes"},
+		{"unversioned", "GET", "/node", nil, nil, 404, errdefs.CodeNotFound, "no route"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -124,14 +126,14 @@ func TestServiceErrorsMapToStatus(t *testing.T) {
 	for _, c := range []struct {
 		err    error
 		status int
-		code   Code
+		code   errdefs.Code
 		msg    string
 	}{
-		{Errorf(CodeNotFound, "sandbox %q not found", "sb-1"), 404, CodeNotFound, `sandbox "sb-1" not found`},
-		{Errorf(CodeCapacityExhausted, "no memory left"), 429, CodeCapacityExhausted, "no memory left"},
-		{Errorf(CodeNotPrimary, "standby"), 503, CodeNotPrimary, "standby"},
-		{&wrapped{Errorf(CodeFenced, "epoch 3 < 4")}, 409, CodeFenced, "get sandbox: fenced: epoch 3 < 4"},
-		{errString("disk on fire"), 500, CodeInternal, "disk on fire"},
+		{errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", "sb-1"), 404, errdefs.CodeNotFound, `sandbox "sb-1" not found`},
+		{errdefs.Errorf(errdefs.CodeCapacityExhausted, "no memory left"), 429, errdefs.CodeCapacityExhausted, "no memory left"},
+		{errdefs.Errorf(errdefs.CodeNotPrimary, "standby"), 503, errdefs.CodeNotPrimary, "standby"},
+		{&wrapped{errdefs.Errorf(errdefs.CodeFenced, "epoch 3 < 4")}, 409, errdefs.CodeFenced, "get sandbox: fenced: epoch 3 < 4"},
+		{errString("disk on fire"), 500, errdefs.CodeInternal, "disk on fire"},
 	} {
 		fake.err = c.err
 		resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil)
@@ -267,7 +269,7 @@ func TestHandlerWithoutServeRefuses(t *testing.T) {
 // unavailable with the hint in the body and the Retry-After header, and the
 // client returns it in Error.RetryAfter (JSON and stream answers alike).
 func TestBusyAnswersWithRetryHint(t *testing.T) {
-	fake := &fakeService{err: Busy(2500*time.Millisecond, "%d claims running, limit %d", 4, 4)}
+	fake := &fakeService{err: errdefs.Busy(2500*time.Millisecond, "%d claims running, limit %d", 4, 4)}
 	fake.exec = func(io.Writer, io.Writer) (int, error) { return -1, fake.err }
 	srv := startServer(t, &Server{Service: fake, AllowedGID: -1})
 	resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil)
@@ -275,21 +277,21 @@ func TestBusyAnswersWithRetryHint(t *testing.T) {
 	if err := json.Unmarshal(resp.body, &eb); err != nil {
 		t.Fatalf("body %q: %v", resp.body, err)
 	}
-	if resp.status != 503 || eb.Code != CodeUnavailable || eb.RetryAfterSec != 3 || resp.header.Get("Retry-After") != "3" {
+	if resp.status != 503 || eb.Code != errdefs.CodeUnavailable || eb.RetryAfterSec != 3 || resp.header.Get("Retry-After") != "3" {
 		t.Fatalf("busy answer: %d %+v Retry-After=%q; want 503 unavailable, 3 s in body and header", resp.status, eb, resp.header.Get("Retry-After"))
 	}
 	c := &Client{SocketPath: srv.sock}
 	ctx := context.Background()
 	_, err := c.Claim(ctx, "sb-1", validClaim())
-	if RetryAfterOf(err) != 3*time.Second || CodeOf(err) != CodeUnavailable {
-		t.Fatalf("client claim: %v, retry after %v; want unavailable, 3s", err, RetryAfterOf(err))
+	if errdefs.RetryAfterOf(err) != 3*time.Second || errdefs.CodeOf(err) != errdefs.CodeUnavailable {
+		t.Fatalf("client claim: %v, retry after %v; want unavailable, 3s", err, errdefs.RetryAfterOf(err))
 	}
 	_, err = c.ExecStream(ctx, "sb-1", ExecRequest{Args: []string{"/x"}}, io.Discard, io.Discard)
-	if RetryAfterOf(err) != 3*time.Second {
-		t.Fatalf("client exec stream: %v, retry after %v; want 3s", err, RetryAfterOf(err))
+	if errdefs.RetryAfterOf(err) != 3*time.Second {
+		t.Fatalf("client exec stream: %v, retry after %v; want 3s", err, errdefs.RetryAfterOf(err))
 	}
 	// Other errors carry no hint.
-	fake.err = Errorf(CodeNotFound, "no")
+	fake.err = errdefs.Errorf(errdefs.CodeNotFound, "no")
 	if resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil); resp.header.Get("Retry-After") != "" {
 		t.Fatalf("not_found answered with Retry-After %q", resp.header.Get("Retry-After"))
 	}
@@ -322,15 +324,15 @@ func TestConcurrencyLimits(t *testing.T) {
 	defer cancel()
 	t0 := time.Now()
 	_, err := c.Claim(short, "sb-9", validClaim())
-	if CodeOf(err) != CodeUnavailable || RetryAfterOf(err) != 4*time.Second {
-		t.Fatalf("third claim: %v (retry after %v); want unavailable, 4s", err, RetryAfterOf(err))
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) != 4*time.Second {
+		t.Fatalf("third claim: %v (retry after %v); want unavailable, 4s", err, errdefs.RetryAfterOf(err))
 	}
 	if !strings.Contains(err.Error(), "--max-concurrent-claims=2") {
 		t.Errorf("message does not name the setting: %v", err)
 	}
 	_, err = c.Exec(short, "sb-0", ExecRequest{Args: []string{"/bin/true"}})
-	if CodeOf(err) != CodeUnavailable || RetryAfterOf(err) != 2*time.Second {
-		t.Fatalf("second exec: %v (retry after %v); want unavailable, 2s", err, RetryAfterOf(err))
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) != 2*time.Second {
+		t.Fatalf("second exec: %v (retry after %v); want unavailable, 2s", err, errdefs.RetryAfterOf(err))
 	}
 	if d := time.Since(t0); d > 2*time.Second {
 		t.Fatalf("refusals took %v: they must not queue", d)

@@ -6,7 +6,7 @@ import (
 )
 
 // Service is what the API server serves; internal/node implements it. Its
-// errors should be *Error (see errors.go) so the server can map them to a
+// errors should be *errdefs.Error (see errors.go) so the server can map them to a
 // code; any other error is reported as internal.
 type Service interface {
 	Node(ctx context.Context) (Node, error)

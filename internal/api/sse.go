@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // Exec streams use server-sent events (text/event-stream):
@@ -147,9 +149,9 @@ func readEvents(r io.Reader, what, last string, fn func(name string, data []byte
 		line, err := readLine(br)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return &Error{Code: CodeUnavailable, Message: what + " stream ended without " + last, cause: io.ErrUnexpectedEOF}
+				return &errdefs.Error{Code: errdefs.CodeUnavailable, Message: what + " stream ended without " + last, Cause: io.ErrUnexpectedEOF}
 			}
-			return &Error{Code: CodeUnavailable, Message: "read " + what + " stream: " + err.Error(), cause: err}
+			return &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "read " + what + " stream: " + err.Error(), Cause: err}
 		}
 		switch {
 		case len(line) == 0:
@@ -212,7 +214,7 @@ func dispatchEvent(name string, data []byte, stdout, stderr io.Writer) (code int
 		}
 		chunk, err := base64.StdEncoding.DecodeString(string(data))
 		if err != nil {
-			return -1, true, &Error{Code: CodeInternal, Message: "decode " + name + " event: " + err.Error(), cause: err}
+			return -1, true, &errdefs.Error{Code: errdefs.CodeInternal, Message: "decode " + name + " event: " + err.Error(), Cause: err}
 		}
 		if out != nil {
 			if _, err := out.Write(chunk); err != nil {
@@ -223,15 +225,15 @@ func dispatchEvent(name string, data []byte, stdout, stderr io.Writer) (code int
 	case EventExit:
 		var x ExecExit
 		if err := json.Unmarshal(data, &x); err != nil {
-			return -1, true, &Error{Code: CodeInternal, Message: "decode exit event: " + err.Error(), cause: err}
+			return -1, true, &errdefs.Error{Code: errdefs.CodeInternal, Message: "decode exit event: " + err.Error(), Cause: err}
 		}
 		return x.ExitCode, true, nil
 	case EventError:
 		var b ErrorBody
 		if err := json.Unmarshal(data, &b); err != nil || b.Code == "" {
-			return -1, true, &Error{Code: CodeInternal, Message: fmt.Sprintf("exec stream error event: %s", data)}
+			return -1, true, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("exec stream error event: %s", data)}
 		}
-		return -1, true, &Error{Code: b.Code, Message: b.Message, RetryAfter: time.Duration(b.RetryAfterSec) * time.Second}
+		return -1, true, &errdefs.Error{Code: b.Code, Message: b.Message, RetryAfter: time.Duration(b.RetryAfterSec) * time.Second}
 	default:
 		// Unknown events are skipped so the server may add some later.
 		return 0, false, nil

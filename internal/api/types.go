@@ -1,32 +1,19 @@
 // Package api is the wire contract of ctld's local API: HTTP/1.1 + JSON over
 // a Unix socket, versioned under /v1. It holds the request and response
-// types, the typed error codes, ID validation, and the server and client
+// types, the mapping of error kinds (package errdefs) to HTTP, ID validation, and the server and client
 // plumbing. It holds no node logic.
 package api
 
 import (
 	"time"
-)
 
-// Code is one of a small fixed set of error kinds, mapped to HTTP statuses.
-type Code string
-
-const (
-	CodeInvalidArgument   Code = "invalid_argument"
-	CodeNotFound          Code = "not_found"
-	CodeConflict          Code = "conflict"
-	CodeCapacityExhausted Code = "capacity_exhausted"
-	CodeFenced            Code = "fenced"
-	CodeNotPrimary        Code = "not_primary"
-	CodeUnavailable       Code = "unavailable"
-	CodePermissionDenied  Code = "permission_denied"
-	CodeInternal          Code = "internal"
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // ErrorBody is the JSON body of every error response.
 type ErrorBody struct {
-	Code    Code   `json:"code"`
-	Message string `json:"message"`
+	Code    errdefs.Code `json:"code"`
+	Message string       `json:"message"`
 	// RetryAfterSec, when set, is how long the caller should wait before
 	// trying again (also sent as the Retry-After header): the node is busy
 	// (a concurrency limit), not broken.

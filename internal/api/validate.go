@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/lease"
 )
@@ -63,8 +64,8 @@ func (p NetworkPolicy) EffectiveMode() string {
 	return p.Mode
 }
 
-func invalid(format string, args ...any) *Error {
-	return Errorf(CodeInvalidArgument, format, args...)
+func invalid(format string, args ...any) *errdefs.Error {
+	return errdefs.Errorf(errdefs.CodeInvalidArgument, format, args...)
 }
 
 // quote renders a rejected value for a message: escaped, and cut short so

@@ -3,6 +3,8 @@ package api
 import (
 	"strings"
 	"testing"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 func TestValidateID(t *testing.T) {
@@ -20,7 +22,7 @@ func TestValidateID(t *testing.T) {
 			continue
 		}
 		msg := err.Error()
-		if CodeOf(err) != CodeInvalidArgument || !strings.Contains(msg, "sandbox id") || !strings.Contains(msg, "1-63 characters") {
+		if errdefs.CodeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(msg, "sandbox id") || !strings.Contains(msg, "1-63 characters") {
 			t.Errorf("ValidateID(%q) = %q: want invalid_argument naming the kind and the rule", s, msg)
 		}
 		if len(msg) > 300 {
@@ -129,7 +131,7 @@ func TestClaimValidate(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), c.want) || CodeOf(err) != CodeInvalidArgument {
+			if err == nil || !strings.Contains(err.Error(), c.want) || errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 				t.Fatalf("Validate() = %v, want invalid_argument containing %q", err, c.want)
 			}
 		})
@@ -156,7 +158,7 @@ func TestExecValidate(t *testing.T) {
 		"uid -1":     {Args: []string{"/bin/true"}, User: &User{UID: ^uint32(0)}},
 		"gid -1":     {Args: []string{"/bin/true"}, User: &User{GID: ^uint32(0)}},
 	} {
-		if err := r.Validate(); err == nil || CodeOf(err) != CodeInvalidArgument {
+		if err := r.Validate(); err == nil || errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%s: Validate() = %v, want invalid_argument", name, err)
 		}
 	}
@@ -171,7 +173,7 @@ func TestReleaseValidate(t *testing.T) {
 		"bad op":       {OperationID: "a/b", Generation: 1},
 		"generation 0": {OperationID: "op-2"},
 	} {
-		if err := r.Validate(); err == nil || CodeOf(err) != CodeInvalidArgument {
+		if err := r.Validate(); err == nil || errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%s: Validate() = %v, want invalid_argument", name, err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/proof"
 )
 
@@ -49,8 +50,8 @@ type Manager struct {
 func (m *Manager) whileBusy(ctx context.Context, what string, fn func() error) error {
 	for try := 0; ; try++ {
 		err := fn()
-		hint := api.RetryAfterOf(err)
-		if err == nil || hint <= 0 || api.CodeOf(err) != api.CodeUnavailable || try >= m.BusyRetries {
+		hint := errdefs.RetryAfterOf(err)
+		if err == nil || hint <= 0 || errdefs.CodeOf(err) != errdefs.CodeUnavailable || try >= m.BusyRetries {
 			return err
 		}
 		m.log().Info("node busy; retrying after its hint", "what", what, "retry_after", hint, "try", try+1, "of", m.BusyRetries)
@@ -134,12 +135,12 @@ type CreateResult struct {
 // cancelled context) may or may not have reached the node, so the
 // operation stays pending and the next try reuses its id.
 func definitive(err error) bool {
-	var ae *api.Error
+	var ae *errdefs.Error
 	if !errors.As(err, &ae) {
 		return false
 	}
 	switch ae.Code {
-	case api.CodeUnavailable, api.CodeNotPrimary:
+	case errdefs.CodeUnavailable, errdefs.CodeNotPrimary:
 		return false
 	}
 	return true
@@ -166,7 +167,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	switch cur, err := m.Client.Get(ctx, id); {
 	case err == nil:
 		nodeGen = cur.Generation
-	case api.CodeOf(err) != api.CodeNotFound:
+	case errdefs.CodeOf(err) != errdefs.CodeNotFound:
 		return CreateResult{}, fmt.Errorf("look up sandbox on node: %w", err)
 	}
 	request, err := json.Marshal(spec)
@@ -236,7 +237,7 @@ func (m *Manager) contact(ctx context.Context) (NodeStatus, error) {
 	// Fail closed: a node that now presents another key than the pinned one
 	// is not the node whose proofs this store trusts.
 	if key != nil && rec.PublicKey != nil && !bytes.Equal(rec.PublicKey, key) {
-		return NodeStatus{}, api.Errorf(api.CodeConflict, "node %s presents key %x, not its pinned key %x", n.NodeID, key, rec.PublicKey)
+		return NodeStatus{}, errdefs.Errorf(errdefs.CodeConflict, "node %s presents key %x, not its pinned key %x", n.NodeID, key, rec.PublicKey)
 	}
 	return NodeStatus{Node: n, Record: rec}, nil
 }
@@ -314,7 +315,7 @@ func (m *Manager) judge(ctx context.Context, w want, p api.CleanupProof) (Verdic
 		return v, nil
 	}
 	node, err := m.Store.Node(ctx, p.NodeID)
-	if err != nil && api.CodeOf(err) != api.CodeNotFound {
+	if err != nil && errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		return v, err
 	}
 	if len(node.PublicKey) == 0 {
@@ -358,7 +359,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error)
 		return DestroyResult{}, err
 	}
 	sb, err := m.Store.Sandbox(ctx, id)
-	if api.CodeOf(err) == api.CodeNotFound {
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		sb, err = m.adopt(ctx, id)
 	}
 	if err != nil {
@@ -452,7 +453,7 @@ func (m *Manager) released(ctx context.Context, sb SandboxRecord) (DestroyResult
 		}
 		return out, nil
 	}
-	return DestroyResult{}, api.Errorf(api.CodeInternal, "sandbox %s is released but no release operation is recorded", sb.ID)
+	return DestroyResult{}, errdefs.Errorf(errdefs.CodeInternal, "sandbox %s is released but no release operation is recorded", sb.ID)
 }
 
 // VerifyProof judges the cleanup proof of an operation, stored or fetched
@@ -468,7 +469,7 @@ func (m *Manager) VerifyProof(ctx context.Context, opID string) (Verdict, error)
 	switch {
 	case known:
 		if op.Kind != KindRelease {
-			return Verdict{}, api.Errorf(api.CodeInvalidArgument, "operation %s is a %s, only releases have cleanup proofs", opID, op.Kind)
+			return Verdict{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "operation %s is a %s, only releases have cleanup proofs", opID, op.Kind)
 		}
 		w.sandboxID, w.generation = op.SandboxID, op.Generation
 		sb, err := m.Store.Sandbox(ctx, op.SandboxID)
@@ -476,13 +477,13 @@ func (m *Manager) VerifyProof(ctx context.Context, opID string) (Verdict, error)
 			return Verdict{}, err
 		}
 		w.nodeID = sb.NodeID
-	case api.CodeOf(err) != api.CodeNotFound:
+	case errdefs.CodeOf(err) != errdefs.CodeNotFound:
 		return Verdict{}, err
 	}
 	source := "store"
 	stored, err := m.Store.Proof(ctx, opID)
 	p := stored.Proof
-	if api.CodeOf(err) == api.CodeNotFound {
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		source = "node"
 		if p, err = m.Client.Proof(ctx, opID); err != nil {
 			return Verdict{}, fmt.Errorf("fetch proof from node: %w", err)
@@ -658,16 +659,16 @@ func (m *Manager) Get(ctx context.Context, id string) (Detail, error) {
 		if d.Operations, err = m.Store.Operations(ctx, id); err != nil {
 			return d, err
 		}
-	case api.CodeOf(err) != api.CodeNotFound:
+	case errdefs.CodeOf(err) != errdefs.CodeNotFound:
 		return d, err
 	}
 	ns, nerr := m.Client.Get(ctx, id)
 	switch {
 	case nerr == nil:
 		d.Node = &ns
-	case api.CodeOf(nerr) == api.CodeNotFound && d.Sandbox == nil:
+	case errdefs.CodeOf(nerr) == errdefs.CodeNotFound && d.Sandbox == nil:
 		return d, nerr
-	case api.CodeOf(nerr) != api.CodeNotFound:
+	case errdefs.CodeOf(nerr) != errdefs.CodeNotFound:
 		d.NodeError = nerr.Error()
 	}
 	return d, nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager/fakenode"
 )
 
@@ -114,13 +115,13 @@ func TestCreateRetryReusesOperationID(t *testing.T) {
 	n.FailClaim = func(api.ClaimRequest) error {
 		if drop {
 			drop = false
-			return api.Errorf(api.CodeUnavailable, "node restarting")
+			return errdefs.Errorf(errdefs.CodeUnavailable, "node restarting")
 		}
 		return nil
 	}
 	n.Unlock()
 	first, err := m.Create(ctx, "sb1", testSpec())
-	if api.CodeOf(err) != api.CodeUnavailable {
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Fatalf("first create: %v, want unavailable", err)
 	}
 	if op, _ := m.Store.Operation(ctx, first.OperationID); op.State != OpPending {
@@ -165,12 +166,12 @@ func TestCreateDefinitiveFailureIsRecorded(t *testing.T) {
 	m, n := setup(t)
 	n.Lock()
 	n.FailClaim = func(api.ClaimRequest) error {
-		return api.Errorf(api.CodeCapacityExhausted, "not enough memory: want 256Mi, free 0")
+		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough memory: want 256Mi, free 0")
 	}
 	n.Unlock()
 	res, err := m.Create(ctx, "sb1", testSpec())
-	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Code != api.CodeCapacityExhausted || ae.Message != "not enough memory: want 256Mi, free 0" {
+	var ae *errdefs.Error
+	if !errors.As(err, &ae) || ae.Code != errdefs.CodeCapacityExhausted || ae.Message != "not enough memory: want 256Mi, free 0" {
 		t.Fatalf("create error = %v, want capacity_exhausted with the node's message", err)
 	}
 	if strings.Contains(err.Error(), "\n") {
@@ -202,7 +203,7 @@ func TestCreateRefusesBadInputBeforeRecording(t *testing.T) {
 		id   string
 		spec Spec
 	}{{"sb1", bad}, {"../etc", testSpec()}, {"UPPER", testSpec()}} {
-		if _, err := m.Create(ctx, tc.id, tc.spec); api.CodeOf(err) != api.CodeInvalidArgument {
+		if _, err := m.Create(ctx, tc.id, tc.spec); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("create %q: %v, want invalid_argument", tc.id, err)
 		}
 	}
@@ -283,7 +284,7 @@ func TestDestroyAdoptsSandboxOnlyOnNode(t *testing.T) {
 	if err != nil || !d.Verdict.OK() || d.Sandbox.Generation != 4 {
 		t.Fatalf("destroy orphan = %+v, %v", d, err)
 	}
-	if _, err := m.Destroy(ctx, "never"); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := m.Destroy(ctx, "never"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("destroy unknown: %v, want not_found", err)
 	}
 }
@@ -320,7 +321,7 @@ func TestLsAndGetMerge(t *testing.T) {
 	if err != nil || d.Sandbox == nil || d.Node == nil || len(d.Generations) != 1 || len(d.Operations) != 1 {
 		t.Fatalf("get = %+v, %v", d, err)
 	}
-	if _, err := m.Get(ctx, "zzz"); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := m.Get(ctx, "zzz"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("get unknown: %v", err)
 	}
 }
@@ -329,7 +330,7 @@ func TestUnreachableNode(t *testing.T) {
 	ctx := context.Background()
 	st := openTestStore(t)
 	m := &Manager{Store: st, Client: &api.Client{SocketPath: filepath.Join(t.TempDir(), "none.sock")}}
-	if _, err := m.Create(ctx, "sb1", testSpec()); api.CodeOf(err) != api.CodeUnavailable {
+	if _, err := m.Create(ctx, "sb1", testSpec()); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Fatalf("create: %v, want unavailable", err)
 	}
 	// Nothing was recorded: the node was never reached.
@@ -358,7 +359,7 @@ func TestVerifyProofFetchedFromNode(t *testing.T) {
 	if err != nil || !v.OK() || v.Source != "node" {
 		t.Fatalf("verify fetched = %+v, %v", v, err)
 	}
-	if _, err := m.VerifyProof(ctx, "op-unknown"); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := m.VerifyProof(ctx, "op-unknown"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("verify unknown: %v, want not_found", err)
 	}
 }
@@ -407,10 +408,12 @@ func TestDestroyRetryReusesOperationID(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.Lock()
-	n.FailRelease = func(api.ReleaseRequest) error { return api.Errorf(api.CodeNotPrimary, "this instance is standby") }
+	n.FailRelease = func(api.ReleaseRequest) error {
+		return errdefs.Errorf(errdefs.CodeNotPrimary, "this instance is standby")
+	}
 	n.Unlock()
 	first, err := m.Destroy(ctx, "sb1")
-	if api.CodeOf(err) != api.CodeNotPrimary {
+	if errdefs.CodeOf(err) != errdefs.CodeNotPrimary {
 		t.Fatalf("first destroy: %v, want not_primary", err)
 	}
 	if rec, _ := m.Store.Sandbox(ctx, "sb1"); rec.State != api.StateReleasing {
@@ -437,8 +440,8 @@ func TestDestroyFencedIsRecordedAsFailed(t *testing.T) {
 	// Someone else moved the sandbox to generation 2 on the node.
 	n.Put(api.Sandbox{ID: "sb1", Generation: 2, State: api.StateReady})
 	d, err := m.Destroy(ctx, "sb1")
-	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Code != api.CodeFenced || !strings.Contains(ae.Message, "current generation is 2") {
+	var ae *errdefs.Error
+	if !errors.As(err, &ae) || ae.Code != errdefs.CodeFenced || !strings.Contains(ae.Message, "current generation is 2") {
 		t.Fatalf("destroy = %v, want fenced with the node's message", err)
 	}
 	op, _ := m.Store.Operation(ctx, d.OperationID)
@@ -480,7 +483,7 @@ func TestConcurrentCreatesShareOneOperation(t *testing.T) {
 		switch {
 		case err == nil:
 			ops = append(ops, r.OperationID)
-		case api.CodeOf(err) == api.CodeConflict:
+		case errdefs.CodeOf(err) == errdefs.CodeConflict:
 			// The other finished first: the sandbox is ready.
 		default:
 			t.Fatalf("create: %v", err)
@@ -503,14 +506,14 @@ func TestCreateRetrySendsTheRecordedRequest(t *testing.T) {
 	n.FailClaim = func(req api.ClaimRequest) error {
 		seen = append(seen, req)
 		if len(seen) == 1 {
-			return api.Errorf(api.CodeUnavailable, "answer lost")
+			return errdefs.Errorf(errdefs.CodeUnavailable, "answer lost")
 		}
 		return nil
 	}
 	n.Unlock()
 	first := testSpec()
 	first.Process.Args = []string{"/bin/sleep", "100"}
-	if _, err := m.Create(ctx, "sb1", first); api.CodeOf(err) != api.CodeUnavailable {
+	if _, err := m.Create(ctx, "sb1", first); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Fatalf("first create: %v", err)
 	}
 	// The operator retries with a different memory size: the pending
@@ -541,7 +544,7 @@ func TestNodeKeyPinnedOnFirstContactAndChangeRefused(t *testing.T) {
 	n.Lock()
 	n.Key = other
 	n.Unlock()
-	if _, err := m.NodeStatus(ctx); api.CodeOf(err) != api.CodeConflict {
+	if _, err := m.NodeStatus(ctx); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("contact with a changed node key: %v, want conflict", err)
 	}
 	if _, err := m.Create(ctx, "sb1", testSpec()); err == nil {
@@ -560,7 +563,7 @@ func TestCreateRetriesBusyAfterHint(t *testing.T) {
 	n.FailClaim = func(api.ClaimRequest) error {
 		if busy > 0 {
 			busy--
-			return api.Busy(1500*time.Millisecond, "8 claims already running")
+			return errdefs.Busy(1500*time.Millisecond, "8 claims already running")
 		}
 		return nil
 	}
@@ -569,8 +572,8 @@ func TestCreateRetriesBusyAfterHint(t *testing.T) {
 	m.Wait = func(_ context.Context, d time.Duration) error { waits = append(waits, d); return nil }
 	m.BusyRetries = 0
 	res, err := m.Create(ctx, "sb1", testSpec())
-	if api.CodeOf(err) != api.CodeUnavailable || api.RetryAfterOf(err) != 2*time.Second || len(waits) != 0 {
-		t.Fatalf("without retries: %v (hint %v, waits %v); want busy, 2s hint, no wait", err, api.RetryAfterOf(err), waits)
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) != 2*time.Second || len(waits) != 0 {
+		t.Fatalf("without retries: %v (hint %v, waits %v); want busy, 2s hint, no wait", err, errdefs.RetryAfterOf(err), waits)
 	}
 	m.BusyRetries = 3
 	again, err := m.Create(ctx, "sb1", testSpec())

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -246,7 +247,7 @@ func parseNullTS(ns sql.NullString) (*time.Time, error) {
 }
 
 func notFound(format string, args ...any) error {
-	return api.Errorf(api.CodeNotFound, format, args...)
+	return errdefs.Errorf(errdefs.CodeNotFound, format, args...)
 }
 
 // live reports whether a sandbox state holds compute on the node (or may:
@@ -310,7 +311,7 @@ func scanNode(row rowScanner) (NodeRecord, error) {
 // Node returns a known node.
 func (s *Store) Node(ctx context.Context, nodeID string) (NodeRecord, error) {
 	r, err := scanNode(s.db.QueryRowContext(ctx, nodeSelect+` WHERE node_id = ?`, nodeID))
-	if api.CodeOf(err) == api.CodeNotFound {
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		return r, notFound("node %s not known to the manager", nodeID)
 	}
 	return r, err
@@ -350,7 +351,7 @@ func scanSandbox(row rowScanner) (SandboxRecord, error) {
 	return r, err
 }
 
-// Sandbox returns one sandbox; a missing one is a not_found *api.Error.
+// Sandbox returns one sandbox; a missing one is a not_found *errdefs.Error.
 func (s *Store) Sandbox(ctx context.Context, id string) (SandboxRecord, error) {
 	return sandboxTx(ctx, s.db, id)
 }
@@ -362,7 +363,7 @@ type querier interface {
 
 func sandboxTx(ctx context.Context, q querier, id string) (SandboxRecord, error) {
 	r, err := scanSandbox(q.QueryRowContext(ctx, sandboxSelect+` WHERE id = ?`, id))
-	if api.CodeOf(err) == api.CodeNotFound {
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		return r, notFound("sandbox %s not known to the manager", id)
 	}
 	return r, err
@@ -457,7 +458,7 @@ func scanOperation(row rowScanner) (OperationRecord, error) {
 // Operation returns one operation.
 func (s *Store) Operation(ctx context.Context, opID string) (OperationRecord, error) {
 	r, err := scanOperation(s.db.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
-	if api.CodeOf(err) == api.CodeNotFound {
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		return r, notFound("operation %s not known to the manager", opID)
 	}
 	return r, err
@@ -483,7 +484,7 @@ func (s *Store) Operations(ctx context.Context, id string) ([]OperationRecord, e
 
 func pendingOp(ctx context.Context, tx *sql.Tx, id, kind string) (OperationRecord, bool, error) {
 	r, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE sandbox_id = ? AND kind = ? AND state = 'pending' ORDER BY created_at DESC LIMIT 1`, id, kind))
-	if api.CodeOf(err) == api.CodeNotFound {
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		return r, false, nil
 	}
 	return r, err == nil, err
@@ -523,7 +524,7 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 		now := ts(s.now())
 		sb, err := sandboxTx(ctx, tx, in.SandboxID)
 		switch {
-		case api.CodeOf(err) == api.CodeNotFound:
+		case errdefs.CodeOf(err) == errdefs.CodeNotFound:
 			if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation, node_id) VALUES (?, ?, ?, 0, NULLIF(?, ''))`,
 				in.SandboxID, now, api.StateClaiming, in.NodeID); err != nil {
 				return fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
@@ -531,7 +532,7 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 		case err != nil:
 			return err
 		case live(sb.State):
-			return api.Errorf(api.CodeConflict, "sandbox %s is %s (generation %d); destroy it first", sb.ID, sb.State, sb.Generation)
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s is %s (generation %d); destroy it first", sb.ID, sb.State, sb.Generation)
 		}
 		gen := max(sb.Generation, in.NodeGeneration) + 1
 		res, _ := json.Marshal(in.Resources)
@@ -662,17 +663,17 @@ func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op Operat
 			return err
 		}
 		if sb.Generation == 0 {
-			return api.Errorf(api.CodeConflict, "sandbox %s has no generation to release", id)
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has no generation to release", id)
 		}
 		if _, ok, err := pendingOp(ctx, tx, id, KindClaim); err != nil {
 			return err
 		} else if ok {
 			// Releasing the generation a pending claim may still create
 			// would race it; the claim has to be retried (or fail) first.
-			return api.Errorf(api.CodeConflict, "sandbox %s has a pending claim of generation %d; retry the create first", id, sb.Generation)
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has a pending claim of generation %d; retry the create first", id, sb.Generation)
 		}
 		if sb.State == api.StateReleased {
-			return api.Errorf(api.CodeConflict, "sandbox %s generation %d is already released", id, sb.Generation)
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d is already released", id, sb.Generation)
 		}
 		now := ts(s.now())
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ?`, api.StateReleasing, id); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 type fakeClock struct{ t time.Time }
@@ -125,7 +126,7 @@ func TestStoreClaimLifecycle(t *testing.T) {
 	// A ready sandbox cannot be claimed again.
 	in3 := in
 	in3.OperationID = "op-3"
-	if _, _, err := s.BeginClaim(ctx, in3); api.CodeOf(err) != api.CodeConflict {
+	if _, _, err := s.BeginClaim(ctx, in3); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("claim of a ready sandbox: %v, want conflict", err)
 	}
 
@@ -148,7 +149,7 @@ func TestStoreClaimLifecycle(t *testing.T) {
 	if err != nil || !pr.Verified || pr.SandboxID != "sb1" || pr.Generation != 1 || !pr.Proof.Clean {
 		t.Fatalf("proof = %+v, %v", pr, err)
 	}
-	if _, _, err := s.BeginRelease(ctx, "sb1", "rel-3"); api.CodeOf(err) != api.CodeConflict {
+	if _, _, err := s.BeginRelease(ctx, "sb1", "rel-3"); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("release of a released sandbox: %v, want conflict", err)
 	}
 
@@ -205,7 +206,7 @@ func TestStoreReleaseFailureRestoresState(t *testing.T) {
 	if _, _, err := s.BeginClaim(ctx, ClaimIntent{SandboxID: "sb", OperationID: "c1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.BeginRelease(ctx, "sb", "r0"); api.CodeOf(err) != api.CodeConflict {
+	if _, _, err := s.BeginRelease(ctx, "sb", "r0"); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("release while claim pending: %v, want conflict", err)
 	}
 	if err := s.FinishClaim(ctx, "c1", api.Sandbox{ID: "sb", Generation: 1, State: api.StateReady}); err != nil {
@@ -220,7 +221,7 @@ func TestStoreReleaseFailureRestoresState(t *testing.T) {
 	if rec, _ := s.Sandbox(ctx, "sb"); rec.State != api.StateReady {
 		t.Fatalf("state after failed release = %s, want ready", rec.State)
 	}
-	if _, _, err := s.BeginRelease(ctx, "missing", "r2"); api.CodeOf(err) != api.CodeNotFound {
+	if _, _, err := s.BeginRelease(ctx, "missing", "r2"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("release of unknown sandbox: %v, want not_found", err)
 	}
 }
@@ -243,7 +244,7 @@ func TestStorePinNodeTrustOnFirstUse(t *testing.T) {
 	if !r.LastSeen.After(r.FirstSeen) {
 		t.Fatalf("last_seen %v not after first_seen %v", r.LastSeen, r.FirstSeen)
 	}
-	if _, err := s.Node(ctx, "n2"); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := s.Node(ctx, "n2"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("unknown node: %v", err)
 	}
 	nodes, err := s.Nodes(ctx)

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
 )
 
@@ -138,7 +139,7 @@ func isNetnsFile(p string) (bool, error) {
 		return false, fmt.Errorf("get namespace type of %s: %w", p, err)
 	}
 	if typ != unix.CLONE_NEWNET {
-		return false, api.Errorf(api.CodeConflict, "%s is a mounted namespace of type %#x, not a network namespace", p, typ)
+		return false, errdefs.Errorf(errdefs.CodeConflict, "%s is a mounted namespace of type %#x, not a network namespace", p, typ)
 	}
 	return true, nil
 }

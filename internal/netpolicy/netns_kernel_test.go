@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 )
 
@@ -211,7 +211,7 @@ func TestKernelNetnsCreateRefusesOtherNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := n.Create(ctx, name)
-	if api.CodeOf(err) != api.CodeConflict {
+	if errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("Create over a uts namespace = %v, want conflict", err)
 	}
 	mi, err := os.ReadFile("/proc/self/mountinfo")

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/ctld/ctld/internal/api"
 )
 
 func TestPathDefaults(t *testing.T) {
@@ -31,13 +30,13 @@ func TestRejectsBadNames(t *testing.T) {
 	n := &Netns{Dir: dir}
 	ctx := context.Background()
 	for _, name := range []string{"", "..", "../x", "a/b", "UPPER", "x_y", strings.Repeat("a", 64), "-a"} {
-		if _, err := n.Create(ctx, name); api.CodeOf(err) != api.CodeInvalidArgument {
+		if _, err := n.Create(ctx, name); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("Create(%q) = %v, want invalid_argument", name, err)
 		}
-		if err := n.Delete(ctx, name); api.CodeOf(err) != api.CodeInvalidArgument {
+		if err := n.Delete(ctx, name); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("Delete(%q) = %v, want invalid_argument", name, err)
 		}
-		if _, _, err := n.Describe(ctx, name); api.CodeOf(err) != api.CodeInvalidArgument {
+		if _, _, err := n.Describe(ctx, name); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("Describe(%q) = %v, want invalid_argument", name, err)
 		}
 		if ok, _ := n.CheckGone(ctx, name, NSID{}); ok {

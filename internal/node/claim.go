@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/runsc"
@@ -40,7 +41,7 @@ func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*j
 			case <-wait:
 				continue
 			case <-ctx.Done():
-				return op, false, api.Errorf(api.CodeUnavailable, "operation %q still running: %v", op.ID, ctx.Err())
+				return op, false, errdefs.Errorf(errdefs.CodeUnavailable, "operation %q still running: %v", op.ID, ctx.Err())
 			}
 		}
 		var prev journal.Operation
@@ -60,13 +61,13 @@ func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*j
 		}
 		if found {
 			if prev.RequestHash != op.RequestHash {
-				return prev, false, api.Errorf(api.CodeConflict, "operation_id %q was used for a different request", op.ID)
+				return prev, false, errdefs.Errorf(errdefs.CodeConflict, "operation_id %q was used for a different request", op.ID)
 			}
 			if prev.State == journal.OpPending {
 				// Pending but not running here: a takeover's reconciler
 				// resolves these before serving, so this is a bug or a race
 				// with reconcile; never run it twice.
-				return prev, false, api.Errorf(api.CodeUnavailable, "operation %q is pending recovery", op.ID)
+				return prev, false, errdefs.Errorf(errdefs.CodeUnavailable, "operation %q is pending recovery", op.ID)
 			}
 			return prev, false, nil
 		}
@@ -90,10 +91,10 @@ func (n *Node) endOp(id string) {
 func opOutcome[T any](op journal.Operation) (T, error) {
 	var out T
 	if op.Error != nil {
-		return out, &api.Error{Code: op.Error.Code, Message: op.Error.Message}
+		return out, &errdefs.Error{Code: op.Error.Code, Message: op.Error.Message}
 	}
 	if err := json.Unmarshal(op.Result, &out); err != nil {
-		return out, api.Errorf(api.CodeInternal, "decode stored result of %s: %v", op.ID, err)
+		return out, errdefs.Errorf(errdefs.CodeInternal, "decode stored result of %s: %v", op.ID, err)
 	}
 	return out, nil
 }
@@ -108,13 +109,13 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		return api.ClaimResponse{}, err
 	}
 	if err := leaseSpec(cid, req.Resources).Validate(); err != nil {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "lease: %v", err)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
 	if req.RootFS.Mode != "overlay" {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "rootfs mode %q is not supported yet: use overlay", req.RootFS.Mode)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "rootfs mode %q is not supported yet: use overlay", req.RootFS.Mode)
 	}
 	if req.Network.Mode != "" && req.Network.Mode != "deny_all" {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "network mode %q is not supported yet: use deny_all", req.Network.Mode)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "network mode %q is not supported yet: use deny_all", req.Network.Mode)
 	}
 	req.Resources = n.withDiskDefault(req.Resources)
 	if err := n.checkDisk(req.Resources); err != nil {
@@ -122,11 +123,11 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	}
 	lower := filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
 	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
-		return api.ClaimResponse{}, api.Errorf(api.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
 	}
 	nonce, err := newNonce()
 	if err != nil {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInternal, "%v", err)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInternal, "%v", err)
 	}
 	ctx, done, err := n.begin(ctx)
 	if err != nil {
@@ -204,20 +205,20 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 		return err
 	}
 	if ok && prev.Holds() {
-		return api.Errorf(api.CodeConflict, "sandbox %q already has generation %d in state %s", id, prev.Generation, prev.State)
+		return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q already has generation %d in state %s", id, prev.Generation, prev.State)
 	}
 	if ok && prev.Withheld {
-		return api.Errorf(api.CodeConflict, "sandbox %q generation %d has unproven cleanup (withheld)", id, prev.Generation)
+		return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d has unproven cleanup (withheld)", id, prev.Generation)
 	}
 	if ok && req.Generation <= prev.Generation {
-		return api.Errorf(api.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, prev.Generation)
+		return errdefs.Errorf(errdefs.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, prev.Generation)
 	}
 	all, err := tx.LiveSandboxes()
 	if err != nil {
 		return err
 	}
 	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
-		return api.Errorf(api.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
+		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
 	}
 	return tx.PutSandbox(rec)
 }
@@ -227,14 +228,14 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 // primary's reconcile rolls it back and fails the operation.
 func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error {
 	log.Warn("claim interrupted by the end of the term; rollback left to the next primary", "err", cause)
-	return api.Errorf(api.CodeUnavailable, "claim %s interrupted: this primary's term ended; the next primary rolls it back; retry with a new operation_id", opID)
+	return errdefs.Errorf(errdefs.CodeUnavailable, "claim %s interrupted: this primary's term ended; the next primary rolls it back; retry with a new operation_id", opID)
 }
 
 // failOp stores the operation's error so a retry gets the same answer.
 func (n *Node) failOp(op journal.Operation, cause error) error {
 	code := codeOf(cause)
 	msg := cause.Error()
-	var ae *api.Error
+	var ae *errdefs.Error
 	if errors.As(cause, &ae) {
 		msg = ae.Message
 	}
@@ -242,7 +243,7 @@ func (n *Node) failOp(op journal.Operation, cause error) error {
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutOperation(op) }); err != nil {
 		n.log.Error("journal failed operation", "op", op.ID, "err", err)
 	}
-	return &api.Error{Code: code, Message: msg}
+	return &errdefs.Error{Code: code, Message: msg}
 }
 
 // effect journals an effect as intended, makes it, and journals it done.
@@ -326,7 +327,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 		OOMScoreAdj: n.cfg.GuestOOMScoreAdj,
 	})
 	if err != nil {
-		return api.ClaimResponse{}, api.Errorf(api.CodeInvalidArgument, "build OCI spec: %v", err)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)
 	}
 	if err := n.effect(journal.KindBundle, cid, rec, func() error { return runsc.WriteBundle(rec.Bundle, oci) }); err != nil {
 		return api.ClaimResponse{}, fmt.Errorf("write bundle: %w", err)
@@ -392,13 +393,13 @@ func (n *Node) acceptReadiness(r Readiness, finish func(*journal.Sandbox)) (jour
 		}
 		switch {
 		case !ok:
-			return api.Errorf(api.CodeNotFound, "readiness proof for unknown sandbox %q", r.SandboxID)
+			return errdefs.Errorf(errdefs.CodeNotFound, "readiness proof for unknown sandbox %q", r.SandboxID)
 		case s.Generation != r.Generation || s.ContainerID != r.ContainerID:
-			return api.Errorf(api.CodeFenced, "late readiness proof for generation %d (container %s) rejected: current is generation %d", r.Generation, r.ContainerID, s.Generation)
+			return errdefs.Errorf(errdefs.CodeFenced, "late readiness proof for generation %d (container %s) rejected: current is generation %d", r.Generation, r.ContainerID, s.Generation)
 		case s.State != api.StateClaiming:
-			return api.Errorf(api.CodeFenced, "readiness proof for generation %d rejected: state is %s", r.Generation, s.State)
+			return errdefs.Errorf(errdefs.CodeFenced, "readiness proof for generation %d rejected: state is %s", r.Generation, s.State)
 		case r.Nonce != s.Nonce:
-			return api.Errorf(api.CodeFenced, "readiness proof for generation %d rejected: nonce mismatch", r.Generation)
+			return errdefs.Errorf(errdefs.CodeFenced, "readiness proof for generation %d rejected: nonce mismatch", r.Generation)
 		}
 		finish(&s)
 		s.State = api.StateReady
@@ -418,7 +419,7 @@ func (n *Node) acceptReadiness(r Readiness, finish func(*journal.Sandbox)) (jour
 		return tx.PutOperation(op)
 	})
 	if err != nil {
-		var ae *api.Error
+		var ae *errdefs.Error
 		if errors.As(err, &ae) {
 			return out, ae
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -37,7 +38,7 @@ func (n *Node) withDiskDefault(r api.Resources) api.Resources {
 // lease this node cannot enforce.
 func (n *Node) checkDisk(r api.Resources) error {
 	if r.DiskBytes <= 0 {
-		return api.Errorf(api.CodeInvalidArgument, "resources.disk_bytes is required: this node has no default disk lease")
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "resources.disk_bytes is required: this node has no default disk lease")
 	}
 	return n.d.RootFS.DiskBounded()
 }
@@ -61,7 +62,7 @@ func (n *Node) allocDiskProject(all []journal.Sandbox) (uint32, error) {
 			return id, nil
 		}
 	}
-	return 0, api.Errorf(api.CodeCapacityExhausted, "no free disk project id in [%d, %d)", pr.Base, pr.Base+pr.Count)
+	return 0, errdefs.Errorf(errdefs.CodeCapacityExhausted, "no free disk project id in [%d, %d)", pr.Base, pr.Base+pr.Count)
 }
 
 // limitDisk is the claim step: journaled, then the project quota is set on

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -60,7 +61,7 @@ func TestDiskProjectAllocation(t *testing.T) {
 		}
 	}
 	full := []journal.Sandbox{rec(api.StateReady, 100, false), rec(api.StateReady, 101, false), rec(api.StateReleasing, 102, false)}
-	if _, err := n.allocDiskProject(full); api.CodeOf(err) != api.CodeCapacityExhausted {
+	if _, err := n.allocDiskProject(full); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
 		t.Fatalf("full range: %v, want capacity_exhausted", err)
 	}
 }
@@ -75,7 +76,7 @@ func TestDiskDefault(t *testing.T) {
 	if r := n.withDiskDefault(api.Resources{DiskBytes: 5 << 20}); r.DiskBytes != 5<<20 {
 		t.Fatalf("explicit disk_bytes replaced: %d", r.DiskBytes)
 	}
-	if err := (&Node{}).checkDisk(api.Resources{}); api.CodeOf(err) != api.CodeInvalidArgument {
+	if err := (&Node{}).checkDisk(api.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Fatalf("no disk lease and no default: %v, want invalid_argument", err)
 	}
 }

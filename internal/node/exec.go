@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -21,7 +22,7 @@ func (n *Node) ready(id string) (journal.Sandbox, error) {
 		return s, err
 	}
 	if s.State != api.StateReady {
-		return s, api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s, not ready", id, s.Generation, s.State)
+		return s, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s, not ready", id, s.Generation, s.State)
 	}
 	return s, nil
 }
@@ -69,14 +70,14 @@ func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout,
 	// the rest of its processes.
 	p := execProcess(s, req)
 	if p.CgroupDir = n.d.Leases.Dir(s.LeaseID); p.CgroupDir == "" {
-		return -1, api.Errorf(api.CodeInternal, "exec in %s: no lease cgroup %q", id, s.LeaseID)
+		return -1, errdefs.Errorf(errdefs.CodeInternal, "exec in %s: no lease cgroup %q", id, s.LeaseID)
 	}
 	code, err := n.d.Runtime.Exec(ctx, s.ContainerID, p, stdin, stdout, stderr)
 	if err != nil {
 		if ctx.Err() != nil {
-			return -1, api.Errorf(api.CodeUnavailable, "exec in %s: %v", id, ctx.Err())
+			return -1, errdefs.Errorf(errdefs.CodeUnavailable, "exec in %s: %v", id, ctx.Err())
 		}
-		return -1, api.Errorf(api.CodeInternal, "exec in %s: %v", id, err)
+		return -1, errdefs.Errorf(errdefs.CodeInternal, "exec in %s: %v", id, err)
 	}
 	return code, nil
 }
@@ -99,7 +100,7 @@ func (n *Node) ReadFile(ctx context.Context, id, path string, limit int64) ([]by
 		return nil, fileErr("read", path, err)
 	}
 	if int64(len(b)) > limit {
-		return nil, api.Errorf(api.CodeInvalidArgument, "file %s exceeds %d bytes", path, limit)
+		return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "file %s exceeds %d bytes", path, limit)
 	}
 	return b, nil
 }
@@ -137,11 +138,11 @@ func (n *Node) WriteFile(ctx context.Context, id, path string, data []byte) erro
 func fileErr(verb, path string, err error) error {
 	switch {
 	case errors.Is(err, os.ErrNotExist) || errors.Is(err, rootfs.ErrParentMissing):
-		return api.Errorf(api.CodeNotFound, "%s %s: %v", verb, path, err)
+		return errdefs.Errorf(errdefs.CodeNotFound, "%s %s: %v", verb, path, err)
 	case errors.Is(err, rootfs.ErrNotRegular):
-		return api.Errorf(api.CodeInvalidArgument, "%s %s: %v: the file API serves regular files only", verb, path, err)
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s %s: %v: the file API serves regular files only", verb, path, err)
 	case errors.Is(err, os.ErrPermission):
-		return api.Errorf(api.CodeInvalidArgument, "%s %s: %v", verb, path, err)
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s %s: %v", verb, path, err)
 	}
-	return api.Errorf(api.CodeInvalidArgument, "%s %s: %v", verb, path, fmt.Errorf("%w", err))
+	return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s %s: %v", verb, path, fmt.Errorf("%w", err))
 }

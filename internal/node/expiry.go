@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -34,12 +35,12 @@ func (n *Node) armExpiry(s journal.Sandbox) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		_, err := n.Release(ctx, id, api.ReleaseRequest{OperationID: expiryOp(cid), Generation: gen})
-		switch api.CodeOf(err) {
+		switch errdefs.CodeOf(err) {
 		case "":
 			n.log.Info("released at max lifetime", "sandbox", id, "generation", gen)
-		case api.CodeConflict, api.CodeFenced, api.CodeNotFound:
+		case errdefs.CodeConflict, errdefs.CodeFenced, errdefs.CodeNotFound:
 			// Released or replaced before its deadline.
-		case api.CodeNotPrimary, api.CodeUnavailable:
+		case errdefs.CodeNotPrimary, errdefs.CodeUnavailable:
 			n.log.Info("release at max lifetime left to the next primary", "sandbox", id, "generation", gen, "err", err)
 		default:
 			n.log.Error("release at max lifetime failed", "sandbox", id, "generation", gen, "err", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/names"
 )
@@ -61,7 +62,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 	}
 	end := api.LogsEnd{Generation: s.Generation}
 	if !s.Holds() && !s.Withheld {
-		return end, api.Errorf(api.CodeNotFound, "sandbox %q generation %d is %s: its log files were removed with it", id, s.Generation, s.State)
+		return end, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q generation %d is %s: its log files were removed with it", id, s.Generation, s.State)
 	}
 	dir := n.d.Runtime.ContainerLogDir(s.ContainerID)
 	name := guestlog.InitName
@@ -73,7 +74,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 		// what it wrote since the last cap).
 		b, err := guestlog.Tail(dir, name, 1<<30)
 		if err != nil {
-			return end, api.Errorf(api.CodeInternal, "read log of %s: %v", id, err)
+			return end, errdefs.Errorf(errdefs.CodeInternal, "read log of %s: %v", id, err)
 		}
 		if _, err := w.Write(guestlog.LastLines(b, req.Tail)); err != nil {
 			return end, err
@@ -82,11 +83,11 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 		return end, nil
 	}
 	if !running(s.State) {
-		return end, api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s: nothing to follow (read the log without follow)", id, s.Generation, s.State)
+		return end, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s: nothing to follow (read the log without follow)", id, s.Generation, s.State)
 	}
 	first, fl, err := guestlog.Follow(dir, name)
 	if err != nil {
-		return end, api.Errorf(api.CodeInternal, "read log of %s: %v", id, err)
+		return end, errdefs.Errorf(errdefs.CodeInternal, "read log of %s: %v", id, err)
 	}
 	defer fl.Close()
 	if _, err := w.Write(guestlog.LastLines(first, req.Tail)); err != nil {
@@ -101,7 +102,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 		for {
 			b, err := fl.Next(256 << 10)
 			if err != nil {
-				return api.Errorf(api.CodeInternal, "follow log of %s: %v", id, err)
+				return errdefs.Errorf(errdefs.CodeInternal, "follow log of %s: %v", id, err)
 			}
 			if len(b) == 0 {
 				return nil
@@ -115,7 +116,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 	for {
 		select {
 		case <-ctx.Done():
-			return end, api.Errorf(api.CodeUnavailable, "follow log of %s: %v", id, ctx.Err())
+			return end, errdefs.Errorf(errdefs.CodeUnavailable, "follow log of %s: %v", id, ctx.Err())
 		case <-api.ShuttingDown(ctx):
 			if err := drain(); err != nil {
 				return end, err
@@ -130,7 +131,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 		if time.Since(lastState) >= followStateEvery {
 			lastState = time.Now()
 			cur, err := n.sandbox(id)
-			if err != nil && api.CodeOf(err) != api.CodeNotFound {
+			if err != nil && errdefs.CodeOf(err) != errdefs.CodeNotFound {
 				return end, err
 			}
 			if err != nil || cur.Generation != s.Generation || !running(cur.State) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/runsc"
@@ -104,11 +105,11 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 	}
 	// Nothing to follow once the guest is gone; nothing at all once the
 	// generation was released (its logs went with it).
-	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out); api.CodeOf(err) != api.CodeConflict {
+	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("follow of a releasing generation: %v, want conflict", err)
 	}
 	n.setState("sb", api.StateReleased, "released")
-	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{}, &out); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{}, &out); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("logs of a released generation: %v, want not_found", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/journal"
@@ -150,7 +151,7 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 		return nil
 	})
 	if err != nil {
-		return api.Node{}, api.Errorf(api.CodeInternal, "read journal: %v", err)
+		return api.Node{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	return out, nil
 }
@@ -166,7 +167,7 @@ func (n *Node) List(ctx context.Context) (api.SandboxList, error) {
 		return err
 	})
 	if err != nil {
-		return out, api.Errorf(api.CodeInternal, "read journal: %v", err)
+		return out, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	if out.Sandboxes == nil {
 		out.Sandboxes = []api.Sandbox{}
@@ -202,10 +203,10 @@ func (n *Node) sandbox(id string) (journal.Sandbox, error) {
 		return err
 	})
 	if err != nil {
-		return s, api.Errorf(api.CodeInternal, "read journal: %v", err)
+		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	if !ok {
-		return s, api.Errorf(api.CodeNotFound, "sandbox %q not found", id)
+		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
 	}
 	return s, nil
 }
@@ -219,10 +220,10 @@ func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error)
 		return err
 	})
 	if err != nil {
-		return p, api.Errorf(api.CodeInternal, "read journal: %v", err)
+		return p, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	if !ok {
-		return p, api.Errorf(api.CodeNotFound, "no cleanup proof for operation %q", opID)
+		return p, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
 	}
 	return p, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -48,7 +49,7 @@ func TestLateReadinessProofRejected(t *testing.T) {
 		"other container":  {SandboxID: "sb", Generation: 2, ContainerID: "sb-g1", Nonce: "n2"},
 		"wrong nonce":      {SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n1"},
 	} {
-		if _, err := n.acceptReadiness(r, noop); api.CodeOf(err) != api.CodeFenced {
+		if _, err := n.acceptReadiness(r, noop); errdefs.CodeOf(err) != errdefs.CodeFenced {
 			t.Errorf("%s: %v, want fenced", name, err)
 		}
 	}
@@ -65,7 +66,7 @@ func TestLateReadinessProofRejected(t *testing.T) {
 		t.Fatalf("claim operation is %s after readiness, want done in the same transaction", op.State)
 	}
 	// A second (late, duplicate) proof for the now-ready generation is refused.
-	if _, err := n.acceptReadiness(Readiness{SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n2"}, noop); api.CodeOf(err) != api.CodeFenced {
+	if _, err := n.acceptReadiness(Readiness{SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n2"}, noop); errdefs.CodeOf(err) != errdefs.CodeFenced {
 		t.Fatalf("duplicate proof: %v, want fenced", err)
 	}
 }
@@ -154,7 +155,7 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 			OperationID: "op-" + strings.ReplaceAll(name, " ", "-"), Generation: c.gen,
 			RootFS: api.RootFS{Mode: "overlay", Template: "busybox"}, Resources: res,
 		}
-		if _, err := n.Claim(context.Background(), c.id, req); api.CodeOf(err) != api.CodeInvalidArgument {
+		if _, err := n.Claim(context.Background(), c.id, req); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%s: claim = %v, want invalid_argument", name, err)
 		}
 		var ops []journal.Operation

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/node/journal"
 )
@@ -55,7 +56,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			log.Info("rolling back a claim interrupted by failover")
 			_, err := n.teardown(ctx, s, s.ClaimOp, api.StateFailed, "claim interrupted by failover; rolled back")
 			errs = append(errs, err)
-			n.failPending(s.ClaimOp, api.Errorf(api.CodeUnavailable, "claim interrupted by failover of the primary; rolled back, retry with a new operation_id"))
+			n.failPending(s.ClaimOp, errdefs.Errorf(errdefs.CodeUnavailable, "claim interrupted by failover of the primary; rolled back, retry with a new operation_id"))
 		case api.StateReleasing:
 			log.Info("completing a release interrupted by failover")
 			_, err := n.teardown(ctx, s, s.ReleaseOp, api.StateReleased, "released")
@@ -80,7 +81,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	// pending one was resolved above. Fail leftovers so retries get an answer.
 	for _, op := range ops {
 		if op.State == journal.OpPending {
-			n.failPending(op.ID, api.Errorf(api.CodeUnavailable, "operation interrupted by failover of the primary"))
+			n.failPending(op.ID, errdefs.Errorf(errdefs.CodeUnavailable, "operation interrupted by failover of the primary"))
 		}
 	}
 	tCheck := time.Since(t0) - tList
@@ -94,7 +95,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (n *Node) failPending(opID string, cause *api.Error) {
+func (n *Node) failPending(opID string, cause *errdefs.Error) {
 	err := n.d.Journal.Update(func(tx *journal.Tx) error {
 		op, ok, err := tx.Operation(opID)
 		if err != nil || !ok || op.State != journal.OpPending {

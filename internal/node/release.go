@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -33,17 +34,17 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 			return err
 		}
 		if !ok {
-			return api.Errorf(api.CodeNotFound, "sandbox %q not found", id)
+			return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
 		}
 		if req.Generation != 0 && req.Generation != s.Generation {
-			return api.Errorf(api.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, s.Generation)
+			return errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, s.Generation)
 		}
 		switch s.State {
 		case api.StateReady, api.StateLost:
 		case api.StateClaiming, api.StateReleasing:
-			return api.Errorf(api.CodeConflict, "sandbox %q generation %d is %s", id, s.Generation, s.State)
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s", id, s.Generation, s.State)
 		default:
-			return api.Errorf(api.CodeConflict, "sandbox %q generation %d is already %s", id, s.Generation, s.State)
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, s.Generation, s.State)
 		}
 		s.State, s.ReleaseOp = api.StateReleasing, req.OperationID
 		rec = s
@@ -62,7 +63,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	_, terr := n.teardown(td, rec, op.ID, api.StateReleased, "released")
 	if errors.Is(terr, ErrTermOver) {
 		n.log.Warn("release interrupted by the end of the term; the next primary completes it", "sandbox", id, "generation", rec.Generation, "err", terr)
-		return api.ReleaseResponse{}, api.Errorf(api.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
+		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
 	}
 	if terr != nil {
 		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", terr)
@@ -75,7 +76,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 		done, ok, err = tx.Operation(op.ID)
 		return err
 	}); jerr != nil || !ok || done.State != journal.OpDone {
-		return api.ReleaseResponse{}, api.Errorf(api.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(jerr, terr))
+		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(jerr, terr))
 	}
 	return opOutcome[api.ReleaseResponse](done)
 }

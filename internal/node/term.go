@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -43,7 +43,7 @@ func (n *Node) begin(ctx context.Context) (context.Context, func(), error) {
 	n.mu.Lock()
 	if n.draining || n.termCtx().Err() != nil {
 		n.mu.Unlock()
-		return ctx, func() {}, api.Errorf(api.CodeNotPrimary, "this primary's term is over; retry against the new primary")
+		return ctx, func() {}, errdefs.Errorf(errdefs.CodeNotPrimary, "this primary's term is over; retry against the new primary")
 	}
 	n.ops.Add(1)
 	n.mu.Unlock()
@@ -82,28 +82,28 @@ func (n *Node) Drain(timeout time.Duration) error {
 // journalErr gives a journal failure its API kind: a fenced write means a
 // newer primary owns the journal.
 func journalErr(what string, err error) error {
-	var ae *api.Error
+	var ae *errdefs.Error
 	switch {
 	case errors.As(err, &ae):
 		return ae
 	case errors.Is(err, journal.ErrFenced):
-		return api.Errorf(api.CodeFenced, "%s: %v", what, err)
+		return errdefs.Errorf(errdefs.CodeFenced, "%s: %v", what, err)
 	case errors.Is(err, ErrTermOver):
-		return api.Errorf(api.CodeUnavailable, "%s: %v", what, err)
+		return errdefs.Errorf(errdefs.CodeUnavailable, "%s: %v", what, err)
 	}
-	return api.Errorf(api.CodeInternal, "%s: %v", what, err)
+	return errdefs.Errorf(errdefs.CodeInternal, "%s: %v", what, err)
 }
 
-// codeOf is api.CodeOf that also knows the node's own error kinds.
-func codeOf(err error) api.Code {
-	var ae *api.Error
+// codeOf is errdefs.CodeOf that also knows the node's own error kinds.
+func codeOf(err error) errdefs.Code {
+	var ae *errdefs.Error
 	switch {
 	case errors.As(err, &ae):
-		return api.CodeOf(err)
+		return errdefs.CodeOf(err)
 	case errors.Is(err, journal.ErrFenced):
-		return api.CodeFenced
+		return errdefs.CodeFenced
 	case errors.Is(err, ErrTermOver):
-		return api.CodeUnavailable
+		return errdefs.CodeUnavailable
 	}
-	return api.CodeOf(err)
+	return errdefs.CodeOf(err)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -53,10 +54,10 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 	if s, _ := n.sandbox("sb"); s.State != api.StateClaiming {
 		t.Fatalf("teardown after the term changed the state to %s", s.State)
 	}
-	if _, err := n.Proof(context.Background(), "op1"); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := n.Proof(context.Background(), "op1"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("teardown after the term stored a proof (%v)", err)
 	}
-	if err := n.WriteFile(context.Background(), "sb", "/x", nil); api.CodeOf(err) != api.CodeNotPrimary {
+	if err := n.WriteFile(context.Background(), "sb", "/x", nil); errdefs.CodeOf(err) != errdefs.CodeNotPrimary {
 		t.Fatalf("files write after the term = %v, want not_primary", err)
 	}
 }
@@ -79,7 +80,7 @@ func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 	if err := n.Drain(100 * time.Millisecond); err == nil {
 		t.Fatal("Drain returned while an operation is in flight")
 	}
-	if _, _, err := n.begin(context.Background()); api.CodeOf(err) != api.CodeNotPrimary {
+	if _, _, err := n.begin(context.Background()); errdefs.CodeOf(err) != errdefs.CodeNotPrimary {
 		t.Fatalf("begin after the term = %v, want not_primary", err)
 	}
 	done()
@@ -90,16 +91,16 @@ func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 
 func TestJournalErrorsKeepTheirKind(t *testing.T) {
 	fenced := &journal.FencedError{Writer: 3, Current: 4}
-	for err, want := range map[error]api.Code{
-		fenced: api.CodeFenced,
-		errors.Join(errors.New("journal"), fenced): api.CodeFenced,
-		ErrTermOver:                api.CodeUnavailable,
-		errors.New("disk on fire"): api.CodeInternal,
+	for err, want := range map[error]errdefs.Code{
+		fenced: errdefs.CodeFenced,
+		errors.Join(errors.New("journal"), fenced): errdefs.CodeFenced,
+		ErrTermOver:                errdefs.CodeUnavailable,
+		errors.New("disk on fire"): errdefs.CodeInternal,
 	} {
 		if got := codeOf(err); got != want {
 			t.Errorf("codeOf(%v) = %s, want %s", err, got, want)
 		}
-		if got := api.CodeOf(journalErr("x", err)); got != want {
+		if got := errdefs.CodeOf(journalErr("x", err)); got != want {
 			t.Errorf("journalErr(%v) = %s, want %s", err, got, want)
 		}
 	}

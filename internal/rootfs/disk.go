@@ -10,6 +10,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/diskquota"
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // A sandbox's scratch dir (overlay upper and work, so everything the guest
@@ -43,7 +44,7 @@ func (o *Overlay) DiskBounded() error {
 		return fmt.Errorf("probe disk quota of scratch dir %s: %w", o.ScratchDir, err)
 	}
 	if !st.Bounded() {
-		return api.Errorf(api.CodeUnavailable, "disk lease cannot be enforced: scratch dir %s: %s; put it on XFS mounted with prjquota; see `ctld doctor`", o.ScratchDir, st.Detail)
+		return errdefs.Errorf(errdefs.CodeUnavailable, "disk lease cannot be enforced: scratch dir %s: %s; put it on XFS mounted with prjquota; see `ctld doctor`", o.ScratchDir, st.Detail)
 	}
 	return nil
 }
@@ -57,7 +58,7 @@ func (o *Overlay) LimitDisk(ctx context.Context, id string, project uint32, byte
 		return err
 	}
 	if project == 0 || bytes <= 0 {
-		return api.Errorf(api.CodeInvalidArgument, "disk limit of %s: project %d, %d bytes: both must be positive", id, project, bytes)
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "disk limit of %s: project %d, %d bytes: both must be positive", id, project, bytes)
 	}
 	if err := o.DiskBounded(); err != nil {
 		return err
@@ -76,7 +77,7 @@ func (o *Overlay) LimitDisk(ctx context.Context, id string, project uint32, byte
 			return err
 		}
 		if !q.Empty() {
-			return api.Errorf(api.CodeConflict, "project id %d is already in use on the scratch filesystem (%d bytes in %d inodes, limit %d bytes): another node or tool uses ctld's project range", project, q.UsedBytes, q.UsedInodes, q.LimitBytes)
+			return errdefs.Errorf(errdefs.CodeConflict, "project id %d is already in use on the scratch filesystem (%d bytes in %d inodes, limit %d bytes): another node or tool uses ctld's project range", project, q.UsedBytes, q.UsedInodes, q.LimitBytes)
 		}
 		if err := diskquota.SetProject(dir, project); err != nil {
 			return err

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/diskquota"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 )
 
@@ -114,7 +114,7 @@ func TestKernelDiskLimitKeptWhileDataRemains(t *testing.T) {
 		t.Fatalf("limit after a refused unlimit: %+v, want kept", q)
 	}
 	// A second generation must not take a project that holds data.
-	if err := o.LimitDisk(ctx, "sb-k3", project, 4<<20); api.CodeOf(err) != api.CodeConflict {
+	if err := o.LimitDisk(ctx, "sb-k3", project, 4<<20); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("LimitDisk of a used project for another sandbox: %v, want conflict", err)
 	}
 	for _, sb := range []string{id, "sb-k3"} {
@@ -133,7 +133,7 @@ func TestKernelDiskBoundedRefusesTmpfs(t *testing.T) {
 	ktest.Require(t)
 	o := &Overlay{ScratchDir: filepath.Join(t.TempDir(), "scratch")}
 	err := o.DiskBounded()
-	if api.CodeOf(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "tmpfs") || !strings.Contains(err.Error(), "prjquota") {
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "tmpfs") || !strings.Contains(err.Error(), "prjquota") {
 		t.Fatalf("DiskBounded on tmpfs: %v; want unavailable naming tmpfs and prjquota", err)
 	}
 	if err := o.LimitDisk(context.Background(), "sb-k4", 77003, 4<<20); err == nil {

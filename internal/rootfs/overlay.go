@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
 )
 
@@ -112,10 +113,10 @@ func (o *Overlay) Plan(id, lower string) Mount {
 // and mountinfo escapes whitespace and '\'.
 func checkOverlayPath(kind, p string) error {
 	if !filepath.IsAbs(p) {
-		return api.Errorf(api.CodeInvalidArgument, "%s %q must be absolute", kind, p)
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s %q must be absolute", kind, p)
 	}
 	if i := strings.IndexAny(p, ",:\\ \t\n\x00"); i >= 0 {
-		return api.Errorf(api.CodeInvalidArgument, "%s %q contains %q, which overlayfs options cannot carry", kind, p, p[i])
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s %q contains %q, which overlayfs options cannot carry", kind, p, p[i])
 	}
 	return nil
 }
@@ -137,7 +138,7 @@ func (o *Overlay) Mount(ctx context.Context, id, lower string) (root string, err
 	if err != nil {
 		return "", fmt.Errorf("stat template dir: %w", err)
 	} else if !lowerInfo.IsDir() {
-		return "", api.Errorf(api.CodeInvalidArgument, "template %q is not a directory", lower)
+		return "", errdefs.Errorf(errdefs.CodeInvalidArgument, "template %q is not a directory", lower)
 	}
 	if err := os.MkdirAll(o.ScratchDir, 0o700); err != nil {
 		return "", fmt.Errorf("make scratch dir: %w", err)
@@ -197,7 +198,7 @@ func (o *Overlay) mountedOverlay(m Mount) (bool, error) {
 	want, _ := mountinfo.Option(m.Data(), "lowerdir")
 	have, _ := mountinfo.Option(top.SuperOptions, "lowerdir")
 	if top.FSType != "overlay" || have != want {
-		return false, api.Errorf(api.CodeConflict, "%s is already mounted (%s, lowerdir=%q), want overlay over %q", m.Target, top.FSType, have, want)
+		return false, errdefs.Errorf(errdefs.CodeConflict, "%s is already mounted (%s, lowerdir=%q), want overlay over %q", m.Target, top.FSType, have, want)
 	}
 	return true, nil
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/mountinfo"
 )
@@ -71,7 +71,7 @@ func TestKernelOverlayMount(t *testing.T) {
 	if at := mountinfo.At(ms, root); len(at) != 1 || at[0].FSType != "overlay" {
 		t.Fatalf("mounts at %s = %+v, want exactly one overlay", root, at)
 	}
-	if _, err := o.Mount(ctx, "sb-k1", t.TempDir()); api.CodeOf(err) != api.CodeConflict {
+	if _, err := o.Mount(ctx, "sb-k1", t.TempDir()); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("Mount over another lower = %v, want conflict", err)
 	}
 

@@ -10,9 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"golang.org/x/sys/unix"
-
-	"github.com/ctld/ctld/internal/api"
 )
 
 func TestPlan(t *testing.T) {
@@ -53,12 +52,12 @@ func TestMountRejectsBadInput(t *testing.T) {
 		{"sb", "/tmp/a b"},
 	} {
 		_, err := o.Mount(ctx, c.id, c.lower)
-		if api.CodeOf(err) != api.CodeInvalidArgument {
+		if errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("Mount(%q, %q) = %v, want invalid_argument", c.id, c.lower, err)
 		}
 	}
 	for _, id := range []string{"", "..", "a/../b"} {
-		if err := o.Unmount(ctx, id); api.CodeOf(err) != api.CodeInvalidArgument {
+		if err := o.Unmount(ctx, id); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("Unmount(%q) = %v, want invalid_argument", id, err)
 		}
 		if ok, _ := o.CheckGone(ctx, id, ""); ok {
@@ -69,7 +68,7 @@ func TestMountRejectsBadInput(t *testing.T) {
 		t.Errorf("scratch dir not empty after refused mounts: %v", ents)
 	}
 	bad := &Overlay{ScratchDir: "/tmp/scr,atch"}
-	if _, err := bad.Mount(ctx, "sb", lower); api.CodeOf(err) != api.CodeInvalidArgument {
+	if _, err := bad.Mount(ctx, "sb", lower); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Errorf("Mount with scratch dir containing ',' = %v, want invalid_argument", err)
 	}
 }

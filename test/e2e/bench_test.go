@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/node/ha"
 	"github.com/ctld/ctld/internal/node/journal"
@@ -318,7 +319,7 @@ func releaseGuests(b *testing.B, c *api.Client, guests int) {
 			defer func() { <-sem; wg.Done() }()
 			id := fmt.Sprintf("fo%d", i)
 			_, err := c.Release(ctx(b, 5*time.Minute), id, api.ReleaseRequest{OperationID: "release-" + id, Generation: 1})
-			if err != nil && codeOf(err) != api.CodeConflict && codeOf(err) != api.CodeNotFound {
+			if err != nil && codeOf(err) != errdefs.CodeConflict && codeOf(err) != errdefs.CodeNotFound {
 				b.Errorf("release %s: %v", id, err)
 			}
 		}()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/diskquota"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -98,7 +99,7 @@ func TestDiskLeaseStopsGuestAtENOSPC(t *testing.T) {
 	n1, _ := c.Node(cx)
 	big := claimReq("claim-big-1", 1)
 	big.Resources.DiskBytes = n1.Capacity.Allocatable.DiskBytes - n1.Capacity.Leased.DiskBytes + 1
-	if _, err := c.Claim(cx, "big", big); api.CodeOf(err) != api.CodeCapacityExhausted || !strings.Contains(err.Error(), "disk") {
+	if _, err := c.Claim(cx, "big", big); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted || !strings.Contains(err.Error(), "disk") {
 		t.Fatalf("claim of more disk than free: %v, want capacity_exhausted naming disk", err)
 	}
 
@@ -136,10 +137,10 @@ func TestDiskLeaseRefusedWhereUnenforceable(t *testing.T) {
 	c := e.client()
 	cx := ctx(t, 2*time.Minute)
 	_, err := c.Claim(cx, "sb", claimReq("claim-sb-1", 1))
-	if api.CodeOf(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "disk lease cannot be enforced") || !strings.Contains(err.Error(), "tmpfs") {
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "disk lease cannot be enforced") || !strings.Contains(err.Error(), "tmpfs") {
 		t.Fatalf("claim on a tmpfs scratch: %v; want unavailable: disk lease cannot be enforced ... tmpfs", err)
 	}
-	if _, err := c.Get(cx, "sb"); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := c.Get(cx, "sb"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("refused claim left a record: %v", err)
 	}
 	out, err := exec.Command(e.bin, "doctor", "--state-dir", e.stateDir).CombinedOutput()

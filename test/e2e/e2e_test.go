@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -40,7 +41,7 @@ func TestClaimExecFilesRelease(t *testing.T) {
 		t.Fatalf("repeated claim: %+v, %v; want the first result", again.Sandbox, err)
 	}
 	// A second claim of a live sandbox is a conflict.
-	if _, err := c.Claim(cx, "sb1", claimReq("claim-sb1-2", 2)); codeOf(err) != api.CodeConflict {
+	if _, err := c.Claim(cx, "sb1", claimReq("claim-sb1-2", 2)); codeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("second claim of a live sandbox: %v, want conflict", err)
 	}
 
@@ -145,7 +146,7 @@ func TestCapacityExhausted(t *testing.T) {
 	n, _ := c.Node(cx)
 	req := claimReq("big", 1)
 	req.Resources.CPUMillis = n.Capacity.Allocatable.CPUMillis + 1
-	if _, err := c.Claim(cx, "big", req); codeOf(err) != api.CodeCapacityExhausted {
+	if _, err := c.Claim(cx, "big", req); codeOf(err) != errdefs.CodeCapacityExhausted {
 		t.Fatalf("claim beyond allocatable: %v, want capacity_exhausted", err)
 	}
 	if l, _ := c.List(cx); len(l.Sandboxes) != 0 {
@@ -224,7 +225,7 @@ func TestCrashBetweenIntendedAndDone(t *testing.T) {
 			if sb.State != api.StateFailed {
 				t.Fatalf("after takeover the half-done claim is %s, want failed (rolled back)", sb.State)
 			}
-			if _, err := c.Claim(cx, "crash", claimReq("claim-crash", 1)); codeOf(err) != api.CodeUnavailable {
+			if _, err := c.Claim(cx, "crash", claimReq("claim-crash", 1)); codeOf(err) != errdefs.CodeUnavailable {
 				t.Fatalf("retry of the interrupted operation: %v, want its stored unavailable error", err)
 			}
 			n, _ := c.Node(cx)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/ha"
 )
 
@@ -84,7 +85,7 @@ watch:
 		t.Fatalf("after SIGTERM the old primary went on: %s", effectAfterTerm)
 	}
 	err := <-claimed
-	if codeOf(err) != api.CodeUnavailable {
+	if codeOf(err) != errdefs.CodeUnavailable {
 		t.Fatalf("claim cut by the end of the term: %v, want unavailable", err)
 	}
 	e.dumpLogs("rollback left to the next primary")
@@ -100,7 +101,7 @@ watch:
 	if p.Epoch != nb.Epoch || p.Epoch == na.Epoch {
 		t.Fatalf("rollback proof epoch %d: want the new primary's %d, not the old %d", p.Epoch, nb.Epoch, na.Epoch)
 	}
-	if _, err := c.Claim(cx, "termend", claimReq("claim-termend", 1)); codeOf(err) != api.CodeUnavailable {
+	if _, err := c.Claim(cx, "termend", claimReq("claim-termend", 1)); codeOf(err) != errdefs.CodeUnavailable {
 		t.Fatalf("retry of the interrupted claim: %v, want its stored unavailable", err)
 	}
 	if n, _ := c.Node(cx); n.Capacity.Leased != (api.Capacity{}) || n.Capacity.Withheld != (api.Capacity{}) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/node/ha"
 )
@@ -258,8 +259,8 @@ func ctx(t testing.TB, d time.Duration) context.Context {
 	return c
 }
 
-func codeOf(err error) api.Code {
-	var ae *api.Error
+func codeOf(err error) errdefs.Code {
+	var ae *errdefs.Error
 	if errors.As(err, &ae) {
 		return ae.Code
 	}

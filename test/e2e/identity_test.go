@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/runsc"
 	"golang.org/x/sys/unix"
@@ -127,7 +128,7 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 			werr := c.WriteFile(fx, "ids", p, []byte("x"))
 			cancel()
 			for verb, err := range map[string]error{"read": rerr, "write": werr} {
-				if codeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), "not a regular file ("+kind+")") {
+				if codeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(err.Error(), "not a regular file ("+kind+")") {
 					t.Errorf("%s %s: %v; want invalid_argument: not a regular file (%s)", verb, p, err, kind)
 				}
 			}
@@ -147,10 +148,10 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 		// it was journaled, then rolled back.
 		bad := claimReq("claim-bad-1", 1)
 		bad.Resources.CPUMillis = 5
-		if _, err := c.Claim(cx, "bad", bad); codeOf(err) != api.CodeInvalidArgument {
+		if _, err := c.Claim(cx, "bad", bad); codeOf(err) != errdefs.CodeInvalidArgument {
 			t.Fatalf("claim with cpu_millis 5: %v, want invalid_argument", err)
 		}
-		if sb, err := c.Get(cx, "bad"); codeOf(err) != api.CodeNotFound {
+		if sb, err := c.Get(cx, "bad"); codeOf(err) != errdefs.CodeNotFound {
 			t.Fatalf("after a refused claim, GET sandbox = %+v, %v; want not_found (no journal record)", sb, err)
 		}
 	})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 )
 
@@ -63,13 +64,13 @@ func TestConcurrencyLimitsAndExecCharge(t *testing.T) {
 
 	t0 := time.Now()
 	_, err = c.Exec(cx, "lim1", api.ExecRequest{Args: []string{"/bin/true"}})
-	if codeOf(err) != api.CodeUnavailable || api.RetryAfterOf(err) < time.Second {
-		t.Fatalf("second exec while one runs: %v (retry after %v); want unavailable with a retry hint", err, api.RetryAfterOf(err))
+	if codeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) < time.Second {
+		t.Fatalf("second exec while one runs: %v (retry after %v); want unavailable with a retry hint", err, errdefs.RetryAfterOf(err))
 	}
 	if d := time.Since(t0); d > 2*time.Second {
 		t.Fatalf("busy exec answered after %v: it must not queue", d)
 	}
-	t.Logf("second exec: %v (retry after %v) in %v", err, api.RetryAfterOf(err), time.Since(t0).Round(time.Millisecond))
+	t.Logf("second exec: %v (retry after %v) in %v", err, errdefs.RetryAfterOf(err), time.Since(t0).Round(time.Millisecond))
 	if err := <-execDone; err != nil {
 		t.Fatalf("long exec: %v", err)
 	}
@@ -86,15 +87,15 @@ func TestConcurrencyLimitsAndExecCharge(t *testing.T) {
 	waitState(t, c, "lim2", api.StateClaiming, 30*time.Second)
 	t0 = time.Now()
 	_, err = c.Claim(cx, "lim3", claimReq("claim-lim3", 1))
-	if codeOf(err) != api.CodeUnavailable || api.RetryAfterOf(err) < time.Second {
-		t.Fatalf("second claim while one runs: %v (retry after %v); want unavailable with a retry hint", err, api.RetryAfterOf(err))
+	if codeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) < time.Second {
+		t.Fatalf("second claim while one runs: %v (retry after %v); want unavailable with a retry hint", err, errdefs.RetryAfterOf(err))
 	}
-	t.Logf("second claim: %v (retry after %v) in %v", err, api.RetryAfterOf(err), time.Since(t0).Round(time.Millisecond))
+	t.Logf("second claim: %v (retry after %v) in %v", err, errdefs.RetryAfterOf(err), time.Since(t0).Round(time.Millisecond))
 	if err := <-claimDone; err != nil {
 		t.Fatalf("claim lim2: %v", err)
 	}
 	// The refused claim never reached the journal.
-	if _, err := c.Get(cx, "lim3"); codeOf(err) != api.CodeNotFound {
+	if _, err := c.Get(cx, "lim3"); codeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("refused claim lim3: %v, want not_found", err)
 	}
 	for _, id := range []string{"lim1", "lim2"} {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/node/proof"
@@ -235,7 +236,7 @@ func TestGuestLogBoundedFollowedSurvivesFailoverAndRemoved(t *testing.T) {
 	if err := unix.Kill(writer, 0); err == nil {
 		t.Fatalf("log writer %d still runs after release", writer)
 	}
-	if _, err := c.Logs(cx, "chatty", api.LogsRequest{}, &all); api.CodeOf(err) != api.CodeNotFound {
+	if _, err := c.Logs(cx, "chatty", api.LogsRequest{}, &all); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("logs after release: %v, want not_found", err)
 	}
 }

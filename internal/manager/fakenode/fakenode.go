@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -140,9 +141,9 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 		return r, nil
 	}
 	if cur, ok := n.sandboxes[id]; ok && cur.State == api.StateReady {
-		return api.ClaimResponse{}, api.Errorf(api.CodeConflict, "sandbox %s generation %d is ready", id, cur.Generation)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d is ready", id, cur.Generation)
 	} else if ok && req.Generation <= cur.Generation {
-		return api.ClaimResponse{}, api.Errorf(api.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, cur.Generation)
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, cur.Generation)
 	}
 	sb := api.Sandbox{
 		ID: id, Generation: req.Generation, State: api.StateReady,
@@ -200,7 +201,7 @@ func (n *Node) ready(id string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if sb, ok := n.sandboxes[id]; !ok || sb.State != api.StateReady {
-		return api.Errorf(api.CodeNotFound, "sandbox %s is not running", id)
+		return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s is not running", id)
 	}
 	return nil
 }
@@ -214,7 +215,7 @@ func (n *Node) ReadFile(_ context.Context, id, path string, _ int64) ([]byte, er
 	defer n.mu.Unlock()
 	b, ok := n.files[id+":"+path]
 	if !ok {
-		return nil, api.Errorf(api.CodeNotFound, "no file %s in sandbox %s", path, id)
+		return nil, errdefs.Errorf(errdefs.CodeNotFound, "no file %s in sandbox %s", path, id)
 	}
 	return b, nil
 }
@@ -246,11 +247,11 @@ func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (ap
 	sb, ok := n.sandboxes[id]
 	switch {
 	case !ok:
-		return api.ReleaseResponse{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", id)
+		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
 	case sb.Generation != req.Generation:
-		return api.ReleaseResponse{}, api.Errorf(api.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, sb.Generation)
+		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, sb.Generation)
 	case sb.State != api.StateReady:
-		return api.ReleaseResponse{}, api.Errorf(api.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
+		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
 	}
 	sb.State = api.StateReleased
 	n.sandboxes[id] = sb
@@ -303,7 +304,7 @@ func (n *Node) Get(_ context.Context, id string) (api.Sandbox, error) {
 	defer n.mu.Unlock()
 	sb, ok := n.sandboxes[id]
 	if !ok {
-		return sb, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
+		return sb, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s not found", id)
 	}
 	return sb, nil
 }
@@ -314,7 +315,7 @@ func (n *Node) Proof(_ context.Context, opID string) (api.CleanupProof, error) {
 	defer n.mu.Unlock()
 	r, ok := n.releases[opID]
 	if !ok {
-		return api.CleanupProof{}, api.Errorf(api.CodeNotFound, "no proof for operation %s", opID)
+		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeNotFound, "no proof for operation %s", opID)
 	}
 	return r.Proof, nil
 }
@@ -326,7 +327,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 		return api.LogsEnd{}, err
 	}
 	if sb.State != api.StateReady {
-		return api.LogsEnd{}, api.Errorf(api.CodeNotFound, "sandbox %s generation %d is %s: its log files were removed with it", id, sb.Generation, sb.State)
+		return api.LogsEnd{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s generation %d is %s: its log files were removed with it", id, sb.Generation, sb.State)
 	}
 	logOf := func() string {
 		n.mu.Lock()
