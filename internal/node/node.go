@@ -18,12 +18,8 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
-	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/node/proof"
-	"github.com/ctld/ctld/internal/rootfs"
-	"github.com/ctld/ctld/internal/runsc"
 )
 
 // Config is the node's static configuration.
@@ -56,10 +52,10 @@ type Deps struct {
 	Journal  *journal.Journal
 	Identity proof.Identity
 	Epoch    uint64
-	Leases   *lease.Manager
-	RootFS   *rootfs.Overlay
-	Netns    *netpolicy.Netns
-	Runtime  *runsc.Runtime
+	Leases   Leases  // *lease.Manager
+	RootFS   RootFS  // *rootfs.Overlay
+	Netns    Netns   // *netpolicy.Netns
+	Runtime  Runtime // *runsc.Runtime
 	Logger   *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
