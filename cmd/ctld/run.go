@@ -18,6 +18,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/apiserver"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
@@ -283,10 +284,10 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary, epoch %d", term.Epoch))
 	log.Info("primary: serving the API", "socket", apiLn.Addr().String(), "takeover_ms", time.Since(took).Milliseconds())
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
-	srv := &api.Server{
+	srv := &apiserver.Server{
 		Service: n, Logger: log, AllowedGID: gid,
-		Claims: api.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
-		Execs:  api.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
+		Claims: apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
+		Execs:  apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
 	}
 	err = srv.Serve(termCtx, apiLn)
 	cause := context.Cause(termCtx)

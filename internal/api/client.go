@@ -20,6 +20,10 @@ import (
 // DefaultSocketPath is where the primary serves the API.
 const DefaultSocketPath = "/run/ctld/ctld.sock"
 
+// HealthCheckHeader marks ctld's own periodic health-check requests, which
+// are logged at debug level only.
+const HealthCheckHeader = "X-Ctld-Health-Check"
+
 // maxErrorBody bounds how much of an error response the client reads.
 const maxErrorBody = 64 << 10
 
@@ -195,14 +199,14 @@ func (c *Client) ExecStream(ctx context.Context, id string, r ExecRequest, stdou
 	if err != nil {
 		return -1, fmt.Errorf("encode request: %w", err)
 	}
-	h := http.Header{"Accept": {contentTypeSSE}, "Content-Type": {"application/json"}}
+	h := http.Header{"Accept": {ContentTypeSSE}, "Content-Type": {"application/json"}}
 	resp, err := c.do(ctx, http.MethodPost, p, nil, bytes.NewReader(b), h)
 	if err != nil {
 		return -1, err
 	}
 	defer resp.Body.Close()
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != contentTypeSSE {
-		return -1, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("exec answered %q, want %s", mt, contentTypeSSE)}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != ContentTypeSSE {
+		return -1, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("exec answered %q, want %s", mt, ContentTypeSSE)}
 	}
 	code, err := readExecStream(resp.Body, stdout, stderr)
 	if err != nil && ctx.Err() != nil {

@@ -60,7 +60,7 @@ func (r *LogsRequest) Validate() error {
 		r.Source = LogSourceInit
 	case LogSourceInit, LogSourceRunsc:
 	default:
-		return invalid("source must be %s or %s, got %s", LogSourceInit, LogSourceRunsc, quote(r.Source))
+		return invalid("source must be %s or %s, got %s", LogSourceInit, LogSourceRunsc, Quote(r.Source))
 	}
 	if r.Tail < 0 || r.Tail > MaxLogTailLines {
 		return invalid("tail must be between 0 (all) and %d lines, got %d", MaxLogTailLines, r.Tail)
@@ -74,7 +74,8 @@ func (r *LogsRequest) Validate() error {
 	return nil
 }
 
-func (r LogsRequest) query() url.Values {
+// Query is the request as the query of GET /v1/sandboxes/{id}/logs.
+func (r LogsRequest) Query() url.Values {
 	q := url.Values{}
 	if r.Source != "" {
 		q.Set("source", r.Source)
@@ -91,11 +92,13 @@ func (r LogsRequest) query() url.Values {
 	return q
 }
 
-func parseLogsRequest(q url.Values) (LogsRequest, error) {
+// ParseLogsRequest reads a logs request from its query (the server side of
+// Query) and validates it.
+func ParseLogsRequest(q url.Values) (LogsRequest, error) {
 	var r LogsRequest
 	for k, v := range q {
 		if len(v) != 1 {
-			return r, invalid("query parameter %s given %d times", quote(k), len(v))
+			return r, invalid("query parameter %s given %d times", Quote(k), len(v))
 		}
 		var err error
 		switch k {
@@ -108,10 +111,10 @@ func parseLogsRequest(q url.Values) (LogsRequest, error) {
 		case "idle_sec":
 			r.IdleSec, err = strconv.ParseInt(v[0], 10, 64)
 		default:
-			return r, invalid("unknown query parameter %s: use source, tail, follow, idle_sec", quote(k))
+			return r, invalid("unknown query parameter %s: use source, tail, follow, idle_sec", Quote(k))
 		}
 		if err != nil {
-			return r, invalid("query parameter %s=%s: not a number or boolean", k, quote(v[0]))
+			return r, invalid("query parameter %s=%s: not a number or boolean", k, Quote(v[0]))
 		}
 	}
 	return r, r.Validate()
@@ -122,53 +125,17 @@ func parseLogsRequest(q url.Values) (LogsRequest, error) {
 // graceful shutdown for its whole grace.
 type shutdownKey struct{}
 
+// WithShutdown returns ctx carrying shutdown, a channel the server closes
+// when it begins to shut down.
+func WithShutdown(ctx context.Context, shutdown <-chan struct{}) context.Context {
+	return context.WithValue(ctx, shutdownKey{}, shutdown)
+}
+
 // ShuttingDown returns a channel closed once the server serving ctx began
 // shutting down (nil, never closed, outside Serve).
 func ShuttingDown(ctx context.Context) <-chan struct{} {
 	ch, _ := ctx.Value(shutdownKey{}).(<-chan struct{})
 	return ch
-}
-
-func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r)
-	if err != nil {
-		return err
-	}
-	req, err := parseLogsRequest(r.URL.Query())
-	if err != nil {
-		return err
-	}
-	if !req.Follow {
-		buf := &tailBuffer{limit: int(s.maxFile())}
-		if _, err := s.Service.Logs(r.Context(), id, req, buf); err != nil {
-			return err
-		}
-		data := buf.buf
-		h := w.Header()
-		h.Set("Content-Type", "text/plain; charset=utf-8")
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Content-Length", strconv.Itoa(len(data)))
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(data) // the client is gone if this fails
-		return nil
-	}
-	sw := newSSEWriter(w)
-	end, err := s.Service.Logs(r.Context(), id, req, sw.stream(EventLog))
-	if err != nil && !sw.hasStarted() {
-		return err
-	}
-	if err != nil {
-		c := errdefs.CodeOf(err)
-		if rec, ok := w.(*recorder); ok {
-			rec.code = c
-		}
-		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err)})
-		_ = sw.event(EventError, b)
-		return nil
-	}
-	b, _ := json.Marshal(end)
-	_ = sw.event(EventEnd, b)
-	return nil
 }
 
 // Logs copies the sandbox's log to w: what it holds now, and with
@@ -184,9 +151,9 @@ func (c *Client) Logs(ctx context.Context, id string, r LogsRequest, w io.Writer
 	}
 	h := http.Header{"Accept": {"text/plain"}}
 	if r.Follow {
-		h.Set("Accept", contentTypeSSE)
+		h.Set("Accept", ContentTypeSSE)
 	}
-	resp, err := c.do(ctx, http.MethodGet, p, r.query(), nil, h)
+	resp, err := c.do(ctx, http.MethodGet, p, r.Query(), nil, h)
 	if err != nil {
 		return LogsEnd{}, err
 	}
@@ -197,8 +164,8 @@ func (c *Client) Logs(ctx context.Context, id string, r LogsRequest, w io.Writer
 		}
 		return LogsEnd{Reason: "end of log"}, nil
 	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != contentTypeSSE {
-		return LogsEnd{}, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("logs answered %q, want %s", mt, contentTypeSSE)}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != ContentTypeSSE {
+		return LogsEnd{}, &errdefs.Error{Code: errdefs.CodeInternal, Message: fmt.Sprintf("logs answered %q, want %s", mt, ContentTypeSSE)}
 	}
 	end, err := readLogStream(resp.Body, w)
 	if err != nil && ctx.Err() != nil {
@@ -227,19 +194,4 @@ func readLogStream(r io.Reader, w io.Writer) (LogsEnd, error) {
 		return false, nil // unknown events are skipped
 	})
 	return end, err
-}
-
-// tailBuffer keeps the last limit bytes written to it: of a log, the
-// latest lines matter.
-type tailBuffer struct {
-	buf   []byte
-	limit int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.limit; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(p), nil
 }

@@ -1,7 +1,8 @@
 // Package api is the wire contract of ctld's local API: HTTP/1.1 + JSON over
 // a Unix socket, versioned under /v1. It holds the request and response
-// types, the mapping of error kinds (package errdefs) to HTTP, ID validation, and the server and client
-// plumbing. It holds no node logic.
+// types, their validation, the wire form of errors (ErrorBody; the kinds are
+// package errdefs) and the client. The server is package apiserver. It holds
+// no node logic.
 package api
 
 import (

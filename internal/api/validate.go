@@ -68,9 +68,9 @@ func invalid(format string, args ...any) *errdefs.Error {
 	return errdefs.Errorf(errdefs.CodeInvalidArgument, format, args...)
 }
 
-// quote renders a rejected value for a message: escaped, and cut short so
+// Quote renders a rejected value for a message: escaped, and cut short so
 // a 10 MiB ID does not make a 10 MiB log line.
-func quote(s string) string {
+func Quote(s string) string {
 	const max = 80
 	if len(s) <= max {
 		return fmt.Sprintf("%q", s)
@@ -85,7 +85,7 @@ func ValidateID(kind, s string) error {
 		return invalid("%s is empty: %s", kind, idRule)
 	}
 	if !names.Valid(s) {
-		return invalid("invalid %s %s: %s", kind, quote(s), idRule)
+		return invalid("invalid %s %s: %s", kind, Quote(s), idRule)
 	}
 	return nil
 }
@@ -96,7 +96,7 @@ func ValidateOperationID(s string) error {
 		return invalid("operation_id is empty: %s", opIDRule)
 	}
 	if !opIDPattern.MatchString(s) || strings.Contains(s, "..") {
-		return invalid("invalid operation_id %s: %s", quote(s), opIDRule)
+		return invalid("invalid operation_id %s: %s", Quote(s), opIDRule)
 	}
 	return nil
 }
@@ -105,7 +105,7 @@ func ValidateOperationID(s string) error {
 // the form; the node resolves it inside the root (a ".." cannot leave it).
 func ValidateFilePath(p string) error {
 	if why := filePathProblem(p); why != "" {
-		return invalid("invalid path %s: %s", quote(p), why)
+		return invalid("invalid path %s: %s", Quote(p), why)
 	}
 	return nil
 }
@@ -139,7 +139,7 @@ func (r ClaimRequest) Validate() error {
 	case "":
 		return invalid("rootfs.mode is empty: must be %q", RootFSOverlay)
 	default:
-		return invalid("unknown rootfs.mode %s: must be %q", quote(r.RootFS.Mode), RootFSOverlay)
+		return invalid("unknown rootfs.mode %s: must be %q", Quote(r.RootFS.Mode), RootFSOverlay)
 	}
 	if err := ValidateID("rootfs.template", r.RootFS.Template); err != nil {
 		return err
@@ -152,7 +152,7 @@ func (r ClaimRequest) Validate() error {
 	case NetworkOpen, NetworkRestrict:
 		return invalid("network.mode %q is not supported yet: only %q", m, NetworkDenyAll)
 	default:
-		return invalid("unknown network.mode %s: must be %q", quote(m), NetworkDenyAll)
+		return invalid("unknown network.mode %s: must be %q", Quote(m), NetworkDenyAll)
 	}
 	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
 		return err
@@ -191,7 +191,7 @@ func (r Resources) validate() error {
 // the lease's own parser.
 func validateCpuset(s string) error {
 	if err := lease.ValidateCpuset(s); err != nil {
-		return invalid("invalid resources.cpuset %s: %v (want a list like \"0-3,8\")", quote(s), err)
+		return invalid("invalid resources.cpuset %s: %v (want a list like \"0-3,8\")", Quote(s), err)
 	}
 	return nil
 }
@@ -200,7 +200,7 @@ func validateCpuset(s string) error {
 // kernel object name ("<id>-g<gen>" within the length limit).
 func ValidateGeneration(id string, gen uint64) error {
 	if why := names.CheckGeneration(id, gen); why != "" {
-		return invalid("sandbox %s generation %d: %s", quote(id), gen, why)
+		return invalid("sandbox %s generation %d: %s", Quote(id), gen, why)
 	}
 	return nil
 }
@@ -233,7 +233,7 @@ func validateCommand(field string, args, env []string, cwd string, needArgs bool
 	for i, e := range env {
 		k, _, ok := strings.Cut(e, "=")
 		if !ok || k == "" {
-			return invalid("%s.env[%d] %s is not of the form KEY=VALUE", field, i, quote(e))
+			return invalid("%s.env[%d] %s is not of the form KEY=VALUE", field, i, Quote(e))
 		}
 		if strings.IndexByte(e, 0) >= 0 {
 			return invalid("%s.env[%d] contains a NUL byte", field, i)
@@ -248,7 +248,7 @@ func validateCommand(field string, args, env []string, cwd string, needArgs bool
 	}
 	if cwd != "" {
 		if why := filePathProblem(cwd); why != "" {
-			return invalid("invalid %s.cwd %s: %s", field, quote(cwd), why)
+			return invalid("invalid %s.cwd %s: %s", field, Quote(cwd), why)
 		}
 	}
 	return nil

@@ -2,7 +2,7 @@
 // it turns claims into a lease, a RootFS, a netns and a runsc container,
 // journals every effect before making it, publishes a generation only on a
 // readiness proof, and returns capacity only with a signed cleanup proof.
-// It implements api.Service.
+// It implements apiserver.Service.
 package node
 
 import (

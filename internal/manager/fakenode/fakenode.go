@@ -1,5 +1,5 @@
 // Package fakenode is an in-memory ctld for ctl-manager's tests: an
-// api.Service served by the real api.Server on a real Unix socket. Claims
+// apiserver.Service served by the real apiserver.Server on a real Unix socket. Claims
 // and releases are idempotent by operation id like ctld's, and cleanup
 // proofs are signed with an ed25519 key.
 package fakenode
@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/apiserver"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/node/proof"
@@ -93,7 +94,7 @@ func Serve(t testing.TB, n *Node) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := &api.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second}
+	srv := &apiserver.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
 	t.Cleanup(func() {
@@ -106,7 +107,7 @@ func Serve(t testing.TB, n *Node) string {
 	return path
 }
 
-// Node implements api.Service.
+// Node implements apiserver.Service.
 func (n *Node) Node(context.Context) (api.Node, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -127,7 +128,7 @@ func (n *Node) Node(context.Context) (api.Node, error) {
 	}, nil
 }
 
-// Claim implements api.Service.
+// Claim implements apiserver.Service.
 func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -157,7 +158,7 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 	return r, nil
 }
 
-// Exec implements api.Service: "echo ARGS" prints them, "fail N MSG"
+// Exec implements apiserver.Service: "echo ARGS" prints them, "fail N MSG"
 // writes MSG to stderr and exits N, "cat" echoes stdin, "id" prints the
 // user asked for ("uid=U gid=G", or "default").
 func (n *Node) Exec(_ context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
@@ -206,7 +207,7 @@ func (n *Node) ready(id string) error {
 	return nil
 }
 
-// ReadFile implements api.Service.
+// ReadFile implements apiserver.Service.
 func (n *Node) ReadFile(_ context.Context, id, path string, _ int64) ([]byte, error) {
 	if err := n.ready(id); err != nil {
 		return nil, err
@@ -220,7 +221,7 @@ func (n *Node) ReadFile(_ context.Context, id, path string, _ int64) ([]byte, er
 	return b, nil
 }
 
-// WriteFile implements api.Service.
+// WriteFile implements apiserver.Service.
 func (n *Node) WriteFile(_ context.Context, id, path string, data []byte) error {
 	if err := n.ready(id); err != nil {
 		return err
@@ -231,7 +232,7 @@ func (n *Node) WriteFile(_ context.Context, id, path string, data []byte) error 
 	return nil
 }
 
-// Release implements api.Service.
+// Release implements apiserver.Service.
 func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -280,7 +281,7 @@ func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (ap
 	return r, nil
 }
 
-// List implements api.Service.
+// List implements apiserver.Service.
 func (n *Node) List(context.Context) (api.SandboxList, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -298,7 +299,7 @@ func (n *Node) Put(sb api.Sandbox) {
 	n.sandboxes[sb.ID] = sb
 }
 
-// Get implements api.Service.
+// Get implements apiserver.Service.
 func (n *Node) Get(_ context.Context, id string) (api.Sandbox, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -309,7 +310,7 @@ func (n *Node) Get(_ context.Context, id string) (api.Sandbox, error) {
 	return sb, nil
 }
 
-// Proof implements api.Service.
+// Proof implements apiserver.Service.
 func (n *Node) Proof(_ context.Context, opID string) (api.CleanupProof, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -320,7 +321,7 @@ func (n *Node) Proof(_ context.Context, opID string) (api.CleanupProof, error) {
 	return r.Proof, nil
 }
 
-// Logs implements api.Service.
+// Logs implements apiserver.Service.
 func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
 	sb, err := n.Get(ctx, id)
 	if err != nil {

@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"bytes"
@@ -14,10 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 )
 
-func claimJSON(t *testing.T, mod func(*ClaimRequest)) []byte {
+func claimJSON(t *testing.T, mod func(*api.ClaimRequest)) []byte {
 	t.Helper()
 	r := validClaim()
 	if mod != nil {
@@ -63,15 +64,15 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		{"id unicode", "POST", "/v1/sandboxes/%C3%A9t%C3%A9/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
 		{"id 300 chars", "POST", "/v1/sandboxes/" + long + "/claim", jsonCT, good, 400, errdefs.CodeInvalidArgument, "(300 bytes)"},
 		{"id uppercase", "GET", "/v1/sandboxes/SB", nil, nil, 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
-		{"template ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Template = "../../etc" }), 400, errdefs.CodeInvalidArgument, "invalid rootfs.template"},
-		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.OperationID = "../op" }), 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
-		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 0 }), 400, errdefs.CodeInvalidArgument, "generation must be >= 1"},
-		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.RootFS.Mode = "block" }), 400, errdefs.CodeInvalidArgument, "not supported yet"},
+		{"template ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.RootFS.Template = "../../etc" }), 400, errdefs.CodeInvalidArgument, "invalid rootfs.template"},
+		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.OperationID = "../op" }), 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
+		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Generation = 0 }), 400, errdefs.CodeInvalidArgument, "generation must be >= 1"},
+		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.RootFS.Mode = "block" }), 400, errdefs.CodeInvalidArgument, "not supported yet"},
 		// Claims the API once passed and only the lease refused, after the
 		// claim was journaled: the API now holds the lease's own rules.
-		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, errdefs.CodeInvalidArgument, "resources.cpu_millis must be between 10"},
-		{"cpuset beyond the lease's CPUs", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Resources.Cpuset = "9000" }), 400, errdefs.CodeInvalidArgument, "invalid resources.cpuset"},
-		{"generation name too long", "POST", "/v1/sandboxes/" + strings.Repeat("a", 60) + "/claim", jsonCT, claimJSON(t, func(r *ClaimRequest) { r.Generation = 10 }), 400, errdefs.CodeInvalidArgument, "more than 63"},
+		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, errdefs.CodeInvalidArgument, "resources.cpu_millis must be between 10"},
+		{"cpuset beyond the lease's CPUs", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Resources.Cpuset = "9000" }), 400, errdefs.CodeInvalidArgument, "invalid resources.cpuset"},
+		{"generation name too long", "POST", "/v1/sandboxes/" + strings.Repeat("a", 60) + "/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Generation = 10 }), 400, errdefs.CodeInvalidArgument, "more than 63"},
 		{"release no op", "POST", "/v1/sandboxes/sb-1/release", jsonCT, []byte(`{"generation":1}`), 400, errdefs.CodeInvalidArgument, "operation_id is empty"},
 		{"release bad id", "POST", "/v1/sandboxes/a%2F..%2Fb/release", jsonCT, []byte(`{"operation_id":"op-1","generation":1}`), 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
 		{"exec no args", "POST", "/v1/sandboxes/sb-1/exec", nil, []byte(`{"args":[]}`), 400, errdefs.CodeInvalidArgument, "exec.args is empty"},
@@ -94,7 +95,7 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			before := len(fake.Calls())
 			resp := rawDo(t, srv.sock, c.method, c.target, c.header, c.body)
-			var eb ErrorBody
+			var eb api.ErrorBody
 			if err := json.Unmarshal(resp.body, &eb); err != nil {
 				t.Fatalf("status %d, body %q is not an ErrorBody: %v", resp.status, resp.body, err)
 			}
@@ -137,7 +138,7 @@ func TestServiceErrorsMapToStatus(t *testing.T) {
 	} {
 		fake.err = c.err
 		resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil)
-		var eb ErrorBody
+		var eb api.ErrorBody
 		if err := json.Unmarshal(resp.body, &eb); err != nil {
 			t.Fatalf("body %q: %v", resp.body, err)
 		}
@@ -193,11 +194,11 @@ func TestExecJSONOutputCapped(t *testing.T) {
 	}}
 	srv := startServer(t, &Server{Service: fake, AllowedGID: -1, MaxFileBytes: 16})
 	resp := rawDo(t, srv.sock, "POST", "/v1/sandboxes/sb-1/exec", nil, []byte(`{"args":["/bin/x"]}`))
-	var res ExecResult
+	var res api.ExecResult
 	if err := json.Unmarshal(resp.body, &res); err != nil {
 		t.Fatalf("%d %s: %v", resp.status, resp.body, err)
 	}
-	want := ExecResult{ExitCode: 7, Stdout: []byte("oooooooooopppppp"), Stderr: []byte("err"), StdoutTruncated: true}
+	want := api.ExecResult{ExitCode: 7, Stdout: []byte("oooooooooopppppp"), Stderr: []byte("err"), StdoutTruncated: true}
 	if !reflect.DeepEqual(res, want) {
 		t.Errorf("exec result = %+v, want %+v", res, want)
 	}
@@ -219,7 +220,7 @@ func TestReadFileOverLimitRefused(t *testing.T) {
 // TestGracefulShutdown: a request in flight when the context is done still
 // gets its answer, and Serve returns nil.
 func TestGracefulShutdown(t *testing.T) {
-	fake := &fakeService{block: make(chan struct{}), node: Node{NodeID: "n1"}}
+	fake := &fakeService{block: make(chan struct{}), node: api.Node{NodeID: "n1"}}
 	srv := startServer(t, &Server{Service: fake, AllowedGID: -1})
 	got := make(chan rawResponse, 1)
 	go func() { got <- rawDo(t, srv.sock, "GET", "/v1/node", nil, nil) }()
@@ -273,20 +274,20 @@ func TestBusyAnswersWithRetryHint(t *testing.T) {
 	fake.exec = func(io.Writer, io.Writer) (int, error) { return -1, fake.err }
 	srv := startServer(t, &Server{Service: fake, AllowedGID: -1})
 	resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1", nil, nil)
-	var eb ErrorBody
+	var eb api.ErrorBody
 	if err := json.Unmarshal(resp.body, &eb); err != nil {
 		t.Fatalf("body %q: %v", resp.body, err)
 	}
 	if resp.status != 503 || eb.Code != errdefs.CodeUnavailable || eb.RetryAfterSec != 3 || resp.header.Get("Retry-After") != "3" {
 		t.Fatalf("busy answer: %d %+v Retry-After=%q; want 503 unavailable, 3 s in body and header", resp.status, eb, resp.header.Get("Retry-After"))
 	}
-	c := &Client{SocketPath: srv.sock}
+	c := &api.Client{SocketPath: srv.sock}
 	ctx := context.Background()
 	_, err := c.Claim(ctx, "sb-1", validClaim())
 	if errdefs.RetryAfterOf(err) != 3*time.Second || errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Fatalf("client claim: %v, retry after %v; want unavailable, 3s", err, errdefs.RetryAfterOf(err))
 	}
-	_, err = c.ExecStream(ctx, "sb-1", ExecRequest{Args: []string{"/x"}}, io.Discard, io.Discard)
+	_, err = c.ExecStream(ctx, "sb-1", api.ExecRequest{Args: []string{"/x"}}, io.Discard, io.Discard)
 	if errdefs.RetryAfterOf(err) != 3*time.Second {
 		t.Fatalf("client exec stream: %v, retry after %v; want 3s", err, errdefs.RetryAfterOf(err))
 	}
@@ -309,13 +310,13 @@ func TestConcurrencyLimits(t *testing.T) {
 		Execs:  NewLimiter("execs", "--max-concurrent-execs", 1, 1500*time.Millisecond),
 	}
 	srv := startServer(t, s)
-	c := &Client{SocketPath: srv.sock}
+	c := &api.Client{SocketPath: srv.sock}
 	ctx := context.Background()
 	errs := make(chan error, 3)
 	for i := range 2 {
 		go func() { _, err := c.Claim(ctx, fmt.Sprintf("sb-%d", i), validClaim()); errs <- err }()
 	}
-	go func() { _, err := c.Exec(ctx, "sb-0", ExecRequest{Args: []string{"/bin/sleep", "9"}}); errs <- err }()
+	go func() { _, err := c.Exec(ctx, "sb-0", api.ExecRequest{Args: []string{"/bin/sleep", "9"}}); errs <- err }()
 	waitFor(t, func() bool { return s.Claims.InUse() == 2 && s.Execs.InUse() == 1 })
 	before := len(fake.Calls())
 
@@ -330,7 +331,7 @@ func TestConcurrencyLimits(t *testing.T) {
 	if !strings.Contains(err.Error(), "--max-concurrent-claims=2") {
 		t.Errorf("message does not name the setting: %v", err)
 	}
-	_, err = c.Exec(short, "sb-0", ExecRequest{Args: []string{"/bin/true"}})
+	_, err = c.Exec(short, "sb-0", api.ExecRequest{Args: []string{"/bin/true"}})
 	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) != 2*time.Second {
 		t.Fatalf("second exec: %v (retry after %v); want unavailable, 2s", err, errdefs.RetryAfterOf(err))
 	}

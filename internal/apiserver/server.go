@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -180,7 +181,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// shutdown lets a claim in flight finish instead of tearing it
 		// down halfway.
 		BaseContext: func(net.Listener) context.Context {
-			return context.WithValue(context.WithoutCancel(ctx), shutdownKey{}, (<-chan struct{})(shutdown))
+			return api.WithShutdown(context.WithoutCancel(ctx), shutdown)
 		},
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, peerKey{}, readPeer(c))
@@ -212,11 +213,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// HealthCheckHeader marks ctld's own periodic health-check requests, which
-// are logged at debug level only.
-const HealthCheckHeader = "X-Ctld-Health-Check"
-
-// apiFunc is a route handler; an error it returns is written as ErrorBody
+// apiFunc is a route handler; an error it returns is written as api.ErrorBody
 // with the status of its code.
 type apiFunc func(w http.ResponseWriter, r *http.Request) error
 
@@ -325,7 +322,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			level := slog.LevelInfo
 			if rec.status >= 500 {
 				level = slog.LevelWarn
-			} else if r.Header.Get(HealthCheckHeader) != "" {
+			} else if r.Header.Get(api.HealthCheckHeader) != "" {
 				level = slog.LevelDebug // ctld's own health check, every few seconds
 			}
 			log.LogAttrs(r.Context(), level, "api request", attrs...)
@@ -354,7 +351,7 @@ func (s *Server) adapt(h apiFunc) http.Handler {
 			if errors.As(err, &se) {
 				status = se.status
 			}
-			body := ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))}
+			body := api.ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))}
 			writeErrorBody(w, status, body)
 		}
 	})
@@ -384,12 +381,12 @@ func wireMessage(err error) string {
 }
 
 func writeError(w http.ResponseWriter, status int, code errdefs.Code, msg string) {
-	writeErrorBody(w, status, ErrorBody{Code: code, Message: msg})
+	writeErrorBody(w, status, api.ErrorBody{Code: code, Message: msg})
 }
 
 // writeErrorBody sends an error; a retry hint also goes in the standard
 // Retry-After header (seconds), for clients that know nothing of ctld.
-func writeErrorBody(w http.ResponseWriter, status int, body ErrorBody) {
+func writeErrorBody(w http.ResponseWriter, status int, body api.ErrorBody) {
 	if rec, ok := w.(*recorder); ok {
 		rec.code = body.Code
 	}
@@ -403,7 +400,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		b, _ = json.Marshal(ErrorBody{Code: errdefs.CodeInternal, Message: "encode response: " + err.Error()})
+		b, _ = json.Marshal(api.ErrorBody{Code: errdefs.CodeInternal, Message: "encode response: " + err.Error()})
 	}
 	b = append(b, '\n')
 	h := w.Header()
@@ -420,7 +417,7 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 			return &statusError{http.StatusUnsupportedMediaType,
-				invalid("content-type %s not supported: send application/json", quote(ct))}
+				invalid("content-type %s not supported: send application/json", api.Quote(ct))}
 		}
 	}
 	limit := s.maxBody()
@@ -473,7 +470,7 @@ func bodyError(err error, limit int64) error {
 
 func pathID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
-	return id, ValidateID("sandbox id", id)
+	return id, api.ValidateID("sandbox id", id)
 }
 
 func (s *Server) handleNode(w http.ResponseWriter, r *http.Request) error {
@@ -487,7 +484,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if l.Sandboxes == nil {
-		l.Sandboxes = []Sandbox{}
+		l.Sandboxes = []api.Sandbox{}
 	}
 	writeJSON(w, http.StatusOK, l)
 	return nil
@@ -526,11 +523,11 @@ func answer[T any](w http.ResponseWriter, v T, err error) error {
 }
 
 func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
-	id, req, err := decodeFor[ClaimRequest](s, w, r)
+	id, req, err := decodeFor[api.ClaimRequest](s, w, r)
 	if err != nil {
 		return err
 	}
-	if err := ValidateGeneration(id, req.Generation); err != nil {
+	if err := api.ValidateGeneration(id, req.Generation); err != nil {
 		return err
 	}
 	done, err := s.Claims.Acquire()
@@ -543,7 +540,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) error {
-	id, req, err := decodeFor[ReleaseRequest](s, w, r)
+	id, req, err := decodeFor[api.ReleaseRequest](s, w, r)
 	if err != nil {
 		return err
 	}
@@ -553,7 +550,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) handleProof(w http.ResponseWriter, r *http.Request) error {
 	op := r.PathValue("operation_id")
-	if err := ValidateOperationID(op); err != nil {
+	if err := api.ValidateOperationID(op); err != nil {
 		return err
 	}
 	p, err := s.Service.Proof(r.Context(), op)
@@ -563,7 +560,7 @@ func (s *Server) handleProof(w http.ResponseWriter, r *http.Request) error {
 // wantsEventStream reports whether the client asked for text/event-stream;
 // loosely, as clients send lists with parameters.
 func wantsEventStream(r *http.Request) bool {
-	return strings.Contains(r.Header.Get("Accept"), contentTypeSSE)
+	return strings.Contains(r.Header.Get("Accept"), api.ContentTypeSSE)
 }
 
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
@@ -571,7 +568,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req ExecRequest
+	var req api.ExecRequest
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
@@ -592,7 +589,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, ExecResult{
+	writeJSON(w, http.StatusOK, api.ExecResult{
 		ExitCode:        code,
 		Stdout:          stdout.bytes(),
 		Stderr:          stderr.bytes(),
@@ -602,9 +599,9 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req ExecRequest) error {
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req api.ExecRequest) error {
 	sw := newSSEWriter(w)
-	code, err := s.Service.Exec(r.Context(), id, req, sw.stream(EventStdout), sw.stream(EventStderr))
+	code, err := s.Service.Exec(r.Context(), id, req, sw.stream(api.EventStdout), sw.stream(api.EventStderr))
 	if err != nil && !sw.hasStarted() {
 		// Nothing went out yet: answer with the error's own status.
 		return err
@@ -614,12 +611,12 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, r
 		if rec, ok := w.(*recorder); ok {
 			rec.code = c
 		}
-		b, _ := json.Marshal(ErrorBody{Code: c, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))})
-		_ = sw.event(EventError, b) // the client may be gone; the log has it
+		b, _ := json.Marshal(api.ErrorBody{Code: c, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))})
+		_ = sw.event(api.EventError, b) // the client may be gone; the log has it
 		return nil
 	}
-	b, _ := json.Marshal(ExecExit{ExitCode: code})
-	_ = sw.event(EventExit, b)
+	b, _ := json.Marshal(api.ExecExit{ExitCode: code})
+	_ = sw.event(api.EventExit, b)
 	return nil
 }
 
@@ -660,7 +657,7 @@ func filePath(r *http.Request) (string, error) {
 	if !ok || len(ps) != 1 {
 		return "", invalid("need exactly one path query parameter, got %d", len(ps))
 	}
-	return ps[0], ValidateFilePath(ps[0])
+	return ps[0], api.ValidateFilePath(ps[0])
 }
 
 func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) error {

@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/api"
 )
 
 // fakeService records every call and answers from its fields.
@@ -24,12 +26,12 @@ type fakeService struct {
 	calls []string
 
 	err     error // returned by every method when set
-	node    Node
-	claim   ClaimResponse
-	release ReleaseResponse
-	list    SandboxList
-	sandbox Sandbox
-	proof   CleanupProof
+	node    api.Node
+	claim   api.ClaimResponse
+	release api.ReleaseResponse
+	list    api.SandboxList
+	sandbox api.Sandbox
+	proof   api.CleanupProof
 	file    []byte
 	written []byte
 	// exec writes the command's output; nil exits 0 silently.
@@ -40,7 +42,7 @@ type fakeService struct {
 	// its time.
 	slow chan struct{}
 	// logs writes the log; nil writes nothing and ends with "end of log".
-	logs func(ctx context.Context, req LogsRequest, w io.Writer) (LogsEnd, error)
+	logs func(ctx context.Context, req api.LogsRequest, w io.Writer) (api.LogsEnd, error)
 }
 
 func (f *fakeService) record(format string, args ...any) {
@@ -55,7 +57,7 @@ func (f *fakeService) Calls() []string {
 	return append([]string(nil), f.calls...)
 }
 
-func (f *fakeService) Node(ctx context.Context) (Node, error) {
+func (f *fakeService) Node(ctx context.Context) (api.Node, error) {
 	f.record("Node")
 	if f.block != nil {
 		<-f.block
@@ -63,7 +65,7 @@ func (f *fakeService) Node(ctx context.Context) (Node, error) {
 	return f.node, f.err
 }
 
-func (f *fakeService) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimResponse, error) {
+func (f *fakeService) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
 	f.record("Claim %s %s gen=%d", id, req.OperationID, req.Generation)
 	if f.slow != nil {
 		<-f.slow
@@ -71,7 +73,7 @@ func (f *fakeService) Claim(ctx context.Context, id string, req ClaimRequest) (C
 	return f.claim, f.err
 }
 
-func (f *fakeService) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+func (f *fakeService) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
 	f.record("Exec %s %q", id, req.Args)
 	if f.slow != nil {
 		<-f.slow
@@ -95,12 +97,12 @@ func (f *fakeService) WriteFile(ctx context.Context, id, path string, data []byt
 	return f.err
 }
 
-func (f *fakeService) Release(ctx context.Context, id string, req ReleaseRequest) (ReleaseResponse, error) {
+func (f *fakeService) Release(ctx context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
 	f.record("Release %s %s gen=%d", id, req.OperationID, req.Generation)
 	return f.release, f.err
 }
 
-func (f *fakeService) List(ctx context.Context) (SandboxList, error) {
+func (f *fakeService) List(ctx context.Context) (api.SandboxList, error) {
 	f.record("List")
 	if f.err != nil && f.err.Error() == "panic" {
 		panic("list exploded")
@@ -108,22 +110,22 @@ func (f *fakeService) List(ctx context.Context) (SandboxList, error) {
 	return f.list, f.err
 }
 
-func (f *fakeService) Get(ctx context.Context, id string) (Sandbox, error) {
+func (f *fakeService) Get(ctx context.Context, id string) (api.Sandbox, error) {
 	f.record("Get %s", id)
 	return f.sandbox, f.err
 }
 
-func (f *fakeService) Proof(ctx context.Context, op string) (CleanupProof, error) {
+func (f *fakeService) Proof(ctx context.Context, op string) (api.CleanupProof, error) {
 	f.record("Proof %s", op)
 	return f.proof, f.err
 }
 
-func (f *fakeService) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer) (LogsEnd, error) {
+func (f *fakeService) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
 	f.record("Logs %s source=%s tail=%d follow=%v idle=%d", id, req.Source, req.Tail, req.Follow, req.IdleSec)
 	if f.logs != nil {
 		return f.logs(ctx, req, w)
 	}
-	return LogsEnd{Reason: "end of log"}, f.err
+	return api.LogsEnd{Reason: "end of log"}, f.err
 }
 
 // logBuffer is a goroutine-safe log sink.

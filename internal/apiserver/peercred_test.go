@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 )
@@ -31,8 +32,8 @@ func TestMain(m *testing.M) {
 func peerHelper(sock string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := (&Client{SocketPath: sock}).Node(ctx)
-	out := ErrorBody{Code: errdefs.CodeOf(err)}
+	_, err := (&api.Client{SocketPath: sock}).Node(ctx)
+	out := api.ErrorBody{Code: errdefs.CodeOf(err)}
 	if err != nil {
 		out.Message = err.Error()
 	}
@@ -96,7 +97,7 @@ func TestPeerCredentials(t *testing.T) {
 			if err != nil {
 				t.Fatalf("helper as %d:%d: %v\n%s", c.uid, c.gid, err, stderr.String())
 			}
-			var got ErrorBody
+			var got api.ErrorBody
 			if err := json.Unmarshal(out, &got); err != nil {
 				t.Fatalf("helper output %q: %v", out, err)
 			}

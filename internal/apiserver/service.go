@@ -1,0 +1,34 @@
+// Package apiserver serves an apiserver.Service (internal/node implements
+// it) over HTTP/1.1 + JSON on a Unix socket: the routes under /v1, peer
+// credentials per connection, strict JSON and size limits, server-sent
+// event streams, concurrency limits, and the mapping of error kinds
+// (package errdefs) to HTTP statuses. The wire types and the client are
+// package api.
+package apiserver
+
+import (
+	"context"
+	"io"
+
+	"github.com/ctld/ctld/internal/api"
+)
+
+// Service is what the API server serves; internal/node implements it. Its
+// errors should be *errdefs.Error so the server can map them to a
+// code; any other error is reported as internal.
+type Service interface {
+	Node(ctx context.Context) (api.Node, error)
+	Claim(ctx context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error)
+	// Exec runs a command in the sandbox, writing its output to stdout and
+	// stderr as it comes, and returns its exit code.
+	Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error)
+	ReadFile(ctx context.Context, id, path string, limit int64) ([]byte, error)
+	WriteFile(ctx context.Context, id, path string, data []byte) error
+	Release(ctx context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error)
+	List(ctx context.Context) (api.SandboxList, error)
+	Get(ctx context.Context, id string) (api.Sandbox, error)
+	Proof(ctx context.Context, operationID string) (api.CleanupProof, error)
+	// Logs writes the sandbox's log to w (and with req.Follow what comes
+	// after, as it comes) and says why it ended. req is validated.
+	Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error)
+}
