@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // DefaultSocketPath is where the primary serves the API.
@@ -151,7 +152,7 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) err
 // an id like ".." cannot even be routed, and the server would refuse any
 // invalid one with the same message.
 func sandboxPath(id string, rest ...string) (string, error) {
-	if err := ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return "", err
 	}
 	p := "/v1/sandboxes/" + url.PathEscape(id)

@@ -60,7 +60,7 @@ func (r *LogsRequest) Validate() error {
 		r.Source = LogSourceInit
 	case LogSourceInit, LogSourceRunsc:
 	default:
-		return invalid("source must be %s or %s, got %s", LogSourceInit, LogSourceRunsc, Quote(r.Source))
+		return invalid("source must be %s or %s, got %s", LogSourceInit, LogSourceRunsc, errdefs.Quote(r.Source))
 	}
 	if r.Tail < 0 || r.Tail > MaxLogTailLines {
 		return invalid("tail must be between 0 (all) and %d lines, got %d", MaxLogTailLines, r.Tail)
@@ -98,7 +98,7 @@ func ParseLogsRequest(q url.Values) (LogsRequest, error) {
 	var r LogsRequest
 	for k, v := range q {
 		if len(v) != 1 {
-			return r, invalid("query parameter %s given %d times", Quote(k), len(v))
+			return r, invalid("query parameter %s given %d times", errdefs.Quote(k), len(v))
 		}
 		var err error
 		switch k {
@@ -111,10 +111,10 @@ func ParseLogsRequest(q url.Values) (LogsRequest, error) {
 		case "idle_sec":
 			r.IdleSec, err = strconv.ParseInt(v[0], 10, 64)
 		default:
-			return r, invalid("unknown query parameter %s: use source, tail, follow, idle_sec", Quote(k))
+			return r, invalid("unknown query parameter %s: use source, tail, follow, idle_sec", errdefs.Quote(k))
 		}
 		if err != nil {
-			return r, invalid("query parameter %s=%s: not a number or boolean", k, Quote(v[0]))
+			return r, invalid("query parameter %s=%s: not a number or boolean", k, errdefs.Quote(v[0]))
 		}
 	}
 	return r, r.Validate()

@@ -13,8 +13,7 @@ import (
 
 // IDs of sandboxes, leases and templates become cgroup names, directory
 // names, netns names and parts of nft object names, so they are held to the
-// one rule of package names (a DNS label).
-const idRule = names.Rule
+// one rule of package names (names.CheckID, a DNS label).
 
 // Operation IDs are chosen by the manager and are only journal keys, so
 // they may be longer and use a few more characters (UUIDs, ULIDs,
@@ -68,35 +67,13 @@ func invalid(format string, args ...any) *errdefs.Error {
 	return errdefs.Errorf(errdefs.CodeInvalidArgument, format, args...)
 }
 
-// Quote renders a rejected value for a message: escaped, and cut short so
-// a 10 MiB ID does not make a 10 MiB log line.
-func Quote(s string) string {
-	const max = 80
-	if len(s) <= max {
-		return fmt.Sprintf("%q", s)
-	}
-	return fmt.Sprintf("%q... (%d bytes)", s[:max], len(s))
-}
-
-// ValidateID checks a sandbox, lease or template ID. kind names it in the
-// message ("sandbox id").
-func ValidateID(kind, s string) error {
-	if s == "" {
-		return invalid("%s is empty: %s", kind, idRule)
-	}
-	if !names.Valid(s) {
-		return invalid("invalid %s %s: %s", kind, Quote(s), idRule)
-	}
-	return nil
-}
-
 // ValidateOperationID checks the operation_id of a mutating request.
 func ValidateOperationID(s string) error {
 	if s == "" {
 		return invalid("operation_id is empty: %s", opIDRule)
 	}
 	if !opIDPattern.MatchString(s) || strings.Contains(s, "..") {
-		return invalid("invalid operation_id %s: %s", Quote(s), opIDRule)
+		return invalid("invalid operation_id %s: %s", errdefs.Quote(s), opIDRule)
 	}
 	return nil
 }
@@ -105,7 +82,7 @@ func ValidateOperationID(s string) error {
 // the form; the node resolves it inside the root (a ".." cannot leave it).
 func ValidateFilePath(p string) error {
 	if why := filePathProblem(p); why != "" {
-		return invalid("invalid path %s: %s", Quote(p), why)
+		return invalid("invalid path %s: %s", errdefs.Quote(p), why)
 	}
 	return nil
 }
@@ -139,9 +116,9 @@ func (r ClaimRequest) Validate() error {
 	case "":
 		return invalid("rootfs.mode is empty: must be %q", RootFSOverlay)
 	default:
-		return invalid("unknown rootfs.mode %s: must be %q", Quote(r.RootFS.Mode), RootFSOverlay)
+		return invalid("unknown rootfs.mode %s: must be %q", errdefs.Quote(r.RootFS.Mode), RootFSOverlay)
 	}
-	if err := ValidateID("rootfs.template", r.RootFS.Template); err != nil {
+	if err := names.CheckID("rootfs.template", r.RootFS.Template); err != nil {
 		return err
 	}
 	if err := r.Resources.validate(); err != nil {
@@ -152,7 +129,7 @@ func (r ClaimRequest) Validate() error {
 	case NetworkOpen, NetworkRestrict:
 		return invalid("network.mode %q is not supported yet: only %q", m, NetworkDenyAll)
 	default:
-		return invalid("unknown network.mode %s: must be %q", Quote(m), NetworkDenyAll)
+		return invalid("unknown network.mode %s: must be %q", errdefs.Quote(m), NetworkDenyAll)
 	}
 	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
 		return err
@@ -191,16 +168,7 @@ func (r Resources) validate() error {
 // the lease's own parser.
 func validateCpuset(s string) error {
 	if err := lease.ValidateCpuset(s); err != nil {
-		return invalid("invalid resources.cpuset %s: %v (want a list like \"0-3,8\")", Quote(s), err)
-	}
-	return nil
-}
-
-// ValidateGeneration checks that generation gen of sandbox id has a valid
-// kernel object name ("<id>-g<gen>" within the length limit).
-func ValidateGeneration(id string, gen uint64) error {
-	if why := names.CheckGeneration(id, gen); why != "" {
-		return invalid("sandbox %s generation %d: %s", Quote(id), gen, why)
+		return invalid("invalid resources.cpuset %s: %v (want a list like \"0-3,8\")", errdefs.Quote(s), err)
 	}
 	return nil
 }
@@ -233,7 +201,7 @@ func validateCommand(field string, args, env []string, cwd string, needArgs bool
 	for i, e := range env {
 		k, _, ok := strings.Cut(e, "=")
 		if !ok || k == "" {
-			return invalid("%s.env[%d] %s is not of the form KEY=VALUE", field, i, Quote(e))
+			return invalid("%s.env[%d] %s is not of the form KEY=VALUE", field, i, errdefs.Quote(e))
 		}
 		if strings.IndexByte(e, 0) >= 0 {
 			return invalid("%s.env[%d] contains a NUL byte", field, i)
@@ -248,7 +216,7 @@ func validateCommand(field string, args, env []string, cwd string, needArgs bool
 	}
 	if cwd != "" {
 		if why := filePathProblem(cwd); why != "" {
-			return invalid("invalid %s.cwd %s: %s", field, Quote(cwd), why)
+			return invalid("invalid %s.cwd %s: %s", field, errdefs.Quote(cwd), why)
 		}
 	}
 	return nil

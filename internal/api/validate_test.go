@@ -7,30 +7,6 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 )
 
-func TestValidateID(t *testing.T) {
-	good := []string{"a", "0", "sb-1", "a-b-c", strings.Repeat("a", 63), "9abc"}
-	bad := []string{"", "-a", "a-", "A", "a_b", "a.b", "../x", "..", "a/b", "/", "a\x00b", "é", "sb\u200b", strings.Repeat("a", 64), strings.Repeat("a", 300), " a", "a\n"}
-	for _, s := range good {
-		if err := ValidateID("sandbox id", s); err != nil {
-			t.Errorf("ValidateID(%q) = %v, want nil", s, err)
-		}
-	}
-	for _, s := range bad {
-		err := ValidateID("sandbox id", s)
-		if err == nil {
-			t.Errorf("ValidateID(%q) = nil, want error", s)
-			continue
-		}
-		msg := err.Error()
-		if errdefs.CodeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(msg, "sandbox id") || !strings.Contains(msg, "1-63 characters") {
-			t.Errorf("ValidateID(%q) = %q: want invalid_argument naming the kind and the rule", s, msg)
-		}
-		if len(msg) > 300 {
-			t.Errorf("ValidateID(%d bytes) message is %d bytes: want it cut short", len(s), len(msg))
-		}
-	}
-}
-
 func TestValidateOperationID(t *testing.T) {
 	good := []string{"op-1", "01HZX3K9", "mgr:42", "a.b_c-d", "550e8400-e29b-41d4-a716-446655440000", strings.Repeat("A", 128)}
 	bad := []string{"", "..", "a..b", ".a", "-a", "a/b", "a b", "a\x00", "ü", strings.Repeat("A", 129)}

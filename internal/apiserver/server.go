@@ -22,6 +22,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 	"golang.org/x/sys/unix"
 )
 
@@ -417,7 +418,7 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 			return &statusError{http.StatusUnsupportedMediaType,
-				invalid("content-type %s not supported: send application/json", api.Quote(ct))}
+				invalid("content-type %s not supported: send application/json", errdefs.Quote(ct))}
 		}
 	}
 	limit := s.maxBody()
@@ -470,7 +471,7 @@ func bodyError(err error, limit int64) error {
 
 func pathID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
-	return id, api.ValidateID("sandbox id", id)
+	return id, names.CheckID("sandbox id", id)
 }
 
 func (s *Server) handleNode(w http.ResponseWriter, r *http.Request) error {
@@ -527,7 +528,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := api.ValidateGeneration(id, req.Generation); err != nil {
+	if err := names.CheckGeneration(id, req.Generation); err != nil {
 		return err
 	}
 	done, err := s.Claims.Acquire()

@@ -93,3 +93,13 @@ func CodeOf(err error) Code {
 
 // Is reports whether err's code (CodeOf) is code.
 func Is(err error, code Code) bool { return err != nil && CodeOf(err) == code }
+
+// Quote renders a rejected value for a message: escaped, and cut short so
+// a 10 MiB ID does not make a 10 MiB log line.
+func Quote(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:max], len(s))
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/proof"
 )
 
@@ -148,7 +149,7 @@ func definitive(err error) bool {
 
 // Create claims the next generation of sandbox id on the node.
 func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResult, error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return CreateResult{}, err
 	}
 	opID, err := m.newOpID()
@@ -355,7 +356,7 @@ type DestroyResult struct {
 // result, not as an error, because the release itself happened. A sandbox
 // on the node that the manager never created is adopted first.
 func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return DestroyResult{}, err
 	}
 	sb, err := m.Store.Sandbox(ctx, id)
@@ -507,7 +508,7 @@ func (m *Manager) VerifyProof(ctx context.Context, opID string) (Verdict, error)
 // Exec runs a command in the sandbox, streaming its output, and returns the
 // guest's exit code.
 func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return 0, err
 	}
 	if err := req.Validate(); err != nil {
@@ -524,7 +525,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 // Logs copies the output of the sandbox's main process to w (see
 // api.Client.Logs).
 func (m *Manager) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return api.LogsEnd{}, err
 	}
 	if err := req.Validate(); err != nil {
@@ -535,7 +536,7 @@ func (m *Manager) Logs(ctx context.Context, id string, req api.LogsRequest, w io
 
 // ReadFile reads a file inside the sandbox.
 func (m *Manager) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
-	if err := errors.Join(api.ValidateID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
+	if err := errors.Join(names.CheckID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
 		return nil, err
 	}
 	return m.Client.ReadFile(ctx, id, path)
@@ -543,7 +544,7 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) ([]byte, error)
 
 // WriteFile writes a file inside the sandbox.
 func (m *Manager) WriteFile(ctx context.Context, id, path string, data []byte) error {
-	if err := errors.Join(api.ValidateID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
+	if err := errors.Join(names.CheckID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
 		return err
 	}
 	return m.Client.WriteFile(ctx, id, path, data)
@@ -645,7 +646,7 @@ type Detail struct {
 // Get returns everything known about one sandbox; not_found only when
 // neither the store nor the node knows it.
 func (m *Manager) Get(ctx context.Context, id string) (Detail, error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return Detail{}, err
 	}
 	var d Detail

@@ -21,9 +21,9 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // Defaults of Netns. /run/netns is where iproute2 looks, so operators can
@@ -77,7 +77,7 @@ func (n *Netns) Path(name string) string {
 	return filepath.Join(n.dir(), n.prefix()+name)
 }
 
-func validateName(name string) error { return api.ValidateID("netns name", name) }
+func validateName(name string) error { return names.CheckID("netns name", name) }
 
 // Create makes the named namespace with loopback up and returns its path.
 // It is idempotent: an existing namespace is returned as is (after making

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/runsc"
@@ -105,7 +106,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	cid := containerID(id, req.Generation)
 	// Everything that can be refused is refused here, before the journal:
 	// a bad request must never become a record and a rollback.
-	if err := api.ValidateGeneration(id, req.Generation); err != nil {
+	if err := names.CheckGeneration(id, req.Generation); err != nil {
 		return api.ClaimResponse{}, err
 	}
 	if err := leaseSpec(cid, req.Resources).Validate(); err != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -30,19 +28,8 @@ const followStateEvery = time.Second
 
 func (n *Node) logDirs() guestlog.Dirs { return guestlog.Dirs{Root: n.d.Runtime.LogRoot()} }
 
-// isGenerationName reports whether s names a generation's objects:
-// "<sandbox id>-g<generation>".
-func isGenerationName(s string) bool {
-	i := strings.LastIndex(s, "-g")
-	if i <= 0 {
-		return false
-	}
-	g, err := strconv.ParseUint(s[i+2:], 10, 64)
-	return err == nil && g > 0 && names.CheckGeneration(s[:i], g) == "" && names.Generation(s[:i], g) == s
-}
-
 func (n *Node) listLogs(context.Context) ([]string, error) {
-	return n.logDirs().List(isGenerationName)
+	return n.logDirs().List(func(s string) bool { _, _, ok := names.ParseGeneration(s); return ok })
 }
 
 func (n *Node) removeLogs(_ context.Context, cid string) error { return n.logDirs().Remove(cid) }

@@ -17,18 +17,6 @@ import (
 	"github.com/ctld/ctld/internal/runsc"
 )
 
-func TestIsGenerationName(t *testing.T) {
-	for s, want := range map[string]bool{
-		"sb-g1": true, "a-b-c-g12": true, "sb-g0": false, "sb-g01": false, "sb-g": false, "-g1": false,
-		"sb": false, "runsc": false, "Sb-g1": false, "sb_x-g1": false, "sb-g1x": false,
-		strings.Repeat("a", 61) + "-g1": false,
-	} {
-		if got := isGenerationName(s); got != want {
-			t.Errorf("isGenerationName(%q) = %v, want %v", s, got, want)
-		}
-	}
-}
-
 // syncBuffer is written by Logs while the test reads it.
 type syncBuffer struct {
 	mu  sync.Mutex

@@ -8,9 +8,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // A sandbox's scratch dir (overlay upper and work, so everything the guest
@@ -54,7 +54,7 @@ func (o *Overlay) DiskBounded() error {
 // the same project. A project that already holds usage or a limit and is
 // not this dir's is refused: someone else uses it.
 func (o *Overlay) LimitDisk(ctx context.Context, id string, project uint32, bytes int64) error {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return err
 	}
 	if project == 0 || bytes <= 0 {

@@ -18,9 +18,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // Mount is a mount described as plain data, so it can be unit-tested and
@@ -125,7 +125,7 @@ func checkOverlayPath(kind, p string) error {
 // and returns the merged dir. It is idempotent: an overlay already mounted
 // there with the same lowerdir is success.
 func (o *Overlay) Mount(ctx context.Context, id, lower string) (root string, err error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return "", err
 	}
 	if err := checkOverlayPath("template dir", lower); err != nil {
@@ -221,7 +221,7 @@ func checkUpperFS(dir string) error {
 // scratch dir goes (deepest first) before the dir is removed, so the
 // removal can never walk into a mounted filesystem.
 func (o *Overlay) Unmount(ctx context.Context, id string) error {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return err
 	}
 	dir := o.Dir(id)
@@ -308,7 +308,7 @@ func (o *Overlay) List(ctx context.Context) ([]string, error) {
 	}
 	out := make([]string, 0, len(seen))
 	for id := range seen {
-		if err := api.ValidateID("sandbox id", id); err != nil {
+		if err := names.CheckID("sandbox id", id); err != nil {
 			o.logger().Warn("ignoring foreign entry in scratch dir", "name", id, "dir", scratch)
 			continue
 		}
@@ -324,7 +324,7 @@ func (o *Overlay) List(ctx context.Context) ([]string, error) {
 // mount namespace and, after a lazy detach, held by no process. detail
 // says what was seen either way, naming a holder's pid.
 func (o *Overlay) CheckGone(ctx context.Context, id, dev string) (ok bool, detail string) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return false, err.Error()
 	}
 	dir := o.Dir(id)

@@ -8,9 +8,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/holders"
 	"github.com/ctld/ctld/internal/mountinfo"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // Superblock is the device number ("major:minor", as mountinfo shows it)
@@ -19,7 +19,7 @@ import (
 // this namespace's mountinfo, while a process has its cwd or a file in it
 // or another mount namespace still has a copy of the mount.
 func (o *Overlay) Superblock(id string) (string, error) {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return "", err
 	}
 	ms, err := o.mountinfo()

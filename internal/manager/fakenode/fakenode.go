@@ -22,6 +22,7 @@ import (
 	"github.com/ctld/ctld/internal/apiserver"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/proof"
 )
 
@@ -148,7 +149,7 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 	}
 	sb := api.Sandbox{
 		ID: id, Generation: req.Generation, State: api.StateReady,
-		ContainerID: fmt.Sprintf("%s-g%d", id, req.Generation), LeaseID: fmt.Sprintf("%s-g%d", id, req.Generation),
+		ContainerID: names.Generation(id, req.Generation), LeaseID: names.Generation(id, req.Generation),
 		Resources: req.Resources, RootFS: req.RootFS, Epoch: 3, CreatedAt: time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC),
 		Timings: api.Timings{LeaseMS: 1, RootFSMS: 2, NetworkMS: 3, RunscMS: 4, ProofMS: 5, TotalMS: 15},
 	}
