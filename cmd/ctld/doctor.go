@@ -36,9 +36,9 @@ func doctorCmd(g *globalOpts) *cobra.Command {
 					mark = "FAIL"
 					failed++
 				}
-				fmt.Printf("%s %-22s %s\n", mark, c.name, c.detail)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %-22s %s\n", mark, c.name, c.detail)
 				if !c.ok && c.fix != "" {
-					fmt.Printf("     fix: %s\n", c.fix)
+					fmt.Fprintf(cmd.OutOrStdout(), "     fix: %s\n", c.fix)
 				}
 			}
 			if failed > 0 {

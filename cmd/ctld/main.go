@@ -9,11 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/ctld/ctld/internal/node/ha"
@@ -29,20 +28,57 @@ type globalOpts struct {
 }
 
 func main() {
+	// Only `ctld run` handles SIGTERM/SIGINT (it drains its term first);
+	// the other commands, the log writer among them, die of them as usual.
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError is a mistake in the command line (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// run is the whole CLI: main only calls it, so tests run ctld in-process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var g globalOpts
+	// ran is set once a command's action starts: an error before that is a
+	// usage error (bad flag, wrong argument count, unknown command).
+	ran := false
 	root := &cobra.Command{
-		Use:           "ctld",
-		Short:         "node authority of a gVisor sandbox host",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:              "ctld",
+		Short:            "node authority of a gVisor sandbox host",
+		SilenceUsage:     true,
+		SilenceErrors:    true,
+		PersistentPreRun: func(*cobra.Command, []string) { ran = true },
 	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", "/var/lib/ctld", "state directory shared by slots a and b")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", "/run/ctld", "runtime directory (sockets, runsc state, bundles)")
 	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(&g), versionCmd(), logshimCmd())
-	if err := root.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "ctld: %v\n", err)
-		os.Exit(1)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue) || !ran:
+		fmt.Fprintf(stderr, "ctld: %v\nRun 'ctld --help' for usage.\n", err)
+		return exitUsage
 	}
+	fmt.Fprintf(stderr, "ctld: %v\n", err)
+	return exitError
 }
 
 func versionCmd() *cobra.Command {
@@ -50,12 +86,8 @@ func versionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "print the version",
 		Args:  cobra.NoArgs,
-		Run:   func(*cobra.Command, []string) { fmt.Println(version) },
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version) },
 	}
-}
-
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 }
 
 func statusCmd(g *globalOpts) *cobra.Command {
@@ -113,8 +145,8 @@ func probePath(runDir, slot string) string {
 	return filepath.Join(runDir, "ctld-"+slot+".sock")
 }
 
-func newLogger(slot string) *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("slot", slot)
+func newLogger(w io.Writer, slot string) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("slot", slot)
 }
 
 var errNotRoot = errors.New("must run as root")

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -70,33 +71,33 @@ func runCmd(g *globalOpts) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.slot != "a" && o.slot != "b" {
-				return fmt.Errorf("--slot must be a or b, got %q", o.slot)
+				return usagef("--slot must be a or b, got %q", o.slot)
 			}
 			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
-				return fmt.Errorf("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
+				return usagef("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
 			}
 			if o.maxClaims < 1 || o.maxExecs < 1 {
-				return fmt.Errorf("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
+				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
 			}
 			if o.retention.MaxAge < time.Minute || o.retention.MaxRecords < 1000 {
-				return fmt.Errorf("--journal-retention must be at least 1m and --journal-retention-records at least 1000, got %v and %d",
+				return usagef("--journal-retention must be at least 1m and --journal-retention-records at least 1000, got %v and %d",
 					o.retention.MaxAge, o.retention.MaxRecords)
 			}
 			if err := guestlog.ValidMax(o.logMax); err != nil {
-				return fmt.Errorf("--log-max-bytes: %w", err)
+				return usagef("--log-max-bytes: %w", err)
 			}
 			if o.defaultDisk < api.MinDiskBytes || o.defaultDisk > api.MaxDiskBytes {
-				return fmt.Errorf("--default-disk-bytes must be between %d and %d, got %d", int64(api.MinDiskBytes), int64(api.MaxDiskBytes), o.defaultDisk)
+				return usagef("--default-disk-bytes must be between %d and %d, got %d", int64(api.MinDiskBytes), int64(api.MaxDiskBytes), o.defaultDisk)
 			}
 			if o.diskProjBase == 0 || o.diskProjBase > ^uint32(0)-node.DefaultDiskProjects.Count {
-				return fmt.Errorf("--disk-project-base must be between 1 and %d, got %d", ^uint32(0)-node.DefaultDiskProjects.Count, o.diskProjBase)
+				return usagef("--disk-project-base must be between 1 and %d, got %d", ^uint32(0)-node.DefaultDiskProjects.Count, o.diskProjBase)
 			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return run(ctx, *g, o)
+			return runInstance(ctx, *g, o, newLogger(cmd.ErrOrStderr(), o.slot))
 		},
 	}
 	f := c.Flags()
@@ -159,8 +160,9 @@ func groupID(name string, log *slog.Logger) int {
 	return gid
 }
 
-func run(ctx context.Context, g globalOpts, o runOpts) error {
-	log := newLogger(o.slot)
+// runInstance is `ctld run`: standby until it holds the primary lock, then
+// a primary term, until ctx ends.
+func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger) error {
 	for _, d := range []string{g.stateDir, g.runDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("make dir %s: %w", d, err)

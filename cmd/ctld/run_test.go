@@ -143,7 +143,9 @@ func takeover(t *testing.T, stateDir string) (roles map[string]int, err error) {
 	defer cancel()
 	o := runOpts{slot: "a", journalTimeout: time.Second, takeoverLimit: time.Minute, drainTimeout: time.Second, runsc: filepath.Join(runDir, "no-runsc")}
 	errc := make(chan error, 1)
-	go func() { errc <- run(ctx, globalOpts{stateDir: stateDir, runDir: runDir}, o) }()
+	go func() {
+		errc <- runInstance(ctx, globalOpts{stateDir: stateDir, runDir: runDir}, o, slog.New(slog.DiscardHandler))
+	}()
 	roles = map[string]int{}
 	for {
 		select {

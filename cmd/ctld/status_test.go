@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"net"
 	"path/filepath"
 	"strings"
@@ -30,21 +29,18 @@ func TestStatusBoundsEachSlot(t *testing.T) {
 			}
 		}()
 	}
-	var out bytes.Buffer
-	c := statusCmd(&g)
-	c.SetOut(&out)
-	c.SetArgs([]string{}) // nil would make cobra read os.Args
 	t0 := time.Now()
-	if err := c.Execute(); err != nil {
-		t.Fatal(err)
+	r := ctld(t, "--state-dir", g.stateDir, "--run-dir", g.runDir, "status")
+	if r.code != exitOK {
+		t.Fatalf("status: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if d := time.Since(t0); d > 3*probeTimeout {
 		t.Fatalf("status took %s for two mute slots", d)
 	}
 	for _, slot := range []string{"a", "b"} {
 		want := "ctld@" + slot + "  down     (no answer on " + filepath.Join(g.runDir, "ctld-"+slot+".sock") + " within 2s"
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("status output lacks %q:\n%s", want, out.String())
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status output lacks %q:\n%s", want, r.stdout)
 		}
 	}
 }

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// ctld runs the whole CLI in-process, as main does.
+func ctld(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, &out, &errb)
+	return result{code, out.String(), errb.String()}
+}
+
+// A mistake in the command line exits 2 with one line naming it on stderr,
+// before anything runs (no root check, no dirs made).
+func TestRunUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "unknown flag: --bogus"},
+		{[]string{"bogus"}, `unknown command "bogus" for "ctld"`},
+		{[]string{"status", "extra"}, `unknown command "extra" for "ctld status"`},
+		{[]string{"status", "--json=maybe"}, `invalid argument "maybe" for "--json"`},
+		{[]string{"run"}, `--slot must be a or b, got ""`},
+		{[]string{"run", "--slot", "c"}, `--slot must be a or b, got "c"`},
+		{[]string{"run", "--slot", "a", "--guest-oom-score-adj", "1001"}, "--guest-oom-score-adj must be between 0 and 1000, got 1001"},
+		{[]string{"run", "--slot", "a", "--max-concurrent-claims", "0"}, "--max-concurrent-claims and --max-concurrent-execs must be at least 1"},
+		{[]string{"run", "--slot", "a", "--log-max-bytes", "1"}, "--log-max-bytes: "},
+		{[]string{"run", "--slot", "a", "--default-disk-bytes", "1"}, "--default-disk-bytes must be between"},
+		{[]string{"run", "--slot", "a", "--disk-project-base", "0"}, "--disk-project-base must be between"},
+	} {
+		args := append([]string{"--state-dir", dir + "/state", "--run-dir", dir + "/run"}, tc.args...)
+		r := ctld(t, args...)
+		if r.code != exitUsage || !strings.HasPrefix(r.stderr, "ctld: ") || !strings.Contains(r.stderr, tc.want) ||
+			!strings.HasSuffix(r.stderr, "\nRun 'ctld --help' for usage.\n") || r.stdout != "" {
+			t.Errorf("ctld %v = exit %d\nstdout: %q\nstderr: %q\nwant exit 2 and %q on stderr", tc.args, r.code, r.stdout, r.stderr, tc.want)
+		}
+	}
+	if r := ctld(t, "--state-dir", dir+"/state", "--run-dir", dir+"/run", "run", "--slot", "a", "--guest-oom-score-adj", "-1"); r.code != exitUsage {
+		t.Errorf("negative --guest-oom-score-adj: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, d := range []string{"state", "run"} {
+		if _, err := os.Stat(filepath.Join(dir, d)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("after usage errors, %s: %v; want it never made", d, err)
+		}
+	}
+}
+
+func TestRunVersion(t *testing.T) {
+	if r := ctld(t, "version"); r.code != exitOK || r.stdout != version+"\n" || r.stderr != "" {
+		t.Fatalf("ctld version = %+v", r)
+	}
+}
+
+// doctor prints every check with its fix to stdout and fails (exit 1) when
+// one fails: here the cgroup root is an empty dir.
+func TestRunDoctorReportsFailedChecks(t *testing.T) {
+	cg := t.TempDir()
+	r := ctld(t, "--state-dir", t.TempDir(), "doctor", "--cgroup-root", cg)
+	if r.code != exitError {
+		t.Fatalf("doctor with no cgroup2: exit %d, want 1\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "FAIL cgroup v2") || !strings.Contains(r.stdout, "no cgroup2 at "+cg) ||
+		!strings.Contains(r.stdout, "     fix: boot with systemd.unified_cgroup_hierarchy=1") {
+		t.Errorf("doctor output lacks the failed cgroup check and its fix:\n%s", r.stdout)
+	}
+	if !strings.HasPrefix(r.stderr, "ctld: ") || !strings.HasSuffix(r.stderr, "check(s) failed\n") || strings.Contains(r.stderr, "usage") {
+		t.Errorf("doctor stderr = %q, want one line counting the failed checks", r.stderr)
+	}
+}
