@@ -22,6 +22,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/manager"
 )
 
@@ -198,7 +199,7 @@ func (c *cli) logger() *slog.Logger {
 	if c.verbose {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+	return logging.New(c.stderr, level)
 }
 
 // manager builds the Manager; commands that only talk to the node (exec,

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/node/ha"
 	"github.com/spf13/cobra"
 )
@@ -146,7 +147,7 @@ func probePath(runDir, slot string) string {
 }
 
 func newLogger(w io.Writer, slot string) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("slot", slot)
+	return logging.New(w, slog.LevelInfo).With("slot", slot)
 }
 
 var errNotRoot = errors.New("must run as root")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
 	"golang.org/x/sys/unix"
 )
@@ -139,10 +140,7 @@ func peerGroups(fd int) ([]uint32, error) {
 }
 
 func (s *Server) logger() *slog.Logger {
-	if s.Logger == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return s.Logger
+	return logging.OrDiscard(s.Logger)
 }
 
 func (s *Server) maxBody() int64 {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -78,10 +79,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 func (m *Manager) log() *slog.Logger {
-	if m.Log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return m.Log
+	return logging.OrDiscard(m.Log)
 }
 
 func (m *Manager) socket() string {

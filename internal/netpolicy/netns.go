@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/names"
 )
@@ -66,10 +67,7 @@ func (n *Netns) prefix() string {
 }
 
 func (n *Netns) logger() *slog.Logger {
-	if n.Logger == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return n.Logger
+	return logging.OrDiscard(n.Logger)
 }
 
 // Path is the namespace file of name (it may not exist).

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/names"
 )
@@ -65,10 +66,7 @@ const (
 )
 
 func (o *Overlay) logger() *slog.Logger {
-	if o.Logger == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return o.Logger
+	return logging.OrDiscard(o.Logger)
 }
 
 func (o *Overlay) mountinfo() ([]mountinfo.Mount, error) {

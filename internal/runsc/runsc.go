@@ -22,6 +22,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ctld/ctld/internal/guestlog"
+	"github.com/ctld/ctld/internal/logging"
 )
 
 // ErrNotExist is returned (wrapped) when runsc has no container of that id.
@@ -106,10 +107,7 @@ func (r *Runtime) logDir() string {
 }
 
 func (r *Runtime) logger() *slog.Logger {
-	if r.Logger == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return r.Logger
+	return logging.OrDiscard(r.Logger)
 }
 
 // logFile is runsc's --log for container id ("" = not about one container).

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/fsutil"
+	"github.com/ctld/ctld/internal/logging"
 )
 
 // Roles an instance reports on its probe socket. Only an instance that
@@ -76,11 +77,7 @@ type Term struct {
 // is free. On ctx cancellation it returns ctx.Err() without bumping the
 // epoch.
 func (e *Elector) WaitPrimary(ctx context.Context) (*Term, error) {
-	log := e.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = log.With("slot", e.Slot)
+	log := logging.OrDiscard(e.Logger).With("slot", e.Slot)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ctld/ctld/internal/logging"
 )
 
 // Status is what an instance reports on its probe socket.
@@ -98,9 +100,7 @@ func checkStale(path string) error {
 // ServeProbe answers each connection on ln with one JSON Status line and
 // closes it. It returns nil when ctx ends (closing ln), or the accept error.
 func ServeProbe(ctx context.Context, ln net.Listener, status func() Status, logger *slog.Logger) error {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = logging.OrDiscard(logger)
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup

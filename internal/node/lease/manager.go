@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/ctld/ctld/internal/logging"
 	"golang.org/x/sys/unix"
 )
 
@@ -69,10 +70,7 @@ func (m *Manager) parent() string {
 }
 
 func (m *Manager) log() *slog.Logger {
-	if m.Logger == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return m.Logger
+	return logging.OrDiscard(m.Logger)
 }
 
 func (m *Manager) killTimeout() time.Duration {
