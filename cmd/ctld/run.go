@@ -356,8 +356,6 @@ func primaryChecks(term *ha.Term, j *journal.Journal, apiSock, leaseParent strin
 	}
 }
 
-// buildNode wires the subsystems of a primary: main is the only place
-// that builds them.
 // hostFacts are read-only facts about the host, gathered before primacy.
 type hostFacts struct {
 	total    api.Capacity
@@ -382,8 +380,9 @@ func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error
 	return f, nil
 }
 
-// term is the term's context: the node stops making kernel effects when it
-// ends.
+// buildNode wires the subsystems of a primary: main is the only place
+// that builds them. term is the term's context: the node stops making
+// kernel effects when it ends.
 func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, epoch uint64, j *journal.Journal, log *slog.Logger) (*node.Node, error) {
 	ident, err := proof.LoadOrCreateIdentity(g.stateDir)
 	if err != nil {

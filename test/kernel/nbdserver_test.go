@@ -96,13 +96,13 @@ type nbdDevice struct {
 	err  error
 }
 
-// nbdFreeDevice returns the first nbd device without a connection.
 // nbdUsed holds the devices this test binary already connected. The kernel
 // releases a disconnected device's configuration asynchronously ("shutting
 // down sockets"); connecting it again before that answers EBUSY, so each
 // test takes a device no earlier test used.
 var nbdUsed sync.Map
 
+// nbdFreeDevice returns the first nbd device without a connection.
 func nbdFreeDevice(t *testing.T) string {
 	t.Helper()
 	ents, err := os.ReadDir(nbdSysBlock)

@@ -9,7 +9,7 @@ import (
 	"github.com/ctld/ctld/internal/mountinfo"
 )
 
-// NinePMount returns a writable 9p mount point of the test VM (the
+// ninePMount returns a writable 9p mount point of the test VM (the
 // harness's results share), or fails.
 func ninePMount(t *testing.T) string {
 	t.Helper()

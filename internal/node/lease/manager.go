@@ -283,7 +283,6 @@ func (m *Manager) removeTree(ctx context.Context, r *rootFS, rel string) error {
 	return m.rmdirRetry(ctx, r, rel)
 }
 
-// isPopulated reads cgroup.events; populated counts the whole subtree.
 // Populated reports whether lease id exists and has processes in it
 // (cgroup.events "populated 1"): a live guest's sandbox and gofer run there.
 func (m *Manager) Populated(ctx context.Context, id string) (bool, error) {
@@ -302,6 +301,7 @@ func (m *Manager) Populated(ctx context.Context, id string) (bool, error) {
 	return ok, err
 }
 
+// isPopulated reads cgroup.events; populated counts the whole subtree.
 func isPopulated(r *rootFS, rel string) (bool, error) {
 	s, err := r.read(path.Join(rel, "cgroup.events"))
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 // oneshot service of the booted system. The script's output and exit status
 // come back like a -cmd job's.
 
-// systemdVMUnit is the guest's boot target: only what sysinit.target pulls
+// systemdVMTarget is the guest's boot target: only what sysinit.target pulls
 // in, plus the scenario. The job timeout powers the guest off if the boot
 // never reaches the scenario, so a broken boot fails fast instead of
 // waiting for the run's time limit.
