@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/ctld/ctld/internal/fsutil"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -265,8 +266,9 @@ func resources(b BundleSpec) *specs.LinuxResources {
 	return r
 }
 
-// WriteBundle writes s as dir/config.json durably: temp file, fsync, rename,
-// fsync of dir. An existing config.json is replaced atomically.
+// WriteBundle writes s as dir/config.json durably (fsutil.WriteFileAtomic):
+// an existing config.json is replaced atomically, a crash leaves the old or
+// the new one.
 func WriteBundle(dir string, s *specs.Spec) error {
 	b, err := json.MarshalIndent(s, "", "\t")
 	if err != nil {
@@ -275,33 +277,8 @@ func WriteBundle(dir string, s *specs.Spec) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create bundle dir: %w", err)
 	}
-	f, err := os.CreateTemp(dir, ".config.json.tmp*")
-	if err != nil {
-		return fmt.Errorf("create temp config: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "config.json")); err != nil {
-		return fmt.Errorf("rename config: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open bundle dir: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync bundle dir: %w", err)
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return fmt.Errorf("write bundle config: %w", err)
 	}
 	return nil
 }

@@ -214,6 +214,12 @@ func TestWriteBundle(t *testing.T) {
 	if got.Linux.Namespaces[4].Path != "/run/netns/sbx-1" || got.Linux.CgroupsPath != "/ctld.slice/lease-7" || !got.Process.NoNewPrivileges {
 		t.Errorf("round trip lost fields: %s", b)
 	}
+	// The guest's env is in there: root only.
+	if fi, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		t.Error(err)
+	} else if fi.Mode().Perm() != 0o600 {
+		t.Errorf("config.json mode %v, want 0600", fi.Mode())
+	}
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 1 {
 		t.Errorf("bundle dir holds %d entries, want only config.json", len(ents))
