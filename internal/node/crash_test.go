@@ -1,0 +1,173 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/fakekernel"
+)
+
+// The fake kernel is what the interfaces say.
+var (
+	_ Leases  = (*fakekernel.Leases)(nil)
+	_ RootFS  = (*fakekernel.RootFS)(nil)
+	_ Netns   = (*fakekernel.Netns)(nil)
+	_ Runtime = (*fakekernel.Runtime)(nil)
+)
+
+// fakeKernel is a testKernel over a new fake kernel.
+func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
+	t.Helper()
+	k, err := fakekernel.New(fastTempDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testKernel{
+		leases: k.Leases(), rootfs: k.RootFS(), netns: k.Netns(), runtime: k.Runtime(),
+		runDir: k.RunDir(), templatesDir: k.TemplatesDir(),
+		text:      k.String,
+		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },
+		failProbe: func(_ testing.TB, req *api.ClaimRequest) {
+			k.FailMake(fakekernel.KindExec, containerID(sb, req.Generation), nil)
+		},
+		timeout: 10 * time.Second,
+	}, k
+}
+
+// TestCrashPoints walks every crash point of the node in every case that
+// passes it: the operation dies at the point, the next term reconciles,
+// and the outcome must be the same as if nothing had crashed (a claim
+// rolled back with a clean proof, a release completed with a clean proof,
+// orphans gone), with the kernel empty and the capacity back. Each case
+// also crashes a second time at the same point during the recovery.
+func TestCrashPoints(t *testing.T) {
+	covered, ran := map[string]bool{}, map[string]bool{}
+	for _, point := range testCrashPoints() {
+		for _, c := range crashCases {
+			for _, crashes := range []int{1, 2} {
+				name := point + "/" + c.name
+				if crashes == 2 {
+					name += "/twice"
+				}
+				t.Run(name, func(t *testing.T) {
+					ran[point] = true
+					k, _ := fakeKernel(t)
+					if runCrashCase(t, k, c, point, crashes) {
+						covered[point] = true
+					} else if c.covers(point) {
+						t.Errorf("case %s never passed crash point %s", c.name, point)
+					}
+				})
+			}
+		}
+	}
+	for _, p := range testCrashPoints() {
+		if ran[p] && !covered[p] {
+			t.Errorf("no case reaches crash point %s", p)
+		}
+	}
+}
+
+// TestReconcileLostGeneration: a ready generation whose guest died is
+// lost: the next term tears it down, and a clean proof ends it as
+// released (the reason says lost) and returns its capacity.
+func TestReconcileLostGeneration(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	resp := r.mustClaim(sb, claimReq("c1", 1))
+	k.KillGuest(resp.Sandbox.ContainerID)
+	r.mustBoot()
+	s := r.sandbox(sb)
+	if s.State != api.StateReleased || s.Withheld || !strings.Contains(s.Reason, "lost") {
+		t.Fatalf("after takeover: %s withheld=%v (%s), want released as lost", s.State, s.Withheld, s.Reason)
+	}
+	r.checkProof("lost-" + resp.Sandbox.ContainerID)
+	r.checkClean("after the lost generation")
+	reuse(r, 2)
+}
+
+// TestWithheldUntilRemovalSucceeds: an object that refuses removal makes
+// the release's proof unclean: the generation is withheld (its capacity
+// too), the release's answer says so and stays the same; once the object
+// can go, the next takeover's retry proves the cleanup and returns the
+// capacity.
+func TestWithheldUntilRemovalSucceeds(t *testing.T) {
+	for _, kind := range []string{fakekernel.KindRunsc, fakekernel.KindMount, fakekernel.KindNetns, fakekernel.KindCgroup, fakekernel.KindDisk} {
+		t.Run(kind, func(t *testing.T) {
+			tk, k := fakeKernel(t)
+			r := newRig(t, tk)
+			r.mustBoot()
+			resp := r.mustClaim(sb, claimReq("c1", 1))
+			name := resp.Sandbox.ContainerID
+			if kind == fakekernel.KindDisk {
+				name = fmtProject(r.sandbox(sb).DiskProject)
+			}
+			k.Refuse(kind, name, nil)
+			rel, err, _ := r.release(sb, "r1", 1)
+			if err != nil {
+				t.Fatalf("release: %v", err)
+			}
+			if rel.Proof.Clean || rel.Sandbox.State != api.StateReleased {
+				t.Fatalf("release with a %s refusing removal: clean=%v state %s", kind, rel.Proof.Clean, rel.Sandbox.State)
+			}
+			if s := r.sandbox(sb); !s.Withheld {
+				t.Fatalf("not withheld: %+v", s.Sandbox)
+			}
+			nd, _ := r.n.Node(context.Background())
+			if len(nd.Withheld) != 1 || nd.Capacity.Withheld.CPUMillis != 200 {
+				t.Fatalf("withheld ledger: %+v %+v", nd.Withheld, nd.Capacity.Withheld)
+			}
+			if !strings.Contains(k.String(), kind) {
+				t.Fatalf("the refused %s is not in the kernel:\n%s", kind, k)
+			}
+			again, err, _ := r.release(sb, "r1", 1)
+			if err != nil || again.Proof.Clean || again.Proof.Signature == nil && rel.Proof.Signature != nil {
+				t.Fatalf("retry of release r1: %+v %v", again, err)
+			}
+			// Still refused: the takeover's retry keeps it withheld (its
+			// Reconcile may say what it could not remove).
+			if returned, err := r.boot(); !returned {
+				t.Fatalf("takeover crashed at %q", r.lastCrash())
+			} else if err != nil {
+				t.Logf("takeover with a %s refusing removal: %v", kind, err)
+			}
+			if s := r.sandbox(sb); !s.Withheld {
+				t.Fatalf("a takeover released a withheld generation whose %s is still there", kind)
+			}
+			k.Allow(kind, name)
+			r.mustBoot()
+			if s := r.sandbox(sb); s.Withheld || s.State != api.StateReleased {
+				t.Fatalf("after the object could go: %s withheld=%v (%s)", s.State, s.Withheld, s.Reason)
+			}
+			r.checkProof(retryOp(resp.Sandbox.ContainerID))
+			r.checkClean("after the withheld generation was proven clean")
+			reuse(r, 2)
+		})
+	}
+}
+
+// TestClaimStepFailureRollsBack: a claim whose step fails is rolled back
+// at once, nothing is left, and the operation's stored answer is the
+// step's error.
+func TestClaimStepFailureRollsBack(t *testing.T) {
+	for _, kind := range []string{fakekernel.KindCgroup, fakekernel.KindDisk, fakekernel.KindMount, fakekernel.KindNetns, fakekernel.KindRunsc, fakekernel.KindExec} {
+		t.Run(kind, func(t *testing.T) {
+			tk, k := fakeKernel(t)
+			r := newRig(t, tk)
+			r.mustBoot()
+			k.FailMake(kind, containerID(sb, 1), nil)
+			_, err, _ := r.claim(sb, claimReq("c1", 1))
+			if err == nil || !strings.Contains(err.Error(), "injected") {
+				t.Fatalf("claim with %s failing: %v", kind, err)
+			}
+			claimFailed(r, codeOf(err))
+			r.checkClean("after the rollback")
+			k.ClearFailMake(kind, containerID(sb, 1))
+			reuse(r, 2)
+		})
+	}
+}

@@ -1,0 +1,567 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
+)
+
+// The crash and reconcile cases run on two kernels: the fake one (unit
+// tests, milliseconds; crash_test.go) and the test VM's real one (kernel
+// tests; crash_kernel_test.go). A rig is one node's life over one journal
+// and one kernel: boot a term, run operations that may "crash" (the node's
+// Crash hook ends the operation's goroutine at a named point: no more of
+// that node's code runs, as when the process is killed), boot the next
+// term over the same journal and kernel, and check what its Reconcile left.
+
+// testKernel is what the cases need of a kernel.
+type testKernel struct {
+	leases  Leases
+	rootfs  RootFS
+	netns   Netns
+	runtime Runtime
+	runDir  string
+	// templatesDir holds the template "busybox".
+	templatesDir string
+	diskProjects DiskProjects
+	// text renders the generations' kernel objects and files, "" when
+	// none is left.
+	text func() string
+	// killGuest kills a generation's guest (sandbox and gofer processes).
+	killGuest func(t testing.TB, cid string)
+	// failProbe makes the readiness probe of the claim req fail (after
+	// every effect of the claim was made).
+	failProbe func(t testing.TB, req *api.ClaimRequest)
+	// timeout bounds one operation.
+	timeout time.Duration
+}
+
+// rig runs terms of a node over one journal and one kernel.
+type rig struct {
+	t     testing.TB
+	k     *testKernel
+	dir   string // state dir: journal and identity
+	ident proof.Identity
+	j     *journal.Journal
+	epoch uint64
+	n     *Node
+	end   context.CancelFunc // ends n's term
+	log   *slog.Logger
+	logs  syncBuffer // every term's log, shown when the test fails
+
+	mu      sync.Mutex
+	crashAt string          // the point where the next crash happens
+	crashed string          // the point where the last crash happened
+	reached map[string]bool // every point any term passed
+}
+
+func newRig(t testing.TB, k *testKernel) *rig {
+	t.Helper()
+	r := &rig{t: t, k: k, dir: fastTempDir(t), reached: map[string]bool{}}
+	r.log = slog.New(slog.NewTextHandler(&r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var err error
+	if r.ident, err = proof.LoadOrCreateIdentity(r.dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node log:\n%s", r.logs.String())
+		}
+		if r.end != nil {
+			r.end()
+			r.n.Close()
+		}
+		if r.j != nil {
+			r.j.Close()
+		}
+	})
+	return r
+}
+
+// crash is the node's Crash hook.
+func (r *rig) crash(point string) {
+	r.mu.Lock()
+	r.reached[point] = true
+	hit := point == r.crashAt
+	if hit {
+		r.crashAt, r.crashed = "", point
+	}
+	r.mu.Unlock()
+	if hit {
+		runtime.Goexit() // ends the operation's goroutine (see do)
+	}
+}
+
+// arm makes the next pass through point crash.
+func (r *rig) arm(point string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.crashAt, r.crashed = point, ""
+}
+
+// lastCrash returns the point of the crash since arm, or "".
+func (r *rig) lastCrash() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crashed
+}
+
+// do runs f in its own goroutine, which a crash ends; it reports whether f
+// returned.
+func (r *rig) do(f func()) (returned bool) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+		returned = true
+	}()
+	<-done
+	return returned
+}
+
+// boot starts the next term, as a new process would: the previous term
+// ends (its node runs no more code), the journal is reopened and taken
+// over with the next epoch, and a new node reconciles. It reports whether
+// Reconcile returned (false: it crashed) and its error.
+func (r *rig) boot() (returned bool, err error) {
+	r.t.Helper()
+	if r.end != nil {
+		r.end()
+		r.n.Close()
+	}
+	if r.j != nil {
+		if err := r.j.Close(); err != nil {
+			r.t.Fatalf("close journal: %v", err)
+		}
+	}
+	j, err := journal.Open(filepath.Join(r.dir, "journal.db"), 5*time.Second)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.epoch++
+	if err := j.TakeOver(r.epoch); err != nil {
+		r.t.Fatal(err)
+	}
+	term, end := context.WithCancel(context.Background())
+	r.j, r.end = j, end
+	r.n = New(Config{
+		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
+		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects,
+	}, Deps{
+		Journal: j, Identity: r.ident, Epoch: r.epoch,
+		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
+		Total: testTotal, Term: term, Crash: r.crash, Logger: r.log,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), r.k.timeout)
+	defer cancel()
+	returned = r.do(func() { err = r.n.Reconcile(ctx) })
+	return returned, err
+}
+
+// mustBoot boots a term whose Reconcile must return without error.
+func (r *rig) mustBoot() {
+	r.t.Helper()
+	if returned, err := r.boot(); !returned || err != nil {
+		r.t.Fatalf("boot epoch %d: returned %v (crash at %q), err %v", r.epoch, returned, r.lastCrash(), err)
+	}
+}
+
+// recover boots terms until one reconciles without crashing; the first
+// reboot crashes again if it passes the point (recovery interrupted too).
+func (r *rig) recover(point string, crashes int) {
+	r.t.Helper()
+	for i := 1; ; i++ {
+		if i < crashes {
+			r.arm(point)
+		} else {
+			r.arm("")
+		}
+		returned, err := r.boot()
+		r.arm("") // a recovery that did not pass the point must not crash later
+		if !returned {
+			if i >= crashes {
+				r.t.Fatalf("boot %d crashed at %q although unarmed", i, r.lastCrash())
+			}
+			continue
+		}
+		if err != nil {
+			r.t.Fatalf("reconcile (epoch %d) after the crash at %s: %v", r.epoch, point, err)
+		}
+		return
+	}
+}
+
+// fastTempDir is a temp dir on tmpfs when there is one: the journal
+// fsyncs every transaction, which costs milliseconds each on a disk.
+func fastTempDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/dev/shm", "ctld-node-test-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+var testTotal = api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
+
+func (r *rig) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), r.k.timeout)
+}
+
+func claimReq(op string, gen uint64) api.ClaimRequest {
+	return api.ClaimRequest{
+		OperationID: op, Generation: gen,
+		RootFS:    api.RootFS{Mode: "overlay", Template: "busybox"},
+		Resources: api.Resources{CPUMillis: 200, MemoryBytes: 128 << 20, PIDs: 128, DiskBytes: 16 << 20},
+	}
+}
+
+func (r *rig) claim(id string, req api.ClaimRequest) (resp api.ClaimResponse, err error, returned bool) {
+	ctx, cancel := r.ctx()
+	defer cancel()
+	returned = r.do(func() { resp, err = r.n.Claim(ctx, id, req) })
+	return resp, err, returned
+}
+
+func (r *rig) release(id, op string, gen uint64) (resp api.ReleaseResponse, err error, returned bool) {
+	ctx, cancel := r.ctx()
+	defer cancel()
+	returned = r.do(func() { resp, err = r.n.Release(ctx, id, api.ReleaseRequest{OperationID: op, Generation: gen}) })
+	return resp, err, returned
+}
+
+func (r *rig) mustClaim(id string, req api.ClaimRequest) api.ClaimResponse {
+	r.t.Helper()
+	resp, err, returned := r.claim(id, req)
+	if !returned || err != nil {
+		r.t.Fatalf("claim %s %s: returned %v (crash at %q), %v", id, req.OperationID, returned, r.lastCrash(), err)
+	}
+	return resp
+}
+
+func (r *rig) mustRelease(id, op string, gen uint64) api.ReleaseResponse {
+	r.t.Helper()
+	resp, err, returned := r.release(id, op, gen)
+	if !returned || err != nil {
+		r.t.Fatalf("release %s %s: returned %v (crash at %q), %v", id, op, returned, r.lastCrash(), err)
+	}
+	return resp
+}
+
+func (r *rig) sandbox(id string) journal.Sandbox {
+	r.t.Helper()
+	s, err := r.n.sandbox(id)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return s
+}
+
+// checkProof: the proof of op is journaled, clean and signed by the node.
+func (r *rig) checkProof(op string) api.CleanupProof {
+	r.t.Helper()
+	p, err := r.n.Proof(context.Background(), op)
+	if err != nil {
+		r.t.Fatalf("proof of %s: %v", op, err)
+	}
+	if !p.Clean {
+		r.t.Errorf("proof of %s is not clean: %s", op, failedChecks(p))
+	}
+	if err := proof.Verify(p, r.ident.PublicKey()); err != nil {
+		r.t.Errorf("proof of %s: %v", op, err)
+	}
+	return p
+}
+
+// checkClean: nothing of any generation is left in the kernel, the ledger
+// holds no capacity, the journal no effect and no pending operation.
+func (r *rig) checkClean(when string) {
+	r.t.Helper()
+	if got := r.k.text(); got != "" {
+		r.t.Errorf("%s: the kernel still has:\n%s", when, got)
+	}
+	nd, err := r.n.Node(context.Background())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if nd.Capacity.Leased != (api.Capacity{}) || nd.Capacity.Withheld != (api.Capacity{}) || len(nd.Withheld) > 0 {
+		r.t.Errorf("%s: capacity not returned: leased %+v, withheld %+v %+v", when, nd.Capacity.Leased, nd.Capacity.Withheld, nd.Withheld)
+	}
+	err = r.j.View(func(tx *journal.Tx) error {
+		es, err := tx.Effects()
+		for _, e := range es {
+			r.t.Errorf("%s: effect record left: %s %s %s (epoch %d)", when, e.Kind, e.Name, e.State, e.Epoch)
+		}
+		if err != nil {
+			return err
+		}
+		ops, err := tx.PendingOperations()
+		for _, o := range ops {
+			if o.State == journal.OpPending {
+				r.t.Errorf("%s: operation %s (%s) still pending", when, o.ID, o.Kind)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// effects returns the journal's effect records by "kind/name".
+func (r *rig) effects() map[string]journal.Effect {
+	r.t.Helper()
+	out := map[string]journal.Effect{}
+	err := r.j.View(func(tx *journal.Tx) error {
+		es, err := tx.Effects()
+		for _, e := range es {
+			out[e.Kind+"/"+e.Name] = e
+		}
+		return err
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// Crash points. Claim: "KIND:intended" (journaled, not made), "KIND:made"
+// (made, journaled intended), "KIND:done" (journaled done), for the kinds
+// in claim order.
+var claimKinds = []string{journal.KindLogs, journal.KindCgroup, journal.KindDisk, journal.KindMount, journal.KindNetns, journal.KindBundle, journal.KindRunsc}
+
+// testCrashPoints lists every crash point of the node.
+func testCrashPoints() []string {
+	var out []string
+	for _, k := range claimKinds {
+		out = append(out, k+":intended", k+":made", k+":done")
+	}
+	return out
+}
+
+// checkJournalAt asserts what the journal says at a crash point: the
+// effect record that point is about, in the state it must be in then.
+// Recovery is driven by these records, so an effect() that stopped
+// writing them fails here even if the name sweep hid it.
+func (r *rig) checkJournalAt(point, cid string) {
+	r.t.Helper()
+	kind, step, ok := strings.Cut(point, ":")
+	if !ok || !slices.Contains(claimKinds, kind) {
+		return
+	}
+	want := map[string]string{"intended": journal.Intended, "made": journal.Intended, "done": journal.Done,
+		"removing": journal.Removing, "removed": journal.Removing}[step]
+	if want == "" {
+		return
+	}
+	e, ok := r.effects()[kind+"/"+cid]
+	switch {
+	case !ok:
+		r.t.Errorf("crashed at %s: the journal has no effect record %s/%s", point, kind, cid)
+	case e.State != want || e.Generation == 0 || e.SandboxID == "":
+		r.t.Errorf("crashed at %s: effect record %+v, want state %s with its sandbox and generation", point, e, want)
+	}
+}
+
+// A crashCase is one operation that can pass crash points, and what must
+// hold once a later term recovered from a crash in it.
+type crashCase struct {
+	name string
+	// covers says which points this case is the one to run on (the VM
+	// runs each point once, in its case).
+	covers func(point string) bool
+	// setup runs unarmed.
+	setup func(r *rig)
+	// run runs armed; it reports whether it returned (false: crashed).
+	run func(r *rig) bool
+	// check runs after the recovery (and after a run that did not crash).
+	check func(r *rig, crashed bool)
+}
+
+const sb = "sb"
+
+func isClaimPoint(p string) bool {
+	_, step, _ := strings.Cut(p, ":")
+	return step == "intended" || step == "made" || step == "done"
+}
+
+func isTeardownPoint(p string) bool {
+	_, step, _ := strings.Cut(p, ":")
+	return step == "removing" || step == "removed" || p == "proof:signed"
+}
+
+func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
+
+// claimFailed: the claim c1 of sb was rolled back (failed, clean proof
+// under its operation id) and a retry of c1 gets the same stored error.
+func claimFailed(r *rig, wantCode errdefs.Code) {
+	r.t.Helper()
+	if s := r.sandbox(sb); s.State != api.StateFailed || s.Withheld {
+		r.t.Errorf("sandbox %s is %s (withheld %v, %s), want failed", sb, s.State, s.Withheld, s.Reason)
+	}
+	r.checkProof("c1")
+	_, err1, _ := r.claim(sb, claimReq("c1", 1))
+	_, err2, _ := r.claim(sb, claimReq("c1", 1))
+	if err1 == nil || errdefs.CodeOf(err1) != wantCode || err1.Error() != err2.Error() {
+		r.t.Errorf("retry of claim c1: %v, then %v; want the same stored %s error", err1, err2, wantCode)
+	}
+}
+
+// reuse: capacity and names are free again: the next generation claims
+// and releases cleanly.
+func reuse(r *rig, gen uint64) {
+	r.t.Helper()
+	op := fmt.Sprintf("c%d", gen)
+	r.mustClaim(sb, claimReq(op, gen))
+	rop := fmt.Sprintf("r%d", gen)
+	r.mustRelease(sb, rop, gen)
+	r.checkProof(rop)
+	r.checkClean("after claiming and releasing generation " + fmt.Sprint(gen))
+}
+
+var crashCases = []crashCase{
+	{
+		// A claim cut short is rolled back by the next term.
+		name: "claim", covers: isClaimPoint,
+		run: func(r *rig) bool {
+			_, err, returned := r.claim(sb, claimReq("c1", 1))
+			if returned && err != nil {
+				r.t.Fatalf("claim c1: %v", err)
+			}
+			return returned
+		},
+		check: func(r *rig, crashed bool) {
+			if !crashed {
+				r.mustRelease(sb, "r1", 1)
+			} else {
+				claimFailed(r, errdefs.CodeUnavailable)
+			}
+			r.checkClean("after the claim")
+			reuse(r, 2)
+		},
+	},
+	{
+		// A release cut short is completed by the next term, and its
+		// operation answers with the stored proof.
+		name: "release", covers: isTeardownPoint,
+		setup: func(r *rig) { r.mustClaim(sb, claimReq("c1", 1)) },
+		run: func(r *rig) bool {
+			_, err, returned := r.release(sb, "r1", 1)
+			if returned && err != nil {
+				r.t.Fatalf("release r1: %v", err)
+			}
+			return returned
+		},
+		check: func(r *rig, crashed bool) {
+			if s := r.sandbox(sb); s.State != api.StateReleased || s.Withheld {
+				r.t.Errorf("sandbox %s is %s (withheld %v, %s), want released", sb, s.State, s.Withheld, s.Reason)
+			}
+			p := r.checkProof("r1")
+			for range 2 {
+				resp, err, _ := r.release(sb, "r1", 1)
+				if err != nil || !reflect.DeepEqual(resp.Proof, p) || resp.Sandbox.State != api.StateReleased {
+					r.t.Errorf("retry of release r1: %+v, %v; want the stored answer with proof %+v", resp, err, p)
+				}
+			}
+			r.checkClean("after the release")
+			reuse(r, 2)
+		},
+	},
+	{
+		// A claim whose readiness probe fails is rolled back at once; a
+		// crash during that rollback leaves it to the next term.
+		name: "rollback", covers: func(string) bool { return false },
+		run: func(r *rig) bool {
+			req := claimReq("c1", 1)
+			r.k.failProbe(r.t, &req)
+			_, err, returned := r.claim(sb, req)
+			if returned && err == nil {
+				r.t.Fatal("claim c1 with a failing readiness probe succeeded")
+			}
+			return returned
+		},
+		check: func(r *rig, crashed bool) {
+			code := errdefs.CodeUnavailable // interrupted: the next term rolled it back
+			if !crashed {
+				code = errdefs.CodeInternal // the probe's own error
+			}
+			claimFailed(r, code)
+			r.checkClean("after the rollback")
+			reuse(r, 2)
+		},
+	},
+	{
+		// Objects under ctld's names that this journal never recorded
+		// (made by another node's journal) are orphans: the next term's
+		// sweep removes them, also after a crash in the sweep.
+		name: "orphan", covers: isOrphanPoint,
+		setup: func(r *rig) {
+			other := newRig(r.t, r.k)
+			other.mustBoot()
+			other.mustClaim("orph", claimReq("o1", 1))
+			other.end()
+			other.n.Close()
+		},
+		run: func(r *rig) bool {
+			returned, err := r.boot()
+			if returned && err != nil {
+				r.t.Fatalf("reconcile: %v", err)
+			}
+			return returned
+		},
+		check: func(r *rig, crashed bool) {
+			if _, err := r.n.sandbox("orph"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+				r.t.Errorf("the orphan's sandbox is in this journal: %v", err)
+			}
+			r.checkClean("after the orphan sweep")
+		},
+	},
+}
+
+// runCrashCase runs c with a crash at point (crashes times in a row:
+// the recovery itself may crash at the same point once more). It reports
+// whether the point was reached.
+func runCrashCase(t *testing.T, k *testKernel, c crashCase, point string, crashes int) bool {
+	r := newRig(t, k)
+	r.mustBoot()
+	if c.setup != nil {
+		c.setup(r)
+	}
+	r.arm(point)
+	returned := c.run(r)
+	if returned {
+		if r.lastCrash() != "" {
+			t.Fatalf("returned although it crashed at %s", r.lastCrash())
+		}
+		// Not reached in this case: undo it, so the kernel is clean for
+		// the next case.
+		r.arm("")
+		c.check(r, false)
+		return false
+	}
+	if got := r.lastCrash(); got != point {
+		t.Fatalf("crashed at %q, armed %q", got, point)
+	}
+	r.checkJournalAt(point, containerID(sb, 1))
+	r.recover(point, crashes)
+	c.check(r, true)
+	return true
+}
+
+func fmtProject(p uint32) string { return strconv.FormatUint(uint64(p), 10) }
