@@ -213,10 +213,15 @@ type ProofCheck struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// CleanupProof says everything of one generation is physically gone.
-// Signature is ed25519 over SignedBytes() (the JSON of the proof with an
-// empty signature), by the node key whose public half is NodeKey.
+// CleanupProof says everything of one generation is physically gone. It is
+// the wire form of a proof.Proof (CleanupProofOf, Record): Signature is
+// ed25519 over proof.SignedBytes of the record, a payload of its own
+// (versioned by Version) that this JSON does not define, by the node key
+// whose public half is NodeKey. Verify with proof.Verify(p.Record(), key).
 type CleanupProof struct {
+	// Version is the version of the signed payload (absent: a proof made
+	// before versions).
+	Version     int          `json:"version,omitempty"`
 	OperationID string       `json:"operation_id"`
 	NodeID      string       `json:"node_id"`
 	BootID      string       `json:"boot_id"`

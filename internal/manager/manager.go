@@ -331,7 +331,9 @@ func (m *Manager) judge(ctx context.Context, w want, p api.CleanupProof) (Verdic
 		}
 		m.log().Info("pinned node key on first use", "node", p.NodeID, "key", hex.EncodeToString(node.PublicKey))
 	}
-	if err := proof.Verify(p, ed25519.PublicKey(node.PublicKey)); err != nil {
+	// The record is the exact payload the node signed, whatever the
+	// API's JSON of it looks like.
+	if err := proof.Verify(p.Record(), ed25519.PublicKey(node.PublicKey)); err != nil {
 		v.Reason = fmt.Sprintf("not signed by the pinned key of node %s: %v", p.NodeID, err)
 		return v, nil
 	}

@@ -390,6 +390,36 @@ func TestDestroyRejectsTamperedProof(t *testing.T) {
 	}
 }
 
+// The version is part of what the node signed: a proof downgraded on the
+// way (to the payload without a version) is refused, and an intact one
+// verifies, so the manager checks the exact payload the node signed.
+func TestDestroyRejectsDowngradedProofVersion(t *testing.T) {
+	ctx := context.Background()
+	m, n := setup(t)
+	for i, tamper := range []func(p *api.CleanupProof){
+		func(p *api.CleanupProof) { p.Version = 0 },
+		nil,
+	} {
+		id := fmt.Sprintf("sb%d", i)
+		if _, err := m.Create(ctx, id, testSpec()); err != nil {
+			t.Fatal(err)
+		}
+		n.Lock()
+		n.Tamper = tamper
+		n.Unlock()
+		d, err := m.Destroy(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tamper != nil && (d.Verdict.Verified || !strings.Contains(d.Verdict.Reason, "signature invalid")) {
+			t.Fatalf("verdict on a downgraded proof = %+v, want rejected for its signature", d.Verdict)
+		}
+		if tamper == nil && !d.Verdict.Verified {
+			t.Fatalf("verdict on an intact proof = %+v, want verified", d.Verdict)
+		}
+	}
+}
+
 func TestCreateAsksForAGenerationNewerThanTheNodes(t *testing.T) {
 	ctx := context.Background()
 	m, n := setup(t)

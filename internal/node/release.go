@@ -12,7 +12,6 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/proof"
 )
 
 // Release destroys a sandbox's current generation and returns the signed
@@ -132,7 +131,7 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 	}
 
 	p := n.checkGone(ctx, rec, opID)
-	if err := proof.Sign(n.d.Identity, &p); err != nil {
+	if err := n.signProof(&p); err != nil {
 		errs = append(errs, fmt.Errorf("sign proof: %w", err))
 	}
 	err := n.d.Journal.Update(func(tx *journal.Tx) error {

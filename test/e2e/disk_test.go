@@ -111,7 +111,7 @@ func TestDiskLeaseStopsGuestAtENOSPC(t *testing.T) {
 		if !rel.Proof.Clean {
 			t.Fatalf("proof of %s not clean: %+v", sb.ID, rel.Proof.Checks)
 		}
-		if err := proof.Verify(rel.Proof, n0.NodeKey); err != nil {
+		if err := proof.Verify(rel.Proof.Record(), n0.NodeKey); err != nil {
 			t.Fatalf("verify proof of %s: %v", sb.ID, err)
 		}
 		if !hasCheck(rel.Proof, "disk_quota_cleared") {

@@ -96,7 +96,7 @@ func TestClaimExecFilesRelease(t *testing.T) {
 		t.Fatalf("cleanup proof not clean: %+v", rel.Proof.Checks)
 	}
 	// Verified against the key the node announced, not the one the proof carries.
-	if err := proof.Verify(rel.Proof, n0.NodeKey); err != nil {
+	if err := proof.Verify(rel.Proof.Record(), n0.NodeKey); err != nil {
 		t.Fatalf("verify proof against GET /v1/node's key: %v", err)
 	}
 	if rel.Proof.NodeID != n0.NodeID || rel.Proof.Epoch != n0.Epoch || rel.Proof.Generation != 1 {
@@ -194,7 +194,7 @@ func TestFailoverWithLiveGuest(t *testing.T) {
 	if err != nil || !rel.Proof.Clean || rel.Proof.Epoch != nb.Epoch {
 		t.Fatalf("release after failover: %+v, %v", rel.Proof, err)
 	}
-	if err := proof.Verify(rel.Proof, nil); err != nil {
+	if err := proof.Verify(rel.Proof.Record(), nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -281,7 +281,7 @@ func TestMaxLifetimeReleases(t *testing.T) {
 	if err != nil {
 		t.Fatalf("proof of the expiry release: %v", err)
 	}
-	if err := proof.Verify(p, nil); err != nil || !p.Clean {
+	if err := proof.Verify(p.Record(), nil); err != nil || !p.Clean {
 		t.Fatalf("expiry proof: clean %v, %v", p.Clean, err)
 	}
 }
@@ -315,7 +315,7 @@ func TestGuestGoneWhilePrimaryDownIsMarkedLost(t *testing.T) {
 	if err != nil || !p.Clean {
 		t.Fatalf("proof of the lost generation: %+v, %v", p, err)
 	}
-	if err := proof.Verify(p, nil); err != nil {
+	if err := proof.Verify(p.Record(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := c.Node(cx); n.Capacity.Leased != (api.Capacity{}) {

@@ -217,7 +217,7 @@ func TestGuestLogBoundedFollowedSurvivesFailoverAndRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	if err := proof.Verify(rel.Proof, nil); err != nil || !rel.Proof.Clean {
+	if err := proof.Verify(rel.Proof.Record(), nil); err != nil || !rel.Proof.Clean {
 		t.Fatalf("proof: clean %v, %v: %+v", rel.Proof.Clean, err, rel.Proof.Checks)
 	}
 	found := false

@@ -202,7 +202,7 @@ func TestWithheldRetriedOnTimer(t *testing.T) {
 	if err != nil || !p.Clean {
 		t.Fatalf("retry proof: %+v, %v; want clean", p, err)
 	}
-	if err := proof.Verify(p, n0.NodeKey); err != nil {
+	if err := proof.Verify(p.Record(), n0.NodeKey); err != nil {
 		t.Fatalf("verify retry proof: %v", err)
 	}
 	sb, err := c.Get(cx, "held")
@@ -260,7 +260,7 @@ func TestWithheldRetriedOnTakeover(t *testing.T) {
 	if err != nil || !p.Clean || p.Epoch != n.Epoch {
 		t.Fatalf("retry proof: %+v, %v; want clean, by epoch %d", p, err, n.Epoch)
 	}
-	if err := proof.Verify(p, n.NodeKey); err != nil {
+	if err := proof.Verify(p.Record(), n.NodeKey); err != nil {
 		t.Fatal(err)
 	}
 	if !e.logsContain("retrying teardown of withheld generation", "trigger=takeover") {

@@ -271,9 +271,11 @@ func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (ap
 		}
 		p.Checks = append(p.Checks, api.ProofCheck{Name: c, OK: ok})
 	}
-	if err := proof.Sign(proof.Identity{NodeID: n.NodeID, BootID: p.BootID, Key: n.Signer}, &p); err != nil {
+	rec := p.Record()
+	if err := proof.Sign(proof.Identity{NodeID: n.NodeID, BootID: p.BootID, Key: n.Signer}, &rec); err != nil {
 		return api.ReleaseResponse{}, err
 	}
+	p = api.CleanupProofOf(rec)
 	if n.Tamper != nil {
 		n.Tamper(&p)
 	}

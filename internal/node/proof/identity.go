@@ -1,6 +1,14 @@
 // Package proof holds the node identity (node id, boot id, ed25519 signing
 // key) and signs and verifies cleanup proofs (DESIGN.md, invariant 3: capacity
 // comes back only after a proof shows the old holder is physically gone).
+//
+// A proof is its own versioned record (Proof), not the API's type: the
+// signature covers SignedBytes, a payload fixed per version (see payloadV1:
+// compact JSON of version, operation_id, node_id, boot_id, epoch,
+// sandbox_id, generation, lease_id, checks, clean, time, node_key and a null
+// signature, in that order), so a change of the API's JSON never changes
+// what a signature covers. Version 0 is the payload of the proofs made
+// before versions (the same without "version"); Verify accepts both.
 package proof
 
 import (
