@@ -283,7 +283,7 @@ func (r *rig) checkProof(op string) api.CleanupProof {
 	if !p.Clean {
 		r.t.Errorf("proof of %s is not clean: %s", op, failedChecks(p))
 	}
-	if err := proof.Verify(p, r.ident.PublicKey()); err != nil {
+	if err := proof.Verify(p.Record(), r.ident.PublicKey()); err != nil {
 		r.t.Errorf("proof of %s: %v", op, err)
 	}
 	return p
