@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
@@ -53,6 +54,7 @@ type Node struct {
 
 	sandboxes map[string]api.Sandbox
 	claims    map[string]api.ClaimResponse
+	requests  map[string]any // operation id → the request it answered (as the node's request hash)
 	releases  map[string]api.ReleaseResponse
 	files     map[string][]byte
 	// ClaimOps records the operation id of every claim that reached Claim.
@@ -70,6 +72,7 @@ func New(nodeID string) *Node {
 		NodeID: nodeID, Key: priv, Signer: priv,
 		sandboxes: map[string]api.Sandbox{},
 		claims:    map[string]api.ClaimResponse{},
+		requests:  map[string]any{},
 		releases:  map[string]api.ReleaseResponse{},
 		files:     map[string][]byte{},
 		GuestLog:  map[string]string{},
@@ -140,6 +143,9 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 		}
 	}
 	if r, ok := n.claims[req.OperationID]; ok {
+		if err := n.sameRequest(req.OperationID, id, req); err != nil {
+			return api.ClaimResponse{}, err
+		}
 		return r, nil
 	}
 	if cur, ok := n.sandboxes[id]; ok && cur.State == api.StateReady {
@@ -156,6 +162,7 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 	n.sandboxes[id] = sb
 	r := api.ClaimResponse{Sandbox: sb}
 	n.claims[req.OperationID] = r
+	n.requests[req.OperationID] = []any{id, req}
 	return r, nil
 }
 
@@ -202,8 +209,21 @@ func joinArgs(a []string) string {
 func (n *Node) ready(id string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if sb, ok := n.sandboxes[id]; !ok || sb.State != api.StateReady {
-		return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s is not running", id)
+	sb, ok := n.sandboxes[id]
+	if !ok {
+		return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	if sb.State != api.StateReady {
+		return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s, not ready", id, sb.Generation, sb.State)
+	}
+	return nil
+}
+
+// sameRequest refuses, as the node does, an operation id used before for
+// another request. Call with n.mu held.
+func (n *Node) sameRequest(op, id string, req any) error {
+	if !reflect.DeepEqual(n.requests[op], []any{id, req}) {
+		return errdefs.Errorf(errdefs.CodeConflict, "operation_id %q was used for a different request", op)
 	}
 	return nil
 }
@@ -244,13 +264,16 @@ func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (ap
 		}
 	}
 	if r, ok := n.releases[req.OperationID]; ok {
+		if err := n.sameRequest(req.OperationID, id, req); err != nil {
+			return api.ReleaseResponse{}, err
+		}
 		return r, nil
 	}
 	sb, ok := n.sandboxes[id]
 	switch {
 	case !ok:
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-	case sb.Generation != req.Generation:
+	case req.Generation != 0 && sb.Generation != req.Generation: // 0: the current one
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, sb.Generation)
 	case sb.State != api.StateReady:
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
@@ -281,6 +304,7 @@ func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (ap
 	}
 	r := api.ReleaseResponse{Sandbox: sb, Proof: p}
 	n.releases[req.OperationID] = r
+	n.requests[req.OperationID] = []any{id, req}
 	return r, nil
 }
 
