@@ -265,7 +265,7 @@ func (c *cli) createCommand() *cobra.Command {
 	f.Int64Var(&pids, "pids", 256, "maximum number of processes")
 	f.StringVar(&disk, "disk", "", "disk lease of the RootFS: 1Gi, 512Mi or bytes (empty: the node's default)")
 	f.StringVar(&template, "template", "busybox", "RootFS template")
-	f.StringVar(&mode, "mode", api.RootFSOverlay, "RootFS mode")
+	f.StringVar(&mode, "mode", string(api.RootFSOverlay), "RootFS mode")
 	f.StringArrayVar(&env, "env", nil, "environment of the main process (KEY=VALUE, repeatable)")
 	f.StringVar(&cwd, "cwd", "", "working directory of the main process")
 	f.Int64Var(&lifetime, "max-lifetime", 0, "seconds until the node releases it (0: none)")
@@ -292,7 +292,7 @@ func (c *cli) createCommand() *cobra.Command {
 		defer done()
 		res, err := m.Create(ctx, ids[0], manager.Spec{
 			Resources:      api.Resources{CPUMillis: millis, MemoryBytes: mem, PIDs: pids, DiskBytes: diskBytes},
-			RootFS:         api.RootFS{Mode: mode, Template: template},
+			RootFS:         api.RootFS{Mode: api.RootFSMode(mode), Template: template},
 			Network:        api.NetworkPolicy{Mode: api.NetworkDenyAll},
 			Process:        api.Process{Args: proc, Env: env, Cwd: cwd},
 			MaxLifetimeSec: lifetime,

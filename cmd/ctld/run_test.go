@@ -136,7 +136,7 @@ func TestWatchdogPingsOnlyWhileHealthy(t *testing.T) {
 
 // takeover runs one instance's run() in this process until it returns,
 // recording every role its probe reported.
-func takeover(t *testing.T, stateDir string) (roles map[string]int, err error) {
+func takeover(t *testing.T, stateDir string) (roles map[ha.Role]int, err error) {
 	t.Helper()
 	runDir := shortDir(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -146,7 +146,7 @@ func takeover(t *testing.T, stateDir string) (roles map[string]int, err error) {
 	go func() {
 		errc <- runInstance(ctx, globalOpts{stateDir: stateDir, runDir: runDir}, o, slog.New(slog.DiscardHandler))
 	}()
-	roles = map[string]int{}
+	roles = map[ha.Role]int{}
 	for {
 		select {
 		case err := <-errc:

@@ -13,10 +13,13 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 )
 
+// LogSource is which log of a generation GET /v1/sandboxes/{id}/logs reads.
+type LogSource string
+
 // Log sources of GET /v1/sandboxes/{id}/logs.
 const (
-	LogSourceInit  = "init"  // the guest's init stdout and stderr
-	LogSourceRunsc = "runsc" // runsc's own log for the generation
+	LogSourceInit  LogSource = "init"  // the guest's init stdout and stderr
+	LogSourceRunsc LogSource = "runsc" // runsc's own log for the generation
 )
 
 // Bounds of a logs request.
@@ -31,7 +34,7 @@ const (
 // follow=1 (stream new output as it comes, as text/event-stream), and
 // idle_sec=N (a follow ends after N seconds without output; default 300).
 type LogsRequest struct {
-	Source  string
+	Source  LogSource
 	Tail    int
 	Follow  bool
 	IdleSec int64
@@ -60,7 +63,7 @@ func (r *LogsRequest) Validate() error {
 		r.Source = LogSourceInit
 	case LogSourceInit, LogSourceRunsc:
 	default:
-		return invalid("source must be %s or %s, got %s", LogSourceInit, LogSourceRunsc, errdefs.Quote(r.Source))
+		return invalid("source must be %s or %s, got %s", LogSourceInit, LogSourceRunsc, errdefs.Quote(string(r.Source)))
 	}
 	if r.Tail < 0 || r.Tail > MaxLogTailLines {
 		return invalid("tail must be between 0 (all) and %d lines, got %d", MaxLogTailLines, r.Tail)
@@ -78,7 +81,7 @@ func (r *LogsRequest) Validate() error {
 func (r LogsRequest) Query() url.Values {
 	q := url.Values{}
 	if r.Source != "" {
-		q.Set("source", r.Source)
+		q.Set("source", string(r.Source))
 	}
 	if r.Tail > 0 {
 		q.Set("tail", strconv.Itoa(r.Tail))
@@ -103,7 +106,7 @@ func ParseLogsRequest(q url.Values) (LogsRequest, error) {
 		var err error
 		switch k {
 		case "source":
-			r.Source = v[0]
+			r.Source = LogSource(v[0])
 		case "tail":
 			r.Tail, err = strconv.Atoi(v[0])
 		case "follow":

@@ -48,12 +48,19 @@ type Versions struct {
 	Nft    string `json:"nft"`
 }
 
+// Role is what the answering instance is: only a primary serves the API,
+// so GET /v1/node says RolePrimary.
+type Role string
+
+// RolePrimary is the role of the instance that serves the API.
+const RolePrimary Role = "primary"
+
 // Node is the answer to GET /v1/node.
 type Node struct {
 	NodeID string `json:"node_id"`
 	BootID string `json:"boot_id"`
 	Slot   string `json:"slot"`
-	Role   string `json:"role"`
+	Role   Role   `json:"role"`
 	Epoch  uint64 `json:"epoch"`
 	// NodeKey is the ed25519 public key that signs this node's cleanup
 	// proofs; a manager pins it on first contact.
@@ -91,17 +98,25 @@ type Resources struct {
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
+// RootFSMode is where a RootFS's blocks live: RootFSOverlay (now) or
+// RootFSBlock.
+type RootFSMode string
+
 // RootFS says where a generation's root filesystem comes from.
 type RootFS struct {
-	Mode     string `json:"mode"`     // "overlay" (now) or "block"
-	Template string `json:"template"` // template name
+	Mode     RootFSMode `json:"mode"`
+	Template string     `json:"template"` // template name
 }
 
 // NetworkPolicy of a sandbox. Until the network issue lands only deny_all is
 // accepted: the sandbox gets a netns with loopback and no route out.
 type NetworkPolicy struct {
-	Mode string `json:"mode"` // "deny_all"
+	Mode NetworkMode `json:"mode"`
 }
+
+// NetworkMode is a sandbox's network mode: NetworkDenyAll (now),
+// NetworkOpen or NetworkRestrict.
+type NetworkMode string
 
 // Process is the sandbox's main process.
 type Process struct {

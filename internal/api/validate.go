@@ -47,16 +47,17 @@ const (
 // are defined in DESIGN.md but not implemented yet; they are refused here
 // so a claim fails before it reaches the node.
 const (
-	RootFSOverlay   = "overlay"
-	RootFSBlock     = "block"
-	NetworkDenyAll  = "deny_all"
-	NetworkOpen     = "open"
-	NetworkRestrict = "restricted"
+	RootFSOverlay RootFSMode = "overlay"
+	RootFSBlock   RootFSMode = "block"
+
+	NetworkDenyAll  NetworkMode = "deny_all"
+	NetworkOpen     NetworkMode = "open"
+	NetworkRestrict NetworkMode = "restricted"
 )
 
 // EffectiveMode is the network mode a policy stands for: an empty mode is
 // deny_all.
-func (p NetworkPolicy) EffectiveMode() string {
+func (p NetworkPolicy) EffectiveMode() NetworkMode {
 	if p.Mode == "" {
 		return NetworkDenyAll
 	}
@@ -116,7 +117,7 @@ func (r ClaimRequest) Validate() error {
 	case "":
 		return invalid("rootfs.mode is empty: must be %q", RootFSOverlay)
 	default:
-		return invalid("unknown rootfs.mode %s: must be %q", errdefs.Quote(r.RootFS.Mode), RootFSOverlay)
+		return invalid("unknown rootfs.mode %s: must be %q", errdefs.Quote(string(r.RootFS.Mode)), RootFSOverlay)
 	}
 	if err := names.CheckID("rootfs.template", r.RootFS.Template); err != nil {
 		return err
@@ -129,7 +130,7 @@ func (r ClaimRequest) Validate() error {
 	case NetworkOpen, NetworkRestrict:
 		return invalid("network.mode %q is not supported yet: only %q", m, NetworkDenyAll)
 	default:
-		return invalid("unknown network.mode %s: must be %q", errdefs.Quote(m), NetworkDenyAll)
+		return invalid("unknown network.mode %s: must be %q", errdefs.Quote(string(m)), NetworkDenyAll)
 	}
 	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
 		return err

@@ -334,7 +334,7 @@ type pairDriver interface {
 	kill9(slot string)
 	rejoin(slot string) // after kill9: run it again (systemd restarts it itself)
 	waitPrimary(slot string)
-	waitRole(slot, role string)
+	waitRole(slot string, role ha.Role)
 	stopAll() // both instances; the guests stay
 	seed(n int)
 	journalStats() journal.Stats
@@ -350,7 +350,7 @@ func (h *harnessDriver) rejoin(slot string)  { h.e.start(slot) }
 func (h *harnessDriver) waitPrimary(slot string) {
 	h.e.waitPrimary(slot, 2*time.Minute)
 }
-func (h *harnessDriver) waitRole(slot, role string) { h.e.waitRole(slot, role, time.Minute) }
+func (h *harnessDriver) waitRole(slot string, role ha.Role) { h.e.waitRole(slot, role, time.Minute) }
 func (h *harnessDriver) stopAll() {
 	for slot := range h.e.procs {
 		h.e.kill9(slot)
@@ -420,7 +420,7 @@ func (s *systemdDriver) waitPrimary(slot string) {
 	s.t.Helper()
 	waitProbe(s.t, "/run/ctld", slot, ha.RolePrimary, 2*time.Minute, s.client())
 }
-func (s *systemdDriver) waitRole(slot, role string) {
+func (s *systemdDriver) waitRole(slot string, role ha.Role) {
 	s.t.Helper()
 	waitProbe(s.t, "/run/ctld", slot, role, time.Minute, nil)
 }
@@ -436,7 +436,7 @@ func (s *systemdDriver) takeoverLogs(guests int, grownAt time.Time, small, grown
 
 // waitProbe waits until slot's probe says role (and, for the primary,
 // health ok and the API answering from that slot).
-func waitProbe(t testing.TB, runDir, slot, role string, d time.Duration, c *api.Client) {
+func waitProbe(t testing.TB, runDir, slot string, role ha.Role, d time.Duration, c *api.Client) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {

@@ -227,7 +227,7 @@ func (e *env) waitPrimary(slot string, d time.Duration) api.Node {
 }
 
 // waitRole waits until slot's probe reports role.
-func (e *env) waitRole(slot, role string, d time.Duration) {
+func (e *env) waitRole(slot string, role ha.Role, d time.Duration) {
 	e.t.Helper()
 	deadline := time.Now().Add(d)
 	for {

@@ -33,11 +33,14 @@ import (
 // ended and that drains before giving the lock back says stopping. So a
 // probe never shows two primaries, even while a new primary takes over.
 const (
-	RoleStandby  = "standby"
-	RoleStarting = "starting"
-	RolePrimary  = "primary"
-	RoleStopping = "stopping"
+	RoleStandby  Role = "standby"
+	RoleStarting Role = "starting"
+	RolePrimary  Role = "primary"
+	RoleStopping Role = "stopping"
 )
+
+// Role is what an instance is doing in its slot's election.
+type Role string
 
 // Paths of the election state relative to the state dir.
 const (

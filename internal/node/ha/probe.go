@@ -21,7 +21,7 @@ import (
 // Status is what an instance reports on its probe socket.
 type Status struct {
 	Slot   string    `json:"slot"`
-	Role   string    `json:"role"` // RoleStandby, RoleStarting, RolePrimary or RoleStopping
+	Role   Role      `json:"role"`
 	Epoch  uint64    `json:"epoch"`
 	Health string    `json:"health"`
 	PID    int       `json:"pid"`
