@@ -7,13 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/names"
 	"github.com/google/nftables"
 )
 
@@ -44,10 +44,19 @@ type SnapshotOptions struct {
 	StateDir   string
 }
 
-// generationName matches what ctld names a generation's files:
-// "<sandbox id>-g<generation>", and the log files of the layout before
-// per-generation log directories.
-var generationName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?-g[1-9][0-9]*(\.log|\.init\.log|\.debug)?$`)
+// isGenerationFile reports whether a file is named as ctld names a
+// generation's files: "<sandbox id>-g<generation>" (names.ParseGeneration),
+// or a log file of the layout before per-generation log directories.
+func isGenerationFile(n string) bool {
+	for _, suffix := range []string{".init.log", ".log", ".debug"} {
+		if base, ok := strings.CutSuffix(n, suffix); ok {
+			n = base
+			break
+		}
+	}
+	_, _, ok := names.ParseGeneration(n)
+	return ok
+}
 
 // GenerationFiles lists the entries that belong to one generation in the
 // directories where ctld keeps them: <run>/bundles, <run>/runsc.logs and
@@ -64,7 +73,7 @@ func GenerationFiles(runDir, stateDir string) []string {
 	var out []string
 	for _, d := range dirs {
 		for _, n := range dirNames(d) {
-			if generationName.MatchString(n) {
+			if isGenerationFile(n) {
 				out = append(out, filepath.Join(d, n))
 			}
 		}
