@@ -368,3 +368,57 @@ func TestKernelInitIdempotent(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelKillEmptiesAndKeeps: Kill ends every process of a lease (a
+// process tree, and one in a child cgroup) and returns only once the kernel
+// says the lease is empty; the lease and its limits stay for Remove.
+func TestKernelKillEmptiesAndKeeps(t *testing.T) {
+	m := kernelManager(t)
+	ctx := t.Context()
+	s := Spec{ID: "killed", CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 16}
+	if err := m.Create(ctx, s); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	c := exec.Command("/bin/sh", "-c", "sleep 600 & sleep 600 & wait")
+	if err := startIn(t, m, s.ID, c); err != nil {
+		t.Fatalf("start in lease: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if st, err := m.Stats(ctx, s.ID); err != nil || st.Procs == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lease never had 3 processes")
+		}
+	}
+	if err := m.Kill(ctx, s.ID); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	// Kill returned: the kernel already counts the lease empty.
+	if populated, err := m.Populated(ctx, s.ID); err != nil || populated {
+		t.Fatalf("Populated after Kill = %v, %v; want an empty lease", populated, err)
+	}
+	err := c.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("shell in killed lease ended with %v, want SIGKILL from cgroup.kill", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(m.Dir(s.ID), "pids.max")); err != nil || strings.TrimSpace(string(b)) != "16" {
+		t.Fatalf("lease after Kill: pids.max %q, %v; want the lease kept with its limits", b, err)
+	}
+	if ok, _ := m.CheckGone(ctx, s.ID); ok {
+		t.Fatal("CheckGone = true for a lease Kill must keep")
+	}
+	if err := m.Kill(ctx, s.ID); err != nil {
+		t.Fatalf("Kill of an empty lease: %v", err)
+	}
+	if err := m.Remove(ctx, s.ID); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if err := m.Kill(ctx, s.ID); err != nil {
+		t.Fatalf("Kill of a removed lease: %v", err)
+	}
+	if err := m.Kill(ctx, "../x"); err == nil {
+		t.Fatal("Kill of an invalid id succeeded")
+	}
+}

@@ -248,23 +248,54 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	return nil
 }
 
-func (m *Manager) removeTree(ctx context.Context, r *rootFS, rel string) error {
+// Kill SIGKILLs every process in lease id and its child cgroups
+// (cgroup.kill) and returns once the kernel reports the lease empty, i.e.
+// every one of them has exited. The lease itself stays; Remove removes it.
+// A teardown kills the guest this way (sandbox, gofer, exec processes and
+// log writer at once) before runsc deletes the container, so runsc finds
+// nothing to kill and wait for. A lease that is gone or empty is success.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	if err := ValidateID(id); err != nil {
+		return fmt.Errorf("kill lease: %w", err)
+	}
+	r, err := m.open()
+	if err != nil {
+		return fmt.Errorf("kill lease %s: %w", id, err)
+	}
+	defer r.Close()
+	if _, err := m.killTree(ctx, r, m.rel(id)); err != nil {
+		return fmt.Errorf("kill lease %s: %w", id, err)
+	}
+	return nil
+}
+
+// killTree empties the cgroup rel: cgroup.kill when populated, then a wait
+// for the kernel to say it is empty. exists is false when rel is gone.
+func (m *Manager) killTree(ctx context.Context, r *rootFS, rel string) (exists bool, err error) {
 	populated, err := isPopulated(r, rel)
 	if errors.Is(err, unix.ENOENT) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return true, err
 	}
 	if populated {
 		// cgroup.kill SIGKILLs the whole subtree, including tasks forked
 		// while it runs.
 		if err := r.write(path.Join(rel, "cgroup.kill"), "1"); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("kill cgroup: %w", err)
+			return true, fmt.Errorf("kill cgroup: %w", err)
 		}
 		if err := m.waitEmpty(ctx, r, rel); err != nil {
-			return err
+			return true, err
 		}
+	}
+	return true, nil
+}
+
+func (m *Manager) removeTree(ctx context.Context, r *rootFS, rel string) error {
+	exists, err := m.killTree(ctx, r, rel)
+	if !exists || err != nil {
+		return err
 	}
 	children, err := r.dirs(rel)
 	if errors.Is(err, unix.ENOENT) {
