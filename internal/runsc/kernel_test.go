@@ -34,6 +34,10 @@ func TestMain(m *testing.M) {
 		os.Exit(helperCreateStart())
 	case "stdio-descriptions":
 		os.Exit(helperStdioDescriptions())
+	case "sleep":
+		// A process that looks like runsc by its command line (dead_test.go).
+		time.Sleep(time.Hour)
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -58,7 +62,7 @@ func helperCreateStart() int {
 // newNetns makes a netns that only this test knows, bind-mounted on a file
 // in a temp dir (not /run/netns, whose first use leaves a mount behind), and
 // brings its loopback up. It is gone when the test ends.
-func newNetns(t *testing.T) (string, netns.NsHandle) {
+func newNetns(t testing.TB) (string, netns.NsHandle) {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "netns")
 	if err := os.WriteFile(p, nil, 0o600); err != nil {
@@ -108,7 +112,7 @@ func newNetns(t *testing.T) (string, netns.NsHandle) {
 
 // newLease makes a cgroup the way ctld's lease does: a pre-created
 // directory with limits written, which runsc must join and leave alone.
-func newLease(t *testing.T, name string) string {
+func newLease(t testing.TB, name string) string {
 	t.Helper()
 	dir := filepath.Join(ktest.CgroupRoot, name)
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -145,7 +149,7 @@ type kernelEnv struct {
 	cgroupPath string
 }
 
-func setupKernel(t *testing.T, name string) kernelEnv {
+func setupKernel(t testing.TB, name string) kernelEnv {
 	t.Helper()
 	ktest.RequireBinary(t, "runsc")
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
