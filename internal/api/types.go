@@ -149,6 +149,27 @@ type Timings struct {
 	RunscMS   float64 `json:"runsc_ms"`
 	ProofMS   float64 `json:"proof_ms"`
 	TotalMS   float64 `json:"total_ms"`
+	// Steps is each resource's make time, in claim order.
+	Steps []StepTiming `json:"steps,omitempty"`
+}
+
+// StepTiming is one resource's share of a claim or a release: its make,
+// its removal, and its cleanup-proof check, in milliseconds.
+type StepTiming struct {
+	Resource string  `json:"resource"`
+	MakeMS   float64 `json:"make_ms,omitempty"`
+	RemoveMS float64 `json:"remove_ms,omitempty"`
+	CheckMS  float64 `json:"check_ms,omitempty"`
+}
+
+// ReleaseTimings of the teardown that ended a generation (release,
+// rollback, lost or withheld retry), in milliseconds: per resource its
+// removal and its proof check (in teardown order), the signing and
+// journaling of the proof, and the whole.
+type ReleaseTimings struct {
+	Steps   []StepTiming `json:"steps"`
+	ProofMS float64      `json:"proof_ms"`
+	TotalMS float64      `json:"total_ms"`
 }
 
 // Sandbox states.
@@ -174,7 +195,9 @@ type Sandbox struct {
 	Epoch       uint64    `json:"epoch"`
 	CreatedAt   time.Time `json:"created_at"`
 	Timings     Timings   `json:"timings"`
-	Reason      string    `json:"reason,omitempty"`
+	// ReleaseTimings is set once a teardown of this generation ran.
+	ReleaseTimings *ReleaseTimings `json:"release_timings,omitempty"`
+	Reason         string          `json:"reason,omitempty"`
 	// OOMKills counts memory.max kills seen in the lease (memory.events).
 	OOMKills int64 `json:"oom_kills"`
 }

@@ -278,70 +278,37 @@ func leaseSpec(cid string, r api.Resources) lease.Spec {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// claimPhases maps each resource to the claim timing it counts in.
+func claimPhases(t *api.Timings) map[string]*float64 {
+	return map[string]*float64{
+		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
+		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
+		journal.KindNetns:  &t.NetworkMS,
+		journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,
+	}
+}
+
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
-	req := rec.Request
 	cid := rec.ContainerID
 	t := api.Timings{AdmitMS: rec.Timings.AdmitMS}
+	phase := claimPhases(&t)
 	start := time.Now()
-	step := time.Now()
 
-	spec := leaseSpec(cid, req.Resources) // validated by Claim before the journal
-	if err := n.effect(journal.KindLogs, cid, rec, func() error { return n.logDirs().Make(cid) }); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("make log dir: %w", err)
-	}
-	if err := n.effect(journal.KindCgroup, cid, rec, func() error { return n.d.Leases.Create(ctx, spec) }); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("create lease: %w", err)
-	}
-	t.LeaseMS, step = ms(time.Since(step)), time.Now()
-
-	if err := n.limitDisk(ctx, rec); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("limit disk: %w", err)
-	}
-	var root string
-	if err := n.effect(journal.KindMount, cid, rec, func() (err error) {
-		root, err = n.d.RootFS.Mount(ctx, cid, lower)
-		return err
-	}); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("mount rootfs: %w", err)
-	}
-	t.RootFSMS, step = ms(time.Since(step)), time.Now()
-
-	var nsPath string
-	if err := n.effect(journal.KindNetns, cid, rec, func() (err error) {
-		nsPath, err = n.d.Netns.Create(ctx, cid)
-		return err
-	}); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("create netns: %w", err)
-	}
-	rec = n.identify(ctx, rec)
-	t.NetworkMS, step = ms(time.Since(step)), time.Now()
-
-	args := req.Process.Args
-	if len(args) == 0 {
-		args = n.cfg.DefaultArgs
-	}
-	oci, err := runsc.BuildSpec(runsc.BundleSpec{
-		ContainerID: cid, RootPath: root, Hostname: rec.ID, NetnsPath: nsPath,
-		CgroupsPath: n.d.Leases.CgroupsPath(cid), CPUMillis: req.Resources.CPUMillis,
-		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
-		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
-		OOMScoreAdj: n.cfg.GuestOOMScoreAdj,
-	})
-	if err != nil {
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)
-	}
-	if err := n.effect(journal.KindBundle, cid, rec, func() error { return runsc.WriteBundle(rec.Bundle, oci) }); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("write bundle: %w", err)
-	}
-	if err := n.effect(journal.KindRunsc, cid, rec, func() error {
-		if err := n.d.Runtime.Create(ctx, cid, rec.Bundle); err != nil {
-			return err
+	// Make the generation's resources in table order, each journaled.
+	c := &claimState{rec: rec, lower: lower}
+	for _, r := range n.table {
+		t0 := time.Now()
+		if err := n.effect(r.kind(), cid, c.rec, func() error { return r.make(ctx, c) }); err != nil {
+			return api.ClaimResponse{}, err
 		}
-		return n.d.Runtime.Start(ctx, cid)
-	}); err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("start container: %w", err)
+		d := ms(time.Since(t0))
+		t.Steps = append(t.Steps, api.StepTiming{Resource: r.kind(), MakeMS: d})
+		if p := phase[r.kind()]; p != nil {
+			*p += d
+		}
 	}
-	t.RunscMS, step = ms(time.Since(step)), time.Now()
+	rec, root := c.rec, c.root
+	step := time.Now()
 
 	// Readiness proof: the first command through the guest must return
 	// this generation's nonce.

@@ -1,10 +1,6 @@
 package node
 
 import (
-	"context"
-	"errors"
-	"fmt"
-
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
@@ -47,10 +43,7 @@ func (n *Node) checkDisk(r api.Resources) error {
 // generation holding capacity (live, half done or withheld) uses. It runs
 // inside the claim's write transaction, so two claims never pick the same.
 func (n *Node) allocDiskProject(all []journal.Sandbox) (uint32, error) {
-	pr := n.cfg.DiskProjects
-	if pr.Count == 0 {
-		pr = DefaultDiskProjects
-	}
+	pr := n.diskProjects()
 	used := map[uint32]bool{}
 	for _, s := range all {
 		if s.DiskProject != 0 && (s.Holds() || s.Withheld) {
@@ -65,52 +58,10 @@ func (n *Node) allocDiskProject(all []journal.Sandbox) (uint32, error) {
 	return 0, errdefs.Errorf(errdefs.CodeCapacityExhausted, "no free disk project id in [%d, %d)", pr.Base, pr.Base+pr.Count)
 }
 
-// limitDisk is the claim step: journaled, then the project quota is set on
-// the sandbox's scratch dir before the overlay is mounted over it.
-func (n *Node) limitDisk(ctx context.Context, rec journal.Sandbox) error {
-	if rec.DiskProject == 0 {
-		return fmt.Errorf("generation %d of %s has no disk project", rec.Generation, rec.ID)
+// diskProjects is the node's project id range.
+func (n *Node) diskProjects() DiskProjects {
+	if n.cfg.DiskProjects.Count == 0 {
+		return DefaultDiskProjects
 	}
-	return n.effect(journal.KindDisk, rec.ContainerID, rec, func() error {
-		return n.d.RootFS.LimitDisk(ctx, rec.ContainerID, rec.DiskProject, rec.Resources.DiskBytes)
-	})
-}
-
-// sweepDiskProjects clears project quotas of ctld's range that no
-// generation in the journal holds (a crash between a claim's quota and its
-// journal record cannot leave one, but an operator's restore or a foreign
-// tool can). A project that still holds data keeps its limit.
-func (n *Node) sweepDiskProjects(ctx context.Context) error {
-	pr := n.cfg.DiskProjects
-	if pr.Count == 0 {
-		pr = DefaultDiskProjects
-	}
-	var ss []journal.Sandbox
-	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		ss, err = tx.LiveSandboxes()
-		return err
-	}); err != nil {
-		return fmt.Errorf("read journal: %w", err)
-	}
-	owned := map[uint32]bool{}
-	for _, s := range ss {
-		if s.DiskProject != 0 && (s.Holds() || s.Withheld) {
-			owned[s.DiskProject] = true
-		}
-	}
-	qs, err := n.d.RootFS.DiskProjects(ctx, pr.Base, pr.Base+pr.Count)
-	if err != nil {
-		return fmt.Errorf("list disk projects: %w", err)
-	}
-	var errs []error
-	for _, q := range qs {
-		if owned[q.ID] {
-			continue
-		}
-		n.log.Warn("removing orphan", "kind", journal.KindDisk, "project", q.ID, "used_bytes", q.UsedBytes, "limit_bytes", q.LimitBytes)
-		if err := n.d.RootFS.UnlimitDisk(ctx, q.ID); err != nil {
-			errs = append(errs, fmt.Errorf("remove orphan disk project %d: %w", q.ID, err))
-		}
-	}
-	return errors.Join(errs...)
+	return n.cfg.DiskProjects
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -79,6 +80,12 @@ type Node struct {
 	closed   bool
 	draining bool           // Drain started: no new operation
 	ops      sync.WaitGroup // operations of the term in flight (begin)
+	// unjournaled lists objects found and removed that no effect record
+	// named: the second line of defence worked, the first did not.
+	unjournaled []string
+
+	// table is the generation's resources in claim order (resources.go).
+	table []resource
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -92,13 +99,33 @@ func New(cfg Config, d Deps) *Node {
 	if len(cfg.DefaultArgs) == 0 {
 		cfg.DefaultArgs = []string{"/bin/sleep", "2147483647"}
 	}
-	return &Node{
+	n := &Node{
 		cfg:      cfg,
 		d:        d,
 		log:      d.Logger.With("epoch", d.Epoch),
 		inflight: map[string]chan struct{}{},
 		timers:   map[string]*time.Timer{},
 	}
+	n.table = newTable(n)
+	return n
+}
+
+// unjournaledFound notes and logs an object that exists although no effect
+// record names it: the journal should have said so before it was made.
+func (n *Node) unjournaledFound(kind, name, where string) {
+	n.log.Warn("removing an object the journal has no record of", "kind", kind, "name", name, "found_by", where)
+	n.mu.Lock()
+	n.unjournaled = append(n.unjournaled, kind+"/"+name)
+	n.mu.Unlock()
+}
+
+// Unjournaled lists the objects (kind/name) this node found and removed
+// although no effect record named them (orphan sweep, proof checks). Empty
+// while the journal is the whole truth: tests assert it.
+func (n *Node) Unjournaled() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.unjournaled)
 }
 
 func (n *Node) crash(point string) {

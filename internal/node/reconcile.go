@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -23,9 +20,10 @@ import (
 //   - ready generations whose container still runs are re-adopted as they are;
 //     those whose container, lease, mount or netns is gone are marked lost and
 //     cleaned up;
-//   - kernel objects under ctld's names that no live generation owns are
-//     orphans and removed; effect records of objects that never appeared are
-//     dropped.
+//   - effect records no live generation owns are finished (the object
+//     removed, the record dropped); then, as a second line of defence,
+//     kernel objects under ctld's names that no live generation owns are
+//     removed and reported as unjournaled.
 func (n *Node) Reconcile(ctx context.Context) error {
 	var ss []journal.Sandbox
 	var ops []journal.Operation
@@ -85,8 +83,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		}
 	}
 	tCheck := time.Since(t0) - tList
-	errs = append(errs, n.removeOrphans(ctx, live, inv.containers))
-	errs = append(errs, n.sweepDiskProjects(ctx))
+	errs = append(errs, n.removeOrphans(ctx, inv))
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
@@ -146,88 +143,133 @@ func (n *Node) inventory() (kernelInventory, error) {
 	return inv, nil
 }
 
-// missing lists which of a ready generation's kernel objects are gone. The
-// guest is alive while its lease cgroup is populated: runsc puts the
-// sandbox and gofer processes there, and they die together.
+// missing lists which of a ready generation's kernel objects are gone.
 func (n *Node) missing(ctx context.Context, s journal.Sandbox, inv kernelInventory) []string {
 	var out []string
-	if !slices.Contains(inv.containers, s.ContainerID) {
-		out = append(out, "runsc container")
-	}
-	if alive, err := n.d.Leases.Populated(ctx, s.LeaseID); err != nil || !alive {
-		out = append(out, "guest processes")
-	}
-	if !inv.mounted[s.Root] {
-		out = append(out, "rootfs mount")
-	}
-	if !inv.mounted[n.d.Netns.Path(s.ContainerID)] {
-		out = append(out, "netns")
+	for _, r := range slices.Backward(n.table) {
+		if what := r.missing(ctx, s, inv); what != "" {
+			out = append(out, what)
+		}
 	}
 	return out
 }
 
-// removeOrphans removes ctld-named kernel objects no live generation owns,
-// and forgets effect records of objects that are gone.
-func (n *Node) removeOrphans(ctx context.Context, live map[string]bool, containers []string) error {
-	var errs []error
-	sweep := func(kind string, list func(context.Context) ([]string, error), remove func(context.Context, string) error) {
-		names, err := list(ctx)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("list %s: %w", kind, err))
-			return
-		}
-		for _, name := range names {
-			if live[name] {
-				continue
-			}
-			if err := n.live(); err != nil {
-				errs = append(errs, err)
-				return
-			}
-			n.log.Warn("removing orphan", "kind", kind, "name", name)
-			if err := remove(ctx, name); err != nil {
-				errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", kind, name, err))
-			}
-		}
-	}
-	known := func(context.Context) ([]string, error) { return containers, nil }
-	sweep(journal.KindRunsc, known, func(ctx context.Context, id string) error {
-		_ = n.d.Runtime.Kill(ctx, id, syscall.SIGKILL, true)
-		return n.d.Runtime.Delete(ctx, id)
-	})
-	sweep(journal.KindBundle, n.listBundles, func(_ context.Context, cid string) error { return os.RemoveAll(n.bundleDir(cid)) })
-	sweep(journal.KindNetns, n.d.Netns.List, n.d.Netns.Delete)
-	sweep(journal.KindMount, n.d.RootFS.List, n.d.RootFS.Unmount)
-	sweep(journal.KindCgroup, n.d.Leases.List, n.d.Leases.Remove)
-	sweep(journal.KindLogs, n.listLogs, n.removeLogs) // after the cgroups: no log writer left
-
-	err := n.d.Journal.Update(func(tx *journal.Tx) error {
-		effects, err := tx.Effects()
+// removeOrphans handles what no generation that stays owns (one still
+// holding capacity or withheld, whose objects its own teardown or retry
+// removes). First the journal: an effect record of any other generation
+// (intended, done or removing) is finished, its object removed and the
+// record dropped. Then the kernel: an object of a table kind under ctld's
+// names that no such generation owns is removed too, and reported as
+// unjournaled: the journal should have named it.
+func (n *Node) removeOrphans(ctx context.Context, inv kernelInventory) error {
+	var keep []journal.Sandbox
+	var effects []journal.Effect
+	recs := map[string]journal.Sandbox{} // sandbox records the orphan effects name
+	err := n.d.Journal.View(func(tx *journal.Tx) error {
+		ss, err := tx.LiveSandboxes()
 		if err != nil {
 			return err
 		}
+		for _, s := range ss {
+			if s.Holds() || s.Withheld {
+				keep = append(keep, s)
+			}
+		}
+		if effects, err = tx.Effects(); err != nil {
+			return err
+		}
 		for _, e := range effects {
-			if !live[e.Name] {
-				if err := tx.DeleteEffect(e.Kind, e.Name); err != nil {
-					return err
-				}
+			if s, ok, err := tx.Sandbox(e.SandboxID); err != nil {
+				return err
+			} else if ok {
+				recs[e.SandboxID] = s
 			}
 		}
 		return nil
 	})
-	errs = append(errs, err)
+	if err != nil {
+		return fmt.Errorf("read journal: %w", err)
+	}
+	kept := map[string]bool{}             // "sandbox/generation"
+	owned := map[string]map[string]bool{} // kind → names
+	for _, r := range n.table {
+		owned[r.kind()] = map[string]bool{}
+	}
+	for _, s := range keep {
+		kept[genKey(s.ID, s.Generation)] = true
+		for _, r := range n.table {
+			if name := r.name(s); name != "" {
+				owned[r.kind()][name] = true
+			}
+		}
+	}
+	rank := map[string]int{}
+	for i, r := range n.table {
+		rank[r.kind()] = i
+	}
+	// Reverse table order, as a teardown: the guest before its cgroup.
+	slices.SortStableFunc(effects, func(a, b journal.Effect) int { return rank[b.Kind] - rank[a.Kind] })
+	var errs []error
+	for _, e := range effects {
+		if kept[genKey(e.SandboxID, e.Generation)] {
+			continue
+		}
+		r := n.resource(e.Kind)
+		if r == nil {
+			errs = append(errs, fmt.Errorf("effect record %s/%s of an unknown kind: kept", e.Kind, e.Name))
+			continue
+		}
+		rec, ok := recs[e.SandboxID]
+		if !ok || rec.Generation != e.Generation {
+			// The sandbox moved on (or a record from an older version):
+			// the name is the generation's container id.
+			rec = journal.Sandbox{}
+			rec.ID, rec.Generation, rec.ContainerID, rec.LeaseID = e.SandboxID, e.Generation, e.Name, e.Name
+		}
+		if err := n.live(); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		n.log.Warn("finishing the effect record of a generation that is over", "kind", e.Kind, "name", e.Name, "state", e.State, "sandbox", e.SandboxID, "generation", e.Generation)
+		n.crash("orphan:" + e.Kind)
+		if err := r.remove(ctx, rec); err != nil {
+			errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", e.Kind, e.Name, err))
+			continue
+		}
+		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.DeleteEffect(e.Kind, e.Name) }); err != nil {
+			errs = append(errs, fmt.Errorf("journal orphan %s %s removed: %w", e.Kind, e.Name, err))
+		}
+	}
+	for _, r := range slices.Backward(n.table) {
+		names, err := r.list(ctx, inv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list %s: %w", r.kind(), err))
+			continue
+		}
+		for _, name := range names {
+			if owned[r.kind()][name] {
+				continue
+			}
+			if err := n.live(); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			n.unjournaledFound(r.kind(), name, "orphan sweep")
+			n.crash("orphan:" + r.kind())
+			if err := r.removeOrphan(ctx, name); err != nil {
+				errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", r.kind(), name, err))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
-func (n *Node) listBundles(context.Context) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(n.cfg.RunDir, "bundles"))
-	if os.IsNotExist(err) {
-		return nil, nil
+func genKey(id string, gen uint64) string { return fmt.Sprintf("%s/%d", id, gen) }
+
+// resource returns the table's entry of kind, or nil.
+func (n *Node) resource(kind string) resource {
+	for _, r := range n.table {
+		if r.kind() == kind {
+			return r
+		}
 	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	slices.Sort(out)
-	return out, err
+	return nil
 }

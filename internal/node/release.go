@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
+	"slices"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -80,43 +80,48 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	return opOutcome[api.ReleaseResponse](done)
 }
 
-// teardown removes every kernel object of a generation (idempotently, in
-// reverse claim order), checks each is physically gone, signs the cleanup
+// teardown removes the kernel objects of a generation (idempotently, in
+// reverse table order), checks each is physically gone, signs the cleanup
 // proof and, in one journal transaction, stores it, ends the generation
 // (state final, or withheld if any check failed, which keeps its capacity
-// out) and completes the operation opID.
+// out), forgets its effect records if the proof is clean, and completes the
+// operation opID.
+//
+// The journal says what to remove: an entry with an effect record
+// (intended, done or removing) is removed; one without was never started
+// and is only checked. A check that finds an object the journal never saw
+// removes it (the second line of defence) and reports it as unjournaled.
 func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, reason string) (api.CleanupProof, error) {
-	cid := rec.ContainerID
+	start := time.Now()
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
 	rec = n.identify(ctx, rec)
-	var errs []error
-	var over error // the term ended: stop, leave the rest to the next primary
-	remove := func(kind, name string, fn func() error) {
-		if over != nil {
-			return
-		}
-		if over = n.live(); over != nil {
-			return
-		}
-		n.markRemoving(kind, name, rec)
-		if err := fn(); err != nil {
-			errs = append(errs, fmt.Errorf("remove %s %s: %w", kind, name, err))
-			return
-		}
-		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.DeleteEffect(kind, name) }); err != nil {
-			errs = append(errs, err)
+	recorded, err := n.effectsOf(rec)
+	if err != nil {
+		// Fail safe: without the journal's word, remove everything
+		// (removal is idempotent).
+		log.Error("read effect records; removing every resource", "err", err)
+		recorded = map[string]journal.Effect{}
+		for _, r := range n.table {
+			recorded[r.kind()] = journal.Effect{Kind: r.kind(), State: journal.Intended}
 		}
 	}
-	remove(journal.KindRunsc, cid, func() error {
-		_ = n.d.Runtime.Kill(ctx, cid, syscall.SIGKILL, true)
-		return n.d.Runtime.Delete(ctx, cid)
-	})
-	remove(journal.KindBundle, cid, func() error { return os.RemoveAll(n.bundleDir(cid)) })
-	remove(journal.KindNetns, cid, func() error { return n.d.Netns.Delete(ctx, cid) })
-	remove(journal.KindMount, cid, func() error { return n.d.RootFS.Unmount(ctx, cid) })
-	remove(journal.KindDisk, cid, func() error { return n.d.RootFS.UnlimitDisk(ctx, rec.DiskProject) })
-	remove(journal.KindCgroup, cid, func() error { return n.d.Leases.Remove(ctx, cid) })
-	remove(journal.KindLogs, cid, func() error { return n.removeLogs(ctx, cid) })
+	var errs []error
+	var over error // the term ended: stop, leave the rest to the next primary
+	steps := make([]api.StepTiming, 0, len(n.table))
+	for _, r := range slices.Backward(n.table) {
+		st := api.StepTiming{Resource: r.kind()}
+		if e, ok := recorded[r.kind()]; ok {
+			if over = n.live(); over != nil {
+				break
+			}
+			t0 := time.Now()
+			if err := n.removeRecorded(ctx, r, rec, e); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s %s: %w", r.kind(), rec.ContainerID, err))
+			}
+			st.RemoveMS = ms(time.Since(t0))
+		}
+		steps = append(steps, st)
+	}
 	if over == nil && len(errs) > 0 {
 		// A step that failed as the term ended was likely cut short by it:
 		// the successor decides, rather than an unproven proof of ours.
@@ -130,11 +135,17 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		return api.CleanupProof{}, errors.Join(append(errs, over)...)
 	}
 
-	p := n.checkGone(ctx, rec, opID)
+	p := n.checkGone(ctx, rec, opID, recorded, steps)
+	proofStart := time.Now()
 	if err := n.signProof(&p); err != nil {
 		errs = append(errs, fmt.Errorf("sign proof: %w", err))
 	}
-	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+	n.crash("proof:signed")
+	if err := n.live(); err != nil {
+		log.Warn("teardown stopped by the end of the term before its proof was journaled", "err", err)
+		return api.CleanupProof{}, errors.Join(append(errs, err)...)
+	}
+	err = n.d.Journal.Update(func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(rec.ID)
 		if err != nil {
 			return err
@@ -149,6 +160,16 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		s.Withheld = !p.Clean // a clean retry of a withheld generation returns its capacity
 		if !p.Clean {
 			s.Reason = reason + "; cleanup unproven: " + failedChecks(p)
+		}
+		s.ReleaseTimings = &api.ReleaseTimings{Steps: steps, ProofMS: ms(time.Since(proofStart)), TotalMS: ms(time.Since(start))}
+		if p.Clean {
+			// Proven gone: the effect records have nothing left to say.
+			// An unclean proof keeps them for the retries.
+			for _, r := range n.table {
+				if err := tx.DeleteEffect(r.kind(), rec.ContainerID); err != nil {
+					return err
+				}
+			}
 		}
 		if err := tx.PutSandbox(s); err != nil {
 			return err
@@ -171,42 +192,71 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		errs = append(errs, fmt.Errorf("cleanup unproven: %s", failedChecks(p)))
 	}
 	if len(errs) == 0 {
-		log.Info("generation cleaned up", "state", final)
+		log.Info("generation cleaned up", "state", final, "total_ms", ms(time.Since(start)))
 	}
 	return p, errors.Join(errs...)
 }
 
-func (n *Node) markRemoving(kind, name string, rec journal.Sandbox) {
-	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch}
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
-		n.log.Error("journal removing", "kind", kind, "name", name, "err", err)
-	}
+// effectsOf returns the effect records of rec's generation by kind.
+func (n *Node) effectsOf(rec journal.Sandbox) (map[string]journal.Effect, error) {
+	out := map[string]journal.Effect{}
+	err := n.d.Journal.View(func(tx *journal.Tx) error {
+		for _, r := range n.table {
+			e, ok, err := tx.Effect(r.kind(), rec.ContainerID)
+			if err != nil {
+				return err
+			}
+			if ok && e.SandboxID == rec.ID && e.Generation == rec.Generation {
+				out[r.kind()] = e
+			}
+		}
+		return nil
+	})
+	return out, err
 }
 
-// checkGone asks the kernel, per object, whether the generation is gone.
-func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string) api.CleanupProof {
-	cid := rec.ContainerID
+// removeRecorded removes one journaled resource of a generation: journaled
+// as removing first (a successor finishes what this one started).
+func (n *Node) removeRecorded(ctx context.Context, r resource, rec journal.Sandbox, e journal.Effect) error {
+	if e.State != journal.Removing {
+		e = journal.Effect{Kind: r.kind(), Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch}
+		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
+			return fmt.Errorf("journal removing: %w", err)
+		}
+	}
+	n.crash(r.kind() + ":removing")
+	if err := n.live(); err != nil {
+		return err
+	}
+	if err := r.remove(ctx, rec); err != nil {
+		return err
+	}
+	n.crash(r.kind() + ":removed")
+	return nil
+}
+
+// checkGone asks the kernel, per resource, whether the generation is gone,
+// and fills in each step's check time. An object found that the journal
+// never recorded is removed here and reported (see teardown).
+func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string, recorded map[string]journal.Effect, steps []api.StepTiming) api.CleanupProof {
 	p := api.CleanupProof{
 		OperationID: opID, NodeID: n.d.Identity.NodeID, BootID: n.d.Identity.BootID, Epoch: n.d.Epoch,
 		SandboxID: rec.ID, Generation: rec.Generation, LeaseID: rec.LeaseID, Time: time.Now().UTC(),
 	}
-	check := func(name string, ok bool, detail string) {
-		p.Checks = append(p.Checks, api.ProofCheck{Name: name, OK: ok, Detail: detail})
+	for i, r := range slices.Backward(n.table) {
+		t0 := time.Now()
+		c := r.gone(ctx, rec)
+		if _, ok := recorded[r.kind()]; !ok && !c.OK && n.live() == nil {
+			n.unjournaledFound(r.kind(), rec.ContainerID, "proof check of "+rec.ContainerID)
+			if err := r.remove(ctx, rec); err != nil {
+				c.Detail += "; remove: " + err.Error()
+			} else {
+				c = r.gone(ctx, rec)
+			}
+		}
+		steps[len(n.table)-1-i].CheckMS = ms(time.Since(t0))
+		p.Checks = append(p.Checks, c)
 	}
-	ok, d := n.d.Leases.CheckGone(ctx, rec.LeaseID)
-	check("cgroup_removed", ok, d)
-	ok, d = n.d.Runtime.CheckGone(ctx, cid)
-	check("runsc_container_gone", ok, d)
-	ok, d = n.d.RootFS.CheckGone(ctx, cid, rec.RootDev)
-	check("mounts_gone", ok, d)
-	ok, d = n.d.Netns.CheckGone(ctx, cid, netnsID(rec))
-	check("netns_gone", ok, d)
-	ok, d = n.d.RootFS.CheckDiskGone(ctx, rec.DiskProject)
-	check("disk_quota_cleared", ok, d)
-	_, err := os.Stat(n.bundleDir(cid))
-	check("bundle_removed", os.IsNotExist(err), n.bundleDir(cid)+" "+errString(err))
-	ok, d = n.logDirs().CheckGone(cid)
-	check("logs_removed", ok, d)
 	p.Clean = true
 	for _, c := range p.Checks {
 		p.Clean = p.Clean && c.OK

@@ -226,6 +226,13 @@ func (t *Tx) DeleteEffect(kind, name string) error {
 	return t.tx.Bucket(bucketEffects).Delete([]byte(kind + "/" + name))
 }
 
+// Effect reads the effect record of one object.
+func (t *Tx) Effect(kind, name string) (Effect, bool, error) {
+	var e Effect
+	ok, err := get(t.tx, bucketEffects, kind+"/"+name, &e)
+	return e, ok, err
+}
+
 // Effects lists all effects, ordered by kind and name.
 func (t *Tx) Effects() ([]Effect, error) { return all[Effect](t.tx, bucketEffects) }
 

@@ -1,0 +1,371 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/runsc"
+)
+
+// A generation owns one object of each resource kind in the table below.
+// Every part of the node walks the same table, so a new kind is one entry:
+//   - a claim makes the entries in order, each journaled by effect()
+//     (intended, made, done) before and after the kernel call;
+//   - a teardown removes them in reverse order, each journaled as removing
+//     first; an entry the journal never saw intended is not removed but
+//     its proof check still runs (and, should the object exist after all,
+//     removes it as a second line of defence, which is reported);
+//   - the cleanup proof has one check per entry;
+//   - reconcile asks each entry whether a ready generation's object is
+//     missing, finishes effect records no live generation owns, and sweeps
+//     the kernel for objects under ctld's names that no generation owns.
+type resource interface {
+	// kind is the journal effect kind, the prefix of the crash points and
+	// the name of the timing step.
+	kind() string
+	// make creates the generation's object: a claim step.
+	make(ctx context.Context, c *claimState) error
+	// remove removes the generation's object; absent is success.
+	remove(ctx context.Context, rec journal.Sandbox) error
+	// gone is the cleanup proof's check that the object is physically gone.
+	gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck
+	// list names the objects of this kind that exist, as name names them.
+	list(ctx context.Context, inv kernelInventory) ([]string, error)
+	// name is the name list gives rec's object ("" if rec has none).
+	name(rec journal.Sandbox) string
+	// removeOrphan removes an object list found that no generation owns.
+	removeOrphan(ctx context.Context, name string) error
+	// missing says what of a ready generation is gone if its object is:
+	// "" while it exists, or if the object is not a sign of life.
+	missing(ctx context.Context, rec journal.Sandbox, inv kernelInventory) string
+}
+
+// claimState is what a claim's entries share: the generation's record,
+// and what earlier entries made for later ones.
+type claimState struct {
+	rec    journal.Sandbox
+	lower  string // the template directory
+	root   string // the RootFS mount point (mount)
+	nsPath string // the netns path (netns)
+}
+
+// newTable is the resource table, in claim order.
+func newTable(n *Node) []resource {
+	return []resource{
+		logsResource{n: n}, // first: the log writer of runsc create needs it
+		cgroupResource{n},  // the lease every later process is charged to
+		diskResource{n: n}, // the quota on the scratch dir, before the overlay upper is used
+		mountResource{n},
+		netnsResource{n},
+		bundleResource{n: n},
+		runscResource{n}, // last: the guest
+	}
+}
+
+// CrashPoints lists every crash point of a generation's life, in the order
+// a claim and then its teardown and a takeover's orphan handling reach
+// them (see Deps.Crash).
+func CrashPoints() []string {
+	t := newTable(&Node{})
+	var out []string
+	for _, r := range t {
+		for _, s := range []string{"intended", "made", "done"} {
+			out = append(out, r.kind()+":"+s)
+		}
+	}
+	for _, r := range slices.Backward(t) {
+		out = append(out, r.kind()+":removing", r.kind()+":removed")
+	}
+	out = append(out, "proof:signed")
+	for _, r := range slices.Backward(t) {
+		out = append(out, "orphan:"+r.kind())
+	}
+	return out
+}
+
+// nameOf is the common name of a generation's objects: its container id.
+func nameOf(rec journal.Sandbox) string { return rec.ContainerID }
+
+// check is a proof check from a gone result.
+func check(name string, ok bool, detail string) api.ProofCheck {
+	return api.ProofCheck{Name: name, OK: ok, Detail: detail}
+}
+
+// alive is the default of resources whose object is not a sign of life.
+type alive struct{}
+
+func (alive) missing(context.Context, journal.Sandbox, kernelInventory) string { return "" }
+
+type logsResource struct {
+	n *Node
+	alive
+}
+
+func (logsResource) kind() string { return journal.KindLogs }
+func (r logsResource) make(_ context.Context, c *claimState) error {
+	if err := r.n.logDirs().Make(c.rec.ContainerID); err != nil {
+		return fmt.Errorf("make log dir: %w", err)
+	}
+	return nil
+}
+func (r logsResource) remove(_ context.Context, rec journal.Sandbox) error {
+	return r.n.logDirs().Remove(rec.ContainerID)
+}
+func (r logsResource) gone(_ context.Context, rec journal.Sandbox) api.ProofCheck {
+	ok, d := r.n.logDirs().CheckGone(rec.ContainerID)
+	return check("logs_removed", ok, d)
+}
+func (r logsResource) list(context.Context, kernelInventory) ([]string, error) {
+	return r.n.logDirs().List(isGenerationName)
+}
+func (logsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r logsResource) removeOrphan(_ context.Context, name string) error {
+	return r.n.logDirs().Remove(name)
+}
+
+type cgroupResource struct{ n *Node }
+
+func (cgroupResource) kind() string { return journal.KindCgroup }
+func (r cgroupResource) make(ctx context.Context, c *claimState) error {
+	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources)); err != nil {
+		return fmt.Errorf("create lease: %w", err)
+	}
+	return nil
+}
+func (r cgroupResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	return r.n.d.Leases.Remove(ctx, rec.LeaseID)
+}
+func (r cgroupResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+	ok, d := r.n.d.Leases.CheckGone(ctx, rec.LeaseID)
+	return check("cgroup_removed", ok, d)
+}
+func (r cgroupResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+	return r.n.d.Leases.List(ctx)
+}
+func (cgroupResource) name(rec journal.Sandbox) string { return rec.LeaseID }
+func (r cgroupResource) removeOrphan(ctx context.Context, name string) error {
+	return r.n.d.Leases.Remove(ctx, name)
+}
+
+// missing: the guest is alive while its lease cgroup is populated: runsc
+// puts the sandbox and gofer processes there, and they die together.
+func (r cgroupResource) missing(ctx context.Context, rec journal.Sandbox, _ kernelInventory) string {
+	if alive, err := r.n.d.Leases.Populated(ctx, rec.LeaseID); err != nil || !alive {
+		return "guest processes"
+	}
+	return ""
+}
+
+// diskResource is the project quota that bounds the scratch dir. Its name
+// is the project id, allocated in the claim's journal transaction.
+type diskResource struct {
+	n *Node
+	alive
+}
+
+func (diskResource) kind() string { return journal.KindDisk }
+func (r diskResource) make(ctx context.Context, c *claimState) error {
+	rec := c.rec
+	if rec.DiskProject == 0 {
+		return fmt.Errorf("limit disk: generation %d of %s has no disk project", rec.Generation, rec.ID)
+	}
+	if err := r.n.d.RootFS.LimitDisk(ctx, rec.ContainerID, rec.DiskProject, rec.Resources.DiskBytes); err != nil {
+		return fmt.Errorf("limit disk: %w", err)
+	}
+	return nil
+}
+func (r diskResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if rec.DiskProject == 0 {
+		return nil // a record from before disk leases: the sweep covers ctld's range
+	}
+	return r.n.d.RootFS.UnlimitDisk(ctx, rec.DiskProject)
+}
+func (r diskResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+	ok, d := r.n.d.RootFS.CheckDiskGone(ctx, rec.DiskProject)
+	return check("disk_quota_cleared", ok, d)
+}
+
+// list lists the projects of ctld's range that have a quota.
+func (r diskResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+	pr := r.n.diskProjects()
+	qs, err := r.n.d.RootFS.DiskProjects(ctx, pr.Base, pr.Base+pr.Count)
+	var out []string
+	for _, q := range qs {
+		out = append(out, strconv.FormatUint(uint64(q.ID), 10))
+	}
+	return out, err
+}
+func (diskResource) name(rec journal.Sandbox) string {
+	if rec.DiskProject == 0 {
+		return ""
+	}
+	return strconv.FormatUint(uint64(rec.DiskProject), 10)
+}
+func (r diskResource) removeOrphan(ctx context.Context, name string) error {
+	id, err := strconv.ParseUint(name, 10, 32)
+	if err != nil {
+		return fmt.Errorf("disk project %q: %w", name, err)
+	}
+	return r.n.d.RootFS.UnlimitDisk(ctx, uint32(id))
+}
+
+type mountResource struct{ n *Node }
+
+func (mountResource) kind() string { return journal.KindMount }
+func (r mountResource) make(ctx context.Context, c *claimState) (err error) {
+	if c.root, err = r.n.d.RootFS.Mount(ctx, c.rec.ContainerID, c.lower); err != nil {
+		return fmt.Errorf("mount rootfs: %w", err)
+	}
+	return nil
+}
+func (r mountResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	return r.n.d.RootFS.Unmount(ctx, rec.ContainerID)
+}
+func (r mountResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+	ok, d := r.n.d.RootFS.CheckGone(ctx, rec.ContainerID, rec.RootDev)
+	return check("mounts_gone", ok, d)
+}
+func (r mountResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+	return r.n.d.RootFS.List(ctx)
+}
+func (mountResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r mountResource) removeOrphan(ctx context.Context, name string) error {
+	return r.n.d.RootFS.Unmount(ctx, name)
+}
+func (mountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
+	if !inv.mounted[rec.Root] {
+		return "rootfs mount"
+	}
+	return ""
+}
+
+type netnsResource struct{ n *Node }
+
+func (netnsResource) kind() string { return journal.KindNetns }
+func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
+	if c.nsPath, err = r.n.d.Netns.Create(ctx, c.rec.ContainerID); err != nil {
+		return fmt.Errorf("create netns: %w", err)
+	}
+	// The overlay and the netns both exist now: journal their kernel
+	// identities, so the proof checks these objects and not only names.
+	c.rec = r.n.identify(ctx, c.rec)
+	return nil
+}
+func (r netnsResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	return r.n.d.Netns.Delete(ctx, rec.ContainerID)
+}
+func (r netnsResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+	ok, d := r.n.d.Netns.CheckGone(ctx, rec.ContainerID, netnsID(rec))
+	return check("netns_gone", ok, d)
+}
+func (r netnsResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+	return r.n.d.Netns.List(ctx)
+}
+func (netnsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r netnsResource) removeOrphan(ctx context.Context, name string) error {
+	return r.n.d.Netns.Delete(ctx, name)
+}
+func (r netnsResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
+	if !inv.mounted[r.n.d.Netns.Path(rec.ContainerID)] {
+		return "netns"
+	}
+	return ""
+}
+
+// bundleResource is the OCI bundle (config.json) runsc is created from.
+type bundleResource struct {
+	n *Node
+	alive
+}
+
+func (bundleResource) kind() string { return journal.KindBundle }
+func (r bundleResource) make(_ context.Context, c *claimState) error {
+	rec, req := c.rec, c.rec.Request
+	args := req.Process.Args
+	if len(args) == 0 {
+		args = r.n.cfg.DefaultArgs
+	}
+	oci, err := runsc.BuildSpec(runsc.BundleSpec{
+		ContainerID: rec.ContainerID, RootPath: c.root, Hostname: rec.ID, NetnsPath: c.nsPath,
+		CgroupsPath: r.n.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: req.Resources.CPUMillis,
+		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
+		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
+		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj,
+	})
+	if err != nil {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)
+	}
+	if err := runsc.WriteBundle(rec.Bundle, oci); err != nil {
+		return fmt.Errorf("write bundle: %w", err)
+	}
+	return nil
+}
+func (r bundleResource) remove(_ context.Context, rec journal.Sandbox) error {
+	return os.RemoveAll(r.n.bundleDir(rec.ContainerID))
+}
+func (r bundleResource) gone(_ context.Context, rec journal.Sandbox) api.ProofCheck {
+	dir := r.n.bundleDir(rec.ContainerID)
+	_, err := os.Stat(dir)
+	return check("bundle_removed", errors.Is(err, os.ErrNotExist), dir+" "+errString(err))
+}
+func (r bundleResource) list(context.Context, kernelInventory) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(r.n.cfg.RunDir, "bundles"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	slices.Sort(out)
+	return out, err
+}
+func (bundleResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r bundleResource) removeOrphan(_ context.Context, name string) error {
+	return os.RemoveAll(r.n.bundleDir(name))
+}
+
+// runscResource is the guest: runsc's container (sandbox, gofer, state).
+type runscResource struct{ n *Node }
+
+func (runscResource) kind() string { return journal.KindRunsc }
+func (r runscResource) make(ctx context.Context, c *claimState) error {
+	cid := c.rec.ContainerID
+	if err := r.n.d.Runtime.Create(ctx, cid, c.rec.Bundle); err != nil {
+		return fmt.Errorf("start container: %w", err)
+	}
+	if err := r.n.d.Runtime.Start(ctx, cid); err != nil {
+		return fmt.Errorf("start container: %w", err)
+	}
+	return nil
+}
+func (r runscResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	return r.removeOrphan(ctx, rec.ContainerID)
+}
+func (r runscResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+	ok, d := r.n.d.Runtime.CheckGone(ctx, rec.ContainerID)
+	return check("runsc_container_gone", ok, d)
+}
+func (runscResource) list(_ context.Context, inv kernelInventory) ([]string, error) {
+	return inv.containers, nil
+}
+func (runscResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r runscResource) removeOrphan(ctx context.Context, cid string) error {
+	_ = r.n.d.Runtime.Kill(ctx, cid, syscall.SIGKILL, true) // delete --force kills too; this is faster when it runs
+	return r.n.d.Runtime.Delete(ctx, cid)
+}
+func (runscResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
+	if !slices.Contains(inv.containers, rec.ContainerID) {
+		return "runsc container"
+	}
+	return ""
+}
