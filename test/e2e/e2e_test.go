@@ -232,11 +232,61 @@ func TestCrashBetweenIntendedAndDone(t *testing.T) {
 			if n.Capacity.Leased != (api.Capacity{}) || n.Capacity.Withheld != (api.Capacity{}) {
 				t.Fatalf("capacity after rollback: leased %+v withheld %+v", n.Capacity.Leased, n.Capacity.Withheld)
 			}
+			if e.logsContain("removing an object the journal has no record of") {
+				t.Fatalf("the rollback removed objects the journal did not name")
+			}
 			if _, err := c.Claim(cx, "crash", claimReq("claim-crash-2", 2)); err != nil {
 				t.Fatalf("new claim after rollback: %v", err)
 			}
 			if _, err := c.Release(cx, "crash", api.ReleaseRequest{OperationID: "release-crash-2", Generation: 2}); err != nil {
 				t.Fatalf("release: %v", err)
+			}
+		})
+	}
+}
+
+// TestCrashDuringReleaseCompletedByStandby kills the primary in the middle
+// of a release's teardown (after a removal, before the next; before the
+// signed proof is journaled). The standby must complete the release from
+// the journal's effect records: released, a clean verified proof under the
+// release's operation id, capacity back, nothing left (CheckLeaks), and no
+// object removed that the journal did not name.
+func TestCrashDuringReleaseCompletedByStandby(t *testing.T) {
+	for _, point := range []string{"runsc:removed", "mount:removing", "proof:signed"} {
+		t.Run(strings.ReplaceAll(point, ":", "-"), func(t *testing.T) {
+			e := newEnv(t)
+			e.start("a", "CTLD_TEST_CRASH_AT="+point)
+			e.waitPrimary("a", 60*time.Second)
+			e.start("b")
+			c := e.client()
+			cx := ctx(t, 3*time.Minute)
+			if _, err := c.Claim(cx, "relcrash", claimReq("claim-relcrash", 1)); err != nil {
+				t.Fatalf("claim: %v", err)
+			}
+			rel := api.ReleaseRequest{OperationID: "release-relcrash", Generation: 1}
+			if _, err := c.Release(cx, "relcrash", rel); err == nil {
+				t.Fatalf("release succeeded although the primary was to die at %s", point)
+			}
+			e.waitExit("a", 30*time.Second)
+			e.waitPrimary("b", 60*time.Second)
+			res, err := c.Release(cx, "relcrash", rel)
+			if err != nil {
+				t.Fatalf("retry of the release after takeover: %v", err)
+			}
+			if res.Sandbox.State != api.StateReleased || !res.Proof.Clean {
+				t.Fatalf("after takeover: state %s, proof clean %v (%s)", res.Sandbox.State, res.Proof.Clean, res.Sandbox.Reason)
+			}
+			if err := proof.Verify(res.Proof, nil); err != nil {
+				t.Fatal(err)
+			}
+			if res.Sandbox.ReleaseTimings == nil || len(res.Sandbox.ReleaseTimings.Steps) != len(res.Proof.Checks) {
+				t.Fatalf("release timings %+v, want one step per proof check (%d)", res.Sandbox.ReleaseTimings, len(res.Proof.Checks))
+			}
+			if n, _ := c.Node(cx); n.Capacity.Leased != (api.Capacity{}) || n.Capacity.Withheld != (api.Capacity{}) {
+				t.Fatalf("capacity after release: leased %+v withheld %+v", n.Capacity.Leased, n.Capacity.Withheld)
+			}
+			if e.logsContain("removing an object the journal has no record of") {
+				t.Fatalf("the takeover removed objects the journal did not name")
 			}
 		})
 	}
