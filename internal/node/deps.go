@@ -48,6 +48,7 @@ type RootFS interface {
 	CheckGone(ctx context.Context, id, dev string) (ok bool, detail string)
 	DiskBounded() error
 	LimitDisk(ctx context.Context, id string, project uint32, bytes int64) error
+	RemoveScratch(id string) error
 	UnlimitDisk(ctx context.Context, project uint32) error
 	CheckDiskGone(ctx context.Context, project uint32) (ok bool, detail string)
 	DiskProjects(ctx context.Context, from, to uint32) ([]diskquota.Quota, error)

@@ -183,7 +183,13 @@ func (r diskResource) make(ctx context.Context, c *claimState) error {
 	}
 	return nil
 }
+// remove removes the scratch dir the claim step made (once the overlay in
+// it is gone, the mount entry's removal took it already), then the quota:
+// the project's limit is cleared only once nothing is charged to it.
 func (r diskResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if err := r.n.d.RootFS.RemoveScratch(rec.ContainerID); err != nil {
+		return err
+	}
 	if rec.DiskProject == 0 {
 		return nil // a record from before disk leases: the sweep covers ctld's range
 	}

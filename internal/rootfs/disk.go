@@ -102,6 +102,21 @@ func (o *Overlay) LimitDisk(ctx context.Context, id string, project uint32, byte
 	return nil
 }
 
+// RemoveScratch removes sandbox id's scratch dir if it is empty: what
+// LimitDisk made before an overlay was mounted in it. Absent is success.
+// A dir with content (an overlay's dirs) is Unmount's to remove, so it is
+// refused rather than walked.
+func (o *Overlay) RemoveScratch(id string) error {
+	if err := api.ValidateID("sandbox id", id); err != nil {
+		return err
+	}
+	dir := o.Dir(id)
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove scratch dir %s: %w", dir, err)
+	}
+	return nil
+}
+
 // UnlimitDisk clears project's limits once nothing is charged to it any
 // more (the scratch dir is removed first, by Unmount). While the project
 // still holds data its limit stays, so leftovers stay bounded. Already

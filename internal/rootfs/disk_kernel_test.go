@@ -117,10 +117,24 @@ func TestKernelDiskLimitKeptWhileDataRemains(t *testing.T) {
 	if err := o.LimitDisk(ctx, "sb-k3", project, 4<<20); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("LimitDisk of a used project for another sandbox: %v, want conflict", err)
 	}
+	// RemoveScratch takes only an empty scratch dir (a claim that never
+	// mounted its overlay); content is Unmount's to remove.
+	if err := o.RemoveScratch(id); err == nil {
+		t.Fatal("RemoveScratch of a dir with data: nil error")
+	}
+	if err := os.Remove(filepath.Join(o.Dir(id), "x")); err != nil {
+		t.Fatal(err)
+	}
 	for _, sb := range []string{id, "sb-k3"} {
-		if err := os.RemoveAll(o.Dir(sb)); err != nil {
-			t.Fatal(err)
+		if err := o.RemoveScratch(sb); err != nil {
+			t.Fatalf("RemoveScratch of an empty dir: %v", err)
 		}
+		if _, err := os.Stat(o.Dir(sb)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("scratch dir after RemoveScratch: %v", err)
+		}
+	}
+	if err := o.RemoveScratch(id); err != nil {
+		t.Fatalf("RemoveScratch of an absent dir: %v", err)
 	}
 	if err := o.UnlimitDisk(ctx, project); err != nil {
 		t.Fatal(err)
