@@ -124,8 +124,8 @@ func (r logsResource) gone(_ context.Context, rec journal.Sandbox) api.ProofChec
 	ok, d := r.n.logDirs().CheckGone(rec.ContainerID)
 	return check("logs_removed", ok, d)
 }
-func (r logsResource) list(context.Context, kernelInventory) ([]string, error) {
-	return r.n.logDirs().List(isGenerationName)
+func (r logsResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+	return r.n.listLogs(ctx)
 }
 func (logsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
 func (r logsResource) removeOrphan(_ context.Context, name string) error {

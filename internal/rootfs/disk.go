@@ -107,7 +107,7 @@ func (o *Overlay) LimitDisk(ctx context.Context, id string, project uint32, byte
 // A dir with content (an overlay's dirs) is Unmount's to remove, so it is
 // refused rather than walked.
 func (o *Overlay) RemoveScratch(id string) error {
-	if err := api.ValidateID("sandbox id", id); err != nil {
+	if err := names.CheckID("sandbox id", id); err != nil {
 		return err
 	}
 	dir := o.Dir(id)
