@@ -32,7 +32,6 @@ func (n *Node) listLogs(context.Context) ([]string, error) {
 	return n.logDirs().List(func(s string) bool { _, _, ok := names.ParseGeneration(s); return ok })
 }
 
-func (n *Node) removeLogs(_ context.Context, cid string) error { return n.logDirs().Remove(cid) }
 
 // running is whether a generation in this state still has a guest that
 // may write to its log.
