@@ -83,7 +83,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		}
 	}
 	tCheck := time.Since(t0) - tList
-	errs = append(errs, n.removeOrphans(ctx, inv))
+	errs = append(errs, n.removeOrphans(ctx))
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
@@ -161,7 +161,7 @@ func (n *Node) missing(ctx context.Context, s journal.Sandbox, inv kernelInvento
 // record dropped. Then the kernel: an object of a table kind under ctld's
 // names that no such generation owns is removed too, and reported as
 // unjournaled: the journal should have named it.
-func (n *Node) removeOrphans(ctx context.Context, inv kernelInventory) error {
+func (n *Node) removeOrphans(ctx context.Context) error {
 	var keep []journal.Sandbox
 	var effects []journal.Effect
 	recs := map[string]journal.Sandbox{} // sandbox records the orphan effects name
@@ -240,7 +240,7 @@ func (n *Node) removeOrphans(ctx context.Context, inv kernelInventory) error {
 		}
 	}
 	for _, r := range slices.Backward(n.table) {
-		names, err := r.list(ctx, inv)
+		names, err := r.list(ctx)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list %s: %w", r.kind(), err))
 			continue

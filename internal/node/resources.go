@@ -38,8 +38,9 @@ type resource interface {
 	remove(ctx context.Context, rec journal.Sandbox) error
 	// gone is the cleanup proof's check that the object is physically gone.
 	gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck
-	// list names the objects of this kind that exist, as name names them.
-	list(ctx context.Context, inv kernelInventory) ([]string, error)
+	// list names the objects of this kind that exist now, as name names
+	// them (read fresh: a takeover's inventory is stale once its teardowns ran).
+	list(ctx context.Context) ([]string, error)
 	// name is the name list gives rec's object ("" if rec has none).
 	name(rec journal.Sandbox) string
 	// removeOrphan removes an object list found that no generation owns.
@@ -124,7 +125,7 @@ func (r logsResource) gone(_ context.Context, rec journal.Sandbox) api.ProofChec
 	ok, d := r.n.logDirs().CheckGone(rec.ContainerID)
 	return check("logs_removed", ok, d)
 }
-func (r logsResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+func (r logsResource) list(ctx context.Context) ([]string, error) {
 	return r.n.listLogs(ctx)
 }
 func (logsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
@@ -148,7 +149,7 @@ func (r cgroupResource) gone(ctx context.Context, rec journal.Sandbox) api.Proof
 	ok, d := r.n.d.Leases.CheckGone(ctx, rec.LeaseID)
 	return check("cgroup_removed", ok, d)
 }
-func (r cgroupResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+func (r cgroupResource) list(ctx context.Context) ([]string, error) {
 	return r.n.d.Leases.List(ctx)
 }
 func (cgroupResource) name(rec journal.Sandbox) string { return rec.LeaseID }
@@ -201,7 +202,7 @@ func (r diskResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCh
 }
 
 // list lists the projects of ctld's range that have a quota.
-func (r diskResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+func (r diskResource) list(ctx context.Context) ([]string, error) {
 	pr := r.n.diskProjects()
 	qs, err := r.n.d.RootFS.DiskProjects(ctx, pr.Base, pr.Base+pr.Count)
 	var out []string
@@ -240,7 +241,7 @@ func (r mountResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofC
 	ok, d := r.n.d.RootFS.CheckGone(ctx, rec.ContainerID, rec.RootDev)
 	return check("mounts_gone", ok, d)
 }
-func (r mountResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+func (r mountResource) list(ctx context.Context) ([]string, error) {
 	return r.n.d.RootFS.List(ctx)
 }
 func (mountResource) name(rec journal.Sandbox) string { return nameOf(rec) }
@@ -273,7 +274,7 @@ func (r netnsResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofC
 	ok, d := r.n.d.Netns.CheckGone(ctx, rec.ContainerID, netnsID(rec))
 	return check("netns_gone", ok, d)
 }
-func (r netnsResource) list(ctx context.Context, _ kernelInventory) ([]string, error) {
+func (r netnsResource) list(ctx context.Context) ([]string, error) {
 	return r.n.d.Netns.List(ctx)
 }
 func (netnsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
@@ -323,7 +324,7 @@ func (r bundleResource) gone(_ context.Context, rec journal.Sandbox) api.ProofCh
 	_, err := os.Stat(dir)
 	return check("bundle_removed", errors.Is(err, os.ErrNotExist), dir+" "+errString(err))
 }
-func (r bundleResource) list(context.Context, kernelInventory) ([]string, error) {
+func (r bundleResource) list(context.Context) ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(r.n.cfg.RunDir, "bundles"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -361,8 +362,9 @@ func (r runscResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofC
 	ok, d := r.n.d.Runtime.CheckGone(ctx, rec.ContainerID)
 	return check("runsc_container_gone", ok, d)
 }
-func (runscResource) list(_ context.Context, inv kernelInventory) ([]string, error) {
-	return inv.containers, nil
+// list reads runsc's state dir (no runsc process per container).
+func (r runscResource) list(context.Context) ([]string, error) {
+	return r.n.d.Runtime.Known()
 }
 func (runscResource) name(rec journal.Sandbox) string { return nameOf(rec) }
 func (r runscResource) removeOrphan(ctx context.Context, cid string) error {
