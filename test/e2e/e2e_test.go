@@ -276,7 +276,7 @@ func TestCrashDuringReleaseCompletedByStandby(t *testing.T) {
 			if res.Sandbox.State != api.StateReleased || !res.Proof.Clean {
 				t.Fatalf("after takeover: state %s, proof clean %v (%s)", res.Sandbox.State, res.Proof.Clean, res.Sandbox.Reason)
 			}
-			if err := proof.Verify(res.Proof, nil); err != nil {
+			if err := proof.Verify(res.Proof.Record(), nil); err != nil {
 				t.Fatal(err)
 			}
 			if res.Sandbox.ReleaseTimings == nil || len(res.Sandbox.ReleaseTimings.Steps) != len(res.Proof.Checks) {

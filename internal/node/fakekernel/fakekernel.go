@@ -675,6 +675,21 @@ func (k *Kernel) quotaLocked(p *project) diskquota.Quota {
 	return q
 }
 
+// RemoveScratch removes id's scratch dir if it is empty (what LimitDisk
+// made before a mount); absent is success, content is refused.
+func (r *RootFS) RemoveScratch(id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	k := r.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := os.Remove(k.scratchDir(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove scratch dir %s: %w", k.scratchDir(id), err)
+	}
+	return nil
+}
+
 // UnlimitDisk clears project's limit once nothing is charged to it;
 // already clear is success.
 func (r *RootFS) UnlimitDisk(ctx context.Context, projectID uint32) error {
