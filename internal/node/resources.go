@@ -184,6 +184,7 @@ func (r diskResource) make(ctx context.Context, c *claimState) error {
 	}
 	return nil
 }
+
 // remove removes the scratch dir the claim step made (once the overlay in
 // it is gone, the mount entry's removal took it already), then the quota:
 // the project's limit is cleared only once nothing is charged to it.
@@ -362,6 +363,7 @@ func (r runscResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofC
 	ok, d := r.n.d.Runtime.CheckGone(ctx, rec.ContainerID)
 	return check("runsc_container_gone", ok, d)
 }
+
 // list reads runsc's state dir (no runsc process per container).
 func (r runscResource) list(context.Context) ([]string, error) {
 	return r.n.d.Runtime.Known()
