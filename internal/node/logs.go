@@ -32,7 +32,6 @@ func (n *Node) listLogs(context.Context) ([]string, error) {
 	return n.logDirs().List(func(s string) bool { _, _, ok := names.ParseGeneration(s); return ok })
 }
 
-
 // running is whether a generation in this state still has a guest that
 // may write to its log.
 func running(state string) bool { return state == api.StateClaiming || state == api.StateReady }
