@@ -48,7 +48,7 @@ func TestCrashPoints(t *testing.T) {
 	for _, point := range testCrashPoints() {
 		for _, c := range crashCases {
 			for _, crashes := range []int{1, 2} {
-				name := point + "/" + c.name
+				name := subtestName(point) + "/" + c.name
 				if crashes == 2 {
 					name += "/twice"
 				}
@@ -164,7 +164,7 @@ func TestClaimStepFailureRollsBack(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "injected") {
 				t.Fatalf("claim with %s failing: %v", kind, err)
 			}
-			claimFailed(r, codeOf(err))
+			claimFailed(r, claimReq("c1", 1), codeOf(err))
 			r.checkClean("after the rollback")
 			k.ClearFailMake(kind, containerID(sb, 1))
 			reuse(r, 2)

@@ -49,6 +49,14 @@ type testKernel struct {
 	failProbe func(t testing.TB, req *api.ClaimRequest)
 	// timeout bounds one operation.
 	timeout time.Duration
+	// noReuse leaves out the claim and release of a next generation after
+	// each case (the VM, where each costs seconds).
+	noReuse bool
+	// showLog shows the node's log also when the test passes.
+	showLog bool
+	// resources, when set, replace every claim's (the VM's guests need
+	// more CPU than a lease of 0.2 CPU to boot in seconds under TCG).
+	resources *api.Resources
 }
 
 // rig runs terms of a node over one journal and one kernel.
@@ -79,7 +87,7 @@ func newRig(t testing.TB, k *testKernel) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || r.k.showLog {
 			t.Logf("node log:\n%s", r.logs.String())
 		}
 		if r.end != nil {
@@ -169,6 +177,7 @@ func (r *rig) boot() (returned bool, err error) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), r.k.timeout)
 	defer cancel()
+	defer r.took(fmt.Sprintf("boot epoch %d", r.epoch), time.Now())
 	returned = r.do(func() { err = r.n.Reconcile(ctx) })
 	return returned, err
 }
@@ -235,13 +244,24 @@ func claimReq(op string, gen uint64) api.ClaimRequest {
 func (r *rig) claim(id string, req api.ClaimRequest) (resp api.ClaimResponse, err error, returned bool) {
 	ctx, cancel := r.ctx()
 	defer cancel()
+	defer r.took("claim "+req.OperationID, time.Now())
+	if r.k.resources != nil {
+		req.Resources = *r.k.resources
+	}
 	returned = r.do(func() { resp, err = r.n.Claim(ctx, id, req) })
 	return resp, err, returned
+}
+
+// took logs how long a step took (the VM's numbers are the ones that
+// matter).
+func (r *rig) took(what string, start time.Time) {
+	r.log.Info("test step", "step", what, "ms", time.Since(start).Milliseconds())
 }
 
 func (r *rig) release(id, op string, gen uint64) (resp api.ReleaseResponse, err error, returned bool) {
 	ctx, cancel := r.ctx()
 	defer cancel()
+	defer r.took("release "+op, time.Now())
 	returned = r.do(func() { resp, err = r.n.Release(ctx, id, api.ReleaseRequest{OperationID: op, Generation: gen}) })
 	return resp, err, returned
 }
@@ -410,14 +430,14 @@ func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
 
 // claimFailed: the claim c1 of sb was rolled back (failed, clean proof
 // under its operation id) and a retry of c1 gets the same stored error.
-func claimFailed(r *rig, wantCode errdefs.Code) {
+func claimFailed(r *rig, req api.ClaimRequest, wantCode errdefs.Code) {
 	r.t.Helper()
 	if s := r.sandbox(sb); s.State != api.StateFailed || s.Withheld {
 		r.t.Errorf("sandbox %s is %s (withheld %v, %s), want failed", sb, s.State, s.Withheld, s.Reason)
 	}
 	r.checkProof("c1")
-	_, err1, _ := r.claim(sb, claimReq("c1", 1))
-	_, err2, _ := r.claim(sb, claimReq("c1", 1))
+	_, err1, _ := r.claim(sb, req)
+	_, err2, _ := r.claim(sb, req)
 	if err1 == nil || errdefs.CodeOf(err1) != wantCode || err1.Error() != err2.Error() {
 		r.t.Errorf("retry of claim c1: %v, then %v; want the same stored %s error", err1, err2, wantCode)
 	}
@@ -427,6 +447,9 @@ func claimFailed(r *rig, wantCode errdefs.Code) {
 // and releases cleanly.
 func reuse(r *rig, gen uint64) {
 	r.t.Helper()
+	if r.k.noReuse {
+		return
+	}
 	op := fmt.Sprintf("c%d", gen)
 	r.mustClaim(sb, claimReq(op, gen))
 	rop := fmt.Sprintf("r%d", gen)
@@ -450,7 +473,7 @@ var crashCases = []crashCase{
 			if !crashed {
 				r.mustRelease(sb, "r1", 1)
 			} else {
-				claimFailed(r, errdefs.CodeUnavailable)
+				claimFailed(r, claimReq("c1", 1), errdefs.CodeUnavailable)
 			}
 			r.checkClean("after the claim")
 			reuse(r, 2)
@@ -501,7 +524,9 @@ var crashCases = []crashCase{
 			if !crashed {
 				code = errdefs.CodeInternal // the probe's own error
 			}
-			claimFailed(r, code)
+			req := claimReq("c1", 1)
+			r.k.failProbe(r.t, &req)
+			claimFailed(r, req, code)
 			r.checkClean("after the rollback")
 			reuse(r, 2)
 		},
@@ -532,6 +557,20 @@ var crashCases = []crashCase{
 			r.checkClean("after the orphan sweep")
 		},
 	},
+}
+
+// subtestName is a crash point as a subtest name: no ':', which the
+// kernel tests' dirs (named after the test) cannot carry into overlay
+// options.
+func subtestName(point string) string { return strings.ReplaceAll(point, ":", "-") }
+
+func crashCaseNamed(name string) crashCase {
+	for _, c := range crashCases {
+		if c.name == name {
+			return c
+		}
+	}
+	panic("no crash case " + name)
 }
 
 // runCrashCase runs c with a crash at point (crashes times in a row:

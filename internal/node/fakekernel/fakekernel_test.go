@@ -104,6 +104,7 @@ func TestIdempotency(t *testing.T) {
 		"netns delete":   k.Netns().Delete(ctx, id),
 		"runsc delete":   k.Runtime().Delete(ctx, id),
 		"unlimit disk 0": k.RootFS().UnlimitDisk(ctx, 0),
+		"remove scratch": k.RootFS().RemoveScratch(id),
 	} {
 		if err != nil {
 			t.Errorf("%s of nothing: %v", name, err)
@@ -113,6 +114,9 @@ func TestIdempotency(t *testing.T) {
 		t.Errorf("kill of no container: %v, want ErrNotExist", err)
 	}
 	guest(t, k)
+	if err := k.RootFS().RemoveScratch(id); err == nil {
+		t.Error("RemoveScratch of a scratch dir with an overlay's dirs in it succeeded")
+	}
 	if err := k.Leases().Create(ctx, lease.Spec{ID: id, CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 64}); !errors.Is(err, fs.ErrExist) {
 		t.Errorf("second lease create: %v, want fs.ErrExist", err)
 	}

@@ -1,0 +1,193 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/rootfs"
+	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// realKernel is a testKernel over the test VM's kernel, built as ctld's
+// run.go builds its deps, under names and dirs of this test only: a lease
+// parent of its own, scratch on the VM's XFS with project quotas, netns
+// files, runsc root, bundles and logs in temp dirs.
+func realKernel(t *testing.T) *testKernel {
+	t.Helper()
+	bin := ktest.RequireBinary(t, "runsc")
+	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
+	run := t.TempDir()
+	state := ktest.QuotaDir(t)
+	runscRoot := filepath.Join(run, "runsc")
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{runscRoot}, RunDir: run, StateDir: state})
+
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	leases := &lease.Manager{Parent: "ctld-crash-" + hex.EncodeToString(b[:]) + ".slice"}
+	if err := leases.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(filepath.Join(ktest.CgroupRoot, leases.Parent)); err != nil {
+			t.Errorf("remove lease parent: %v", err)
+		}
+	})
+	templates := filepath.Join(run, "templates")
+	for _, name := range []string{"busybox", "noecho"} {
+		if err := template.BuildBusybox(filepath.Join(templates, name), "/bin/busybox"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// noecho: a root whose readiness probe (/bin/echo) cannot run.
+	if err := os.Remove(filepath.Join(templates, "noecho", "bin", "echo")); err != nil {
+		t.Fatal(err)
+	}
+	k := &testKernel{
+		leases:       leases,
+		rootfs:       &rootfs.Overlay{ScratchDir: filepath.Join(state, "scratch")},
+		netns:        &netpolicy.Netns{Dir: filepath.Join(run, "netns")},
+		runtime:      &runsc.Runtime{Binary: bin, Root: runscRoot, SharedRoot: true},
+		runDir:       run,
+		templatesDir: templates,
+		// A project range of this test's own: the sweep clears ctld's
+		// range, and other tests run beside this one.
+		diskProjects: DiskProjects{Base: 1<<25 + uint32(b[0])<<8 + uint32(b[1]), Count: 64},
+		killGuest: func(t testing.TB, cid string) {
+			// What an OOM kill of the sandbox does: its processes die, its
+			// runsc state stays.
+			if err := os.WriteFile(filepath.Join(leases.Dir(cid), "cgroup.kill"), []byte("1"), 0); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; ; i++ {
+				if pop, err := leases.Populated(context.Background(), cid); err == nil && !pop {
+					return
+				}
+				if i == 100 {
+					t.Fatalf("lease %s still populated after cgroup.kill", cid)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		},
+		failProbe: func(_ testing.TB, req *api.ClaimRequest) { req.RootFS.Template = "noecho" },
+		timeout:   3 * time.Minute,
+		showLog:   true, // its step timings are what the VM run measures
+		resources: &api.Resources{CPUMillis: 2000, MemoryBytes: 512 << 20, PIDs: 512, DiskBytes: 64 << 20},
+	}
+	k.text = func() string { return realText(k) }
+	return k
+}
+
+// realText lists the generations' objects the subsystems see (as the
+// reconciler does) and their files; ktest.CheckLeaks looks deeper when
+// the test ends.
+func realText(k *testKernel) string {
+	ctx := context.Background()
+	var lines []string
+	list := func(what string, ids []string, err error) {
+		if err != nil {
+			lines = append(lines, fmt.Sprintf("%s: %v", what, err))
+		}
+		for _, id := range ids {
+			lines = append(lines, what+" "+id)
+		}
+	}
+	ids, err := k.leases.List(ctx)
+	list("cgroup", ids, err)
+	ids, err = k.rootfs.List(ctx)
+	list("scratch", ids, err)
+	ids, err = k.netns.List(ctx)
+	list("netns", ids, err)
+	ids, err = k.runtime.Known()
+	list("runsc", ids, err)
+	qs, err := k.rootfs.DiskProjects(ctx, k.diskProjects.Base, k.diskProjects.Base+k.diskProjects.Count)
+	ids = nil
+	for _, q := range qs {
+		ids = append(ids, fmt.Sprint(q.ID))
+	}
+	list("disk project", ids, err)
+	for _, d := range []struct{ what, dir string }{
+		{"bundle", filepath.Join(k.runDir, "bundles")}, {"logs", k.runtime.LogRoot()},
+	} {
+		ents, _ := os.ReadDir(d.dir)
+		for _, e := range ents {
+			if _, _, ok := names.ParseGeneration(e.Name()); ok {
+				lines = append(lines, d.what+" "+e.Name())
+			}
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// TestKernelCrashPoints runs each crash point once on the real kernel, in
+// the case that is the one for it (a claim's points in a claim, a
+// teardown's in a release, the sweep's in an orphan sweep): the same
+// cases as TestCrashPoints on the fake kernel.
+func TestKernelCrashPoints(t *testing.T) {
+	ktest.Require(t)
+	start := time.Now()
+	for _, point := range testCrashPoints() {
+		var c *crashCase
+		for i := range crashCases {
+			if crashCases[i].covers(point) {
+				c = &crashCases[i]
+				break
+			}
+		}
+		if c == nil {
+			t.Errorf("no case covers crash point %s", point)
+			continue
+		}
+		t.Run(subtestName(point)+"/"+c.name, func(t *testing.T) {
+			k := realKernel(t)
+			k.noReuse = true // the fake kernel runs it; here it would double the time
+			if !runCrashCase(t, k, *c, point, 1) {
+				t.Errorf("case %s never passed crash point %s", c.name, point)
+			}
+		})
+	}
+	t.Logf("%d crash points in %v", len(testCrashPoints()), time.Since(start).Round(time.Second))
+}
+
+// TestKernelReconcileBranches: a generation whose guest was killed is
+// lost and cleaned up; a claim whose readiness probe fails is rolled back
+// at once; both with clean proofs and nothing left.
+func TestKernelReconcileBranches(t *testing.T) {
+	ktest.Require(t)
+	t.Run("lost", func(t *testing.T) {
+		k := realKernel(t)
+		r := newRig(t, k)
+		r.mustBoot()
+		resp := r.mustClaim(sb, claimReq("c1", 1))
+		k.killGuest(t, resp.Sandbox.ContainerID)
+		r.mustBoot()
+		if s := r.sandbox(sb); s.State != api.StateReleased || s.Withheld || !strings.Contains(s.Reason, "lost") {
+			t.Fatalf("after takeover: %s withheld=%v (%s), want released as lost", s.State, s.Withheld, s.Reason)
+		}
+		r.checkProof("lost-" + resp.Sandbox.ContainerID)
+		r.checkClean("after the lost generation")
+	})
+	t.Run("rollback", func(t *testing.T) {
+		k := realKernel(t)
+		k.noReuse = true
+		if runCrashCase(t, k, crashCaseNamed("rollback"), "", 1) {
+			t.Fatal("crashed without a crash point")
+		}
+	})
+}
