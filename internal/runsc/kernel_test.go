@@ -8,15 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
@@ -57,57 +54,6 @@ func helperCreateStart() int {
 	}
 	fmt.Println("started", id)
 	return 0
-}
-
-// newNetns makes a netns that only this test knows, bind-mounted on a file
-// in a temp dir (not /run/netns, whose first use leaves a mount behind), and
-// brings its loopback up. It is gone when the test ends.
-func newNetns(t testing.TB) (string, netns.NsHandle) {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "netns")
-	if err := os.WriteFile(p, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns := func() netns.NsHandle {
-		// Unsharing changes the calling thread only: pin it, and put it back.
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Fatalf("get netns: %v", err)
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err != nil {
-			t.Fatalf("new netns: %v", err)
-		}
-		if err := netns.Set(orig); err != nil {
-			t.Fatalf("restore netns: %v", err)
-		}
-		return ns
-	}()
-	t.Cleanup(func() { ns.Close() })
-	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", int(ns)), p, "", unix.MS_BIND, ""); err != nil {
-		t.Fatalf("bind netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			t.Errorf("unmount netns: %v", err)
-		}
-	})
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatalf("netlink in netns: %v", err)
-	}
-	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		t.Fatalf("find lo: %v", err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		t.Fatalf("lo up: %v", err)
-	}
-	return p, ns
 }
 
 // newLease makes a cgroup the way ctld's lease does: a pre-created
@@ -165,7 +111,7 @@ func setupKernel(t testing.TB, name string) kernelEnv {
 	if err := template.BuildBusybox(e.rootfs, "/bin/busybox"); err != nil {
 		t.Fatal(err)
 	}
-	e.netnsPath, _ = newNetns(t)
+	e.netnsPath = ktest.NewNetns(t).Path
 	e.cgroupPath = newLease(t, fmt.Sprintf("ctld-rt-%s-%d", name, os.Getpid()))
 	e.leaseDir = filepath.Join(ktest.CgroupRoot, e.cgroupPath)
 	s, err := BuildSpec(BundleSpec{

@@ -2,9 +2,7 @@ package kernel_test
 
 import (
 	"bytes"
-	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -26,12 +24,9 @@ func TestNftDropPortInNetns(t *testing.T) {
 	ktest.Require(t)
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
 
-	nameA := fmt.Sprintf("ctldtest-nft-a-%d", os.Getpid())
-	nameB := fmt.Sprintf("ctldtest-nft-b-%d", os.Getpid())
-	nsA := nftNewNetns(t, nameA)
-	nsB := nftNewNetns(t, nameB)
-	nftLogRuleset(t, nameB)
-	nftVethPair(t, nsA, nsB, "ctnft-a", "ctnft-b", "10.201.0.1/30", "10.201.0.2/30")
+	nsA, nsB := ktest.NewNetns(t), ktest.NewNetns(t)
+	nftLogRuleset(t, nsB)
+	ktest.VethPair(t, ktest.Veth{Netns: nsA.Handle, Name: "ctnft-a", Addr: "10.201.0.1/30"}, ktest.Veth{Netns: nsB.Handle, Name: "ctnft-b", Addr: "10.201.0.2/30"})
 
 	l1 := nftListen(t, nsB, "10.201.0.2")
 	l2 := nftListen(t, nsB, "10.201.0.2")
@@ -54,7 +49,7 @@ func TestNftDropPortInNetns(t *testing.T) {
 		t.Fatalf("before rules: dial %s from A: %v", addr2, err)
 	}
 
-	c, err := nftables.New(nftables.WithNetNSFd(int(nsB)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(nsB.Handle)))
 	if err != nil {
 		t.Fatalf("nftables conn in netns B: %v", err)
 	}

@@ -4,19 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/runsc"
@@ -46,57 +42,9 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 	if err := template.BuildBusybox(rootfs, "/bin/busybox"); err != nil {
 		t.Fatal(err)
 	}
-	nsPath, ns := bindNetns(t, filepath.Join(tmp, "netns"))
-
-	// veth: host end here with .1, peer in the netns with .2, both up. The
-	// pair goes when the host end is deleted or the netns dies.
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostLink}, PeerName: peerLink}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostLink); err == nil {
-			if err := netlink.LinkDel(l); err != nil {
-				t.Errorf("delete veth: %v", err)
-			}
-		}
-	})
-	host, err := netlink.LinkByName(hostLink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := netlink.LinkByName(peerLink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
-		t.Fatalf("move peer into netns: %v", err)
-	}
-	if err := netlink.AddrAdd(host, mustAddr(t, hostAddr+"/30")); err != nil {
-		t.Fatalf("address host end: %v", err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		t.Fatalf("host end up: %v", err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatalf("netlink in netns: %v", err)
-	}
-	defer h.Close()
-	for _, name := range []string{"lo", peerLink} {
-		l, err := h.LinkByName(name)
-		if err != nil {
-			t.Fatalf("find %s in netns: %v", name, err)
-		}
-		if name == peerLink {
-			if err := h.AddrAdd(l, mustAddr(t, guestAddr+"/30")); err != nil {
-				t.Fatalf("address peer: %v", err)
-			}
-		}
-		if err := h.LinkSetUp(l); err != nil {
-			t.Fatalf("%s up: %v", name, err)
-		}
-	}
+	ns := ktest.NewNetns(t)
+	// veth: host end here with .1, peer in the netns with .2, both up.
+	ktest.VethPair(t, ktest.Veth{Netns: netns.None(), Name: hostLink, Addr: hostAddr + "/30"}, ktest.Veth{Netns: ns.Handle, Name: peerLink, Addr: guestAddr + "/30"})
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(hostAddr, "0"))
 	if err != nil {
@@ -126,7 +74,7 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 
 	r := &runsc.Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")}
 	spec, err := runsc.BuildSpec(runsc.BundleSpec{
-		ContainerID: id, RootPath: rootfs, Hostname: id, NetnsPath: nsPath,
+		ContainerID: id, RootPath: rootfs, Hostname: id, NetnsPath: ns.Path,
 		PIDs: 64, MemoryBytes: 256 << 20, Args: []string{"sleep", "1000"},
 	})
 	if err != nil {
@@ -195,50 +143,4 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 		t.Errorf("runsc list after delete = %q, %v", ids, err)
 	}
 	t.Logf("guest<->host TCP over veth %s:%s ok; %s", hostAddr, strconv.Itoa(port), detail)
-}
-
-func mustAddr(t *testing.T, cidr string) *netlink.Addr {
-	t.Helper()
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
-
-// bindNetns makes a fresh netns, bind-mounted on file p so runsc can join it
-// by path, and undoes both when the test ends.
-func bindNetns(t *testing.T, p string) (string, netns.NsHandle) {
-	t.Helper()
-	if err := os.WriteFile(p, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns := func() netns.NsHandle {
-		// Unsharing changes the calling thread only: pin it, and put it back.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Fatalf("get netns: %v", err)
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err != nil {
-			t.Fatalf("new netns: %v", err)
-		}
-		if err := netns.Set(orig); err != nil {
-			t.Fatalf("restore netns: %v", err)
-		}
-		return ns
-	}()
-	t.Cleanup(func() { ns.Close() })
-	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", int(ns)), p, "", unix.MS_BIND, ""); err != nil {
-		t.Fatalf("bind netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			t.Errorf("unmount netns: %v", err)
-		}
-	})
-	return p, ns
 }
