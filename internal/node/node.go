@@ -18,6 +18,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/proof"
@@ -90,9 +91,7 @@ type Node struct {
 
 // New wires a node. Call Reconcile before serving.
 func New(cfg Config, d Deps) *Node {
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d.Logger = logging.OrDiscard(d.Logger)
 	if cfg.WithheldRetryMax <= 0 {
 		cfg.WithheldRetryMax = DefaultWithheldRetryMax
 	}
