@@ -109,9 +109,24 @@ type RootFS struct {
 }
 
 // NetworkPolicy of a sandbox. Until the network issue lands only deny_all is
-// accepted: the sandbox gets a netns with loopback and no route out.
+// accepted: the sandbox gets a netns with loopback and no route out. The
+// whole policy is validated already (netpolicy.Parse), so a bad rule gets
+// its precise error.
 type NetworkPolicy struct {
-	Mode NetworkMode `json:"mode"`
+	Mode  NetworkMode   `json:"mode"`
+	Rules []NetworkRule `json:"rules,omitempty"`
+}
+
+// NetworkRule allows one destination: a CIDR ("203.0.113.0/24",
+// "2001:db8::/32" or a bare address) or a domain ("example.com", or
+// "*.example.com" for every name below it; mode restricted only). Protocol
+// is "tcp", "udp" or empty for both; Ports are "443" or "8000-8100", empty
+// for all.
+type NetworkRule struct {
+	CIDR     string   `json:"cidr,omitempty"`
+	Domain   string   `json:"domain,omitempty"`
+	Protocol string   `json:"protocol,omitempty"`
+	Ports    []string `json:"ports,omitempty"`
 }
 
 // NetworkMode is a sandbox's network mode: NetworkDenyAll (now),

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/lease"
 )
 
@@ -62,6 +63,22 @@ func (p NetworkPolicy) EffectiveMode() NetworkMode {
 		return NetworkDenyAll
 	}
 	return p.Mode
+}
+
+// Spec is the policy as written, for netpolicy.Parse.
+func (p NetworkPolicy) Spec() netpolicy.Spec {
+	s := netpolicy.Spec{Mode: string(p.Mode)}
+	for _, r := range p.Rules {
+		s.Rules = append(s.Rules, netpolicy.RuleSpec{CIDR: r.CIDR, Domain: r.Domain, Protocol: r.Protocol, Ports: r.Ports})
+	}
+	return s
+}
+
+// Parse validates the whole policy (mode and every rule, with the default
+// limits) and returns its normal form; the error is invalid_argument and
+// names the offending field.
+func (p NetworkPolicy) Parse() (netpolicy.Policy, error) {
+	return netpolicy.ParseDefault("network", p.Spec())
 }
 
 func invalid(format string, args ...any) *errdefs.Error {
@@ -125,12 +142,13 @@ func (r ClaimRequest) Validate() error {
 	if err := r.Resources.validate(); err != nil {
 		return err
 	}
-	switch m := r.Network.EffectiveMode(); m {
-	case NetworkDenyAll:
-	case NetworkOpen, NetworkRestrict:
-		return invalid("network.mode %q is not supported yet: only %q", m, NetworkDenyAll)
-	default:
-		return invalid("unknown network.mode %s: must be %q", errdefs.Quote(string(m)), NetworkDenyAll)
+	pol, err := r.Network.Parse()
+	if err != nil {
+		return err
+	}
+	// Fail closed until the firewall enforces the other modes.
+	if pol.Mode != netpolicy.ModeDenyAll {
+		return invalid("network.mode %q is not supported yet: only %q", pol.Mode, NetworkDenyAll)
 	}
 	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
 )
 
 func TestValidateOperationID(t *testing.T) {
@@ -85,6 +86,23 @@ func TestClaimValidate(t *testing.T) {
 		{"cpuset reversed", func(r *ClaimRequest) { r.Resources.Cpuset = "3-1" }, "resources.cpuset"},
 		{"network open", func(r *ClaimRequest) { r.Network.Mode = "open" }, "not supported yet"},
 		{"network odd", func(r *ClaimRequest) { r.Network.Mode = "allow" }, "unknown network.mode"},
+		// The whole policy is validated before the mode is refused, so a
+		// bad rule gets its own precise error now.
+		{"network restricted, good rules", func(r *ClaimRequest) {
+			r.Network = NetworkPolicy{Mode: NetworkRestrict, Rules: []NetworkRule{{CIDR: "203.0.113.0/24", Ports: []string{"443"}}, {Domain: "*.example.com"}}}
+		}, "not supported yet"},
+		{"network bad cidr", func(r *ClaimRequest) {
+			r.Network = NetworkPolicy{Mode: NetworkRestrict, Rules: []NetworkRule{{CIDR: "203.0.113.0/24"}, {CIDR: "10.0.0.256/8"}}}
+		}, `network.rules[1]: invalid cidr "10.0.0.256/8"`},
+		{"network bad wildcard", func(r *ClaimRequest) {
+			r.Network = NetworkPolicy{Mode: NetworkRestrict, Rules: []NetworkRule{{Domain: "a.*.example.com"}}}
+		}, "network.rules[0]: invalid domain"},
+		{"network bad port", func(r *ClaimRequest) {
+			r.Network = NetworkPolicy{Mode: NetworkOpen, Rules: []NetworkRule{{CIDR: "10.0.0.0/8", Ports: []string{"70000"}}}}
+		}, `network.rules[0] (cidr "10.0.0.0/8"): invalid port "70000"`},
+		{"network deny_all with rules", func(r *ClaimRequest) {
+			r.Network = NetworkPolicy{Rules: []NetworkRule{{CIDR: "10.0.0.0/8"}}}
+		}, "takes no rules"},
 		{"arg NUL", func(r *ClaimRequest) { r.Process.Args = []string{"/bin/sh", "a\x00b"} }, "process.args[1] contains a NUL"},
 		{"empty argv0", func(r *ClaimRequest) { r.Process.Args = []string{""} }, "process.args[0] is empty"},
 		{"too many args", func(r *ClaimRequest) { r.Process.Args = make([]string, MaxArgs+1) }, "more than"},
@@ -111,6 +129,20 @@ func TestClaimValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want invalid_argument containing %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestNetworkModesMatch: the API's wire names of the modes are the
+// policy model's.
+func TestNetworkModesMatch(t *testing.T) {
+	for _, m := range []NetworkMode{NetworkDenyAll, NetworkOpen, NetworkRestrict} {
+		p, err := NetworkPolicy{Mode: m}.Parse()
+		if err != nil || string(p.Mode) != string(m) {
+			t.Errorf("mode %q parses as %q, %v", m, p.Mode, err)
+		}
+	}
+	if len(netpolicy.Modes) != 3 {
+		t.Errorf("netpolicy has %d modes, the API 3", len(netpolicy.Modes))
 	}
 }
 
