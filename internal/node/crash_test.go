@@ -57,6 +57,7 @@ func TestCrashPoints(t *testing.T) {
 					k, _ := fakeKernel(t)
 					if runCrashCase(t, k, c, point, crashes) {
 						covered[point] = true
+						t.Logf("crashed at %s in case %s", point, c.name)
 					} else if c.covers(point) {
 						t.Errorf("case %s never passed crash point %s", c.name, point)
 					}

@@ -72,6 +72,9 @@ type rig struct {
 	log   *slog.Logger
 	logs  syncBuffer // every term's log, shown when the test fails
 
+	// unjournaled collects Node.Unjournaled of the terms that ended.
+	unjournaled []string
+
 	mu      sync.Mutex
 	crashAt string          // the point where the next crash happens
 	crashed string          // the point where the last crash happened
@@ -151,6 +154,7 @@ func (r *rig) boot() (returned bool, err error) {
 	if r.end != nil {
 		r.end()
 		r.n.Close()
+		r.unjournaled = append(r.unjournaled, r.n.Unjournaled()...)
 	}
 	if r.j != nil {
 		if err := r.j.Close(); err != nil {
@@ -344,6 +348,16 @@ func (r *rig) checkClean(when string) {
 	}
 }
 
+// allUnjournaled lists the objects any term of the rig found and removed
+// although no effect record named them.
+func (r *rig) allUnjournaled() []string {
+	out := slices.Clone(r.unjournaled)
+	if r.n != nil {
+		out = append(out, r.n.Unjournaled()...)
+	}
+	return out
+}
+
 // effects returns the journal's effect records by "kind/name".
 func (r *rig) effects() map[string]journal.Effect {
 	r.t.Helper()
@@ -361,19 +375,17 @@ func (r *rig) effects() map[string]journal.Effect {
 	return out
 }
 
-// Crash points. Claim: "KIND:intended" (journaled, not made), "KIND:made"
-// (made, journaled intended), "KIND:done" (journaled done), for the kinds
-// in claim order.
-var claimKinds = []string{journal.KindLogs, journal.KindCgroup, journal.KindDisk, journal.KindMount, journal.KindNetns, journal.KindBundle, journal.KindRunsc}
-
-// testCrashPoints lists every crash point of the node.
-func testCrashPoints() []string {
+// claimKinds are the table's kinds, in claim order.
+func claimKinds() []string {
 	var out []string
-	for _, k := range claimKinds {
-		out = append(out, k+":intended", k+":made", k+":done")
+	for _, r := range newTable(&Node{}) {
+		out = append(out, r.kind())
 	}
 	return out
 }
+
+// testCrashPoints lists every crash point of the node.
+func testCrashPoints() []string { return CrashPoints() }
 
 // checkJournalAt asserts what the journal says at a crash point: the
 // effect record that point is about, in the state it must be in then.
@@ -382,7 +394,7 @@ func testCrashPoints() []string {
 func (r *rig) checkJournalAt(point, cid string) {
 	r.t.Helper()
 	kind, step, ok := strings.Cut(point, ":")
-	if !ok || !slices.Contains(claimKinds, kind) {
+	if !ok || !slices.Contains(claimKinds(), kind) {
 		return
 	}
 	want := map[string]string{"intended": journal.Intended, "made": journal.Intended, "done": journal.Done,
@@ -412,6 +424,10 @@ type crashCase struct {
 	run func(r *rig) bool
 	// check runs after the recovery (and after a run that did not crash).
 	check func(r *rig, crashed bool)
+	// orphan says which objects ("kind/name") the case's recovery may find
+	// without an effect record naming them; nil: none, the journal must
+	// have named everything recovery removed.
+	orphan func(object string) bool
 }
 
 const sb = "sb"
@@ -550,11 +566,49 @@ var crashCases = []crashCase{
 			}
 			return returned
 		},
+		// The other node's objects; its disk project is named by number.
+		orphan: func(o string) bool {
+			kind, name, _ := strings.Cut(o, "/")
+			_, err := strconv.ParseUint(name, 10, 32)
+			return name == containerID("orph", 1) || kind == journal.KindDisk && err == nil
+		},
 		check: func(r *rig, crashed bool) {
 			if _, err := r.n.sandbox("orph"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 				r.t.Errorf("the orphan's sandbox is in this journal: %v", err)
 			}
 			r.checkClean("after the orphan sweep")
+		},
+	},
+	{
+		// Effect records of a generation that is over (its sandbox record
+		// failed, e.g. restored from an older journal) are finished by the
+		// next term: their objects removed, the records dropped, also
+		// after a crash in the middle. Nothing is found by name only.
+		name: "over", covers: func(string) bool { return false },
+		setup: func(r *rig) {
+			r.mustClaim(sb, claimReq("c1", 1))
+			err := r.j.Update(func(tx *journal.Tx) error {
+				s, _, err := tx.Sandbox(sb)
+				if err != nil {
+					return err
+				}
+				s.State, s.Reason = api.StateFailed, "test: over, effects left"
+				return tx.PutSandbox(s)
+			})
+			if err != nil {
+				r.t.Fatal(err)
+			}
+		},
+		run: func(r *rig) bool {
+			returned, err := r.boot()
+			if returned && err != nil {
+				r.t.Fatalf("reconcile: %v", err)
+			}
+			return returned
+		},
+		check: func(r *rig, crashed bool) {
+			r.checkClean("after finishing the effects of a generation that is over")
+			reuse(r, 2)
 		},
 	},
 }
@@ -592,6 +646,7 @@ func runCrashCase(t *testing.T, k *testKernel, c crashCase, point string, crashe
 		// the next case.
 		r.arm("")
 		c.check(r, false)
+		checkUnjournaled(r, c)
 		return false
 	}
 	if got := r.lastCrash(); got != point {
@@ -600,7 +655,20 @@ func runCrashCase(t *testing.T, k *testKernel, c crashCase, point string, crashe
 	r.checkJournalAt(point, containerID(sb, 1))
 	r.recover(point, crashes)
 	c.check(r, true)
+	checkUnjournaled(r, c)
 	return true
+}
+
+// checkUnjournaled: recovery removed only what the journal named (the
+// name sweep, the second line of defence, found nothing else), apart from
+// the case's orphans. An effect() that stopped journaling fails here.
+func checkUnjournaled(r *rig, c crashCase) {
+	r.t.Helper()
+	for _, o := range r.allUnjournaled() {
+		if c.orphan == nil || !c.orphan(o) {
+			r.t.Errorf("recovery found and removed %s, which no effect record named", o)
+		}
+	}
 }
 
 func fmtProject(p uint32) string { return strconv.FormatUint(uint64(p), 10) }
