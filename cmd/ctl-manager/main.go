@@ -420,10 +420,10 @@ func (c *cli) lsCommand() *cobra.Command {
 		for _, e := range l.Sandboxes {
 			gen, state, nodeState, cpu, mem := "-", "-", "-", "-", "-"
 			if e.Store != nil {
-				gen, state = fmt.Sprint(e.Store.Generation), e.Store.State
+				gen, state = fmt.Sprint(e.Store.Generation), string(e.Store.State)
 			}
 			if e.Node != nil {
-				nodeState = e.Node.State
+				nodeState = string(e.Node.State)
 				if e.Store == nil {
 					gen = fmt.Sprint(e.Node.Generation)
 				}

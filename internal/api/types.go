@@ -187,29 +187,32 @@ type ReleaseTimings struct {
 	TotalMS float64      `json:"total_ms"`
 }
 
+// SandboxState is the state of a sandbox's current generation.
+type SandboxState string
+
 // Sandbox states.
 const (
-	StateClaiming  = "claiming"
-	StateReady     = "ready"
-	StateReleasing = "releasing"
-	StateReleased  = "released"
-	StateFailed    = "failed"
-	StateLost      = "lost"
+	StateClaiming  SandboxState = "claiming"
+	StateReady     SandboxState = "ready"
+	StateReleasing SandboxState = "releasing"
+	StateReleased  SandboxState = "released"
+	StateFailed    SandboxState = "failed"
+	StateLost      SandboxState = "lost"
 )
 
 // Sandbox is a sandbox as ctld sees it: the identity and its current runtime
 // generation.
 type Sandbox struct {
-	ID          string    `json:"id"`
-	Generation  uint64    `json:"generation"`
-	State       string    `json:"state"`
-	ContainerID string    `json:"container_id,omitempty"`
-	LeaseID     string    `json:"lease_id,omitempty"`
-	Resources   Resources `json:"resources"`
-	RootFS      RootFS    `json:"rootfs"`
-	Epoch       uint64    `json:"epoch"`
-	CreatedAt   time.Time `json:"created_at"`
-	Timings     Timings   `json:"timings"`
+	ID          string       `json:"id"`
+	Generation  uint64       `json:"generation"`
+	State       SandboxState `json:"state"`
+	ContainerID string       `json:"container_id,omitempty"`
+	LeaseID     string       `json:"lease_id,omitempty"`
+	Resources   Resources    `json:"resources"`
+	RootFS      RootFS       `json:"rootfs"`
+	Epoch       uint64       `json:"epoch"`
+	CreatedAt   time.Time    `json:"created_at"`
+	Timings     Timings      `json:"timings"`
 	// ReleaseTimings is set once a teardown of this generation ran.
 	ReleaseTimings *ReleaseTimings `json:"release_timings,omitempty"`
 	Reason         string          `json:"reason,omitempty"`

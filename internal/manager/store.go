@@ -182,25 +182,25 @@ type NodeRecord struct {
 
 // SandboxRecord is a sandbox identity.
 type SandboxRecord struct {
-	ID         string    `json:"id"`
-	CreatedAt  time.Time `json:"created_at"`
-	State      string    `json:"state"`
-	Generation uint64    `json:"generation"`
-	NodeID     string    `json:"node_id,omitempty"`
+	ID         string           `json:"id"`
+	CreatedAt  time.Time        `json:"created_at"`
+	State      api.SandboxState `json:"state"`
+	Generation uint64           `json:"generation"`
+	NodeID     string           `json:"node_id,omitempty"`
 }
 
 // GenerationRecord is one runtime generation of a sandbox.
 type GenerationRecord struct {
-	SandboxID   string        `json:"sandbox_id"`
-	Generation  uint64        `json:"generation"`
-	State       string        `json:"state"`
-	ContainerID string        `json:"container_id,omitempty"`
-	LeaseID     string        `json:"lease_id,omitempty"`
-	Resources   api.Resources `json:"resources"`
-	RootFS      api.RootFS    `json:"rootfs"`
-	Timings     api.Timings   `json:"timings"`
-	CreatedAt   time.Time     `json:"created_at"`
-	EndedAt     *time.Time    `json:"ended_at,omitempty"`
+	SandboxID   string           `json:"sandbox_id"`
+	Generation  uint64           `json:"generation"`
+	State       api.SandboxState `json:"state"`
+	ContainerID string           `json:"container_id,omitempty"`
+	LeaseID     string           `json:"lease_id,omitempty"`
+	Resources   api.Resources    `json:"resources"`
+	RootFS      api.RootFS       `json:"rootfs"`
+	Timings     api.Timings      `json:"timings"`
+	CreatedAt   time.Time        `json:"created_at"`
+	EndedAt     *time.Time       `json:"ended_at,omitempty"`
 }
 
 // OperationRecord is a mutating call to ctld, recorded before it is made.
@@ -252,7 +252,7 @@ func notFound(format string, args ...any) error {
 
 // live reports whether a sandbox state holds compute on the node (or may:
 // a claim or release in flight).
-func live(state string) bool {
+func live(state api.SandboxState) bool {
 	switch state {
 	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost:
 		return true

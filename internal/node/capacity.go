@@ -78,7 +78,7 @@ func readInt(path string) (int64, error) {
 	return v, nil
 }
 
-func asCapacity(r api.Resources) api.Capacity {
+func asCapacity(r journal.Resources) api.Capacity {
 	return api.Capacity{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, DiskBytes: r.DiskBytes}
 }
 
@@ -119,7 +119,7 @@ func ledger(total, reserve api.Capacity, ss []journal.Sandbox) api.NodeCapacity 
 
 // fits reports whether r fits in what is neither leased nor withheld, and
 // if not, which resource is short.
-func fits(c api.NodeCapacity, r api.Resources) (bool, string) {
+func fits(c api.NodeCapacity, r journal.Resources) (bool, string) {
 	free := sub(sub(c.Allocatable, c.Leased), c.Withheld)
 	switch {
 	case r.CPUMillis > free.CPUMillis:

@@ -109,7 +109,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if err := names.CheckGeneration(id, req.Generation); err != nil {
 		return api.ClaimResponse{}, err
 	}
-	if err := leaseSpec(cid, req.Resources).Validate(); err != nil {
+	if err := leaseSpec(cid, resourcesRecord(req.Resources)).Validate(); err != nil {
 		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
 	if req.RootFS.Mode != "overlay" {
@@ -135,16 +135,14 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		return api.ClaimResponse{}, err
 	}
 	defer done()
-	reqCopy := req
+	reqRec := claimRecord(req)
 	rec := journal.Sandbox{
-		Sandbox: api.Sandbox{
-			ID: id, Generation: req.Generation, State: api.StateClaiming, ContainerID: cid, LeaseID: cid,
-			Resources: req.Resources, RootFS: req.RootFS, Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(),
-		},
-		ClaimOp: req.OperationID, Nonce: nonce, Netns: cid, Bundle: n.bundleDir(cid), Request: &reqCopy,
+		ID: id, Generation: req.Generation, State: journal.StateClaiming, ContainerID: cid, LeaseID: cid,
+		Resources: reqRec.Resources, RootFS: reqRec.RootFS, Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(),
+		ClaimOp: req.OperationID, Nonce: nonce, Netns: cid, Bundle: n.bundleDir(cid), Request: &reqRec,
 	}
 	op := journal.Operation{
-		ID: req.OperationID, Kind: "claim", SandboxID: id, Generation: req.Generation,
+		ID: req.OperationID, Kind: journal.OpClaim, SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
 	admitStart := time.Now()
@@ -186,7 +184,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	rb, cancel := n.background(2 * time.Minute)
 	defer cancel()
 	rec, _ = n.sandbox(id)
-	if _, err := n.teardown(rb, rec, op.ID, api.StateFailed, cerr.Error()); err != nil {
+	if _, err := n.teardown(rb, rec, op.ID, journal.StateFailed, cerr.Error()); err != nil {
 		if n.live() != nil {
 			return api.ClaimResponse{}, n.leftToSuccessor(log, op.ID, errors.Join(cerr, err))
 		}
@@ -240,7 +238,7 @@ func (n *Node) failOp(op journal.Operation, cause error) error {
 	if errors.As(cause, &ae) {
 		msg = ae.Message
 	}
-	op.State, op.Error = journal.OpFailed, &api.ErrorBody{Code: code, Message: msg}
+	op.State, op.Error = journal.OpFailed, &journal.OpError{Code: code, Message: msg}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutOperation(op) }); err != nil {
 		n.log.Error("journal failed operation", "op", op.ID, "err", err)
 	}
@@ -248,7 +246,7 @@ func (n *Node) failOp(op journal.Operation, cause error) error {
 }
 
 // effect journals an effect as intended, makes it, and journals it done.
-func (n *Node) effect(kind, name string, rec journal.Sandbox, make func() error) error {
+func (n *Node) effect(kind journal.Kind, name string, rec journal.Sandbox, make func() error) error {
 	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch}
 	if err := n.live(); err != nil {
 		return err
@@ -256,31 +254,31 @@ func (n *Node) effect(kind, name string, rec journal.Sandbox, make func() error)
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
 		return fmt.Errorf("journal %s %s intended: %w", kind, name, err)
 	}
-	n.crash(kind + ":intended")
+	n.crash(string(kind) + ":intended")
 	if err := n.live(); err != nil {
 		return err
 	}
 	if err := make(); err != nil {
 		return err
 	}
-	n.crash(kind + ":made")
+	n.crash(string(kind) + ":made")
 	e.State = journal.Done
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
 		return fmt.Errorf("journal %s %s done: %w", kind, name, err)
 	}
-	n.crash(kind + ":done")
+	n.crash(string(kind) + ":done")
 	return nil
 }
 
-func leaseSpec(cid string, r api.Resources) lease.Spec {
+func leaseSpec(cid string, r journal.Resources) lease.Spec {
 	return lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // claimPhases maps each resource to the claim timing it counts in.
-func claimPhases(t *api.Timings) map[string]*float64 {
-	return map[string]*float64{
+func claimPhases(t *journal.Timings) map[journal.Kind]*float64 {
+	return map[journal.Kind]*float64{
 		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
 		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
 		journal.KindNetns:  &t.NetworkMS,
@@ -290,7 +288,7 @@ func claimPhases(t *api.Timings) map[string]*float64 {
 
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
 	cid := rec.ContainerID
-	t := api.Timings{AdmitMS: rec.Timings.AdmitMS}
+	t := journal.Timings{AdmitMS: rec.Timings.AdmitMS}
 	phase := claimPhases(&t)
 	start := time.Now()
 
@@ -302,7 +300,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 			return api.ClaimResponse{}, err
 		}
 		d := ms(time.Since(t0))
-		t.Steps = append(t.Steps, api.StepTiming{Resource: r.kind(), MakeMS: d})
+		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(r.kind()), MakeMS: d})
 		if p := phase[r.kind()]; p != nil {
 			*p += d
 		}
@@ -330,7 +328,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	if err != nil {
 		return api.ClaimResponse{}, err
 	}
-	return api.ClaimResponse{Sandbox: ready.Sandbox}, nil
+	return api.ClaimResponse{Sandbox: apiSandbox(ready)}, nil
 }
 
 // readinessProbe is the first command through a new guest: it echoes the
@@ -364,13 +362,13 @@ func (n *Node) acceptReadiness(r Readiness, finish func(*journal.Sandbox)) (jour
 			return errdefs.Errorf(errdefs.CodeNotFound, "readiness proof for unknown sandbox %q", r.SandboxID)
 		case s.Generation != r.Generation || s.ContainerID != r.ContainerID:
 			return errdefs.Errorf(errdefs.CodeFenced, "late readiness proof for generation %d (container %s) rejected: current is generation %d", r.Generation, r.ContainerID, s.Generation)
-		case s.State != api.StateClaiming:
+		case s.State != journal.StateClaiming:
 			return errdefs.Errorf(errdefs.CodeFenced, "readiness proof for generation %d rejected: state is %s", r.Generation, s.State)
 		case r.Nonce != s.Nonce:
 			return errdefs.Errorf(errdefs.CodeFenced, "readiness proof for generation %d rejected: nonce mismatch", r.Generation)
 		}
 		finish(&s)
-		s.State = api.StateReady
+		s.State = journal.StateReady
 		if err := tx.PutSandbox(s); err != nil {
 			return err
 		}
@@ -378,7 +376,7 @@ func (n *Node) acceptReadiness(r Readiness, finish func(*journal.Sandbox)) (jour
 		if err != nil || !ok {
 			return fmt.Errorf("claim operation %s of %s missing: %v", s.ClaimOp, s.ID, err)
 		}
-		res, err := json.Marshal(api.ClaimResponse{Sandbox: s.Sandbox})
+		res, err := json.Marshal(api.ClaimResponse{Sandbox: apiSandbox(s)})
 		if err != nil {
 			return err
 		}

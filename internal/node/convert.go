@@ -1,17 +1,81 @@
 package node
 
+// Conversions between the journal's records (and the proof record) and the
+// API's wire types. The journal keeps its own versioned types so a change
+// of the API's JSON never changes what is on disk; node converts at the
+// edge, here.
+
 import (
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
-// signProof signs a cleanup proof as its record (proof.Proof, the payload
-// the signature covers) and puts the signed fields back.
-func (n *Node) signProof(p *api.CleanupProof) error {
-	rec := p.Record()
-	if err := proof.Sign(n.d.Identity, &rec); err != nil {
-		return err
+// apiSandbox is the wire form of a sandbox record.
+func apiSandbox(s journal.Sandbox) api.Sandbox {
+	return api.Sandbox{
+		ID: s.ID, Generation: s.Generation, State: api.SandboxState(s.State), ContainerID: s.ContainerID,
+		LeaseID: s.LeaseID, Resources: apiResources(s.Resources), RootFS: apiRootFS(s.RootFS), Epoch: s.Epoch,
+		CreatedAt: s.CreatedAt, Timings: apiTimings(s.Timings), ReleaseTimings: apiReleaseTimings(s.ReleaseTimings),
+		Reason: s.Reason, OOMKills: s.OOMKills,
 	}
-	*p = api.CleanupProofOf(rec)
-	return nil
+}
+
+func apiResources(r journal.Resources) api.Resources {
+	return api.Resources{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset, DiskBytes: r.DiskBytes}
+}
+
+func resourcesRecord(r api.Resources) journal.Resources {
+	return journal.Resources{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset, DiskBytes: r.DiskBytes}
+}
+
+func apiRootFS(r journal.RootFS) api.RootFS {
+	return api.RootFS{Mode: api.RootFSMode(r.Mode), Template: r.Template}
+}
+
+func rootFSRecord(r api.RootFS) journal.RootFS {
+	return journal.RootFS{Mode: journal.RootFSMode(r.Mode), Template: r.Template}
+}
+
+func apiTimings(t journal.Timings) api.Timings {
+	return api.Timings{AdmitMS: t.AdmitMS, LeaseMS: t.LeaseMS, RootFSMS: t.RootFSMS, NetworkMS: t.NetworkMS,
+		RunscMS: t.RunscMS, ProofMS: t.ProofMS, TotalMS: t.TotalMS, Steps: apiSteps(t.Steps)}
+}
+
+// claimRecord is the admitted claim as the journal keeps it.
+func claimRecord(r api.ClaimRequest) journal.ClaimRequest {
+	return journal.ClaimRequest{
+		OperationID: r.OperationID, Generation: r.Generation, RootFS: rootFSRecord(r.RootFS),
+		Resources: resourcesRecord(r.Resources), Network: networkRecord(r.Network),
+		Process: journal.Process{
+			Args: append([]string(nil), r.Process.Args...), Env: append([]string(nil), r.Process.Env...),
+			Cwd: r.Process.Cwd, UID: r.Process.UID, GID: r.Process.GID,
+		},
+		MaxLifetimeSec: r.MaxLifetimeSec,
+	}
+}
+
+func apiSteps(steps []journal.StepTiming) []api.StepTiming {
+	if steps == nil {
+		return nil
+	}
+	out := make([]api.StepTiming, len(steps))
+	for i, s := range steps {
+		out[i] = api.StepTiming(s)
+	}
+	return out
+}
+
+func apiReleaseTimings(t *journal.ReleaseTimings) *api.ReleaseTimings {
+	if t == nil {
+		return nil
+	}
+	return &api.ReleaseTimings{Steps: apiSteps(t.Steps), ProofMS: t.ProofMS, TotalMS: t.TotalMS}
+}
+
+func networkRecord(p api.NetworkPolicy) journal.NetworkPolicy {
+	out := journal.NetworkPolicy{Mode: journal.NetworkMode(p.Mode)}
+	for _, r := range p.Rules {
+		out.Rules = append(out.Rules, journal.NetworkRule{CIDR: r.CIDR, Domain: r.Domain, Protocol: r.Protocol, Ports: append([]string(nil), r.Ports...)})
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -177,7 +178,7 @@ func TestKernelReconcileBranches(t *testing.T) {
 		resp := r.mustClaim(sb, claimReq("c1", 1))
 		k.killGuest(t, resp.Sandbox.ContainerID)
 		r.mustBoot()
-		if s := r.sandbox(sb); s.State != api.StateReleased || s.Withheld || !strings.Contains(s.Reason, "lost") {
+		if s := r.sandbox(sb); s.State != journal.StateReleased || s.Withheld || !strings.Contains(s.Reason, "lost") {
 			t.Fatalf("after takeover: %s withheld=%v (%s), want released as lost", s.State, s.Withheld, s.Reason)
 		}
 		r.checkProof("lost-" + resp.Sandbox.ContainerID)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
 // The fake kernel is what the interfaces say.
@@ -83,7 +84,7 @@ func TestReconcileLostGeneration(t *testing.T) {
 	k.KillGuest(resp.Sandbox.ContainerID)
 	r.mustBoot()
 	s := r.sandbox(sb)
-	if s.State != api.StateReleased || s.Withheld || !strings.Contains(s.Reason, "lost") {
+	if s.State != journal.StateReleased || s.Withheld || !strings.Contains(s.Reason, "lost") {
 		t.Fatalf("after takeover: %s withheld=%v (%s), want released as lost", s.State, s.Withheld, s.Reason)
 	}
 	r.checkProof("lost-" + resp.Sandbox.ContainerID)
@@ -116,7 +117,7 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 				t.Fatalf("release with a %s refusing removal: clean=%v state %s", kind, rel.Proof.Clean, rel.Sandbox.State)
 			}
 			if s := r.sandbox(sb); !s.Withheld {
-				t.Fatalf("not withheld: %+v", s.Sandbox)
+				t.Fatalf("not withheld: %+v", s)
 			}
 			nd, _ := r.n.Node(context.Background())
 			if len(nd.Withheld) != 1 || nd.Capacity.Withheld.CPUMillis != 200 {
@@ -141,7 +142,7 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 			}
 			k.Allow(kind, name)
 			r.mustBoot()
-			if s := r.sandbox(sb); s.Withheld || s.State != api.StateReleased {
+			if s := r.sandbox(sb); s.Withheld || s.State != journal.StateReleased {
 				t.Fatalf("after the object could go: %s withheld=%v (%s)", s.State, s.Withheld, s.Reason)
 			}
 			r.checkProof(retryOp(resp.Sandbox.ContainerID))

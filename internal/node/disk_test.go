@@ -15,13 +15,13 @@ import (
 func TestDiskLedger(t *testing.T) {
 	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
 	reserve := api.Capacity{DiskBytes: 1 << 30}
-	res := func(disk int64) api.Resources {
-		return api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 10, DiskBytes: disk}
+	res := func(disk int64) journal.Resources {
+		return journal.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 10, DiskBytes: disk}
 	}
 	ss := []journal.Sandbox{
-		{Sandbox: api.Sandbox{ID: "a", State: api.StateReady, Resources: res(4 << 30)}},
-		{Sandbox: api.Sandbox{ID: "b", State: api.StateReleased, Resources: res(2 << 30)}, Withheld: true},
-		{Sandbox: api.Sandbox{ID: "c", State: api.StateReleased, Resources: res(8 << 30)}},
+		{ID: "a", State: journal.StateReady, Resources: res(4 << 30)},
+		{ID: "b", State: journal.StateReleased, Resources: res(2 << 30), Withheld: true},
+		{ID: "c", State: journal.StateReleased, Resources: res(8 << 30)},
 	}
 	c := ledger(total, reserve, ss)
 	if c.Allocatable.DiskBytes != 9<<30 || c.Leased.DiskBytes != 4<<30 || c.Withheld.DiskBytes != 2<<30 {
@@ -41,8 +41,8 @@ func TestDiskLedger(t *testing.T) {
 // capacity_exhausted.
 func TestDiskProjectAllocation(t *testing.T) {
 	n := &Node{cfg: Config{DiskProjects: DiskProjects{Base: 100, Count: 3}}}
-	rec := func(state string, p uint32, withheld bool) journal.Sandbox {
-		return journal.Sandbox{Sandbox: api.Sandbox{State: state}, DiskProject: p, Withheld: withheld}
+	rec := func(state journal.State, p uint32, withheld bool) journal.Sandbox {
+		return journal.Sandbox{State: state, DiskProject: p, Withheld: withheld}
 	}
 	for _, c := range []struct {
 		name string
@@ -50,17 +50,17 @@ func TestDiskProjectAllocation(t *testing.T) {
 		want uint32
 	}{
 		{"empty", nil, 100},
-		{"ready holds", []journal.Sandbox{rec(api.StateReady, 100, false)}, 101},
-		{"released frees", []journal.Sandbox{rec(api.StateReleased, 100, false)}, 100},
-		{"withheld keeps", []journal.Sandbox{rec(api.StateReleased, 100, true), rec(api.StateClaiming, 101, false)}, 102},
-		{"lost holds", []journal.Sandbox{rec(api.StateLost, 100, false)}, 101},
+		{"ready holds", []journal.Sandbox{rec(journal.StateReady, 100, false)}, 101},
+		{"released frees", []journal.Sandbox{rec(journal.StateReleased, 100, false)}, 100},
+		{"withheld keeps", []journal.Sandbox{rec(journal.StateReleased, 100, true), rec(journal.StateClaiming, 101, false)}, 102},
+		{"lost holds", []journal.Sandbox{rec(journal.StateLost, 100, false)}, 101},
 	} {
 		got, err := n.allocDiskProject(c.all)
 		if err != nil || got != c.want {
 			t.Errorf("%s: %d, %v; want %d", c.name, got, err, c.want)
 		}
 	}
-	full := []journal.Sandbox{rec(api.StateReady, 100, false), rec(api.StateReady, 101, false), rec(api.StateReleasing, 102, false)}
+	full := []journal.Sandbox{rec(journal.StateReady, 100, false), rec(journal.StateReady, 101, false), rec(journal.StateReleasing, 102, false)}
 	if _, err := n.allocDiskProject(full); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
 		t.Fatalf("full range: %v, want capacity_exhausted", err)
 	}

@@ -21,7 +21,7 @@ func (n *Node) ready(id string) (journal.Sandbox, error) {
 	if err != nil {
 		return s, err
 	}
-	if s.State != api.StateReady {
+	if s.State != journal.StateReady {
 		return s, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s, not ready", id, s.Generation, s.State)
 	}
 	return s, nil

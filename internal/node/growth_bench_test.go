@@ -56,9 +56,9 @@ func growthNode(b testing.TB, history int) *Node {
 // live set.
 func admitOnce(b testing.TB, n *Node, i int) time.Duration {
 	id := fmt.Sprintf("bench%d", i)
-	req := api.ClaimRequest{OperationID: "claim-" + id, Generation: 1,
-		Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128}}
-	rec := journal.Sandbox{Sandbox: api.Sandbox{ID: id, Generation: 1, State: api.StateClaiming, Resources: req.Resources}, ClaimOp: req.OperationID, Request: &req}
+	req := journal.ClaimRequest{OperationID: "claim-" + id, Generation: 1,
+		Resources: journal.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128}}
+	rec := journal.Sandbox{ID: id, Generation: 1, State: journal.StateClaiming, Resources: req.Resources, ClaimOp: req.OperationID, Request: &req}
 	op := journal.Operation{ID: req.OperationID, Kind: "claim", SandboxID: id, Generation: 1, State: journal.OpPending}
 	t0 := time.Now()
 	op, started, err := n.beginOp(context.Background(), op, func(tx *journal.Tx) error { return n.admitClaim(tx, rec) })
@@ -68,7 +68,7 @@ func admitOnce(b testing.TB, n *Node, i int) time.Duration {
 	}
 	n.endOp(op.ID)
 	err = n.d.Journal.Update(func(tx *journal.Tx) error {
-		rec.State = api.StateReleased
+		rec.State = journal.StateReleased
 		op.State = journal.OpDone
 		if err := tx.PutSandbox(rec); err != nil {
 			return err

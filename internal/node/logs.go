@@ -10,6 +10,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
 // A generation's log files (the guest's init output through a bounded log
@@ -34,7 +35,9 @@ func (n *Node) listLogs(context.Context) ([]string, error) {
 
 // running is whether a generation in this state still has a guest that
 // may write to its log.
-func running(state string) bool { return state == api.StateClaiming || state == api.StateReady }
+func running(state journal.State) bool {
+	return state == journal.StateClaiming || state == journal.StateReady
+}
 
 // Logs answers GET /v1/sandboxes/{id}/logs: the current generation's log,
 // and with req.Follow what the guest writes after, until the generation
@@ -125,7 +128,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 				}
 				state := "gone"
 				if err == nil && cur.Generation == s.Generation {
-					state = cur.State
+					state = string(cur.State)
 				}
 				end.Reason = fmt.Sprintf("generation %d ended (%s)", s.Generation, state)
 				return end, nil

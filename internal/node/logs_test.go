@@ -35,11 +35,11 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func logsNode(t *testing.T, state string) (*Node, *guestlog.Ring) {
+func logsNode(t *testing.T, state journal.State) (*Node, *guestlog.Ring) {
 	t.Helper()
 	n := testNode(t)
 	n.d.Runtime = &runsc.Runtime{Root: filepath.Join(t.TempDir(), "runsc")}
-	rec := journal.Sandbox{Sandbox: api.Sandbox{ID: "sb", Generation: 2, State: state, ContainerID: "sb-g2"}}
+	rec := journal.Sandbox{ID: "sb", Generation: 2, State: state, ContainerID: "sb-g2"}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func logsNode(t *testing.T, state string) (*Node, *guestlog.Ring) {
 }
 
 func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
-	n, r := logsNode(t, api.StateReady)
+	n, r := logsNode(t, journal.StateReady)
 	r.Write([]byte("a\nb\nc\n"))
 	var out bytes.Buffer
 	end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceInit, Tail: 2}, &out)
@@ -82,7 +82,7 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 			t.Fatalf("followed %q, want c and the new line d", fout.String())
 		}
 	}
-	n.setState("sb", api.StateReleasing, "")
+	n.setState("sb", journal.StateReleasing, "")
 	select {
 	case got := <-res:
 		if got.err != nil || got.end.Reason != "generation 2 ended (releasing)" {
@@ -96,14 +96,14 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("follow of a releasing generation: %v, want conflict", err)
 	}
-	n.setState("sb", api.StateReleased, "released")
+	n.setState("sb", journal.StateReleased, "released")
 	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{}, &out); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("logs of a released generation: %v, want not_found", err)
 	}
 }
 
 func TestLogsFollowGivesUpWhenIdle(t *testing.T) {
-	n, r := logsNode(t, api.StateReady)
+	n, r := logsNode(t, journal.StateReady)
 	r.Write([]byte("only line\n"))
 	var out bytes.Buffer
 	t0 := time.Now()

@@ -111,10 +111,10 @@ func New(cfg Config, d Deps) *Node {
 
 // unjournaledFound notes and logs an object that exists although no effect
 // record names it: the journal should have said so before it was made.
-func (n *Node) unjournaledFound(kind, name, where string) {
+func (n *Node) unjournaledFound(kind journal.Kind, name, where string) {
 	n.log.Warn("removing an object the journal has no record of", "kind", kind, "name", name, "found_by", where)
 	n.mu.Lock()
-	n.unjournaled = append(n.unjournaled, kind+"/"+name)
+	n.unjournaled = append(n.unjournaled, string(kind)+"/"+name)
 	n.mu.Unlock()
 }
 
@@ -208,8 +208,8 @@ func (n *Node) Get(ctx context.Context, id string) (api.Sandbox, error) {
 
 // view adds live facts (OOM kills) to a ready sandbox's record.
 func (n *Node) view(ctx context.Context, s journal.Sandbox) api.Sandbox {
-	out := s.Sandbox
-	if s.State == api.StateReady {
+	out := apiSandbox(s)
+	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills
 		}
@@ -235,17 +235,17 @@ func (n *Node) sandbox(id string) (journal.Sandbox, error) {
 
 // Proof answers GET /v1/proofs/{operation_id}.
 func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error) {
-	var p api.CleanupProof
+	var p proof.Proof
 	var ok bool
 	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
 		p, ok, err = tx.Proof(opID)
 		return err
 	})
 	if err != nil {
-		return p, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	if !ok {
-		return p, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
+		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
 	}
-	return p, nil
+	return api.CleanupProofOf(p), nil
 }

@@ -31,7 +31,7 @@ func testNode(t *testing.T) *Node {
 func TestLateReadinessProofRejected(t *testing.T) {
 	n := testNode(t)
 	rec := journal.Sandbox{
-		Sandbox: api.Sandbox{ID: "sb", Generation: 2, State: api.StateClaiming, ContainerID: "sb-g2"},
+		ID: "sb", Generation: 2, State: journal.StateClaiming, ContainerID: "sb-g2",
 		ClaimOp: "op2", Nonce: "n2",
 	}
 	err := n.d.Journal.Update(func(tx *journal.Tx) error {
@@ -53,11 +53,11 @@ func TestLateReadinessProofRejected(t *testing.T) {
 			t.Errorf("%s: %v, want fenced", name, err)
 		}
 	}
-	if s, _ := n.sandbox("sb"); s.State != api.StateClaiming {
+	if s, _ := n.sandbox("sb"); s.State != journal.StateClaiming {
 		t.Fatalf("a rejected proof changed the state to %s", s.State)
 	}
 	s, err := n.acceptReadiness(Readiness{SandboxID: "sb", Generation: 2, ContainerID: "sb-g2", Nonce: "n2"}, noop)
-	if err != nil || s.State != api.StateReady {
+	if err != nil || s.State != journal.StateReady {
 		t.Fatalf("matching proof: %+v, %v", s, err)
 	}
 	var op journal.Operation
@@ -74,27 +74,27 @@ func TestLateReadinessProofRejected(t *testing.T) {
 func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
 	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000}
 	reserve := api.Capacity{CPUMillis: 500, MemoryBytes: 1 << 30, PIDs: 1000}
-	res := api.Resources{CPUMillis: 1000, MemoryBytes: 1 << 30, PIDs: 100}
-	sb := func(state string, withheld bool) journal.Sandbox {
-		return journal.Sandbox{Sandbox: api.Sandbox{State: state, Resources: res}, Withheld: withheld}
+	res := journal.Resources{CPUMillis: 1000, MemoryBytes: 1 << 30, PIDs: 100}
+	sb := func(state journal.State, withheld bool) journal.Sandbox {
+		return journal.Sandbox{State: state, Resources: res, Withheld: withheld}
 	}
 	c := ledger(total, reserve, []journal.Sandbox{
-		sb(api.StateReady, false), sb(api.StateClaiming, false), sb(api.StateReleasing, false),
-		sb(api.StateReleased, false), sb(api.StateFailed, false), sb(api.StateReleased, true),
+		sb(journal.StateReady, false), sb(journal.StateClaiming, false), sb(journal.StateReleasing, false),
+		sb(journal.StateReleased, false), sb(journal.StateFailed, false), sb(journal.StateReleased, true),
 	})
 	if c.Allocatable.CPUMillis != 3500 || c.Leased.CPUMillis != 3000 || c.Withheld.CPUMillis != 1000 {
 		t.Fatalf("ledger = %+v; want allocatable 3500m, leased 3000m (ready+claiming+releasing), withheld 1000m", c)
 	}
-	if ok, why := fits(c, api.Resources{CPUMillis: 1}); ok {
+	if ok, why := fits(c, journal.Resources{CPUMillis: 1}); ok {
 		t.Fatalf("a claim fits although leased+withheld exceed allocatable")
 	} else if why == "" {
 		t.Fatal("no reason given")
 	}
-	c = ledger(total, reserve, []journal.Sandbox{sb(api.StateReady, false)})
-	if ok, _ := fits(c, api.Resources{CPUMillis: 2500, MemoryBytes: 6 << 30, PIDs: 8900}); !ok {
+	c = ledger(total, reserve, []journal.Sandbox{sb(journal.StateReady, false)})
+	if ok, _ := fits(c, journal.Resources{CPUMillis: 2500, MemoryBytes: 6 << 30, PIDs: 8900}); !ok {
 		t.Fatal("a claim of exactly the free capacity must fit")
 	}
-	if ok, why := fits(c, api.Resources{CPUMillis: 2500, MemoryBytes: 6<<30 + 1, PIDs: 1}); ok {
+	if ok, why := fits(c, journal.Resources{CPUMillis: 2500, MemoryBytes: 6<<30 + 1, PIDs: 1}); ok {
 		t.Fatal("memory over free must not fit")
 	} else {
 		t.Log(why)
@@ -103,16 +103,16 @@ func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
 
 func TestArmExpiryOnlyWithLifetimeAndCloseStopsTimers(t *testing.T) {
 	n := testNode(t)
-	base := journal.Sandbox{Sandbox: api.Sandbox{ID: "sb", Generation: 1, ContainerID: "sb-g1", CreatedAt: time.Now()}}
+	base := journal.Sandbox{ID: "sb", Generation: 1, ContainerID: "sb-g1", CreatedAt: time.Now()}
 	n.armExpiry(base) // no request recorded
 	noLife := base
-	noLife.Request = &api.ClaimRequest{}
+	noLife.Request = &journal.ClaimRequest{}
 	n.armExpiry(noLife)
 	if len(n.timers) != 0 {
 		t.Fatalf("timers armed without a max lifetime: %d", len(n.timers))
 	}
 	withLife := base
-	withLife.Request = &api.ClaimRequest{MaxLifetimeSec: 3600}
+	withLife.Request = &journal.ClaimRequest{MaxLifetimeSec: 3600}
 	n.armExpiry(withLife)
 	n.armExpiry(withLife) // re-arming replaces, never doubles
 	if len(n.timers) != 1 {
@@ -182,7 +182,7 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 // TestExecAndProbeRunAsWorkloadUser: without a user, exec and the
 // readiness probe run as the claim's process user, not as root.
 func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
-	rec := journal.Sandbox{Nonce: "n", Request: &api.ClaimRequest{Process: api.Process{UID: 1000, GID: 1001}}}
+	rec := journal.Sandbox{Nonce: "n", Request: &journal.ClaimRequest{Process: journal.Process{UID: 1000, GID: 1001}}}
 	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
 		t.Errorf("exec without a user runs as %d:%d, want the workload's 1000:1001", p.UID, p.GID)
 	}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/node/journal"
@@ -50,22 +49,22 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	for _, s := range ss {
 		log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 		switch s.State {
-		case api.StateClaiming:
+		case journal.StateClaiming:
 			log.Info("rolling back a claim interrupted by failover")
-			_, err := n.teardown(ctx, s, s.ClaimOp, api.StateFailed, "claim interrupted by failover; rolled back")
+			_, err := n.teardown(ctx, s, s.ClaimOp, journal.StateFailed, "claim interrupted by failover; rolled back")
 			errs = append(errs, err)
 			n.failPending(s.ClaimOp, errdefs.Errorf(errdefs.CodeUnavailable, "claim interrupted by failover of the primary; rolled back, retry with a new operation_id"))
-		case api.StateReleasing:
+		case journal.StateReleasing:
 			log.Info("completing a release interrupted by failover")
-			_, err := n.teardown(ctx, s, s.ReleaseOp, api.StateReleased, "released")
+			_, err := n.teardown(ctx, s, s.ReleaseOp, journal.StateReleased, "released")
 			errs = append(errs, err)
-		case api.StateReady, api.StateLost:
-			if missing := n.missing(ctx, s, inv); len(missing) > 0 || s.State == api.StateLost {
+		case journal.StateReady, journal.StateLost:
+			if missing := n.missing(ctx, s, inv); len(missing) > 0 || s.State == journal.StateLost {
 				log.Warn("generation lost: kernel objects gone", "missing", missing)
-				n.setState(s.ID, api.StateLost, fmt.Sprintf("lost: %v gone", missing))
+				n.setState(s.ID, journal.StateLost, fmt.Sprintf("lost: %v gone", missing))
 				// Lost holds its capacity until the proof; a clean proof ends
 				// it as released (the reason keeps that it was lost).
-				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, api.StateReleased, fmt.Sprintf("lost: %v gone", missing))
+				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, journal.StateReleased, fmt.Sprintf("lost: %v gone", missing))
 				errs = append(errs, err)
 				continue
 			}
@@ -98,7 +97,7 @@ func (n *Node) failPending(opID string, cause *errdefs.Error) {
 		if err != nil || !ok || op.State != journal.OpPending {
 			return err
 		}
-		op.State, op.Error = journal.OpFailed, &api.ErrorBody{Code: cause.Code, Message: cause.Message}
+		op.State, op.Error = journal.OpFailed, &journal.OpError{Code: cause.Code, Message: cause.Message}
 		return tx.PutOperation(op)
 	})
 	if err != nil {
@@ -106,7 +105,7 @@ func (n *Node) failPending(opID string, cause *errdefs.Error) {
 	}
 }
 
-func (n *Node) setState(id, state, reason string) {
+func (n *Node) setState(id string, state journal.State, reason string) {
 	err := n.d.Journal.Update(func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(id)
 		if err != nil || !ok {
@@ -190,8 +189,8 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read journal: %w", err)
 	}
-	kept := map[string]bool{}             // "sandbox/generation"
-	owned := map[string]map[string]bool{} // kind → names
+	kept := map[string]bool{}                   // "sandbox/generation"
+	owned := map[journal.Kind]map[string]bool{} // kind → names
 	for _, r := range n.table {
 		owned[r.kind()] = map[string]bool{}
 	}
@@ -203,7 +202,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 			}
 		}
 	}
-	rank := map[string]int{}
+	rank := map[journal.Kind]int{}
 	for i, r := range n.table {
 		rank[r.kind()] = i
 	}
@@ -230,7 +229,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 			return errors.Join(append(errs, err)...)
 		}
 		n.log.Warn("finishing the effect record of a generation that is over", "kind", e.Kind, "name", e.Name, "state", e.State, "sandbox", e.SandboxID, "generation", e.Generation)
-		n.crash("orphan:" + e.Kind)
+		n.crash("orphan:" + string(e.Kind))
 		if err := r.remove(ctx, rec); err != nil {
 			errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", e.Kind, e.Name, err))
 			continue
@@ -253,7 +252,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 				return errors.Join(append(errs, err)...)
 			}
 			n.unjournaledFound(r.kind(), name, "orphan sweep")
-			n.crash("orphan:" + r.kind())
+			n.crash("orphan:" + string(r.kind()))
 			if err := r.removeOrphan(ctx, name); err != nil {
 				errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", r.kind(), name, err))
 			}
@@ -265,7 +264,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 func genKey(id string, gen uint64) string { return fmt.Sprintf("%s/%d", id, gen) }
 
 // resource returns the table's entry of kind, or nil.
-func (n *Node) resource(kind string) resource {
+func (n *Node) resource(kind journal.Kind) resource {
 	for _, r := range n.table {
 		if r.kind() == kind {
 			return r

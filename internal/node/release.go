@@ -12,13 +12,14 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
 )
 
 // Release destroys a sandbox's current generation and returns the signed
 // cleanup proof.
 func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
 	op := journal.Operation{
-		ID: req.OperationID, Kind: "release", SandboxID: id, Generation: req.Generation,
+		ID: req.OperationID, Kind: journal.OpRelease, SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("release", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
 	ctx, end, err := n.begin(ctx)
@@ -39,13 +40,13 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 			return errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, s.Generation)
 		}
 		switch s.State {
-		case api.StateReady, api.StateLost:
-		case api.StateClaiming, api.StateReleasing:
+		case journal.StateReady, journal.StateLost:
+		case journal.StateClaiming, journal.StateReleasing:
 			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s", id, s.Generation, s.State)
 		default:
 			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, s.Generation, s.State)
 		}
-		s.State, s.ReleaseOp = api.StateReleasing, req.OperationID
+		s.State, s.ReleaseOp = journal.StateReleasing, req.OperationID
 		rec = s
 		return tx.PutSandbox(s)
 	})
@@ -59,7 +60,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	// Not stopped by the caller going away, but by the end of the term.
 	td, cancel := n.background(2 * time.Minute)
 	defer cancel()
-	_, terr := n.teardown(td, rec, op.ID, api.StateReleased, "released")
+	_, terr := n.teardown(td, rec, op.ID, journal.StateReleased, "released")
 	if errors.Is(terr, ErrTermOver) {
 		n.log.Warn("release interrupted by the end of the term; the next primary completes it", "sandbox", id, "generation", rec.Generation, "err", terr)
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
@@ -91,7 +92,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 // (intended, done or removing) is removed; one without was never started
 // and is only checked. A check that finds an object the journal never saw
 // removes it (the second line of defence) and reports it as unjournaled.
-func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, reason string) (api.CleanupProof, error) {
+func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, final journal.State, reason string) (proof.Proof, error) {
 	start := time.Now()
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
 	rec = n.identify(ctx, rec)
@@ -100,16 +101,16 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		// Fail safe: without the journal's word, remove everything
 		// (removal is idempotent).
 		log.Error("read effect records; removing every resource", "err", err)
-		recorded = map[string]journal.Effect{}
+		recorded = map[journal.Kind]journal.Effect{}
 		for _, r := range n.table {
 			recorded[r.kind()] = journal.Effect{Kind: r.kind(), State: journal.Intended}
 		}
 	}
 	var errs []error
 	var over error // the term ended: stop, leave the rest to the next primary
-	steps := make([]api.StepTiming, 0, len(n.table))
+	steps := make([]journal.StepTiming, 0, len(n.table))
 	for _, r := range slices.Backward(n.table) {
-		st := api.StepTiming{Resource: r.kind()}
+		st := journal.StepTiming{Resource: string(r.kind())}
 		if e, ok := recorded[r.kind()]; ok {
 			if over = n.live(); over != nil {
 				break
@@ -132,18 +133,18 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		// releasing in the journal, and the next primary's reconcile
 		// tears it down again (every step is idempotent).
 		log.Warn("teardown stopped by the end of the term", "err", over)
-		return api.CleanupProof{}, errors.Join(append(errs, over)...)
+		return proof.Proof{}, errors.Join(append(errs, over)...)
 	}
 
 	p := n.checkGone(ctx, rec, opID, recorded, steps)
 	proofStart := time.Now()
-	if err := n.signProof(&p); err != nil {
+	if err := proof.Sign(n.d.Identity, &p); err != nil {
 		errs = append(errs, fmt.Errorf("sign proof: %w", err))
 	}
 	n.crash("proof:signed")
 	if err := n.live(); err != nil {
 		log.Warn("teardown stopped by the end of the term before its proof was journaled", "err", err)
-		return api.CleanupProof{}, errors.Join(append(errs, err)...)
+		return proof.Proof{}, errors.Join(append(errs, err)...)
 	}
 	err = n.d.Journal.Update(func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(rec.ID)
@@ -161,7 +162,7 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 		if !p.Clean {
 			s.Reason = reason + "; cleanup unproven: " + failedChecks(p)
 		}
-		s.ReleaseTimings = &api.ReleaseTimings{Steps: steps, ProofMS: ms(time.Since(proofStart)), TotalMS: ms(time.Since(start))}
+		s.ReleaseTimings = &journal.ReleaseTimings{Steps: steps, ProofMS: ms(time.Since(proofStart)), TotalMS: ms(time.Since(start))}
 		if p.Clean {
 			// Proven gone: the effect records have nothing left to say.
 			// An unclean proof keeps them for the retries.
@@ -175,10 +176,10 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 			return err
 		}
 		op, ok, err := tx.Operation(opID)
-		if err != nil || !ok || op.Kind != "release" {
+		if err != nil || !ok || op.Kind != journal.OpRelease {
 			return err // claim rollbacks store their error in failOp
 		}
-		res, err := json.Marshal(api.ReleaseResponse{Sandbox: s.Sandbox, Proof: p})
+		res, err := json.Marshal(api.ReleaseResponse{Sandbox: apiSandbox(s), Proof: api.CleanupProofOf(p)})
 		if err != nil {
 			return err
 		}
@@ -198,8 +199,8 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID, final, r
 }
 
 // effectsOf returns the effect records of rec's generation by kind.
-func (n *Node) effectsOf(rec journal.Sandbox) (map[string]journal.Effect, error) {
-	out := map[string]journal.Effect{}
+func (n *Node) effectsOf(rec journal.Sandbox) (map[journal.Kind]journal.Effect, error) {
+	out := map[journal.Kind]journal.Effect{}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		for _, r := range n.table {
 			e, ok, err := tx.Effect(r.kind(), rec.ContainerID)
@@ -224,22 +225,22 @@ func (n *Node) removeRecorded(ctx context.Context, r resource, rec journal.Sandb
 			return fmt.Errorf("journal removing: %w", err)
 		}
 	}
-	n.crash(r.kind() + ":removing")
+	n.crash(string(r.kind()) + ":removing")
 	if err := n.live(); err != nil {
 		return err
 	}
 	if err := r.remove(ctx, rec); err != nil {
 		return err
 	}
-	n.crash(r.kind() + ":removed")
+	n.crash(string(r.kind()) + ":removed")
 	return nil
 }
 
 // checkGone asks the kernel, per resource, whether the generation is gone,
 // and fills in each step's check time. An object found that the journal
 // never recorded is removed here and reported (see teardown).
-func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string, recorded map[string]journal.Effect, steps []api.StepTiming) api.CleanupProof {
-	p := api.CleanupProof{
+func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string, recorded map[journal.Kind]journal.Effect, steps []journal.StepTiming) proof.Proof {
+	p := proof.Proof{
 		OperationID: opID, NodeID: n.d.Identity.NodeID, BootID: n.d.Identity.BootID, Epoch: n.d.Epoch,
 		SandboxID: rec.ID, Generation: rec.Generation, LeaseID: rec.LeaseID, Time: time.Now().UTC(),
 	}
@@ -274,7 +275,7 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func failedChecks(p api.CleanupProof) string {
+func failedChecks(p proof.Proof) string {
 	var s string
 	for _, c := range p.Checks {
 		if !c.OK {

@@ -10,9 +10,9 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
 	"github.com/ctld/ctld/internal/runsc"
 )
 
@@ -31,13 +31,13 @@ import (
 type resource interface {
 	// kind is the journal effect kind, the prefix of the crash points and
 	// the name of the timing step.
-	kind() string
+	kind() journal.Kind
 	// make creates the generation's object: a claim step.
 	make(ctx context.Context, c *claimState) error
 	// remove removes the generation's object; absent is success.
 	remove(ctx context.Context, rec journal.Sandbox) error
 	// gone is the cleanup proof's check that the object is physically gone.
-	gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck
+	gone(ctx context.Context, rec journal.Sandbox) proof.Check
 	// list names the objects of this kind that exist now, as name names
 	// them (read fresh: a takeover's inventory is stale once its teardowns ran).
 	list(ctx context.Context) ([]string, error)
@@ -80,15 +80,15 @@ func CrashPoints() []string {
 	var out []string
 	for _, r := range t {
 		for _, s := range []string{"intended", "made", "done"} {
-			out = append(out, r.kind()+":"+s)
+			out = append(out, string(r.kind())+":"+s)
 		}
 	}
 	for _, r := range slices.Backward(t) {
-		out = append(out, r.kind()+":removing", r.kind()+":removed")
+		out = append(out, string(r.kind())+":removing", string(r.kind())+":removed")
 	}
 	out = append(out, "proof:signed")
 	for _, r := range slices.Backward(t) {
-		out = append(out, "orphan:"+r.kind())
+		out = append(out, "orphan:"+string(r.kind()))
 	}
 	return out
 }
@@ -97,8 +97,8 @@ func CrashPoints() []string {
 func nameOf(rec journal.Sandbox) string { return rec.ContainerID }
 
 // check is a proof check from a gone result.
-func check(name string, ok bool, detail string) api.ProofCheck {
-	return api.ProofCheck{Name: name, OK: ok, Detail: detail}
+func check(name string, ok bool, detail string) proof.Check {
+	return proof.Check{Name: name, OK: ok, Detail: detail}
 }
 
 // alive is the default of resources whose object is not a sign of life.
@@ -111,7 +111,7 @@ type logsResource struct {
 	alive
 }
 
-func (logsResource) kind() string { return journal.KindLogs }
+func (logsResource) kind() journal.Kind { return journal.KindLogs }
 func (r logsResource) make(_ context.Context, c *claimState) error {
 	if err := r.n.logDirs().Make(c.rec.ContainerID); err != nil {
 		return fmt.Errorf("make log dir: %w", err)
@@ -121,7 +121,7 @@ func (r logsResource) make(_ context.Context, c *claimState) error {
 func (r logsResource) remove(_ context.Context, rec journal.Sandbox) error {
 	return r.n.logDirs().Remove(rec.ContainerID)
 }
-func (r logsResource) gone(_ context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r logsResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.logDirs().CheckGone(rec.ContainerID)
 	return check("logs_removed", ok, d)
 }
@@ -135,7 +135,7 @@ func (r logsResource) removeOrphan(_ context.Context, name string) error {
 
 type cgroupResource struct{ n *Node }
 
-func (cgroupResource) kind() string { return journal.KindCgroup }
+func (cgroupResource) kind() journal.Kind { return journal.KindCgroup }
 func (r cgroupResource) make(ctx context.Context, c *claimState) error {
 	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources)); err != nil {
 		return fmt.Errorf("create lease: %w", err)
@@ -145,7 +145,7 @@ func (r cgroupResource) make(ctx context.Context, c *claimState) error {
 func (r cgroupResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Leases.Remove(ctx, rec.LeaseID)
 }
-func (r cgroupResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r cgroupResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Leases.CheckGone(ctx, rec.LeaseID)
 	return check("cgroup_removed", ok, d)
 }
@@ -173,7 +173,7 @@ type diskResource struct {
 	alive
 }
 
-func (diskResource) kind() string { return journal.KindDisk }
+func (diskResource) kind() journal.Kind { return journal.KindDisk }
 func (r diskResource) make(ctx context.Context, c *claimState) error {
 	rec := c.rec
 	if rec.DiskProject == 0 {
@@ -197,7 +197,7 @@ func (r diskResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	}
 	return r.n.d.RootFS.UnlimitDisk(ctx, rec.DiskProject)
 }
-func (r diskResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r diskResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.RootFS.CheckDiskGone(ctx, rec.DiskProject)
 	return check("disk_quota_cleared", ok, d)
 }
@@ -228,7 +228,7 @@ func (r diskResource) removeOrphan(ctx context.Context, name string) error {
 
 type mountResource struct{ n *Node }
 
-func (mountResource) kind() string { return journal.KindMount }
+func (mountResource) kind() journal.Kind { return journal.KindMount }
 func (r mountResource) make(ctx context.Context, c *claimState) (err error) {
 	if c.root, err = r.n.d.RootFS.Mount(ctx, c.rec.ContainerID, c.lower); err != nil {
 		return fmt.Errorf("mount rootfs: %w", err)
@@ -238,7 +238,7 @@ func (r mountResource) make(ctx context.Context, c *claimState) (err error) {
 func (r mountResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.RootFS.Unmount(ctx, rec.ContainerID)
 }
-func (r mountResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r mountResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.RootFS.CheckGone(ctx, rec.ContainerID, rec.RootDev)
 	return check("mounts_gone", ok, d)
 }
@@ -258,7 +258,7 @@ func (mountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelI
 
 type netnsResource struct{ n *Node }
 
-func (netnsResource) kind() string { return journal.KindNetns }
+func (netnsResource) kind() journal.Kind { return journal.KindNetns }
 func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
 	if c.nsPath, err = r.n.d.Netns.Create(ctx, c.rec.ContainerID); err != nil {
 		return fmt.Errorf("create netns: %w", err)
@@ -271,7 +271,7 @@ func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
 func (r netnsResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Netns.Delete(ctx, rec.ContainerID)
 }
-func (r netnsResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r netnsResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Netns.CheckGone(ctx, rec.ContainerID, netnsID(rec))
 	return check("netns_gone", ok, d)
 }
@@ -295,7 +295,7 @@ type bundleResource struct {
 	alive
 }
 
-func (bundleResource) kind() string { return journal.KindBundle }
+func (bundleResource) kind() journal.Kind { return journal.KindBundle }
 func (r bundleResource) make(_ context.Context, c *claimState) error {
 	rec, req := c.rec, c.rec.Request
 	args := req.Process.Args
@@ -320,7 +320,7 @@ func (r bundleResource) make(_ context.Context, c *claimState) error {
 func (r bundleResource) remove(_ context.Context, rec journal.Sandbox) error {
 	return os.RemoveAll(r.n.bundleDir(rec.ContainerID))
 }
-func (r bundleResource) gone(_ context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r bundleResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	dir := r.n.bundleDir(rec.ContainerID)
 	_, err := os.Stat(dir)
 	return check("bundle_removed", errors.Is(err, os.ErrNotExist), dir+" "+errString(err))
@@ -345,7 +345,7 @@ func (r bundleResource) removeOrphan(_ context.Context, name string) error {
 // runscResource is the guest: runsc's container (sandbox, gofer, state).
 type runscResource struct{ n *Node }
 
-func (runscResource) kind() string { return journal.KindRunsc }
+func (runscResource) kind() journal.Kind { return journal.KindRunsc }
 func (r runscResource) make(ctx context.Context, c *claimState) error {
 	cid := c.rec.ContainerID
 	if err := r.n.d.Runtime.Create(ctx, cid, c.rec.Bundle); err != nil {
@@ -359,7 +359,7 @@ func (r runscResource) make(ctx context.Context, c *claimState) error {
 func (r runscResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.removeOrphan(ctx, rec.ContainerID)
 }
-func (r runscResource) gone(ctx context.Context, rec journal.Sandbox) api.ProofCheck {
+func (r runscResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Runtime.CheckGone(ctx, rec.ContainerID)
 	return check("runsc_container_gone", ok, d)
 }

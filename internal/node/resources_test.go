@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
 // TestTableKindsCoveredEverywhere: every entry of the resource table has a
@@ -14,11 +14,12 @@ func TestTableKindsCoveredEverywhere(t *testing.T) {
 	n := &Node{}
 	table := newTable(n)
 	points := CrashPoints()
-	var tm api.Timings
+	var tm journal.Timings
 	phase := claimPhases(&tm)
-	seen := map[string]bool{}
+	seen := map[journal.Kind]bool{}
 	for _, r := range table {
 		k := r.kind()
+		ks := string(k)
 		if seen[k] {
 			t.Errorf("kind %q twice in the table", k)
 		}
@@ -26,7 +27,7 @@ func TestTableKindsCoveredEverywhere(t *testing.T) {
 		if phase[k] == nil {
 			t.Errorf("kind %q has no claim timing phase", k)
 		}
-		for _, p := range []string{k + ":intended", k + ":made", k + ":done", k + ":removing", k + ":removed", "orphan:" + k} {
+		for _, p := range []string{ks + ":intended", ks + ":made", ks + ":done", ks + ":removing", ks + ":removed", "orphan:" + ks} {
 			if !slices.Contains(points, p) {
 				t.Errorf("crash point %q not listed by CrashPoints", p)
 			}
@@ -50,8 +51,8 @@ func TestTableKindsCoveredEverywhere(t *testing.T) {
 	}
 }
 
-func kinds(t []resource) []string {
-	var out []string
+func kinds(t []resource) []journal.Kind {
+	var out []journal.Kind
 	for _, r := range t {
 		out = append(out, r.kind())
 	}

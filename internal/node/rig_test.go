@@ -305,7 +305,7 @@ func (r *rig) checkProof(op string) api.CleanupProof {
 		r.t.Fatalf("proof of %s: %v", op, err)
 	}
 	if !p.Clean {
-		r.t.Errorf("proof of %s is not clean: %s", op, failedChecks(p))
+		r.t.Errorf("proof of %s is not clean: %s", op, failedChecks(p.Record()))
 	}
 	if err := proof.Verify(p.Record(), r.ident.PublicKey()); err != nil {
 		r.t.Errorf("proof of %s: %v", op, err)
@@ -365,7 +365,7 @@ func (r *rig) effects() map[string]journal.Effect {
 	err := r.j.View(func(tx *journal.Tx) error {
 		es, err := tx.Effects()
 		for _, e := range es {
-			out[e.Kind+"/"+e.Name] = e
+			out[string(e.Kind)+"/"+e.Name] = e
 		}
 		return err
 	})
@@ -376,8 +376,8 @@ func (r *rig) effects() map[string]journal.Effect {
 }
 
 // claimKinds are the table's kinds, in claim order.
-func claimKinds() []string {
-	var out []string
+func claimKinds() []journal.Kind {
+	var out []journal.Kind
 	for _, r := range newTable(&Node{}) {
 		out = append(out, r.kind())
 	}
@@ -393,16 +393,17 @@ func testCrashPoints() []string { return CrashPoints() }
 // writing them fails here even if the name sweep hid it.
 func (r *rig) checkJournalAt(point, cid string) {
 	r.t.Helper()
-	kind, step, ok := strings.Cut(point, ":")
+	k, step, ok := strings.Cut(point, ":")
+	kind := journal.Kind(k)
 	if !ok || !slices.Contains(claimKinds(), kind) {
 		return
 	}
-	want := map[string]string{"intended": journal.Intended, "made": journal.Intended, "done": journal.Done,
+	want := map[string]journal.EffectState{"intended": journal.Intended, "made": journal.Intended, "done": journal.Done,
 		"removing": journal.Removing, "removed": journal.Removing}[step]
 	if want == "" {
 		return
 	}
-	e, ok := r.effects()[kind+"/"+cid]
+	e, ok := r.effects()[k+"/"+cid]
 	switch {
 	case !ok:
 		r.t.Errorf("crashed at %s: the journal has no effect record %s/%s", point, kind, cid)
@@ -448,7 +449,7 @@ func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
 // under its operation id) and a retry of c1 gets the same stored error.
 func claimFailed(r *rig, req api.ClaimRequest, wantCode errdefs.Code) {
 	r.t.Helper()
-	if s := r.sandbox(sb); s.State != api.StateFailed || s.Withheld {
+	if s := r.sandbox(sb); s.State != journal.StateFailed || s.Withheld {
 		r.t.Errorf("sandbox %s is %s (withheld %v, %s), want failed", sb, s.State, s.Withheld, s.Reason)
 	}
 	r.checkProof("c1")
@@ -508,7 +509,7 @@ var crashCases = []crashCase{
 			return returned
 		},
 		check: func(r *rig, crashed bool) {
-			if s := r.sandbox(sb); s.State != api.StateReleased || s.Withheld {
+			if s := r.sandbox(sb); s.State != journal.StateReleased || s.Withheld {
 				r.t.Errorf("sandbox %s is %s (withheld %v, %s), want released", sb, s.State, s.Withheld, s.Reason)
 			}
 			p := r.checkProof("r1")
@@ -570,7 +571,7 @@ var crashCases = []crashCase{
 		orphan: func(o string) bool {
 			kind, name, _ := strings.Cut(o, "/")
 			_, err := strconv.ParseUint(name, 10, 32)
-			return name == containerID("orph", 1) || kind == journal.KindDisk && err == nil
+			return name == containerID("orph", 1) || journal.Kind(kind) == journal.KindDisk && err == nil
 		},
 		check: func(r *rig, crashed bool) {
 			if _, err := r.n.sandbox("orph"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
@@ -592,7 +593,7 @@ var crashCases = []crashCase{
 				if err != nil {
 					return err
 				}
-				s.State, s.Reason = api.StateFailed, "test: over, effects left"
+				s.State, s.Reason = journal.StateFailed, "test: over, effects left"
 				return tx.PutSandbox(s)
 			})
 			if err != nil {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
 )
@@ -27,7 +26,7 @@ func termNode(t *testing.T) (*Node, context.CancelFunc) {
 func TestNoEffectAfterTermEnds(t *testing.T) {
 	n, end := termNode(t)
 	rec := journal.Sandbox{
-		Sandbox: api.Sandbox{ID: "sb", Generation: 1, State: api.StateClaiming, ContainerID: "sb-g1", LeaseID: "sb-g1"},
+		ID: "sb", Generation: 1, State: journal.StateClaiming, ContainerID: "sb-g1", LeaseID: "sb-g1",
 		ClaimOp: "op1",
 	}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
@@ -48,10 +47,10 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 		t.Fatalf("effects = %+v, want only the cgroup done (nothing journaled after the term)", effects)
 	}
 	// The deps are nil: a teardown that touched the kernel would panic.
-	if _, err := n.teardown(context.Background(), rec, "op1", api.StateFailed, "rollback"); !errors.Is(err, ErrTermOver) {
+	if _, err := n.teardown(context.Background(), rec, "op1", journal.StateFailed, "rollback"); !errors.Is(err, ErrTermOver) {
 		t.Fatalf("teardown after the term = %v, want ErrTermOver", err)
 	}
-	if s, _ := n.sandbox("sb"); s.State != api.StateClaiming {
+	if s, _ := n.sandbox("sb"); s.State != journal.StateClaiming {
 		t.Fatalf("teardown after the term changed the state to %s", s.State)
 	}
 	if _, err := n.Proof(context.Background(), "op1"); errdefs.CodeOf(err) != errdefs.CodeNotFound {

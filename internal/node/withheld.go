@@ -163,7 +163,7 @@ func withheldLease(tx *journal.Tx, s journal.Sandbox) api.WithheldLease {
 	if p, ok, err := tx.Proof(s.ProofOp); err == nil && ok {
 		for _, c := range p.Checks {
 			if !c.OK {
-				w.FailedChecks = append(w.FailedChecks, c)
+				w.FailedChecks = append(w.FailedChecks, api.ProofCheck(c))
 			}
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -27,14 +26,14 @@ func TestRetryDelay(t *testing.T) {
 // not one its own reconcile just withheld.
 func TestWithheldIn(t *testing.T) {
 	ss := []journal.Sandbox{
-		{Sandbox: api.Sandbox{ContainerID: "a-g1"}, Withheld: true},
-		{Sandbox: api.Sandbox{ContainerID: "b-g1"}},
+		{ContainerID: "a-g1", Withheld: true},
+		{ContainerID: "b-g1"},
 	}
 	pick := withheldIn(ss)
-	if !pick(journal.Sandbox{Sandbox: api.Sandbox{ContainerID: "a-g1"}, Withheld: true}) {
+	if !pick(journal.Sandbox{ContainerID: "a-g1", Withheld: true}) {
 		t.Error("a generation withheld before the takeover is not retried")
 	}
-	if pick(journal.Sandbox{Sandbox: api.Sandbox{ContainerID: "b-g1"}, Withheld: true}) {
+	if pick(journal.Sandbox{ContainerID: "b-g1", Withheld: true}) {
 		t.Error("a generation withheld by this reconcile is retried again at once")
 	}
 }

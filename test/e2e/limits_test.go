@@ -132,7 +132,7 @@ func waitRunscExec(t *testing.T, cid string, d time.Duration) int {
 }
 
 // waitState waits until sandbox id is in state.
-func waitState(t *testing.T, c *api.Client, id, state string, d time.Duration) {
+func waitState(t *testing.T, c *api.Client, id string, state api.SandboxState, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {

@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/ctld/ctld/internal/api"
 )
 
 func openTest(t *testing.T, path string) *Journal {
@@ -35,7 +33,7 @@ func sandboxIDs(t *testing.T, j *Journal) []string {
 }
 
 func putSandbox(j *Journal, id string) error {
-	return j.Update(func(tx *Tx) error { return tx.PutSandbox(Sandbox{Sandbox: api.Sandbox{ID: id}}) })
+	return j.Update(func(tx *Tx) error { return tx.PutSandbox(Sandbox{ID: id}) })
 }
 
 // TestStaleHandleWritesRefused: a second primary takes the journal over

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/proof"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -42,7 +42,7 @@ const (
 // a clean proof. Anything else (including a state this version does not
 // know) is live and counted.
 func (s Sandbox) Finished() bool {
-	return (s.State == api.StateReleased || s.State == api.StateFailed) && !s.Withheld
+	return (s.State == StateReleased || s.State == StateFailed) && !s.Withheld
 }
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
@@ -119,7 +119,7 @@ func indexOperation(tx *bolt.Tx, o Operation) error {
 }
 
 // indexProof enters a new proof in the history.
-func indexProof(tx *bolt.Tx, p api.CleanupProof) error {
+func indexProof(tx *bolt.Tx, p proof.Proof) error {
 	if tx.Bucket(bucketProofs).Get([]byte(p.OperationID)) != nil {
 		return nil
 	}
@@ -133,8 +133,8 @@ func buildIndex(tx *bolt.Tx) error {
 	now := time.Now()
 	err := tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
 		var s Sandbox
-		if err := json.Unmarshal(v, &s); err != nil {
-			return fmt.Errorf("decode sandboxes/%s: %w", k, err)
+		if err := decode(bucketSandboxes, k, v, &s); err != nil {
+			return err
 		}
 		if !s.Finished() {
 			return tx.Bucket(bucketLive).Put(k, u64(s.Generation))
@@ -146,8 +146,8 @@ func buildIndex(tx *bolt.Tx) error {
 	}
 	err = tx.Bucket(bucketOperations).ForEach(func(k, v []byte) error {
 		var o Operation
-		if err := json.Unmarshal(v, &o); err != nil {
-			return fmt.Errorf("decode operations/%s: %w", k, err)
+		if err := decode(bucketOperations, k, v, &o); err != nil {
+			return err
 		}
 		if o.State == OpPending {
 			return tx.Bucket(bucketPending).Put(k, u64(o.Generation))

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/journal/journaltest"
+	"github.com/ctld/ctld/internal/node/proof"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -35,8 +35,8 @@ func newJournal(t testing.TB) *journal.Journal {
 	return open(t, filepath.Join(t.TempDir(), "journal.db"))
 }
 
-func sb(id string, gen uint64, state string, withheld bool) journal.Sandbox {
-	return journal.Sandbox{Sandbox: api.Sandbox{ID: id, Generation: gen, State: state}, Withheld: withheld}
+func sb(id string, gen uint64, state journal.State, withheld bool) journal.Sandbox {
+	return journal.Sandbox{ID: id, Generation: gen, State: state, Withheld: withheld}
 }
 
 func update(t testing.TB, j *journal.Journal, fn func(*journal.Tx) error) {
@@ -87,16 +87,16 @@ func TestLiveIndexFollowsRecords(t *testing.T) {
 		live    string
 		history uint64
 	}{
-		{sb("a", 1, api.StateClaiming, false), "[a/1]", 0},
-		{sb("a", 1, api.StateReady, false), "[a/1]", 0},
-		{sb("a", 1, api.StateReleasing, false), "[a/1]", 0},
-		{sb("a", 1, api.StateReleased, false), "[]", 1},
-		{sb("a", 1, api.StateReleased, false), "[]", 1}, // re-put: no second entry
-		{sb("a", 2, api.StateClaiming, false), "[a/2]", 1},
-		{sb("a", 2, api.StateFailed, true), "[a/2]", 1}, // withheld capacity stays counted
-		{sb("a", 2, api.StateFailed, false), "[]", 2},   // a later clean proof ends it
-		{sb("b", 1, api.StateLost, false), "[b/1]", 2},
-		{sb("c", 7, api.StateReleased, false), "[b/1]", 3}, // written finished directly
+		{sb("a", 1, journal.StateClaiming, false), "[a/1]", 0},
+		{sb("a", 1, journal.StateReady, false), "[a/1]", 0},
+		{sb("a", 1, journal.StateReleasing, false), "[a/1]", 0},
+		{sb("a", 1, journal.StateReleased, false), "[]", 1},
+		{sb("a", 1, journal.StateReleased, false), "[]", 1}, // re-put: no second entry
+		{sb("a", 2, journal.StateClaiming, false), "[a/2]", 1},
+		{sb("a", 2, journal.StateFailed, true), "[a/2]", 1}, // withheld capacity stays counted
+		{sb("a", 2, journal.StateFailed, false), "[]", 2},   // a later clean proof ends it
+		{sb("b", 1, journal.StateLost, false), "[b/1]", 2},
+		{sb("c", 7, journal.StateReleased, false), "[b/1]", 3}, // written finished directly
 	}
 	for i, s := range steps {
 		update(t, j, func(tx *journal.Tx) error { return tx.PutSandbox(s.rec) })
@@ -132,7 +132,7 @@ func TestIndexRollsBackWithTransaction(t *testing.T) {
 	j := newJournal(t)
 	boom := errors.New("boom")
 	err := j.Update(func(tx *journal.Tx) error {
-		if err := tx.PutSandbox(sb("a", 1, api.StateClaiming, false)); err != nil {
+		if err := tx.PutSandbox(sb("a", 1, journal.StateClaiming, false)); err != nil {
 			return err
 		}
 		if err := tx.PutOperation(journal.Operation{ID: "op", State: journal.OpPending}); err != nil {
@@ -232,20 +232,20 @@ func writeForever(path string) {
 				if err := tx.PutOperation(op); err != nil {
 					return err
 				}
-				return tx.PutSandbox(sb(id, gen, api.StateClaiming, false))
+				return tx.PutSandbox(sb(id, gen, journal.StateClaiming, false))
 			},
 			func(tx *journal.Tx) error {
 				op.State = journal.OpDone
 				if err := tx.PutOperation(op); err != nil {
 					return err
 				}
-				return tx.PutSandbox(sb(id, gen, api.StateReady, false))
+				return tx.PutSandbox(sb(id, gen, journal.StateReady, false))
 			},
 			func(tx *journal.Tx) error {
-				if err := tx.PutProof(api.CleanupProof{OperationID: op.ID, Generation: gen}); err != nil {
+				if err := tx.PutProof(proof.Proof{OperationID: op.ID, Generation: gen}); err != nil {
 					return err
 				}
-				return tx.PutSandbox(sb(id, gen, api.StateReleased, i%7 == 0))
+				return tx.PutSandbox(sb(id, gen, journal.StateReleased, i%7 == 0))
 			},
 		}
 		for _, s := range steps {
@@ -274,10 +274,10 @@ func TestPruneByAge(t *testing.T) {
 		t.Fatal(err)
 	}
 	update(t, j, func(tx *journal.Tx) error {
-		if err := tx.PutSandbox(sb("live", 1, api.StateReady, false)); err != nil {
+		if err := tx.PutSandbox(sb("live", 1, journal.StateReady, false)); err != nil {
 			return err
 		}
-		if err := tx.PutSandbox(sb("held", 1, api.StateReleased, true)); err != nil {
+		if err := tx.PutSandbox(sb("held", 1, journal.StateReleased, true)); err != nil {
 			return err
 		}
 		return tx.PutOperation(journal.Operation{ID: "pending-op", State: journal.OpPending})
@@ -366,8 +366,8 @@ func TestPruneByRecordCount(t *testing.T) {
 func TestPruneKeepsReclaimedSandbox(t *testing.T) {
 	j := newJournal(t)
 	put := func(s journal.Sandbox) { update(t, j, func(tx *journal.Tx) error { return tx.PutSandbox(s) }) }
-	put(sb("s", 1, api.StateReleased, false))
-	put(sb("s", 2, api.StateReady, false))
+	put(sb("s", 1, journal.StateReleased, false))
+	put(sb("s", 2, journal.StateReady, false))
 	later := time.Now().Add(48 * time.Hour)
 	if res, err := j.Prune(journal.Retention{MaxAge: time.Hour}, later, 10); err != nil || res.Pruned != 1 {
 		t.Fatalf("prune = %+v, %v", res, err)
@@ -375,9 +375,9 @@ func TestPruneKeepsReclaimedSandbox(t *testing.T) {
 	if got := liveIDs(t, j); fmt.Sprint(got) != "[s/2]" {
 		t.Fatalf("live after prune: %v", got)
 	}
-	put(sb("s", 3, api.StateClaiming, false))
-	put(sb("s", 3, api.StateReleased, false))
-	put(sb("s", 4, api.StateReleased, false)) // two finished generations in history
+	put(sb("s", 3, journal.StateClaiming, false))
+	put(sb("s", 3, journal.StateReleased, false))
+	put(sb("s", 4, journal.StateReleased, false)) // two finished generations in history
 	// Keep one record: generation 3's entry goes, generation 4's record stays.
 	if res, err := j.Prune(journal.Retention{MaxRecords: 1}, later, 10); err != nil || res.Pruned != 1 {
 		t.Fatalf("prune = %+v, %v", res, err)

@@ -13,7 +13,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/proof"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -24,49 +25,182 @@ var (
 	bucketProofs     = []byte("proofs")
 )
 
-// Effect kinds: one per kind of kernel object ctld makes.
+// RecordVersion is the version of the records this package writes, in
+// each record's "record_version". Version 0 is the encoding before the
+// journal had record types of its own (the API's JSON of the time): the
+// same members, without "record_version", so it decodes as is. A record of
+// a newer version is refused rather than half read.
+const RecordVersion = 1
+
+// Kind is a kind of kernel object ctld makes, one per entry of the
+// generation's resource table.
+type Kind string
+
+// Effect kinds.
 const (
-	KindCgroup = "cgroup"
-	KindMount  = "mount"
-	KindNetns  = "netns"
-	KindBundle = "bundle"
-	KindRunsc  = "runsc"
+	KindCgroup Kind = "cgroup"
+	KindMount  Kind = "mount"
+	KindNetns  Kind = "netns"
+	KindBundle Kind = "bundle"
+	KindRunsc  Kind = "runsc"
 	// KindLogs is a generation's log directory (guestlog): made first,
 	// removed last, after the lease cgroup (and the log writer in it).
-	KindLogs = "logs"
-	KindDisk = "disk" // the project quota that bounds a generation's scratch dir
+	KindLogs Kind = "logs"
+	KindDisk Kind = "disk" // the project quota that bounds a generation's scratch dir
 )
+
+// EffectState is where an effect is in its life.
+type EffectState string
 
 // Effect states.
 const (
-	Intended = "intended"
-	Done     = "done"
-	Removing = "removing"
+	Intended EffectState = "intended"
+	Done     EffectState = "done"
+	Removing EffectState = "removing"
 )
 
 // Effect is one kernel object ctld made or is about to make.
 type Effect struct {
-	Kind       string    `json:"kind"`
-	Name       string    `json:"name"`
-	SandboxID  string    `json:"sandbox_id"`
-	Generation uint64    `json:"generation"`
-	State      string    `json:"state"`
-	Epoch      uint64    `json:"epoch"`
-	Updated    time.Time `json:"updated"`
+	RecordVersion int         `json:"record_version,omitempty"`
+	Kind          Kind        `json:"kind"`
+	Name          string      `json:"name"`
+	SandboxID     string      `json:"sandbox_id"`
+	Generation    uint64      `json:"generation"`
+	State         EffectState `json:"state"`
+	Epoch         uint64      `json:"epoch"`
+	Updated       time.Time   `json:"updated"`
 }
 
-func (e Effect) key() []byte { return []byte(e.Kind + "/" + e.Name) }
+func effectKey(kind Kind, name string) []byte { return []byte(string(kind) + "/" + name) }
+
+func (e Effect) key() []byte { return effectKey(e.Kind, e.Name) }
+
+// State is the state of a sandbox's current generation. The values are the
+// API's (node converts), but they are the journal's own: a rename on the
+// wire does not rename what the journal holds.
+type State string
+
+// Sandbox states.
+const (
+	StateClaiming  State = "claiming"
+	StateReady     State = "ready"
+	StateReleasing State = "releasing"
+	StateReleased  State = "released"
+	StateFailed    State = "failed"
+	StateLost      State = "lost"
+)
+
+// Resources of a generation, as claimed.
+type Resources struct {
+	CPUMillis   int64  `json:"cpu_millis"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	PIDs        int64  `json:"pids"`
+	Cpuset      string `json:"cpuset,omitempty"`
+	DiskBytes   int64  `json:"disk_bytes,omitempty"`
+}
+
+// RootFSMode is where a RootFS's blocks live.
+type RootFSMode string
+
+// RootFS of a generation: its mode and template.
+type RootFS struct {
+	Mode     RootFSMode `json:"mode"`
+	Template string     `json:"template"`
+}
+
+// NetworkMode is a generation's network mode.
+type NetworkMode string
+
+// NetworkPolicy of a generation.
+type NetworkPolicy struct {
+	Mode  NetworkMode   `json:"mode"`
+	Rules []NetworkRule `json:"rules,omitempty"`
+}
+
+// NetworkRule allows one destination (a CIDR or a domain), by protocol and
+// ports.
+type NetworkRule struct {
+	CIDR     string   `json:"cidr,omitempty"`
+	Domain   string   `json:"domain,omitempty"`
+	Protocol string   `json:"protocol,omitempty"`
+	Ports    []string `json:"ports,omitempty"`
+}
+
+// Process is a generation's main process.
+type Process struct {
+	Args []string `json:"args,omitempty"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	UID  uint32   `json:"uid,omitempty"`
+	GID  uint32   `json:"gid,omitempty"`
+}
+
+// ClaimRequest is the claim as admitted: what a new primary needs to
+// finish or redo it.
+type ClaimRequest struct {
+	OperationID    string        `json:"operation_id"`
+	Generation     uint64        `json:"generation"`
+	RootFS         RootFS        `json:"rootfs"`
+	Resources      Resources     `json:"resources"`
+	Network        NetworkPolicy `json:"network"`
+	Process        Process       `json:"process"`
+	MaxLifetimeSec int64         `json:"max_lifetime_sec,omitempty"`
+}
+
+// Timings of a claim's steps, in milliseconds.
+type Timings struct {
+	AdmitMS   float64 `json:"admit_ms"`
+	LeaseMS   float64 `json:"lease_ms"`
+	RootFSMS  float64 `json:"rootfs_ms"`
+	NetworkMS float64 `json:"network_ms"`
+	RunscMS   float64 `json:"runsc_ms"`
+	ProofMS   float64 `json:"proof_ms"`
+	TotalMS   float64 `json:"total_ms"`
+	// Steps is each resource's make time, in claim order.
+	Steps []StepTiming `json:"steps,omitempty"`
+}
+
+// StepTiming is one resource's share of a claim or a release, in
+// milliseconds.
+type StepTiming struct {
+	Resource string  `json:"resource"`
+	MakeMS   float64 `json:"make_ms,omitempty"`
+	RemoveMS float64 `json:"remove_ms,omitempty"`
+	CheckMS  float64 `json:"check_ms,omitempty"`
+}
+
+// ReleaseTimings of the teardown that ended a generation, in milliseconds.
+type ReleaseTimings struct {
+	Steps   []StepTiming `json:"steps"`
+	ProofMS float64      `json:"proof_ms"`
+	TotalMS float64      `json:"total_ms"`
+}
 
 // Sandbox is the node's record of a sandbox and its current generation.
 type Sandbox struct {
-	api.Sandbox
-	ClaimOp   string            `json:"claim_op"`
-	ReleaseOp string            `json:"release_op,omitempty"`
-	Nonce     string            `json:"nonce"`
-	Netns     string            `json:"netns"`
-	Root      string            `json:"root"`
-	Bundle    string            `json:"bundle"`
-	Request   *api.ClaimRequest `json:"request,omitempty"`
+	RecordVersion int       `json:"record_version,omitempty"`
+	ID            string    `json:"id"`
+	Generation    uint64    `json:"generation"`
+	State         State     `json:"state"`
+	ContainerID   string    `json:"container_id,omitempty"`
+	LeaseID       string    `json:"lease_id,omitempty"`
+	Resources     Resources `json:"resources"`
+	RootFS        RootFS    `json:"rootfs"`
+	Epoch         uint64    `json:"epoch"`
+	CreatedAt     time.Time `json:"created_at"`
+	Timings       Timings   `json:"timings"`
+	// ReleaseTimings is set once a teardown of this generation ran.
+	ReleaseTimings *ReleaseTimings `json:"release_timings,omitempty"`
+	Reason         string          `json:"reason,omitempty"`
+	// OOMKills counts memory.max kills seen in the lease (memory.events).
+	OOMKills  int64         `json:"oom_kills"`
+	ClaimOp   string        `json:"claim_op"`
+	ReleaseOp string        `json:"release_op,omitempty"`
+	Nonce     string        `json:"nonce"`
+	Netns     string        `json:"netns"`
+	Root      string        `json:"root"`
+	Bundle    string        `json:"bundle"`
+	Request   *ClaimRequest `json:"request,omitempty"`
 	// Withheld is set when cleanup of this generation could not be proven:
 	// its capacity stays out until an operator or a later proof clears it.
 	Withheld bool `json:"withheld,omitempty"`
@@ -95,32 +229,52 @@ type Sandbox struct {
 // cleanup is unproven moved to the withheld ledger instead.
 func (s Sandbox) Holds() bool {
 	switch s.State {
-	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost:
+	case StateClaiming, StateReady, StateReleasing, StateLost:
 		return !s.Withheld
 	}
 	return false
 }
 
-// Operation is a mutating call's record, keyed by its operation_id.
-type Operation struct {
-	ID          string          `json:"id"`
-	Kind        string          `json:"kind"` // claim | release
-	SandboxID   string          `json:"sandbox_id"`
-	Generation  uint64          `json:"generation"`
-	RequestHash string          `json:"request_hash"`
-	State       string          `json:"state"` // pending | done | failed
-	Result      json.RawMessage `json:"result,omitempty"`
-	Error       *api.ErrorBody  `json:"error,omitempty"`
-	Epoch       uint64          `json:"epoch"`
-	Created     time.Time       `json:"created"`
-}
+// OpKind is the kind of a mutating call.
+type OpKind string
+
+// Operation kinds.
+const (
+	OpClaim   OpKind = "claim"
+	OpRelease OpKind = "release"
+)
+
+// OpState is where an operation is.
+type OpState string
 
 // Operation states.
 const (
-	OpPending = "pending"
-	OpDone    = "done"
-	OpFailed  = "failed"
+	OpPending OpState = "pending"
+	OpDone    OpState = "done"
+	OpFailed  OpState = "failed"
 )
+
+// OpError is how a failed operation failed: its kind and message, answered
+// again to a retry of the same operation id.
+type OpError struct {
+	Code    errdefs.Code `json:"code"`
+	Message string       `json:"message"`
+}
+
+// Operation is a mutating call's record, keyed by its operation_id.
+type Operation struct {
+	RecordVersion int             `json:"record_version,omitempty"`
+	ID            string          `json:"id"`
+	Kind          OpKind          `json:"kind"`
+	SandboxID     string          `json:"sandbox_id"`
+	Generation    uint64          `json:"generation"`
+	RequestHash   string          `json:"request_hash"`
+	State         OpState         `json:"state"`
+	Result        json.RawMessage `json:"result,omitempty"`
+	Error         *OpError        `json:"error,omitempty"`
+	Epoch         uint64          `json:"epoch"`
+	Created       time.Time       `json:"created"`
+}
 
 // Journal is the bbolt database, bound to the epoch of the term that took
 // it over (see TakeOver); writes of a handle that did not are refused.
@@ -191,13 +345,36 @@ func put(tx *bolt.Tx, bucket []byte, key string, v any) error {
 	return tx.Bucket(bucket).Put([]byte(key), b)
 }
 
+// ErrNewerRecord is the kind of error for a record written by a newer ctld
+// (a RecordVersion above this one's): reading it as this version would drop
+// what it does not know.
+var ErrNewerRecord = errors.New("journal record of a newer version")
+
+// decode reads one record, refusing a newer version than this package
+// writes.
+func decode(bucket, key, b []byte, v any) error {
+	var head struct {
+		RecordVersion int `json:"record_version"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return fmt.Errorf("decode %s/%s: %w", bucket, key, err)
+	}
+	if head.RecordVersion > RecordVersion {
+		return fmt.Errorf("decode %s/%s: %w: version %d, this ctld reads up to %d", bucket, key, ErrNewerRecord, head.RecordVersion, RecordVersion)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode %s/%s: %w", bucket, key, err)
+	}
+	return nil
+}
+
 func get(tx *bolt.Tx, bucket []byte, key string, v any) (bool, error) {
 	b := tx.Bucket(bucket).Get([]byte(key))
 	if b == nil {
 		return false, nil
 	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return false, fmt.Errorf("decode %s/%s: %w", bucket, key, err)
+	if err := decode(bucket, []byte(key), b, v); err != nil {
+		return false, err
 	}
 	return true, nil
 }
@@ -206,8 +383,8 @@ func all[T any](tx *bolt.Tx, bucket []byte) ([]T, error) {
 	var out []T
 	err := tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 		var t T
-		if err := json.Unmarshal(v, &t); err != nil {
-			return fmt.Errorf("decode %s/%s: %w", bucket, k, err)
+		if err := decode(bucket, k, v, &t); err != nil {
+			return err
 		}
 		out = append(out, t)
 		return nil
@@ -217,19 +394,20 @@ func all[T any](tx *bolt.Tx, bucket []byte) ([]T, error) {
 
 // PutEffect records an effect in its current state.
 func (t *Tx) PutEffect(e Effect) error {
+	e.RecordVersion = RecordVersion
 	e.Updated = time.Now().UTC()
 	return put(t.tx, bucketEffects, string(e.key()), e)
 }
 
 // DeleteEffect forgets an effect whose object is gone.
-func (t *Tx) DeleteEffect(kind, name string) error {
-	return t.tx.Bucket(bucketEffects).Delete([]byte(kind + "/" + name))
+func (t *Tx) DeleteEffect(kind Kind, name string) error {
+	return t.tx.Bucket(bucketEffects).Delete(effectKey(kind, name))
 }
 
 // Effect reads the effect record of one object.
-func (t *Tx) Effect(kind, name string) (Effect, bool, error) {
+func (t *Tx) Effect(kind Kind, name string) (Effect, bool, error) {
 	var e Effect
-	ok, err := get(t.tx, bucketEffects, kind+"/"+name, &e)
+	ok, err := get(t.tx, bucketEffects, string(effectKey(kind, name)), &e)
 	return e, ok, err
 }
 
@@ -238,6 +416,7 @@ func (t *Tx) Effects() ([]Effect, error) { return all[Effect](t.tx, bucketEffect
 
 // PutSandbox stores a sandbox record (and indexes it: see index.go).
 func (t *Tx) PutSandbox(s Sandbox) error {
+	s.RecordVersion = RecordVersion
 	if err := indexSandbox(t.tx, s); err != nil {
 		return fmt.Errorf("index sandbox %s: %w", s.ID, err)
 	}
@@ -261,6 +440,7 @@ func (t *Tx) Sandboxes() ([]Sandbox, error) {
 
 // PutOperation stores an operation record (and indexes it).
 func (t *Tx) PutOperation(o Operation) error {
+	o.RecordVersion = RecordVersion
 	if err := indexOperation(t.tx, o); err != nil {
 		return fmt.Errorf("index operation %s: %w", o.ID, err)
 	}
@@ -279,7 +459,8 @@ func (t *Tx) Operation(id string) (Operation, bool, error) {
 func (t *Tx) Operations() ([]Operation, error) { return all[Operation](t.tx, bucketOperations) }
 
 // PutProof stores a cleanup proof under its operation id (and indexes it).
-func (t *Tx) PutProof(p api.CleanupProof) error {
+// The proof is its own versioned record (proof.Proof, Version).
+func (t *Tx) PutProof(p proof.Proof) error {
 	if err := indexProof(t.tx, p); err != nil {
 		return fmt.Errorf("index proof %s: %w", p.OperationID, err)
 	}
@@ -287,8 +468,8 @@ func (t *Tx) PutProof(p api.CleanupProof) error {
 }
 
 // Proof reads a cleanup proof.
-func (t *Tx) Proof(opID string) (api.CleanupProof, bool, error) {
-	var p api.CleanupProof
+func (t *Tx) Proof(opID string) (proof.Proof, bool, error) {
+	var p proof.Proof
 	ok, err := get(t.tx, bucketProofs, opID, &p)
 	return p, ok, err
 }

@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"os"
@@ -9,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/proof"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -83,7 +84,7 @@ func TestUpdateIsAtomicAndViewReadOnly(t *testing.T) {
 	j := newTaken(t)
 	boom := errors.New("boom")
 	err := j.Update(func(tx *Tx) error {
-		if err := tx.PutSandbox(Sandbox{Sandbox: api.Sandbox{ID: "a", Generation: 1, State: api.StateClaiming}}); err != nil {
+		if err := tx.PutSandbox(Sandbox{ID: "a", Generation: 1, State: StateClaiming}); err != nil {
 			return err
 		}
 		if err := tx.PutEffect(Effect{Kind: KindCgroup, Name: "a-g1", State: Intended}); err != nil {
@@ -103,7 +104,7 @@ func TestUpdateIsAtomicAndViewReadOnly(t *testing.T) {
 		}
 		return nil
 	})
-	if err := j.View(func(tx *Tx) error { return tx.PutSandbox(Sandbox{Sandbox: api.Sandbox{ID: "v"}}) }); err == nil {
+	if err := j.View(func(tx *Tx) error { return tx.PutSandbox(Sandbox{ID: "v"}) }); err == nil {
 		t.Fatal("a write inside View succeeded")
 	}
 }
@@ -111,9 +112,9 @@ func TestUpdateIsAtomicAndViewReadOnly(t *testing.T) {
 func TestSandboxRecords(t *testing.T) {
 	j := newTaken(t)
 	recs := []Sandbox{
-		{Sandbox: api.Sandbox{ID: "b", Generation: 1, State: api.StateReady}, ClaimOp: "c-b", Netns: "b-g1"},
-		{Sandbox: api.Sandbox{ID: "a", Generation: 3, State: api.StateReleased}, ReleaseOp: "r-a"},
-		{Sandbox: api.Sandbox{ID: "c", Generation: 2, State: api.StateReleasing}, Withheld: true},
+		{ID: "b", Generation: 1, State: StateReady, ClaimOp: "c-b", Netns: "b-g1"},
+		{ID: "a", Generation: 3, State: StateReleased, ReleaseOp: "r-a"},
+		{ID: "c", Generation: 2, State: StateReleasing, Withheld: true},
 	}
 	mustUpdate(t, j, func(tx *Tx) error {
 		for _, s := range recs {
@@ -125,6 +126,7 @@ func TestSandboxRecords(t *testing.T) {
 	})
 	mustView(t, j, func(tx *Tx) error {
 		for _, want := range recs {
+			want.RecordVersion = RecordVersion // PutSandbox stamps it
 			got, ok, err := tx.Sandbox(want.ID)
 			if err != nil || !ok || !reflect.DeepEqual(got, want) {
 				t.Errorf("Sandbox(%s) = %+v, %v, %v; want %+v", want.ID, got, ok, err, want)
@@ -138,11 +140,11 @@ func TestSandboxRecords(t *testing.T) {
 	})
 	// A put replaces the record of the same id.
 	mustUpdate(t, j, func(tx *Tx) error {
-		return tx.PutSandbox(Sandbox{Sandbox: api.Sandbox{ID: "b", Generation: 2, State: api.StateClaiming}})
+		return tx.PutSandbox(Sandbox{ID: "b", Generation: 2, State: StateClaiming})
 	})
 	mustView(t, j, func(tx *Tx) error {
 		got, _, _ := tx.Sandbox("b")
-		if got.Generation != 2 || got.State != api.StateClaiming || got.ClaimOp != "" {
+		if got.Generation != 2 || got.State != StateClaiming || got.ClaimOp != "" {
 			t.Errorf("replaced record = %+v", got)
 		}
 		return nil
@@ -151,21 +153,21 @@ func TestSandboxRecords(t *testing.T) {
 
 func TestHoldsAndFinished(t *testing.T) {
 	for _, c := range []struct {
-		state          string
+		state          State
 		withheld       bool
 		holds, finshed bool
 	}{
-		{api.StateClaiming, false, true, false},
-		{api.StateReady, false, true, false},
-		{api.StateReleasing, false, true, false},
-		{api.StateLost, false, true, false},
-		{api.StateReleased, false, false, true},
-		{api.StateFailed, false, false, true},
-		{api.StateReady, true, false, false},
-		{api.StateReleased, true, false, false},
+		{StateClaiming, false, true, false},
+		{StateReady, false, true, false},
+		{StateReleasing, false, true, false},
+		{StateLost, false, true, false},
+		{StateReleased, false, false, true},
+		{StateFailed, false, false, true},
+		{StateReady, true, false, false},
+		{StateReleased, true, false, false},
 		{"a-state-of-a-newer-version", false, false, false},
 	} {
-		s := Sandbox{Sandbox: api.Sandbox{State: c.state}, Withheld: c.withheld}
+		s := Sandbox{State: c.state, Withheld: c.withheld}
 		if s.Holds() != c.holds || s.Finished() != c.finshed {
 			t.Errorf("%s withheld=%v: Holds %v Finished %v, want %v %v", c.state, c.withheld, s.Holds(), s.Finished(), c.holds, c.finshed)
 		}
@@ -178,7 +180,7 @@ func TestOperationRecords(t *testing.T) {
 	ops := []Operation{
 		{ID: "c1", Kind: "claim", SandboxID: "a", Generation: 1, RequestHash: "h1", State: OpPending, Epoch: 1, Created: at},
 		{ID: "r1", Kind: "release", SandboxID: "a", Generation: 1, RequestHash: "h2", State: OpDone, Result: json.RawMessage(`{"ok":true}`), Epoch: 1, Created: at},
-		{ID: "c2", Kind: "claim", SandboxID: "b", Generation: 1, State: OpFailed, Error: &api.ErrorBody{Code: "conflict", Message: "taken"}, Epoch: 1, Created: at},
+		{ID: "c2", Kind: "claim", SandboxID: "b", Generation: 1, State: OpFailed, Error: &OpError{Code: "conflict", Message: "taken"}, Epoch: 1, Created: at},
 	}
 	mustUpdate(t, j, func(tx *Tx) error {
 		for _, o := range ops {
@@ -190,6 +192,7 @@ func TestOperationRecords(t *testing.T) {
 	})
 	mustView(t, j, func(tx *Tx) error {
 		for _, want := range ops {
+			want.RecordVersion = RecordVersion // PutOperation stamps it
 			got, ok, err := tx.Operation(want.ID)
 			if err != nil || !ok || !reflect.DeepEqual(got, want) {
 				t.Errorf("Operation(%s) = %+v, %v, %v; want %+v", want.ID, got, ok, err, want)
@@ -227,7 +230,10 @@ func TestEffectRecords(t *testing.T) {
 		mustView(t, j, func(tx *Tx) error {
 			es, err := tx.Effects()
 			for _, e := range es {
-				out = append(out, e.Kind+"/"+e.Name+":"+e.State)
+				out = append(out, string(e.Kind)+"/"+e.Name+":"+string(e.State))
+				if e.RecordVersion != RecordVersion {
+					t.Errorf("effect %s/%s has record version %d, want %d", e.Kind, e.Name, e.RecordVersion, RecordVersion)
+				}
 				if e.Updated.Before(before) || e.Updated.Location() != time.UTC {
 					t.Errorf("effect %s/%s updated %v: PutEffect must stamp it now, in UTC", e.Kind, e.Name, e.Updated)
 				}
@@ -256,9 +262,9 @@ func TestEffectRecords(t *testing.T) {
 
 func TestProofRecords(t *testing.T) {
 	j := newTaken(t)
-	p := api.CleanupProof{
+	p := proof.Proof{
 		OperationID: "r1", NodeID: "n", BootID: "b", Epoch: 1, SandboxID: "a", Generation: 1, LeaseID: "a-g1",
-		Checks: []api.ProofCheck{{Name: "cgroup_removed", OK: true}, {Name: "netns_gone", Detail: "held by 42"}},
+		Checks: []proof.Check{{Name: "cgroup_removed", OK: true}, {Name: "netns_gone", Detail: "held by 42"}},
 		Time:   time.Date(2026, 11, 30, 13, 0, 0, 5, time.UTC), NodeKey: []byte{1}, Signature: []byte{2},
 	}
 	mustUpdate(t, j, func(tx *Tx) error { return tx.PutProof(p) })
@@ -350,28 +356,28 @@ func TestDecodesVersion0Records(t *testing.T) {
 	})
 	j := openTest(t, path)
 	at := time.Date(2026, 11, 30, 13, 0, 0, 123456789, time.UTC)
-	res := api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128, Cpuset: "0-1", DiskBytes: 1 << 30}
-	root := api.RootFS{Mode: "overlay", Template: "busybox"}
+	res := Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128, Cpuset: "0-1", DiskBytes: 1 << 30}
+	root := RootFS{Mode: "overlay", Template: "busybox"}
 	wantSandbox := Sandbox{
-		Sandbox: api.Sandbox{ID: "sb-1", Generation: 2, State: "ready", ContainerID: "sb-1-g2", LeaseID: "sb-1-g2",
-			Resources: res, RootFS: root, Epoch: 7, CreatedAt: at,
-			Timings: api.Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 21},
-			Reason:  "claimed", OOMKills: 3},
+		ID: "sb-1", Generation: 2, State: "ready", ContainerID: "sb-1-g2", LeaseID: "sb-1-g2",
+		Resources: res, RootFS: root, Epoch: 7, CreatedAt: at,
+		Timings: Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 21},
+		Reason:  "claimed", OOMKills: 3,
 		ClaimOp: "claim-1", ReleaseOp: "release-1", Nonce: "00112233", Netns: "sb-1-g2", Root: "/s/root", Bundle: "/r/b",
-		Request: &api.ClaimRequest{
+		Request: &ClaimRequest{
 			OperationID: "claim-1", Generation: 2, RootFS: root, Resources: res,
-			Network:        api.NetworkPolicy{Mode: "deny_all"},
-			Process:        api.Process{Args: []string{"/bin/sleep", "1"}, Env: []string{"PATH=/bin"}, Cwd: "/", UID: 1000, GID: 1001},
+			Network:        NetworkPolicy{Mode: "deny_all"},
+			Process:        Process{Args: []string{"/bin/sleep", "1"}, Env: []string{"PATH=/bin"}, Cwd: "/", UID: 1000, GID: 1001},
 			MaxLifetimeSec: 3600,
 		},
 		Withheld: true, ProofOp: "release-1", RootDev: "0:52", NetnsDev: 4, NetnsIno: 4026532000,
 		NetnsCookie: 9, RetryAttempts: 2, RetryLast: at, RetryNext: at.Add(time.Minute), DiskProject: 1234,
 	}
 	wantOp := Operation{ID: "claim-1", Kind: "claim", SandboxID: "sb-1", Generation: 2, RequestHash: "abc", State: "failed",
-		Result: json.RawMessage(`{"x":1}`), Error: &api.ErrorBody{Code: "conflict", Message: "no", RetryAfterSec: 3}, Epoch: 7, Created: at}
+		Result: json.RawMessage(`{"x":1}`), Error: &OpError{Code: "conflict", Message: "no"}, Epoch: 7, Created: at}
 	wantEffect := Effect{Kind: "netns", Name: "sb-1-g2", SandboxID: "sb-1", Generation: 2, State: "done", Epoch: 7, Updated: at}
-	wantProof := api.CleanupProof{OperationID: "release-1", NodeID: "n", BootID: "b", Epoch: 7, SandboxID: "sb-1", Generation: 2,
-		LeaseID: "sb-1-g2", Checks: []api.ProofCheck{{Name: "cgroup_removed", OK: true}, {Name: "netns_gone", Detail: "held by 12"}},
+	wantProof := proof.Proof{OperationID: "release-1", NodeID: "n", BootID: "b", Epoch: 7, SandboxID: "sb-1", Generation: 2,
+		LeaseID: "sb-1-g2", Checks: []proof.Check{{Name: "cgroup_removed", OK: true}, {Name: "netns_gone", Detail: "held by 12"}},
 		Time: at, NodeKey: []byte{1, 2}, Signature: []byte{3, 4}}
 	mustView(t, j, func(tx *Tx) error {
 		s, ok, err := tx.Sandbox("sb-1")
@@ -407,4 +413,78 @@ func compact(b []byte) (json.RawMessage, error) {
 		return nil, err
 	}
 	return json.Marshal(v)
+}
+
+// Each record says its version, and a record of a newer version (a
+// downgraded ctld reading a newer journal) is refused, not half read.
+func TestRecordVersions(t *testing.T) {
+	j := newTaken(t)
+	mustUpdate(t, j, func(tx *Tx) error {
+		if err := tx.PutSandbox(Sandbox{ID: "a", Generation: 1, State: StateReady}); err != nil {
+			return err
+		}
+		if err := tx.PutOperation(Operation{ID: "o", Kind: OpClaim, State: OpPending}); err != nil {
+			return err
+		}
+		return tx.PutEffect(Effect{Kind: KindCgroup, Name: "a-g1", State: Done})
+	})
+	if err := j.db.View(func(tx *bolt.Tx) error {
+		for _, kv := range [][2]string{{"sandboxes", "a"}, {"operations", "o"}, {"effects", "cgroup/a-g1"}} {
+			var head struct {
+				RecordVersion *int `json:"record_version"`
+			}
+			if err := json.Unmarshal(tx.Bucket([]byte(kv[0])).Get([]byte(kv[1])), &head); err != nil {
+				return err
+			}
+			if head.RecordVersion == nil || *head.RecordVersion != RecordVersion {
+				t.Errorf("%s/%s written without record_version %d", kv[0], kv[1], RecordVersion)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "newer.db")
+	putRaw(t, path, map[string]map[string][]byte{
+		"sandboxes":  {"n": []byte(`{"record_version":2,"id":"n","generation":1,"state":"ready"}`)},
+		"operations": {"o": []byte(`{"record_version":2,"id":"o","state":"done"}`)},
+		"effects":    {"cgroup/n-g1": []byte(`{"record_version":2,"kind":"cgroup","name":"n-g1","state":"done"}`)},
+	})
+	n, err := Open(path, time.Second)
+	if !errors.Is(err, ErrNewerRecord) {
+		// Opening an unindexed journal reads every record to index it.
+		t.Fatalf("Open over newer records = %v, want ErrNewerRecord", err)
+	}
+	if n != nil {
+		n.Close()
+	}
+}
+
+// The journal stores the proof record itself: a signed proof read back
+// still verifies, whatever the API's JSON of it looks like.
+func TestStoredProofStillVerifies(t *testing.T) {
+	j := newTaken(t)
+	seed := make([]byte, ed25519.SeedSize)
+	id := proof.Identity{NodeID: "0123456789abcdef0123456789abcdef", BootID: "b", Key: ed25519.NewKeyFromSeed(seed)}
+	p := proof.Proof{
+		OperationID: "r1", NodeID: id.NodeID, BootID: id.BootID, Epoch: 1, SandboxID: "a", Generation: 1, LeaseID: "a-g1",
+		Checks: []proof.Check{{Name: "cgroup_removed", OK: true}}, Clean: true, Time: time.Now(),
+	}
+	if err := proof.Sign(id, &p); err != nil {
+		t.Fatal(err)
+	}
+	mustUpdate(t, j, func(tx *Tx) error { return tx.PutProof(p) })
+	mustView(t, j, func(tx *Tx) error {
+		got, ok, err := tx.Proof("r1")
+		if err != nil || !ok {
+			t.Fatalf("Proof(r1) = %v, %v", ok, err)
+		}
+		if got.Version != proof.Version {
+			t.Errorf("stored proof lost its version: %d", got.Version)
+		}
+		if err := proof.Verify(got, id.PublicKey()); err != nil {
+			t.Errorf("stored proof: %v", err)
+		}
+		return nil
+	})
 }

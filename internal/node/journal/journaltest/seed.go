@@ -10,6 +10,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
 )
 
 // SeedFinished writes n released generations (sandbox record, claim and
@@ -25,39 +26,44 @@ func SeedFinished(j *journal.Journal, prefix string, n int) error {
 				id := fmt.Sprintf("%s%d", prefix, i)
 				cid := id + "-g1"
 				now := time.Now().UTC()
-				req := api.ClaimRequest{
+				req := journal.ClaimRequest{
 					OperationID: "claim-" + id, Generation: 1,
-					RootFS:    api.RootFS{Mode: "overlay", Template: "busybox"},
-					Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128},
-					Network:   api.NetworkPolicy{Mode: "deny_all"},
-					Process:   api.Process{Args: []string{"/bin/sleep", "2147483647"}, Env: []string{"PATH=/bin:/usr/bin"}},
+					RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox"},
+					Resources: journal.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128},
+					Network:   journal.NetworkPolicy{Mode: "deny_all"},
+					Process:   journal.Process{Args: []string{"/bin/sleep", "2147483647"}, Env: []string{"PATH=/bin:/usr/bin"}},
 				}
-				sb := api.Sandbox{
-					ID: id, Generation: 1, State: api.StateReleased, ContainerID: cid, LeaseID: cid,
+				rec := journal.Sandbox{
+					ID: id, Generation: 1, State: journal.StateReleased, ContainerID: cid, LeaseID: cid,
 					Resources: req.Resources, RootFS: req.RootFS, Epoch: 1, CreatedAt: now, Reason: "released",
-					Timings: api.Timings{LeaseMS: 3, RootFSMS: 5, NetworkMS: 12, RunscMS: 4500, ProofMS: 700, TotalMS: 5220},
+					Timings: journal.Timings{LeaseMS: 3, RootFSMS: 5, NetworkMS: 12, RunscMS: 4500, ProofMS: 700, TotalMS: 5220},
+					ClaimOp: req.OperationID, ReleaseOp: "release-" + id, Nonce: "00112233445566778899aabbccddeeff",
+					Netns: cid, Root: "/var/lib/ctld/scratch/" + cid + "/root", Bundle: "/run/ctld/bundles/" + cid, Request: &req,
 				}
-				p := api.CleanupProof{
-					OperationID: "release-" + id, NodeID: "node", BootID: "boot", Epoch: 1, SandboxID: id,
+				p := proof.Proof{
+					Version: proof.Version, OperationID: "release-" + id, NodeID: "node", BootID: "boot", Epoch: 1, SandboxID: id,
 					Generation: 1, LeaseID: cid, Clean: true, Time: now, NodeKey: key, Signature: sig,
 				}
 				for _, c := range []string{"cgroup_removed", "runsc_container_gone", "mounts_gone", "netns_gone", "bundle_removed"} {
-					p.Checks = append(p.Checks, api.ProofCheck{Name: c, OK: true, Detail: "absent"})
+					p.Checks = append(p.Checks, proof.Check{Name: c, OK: true, Detail: "absent"})
+				}
+				// The stored answers are the API's (opaque bytes to the
+				// journal), of the size a real one has.
+				sb := api.Sandbox{
+					ID: id, Generation: 1, State: api.StateReleased, ContainerID: cid, LeaseID: cid, Epoch: 1, CreatedAt: now, Reason: "released",
+					Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128}, RootFS: api.RootFS{Mode: "overlay", Template: "busybox"},
+					Timings: api.Timings{LeaseMS: 3, RootFSMS: 5, NetworkMS: 12, RunscMS: 4500, ProofMS: 700, TotalMS: 5220},
 				}
 				claimRes, _ := json.Marshal(api.ClaimResponse{Sandbox: sb})
-				relRes, _ := json.Marshal(api.ReleaseResponse{Sandbox: sb, Proof: p})
-				rec := journal.Sandbox{
-					Sandbox: sb, ClaimOp: req.OperationID, ReleaseOp: p.OperationID, Nonce: "00112233445566778899aabbccddeeff",
-					Netns: cid, Root: "/var/lib/ctld/scratch/" + cid + "/root", Bundle: "/run/ctld/bundles/" + cid, Request: &req,
-				}
+				relRes, _ := json.Marshal(api.ReleaseResponse{Sandbox: sb, Proof: api.CleanupProofOf(p)})
 				for _, put := range []func() error{
 					func() error { return tx.PutSandbox(rec) },
 					func() error {
-						return tx.PutOperation(journal.Operation{ID: req.OperationID, Kind: "claim", SandboxID: id, Generation: 1,
+						return tx.PutOperation(journal.Operation{ID: req.OperationID, Kind: journal.OpClaim, SandboxID: id, Generation: 1,
 							RequestHash: "seed", State: journal.OpDone, Result: claimRes, Epoch: 1, Created: now})
 					},
 					func() error {
-						return tx.PutOperation(journal.Operation{ID: p.OperationID, Kind: "release", SandboxID: id, Generation: 1,
+						return tx.PutOperation(journal.Operation{ID: p.OperationID, Kind: journal.OpRelease, SandboxID: id, Generation: 1,
 							RequestHash: "seed", State: journal.OpDone, Result: relRes, Epoch: 1, Created: now})
 					},
 					func() error { return tx.PutProof(p) },

@@ -1,0 +1,97 @@
+package node
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// zeroFields lists the fields of v (recursively through structs, pointers
+// and the first element of slices) that are zero.
+func zeroFields(v reflect.Value, path string) []string {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return []string{path}
+		}
+		return zeroFields(v.Elem(), path)
+	case reflect.Struct:
+		if v.Type() == reflect.TypeFor[time.Time]() {
+			if v.IsZero() {
+				return []string{path}
+			}
+			return nil
+		}
+		var out []string
+		for i := range v.NumField() {
+			out = append(out, zeroFields(v.Field(i), path+"."+v.Type().Field(i).Name)...)
+		}
+		return out
+	case reflect.Slice:
+		if v.Len() == 0 {
+			return []string{path}
+		}
+		return zeroFields(v.Index(0), path+"[0]")
+	}
+	if v.IsZero() {
+		return []string{path}
+	}
+	return nil
+}
+
+func fullRecord() journal.Sandbox {
+	at := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	steps := []journal.StepTiming{{Resource: "cgroup", MakeMS: 1, RemoveMS: 2, CheckMS: 3}}
+	return journal.Sandbox{
+		ID: "sb", Generation: 2, State: journal.StateReady, ContainerID: "sb-g2", LeaseID: "sb-g2",
+		Resources: journal.Resources{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, Cpuset: "0", DiskBytes: 4},
+		RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox"}, Epoch: 3, CreatedAt: at,
+		Timings:        journal.Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 7, Steps: steps},
+		ReleaseTimings: &journal.ReleaseTimings{Steps: steps, ProofMS: 1, TotalMS: 2},
+		Reason:         "r", OOMKills: 1,
+	}
+}
+
+// The wire sandbox gets every field of the record it shows: a field added
+// to api.Sandbox (or one of its parts) without a conversion fails here.
+func TestAPISandboxCarriesEveryField(t *testing.T) {
+	got := apiSandbox(fullRecord())
+	if z := zeroFields(reflect.ValueOf(got), "api.Sandbox"); len(z) != 0 {
+		t.Fatalf("apiSandbox leaves fields zero: %v", z)
+	}
+	if got.State != api.StateReady || got.RootFS.Mode != api.RootFSOverlay || got.Timings.Steps[0] != (api.StepTiming{Resource: "cgroup", MakeMS: 1, RemoveMS: 2, CheckMS: 3}) {
+		t.Fatalf("apiSandbox = %+v", got)
+	}
+	// Without a teardown there are no release timings, not empty ones.
+	rec := fullRecord()
+	rec.ReleaseTimings, rec.Timings.Steps = nil, nil
+	if got := apiSandbox(rec); got.ReleaseTimings != nil || got.Timings.Steps != nil {
+		t.Fatalf("apiSandbox invented timings: %+v", got)
+	}
+}
+
+// The journal keeps every field of an admitted claim, and owns its copy.
+func TestClaimRecordCarriesEveryField(t *testing.T) {
+	req := api.ClaimRequest{
+		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"},
+		Resources: api.Resources{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, Cpuset: "0", DiskBytes: 4},
+		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
+			{CIDR: "203.0.113.0/24", Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}},
+		}},
+		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2}, MaxLifetimeSec: 60,
+	}
+	if z := zeroFields(reflect.ValueOf(req), "api.ClaimRequest"); len(z) != 0 {
+		t.Fatalf("test request leaves fields zero: %v", z)
+	}
+	rec := claimRecord(req)
+	if z := zeroFields(reflect.ValueOf(rec), "journal.ClaimRequest"); len(z) != 0 {
+		t.Fatalf("claimRecord leaves fields zero: %v", z)
+	}
+	req.Process.Args[0] = "changed"
+	if rec.Process.Args[0] != "/bin/sh" {
+		t.Fatal("claimRecord shares the request's slices")
+	}
+}
