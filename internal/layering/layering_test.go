@@ -1,0 +1,57 @@
+// Package layering holds tests of the import graph: which packages may
+// link which. They run `go list`, so they need the go command (on the host
+// and in the test VM alike).
+package layering
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/ctld/ctld/"
+
+// deps lists what pkg links (go list -deps: its transitive imports, tests
+// excluded).
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", module+pkg).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -deps %s: %v: %s", pkg, err, stderr)
+	}
+	return strings.Fields(string(out))
+}
+
+// The kernel-facing packages and the records they keep (the journal, the
+// signed proof) do not link the wire layer: a change of the API's JSON
+// must not change the journal's encoding or what a signature covers, and a
+// process built from them (a future writer process) must not carry an HTTP
+// stack.
+func TestKernelPackagesDoNotLinkTheWireLayer(t *testing.T) {
+	for _, pkg := range []string{"internal/rootfs", "internal/netpolicy", "internal/node/journal", "internal/node/proof", "internal/errdefs", "internal/names"} {
+		d := deps(t, pkg)
+		if len(d) == 0 {
+			t.Fatalf("go list -deps %s listed nothing", pkg)
+		}
+		for _, bad := range []string{"net/http", module + "internal/api", module + "internal/apiserver"} {
+			if slices.Contains(d, bad) {
+				t.Errorf("%s links %s", pkg, bad)
+			}
+		}
+	}
+}
+
+// The wire types and the client do not link the server: the manager and
+// its CLI talk to ctld without carrying its HTTP server.
+func TestClientsDoNotLinkTheServer(t *testing.T) {
+	for _, pkg := range []string{"internal/api", "internal/manager", "cmd/ctl-manager"} {
+		if slices.Contains(deps(t, pkg), module+"internal/apiserver") {
+			t.Errorf("%s links internal/apiserver", pkg)
+		}
+	}
+}
