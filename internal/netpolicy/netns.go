@@ -323,6 +323,34 @@ func (n *Netns) List(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// Mounted returns the names (prefix stripped) whose namespace file in Dir
+// is mounted, sorted, from one read of the mount table: the reconciler's
+// inventory, which must not parse mountinfo once per sandbox.
+func (n *Netns) Mounted(ctx context.Context) ([]string, error) {
+	mp := n.MountinfoPath
+	if mp == "" {
+		mp = mountinfo.SelfPath
+	}
+	ms, err := mountinfo.ReadFile(mp)
+	if err != nil {
+		return nil, err
+	}
+	// mountinfo shows resolved paths (/var/run/netns is /run/netns).
+	dir := n.dir()
+	if d, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = d
+	}
+	var out []string
+	for _, m := range ms {
+		name, ok := strings.CutPrefix(filepath.Base(m.MountPoint), n.prefix())
+		if ok && m.FSType == "nsfs" && filepath.Dir(m.MountPoint) == dir && validateName(name) == nil && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // CheckGone is the netns part of the cleanup proof: the file is absent,
 // nothing is mounted at its path, and the namespace itself (id, from
 // Identify; zero when unknown) is gone: no thread in it, no fd to it, no

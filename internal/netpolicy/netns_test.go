@@ -58,7 +58,10 @@ func TestListAndCheckGone(t *testing.T) {
 	mi := filepath.Join(t.TempDir(), "mountinfo")
 	if err := os.WriteFile(mi, []byte(
 		"1 0 0:1 / / rw - rootfs rootfs rw\n"+
-			"42 1 0:4 net:[4026532290] "+dir+"/ctld-m rw - nsfs nsfs rw\n"), 0o600); err != nil {
+			"42 1 0:4 net:[4026532290] "+dir+"/ctld-m rw - nsfs nsfs rw\n"+
+			"43 1 0:4 net:[4026532291] "+dir+"-other/ctld-o rw - nsfs nsfs rw\n"+
+			"44 1 0:5 / "+dir+"/ctld-t rw - tmpfs tmpfs rw\n"+
+			"45 1 0:4 net:[4026532292] "+dir+"/other rw - nsfs nsfs rw\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n := &Netns{Dir: dir, MountinfoPath: mi}
@@ -69,6 +72,10 @@ func TestListAndCheckGone(t *testing.T) {
 	}
 	if want := []string{"a", "b"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("List = %v, want %v", names, want)
+	}
+	// Mounted: only an nsfs mount of a prefixed name in Dir counts.
+	if names, err := n.Mounted(ctx); err != nil || !reflect.DeepEqual(names, []string{"m"}) {
+		t.Errorf("Mounted = %v, %v; want [m]", names, err)
 	}
 	for _, c := range []struct {
 		name   string

@@ -136,34 +136,44 @@ func realText(k *testKernel) string {
 	return strings.Join(lines, "\n")
 }
 
-// TestKernelCrashPoints runs each crash point once on the real kernel, in
-// the case that is the one for it (a claim's points in a claim, a
-// teardown's in a release, the sweep's in an orphan sweep): the same
-// cases as TestCrashPoints on the fake kernel.
+// TestKernelCrashPoints crashes at every crash point once on the real
+// kernel, as TestCrashPoints and TestCrashChains do on the fake one: each
+// of a claim's points in a claim of its own, a teardown's points in turn
+// in the recoveries of one release, the sweep's in those of one sweep
+// (a guest costs seconds under TCG).
 func TestKernelCrashPoints(t *testing.T) {
 	ktest.Require(t)
 	start := time.Now()
+	done := map[string]bool{}
 	for _, point := range testCrashPoints() {
-		var c *crashCase
-		for i := range crashCases {
-			if crashCases[i].covers(point) {
-				c = &crashCases[i]
-				break
-			}
-		}
-		if c == nil {
-			t.Errorf("no case covers crash point %s", point)
+		if !isClaimPoint(point) {
 			continue
 		}
-		t.Run(subtestName(point)+"/"+c.name, func(t *testing.T) {
+		done[point] = true
+		t.Run(subtestName(point)+"/claim", func(t *testing.T) {
 			k := realKernel(t)
 			k.noReuse = true // the fake kernel runs it; here it would double the time
-			if !runCrashCase(t, k, *c, point, 1) {
-				t.Errorf("case %s never passed crash point %s", c.name, point)
+			if !runCrashCase(t, k, crashCaseNamed("claim"), point, 1) {
+				t.Errorf("a claim never passed crash point %s", point)
 			}
 		})
 	}
-	t.Logf("%d crash points in %v", len(testCrashPoints()), time.Since(start).Round(time.Second))
+	for _, c := range crashChains() {
+		for _, p := range c.points {
+			done[p] = true
+		}
+		t.Run(c.c.name+"-chain", func(t *testing.T) {
+			k := realKernel(t)
+			k.noReuse = true
+			runCrashChain(t, k, c.c, c.points)
+		})
+	}
+	for _, p := range testCrashPoints() {
+		if !done[p] {
+			t.Errorf("crash point %s is not run on the real kernel", p)
+		}
+	}
+	t.Logf("%d crash points in %v", len(done), time.Since(start).Round(time.Second))
 }
 
 // TestKernelReconcileBranches: a generation whose guest was killed is
@@ -171,6 +181,25 @@ func TestKernelCrashPoints(t *testing.T) {
 // at once; both with clean proofs and nothing left.
 func TestKernelReconcileBranches(t *testing.T) {
 	ktest.Require(t)
+	t.Run("readopt", func(t *testing.T) {
+		k := realKernel(t)
+		r := newRig(t, k)
+		r.mustBoot()
+		resp := r.mustClaim(sb, claimReq("c1", 1))
+		r.mustBoot()
+		if s := r.sandbox(sb); s.State != journal.StateReady || s.ContainerID != resp.Sandbox.ContainerID {
+			t.Fatalf("after takeover: %s %s (%s), want ready %s", s.State, s.ContainerID, s.Reason, resp.Sandbox.ContainerID)
+		}
+		var out strings.Builder
+		code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
+		if err != nil || code != 0 || out.String() != "hi\n" {
+			t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
+		}
+		r.mustRelease(sb, "r1", 1)
+		r.checkProof("r1")
+		r.checkClean("after release")
+		checkUnjournaled(r, crashCase{})
+	})
 	t.Run("lost", func(t *testing.T) {
 		k := realKernel(t)
 		r := newRig(t, k)
@@ -183,6 +212,7 @@ func TestKernelReconcileBranches(t *testing.T) {
 		}
 		r.checkProof("lost-" + resp.Sandbox.ContainerID)
 		r.checkClean("after the lost generation")
+		checkUnjournaled(r, crashCase{})
 	})
 	t.Run("rollback", func(t *testing.T) {
 		k := realKernel(t)

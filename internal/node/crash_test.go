@@ -73,6 +73,45 @@ func TestCrashPoints(t *testing.T) {
 	}
 }
 
+// TestCrashChains: a crash at each point of a teardown (or of a sweep),
+// one after the other in the recoveries of one release (or sweep), still
+// ends clean. The VM covers those points this way.
+func TestCrashChains(t *testing.T) {
+	for _, c := range crashChains() {
+		t.Run(c.c.name, func(t *testing.T) {
+			k, _ := fakeKernel(t)
+			runCrashChain(t, k, c.c, c.points)
+		})
+	}
+}
+
+// TestReconcileReadoptsReadyGeneration: a ready generation whose guest
+// runs is re-adopted by the next term as it is, and serves.
+func TestReconcileReadoptsReadyGeneration(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	resp := r.mustClaim(sb, claimReq("c1", 1))
+	before := k.String()
+	r.mustBoot()
+	s := r.sandbox(sb)
+	if s.State != journal.StateReady || s.ContainerID != resp.Sandbox.ContainerID {
+		t.Fatalf("after takeover: %s %s (%s), want ready %s", s.State, s.ContainerID, s.Reason, resp.Sandbox.ContainerID)
+	}
+	if after := k.String(); after != before {
+		t.Fatalf("takeover changed the kernel:\n%s\nwas:\n%s", after, before)
+	}
+	var out strings.Builder
+	code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
+	if err != nil || code != 0 || out.String() != "hi\n" {
+		t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
+	}
+	r.mustRelease(sb, "r1", 1)
+	r.checkProof("r1")
+	r.checkClean("after release")
+	checkUnjournaled(r, crashCase{})
+}
+
 // TestReconcileLostGeneration: a ready generation whose guest died is
 // lost: the next term tears it down, and a clean proof ends it as
 // released (the reason says lost) and returns its capacity.
@@ -89,6 +128,7 @@ func TestReconcileLostGeneration(t *testing.T) {
 	}
 	r.checkProof("lost-" + resp.Sandbox.ContainerID)
 	r.checkClean("after the lost generation")
+	checkUnjournaled(r, crashCase{})
 	reuse(r, 2)
 }
 

@@ -44,6 +44,7 @@ type RootFS interface {
 	Mount(ctx context.Context, id, lower string) (root string, err error)
 	Unmount(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
+	Mounted(ctx context.Context) ([]string, error)
 	Superblock(id string) (string, error)
 	CheckGone(ctx context.Context, id, dev string) (ok bool, detail string)
 	DiskBounded() error
@@ -59,6 +60,7 @@ type Netns interface {
 	Create(ctx context.Context, name string) (path string, err error)
 	Delete(ctx context.Context, name string) error
 	List(ctx context.Context) ([]string, error)
+	Mounted(ctx context.Context) ([]string, error)
 	Path(name string) string
 	Identify(ctx context.Context, name string) (netpolicy.NSID, error)
 	CheckGone(ctx context.Context, name string, id netpolicy.NSID) (ok bool, detail string)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
@@ -39,7 +38,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	// per sandbox: a takeover must not pay a runsc process or a mountinfo
 	// parse per guest before it serves.
 	t0 := time.Now()
-	inv, err := n.inventory()
+	inv, err := n.inventory(ctx)
 	if err != nil {
 		return err
 	}
@@ -122,24 +121,37 @@ func (n *Node) setState(id string, state journal.State, reason string) {
 // kernelInventory is what exists, read once per reconcile.
 type kernelInventory struct {
 	containers []string        // containers with runsc state under the runsc root
-	mounted    map[string]bool // mount points
+	mounts     map[string]bool // sandbox ids (container ids) whose overlay root is mounted
+	netns      map[string]bool // netns names whose namespace file is mounted
 }
 
-func (n *Node) inventory() (kernelInventory, error) {
+// inventory asks the subsystems (not /proc directly, so a fake kernel can
+// stand in) once per takeover: the runsc state dir, and one mount table
+// read each for the overlays and the netns files.
+func (n *Node) inventory(ctx context.Context) (kernelInventory, error) {
 	var inv kernelInventory
 	var err error
 	if inv.containers, err = n.d.Runtime.Known(); err != nil {
 		return inv, fmt.Errorf("list runsc containers: %w", err)
 	}
-	ms, err := mountinfo.ReadFile(mountinfo.SelfPath)
+	mounts, err := n.d.RootFS.Mounted(ctx)
 	if err != nil {
-		return inv, fmt.Errorf("read mountinfo: %w", err)
+		return inv, fmt.Errorf("list rootfs mounts: %w", err)
 	}
-	inv.mounted = make(map[string]bool, len(ms))
-	for _, m := range ms {
-		inv.mounted[m.MountPoint] = true
+	netns, err := n.d.Netns.Mounted(ctx)
+	if err != nil {
+		return inv, fmt.Errorf("list netns mounts: %w", err)
 	}
+	inv.mounts, inv.netns = setOf(mounts), setOf(netns)
 	return inv, nil
+}
+
+func setOf(ss []string) map[string]bool {
+	m := make(map[string]bool, len(ss))
+	for _, s := range ss {
+		m[s] = true
+	}
+	return m
 }
 
 // missing lists which of a ready generation's kernel objects are gone.

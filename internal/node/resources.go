@@ -250,7 +250,7 @@ func (r mountResource) removeOrphan(ctx context.Context, name string) error {
 	return r.n.d.RootFS.Unmount(ctx, name)
 }
 func (mountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !inv.mounted[rec.Root] {
+	if !inv.mounts[rec.ContainerID] {
 		return "rootfs mount"
 	}
 	return ""
@@ -283,7 +283,7 @@ func (r netnsResource) removeOrphan(ctx context.Context, name string) error {
 	return r.n.d.Netns.Delete(ctx, name)
 }
 func (r netnsResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !inv.mounted[r.n.d.Netns.Path(rec.ContainerID)] {
+	if !inv.netns[rec.ContainerID] {
 		return "netns"
 	}
 	return ""

@@ -660,6 +660,60 @@ func runCrashCase(t *testing.T, k *testKernel, c crashCase, point string, crashe
 	return true
 }
 
+// crashChains are the chained runs: the teardown's points in a release,
+// the sweep's in an orphan sweep.
+func crashChains() []struct {
+	c      crashCase
+	points []string
+} {
+	var release, orphan []string
+	for _, p := range testCrashPoints() {
+		switch {
+		case isTeardownPoint(p):
+			release = append(release, p)
+		case isOrphanPoint(p):
+			orphan = append(orphan, p)
+		}
+	}
+	return []struct {
+		c      crashCase
+		points []string
+	}{{crashCaseNamed("release"), release}, {crashCaseNamed("orphan"), orphan}}
+}
+
+// runCrashChain runs c crashing at points[0], then boots a term that
+// crashes at each next point in turn during the recovery, then one that
+// recovers. Each point is crashed at once, for one claim: how the VM
+// covers a teardown's or a sweep's points in the time of a few guests.
+func runCrashChain(t *testing.T, k *testKernel, c crashCase, points []string) {
+	r := newRig(t, k)
+	r.mustBoot()
+	if c.setup != nil {
+		c.setup(r)
+	}
+	cid := containerID(sb, 1)
+	r.arm(points[0])
+	if c.run(r) {
+		t.Fatalf("case %s did not pass crash point %s", c.name, points[0])
+	}
+	r.checkJournalAt(points[0], cid)
+	for _, p := range points[1:] {
+		r.arm(p)
+		returned, err := r.boot()
+		if returned {
+			t.Fatalf("the recovery after the crash at %s did not pass crash point %s (reconcile: %v)", r.lastCrash(), p, err)
+		}
+		if got := r.lastCrash(); got != p {
+			t.Fatalf("crashed at %q, armed %q", got, p)
+		}
+		r.checkJournalAt(p, cid)
+	}
+	r.arm("")
+	r.mustBoot()
+	c.check(r, true)
+	checkUnjournaled(r, c)
+}
+
 // checkUnjournaled: recovery removed only what the journal named (the
 // name sweep, the second line of defence, found nothing else), apart from
 // the case's orphans. An effect() that stopped journaling fails here.

@@ -316,6 +316,30 @@ func (o *Overlay) List(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// Mounted returns the sandbox ids whose overlay root is mounted, sorted,
+// from one read of the mount table: the reconciler's inventory, which must
+// not parse mountinfo once per sandbox.
+func (o *Overlay) Mounted(ctx context.Context) ([]string, error) {
+	ms, err := o.mountinfo()
+	if err != nil {
+		return nil, err
+	}
+	scratch := o.scratch()
+	var out []string
+	for _, m := range mountinfo.Under(ms, scratch) {
+		rel, err := filepath.Rel(scratch, m.MountPoint)
+		if err != nil {
+			continue
+		}
+		id, rest, _ := strings.Cut(rel, "/")
+		if rest == rootName && m.FSType == "overlay" && names.CheckID("sandbox id", id) == nil && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // CheckGone is the overlay part of the cleanup proof: no mount at or under
 // the sandbox's scratch dir, the dir itself absent, and the overlay's
 // superblock (dev, from Superblock; "" when unknown) gone: mounted in no

@@ -85,6 +85,26 @@ func writeMountinfo(t *testing.T, lines ...string) string {
 	return p
 }
 
+// TestMounted: only an overlay at <scratch>/<id>/root counts as a mounted
+// root (not a scratch dir, another filesystem there, a mount below the
+// root, or one outside the scratch dir).
+func TestMounted(t *testing.T) {
+	scratch := t.TempDir()
+	if err := os.Mkdir(filepath.Join(scratch, "sb-dir"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mi := writeMountinfo(t,
+		"40 1 0:33 / "+scratch+"/sb-mounted/root rw - overlay overlay rw,lowerdir=/t,upperdir=/u,workdir=/w",
+		"41 1 0:34 / "+scratch+"-other/sb-x/root rw - overlay overlay rw",
+		"42 1 0:35 / "+scratch+"/sb-tmpfs/root rw - tmpfs tmpfs rw",
+		"43 1 0:36 / "+scratch+"/sb-deep/root/proc rw - overlay overlay rw",
+	)
+	o := &Overlay{ScratchDir: scratch, MountinfoPath: mi}
+	if ids, err := o.Mounted(context.Background()); err != nil || !reflect.DeepEqual(ids, []string{"sb-mounted"}) {
+		t.Errorf("Mounted = %v, %v; want [sb-mounted]", ids, err)
+	}
+}
+
 func TestListAndCheckGone(t *testing.T) {
 	scratch := t.TempDir()
 	ctx := context.Background()
@@ -105,6 +125,7 @@ func TestListAndCheckGone(t *testing.T) {
 	if want := []string{"sb-dir", "sb-mounted"}; !reflect.DeepEqual(ids, want) {
 		t.Errorf("List = %v, want %v", ids, want)
 	}
+
 	for _, c := range []struct {
 		id     string
 		ok     bool

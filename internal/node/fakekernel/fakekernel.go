@@ -575,6 +575,19 @@ func (r *RootFS) List(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// Mounted returns the ids whose overlay is mounted, sorted.
+func (r *RootFS) Mounted(ctx context.Context) ([]string, error) {
+	k := r.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for id := range k.mounts {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // Superblock is the device of id's mounted overlay.
 func (r *RootFS) Superblock(id string) (string, error) {
 	if err := validID(id); err != nil {
@@ -809,6 +822,9 @@ func (n *Netns) List(ctx context.Context) ([]string, error) {
 	slices.Sort(out)
 	return out, nil
 }
+
+// Mounted returns the names, sorted (every fake name is mounted).
+func (n *Netns) Mounted(ctx context.Context) ([]string, error) { return n.List(ctx) }
 
 // Identify returns the named namespace's identity.
 func (n *Netns) Identify(ctx context.Context, name string) (netpolicy.NSID, error) {
