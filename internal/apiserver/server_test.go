@@ -68,6 +68,15 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.OperationID = "../op" }), 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
 		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Generation = 0 }), 400, errdefs.CodeInvalidArgument, "generation must be >= 1"},
 		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.RootFS.Mode = "block" }), 400, errdefs.CodeInvalidArgument, "not supported yet"},
+		// The whole network policy is checked, so a bad rule is named now,
+		// before open and restricted are supported.
+		{"network bad cidr", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) {
+			r.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "example.com"}, {CIDR: "10.0.0.0/33", Ports: []string{"443"}}}}
+		}), 400, errdefs.CodeInvalidArgument, `network.rules[1]: invalid cidr "10.0.0.0/33"`},
+		{"network rule typo", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"operation_id":"op-1","network":{"mode":"restricted","rules":[{"cdir":"1.1.1.1"}]}}`), 400, errdefs.CodeInvalidArgument, `unknown field "cdir"`},
+		{"network good restricted", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) {
+			r.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"443"}}}}
+		}), 400, errdefs.CodeInvalidArgument, `network.mode "restricted" is not supported yet`},
 		// Claims the API once passed and only the lease refused, after the
 		// claim was journaled: the API now holds the lease's own rules.
 		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, errdefs.CodeInvalidArgument, "resources.cpu_millis must be between 10"},
