@@ -93,7 +93,11 @@ func TestReconcileReadoptsReadyGeneration(t *testing.T) {
 	r.mustBoot()
 	resp := r.mustClaim(sb, claimReq("c1", 1))
 	before := k.String()
+	k.Calls() // forget the claim's
 	r.mustBoot()
+	if calls := k.Calls(); len(calls) > 0 {
+		t.Errorf("re-adopting changed the kernel: %v", calls)
+	}
 	s := r.sandbox(sb)
 	if s.State != journal.StateReady || s.ContainerID != resp.Sandbox.ContainerID {
 		t.Fatalf("after takeover: %s %s (%s), want ready %s", s.State, s.ContainerID, s.Reason, resp.Sandbox.ContainerID)
