@@ -310,10 +310,18 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 // whole first label and needs at least two labels after it, so "*.com"
 // cannot open a whole top-level domain.
 func ParseDomain(s string) (string, error) {
-	name := strings.ToLower(strings.TrimSuffix(s, "."))
 	bad := func(why string) error {
 		return problemf("invalid domain %s: %s", errdefs.Quote(s), why)
 	}
+	// Before lower-casing: strings.ToLower maps some non-ASCII letters
+	// (U+212A KELVIN SIGN) to ASCII ones, which would turn a name into
+	// another one.
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return "", bad("not ASCII: give the xn-- (punycode) form of the name")
+		}
+	}
+	name := strings.ToLower(strings.TrimSuffix(s, "."))
 	if name == "" {
 		return "", bad("empty")
 	}
@@ -355,9 +363,6 @@ func labelProblem(l string) string {
 	}
 	for i := 0; i < len(l); i++ {
 		c := l[i]
-		if c >= 0x80 {
-			return "not ASCII: give the xn-- (punycode) form of the name"
-		}
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
 			return fmt.Sprintf("label %s has %q: only letters, digits, '-' and '_'", errdefs.Quote(l), c)
 		}

@@ -60,6 +60,9 @@ func TestParseRefuses(t *testing.T) {
 		{"bad char", Spec{Mode: "restricted", Rules: []RuleSpec{{Domain: "a b.com"}}}, []string{"only letters"}},
 		{"slash", Spec{Mode: "restricted", Rules: []RuleSpec{{Domain: "a.com/x"}}}, []string{"only letters"}},
 		{"unicode", Spec{Mode: "restricted", Rules: []RuleSpec{{Domain: "bücher.de"}}}, []string{"xn--"}},
+		// U+212A KELVIN SIGN lower-cases to an ASCII 'k': refused, not
+		// silently turned into another name.
+		{"kelvin sign", Spec{Mode: "restricted", Rules: []RuleSpec{{Domain: "\u212aexample.com"}}}, []string{"xn--"}},
 		{"an address", Spec{Mode: "restricted", Rules: []RuleSpec{{Domain: "10.0.0.1"}}}, []string{"use cidr"}},
 		{"numeric tld", Spec{Mode: "restricted", Rules: []RuleSpec{{Domain: "a.123"}}}, []string{"all digits"}},
 		{"domain in open", Spec{Mode: "open", Rules: []RuleSpec{{Domain: "example.com"}}}, []string{"rules[0]", `needs mode "restricted"`}},
