@@ -86,6 +86,9 @@ type Facts struct {
 func ReservedRanges(f Facts) []Reserved {
 	out := slices.Clone(fixedReserved)
 	for _, a := range f.NodeAddrs {
+		if !a.IsValid() {
+			continue
+		}
 		a = a.Unmap().WithZone("")
 		out = append(out, Reserved{netip.PrefixFrom(a, a.BitLen()), TierNever, "node address"})
 	}

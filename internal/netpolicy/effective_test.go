@@ -13,7 +13,7 @@ import (
 func testFacts(t *testing.T, v6 bool) Facts {
 	t.Helper()
 	pool := Pool{V4: pfx("10.200.0.0/16")}
-	nodeAddrs := []netip.Addr{ip("198.51.100.10"), ip("10.0.0.5"), ip("127.0.0.1")}
+	nodeAddrs := []netip.Addr{ip("198.51.100.10"), ip("10.0.0.5"), ip("127.0.0.1"), {}} // a zero address is skipped
 	if v6 {
 		pool.V6 = pfx("fd00:c71d::/64")
 		nodeAddrs = append(nodeAddrs, ip("2001:db8::10"), ip("fe80::1"))

@@ -133,8 +133,11 @@ type Block struct {
 	Gateway6, Addr6 netip.Addr
 }
 
-// Block returns the addresses of slot s; the pool must Check.
+// Block returns the addresses of slot s.
 func (p Pool) Block(s Slot) (Block, error) {
+	if err := p.Check(); err != nil {
+		return Block{}, err
+	}
 	if s < 1 || uint32(s) > p.Len() {
 		return Block{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "address slot %d is outside the pool's 1..%d", s, p.Len())
 	}

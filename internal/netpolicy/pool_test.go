@@ -123,6 +123,9 @@ func TestPoolSlotOfOutside(t *testing.T) {
 			t.Errorf("SlotOf(%s) = %d, want none", a, s)
 		}
 	}
+	if _, err := (Pool{V4: pfx("10.200.0.1/16")}).Block(1); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+		t.Errorf("Block of a bad pool: %v, want invalid_argument", err)
+	}
 	for _, s := range []Slot{0, 128} {
 		if _, err := p.Block(s); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("Block(%d): %v, want invalid_argument", s, err)
