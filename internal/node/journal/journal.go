@@ -3,7 +3,9 @@
 // *done* after, each with the epoch of the primary that wrote it; sandbox
 // records, operation results (for idempotency across failover), cleanup
 // proofs and withheld capacity live beside them. The journal says what ctld
-// meant to do; the kernel decides what exists (see the reconciler).
+// meant to do; the kernel decides what exists (see the reconciler). The
+// records are the journal's own versioned types (RecordVersion), not the
+// API's: a change on the wire never changes what is on disk.
 package journal
 
 import (
