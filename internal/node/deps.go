@@ -31,6 +31,7 @@ var (
 type Leases interface {
 	Create(ctx context.Context, s lease.Spec) error
 	Remove(ctx context.Context, id string) error
+	Kill(ctx context.Context, id string) error
 	Populated(ctx context.Context, id string) (bool, error)
 	List(ctx context.Context) ([]string, error)
 	Stats(ctx context.Context, id string) (lease.Stats, error)

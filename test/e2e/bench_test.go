@@ -94,8 +94,9 @@ func (s series) add(k string, v float64) { s[k] = append(s[k], v) }
 // BenchmarkClaim claims and releases sandboxes on two real ctld nodes,
 // one with an empty journal and one with 10,000 finished generations,
 // alternating so both see the same machine, and prints p50/p99 of each
-// step and the ratios history/empty; also node prep (lease + rootfs +
-// network) / runsc create+start (goal <= 0.10 at p50).
+// step and the ratios history/empty, the release per resource (remove
+// and proof check) too; also node prep (lease + rootfs + network) / runsc
+// create+start (goal <= 0.10 at p50).
 // Run: make bench VM_PKGS=./test/e2e BENCH=Claim (CTLD_BENCH_CLAIMS, default 30)
 func BenchmarkClaim(b *testing.B) {
 	n := envInt("CTLD_BENCH_CLAIMS", 30)
@@ -108,6 +109,7 @@ func BenchmarkClaim(b *testing.B) {
 		e.waitPrimary("a", 2*time.Minute)
 	}
 	res := []series{{}, {}}
+	var relSteps []string // the release's resources, in teardown order
 	for i := 0; i < n; i++ {
 		for k, e := range envs {
 			c := e.client()
@@ -131,10 +133,24 @@ func BenchmarkClaim(b *testing.B) {
 			s.add("total", tm.TotalMS)
 			s.add("client wall", wall)
 			t1 := time.Now()
-			if _, err := c.Release(cx, id, api.ReleaseRequest{OperationID: "release-" + id, Generation: 1}); err != nil {
+			rel, err := c.Release(cx, id, api.ReleaseRequest{OperationID: "release-" + id, Generation: 1})
+			if err != nil {
 				b.Fatalf("%s journal: release %s: %v", names[k], id, err)
 			}
 			s.add("release", float64(time.Since(t1).Microseconds())/1000)
+			rt := rel.Sandbox.ReleaseTimings
+			if !rel.Proof.Clean || rt == nil {
+				b.Fatalf("%s journal: release %s: clean proof %v, timings %+v", names[k], id, rel.Proof.Clean, rt)
+			}
+			for _, st := range rt.Steps {
+				if !slices.Contains(relSteps, st.Resource) {
+					relSteps = append(relSteps, st.Resource)
+				}
+				s.add("release "+st.Resource+" remove", st.RemoveMS)
+				s.add("release "+st.Resource+" check", st.CheckMS)
+			}
+			s.add("release proof", rt.ProofMS)
+			s.add("release total", rt.TotalMS)
 			fmt.Fprintf(os.Stderr, "bench: %s journal: claim %s total %.0f ms (admit %.2f ms)\n", names[k], id, tm.TotalMS, tm.AdmitMS)
 		}
 	}
@@ -142,6 +158,18 @@ func BenchmarkClaim(b *testing.B) {
 		e, f := res[0][step], res[1][step]
 		b.Logf("claim %-11s empty p50 %8.2f p99 %8.2f ms | %s p50 %8.2f p99 %8.2f ms | ratio p50 %.2f p99 %.2f",
 			step, pct(e, 50), pct(e, 99), names[1], pct(f, 50), pct(f, 99), pct(f, 50)/pct(e, 50), pct(f, 99)/pct(e, 99))
+	}
+	// Release, per resource of the teardown: its removal and its proof
+	// check, then the proof's signing and journaling, and the whole
+	// (ReleaseTimings; "release" above is the client's wall time).
+	var rows []string
+	for _, r := range relSteps {
+		rows = append(rows, "release "+r+" remove", "release "+r+" check")
+	}
+	for _, step := range append(rows, "release proof", "release total") {
+		e, f := res[0][step], res[1][step]
+		b.Logf("%-22s empty p50 %8.2f p99 %8.2f ms | %s p50 %8.2f p99 %8.2f ms | ratio p50 %.2f p99 %.2f",
+			step, pct(e, 50), pct(e, 99), names[1], pct(f, 50), pct(f, 99), ratio(pct(f, 50), pct(e, 50)), ratio(pct(f, 99), pct(e, 99)))
 	}
 	for k := range envs {
 		b.Logf("%s journal: ratio node prep / runsc create+start at p50: %.3f (goal <= 0.10), n=%d",
@@ -157,6 +185,14 @@ func BenchmarkClaim(b *testing.B) {
 	if err := os.Remove(filepath.Join(ktest.CgroupRoot, envs[0].parent)); err != nil && !os.IsNotExist(err) {
 		b.Errorf("remove cgroup parent: %v", err)
 	}
+}
+
+// ratio is a/b, or 0 when b is 0 (a step too fast to register).
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 func pct(v []float64, p int) float64 {

@@ -421,6 +421,26 @@ func (l *Leases) Remove(ctx context.Context, id string) error {
 	return nil
 }
 
+// Kill kills everything in the lease and keeps it; absent is success.
+func (l *Leases) Kill(ctx context.Context, id string) error {
+	if err := lease.ValidateID(id); err != nil {
+		return fmt.Errorf("kill lease: %w", err)
+	}
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.cgroups[id] {
+		return nil
+	}
+	for _, c := range k.containers {
+		if c.cgroup == id {
+			k.stopLocked(c)
+		}
+	}
+	k.call("lease kill %s", id)
+	return nil
+}
+
 // Populated reports whether the lease exists and has processes.
 func (l *Leases) Populated(ctx context.Context, id string) (bool, error) {
 	if err := lease.ValidateID(id); err != nil {
