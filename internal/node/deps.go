@@ -101,6 +101,10 @@ type Links interface {
 	CheckGone(ctx context.Context, o netpolicy.Owner) (ok bool, detail string)
 	// List names the host links of ctld (netpolicy.LinkPrefix) that exist.
 	List(ctx context.Context) ([]string, error)
+	// EnableForwarding turns on the node-wide forwarding sysctls (IPv4,
+	// and IPv6 when v6), idempotently: once per primary term, before the
+	// first sandbox gets a link.
+	EnableForwarding(ctx context.Context, v6 bool) error
 }
 
 // Firewall is ctld's nft table (inet ctld) and the generations' objects
