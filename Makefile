@@ -38,11 +38,15 @@ test-vm:
 test-vm-split:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-vm-e2e test-vm-rest
 
+# E2E_IN_REST: e2e tests that run in the packages' VM instead, to balance
+# the two VMs (guest time at 7472c9f: e2e 1344 s, the rest 850 s).
+E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer)$$
+
 test-vm-e2e:
-	$(VMRUN) -timeout 40m -job-timeout 30m ./test/e2e
+	$(VMRUN) -timeout 40m -job-timeout 30m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e
 
 test-vm-rest:
-	$(VMRUN) -timeout 40m -job-timeout 20m $$($(GO) list ./... | grep -v '/test/e2e$$')
+	$(VMRUN) -timeout 40m -job-timeout 20m -pkg-run 'test/e2e=$(E2E_IN_REST)' $$($(GO) list ./...)
 
 # The shipped units under systemd as PID 1 in the test VM (test/systemd/scenario.sh).
 test-systemd:

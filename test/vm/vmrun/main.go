@@ -31,6 +31,10 @@ type config struct {
 	cacheDir  string
 	run       string
 	bench     string
+	// pkgRun and pkgSkip narrow one package's tests: "PKG=REGEX", PKG
+	// an import path or its suffix ("test/e2e"). They let two VMs share
+	// the tests of one long package (Makefile test-vm-split).
+	pkgRun, pkgSkip multiFlag
 	timeout   time.Duration
 	jobTime   time.Duration
 	memMB     int
@@ -58,6 +62,8 @@ func main() {
 	flag.StringVar(&c.kernelDir, "kernel", os.Getenv("CTLD_VM_KERNEL_DIR"), "unpacked Debian kernel package (from test/vm/setup.sh)")
 	flag.StringVar(&c.cacheDir, "cache", envOr("CTLD_VM_CACHE", "/var/cache/ctld-vm"), "cache directory")
 	flag.StringVar(&c.run, "run", "", "only tests matching this regexp (go test -run)")
+	flag.Var(&c.pkgRun, "pkg-run", "PKG=REGEX: run only these tests of package PKG (import path or suffix; repeatable)")
+	flag.Var(&c.pkgSkip, "pkg-skip", "PKG=REGEX: skip these tests of package PKG (go test -skip; repeatable)")
 	flag.StringVar(&c.bench, "bench", "", "run benchmarks matching this regexp (go test -bench), tests off")
 	flag.DurationVar(&c.timeout, "timeout", 25*time.Minute, "whole VM run limit")
 	flag.DurationVar(&c.jobTime, "job-timeout", 15*time.Minute, "limit per test binary or command")
@@ -241,12 +247,56 @@ func buildTests(ctx context.Context, c config, outDir string) ([]Job, error) {
 		argv := []string{guestBin, "-test.v", "-test.timeout", c.jobTime.String()}
 		if c.bench != "" {
 			argv = append(argv, "-test.run", "^$", "-test.bench", c.bench, "-test.benchtime", "1x")
-		} else if c.run != "" {
-			argv = append(argv, "-test.run", c.run)
+		} else {
+			run, skip, err := testFilter(c, f[0])
+			if err != nil {
+				return nil, err
+			}
+			if run != "" {
+				argv = append(argv, "-test.run", run)
+			}
+			if skip != "" {
+				argv = append(argv, "-test.skip", skip)
+			}
 		}
 		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", Timeout: int(c.jobTime.Seconds()) + 30})
 	}
 	return jobs, nil
+}
+
+// testFilter is the -test.run and -test.skip of package pkg: -run, unless
+// a -pkg-run names pkg (both at once are refused: which would win is not
+// obvious), and the -pkg-skip that names pkg.
+func testFilter(c config, pkg string) (run, skip string, err error) {
+	run = c.run
+	for _, kv := range c.pkgRun {
+		p, re, ok := strings.Cut(kv, "=")
+		if !ok || p == "" || re == "" {
+			return "", "", fmt.Errorf("-pkg-run %q: want PKG=REGEX", kv)
+		}
+		if pkgMatches(pkg, p) {
+			if c.run != "" {
+				return "", "", fmt.Errorf("-pkg-run %q and -run %q both select tests of %s", kv, c.run, pkg)
+			}
+			run = re
+		}
+	}
+	for _, kv := range c.pkgSkip {
+		p, re, ok := strings.Cut(kv, "=")
+		if !ok || p == "" || re == "" {
+			return "", "", fmt.Errorf("-pkg-skip %q: want PKG=REGEX", kv)
+		}
+		if pkgMatches(pkg, p) {
+			skip = re
+		}
+	}
+	return run, skip, nil
+}
+
+// pkgMatches: p is pkg's import path or a suffix of it at a path boundary.
+func pkgMatches(pkg, p string) bool {
+	p = strings.TrimPrefix(p, "./")
+	return pkg == p || strings.HasSuffix(pkg, "/"+p)
 }
 
 func stderrOf(err error) error {

@@ -48,3 +48,30 @@ func TestTroubleMatchesKernelProblemsNotCgroupOOM(t *testing.T) {
 		}
 	}
 }
+
+func TestTestFilter(t *testing.T) {
+	const e2e = "github.com/ctld/ctld/test/e2e"
+	const node = "github.com/ctld/ctld/internal/node"
+	c := config{pkgRun: multiFlag{"./test/e2e=TestA|TestB"}, pkgSkip: multiFlag{"test/e2e=TestA|TestB"}}
+	for _, tc := range []struct {
+		c         config
+		pkg       string
+		run, skip string
+		wantErr   bool
+	}{
+		{c: c, pkg: e2e, run: "TestA|TestB", skip: "TestA|TestB"},
+		{c: c, pkg: node},
+		{c: config{run: "TestX"}, pkg: node, run: "TestX"},
+		{c: config{pkgSkip: multiFlag{"e2e=TestA"}}, pkg: e2e, skip: "TestA"},
+		// "e2e" is not "test/e2e"'s whole last element when written "2e".
+		{c: config{pkgSkip: multiFlag{"2e=TestA"}}, pkg: e2e},
+		{c: config{run: "TestX", pkgRun: multiFlag{"test/e2e=TestA"}}, pkg: e2e, wantErr: true},
+		{c: config{pkgRun: multiFlag{"test/e2e"}}, pkg: e2e, wantErr: true},
+		{c: config{pkgSkip: multiFlag{"=TestA"}}, pkg: e2e, wantErr: true},
+	} {
+		run, skip, err := testFilter(tc.c, tc.pkg)
+		if (err != nil) != tc.wantErr || run != tc.run || skip != tc.skip {
+			t.Errorf("testFilter(%+v, %s) = %q, %q, %v; want %q, %q, err %v", tc.c, tc.pkg, run, skip, err, tc.run, tc.skip, tc.wantErr)
+		}
+	}
+}
