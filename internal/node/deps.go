@@ -9,6 +9,7 @@ import (
 
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -20,6 +21,7 @@ var (
 	_ RootFS  = (*rootfs.Overlay)(nil)
 	_ Netns   = (*netpolicy.Netns)(nil)
 	_ Runtime = (*runsc.Runtime)(nil)
+	_ Flows   = (*flows.Conntrack)(nil)
 )
 
 // The kernel subsystems the node drives, as the node uses them: exactly

@@ -16,7 +16,7 @@ var initModules = []string{
 // and the kernel tests fail if one is missing.
 var guestModules = []string{
 	"nbd nbds_max=16", "nf_tables", "nft_chain_nat", "nft_ct", "nft_nat", "nft_masq",
-	"nft_reject_inet", "nft_fib_inet", "veth", "overlay", "xfs", "ext4", "loop", "tun",
+	"nft_reject_inet", "nft_fib_inet", "nf_conntrack_netlink", "veth", "overlay", "xfs", "ext4", "loop", "tun",
 }
 
 // initScript is /init of the initramfs (busybox sh). It mounts the host's /
