@@ -35,12 +35,12 @@ type config struct {
 	// an import path or its suffix ("test/e2e"). They let two VMs share
 	// the tests of one long package (Makefile test-vm-split).
 	pkgRun, pkgSkip multiFlag
-	timeout   time.Duration
-	jobTime   time.Duration
-	memMB     int
-	smp       int
-	accel     string
-	tcgThread string
+	timeout         time.Duration
+	jobTime         time.Duration
+	memMB           int
+	smp             int
+	accel           string
+	tcgThread       string
 	// lockupRetries is how many fresh boots a run gets after the guest
 	// kernel locked up (an emulator or guest-kernel hang, not a test result).
 	lockupRetries int
