@@ -109,6 +109,8 @@ type Links interface {
 	EnableForwarding(ctx context.Context, v6 bool) error
 }
 
+var _ Links = (*netpolicy.Links)(nil)
+
 // Firewall is ctld's nft table (inet ctld) and the generations' objects
 // in it: chain, sets, counters, dispatch and DNS map elements.
 type Firewall interface {
