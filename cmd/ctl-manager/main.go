@@ -144,7 +144,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	pf.IntVar(&c.busyRetries, "busy-retries", 3, "send a claim or exec the node refused as busy again, after its retry hint, this many times")
 
 	sandbox := group("sandbox", "Create, use and destroy sandboxes")
-	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand())
+	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand(), c.networkCommand())
 	node := group("node", "Inspect the node")
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
@@ -249,6 +249,7 @@ func (c *cli) createCommand() *cobra.Command {
 	var cpu, memory, disk, template, mode, cwd string
 	var pids, lifetime int64
 	var env []string
+	var nf networkFlags
 	cmd := &cobra.Command{
 		Use:   "create ID [flags] [-- CMD ARGS...]",
 		Short: "Create a sandbox (claim its next generation)",
@@ -269,8 +270,14 @@ func (c *cli) createCommand() *cobra.Command {
 	f.StringArrayVar(&env, "env", nil, "environment of the main process (KEY=VALUE, repeatable)")
 	f.StringVar(&cwd, "cwd", "", "working directory of the main process")
 	f.Int64Var(&lifetime, "max-lifetime", 0, "seconds until the node releases it (0: none)")
+	nf.register(f, "network", string(api.NetworkDenyAll))
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		_, err := nf.policy()
+		return err
+	}
 	cmd.RunE = c.action(named("create sandbox"), func(ctx context.Context, args []string) error {
 		ids, proc := splitDash(cmd, args)
+		network, _ := nf.policy() // checked by PreRunE
 		millis, err := manager.ParseCPU(cpu)
 		if err != nil {
 			return usageError{fmt.Errorf("--cpu: %w", err)}
@@ -293,7 +300,7 @@ func (c *cli) createCommand() *cobra.Command {
 		res, err := m.Create(ctx, ids[0], manager.Spec{
 			Resources:      api.Resources{CPUMillis: millis, MemoryBytes: mem, PIDs: pids, DiskBytes: diskBytes},
 			RootFS:         api.RootFS{Mode: api.RootFSMode(mode), Template: template},
-			Network:        api.NetworkPolicy{Mode: api.NetworkDenyAll},
+			Network:        network,
 			Process:        api.Process{Args: proc, Env: env, Cwd: cwd},
 			MaxLifetimeSec: lifetime,
 		})
@@ -485,6 +492,9 @@ func (c *cli) printDetail(id string, d manager.Detail) {
 	case n != nil:
 		fmt.Fprintf(w, "  on node:    %s, generation %d, container %s, lease %s, epoch %d, oom kills %d\n", n.State, n.Generation, n.ContainerID, n.LeaseID, n.Epoch, n.OOMKills)
 		fmt.Fprintf(w, "  resources:  cpu %s, memory %s, pids %d, disk %s\n", manager.FormatCPU(n.Resources.CPUMillis), manager.FormatMemory(n.Resources.MemoryBytes), n.Resources.PIDs, manager.FormatMemory(n.Resources.DiskBytes))
+		if n.Network != nil {
+			fmt.Fprintf(w, "  network:    %s\n", networkLine(n.Network, ""))
+		}
 		if n.Reason != "" {
 			fmt.Fprintf(w, "  reason:     %s\n", n.Reason)
 		}

@@ -258,6 +258,17 @@ func (c *Client) Release(ctx context.Context, id string, r ReleaseRequest) (Rele
 	return out, c.call(ctx, http.MethodPost, p, r, &out)
 }
 
+// UpdateNetwork replaces the network policy of the sandbox's running
+// generation and returns the sandbox as it is after.
+func (c *Client) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy) (Sandbox, error) {
+	var out Sandbox
+	path, err := sandboxPath(id, "network")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodPost, path, p, &out)
+}
+
 // List returns the sandboxes the node knows.
 func (c *Client) List(ctx context.Context) (SandboxList, error) {
 	var out SandboxList

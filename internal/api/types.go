@@ -218,6 +218,19 @@ type Sandbox struct {
 	Reason         string          `json:"reason,omitempty"`
 	// OOMKills counts memory.max kills seen in the lease (memory.events).
 	OOMKills int64 `json:"oom_kills"`
+	// Network is the generation's network mode and packet counters, when
+	// the node has them (a generation with a sandbox network).
+	Network *NetworkStatus `json:"network,omitempty"`
+}
+
+// NetworkStatus is a generation's network as the node enforces it: its
+// mode and the counters of its nft chain (egress it accepted, packets it
+// dropped) since the generation's policy was first applied.
+type NetworkStatus struct {
+	Mode           NetworkMode `json:"mode"`
+	TxBytes        uint64      `json:"tx_bytes"`
+	TxPackets      uint64      `json:"tx_packets"`
+	DroppedPackets uint64      `json:"dropped_packets"`
 }
 
 // ClaimResponse answers a claim once the readiness proof arrived.

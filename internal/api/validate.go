@@ -81,6 +81,14 @@ func (p NetworkPolicy) Parse() (netpolicy.Policy, error) {
 	return netpolicy.ParseDefault("network", p.Spec())
 }
 
+// Validate checks the policy of a live update (the body of POST
+// /v1/sandboxes/{id}/network): the same checks, and so the same errors, as
+// a claim's network.
+func (p NetworkPolicy) Validate() error {
+	_, err := p.Parse()
+	return err
+}
+
 func invalid(format string, args ...any) *errdefs.Error {
 	return errdefs.Errorf(errdefs.CodeInvalidArgument, format, args...)
 }

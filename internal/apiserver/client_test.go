@@ -26,6 +26,7 @@ func testSandbox() api.Sandbox {
 		CreatedAt: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
 		Timings:   api.Timings{LeaseMS: 1.5, TotalMS: 2500},
 		OOMKills:  1,
+		Network:   &api.NetworkStatus{Mode: api.NetworkOpen, TxBytes: 1 << 40, TxPackets: 9, DroppedPackets: 2},
 	}
 }
 
@@ -84,6 +85,8 @@ func TestClientRoundTrip(t *testing.T) {
 	check("WriteFile", fake.written, []byte("payload"), err)
 	rel, err := c.Release(ctx, "sb-1", api.ReleaseRequest{OperationID: "op-2", Generation: 2})
 	check("Release", rel, fake.release, err)
+	upd, err := c.UpdateNetwork(ctx, "sb-1", api.NetworkPolicy{Mode: api.NetworkOpen})
+	check("UpdateNetwork", upd, sb, err)
 	list, err := c.List(ctx)
 	check("List", list, fake.list, err)
 	got, err := c.Get(ctx, "sb-1")
@@ -99,6 +102,7 @@ func TestClientRoundTrip(t *testing.T) {
 		"ReadFile sb-1 /etc/a b?&.txt limit=8388608",
 		"WriteFile sb-1 /tmp/x 7",
 		"Release sb-1 op-2 gen=2",
+		"UpdateNetwork sb-1 open 0 rules",
 		"List",
 		"Get sb-1",
 		"Proof op-2",
@@ -140,6 +144,10 @@ func TestClientDecodesServerErrors(t *testing.T) {
 			"Write": func() error { return c.WriteFile(ctx, "sb-1", "/a", nil) },
 			"Release": func() error {
 				_, err := c.Release(ctx, "sb-1", api.ReleaseRequest{OperationID: "o", Generation: 1})
+				return err
+			},
+			"Network": func() error {
+				_, err := c.UpdateNetwork(ctx, "sb-1", api.NetworkPolicy{Mode: api.NetworkDenyAll})
 				return err
 			},
 			"List":  func() error { _, err := c.List(ctx); return err },

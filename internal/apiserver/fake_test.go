@@ -102,6 +102,11 @@ func (f *fakeService) Release(ctx context.Context, id string, req api.ReleaseReq
 	return f.release, f.err
 }
 
+func (f *fakeService) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error) {
+	f.record("UpdateNetwork %s %s %d rules", id, p.EffectiveMode(), len(p.Rules))
+	return f.sandbox, f.err
+}
+
 func (f *fakeService) List(ctx context.Context) (api.SandboxList, error) {
 	f.record("List")
 	if f.err != nil && f.err.Error() == "panic" {

@@ -238,6 +238,7 @@ func (s *Server) Handler() http.Handler {
 	route(http.MethodGet, "/v1/sandboxes/{id}/files", s.handleReadFile)
 	route(http.MethodPut, "/v1/sandboxes/{id}/files", s.handleWriteFile)
 	route(http.MethodPost, "/v1/sandboxes/{id}/release", s.handleRelease)
+	route(http.MethodPost, "/v1/sandboxes/{id}/network", s.handleNetwork)
 	route(http.MethodGet, "/v1/sandboxes/{id}/logs", s.handleLogs)
 	route(http.MethodGet, "/v1/proofs/{operation_id}", s.handleProof)
 	// A pattern without a method is less specific than the routes above,
@@ -545,6 +546,18 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) error {
 	}
 	resp, err := s.Service.Release(r.Context(), id, req)
 	return answer(w, resp, err)
+}
+
+// handleNetwork replaces a running sandbox's network policy (a live
+// update). It carries no operation_id: setting the same policy twice is
+// the same update.
+func (s *Server) handleNetwork(w http.ResponseWriter, r *http.Request) error {
+	id, p, err := decodeFor[api.NetworkPolicy](s, w, r)
+	if err != nil {
+		return err
+	}
+	sb, err := s.Service.UpdateNetwork(r.Context(), id, p)
+	return answer(w, sb, err)
 }
 
 func (s *Server) handleProof(w http.ResponseWriter, r *http.Request) error {

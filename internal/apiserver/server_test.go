@@ -16,6 +16,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
 )
 
 func claimJSON(t *testing.T, mod func(*api.ClaimRequest)) []byte {
@@ -84,6 +85,19 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		{"generation name too long", "POST", "/v1/sandboxes/" + strings.Repeat("a", 60) + "/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Generation = 10 }), 400, errdefs.CodeInvalidArgument, "more than 63"},
 		{"release no op", "POST", "/v1/sandboxes/sb-1/release", jsonCT, []byte(`{"generation":1}`), 400, errdefs.CodeInvalidArgument, "operation_id is empty"},
 		{"release bad id", "POST", "/v1/sandboxes/a%2F..%2Fb/release", jsonCT, []byte(`{"operation_id":"op-1","generation":1}`), 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		// A live network update is checked as a claim's network is.
+		{"network update bad cidr", "POST", "/v1/sandboxes/sb-1/network", jsonCT, []byte(`{"mode":"restricted","rules":[{"domain":"example.com"},{"cidr":"10.0.0.0/33","ports":["443"]}]}`), 400, errdefs.CodeInvalidArgument, `network.rules[1]: invalid cidr "10.0.0.0/33"`},
+		{"network update bad mode", "POST", "/v1/sandboxes/sb-1/network", jsonCT, []byte(`{"mode":"allow_all"}`), 400, errdefs.CodeInvalidArgument, `unknown network.mode "allow_all"`},
+		{"network update domain in open", "POST", "/v1/sandboxes/sb-1/network", jsonCT, []byte(`{"mode":"open","rules":[{"domain":"example.com"}]}`), 400, errdefs.CodeInvalidArgument, `a domain rule needs mode "restricted"`},
+		{"network update rules in deny_all", "POST", "/v1/sandboxes/sb-1/network", jsonCT, []byte(`{"mode":"deny_all","rules":[{"cidr":"1.1.1.1"}]}`), 400, errdefs.CodeInvalidArgument, `takes no rules`},
+		{"network update wildcard inside", "POST", "/v1/sandboxes/sb-1/network", jsonCT, []byte(`{"mode":"restricted","rules":[{"domain":"a.*.example.com"}]}`), 400, errdefs.CodeInvalidArgument, `network.rules[0]`},
+		{"network update too many rules", "POST", "/v1/sandboxes/sb-1/network", jsonCT, manyRules(t, netpolicy.DefaultMaxRules+1), 400, errdefs.CodeInvalidArgument, fmt.Sprintf("more than %d", netpolicy.DefaultMaxRules)},
+		{"network update rule typo", "POST", "/v1/sandboxes/sb-1/network", jsonCT, []byte(`{"mode":"restricted","rules":[{"cdir":"1.1.1.1"}]}`), 400, errdefs.CodeInvalidArgument, `unknown field "cdir"`},
+		{"network update claim body", "POST", "/v1/sandboxes/sb-1/network", jsonCT, good, 400, errdefs.CodeInvalidArgument, `unknown field "operation_id"`},
+		{"network update empty body", "POST", "/v1/sandboxes/sb-1/network", jsonCT, nil, 400, errdefs.CodeInvalidArgument, "body is empty"},
+		{"network update 10 MiB body", "POST", "/v1/sandboxes/sb-1/network", jsonCT, append([]byte(`{"mode":"`), bytes.Repeat([]byte("a"), 10<<20)...), 400, errdefs.CodeInvalidArgument, "exceeds 1048576 bytes"},
+		{"network update bad id", "POST", "/v1/sandboxes/a%2F..%2Fb/network", jsonCT, []byte(`{"mode":"deny_all"}`), 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
+		{"GET on network", "GET", "/v1/sandboxes/sb-1/network", nil, nil, 405, errdefs.CodeInvalidArgument, "use POST"},
 		{"exec no args", "POST", "/v1/sandboxes/sb-1/exec", nil, []byte(`{"args":[]}`), 400, errdefs.CodeInvalidArgument, "exec.args is empty"},
 		{"exec stream bad id", "POST", "/v1/sandboxes/a%00/exec", map[string]string{"Accept": "text/event-stream"}, []byte(`{"args":["/bin/true"]}`), 400, errdefs.CodeInvalidArgument, "invalid sandbox id"},
 		{"proof bad op", "GET", "/v1/proofs/a..b", nil, nil, 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
@@ -127,6 +141,47 @@ func TestBadInputNeverReachesService(t *testing.T) {
 	}
 	if got := fake.Calls(); len(got) != 1 || got[0] != "Claim sb-1 op-1 gen=1" {
 		t.Fatalf("Service calls = %q, want one claim", got)
+	}
+}
+
+// manyRules is a restricted policy of n CIDR rules.
+func manyRules(t *testing.T, n int) []byte {
+	t.Helper()
+	p := api.NetworkPolicy{Mode: api.NetworkRestrict}
+	for i := range n {
+		p.Rules = append(p.Rules, api.NetworkRule{CIDR: fmt.Sprintf("203.0.%d.%d/32", i/256, i%256)})
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestNetworkUpdate: a valid policy reaches the Service with its rules and
+// the sandbox it answers goes back, counters included.
+func TestNetworkUpdate(t *testing.T) {
+	want := api.Sandbox{ID: "sb-1", Generation: 2, State: api.StateReady,
+		Network: &api.NetworkStatus{Mode: api.NetworkRestrict, TxBytes: 1500, TxPackets: 3, DroppedPackets: 1}}
+	fake := &fakeService{sandbox: want}
+	srv := startServer(t, &Server{Service: fake, AllowedGID: -1})
+	resp := rawDo(t, srv.sock, "POST", "/v1/sandboxes/sb-1/network", map[string]string{"Content-Type": "application/json"},
+		[]byte(`{"mode":"restricted","rules":[{"cidr":"203.0.113.0/24","protocol":"tcp","ports":["443"]},{"domain":"*.example.com"}]}`))
+	if resp.status != http.StatusOK {
+		t.Fatalf("update: %d %s", resp.status, resp.body)
+	}
+	var got api.Sandbox
+	if err := json.Unmarshal(resp.body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("answer %+v, want %+v", got, want)
+	}
+	if !strings.Contains(string(resp.body), `"network":{"mode":"restricted","tx_bytes":1500,"tx_packets":3,"dropped_packets":1}`) {
+		t.Errorf("wire form of the counters: %s", resp.body)
+	}
+	if calls := fake.Calls(); len(calls) != 1 || calls[0] != "UpdateNetwork sb-1 restricted 2 rules" {
+		t.Errorf("Service calls = %q", calls)
 	}
 }
 

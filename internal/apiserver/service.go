@@ -25,6 +25,9 @@ type Service interface {
 	ReadFile(ctx context.Context, id, path string, limit int64) ([]byte, error)
 	WriteFile(ctx context.Context, id, path string, data []byte) error
 	Release(ctx context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error)
+	// UpdateNetwork replaces the network policy of the sandbox's running
+	// generation (p is validated) and returns the sandbox as it is after.
+	UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error)
 	List(ctx context.Context) (api.SandboxList, error)
 	Get(ctx context.Context, id string) (api.Sandbox, error)
 	Proof(ctx context.Context, operationID string) (api.CleanupProof, error)

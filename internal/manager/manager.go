@@ -522,6 +522,20 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 	return code, err
 }
 
+// UpdateNetwork replaces the network policy of the sandbox's running
+// generation on the node (a live update) and returns the node's view of
+// the sandbox after it. The manager's record keeps the policy the sandbox
+// was created with.
+func (m *Manager) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error) {
+	if err := names.CheckID("sandbox id", id); err != nil {
+		return api.Sandbox{}, err
+	}
+	if err := p.Validate(); err != nil {
+		return api.Sandbox{}, err
+	}
+	return m.Client.UpdateNetwork(ctx, id, p)
+}
+
 // Logs copies the output of the sandbox's main process to w (see
 // api.Client.Logs).
 func (m *Manager) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {

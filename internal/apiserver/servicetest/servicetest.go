@@ -37,9 +37,23 @@ func release(op string, gen uint64) api.ReleaseRequest {
 
 const id = "sb"
 
+// Option names a part of the contract an implementation has built; Run
+// runs its cases only when asked.
+type Option int
+
+const (
+	// LiveNetwork: UpdateNetwork applies a policy to a ready generation.
+	// (The node refuses every update until its network is wired; its own
+	// test says so.)
+	LiveNetwork Option = iota + 1
+)
+
 // Run runs the contract against the services newService makes.
-func Run(t *testing.T, newService New) {
+func Run(t *testing.T, newService New, opts ...Option) {
 	for _, c := range cases {
+		if c.needs != 0 && !slices.Contains(opts, c.needs) {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			c.run(t, &subject{t: t, s: newService(t), ctx: context.Background()})
 		})
@@ -79,10 +93,11 @@ func (s *subject) wantCode(what string, err error, code errdefs.Code) {
 }
 
 var cases = []struct {
-	name string
-	run  func(t *testing.T, s *subject)
+	name  string
+	needs Option
+	run   func(t *testing.T, s *subject)
 }{
-	{"claim is idempotent by operation id", func(t *testing.T, s *subject) {
+	{"claim is idempotent by operation id", 0, func(t *testing.T, s *subject) {
 		a := s.claim(Claim("c1", 1))
 		b := s.claim(Claim("c1", 1))
 		if !reflect.DeepEqual(a, b) {
@@ -92,7 +107,7 @@ var cases = []struct {
 			t.Errorf("claim answered %+v, want %s generation 1 ready", a.Sandbox, id)
 		}
 	}},
-	{"an operation id reused for another request conflicts", func(t *testing.T, s *subject) {
+	{"an operation id reused for another request conflicts", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c1", 1))
 		_, err := s.s.Claim(s.ctx, id, Claim("c1", 2))
 		s.wantCode("claim c1 again for generation 2", err, errdefs.CodeConflict)
@@ -104,7 +119,7 @@ var cases = []struct {
 		_, err = s.s.Release(s.ctx, id, release("r1", 2))
 		s.wantCode("release r1 again for another generation", err, errdefs.CodeConflict)
 	}},
-	{"a claim of a live sandbox conflicts", func(t *testing.T, s *subject) {
+	{"a claim of a live sandbox conflicts", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c1", 1))
 		_, err := s.s.Claim(s.ctx, id, Claim("c2", 2))
 		s.wantCode("claim generation 2 while 1 is ready", err, errdefs.CodeConflict)
@@ -112,7 +127,7 @@ var cases = []struct {
 			t.Errorf("after the refused claim: %+v %v, want generation 1 ready", sb, err)
 		}
 	}},
-	{"only a newer generation follows a released one", func(t *testing.T, s *subject) {
+	{"only a newer generation follows a released one", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c2", 2))
 		s.release(release("r2", 2))
 		for _, gen := range []uint64{1, 2} {
@@ -123,7 +138,7 @@ var cases = []struct {
 			t.Errorf("claim of generation 3: %+v", r.Sandbox)
 		}
 	}},
-	{"release is idempotent and its proof is stored", func(t *testing.T, s *subject) {
+	{"release is idempotent and its proof is stored", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c1", 1))
 		a := s.release(release("r1", 1))
 		b := s.release(release("r1", 1))
@@ -147,13 +162,13 @@ var cases = []struct {
 		_, err = s.s.Release(s.ctx, id, release("r2", 1))
 		s.wantCode("a second release (new operation) of a released generation", err, errdefs.CodeConflict)
 	}},
-	{"release of generation 0 releases the current one", func(t *testing.T, s *subject) {
+	{"release of generation 0 releases the current one", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c1", 1))
 		if r := s.release(release("r1", 0)); r.Sandbox.Generation != 1 || r.Sandbox.State != api.StateReleased {
 			t.Errorf("release of generation 0: %+v", r.Sandbox)
 		}
 	}},
-	{"a release of another generation is fenced", func(t *testing.T, s *subject) {
+	{"a release of another generation is fenced", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c2", 2))
 		for _, gen := range []uint64{1, 3} {
 			_, err := s.s.Release(s.ctx, id, release("r", gen))
@@ -163,7 +178,7 @@ var cases = []struct {
 			t.Errorf("after fenced releases: %+v %v, want ready", sb, err)
 		}
 	}},
-	{"unknown sandboxes and operations are not found", func(t *testing.T, s *subject) {
+	{"unknown sandboxes and operations are not found", 0, func(t *testing.T, s *subject) {
 		_, err := s.s.Get(s.ctx, "nope")
 		s.wantCode("get", err, errdefs.CodeNotFound)
 		_, err = s.s.Release(s.ctx, "nope", release("r1", 1))
@@ -181,7 +196,7 @@ var cases = []struct {
 			t.Errorf("release r1 after its refusal: %v", err)
 		}
 	}},
-	{"the ledger holds a ready generation's resources until its release", func(t *testing.T, s *subject) {
+	{"the ledger holds a ready generation's resources until its release", 0, func(t *testing.T, s *subject) {
 		req := Claim("c1", 1)
 		s.claim(req)
 		nd, err := s.s.Node(s.ctx)
@@ -197,7 +212,7 @@ var cases = []struct {
 			t.Errorf("after a clean release: leased %+v, withheld %+v", nd.Capacity.Leased, nd.Withheld)
 		}
 	}},
-	{"list, exec and files serve a ready generation only", func(t *testing.T, s *subject) {
+	{"list, exec and files serve a ready generation only", 0, func(t *testing.T, s *subject) {
 		s.claim(Claim("c1", 1))
 		l, err := s.s.List(s.ctx)
 		if err != nil || !slices.ContainsFunc(l.Sandboxes, func(sb api.Sandbox) bool { return sb.ID == id && sb.Generation == 1 }) {
@@ -222,5 +237,38 @@ var cases = []struct {
 		s.wantCode("read from a released generation", err, errdefs.CodeConflict)
 		err = s.s.WriteFile(s.ctx, id, "/f", nil)
 		s.wantCode("write to a released generation", err, errdefs.CodeConflict)
+	}},
+	{"a network update of an unknown sandbox is not found", 0, func(t *testing.T, s *subject) {
+		_, err := s.s.UpdateNetwork(s.ctx, "nope", api.NetworkPolicy{Mode: api.NetworkDenyAll})
+		s.wantCode("network update", err, errdefs.CodeNotFound)
+	}},
+	{"a network update of a released generation conflicts", 0, func(t *testing.T, s *subject) {
+		s.claim(Claim("c1", 1))
+		s.release(release("r1", 1))
+		_, err := s.s.UpdateNetwork(s.ctx, id, api.NetworkPolicy{Mode: api.NetworkDenyAll})
+		s.wantCode("network update of a released generation", err, errdefs.CodeConflict)
+		if sb, err := s.s.Get(s.ctx, id); err != nil || sb.State != api.StateReleased {
+			t.Errorf("after the refused update: %+v %v, want released", sb, err)
+		}
+	}},
+	{"a live network update changes the ready generation's mode in place", LiveNetwork, func(t *testing.T, s *subject) {
+		before := s.claim(Claim("c1", 1)).Sandbox
+		restricted := api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+		for i, p := range []api.NetworkPolicy{restricted, restricted, {Mode: api.NetworkOpen}, {}} {
+			sb, err := s.s.UpdateNetwork(s.ctx, id, p)
+			if err != nil {
+				t.Fatalf("update %d to %s: %v", i, p.EffectiveMode(), err)
+			}
+			if sb.ID != id || sb.Generation != 1 || sb.State != api.StateReady || sb.LeaseID != before.LeaseID || sb.ContainerID != before.ContainerID {
+				t.Errorf("update %d answered %+v, want the same ready generation 1", i, sb)
+			}
+			if sb.Network == nil || sb.Network.Mode != p.EffectiveMode() {
+				t.Errorf("update %d answered network %+v, want mode %s", i, sb.Network, p.EffectiveMode())
+			}
+			got, err := s.s.Get(s.ctx, id)
+			if err != nil || got.Network == nil || got.Network.Mode != p.EffectiveMode() {
+				t.Errorf("get after update %d: network %+v %v, want mode %s", i, got.Network, err, p.EffectiveMode())
+			}
+		}
 	}},
 }

@@ -57,6 +57,7 @@ type Node struct {
 	requests  map[string]any // operation id → the request it answered (as the node's request hash)
 	releases  map[string]api.ReleaseResponse
 	files     map[string][]byte
+	policies  map[string]api.NetworkPolicy
 	// ClaimOps records the operation id of every claim that reached Claim.
 	ClaimOps   []string
 	ReleaseOps []string
@@ -75,6 +76,7 @@ func New(nodeID string) *Node {
 		requests:  map[string]any{},
 		releases:  map[string]api.ReleaseResponse{},
 		files:     map[string][]byte{},
+		policies:  map[string]api.NetworkPolicy{},
 		GuestLog:  map[string]string{},
 	}
 }
@@ -158,8 +160,10 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 		ContainerID: names.Generation(id, req.Generation), LeaseID: names.Generation(id, req.Generation),
 		Resources: req.Resources, RootFS: req.RootFS, Epoch: 3, CreatedAt: time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC),
 		Timings: api.Timings{LeaseMS: 1, RootFSMS: 2, NetworkMS: 3, RunscMS: 4, ProofMS: 5, TotalMS: 15},
+		Network: &api.NetworkStatus{Mode: req.Network.EffectiveMode()},
 	}
 	n.sandboxes[id] = sb
+	n.policies[id] = req.Network
 	r := api.ClaimResponse{Sandbox: sb}
 	n.claims[req.OperationID] = r
 	n.requests[req.OperationID] = []any{id, req}
@@ -306,6 +310,38 @@ func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (ap
 	n.releases[req.OperationID] = r
 	n.requests[req.OperationID] = []any{id, req}
 	return r, nil
+}
+
+// UpdateNetwork implements apiserver.Service: the ready generation takes
+// the policy at once; its counters carry on.
+func (n *Node) UpdateNetwork(_ context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sb, ok := n.sandboxes[id]
+	if !ok {
+		return sb, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	if sb.State != api.StateReady {
+		return api.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s, not ready", id, sb.Generation, sb.State)
+	}
+	var st api.NetworkStatus
+	if sb.Network != nil {
+		st = *sb.Network
+	}
+	st.Mode = p.EffectiveMode()
+	sb.Network = &st
+	n.sandboxes[id] = sb
+	n.policies[id] = p
+	return sb, nil
+}
+
+// Policy is the network policy sandbox id's generation holds (from its
+// claim or its latest update).
+func (n *Node) Policy(id string) (api.NetworkPolicy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p, ok := n.policies[id]
+	return p, ok
 }
 
 // List implements apiserver.Service.
