@@ -9,6 +9,7 @@ import (
 
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
@@ -23,6 +24,8 @@ var (
 	_ Runtime = (*runsc.Runtime)(nil)
 	_ Flows   = (*flows.Conntrack)(nil)
 )
+
+var _ DNSProxy = (*dnsproxy.Proxy)(nil)
 
 // The kernel subsystems the node drives, as the node uses them: exactly
 // the methods it calls, so a fake kernel (node/fakekernel) can stand in

@@ -1,0 +1,396 @@
+// Package dnsproxy is the sandboxes' DNS proxy (docs/network-design.md,
+// section 7): every sandbox's port-53 traffic to its gateway is
+// redirected by nft to one udp+tcp listener here. The proxy finds the
+// sandbox by the query's source address (anti-spoofed by its chain),
+// answers only names its policy allows, forwards A and AAAA to the node's
+// resolvers, checks the CNAME chain of the answer, drops addresses in the
+// policy's denied ranges, and puts the rest into the sandbox's domain sets
+// (Allower) before the answer leaves, so the guest's first packet to an
+// answered address already passes the firewall.
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
+)
+
+// Allower puts resolved addresses into a generation's domain set number
+// set (an index of Effective.Domains) with the element timeout ttl. The
+// nft Firewall is one. The proxy answers only after it returns.
+type Allower interface {
+	AllowResolved(ctx context.Context, o netpolicy.Owner, set int, addrs []netip.Addr, ttl time.Duration) error
+}
+
+// Defaults of Config.
+const (
+	DefaultResolvConf      = "/etc/resolv.conf"
+	DefaultUpstreamTimeout = 2 * time.Second
+	DefaultQueryTimeout    = 4 * time.Second
+	DefaultMaxInFlight     = 256
+	DefaultMaxPerSandbox   = 32
+)
+
+// Answer limits and timeouts of set elements.
+const (
+	// MaxChain is the most CNAME links an answer may have.
+	MaxChain = 8
+	// MaxAddrs bounds the addresses one answer puts into the sets (and
+	// gives the guest): it bounds what one query adds to the kernel.
+	MaxAddrs = 32
+	// MinTTL and MaxTTL clamp an answer's TTL for the set elements, and
+	// Grace is added so an element outlives the guest's cache of it.
+	MinTTL = 5 * time.Second
+	MaxTTL = time.Hour
+	Grace  = 30 * time.Second
+	// EDNSSize is the UDP payload size the proxy offers and asks for
+	// (the DNS flag day 2020 value: no IP fragmentation).
+	EDNSSize = 1232
+	// BlockedText is the Extended DNS Error text of a refused name.
+	BlockedText = "ctld network policy"
+)
+
+// Config configures a Proxy.
+type Config struct {
+	// Listen is the address of both listeners, host:port. An empty host
+	// listens on every address of both families (the nft redirect sends
+	// a sandbox's query to the address of its gateway link). Port 0
+	// picks a free port, the same for udp and tcp.
+	Listen string
+	// Pool is the node's sandbox address pool: a query's source address
+	// names its slot.
+	Pool netpolicy.Pool
+	// Upstreams are the resolvers the proxy forwards to, host:port or a
+	// bare address (port 53), tried in order. Empty: the nameservers of
+	// ResolvConf.
+	Upstreams []string
+	// ResolvConf is read when Upstreams is empty (DefaultResolvConf).
+	ResolvConf string
+	// Allower puts answered addresses into the sandboxes' domain sets.
+	Allower Allower
+	Logger  *slog.Logger
+	// UpstreamTimeout bounds one exchange with one upstream.
+	UpstreamTimeout time.Duration
+	// QueryTimeout bounds a whole query: upstreams, following a CNAME
+	// chain and the Allower.
+	QueryTimeout time.Duration
+	// MaxInFlight bounds the queries worked on at once, MaxPerSandbox
+	// those of one sandbox; a query beyond either is dropped (the
+	// guest's resolver retries).
+	MaxInFlight   int
+	MaxPerSandbox int
+}
+
+// Proxy is the DNS proxy and its registry of generations. Its zero value
+// is not usable; make one with New.
+type Proxy struct {
+	cfg       Config
+	upstreams []string
+	log       *slog.Logger
+	slots     chan struct{} // MaxInFlight tokens
+
+	mu       sync.RWMutex
+	entries  map[netpolicy.Slot]*entry
+	inflight map[netpolicy.Slot]int
+
+	lmu     sync.Mutex
+	udp     net.PacketConn
+	tcp     net.Listener
+	serving bool
+	closed  chan struct{}
+	closing sync.Once
+}
+
+// entry is one registered generation.
+type entry struct {
+	owner netpolicy.Owner
+	eff   netpolicy.Effective
+	sets  []matcher // per Effective.Domains
+}
+
+// New checks cfg and makes a proxy; it binds nothing yet (Listen, Serve).
+func New(cfg Config) (*Proxy, error) {
+	bad := func(format string, args ...any) error {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "dns proxy: "+format, args...)
+	}
+	if cfg.Allower == nil {
+		return nil, bad("no Allower")
+	}
+	if err := cfg.Pool.Check(); err != nil {
+		return nil, fmt.Errorf("dns proxy: %w", err)
+	}
+	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
+		return nil, bad("listen address %q: %v", cfg.Listen, err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ResolvConf == "" {
+		cfg.ResolvConf = DefaultResolvConf
+	}
+	if cfg.UpstreamTimeout <= 0 {
+		cfg.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	if cfg.QueryTimeout <= 0 {
+		cfg.QueryTimeout = DefaultQueryTimeout
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.MaxPerSandbox <= 0 {
+		cfg.MaxPerSandbox = DefaultMaxPerSandbox
+	}
+	ups := cfg.Upstreams
+	if len(ups) == 0 {
+		rc, err := dns.ClientConfigFromFile(cfg.ResolvConf)
+		if err != nil {
+			return nil, bad("no upstreams configured and reading %s: %v", cfg.ResolvConf, err)
+		}
+		for _, s := range rc.Servers {
+			ups = append(ups, net.JoinHostPort(s, rc.Port))
+		}
+	}
+	var upstreams []string
+	for _, u := range ups {
+		hp, err := upstreamAddr(u)
+		if err != nil {
+			return nil, bad("upstream %q: %v", u, err)
+		}
+		upstreams = append(upstreams, hp)
+	}
+	if len(upstreams) == 0 {
+		return nil, bad("no upstream resolvers (none configured, none in %s)", cfg.ResolvConf)
+	}
+	return &Proxy{
+		cfg:       cfg,
+		upstreams: upstreams,
+		log:       cfg.Logger,
+		slots:     make(chan struct{}, cfg.MaxInFlight),
+		entries:   map[netpolicy.Slot]*entry{},
+		inflight:  map[netpolicy.Slot]int{},
+		closed:    make(chan struct{}),
+	}, nil
+}
+
+// upstreamAddr normalizes "host:port" or a bare address to host:port.
+func upstreamAddr(s string) (string, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.String(), nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 53).String(), nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", err
+	}
+	if host == "" || port == "" {
+		return "", errors.New("want host:port")
+	}
+	return s, nil
+}
+
+// Upstreams returns the resolvers the proxy forwards to.
+func (p *Proxy) Upstreams() []string { return append([]string(nil), p.upstreams...) }
+
+// Register makes (or replaces) the entry of o's slot: queries from
+// o.Block's sandbox addresses are answered by eff from now on.
+func (p *Proxy) Register(o netpolicy.Owner, eff netpolicy.Effective) {
+	e := &entry{owner: o, eff: eff}
+	for _, ds := range eff.Domains {
+		e.sets = append(e.sets, compile(ds))
+	}
+	p.mu.Lock()
+	p.entries[o.Block.Slot] = e
+	p.mu.Unlock()
+}
+
+// Unregister removes slot's entry (absent is success): its queries are
+// refused from now on.
+func (p *Proxy) Unregister(slot netpolicy.Slot) {
+	p.mu.Lock()
+	delete(p.entries, slot)
+	p.mu.Unlock()
+}
+
+// Registered reports whether slot has an entry.
+func (p *Proxy) Registered(slot netpolicy.Slot) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.entries[slot] != nil
+}
+
+// lookup finds the generation that sends from src: its slot's entry, if
+// src is that block's sandbox address (not its gateway, which is the
+// node's).
+func (p *Proxy) lookup(src netip.Addr) *entry {
+	src = src.Unmap()
+	slot, ok := p.cfg.Pool.SlotOf(src)
+	if !ok {
+		return nil
+	}
+	p.mu.RLock()
+	e := p.entries[slot]
+	p.mu.RUnlock()
+	if e == nil || (src != e.owner.Block.Addr4 && src != e.owner.Block.Addr6) {
+		return nil
+	}
+	return e
+}
+
+// Listen binds the udp and tcp listeners on Config.Listen (the same port
+// for both). Serve calls it if it was not called; calling it first lets a
+// caller see a bind error before it serves.
+func (p *Proxy) Listen() error {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	if p.udp != nil {
+		return nil
+	}
+	select {
+	case <-p.closed:
+		return errdefs.Errorf(errdefs.CodeUnavailable, "dns proxy: closed")
+	default:
+	}
+	pc, err := net.ListenPacket("udp", p.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("dns proxy: listen udp %s: %w", p.cfg.Listen, err)
+	}
+	host, _, _ := net.SplitHostPort(p.cfg.Listen)
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	l, err := net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("dns proxy: listen tcp %s port %d: %w", host, port, err)
+	}
+	p.udp, p.tcp = pc, l
+	return nil
+}
+
+// Addr is the bound address (after Listen): its port is the listeners'.
+func (p *Proxy) Addr() netip.AddrPort {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	if p.udp == nil {
+		return netip.AddrPort{}
+	}
+	return p.udp.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// Serve answers queries until ctx is done or Close is called, then stops
+// both listeners and waits for the queries in flight (they are cancelled).
+// It returns nil after such a stop, or the error that stopped a listener.
+func (p *Proxy) Serve(ctx context.Context) error {
+	if err := p.Listen(); err != nil {
+		return err
+	}
+	p.lmu.Lock()
+	pc, l, serving := p.udp, p.tcp, p.serving
+	select {
+	case <-p.closed: // Close came first: it released the listeners
+		p.lmu.Unlock()
+		return nil
+	default:
+	}
+	p.serving = true
+	p.lmu.Unlock()
+	if serving {
+		return errdefs.Errorf(errdefs.CodeConflict, "dns proxy: already serving")
+	}
+
+	qctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) { p.serveDNS(qctx, w, req) })
+	servers := []*dns.Server{
+		{PacketConn: pc, Handler: h, UDPSize: dns.MaxMsgSize},
+		{Listener: l, Handler: h, MaxTCPQueries: 256},
+	}
+	errs := make(chan error, len(servers))
+	started := make(chan struct{}, len(servers))
+	for _, s := range servers {
+		s.NotifyStartedFunc = func() { started <- struct{}{} }
+		go func() { errs <- s.ActivateAndServe() }()
+	}
+	// Shutdown refuses a server that has not started yet: wait for both.
+	var err error
+	for n := 0; n < len(servers) && err == nil; {
+		select {
+		case <-started:
+			n++
+		case err = <-errs:
+		}
+	}
+	running := len(servers)
+	if err == nil {
+		select {
+		case <-ctx.Done():
+		case <-p.closed:
+		case err = <-errs:
+			running--
+		}
+	} else {
+		running--
+	}
+	p.log.Info("dns proxy stopping", "addr", p.Addr(), "err", err)
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), p.cfg.QueryTimeout+time.Second)
+	defer scancel()
+	for _, s := range servers {
+		_ = s.ShutdownContext(sctx) // an already failed server: nothing to stop
+	}
+	for ; running > 0; running-- {
+		if e := <-errs; e != nil && err == nil && !errors.Is(e, net.ErrClosed) {
+			err = e
+		}
+	}
+	p.closing.Do(func() { close(p.closed) })
+	p.lmu.Lock()
+	p.serving = false
+	p.lmu.Unlock()
+	p.closeListeners()
+	if err != nil {
+		return fmt.Errorf("dns proxy: serve: %w", err)
+	}
+	return nil
+}
+
+// Close stops Serve (which releases the listeners when it returns), or
+// releases them if nothing serves them. Idempotent; a closed proxy does
+// not serve again.
+func (p *Proxy) Close() error {
+	p.closing.Do(func() { close(p.closed) })
+	p.lmu.Lock()
+	serving := p.serving
+	p.lmu.Unlock()
+	if serving {
+		return nil
+	}
+	return p.closeListeners()
+}
+
+func (p *Proxy) closeListeners() error {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	var errs []error
+	if p.udp != nil {
+		if err := p.udp.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if p.tcp != nil {
+		if err := p.tcp.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
