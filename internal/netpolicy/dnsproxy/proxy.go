@@ -312,7 +312,10 @@ func (p *Proxy) Serve(ctx context.Context) error {
 	defer cancel()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) { p.serveDNS(qctx, w, req) })
 	servers := []*dns.Server{
-		{PacketConn: pc, Handler: h, UDPSize: dns.MaxMsgSize},
+		// A query is a question and an OPT record: a datagram beyond
+		// EDNSSize is cut and then refused as malformed, and no reader
+		// holds a 64 KiB buffer.
+		{PacketConn: pc, Handler: h, UDPSize: EDNSSize},
 		{Listener: l, Handler: h, MaxTCPQueries: 256},
 	}
 	errs := make(chan error, len(servers))

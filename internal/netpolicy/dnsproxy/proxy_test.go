@@ -119,7 +119,7 @@ type upstream struct {
 	seen []string            // "udp www.example.com. A"
 }
 
-func startUpstream(t *testing.T) *upstream {
+func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{zone: maps.Clone(zone)}
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -167,7 +167,7 @@ func startUpstream(t *testing.T) *upstream {
 }
 
 // serve runs s until the test ends.
-func serve(t *testing.T, s *dns.Server) {
+func serve(t testing.TB, s *dns.Server) {
 	t.Helper()
 	started := make(chan struct{})
 	s.NotifyStartedFunc = func() { close(started) }
@@ -258,7 +258,7 @@ var testPolicy = netpolicy.Spec{Mode: "restricted", Rules: []netpolicy.RuleSpec{
 
 // owner and effective policy of slot s under spec (v6: the block has
 // IPv6).
-func sandbox(t *testing.T, id string, s netpolicy.Slot, spec netpolicy.Spec, v6 bool) (netpolicy.Owner, netpolicy.Effective) {
+func sandbox(t testing.TB, id string, s netpolicy.Slot, spec netpolicy.Spec, v6 bool) (netpolicy.Owner, netpolicy.Effective) {
 	t.Helper()
 	pool := testPool
 	if !v6 {
@@ -283,7 +283,7 @@ type harness struct {
 	addr  string
 }
 
-func start(t *testing.T, mod func(*Config)) *harness {
+func start(t testing.TB, mod func(*Config)) *harness {
 	t.Helper()
 	h := &harness{up: startUpstream(t), allow: &recorder{}}
 	cfg := Config{
@@ -834,4 +834,32 @@ func TestChainErrors(t *testing.T) {
 			t.Errorf("%s: got %v, want a ChainError %q", name, err, want)
 		}
 	}
+}
+
+// TestDualStackListener: with an empty host (how ctld listens: the
+// redirect sends each sandbox's query to its own gateway address) the
+// sockets are dual-stack, and an IPv4 source, which the socket reports
+// v4-mapped, is still its sandbox.
+func TestDualStackListener(t *testing.T) {
+	h := start(t, func(c *Config) { c.Listen = ":0" })
+	h.addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), h.p.Addr().Port()).String()
+	const want = "NOERROR | www.example.com. 300 A 203.0.113.10 | www.example.com. 300 A 203.0.113.11"
+	check(t, "udp", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)), want)
+	check(t, "tcp", show(h.query(t, "tcp", src1, "www.example.com.", dns.TypeA)), want)
+	check(t, "unknown", show(h.query(t, "udp", src2, "www.example.com.", dns.TypeA)), "REFUSED")
+}
+
+// TestOversizedQuery: a datagram larger than EDNSSize is not a query the
+// proxy reads: it gets no answer.
+func TestOversizedQuery(t *testing.T) {
+	h := start(t, nil)
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.com.", dns.TypeA)
+	m.SetEdns0(EDNSSize, false)
+	m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_PADDING{Padding: make([]byte, 2*EDNSSize)})
+	c := dns.Client{Net: "udp", Timeout: 500 * time.Millisecond, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(src1)}}}
+	if r, _, err := c.Exchange(m, h.addr); err == nil && r.Rcode == dns.RcodeSuccess {
+		t.Errorf("an oversized query was answered: %s", show(r))
+	}
+	checkList(t, "upstream", h.up.queries(), nil)
 }
