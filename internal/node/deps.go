@@ -11,6 +11,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
+	"github.com/ctld/ctld/internal/netpolicy/nft"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -26,6 +27,7 @@ var (
 )
 
 var _ DNSProxy = (*dnsproxy.Proxy)(nil)
+var _ Firewall = (*nft.Firewall)(nil)
 
 // The kernel subsystems the node drives, as the node uses them: exactly
 // the methods it calls, so a fake kernel (node/fakekernel) can stand in

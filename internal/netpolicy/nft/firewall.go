@@ -1,0 +1,675 @@
+// Package nft is ctld's firewall: one nftables table (inet ctld) with base
+// chains that dispatch each sandbox link through a verdict map to its
+// generation's chain, sets and named counters (docs/network-design.md,
+// section 4). Everything goes through google/nftables over netlink; every
+// change is one transaction (one Flush), so the kernel holds the old
+// objects or the new ones, never a mix. What is loaded is rendered as
+// plain data first (render.go).
+package nft
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
+	"github.com/ctld/ctld/internal/netpolicy"
+)
+
+// Firewall is the node's nft table. Its methods may be called
+// concurrently: each opens its own netlink socket and sends its own batch.
+type Firewall struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New checks cfg and returns the firewall; it touches nothing.
+func New(cfg Config, logger *slog.Logger) (*Firewall, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	return &Firewall{cfg: cfg, log: logging.OrDiscard(logger)}, nil
+}
+
+func (f *Firewall) table() *nftables.Table {
+	return &nftables.Table{Name: f.cfg.table(), Family: nftables.TableFamilyINet}
+}
+
+func (f *Firewall) conn() (*nftables.Conn, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("open nftables netlink: %w", err)
+	}
+	return c, nil
+}
+
+// Ensure makes the table, its base chains and its maps if missing or of
+// another version, without touching any generation's objects.
+func (f *Firewall) Ensure(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	base := RenderBase(f.cfg)
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	current, err := f.baseCurrent(c, base)
+	if err != nil {
+		return err
+	}
+	if current {
+		return nil
+	}
+	t := f.table()
+	c.AddTable(t)
+	for _, s := range base.Sets {
+		spec := s.Spec
+		spec.Table = t
+		if err := c.AddSet(&spec, nil); err != nil {
+			return fmt.Errorf("ensure nft set %s: %w", spec.Name, err)
+		}
+	}
+	for _, ch := range base.Chains {
+		spec := ch.Spec
+		spec.Table = t
+		c.AddChain(&spec)
+		// Adding a chain that exists keeps its rules: replace them
+		// in the same transaction, so the hook never sees a mix.
+		c.FlushChain(&spec)
+		for _, r := range ch.Rules {
+			c.AddRule(&nftables.Rule{Table: t, Chain: &spec, Exprs: r.Exprs, UserData: comment(r.Comment)})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("ensure nft table %s: %w", t.Name, err)
+	}
+	f.log.Info("nft table ensured", "table", t.Name, "version", base.Version)
+	return nil
+}
+
+// baseCurrent reports whether the table has every base set and chain, and
+// each base chain starts with the rule comment of this version.
+func (f *Firewall) baseCurrent(c *nftables.Conn, base Base) (bool, error) {
+	t := f.table()
+	ok, err := f.tableExists(c)
+	if err != nil || !ok {
+		return false, err
+	}
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return false, fmt.Errorf("list nft sets of %s: %w", t.Name, err)
+	}
+	for _, s := range base.Sets {
+		if !slices.ContainsFunc(sets, func(k *nftables.Set) bool { return k.Name == s.Spec.Name }) {
+			return false, nil
+		}
+	}
+	for _, ch := range base.Chains {
+		exists, err := f.chainExists(ch.Spec.Name)
+		if err != nil || !exists {
+			return false, err
+		}
+		rules, err := c.GetRules(t, &nftables.Chain{Name: ch.Spec.Name, Table: t})
+		if err != nil {
+			return false, fmt.Errorf("list nft rules of %s: %w", ch.Spec.Name, err)
+		}
+		if len(rules) != len(ch.Rules) || commentOf(rules[0].UserData) != base.Version {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (f *Firewall) tableExists(c *nftables.Conn) (bool, error) {
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, fmt.Errorf("list nft tables: %w", err)
+	}
+	return slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == f.cfg.table() }), nil
+}
+
+// Apply makes or replaces o's objects so they enforce eff, in one
+// transaction. A replace keeps the counters, the dispatch element and the
+// resolved elements of every domain set whose profile did not change; it
+// flushes the chain and the other sets and loads them anew.
+func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.Effective) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	g, err := RenderGeneration(f.cfg, o, eff)
+	if err != nil {
+		return err
+	}
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	t := f.table()
+	chain := &nftables.Chain{Name: g.Chain.Spec.Name, Table: t}
+	exists, err := f.chainExists(chain.Name)
+	if err != nil {
+		return err
+	}
+	fwd := &nftables.Set{Table: t, Name: MapFwd}
+	if !exists {
+		for _, n := range g.Counters {
+			c.AddObj(&nftables.CounterObj{Table: t, Name: n})
+		}
+		for _, s := range g.Sets {
+			spec := s.Spec
+			spec.Table = t
+			if err := c.AddSet(&spec, s.Elements); err != nil {
+				return fmt.Errorf("apply nft set %s: %w", spec.Name, err)
+			}
+		}
+		c.AddChain(chain)
+	} else {
+		old, err := c.GetRules(t, chain)
+		if err != nil {
+			return fmt.Errorf("list nft rules of %s: %w", chain.Name, err)
+		}
+		oldSets := setsOfRules(old)
+		c.FlushChain(chain)
+		for name := range oldSets {
+			if !slices.ContainsFunc(g.Sets, func(s Set) bool { return s.Spec.Name == name }) {
+				c.DelSet(&nftables.Set{Table: t, Name: name})
+			}
+		}
+		newComments := setsOfRules(g.rules())
+		for _, s := range g.Sets {
+			spec := s.Spec
+			spec.Table = t
+			was, ok := oldSets[spec.Name]
+			switch {
+			case !ok:
+				if err := c.AddSet(&spec, s.Elements); err != nil {
+					return fmt.Errorf("apply nft set %s: %w", spec.Name, err)
+				}
+			case spec.HasTimeout && was != "" && was == newComments[spec.Name]:
+				// The same domain profile: its resolved answers stay.
+			default:
+				c.FlushSet(&spec)
+				if len(s.Elements) > 0 {
+					if err := c.SetAddElements(&spec, s.Elements); err != nil {
+						return fmt.Errorf("apply nft set %s: %w", spec.Name, err)
+					}
+				}
+			}
+		}
+	}
+	for _, r := range g.Chain.Rules {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: r.Exprs, UserData: comment(r.Comment)})
+	}
+	// Adding an element that exists with the same verdict is a no-op;
+	// one that sends the link elsewhere fails the whole transaction.
+	if err := c.SetAddElements(fwd, []nftables.SetElement{FwdElement(g.Link, chain.Name)}); err != nil {
+		return fmt.Errorf("apply nft fwd element: %w", err)
+	}
+	for _, d := range []struct {
+		set     string
+		key     []byte
+		gateway netip.Addr
+	}{{SetDNS4, g.DNS4, o.Block.Gateway4}, {SetDNS6, g.DNS6, o.Block.Gateway6}} {
+		s := &nftables.Set{Table: t, Name: d.set}
+		switch {
+		case d.key != nil:
+			if err := c.SetAddElements(s, []nftables.SetElement{{Key: d.key}}); err != nil {
+				return fmt.Errorf("apply nft %s element: %w", d.set, err)
+			}
+		case exists && d.gateway.IsValid():
+			// The new policy has no DNS proxy: remove an element the
+			// old one had. Add, then delete, so a missing element does
+			// not fail the transaction.
+			e := []nftables.SetElement{{Key: append(ifname(g.Link), d.gateway.AsSlice()...)}}
+			if err := errors.Join(c.SetAddElements(s, e), c.SetDeleteElements(s, e)); err != nil {
+				return fmt.Errorf("apply nft %s element: %w", d.set, err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("apply nft objects of %s: %w", chain.Name, err)
+	}
+	f.log.Debug("nft applied", "chain", chain.Name, "replace", exists, "mode", eff.Mode, "sets", len(g.Sets), "rules", len(g.Chain.Rules))
+	return nil
+}
+
+func (g Generation) rules() []*nftables.Rule {
+	var out []*nftables.Rule
+	for _, r := range g.Chain.Rules {
+		out = append(out, &nftables.Rule{Exprs: r.Exprs, UserData: comment(r.Comment)})
+	}
+	return out
+}
+
+// setsOfRules names the sets the rules look up, each with the comment of
+// the (last) rule that looks it up: a domain set's profile.
+func setsOfRules(rules []*nftables.Rule) map[string]string {
+	out := map[string]string{}
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if l, ok := e.(*expr.Lookup); ok {
+				out[l.SetName] = commentOf(r.UserData)
+			}
+		}
+	}
+	return out
+}
+
+// inventory is what the table holds, read in one pass.
+type inventory struct {
+	chains, sets, counters []string
+	fwd                    map[string]string // link → chain it dispatches to
+	dns                    map[string][][]byte
+}
+
+func (f *Firewall) inventory(c *nftables.Conn) (inventory, error) {
+	inv := inventory{fwd: map[string]string{}, dns: map[string][][]byte{}}
+	t := f.table()
+	ok, err := f.tableExists(c)
+	if err != nil || !ok {
+		return inv, err
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return inv, fmt.Errorf("list nft chains: %w", err)
+	}
+	for _, ch := range chains {
+		if ch.Table != nil && ch.Table.Name == t.Name {
+			inv.chains = append(inv.chains, ch.Name)
+		}
+	}
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return inv, fmt.Errorf("list nft sets of %s: %w", t.Name, err)
+	}
+	for _, s := range sets {
+		inv.sets = append(inv.sets, s.Name)
+	}
+	objs, err := c.GetObjects(t)
+	if err != nil {
+		return inv, fmt.Errorf("list nft objects of %s: %w", t.Name, err)
+	}
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok {
+			inv.counters = append(inv.counters, co.Name)
+		}
+	}
+	for _, name := range []string{MapFwd, SetDNS4, SetDNS6} {
+		if !slices.Contains(inv.sets, name) {
+			continue
+		}
+		els, err := c.GetSetElements(&nftables.Set{Table: t, Name: name})
+		if err != nil {
+			return inv, fmt.Errorf("list nft %s elements: %w", name, err)
+		}
+		for _, e := range els {
+			link := linkOfKey(e.Key)
+			if name == MapFwd {
+				inv.fwd[link] = verdictChain(e.Val)
+			} else {
+				inv.dns[name] = append(inv.dns[name], e.Key)
+			}
+		}
+	}
+	return inv, nil
+}
+
+// verdictChain reads the chain of a verdict map element's data (the
+// library returns the verdict's nested attributes undecoded).
+func verdictChain(b []byte) string {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return ""
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_VERDICT_CHAIN {
+			return ad.String()
+		}
+	}
+	return ""
+}
+
+// owned is what of inv belongs to chain: its chain, the sets and counters
+// named after it, the fwd elements that dispatch to it, and the dns
+// elements of those links (and of link, unless another chain owns it).
+type owned struct {
+	chain           bool
+	sets, counters  []string
+	fwd             []string // links
+	dns4, dns6      [][]byte
+	foreignFwdLinks []string
+}
+
+func (inv inventory) owned(chain, link string) owned {
+	var w owned
+	w.chain = slices.Contains(inv.chains, chain)
+	for _, s := range inv.sets {
+		if strings.HasPrefix(s, chain+".") {
+			w.sets = append(w.sets, s)
+		}
+	}
+	for _, n := range inv.counters {
+		if strings.HasPrefix(n, chain+".") {
+			w.counters = append(w.counters, n)
+		}
+	}
+	links := map[string]bool{}
+	for l, ch := range inv.fwd {
+		if ch == chain {
+			w.fwd = append(w.fwd, l)
+			links[l] = true
+		}
+	}
+	slices.Sort(w.fwd)
+	if link != "" {
+		if ch, ok := inv.fwd[link]; ok && ch != chain {
+			w.foreignFwdLinks = append(w.foreignFwdLinks, link+" → "+ch)
+		} else {
+			links[link] = true
+		}
+	}
+	for _, k := range inv.dns[SetDNS4] {
+		if links[linkOfKey(k)] {
+			w.dns4 = append(w.dns4, k)
+		}
+	}
+	for _, k := range inv.dns[SetDNS6] {
+		if links[linkOfKey(k)] {
+			w.dns6 = append(w.dns6, k)
+		}
+	}
+	return w
+}
+
+func (w owned) empty() bool {
+	return !w.chain && len(w.sets)+len(w.counters)+len(w.fwd)+len(w.dns4)+len(w.dns6) == 0
+}
+
+func (w owned) String() string {
+	var parts []string
+	if w.chain {
+		parts = append(parts, "chain")
+	}
+	add := func(what string, xs []string) {
+		if len(xs) > 0 {
+			parts = append(parts, what+" "+strings.Join(xs, ","))
+		}
+	}
+	add("sets", w.sets)
+	add("counters", w.counters)
+	add("fwd elements", w.fwd)
+	for _, d := range []struct {
+		what string
+		keys [][]byte
+	}{{"dns4 elements", w.dns4}, {"dns6 elements", w.dns6}} {
+		var xs []string
+		for _, k := range d.keys {
+			xs = append(xs, linkOfKey(k))
+		}
+		add(d.what, xs)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Remove deletes every object of o (dispatch and DNS elements first), in
+// one transaction; what is already gone is skipped.
+func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
+	return f.removeChain(ctx, o.Chain(), o.Link())
+}
+
+// RemoveOrphan deletes every object of the generation chain names.
+func (f *Firewall) RemoveOrphan(ctx context.Context, chain string) error {
+	id, gen, ok := netpolicy.ParseChainName(chain)
+	if !ok || netpolicy.ChainName(id, gen) != chain {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "remove nft orphan %s: not a generation chain name", errdefs.Quote(chain))
+	}
+	return f.removeChain(ctx, chain, "")
+}
+
+func (f *Firewall) removeChain(ctx context.Context, chain, link string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	inv, err := f.inventory(c)
+	if err != nil {
+		return err
+	}
+	w := inv.owned(chain, link)
+	if w.empty() {
+		return nil
+	}
+	t := f.table()
+	// The elements first (they hold the chain), then the chain (and its
+	// rules, which hold the sets and counters), then the sets and
+	// counters.
+	if len(w.fwd) > 0 {
+		var els []nftables.SetElement
+		for _, l := range w.fwd {
+			els = append(els, nftables.SetElement{Key: ifname(l)})
+		}
+		if err := c.SetDeleteElements(&nftables.Set{Table: t, Name: MapFwd, IsMap: true}, els); err != nil {
+			return fmt.Errorf("remove nft fwd elements of %s: %w", chain, err)
+		}
+	}
+	for _, d := range []struct {
+		set  string
+		keys [][]byte
+	}{{SetDNS4, w.dns4}, {SetDNS6, w.dns6}} {
+		if len(d.keys) == 0 {
+			continue
+		}
+		var els []nftables.SetElement
+		for _, k := range d.keys {
+			els = append(els, nftables.SetElement{Key: k})
+		}
+		if err := c.SetDeleteElements(&nftables.Set{Table: t, Name: d.set}, els); err != nil {
+			return fmt.Errorf("remove nft %s elements of %s: %w", d.set, chain, err)
+		}
+	}
+	if w.chain {
+		c.DelChain(&nftables.Chain{Table: t, Name: chain})
+	}
+	for _, s := range w.sets {
+		c.DelSet(&nftables.Set{Table: t, Name: s})
+	}
+	for _, n := range w.counters {
+		c.DeleteObject(&nftables.CounterObj{Table: t, Name: n})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove nft objects of %s (%s): %w", chain, w, err)
+	}
+	f.log.Debug("nft removed", "chain", chain, "objects", w.String())
+	return nil
+}
+
+// CheckGone is the cleanup proof's check: no chain, set or counter of o,
+// no fwd element for o's link or to o's chain, no dns element of o's link.
+func (f *Firewall) CheckGone(ctx context.Context, o netpolicy.Owner) (bool, string) {
+	if err := ctx.Err(); err != nil {
+		return false, err.Error()
+	}
+	c, err := f.conn()
+	if err != nil {
+		return false, err.Error()
+	}
+	inv, err := f.inventory(c)
+	if err != nil {
+		return false, err.Error()
+	}
+	w := inv.owned(o.Chain(), o.Link())
+	var left []string
+	if !w.empty() {
+		left = append(left, w.String())
+	}
+	if len(w.foreignFwdLinks) > 0 {
+		left = append(left, "fwd element "+strings.Join(w.foreignFwdLinks, ","))
+	}
+	if len(left) > 0 {
+		return false, "nft objects left: " + strings.Join(left, "; ")
+	}
+	return true, fmt.Sprintf("no nft chain, set, counter or element of %s (%s)", o.Chain(), o.Link())
+}
+
+// List names the generations that own any object in the table.
+func (f *Firewall) List(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := f.conn()
+	if err != nil {
+		return nil, err
+	}
+	inv, err := f.inventory(c)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	add := func(n string) {
+		if id, gen, ok := netpolicy.ParseChainName(n); ok {
+			out = append(out, netpolicy.ChainName(id, gen))
+		}
+	}
+	for _, xs := range [][]string{inv.chains, inv.sets, inv.counters} {
+		for _, n := range xs {
+			add(n)
+		}
+	}
+	for _, ch := range inv.fwd {
+		add(ch)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// Counters reads o's named counters.
+func (f *Firewall) Counters(ctx context.Context, o netpolicy.Owner) (netpolicy.Counters, error) {
+	if err := ctx.Err(); err != nil {
+		return netpolicy.Counters{}, err
+	}
+	c, err := f.conn()
+	if err != nil {
+		return netpolicy.Counters{}, err
+	}
+	t := f.table()
+	var out netpolicy.Counters
+	for _, s := range []string{suffixTx, suffixDrop} {
+		name := netpolicy.SetName(o.ID, o.Generation, s)
+		obj, err := c.GetObject(&nftables.CounterObj{Table: t, Name: name})
+		if err != nil {
+			return out, errdefs.Errorf(errdefs.CodeNotFound, "read nft counter %s: %v", name, err)
+		}
+		co, ok := obj.(*nftables.CounterObj)
+		if !ok {
+			return out, fmt.Errorf("read nft counter %s: got %T", name, obj)
+		}
+		if s == suffixTx {
+			out.TxBytes, out.TxPackets = co.Bytes, co.Packets
+		} else {
+			out.DroppedPackets = co.Packets
+		}
+	}
+	return out, nil
+}
+
+// AllowResolved adds addrs to o's domain set number set with the element
+// timeout ttl, in one transaction. An address that is already there gets
+// the new timeout: the kernel (6.1) keeps an element's old timeout on a
+// plain add, so each element is added, deleted and added again in the
+// batch, which works whether it existed or not. IPv6 addresses of an
+// owner without IPv6 are skipped (all of its IPv6 is dropped anyway).
+func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int, addrs []netip.Addr, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if set < 0 || ttl < time.Millisecond {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "allow resolved addresses for %s: domain set %d, ttl %v", o.Chain(), set, ttl)
+	}
+	var v4, v6 []nftables.SetElement
+	for _, a := range addrs {
+		a = a.Unmap()
+		switch {
+		case a.Is4():
+			v4 = append(v4, nftables.SetElement{Key: a.AsSlice()})
+		case a.Is6() && o.Block.Addr6.IsValid():
+			v6 = append(v6, nftables.SetElement{Key: a.AsSlice()})
+		}
+	}
+	if len(v4)+len(v6) == 0 {
+		return nil
+	}
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	t := f.table()
+	for _, fam := range []struct {
+		v6  bool
+		els []nftables.SetElement
+	}{{false, v4}, {true, v6}} {
+		if len(fam.els) == 0 {
+			continue
+		}
+		s := &nftables.Set{Table: t, Name: DomainSetName(o, set, fam.v6), HasTimeout: true}
+		timed := slices.Clone(fam.els)
+		for i := range timed {
+			timed[i].Timeout = ttl
+		}
+		if err := errors.Join(c.SetAddElements(s, timed), c.SetDeleteElements(s, fam.els), c.SetAddElements(s, timed)); err != nil {
+			return fmt.Errorf("allow resolved addresses in %s: %w", s.Name, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("allow resolved addresses for %s set %d: %w", o.Chain(), set, err)
+	}
+	return nil
+}
+
+// chainExists asks the kernel for one chain by name (the library's
+// ListChain does not keep the errno, and listing every chain costs in
+// proportion to the number of generations).
+func (f *Firewall) chainExists(name string) (bool, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return false, fmt.Errorf("open nftables netlink: %w", err)
+	}
+	defer conn.Close()
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_CHAIN_TABLE, Data: []byte(f.cfg.table() + "\x00")},
+		{Type: unix.NFTA_CHAIN_NAME, Data: []byte(name + "\x00")},
+	})
+	if err != nil {
+		return false, err
+	}
+	_, err = conn.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETCHAIN),
+			Flags: netlink.Request,
+		},
+		Data: append([]byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("get nft chain %s: %w", name, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,571 @@
+package nft
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/netpolicy"
+)
+
+// The kernel tests run in the VM's root netns, which plays the node: a
+// client netns per sandbox joined by a veth named like a sandbox link
+// (ctl-<slot>, the block's addresses), and a server netns behind a veth
+// the node routes to. Packets are real: TCP connects and UDP round trips
+// from the client to the server pass the table's forward hook.
+
+var (
+	testPool   = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/24")}
+	serverAddr = netip.MustParseAddr("192.0.2.2") // TEST-NET-1: not reserved
+	nodeSide   = "192.0.2.1/24"
+	testPort   = uint16(5353)
+)
+
+// node is the VM's root netns prepared for one test.
+type node struct {
+	t      *testing.T
+	fw     *Firewall
+	server ktest.Netns
+}
+
+// newNode checks for leaks, records `nft -j list ruleset` and checks it
+// is the same when the test ends, turns IPv4 forwarding on (restored at
+// the end), makes the server netns with TCP and UDP echo servers, and
+// makes the firewall with the table ensured (deleted at the end).
+func newNode(t *testing.T) *node {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	ktest.RequireBinary(t, "nft")
+	before := ruleset(t)
+	t.Cleanup(func() {
+		if after := ruleset(t); after != before {
+			t.Errorf("nft ruleset after the test differs from the baseline:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+	const fwd = "/proc/sys/net/ipv4/ip_forward"
+	old, err := os.ReadFile(fwd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
+
+	n := &node{t: t, server: ktest.NewNetns(t)}
+	ktest.VethPair(t, ktest.Veth{Netns: netns.None(), Name: "kt-srv0", Addr: nodeSide},
+		ktest.Veth{Netns: n.server.Handle, Name: "eth0", Addr: serverAddr.String() + "/24"})
+	for _, port := range []int{8080, 8081} {
+		n.tcpEcho(port)
+	}
+	for _, port := range []int{9090, 9091} {
+		n.udpEcho(port)
+	}
+	fw, err := New(Config{DNSPort: testPort, Pool: testPool}, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.fw = fw
+	t.Cleanup(func() {
+		c, err := nftables.New()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		c.DelTable(fw.table())
+		if err := c.Flush(); err != nil {
+			t.Errorf("delete table: %v", err)
+		}
+	})
+	if err := fw.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func ruleset(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("nft", "-j", "list", "ruleset").Output()
+	if err != nil {
+		t.Fatalf("nft -j list ruleset: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func (n *node) tcpEcho(port int) {
+	var ln net.Listener
+	if err := n.server.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+		return err
+	}); err != nil {
+		n.t.Fatal(err)
+	}
+	// Accepted connections are closed with the listener: one whose
+	// client was cut off by the firewall never sees its FIN.
+	var mu sync.Mutex
+	var conns []net.Conn
+	n.t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+}
+
+func (n *node) udpEcho(port int) {
+	var pc net.PacketConn
+	if err := n.server.Do(func() (err error) {
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+		return err
+	}); err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { _ = pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:k], from)
+		}
+	}()
+}
+
+// sandbox is a client netns joined to the node like a sandbox of slot.
+type sandbox struct {
+	n     *node
+	owner netpolicy.Owner
+	ns    ktest.Netns
+}
+
+func (n *node) sandbox(slot netpolicy.Slot) *sandbox {
+	t := n.t
+	b, err := testPool.Block(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &sandbox{n: n, owner: netpolicy.Owner{ID: fmt.Sprintf("kt-%d", slot), Generation: 1, Block: b}, ns: ktest.NewNetns(t)}
+	ktest.VethPair(t, ktest.Veth{Netns: netns.None(), Name: s.owner.Link(), Addr: netip.PrefixFrom(b.Gateway4, b.Net4.Bits()).String()},
+		ktest.Veth{Netns: s.ns.Handle, Name: "eth0", Addr: netip.PrefixFrom(b.Addr4, b.Net4.Bits()).String()})
+	h, err := netlink.NewHandleAt(s.ns.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(b.Gateway4.AsSlice())}); err != nil {
+		t.Fatalf("default route in %s: %v", s.owner.Link(), err)
+	}
+	return s
+}
+
+func (s *sandbox) effective(p netpolicy.Policy) netpolicy.Effective {
+	return netpolicy.Resolve(p, netpolicy.Facts{Pool: testPool, Block: s.owner.Block})
+}
+
+func policy(t *testing.T, mode netpolicy.Mode, rules ...netpolicy.RuleSpec) netpolicy.Policy {
+	t.Helper()
+	p, err := netpolicy.ParseDefault("network", netpolicy.Spec{Mode: string(mode), Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func cidr(c, proto string, ports ...string) netpolicy.RuleSpec {
+	return netpolicy.RuleSpec{CIDR: c, Protocol: proto, Ports: ports}
+}
+
+func domain(d, proto string, ports ...string) netpolicy.RuleSpec {
+	return netpolicy.RuleSpec{Domain: d, Protocol: proto, Ports: ports}
+}
+
+// dial connects from the sandbox to the server's port, from src if set.
+func (s *sandbox) dial(port int, src netip.Addr) (net.Conn, error) {
+	var c net.Conn
+	err := s.ns.Do(func() (err error) {
+		d := net.Dialer{Timeout: 1500 * time.Millisecond}
+		if src.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		}
+		c, err = d.Dial("tcp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+		return err
+	})
+	return c, err
+}
+
+func (s *sandbox) canConnect(port int) bool {
+	c, err := s.dial(port, netip.Addr{})
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	return echo(c) == nil
+}
+
+// echo writes a line and reads it back.
+func echo(c net.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+	msg := []byte("ping\n")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("echo %q, want %q", got, msg)
+	}
+	return nil
+}
+
+// udpRoundTrip sends a datagram to the server's port and waits for the echo.
+func (s *sandbox) udpRoundTrip(port int) bool {
+	var c net.Conn
+	if err := s.ns.Do(func() (err error) {
+		c, err = net.Dial("udp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+		return err
+	}); err != nil {
+		s.n.t.Fatal(err)
+	}
+	defer c.Close()
+	return echo(c) == nil
+}
+
+func TestKernelApplyEnforcesPolicy(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(3)
+	carrier := n.sandbox(4) // a link with no generation: no fwd element
+	t.Cleanup(func() {
+		if err := n.fw.Remove(ctx, sb.owner); err != nil {
+			t.Errorf("remove: %v", err)
+		}
+	})
+
+	// Before Apply the link has no fwd element: the base chain drops.
+	if sb.canConnect(8080) {
+		t.Fatal("connected before any policy was applied")
+	}
+	eff := sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080"), cidr("192.0.2.2/32", "udp", "9090")))
+	if err := n.fw.Apply(ctx, sb.owner, eff); err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name string
+		got  bool
+		want bool
+	}{
+		{"tcp 8080 (allowed)", sb.canConnect(8080), true},
+		{"tcp 8081 (other port)", sb.canConnect(8081), false},
+		{"udp 9090 (allowed)", sb.udpRoundTrip(9090), true},
+		{"udp 9091 (other port)", sb.udpRoundTrip(9091), false},
+		{"carrier without a chain, tcp 8080", carrier.canConnect(8080), false},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: connected %v, want %v", c.name, c.got, c.want)
+		}
+	}
+
+	// A spoofed source (an address the sandbox adds to its own link)
+	// is dropped even to an allowed destination.
+	spoof := netip.MustParseAddr("10.200.0.99")
+	h, err := netlink.NewHandleAt(sb.ns.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	// The node routes the spoofed address back to the sandbox, so only
+	// the firewall stands between it and the server.
+	hostLink, err := netlink.LinkByName(sb.owner.Link())
+	if err != nil {
+		t.Fatal(err)
+	}
+	back32 := &netlink.Route{LinkIndex: hostLink.Attrs().Index, Dst: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	if err := netlink.RouteAdd(back32); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := sb.dial(8080, spoof); err == nil {
+		c.Close()
+		t.Error("a spoofed source connected")
+	}
+
+	// The allow set reads back as the policy's elements (Key and KeyEnd).
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	els, err := c.GetSetElements(&nftables.Set{Table: n.fw.table(), Name: netpolicy.SetName(sb.owner.ID, sb.owner.Generation, "a4")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back []netpolicy.Element
+	for _, e := range els {
+		if e.IntervalEnd {
+			continue
+		}
+		pe, err := netpolicy.ParseElement(e.Key, e.KeyEnd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, pe)
+	}
+	slices.SortFunc(back, func(a, b netpolicy.Element) int { return strings.Compare(a.String(), b.String()) })
+	want := slices.Clone(eff.Allow4)
+	slices.SortFunc(want, func(a, b netpolicy.Element) int { return strings.Compare(a.String(), b.String()) })
+	if !reflect.DeepEqual(back, want) {
+		t.Errorf("a4 elements read back:\n%v\nwant\n%v", back, want)
+	}
+
+	// Counters: the accepted connections and datagrams were sent, the
+	// refused ones dropped.
+	cnt, err := n.fw.Counters(ctx, sb.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cnt.TxPackets == 0 || cnt.TxBytes == 0 || cnt.DroppedPackets == 0 {
+		t.Errorf("counters %+v: want tx and dropped packets", cnt)
+	}
+	if got, err := n.fw.List(ctx); err != nil || !reflect.DeepEqual(got, []string{sb.owner.Chain()}) {
+		t.Errorf("List = %v, %v; want [%s]", got, err, sb.owner.Chain())
+	}
+	if ok, detail := n.fw.CheckGone(ctx, sb.owner); ok {
+		t.Errorf("CheckGone before Remove = ok (%s)", detail)
+	}
+
+	// Remove, twice (idempotent); then nothing of it is left.
+	for i := 0; i < 2; i++ {
+		if err := n.fw.Remove(ctx, sb.owner); err != nil {
+			t.Fatalf("remove %d: %v", i, err)
+		}
+	}
+	if ok, detail := n.fw.CheckGone(ctx, sb.owner); !ok {
+		t.Errorf("CheckGone after Remove: %s", detail)
+	}
+	if got, err := n.fw.List(ctx); err != nil || len(got) != 0 {
+		t.Errorf("List after Remove = %v, %v", got, err)
+	}
+	if sb.canConnect(8080) {
+		t.Error("connected after Remove")
+	}
+}
+
+func TestKernelEnsureIsIdempotent(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(5)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))); err != nil {
+		t.Fatal(err)
+	}
+	before := ruleset(t)
+	if err := n.fw.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := ruleset(t); after != before {
+		t.Errorf("a second Ensure changed the ruleset:\nbefore %s\nafter  %s", before, after)
+	}
+	// A new configuration replaces the base rules and keeps the
+	// generation's objects.
+	fw2, err := New(Config{DNSPort: testPort + 1, Pool: testPool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fw2.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := ruleset(t)
+	if !strings.Contains(after, fmt.Sprintf("dns-port %d", testPort+1)) || strings.Contains(after, fmt.Sprintf("dns-port %d ", testPort)) {
+		t.Errorf("base rules not replaced: %s", after)
+	}
+	if !sb.canConnect(8080) {
+		t.Error("the generation lost its policy when the base chains were replaced")
+	}
+}
+
+func TestKernelReplaceKeepsEstablishedFlows(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(6)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))); err != nil {
+		t.Fatal(err)
+	}
+	c, err := sb.dial(8080, netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echo(c); err != nil {
+		t.Fatal(err)
+	}
+	// Replace with a policy that also opens 8081: the open flow lives
+	// on, the new port opens.
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080-8081")))); err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(c); err != nil {
+		t.Errorf("established flow after replace: %v", err)
+	}
+	if !sb.canConnect(8081) {
+		t.Error("8081 closed after a replace that opened it")
+	}
+	// Replace with deny_all: everything stops, the open flow too.
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeDenyAll))); err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(c); err == nil {
+		t.Error("the established flow still passes in deny_all")
+	}
+	if sb.canConnect(8080) {
+		t.Error("deny_all connected")
+	}
+	cnt, err := n.fw.Counters(ctx, sb.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cnt.TxPackets == 0 {
+		t.Errorf("counters %+v: a replace lost the tx count", cnt)
+	}
+}
+
+func TestKernelDomainSetTimeout(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(7)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	eff := sb.effective(policy(t, netpolicy.ModeRestricted, domain("example.com", "tcp", "8080")))
+	if len(eff.Domains) != 1 {
+		t.Fatalf("domains %v", eff.Domains)
+	}
+	if err := n.fw.Apply(ctx, sb.owner, eff); err != nil {
+		t.Fatal(err)
+	}
+	if sb.canConnect(8080) {
+		t.Fatal("connected before the address was resolved")
+	}
+	if err := n.fw.AllowResolved(ctx, sb.owner, 0, []netip.Addr{serverAddr}, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !sb.canConnect(8080) {
+		t.Fatal("resolved address not reachable")
+	}
+	if sb.canConnect(8081) {
+		t.Error("resolved address reachable on a port the domain rule does not name")
+	}
+
+	// Does a plain add of an existing element refresh its timeout on this
+	// kernel? Record it (the answer decides AllowResolved's batch), then
+	// check AllowResolved refreshes either way.
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := &nftables.Set{Table: n.fw.table(), Name: DomainSetName(sb.owner, 0, false), HasTimeout: true}
+	if err := c.SetAddElements(set, []nftables.SetElement{{Key: serverAddr.AsSlice(), Timeout: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	timeout := func() time.Duration {
+		els, err := c.GetSetElements(set)
+		if err != nil || len(els) != 1 {
+			t.Fatalf("elements %v, %v", els, err)
+		}
+		return els[0].Timeout
+	}
+	t.Logf("kernel: after a plain re-add with timeout 1h the element's timeout is %v (3s before)", timeout())
+	if err := n.fw.AllowResolved(ctx, sb.owner, 0, []netip.Addr{serverAddr}, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := timeout(); got != 2*time.Minute {
+		t.Errorf("AllowResolved did not refresh the timeout: %v, want 2m", got)
+	}
+
+	// Expiry: a short timeout, then the destination closes again.
+	if err := n.fw.AllowResolved(ctx, sb.owner, 0, []netip.Addr{serverAddr}, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !sb.canConnect(8080) {
+		t.Fatal("not reachable after refresh")
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for sb.canConnect(8080) {
+		if time.Now().After(deadline) {
+			t.Fatal("still reachable 15 s after a 2 s element timeout")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func TestKernelRemoveOrphan(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(8)
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeOpen))); err != nil {
+		t.Fatal(err)
+	}
+	if !sb.canConnect(8081) || !sb.udpRoundTrip(9091) {
+		t.Error("open mode did not pass tcp 8081 or udp 9091")
+	}
+	if err := n.fw.RemoveOrphan(ctx, sb.owner.Chain()+".tx"); err == nil {
+		t.Error("RemoveOrphan accepted a counter name")
+	}
+	if err := n.fw.RemoveOrphan(ctx, sb.owner.Chain()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, detail := n.fw.CheckGone(ctx, sb.owner); !ok {
+		t.Errorf("CheckGone after RemoveOrphan: %s", detail)
+	}
+	var err error
+	if err = n.fw.RemoveOrphan(ctx, sb.owner.Chain()); err != nil {
+		t.Error(errors.Join(errors.New("second RemoveOrphan"), err))
+	}
+}

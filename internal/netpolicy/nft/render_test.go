@@ -1,0 +1,329 @@
+package nft
+
+import (
+	"bytes"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
+)
+
+var unitPool = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/16"), V6: netip.MustParsePrefix("fd00:c71d::/64")}
+
+func unitOwner(t *testing.T, slot netpolicy.Slot) netpolicy.Owner {
+	t.Helper()
+	b, err := unitPool.Block(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return netpolicy.Owner{ID: "web-1", Generation: 3, Block: b}
+}
+
+func unitEffective(t *testing.T, o netpolicy.Owner, mode netpolicy.Mode, rules ...netpolicy.RuleSpec) netpolicy.Effective {
+	t.Helper()
+	p, err := netpolicy.ParseDefault("network", netpolicy.Spec{Mode: string(mode), Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return netpolicy.Resolve(p, netpolicy.Facts{Pool: unitPool, Block: o.Block, NodeAddrs: []netip.Addr{netip.MustParseAddr("192.168.1.10")}})
+}
+
+func setByName(g Generation, name string) (Set, bool) {
+	i := slices.IndexFunc(g.Sets, func(s Set) bool { return s.Spec.Name == name })
+	if i < 0 {
+		return Set{}, false
+	}
+	return g.Sets[i], true
+}
+
+func TestRenderRestricted(t *testing.T) {
+	o := unitOwner(t, 26)
+	eff := unitEffective(t, o, netpolicy.ModeRestricted,
+		netpolicy.RuleSpec{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443", "8000-8100"}},
+		netpolicy.RuleSpec{CIDR: "2001:db8::/32", Protocol: "udp", Ports: []string{"5000"}},
+		netpolicy.RuleSpec{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"443"}})
+	g, err := RenderGeneration(Config{DNSPort: 5353, Pool: unitPool}, o, eff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Chain.Spec.Name != "sb-web-1-g3" || g.Link != "ctl-0001a" || g.Mark != 26 {
+		t.Errorf("chain %q link %q mark %d", g.Chain.Spec.Name, g.Link, g.Mark)
+	}
+	if !slices.Equal(g.Counters, []string{"sb-web-1-g3.tx", "sb-web-1-g3.drop"}) {
+		t.Errorf("counters %v", g.Counters)
+	}
+	var names []string
+	for _, s := range g.Sets {
+		names = append(names, s.Spec.Name)
+	}
+	want := []string{"sb-web-1-g3.x4", "sb-web-1-g3.x6", "sb-web-1-g3.a4", "sb-web-1-g3.a6", "sb-web-1-g3.d0-4", "sb-web-1-g3.d0-6"}
+	if !slices.Equal(names, want) {
+		t.Errorf("sets %v, want %v", names, want)
+	}
+
+	// Allow sets: concatenated intervals whose element bytes are the
+	// policy's elements, read back the way the kernel lists them.
+	a4, _ := setByName(g, "sb-web-1-g3.a4")
+	if !a4.Spec.Interval || !a4.Spec.Concatenation || a4.Spec.KeyType.Bytes != 12 || a4.Spec.KeyType.Name != "ipv4_addr . inet_proto . inet_service" {
+		t.Errorf("a4 spec %+v", a4.Spec)
+	}
+	if len(a4.Elements) != len(eff.Allow4) {
+		t.Fatalf("a4 has %d elements, want %d", len(a4.Elements), len(eff.Allow4))
+	}
+	for i, e := range a4.Elements {
+		back, err := netpolicy.ParseElement(e.Key, e.KeyEnd)
+		if err != nil || back != eff.Allow4[i] {
+			t.Errorf("a4[%d] reads back as %v, %v; want %v", i, back, err, eff.Allow4[i])
+		}
+	}
+	a6, _ := setByName(g, "sb-web-1-g3.a6")
+	if a6.Spec.KeyType.Bytes != 24 || len(a6.Elements) != 1 {
+		t.Errorf("a6 %+v", a6)
+	}
+	// 203.0.113.0/24 tcp 443 as the kernel's key bytes.
+	if k := a4.Elements[0].Key; !bytes.Equal(k, []byte{203, 0, 113, 0, 6, 0, 0, 0, 1, 187, 0, 0}) {
+		t.Errorf("a4[0] key %v", k)
+	}
+
+	// Reserved ranges: a single-field interval set (rbtree): start, and
+	// an end element one past the range.
+	x4, _ := setByName(g, "sb-web-1-g3.x4")
+	if !x4.Spec.Interval || x4.Spec.Concatenation || x4.Spec.KeyType.Name != "ipv4_addr" {
+		t.Errorf("x4 spec %+v", x4.Spec)
+	}
+	if n := len(x4.Elements); n == 0 || x4.Elements[0].IntervalEnd || !x4.Elements[1].IntervalEnd {
+		t.Errorf("x4 elements %+v", x4.Elements)
+	}
+	first := eff.Deny4[0]
+	if !bytes.Equal(x4.Elements[0].Key, first.From.AsSlice()) || !bytes.Equal(x4.Elements[1].Key, first.To.Next().AsSlice()) {
+		t.Errorf("x4 first range %v rendered as %v..%v", first, x4.Elements[0].Key, x4.Elements[1].Key)
+	}
+
+	d0, _ := setByName(g, "sb-web-1-g3.d0-4")
+	if !d0.Spec.HasTimeout || d0.Spec.Interval || len(d0.Elements) != 0 {
+		t.Errorf("d0-4 %+v", d0)
+	}
+
+	// DNS elements: link . gateway.
+	if !bytes.Equal(g.DNS4, append(ifname("ctl-0001a"), o.Block.Gateway4.AsSlice()...)) || len(g.DNS4) != 20 {
+		t.Errorf("dns4 key %v", g.DNS4)
+	}
+	if len(g.DNS6) != 32 {
+		t.Errorf("dns6 key %v", g.DNS6)
+	}
+
+	// Rule order: anti-spoofing v4 and v6, established, mark, x4, x6,
+	// a4, a6, the domain rules, the final drop.
+	rules := g.Chain.Rules
+	if n := len(rules); n != 11 {
+		t.Fatalf("%d rules, want 11", n)
+	}
+	if c := cmpData(rules[0].Exprs, expr.CmpOpNeq); !bytes.Equal(c, o.Block.Addr4.AsSlice()) {
+		t.Errorf("rule 0 is not v4 anti-spoofing: %v", c)
+	}
+	if c := cmpData(rules[1].Exprs, expr.CmpOpNeq); !bytes.Equal(c, o.Block.Addr6.AsSlice()) {
+		t.Errorf("rule 1 is not v6 anti-spoofing: %v", c)
+	}
+	for i, wantSet := range map[int]string{4: "sb-web-1-g3.x4", 5: "sb-web-1-g3.x6", 6: "sb-web-1-g3.a4", 7: "sb-web-1-g3.a6", 8: "sb-web-1-g3.d0-4", 9: "sb-web-1-g3.d0-6"} {
+		if got := lookups(rules[i].Exprs); !slices.Equal(got, []string{wantSet}) {
+			t.Errorf("rule %d looks up %v, want %s", i, got, wantSet)
+		}
+	}
+	for i, r := range rules {
+		v := last(r.Exprs)
+		switch {
+		case i == 3: // the mark rule has no verdict
+			if v != nil {
+				t.Errorf("mark rule has verdict %v", v)
+			}
+		case i == 0 || i == 1 || i == 4 || i == 5 || i == 10:
+			if v == nil || v.Kind != expr.VerdictDrop || !slices.Contains(objrefs(r.Exprs), "sb-web-1-g3.drop") {
+				t.Errorf("rule %d: want counted drop, got %v %v", i, v, objrefs(r.Exprs))
+			}
+		default:
+			if v == nil || v.Kind != expr.VerdictAccept || !slices.Contains(objrefs(r.Exprs), "sb-web-1-g3.tx") {
+				t.Errorf("rule %d: want counted accept, got %v %v", i, v, objrefs(r.Exprs))
+			}
+		}
+	}
+	if len(rules[10].Exprs) != 2 {
+		t.Errorf("the final rule is not an unconditional drop: %v", rules[10].Exprs)
+	}
+	if !strings.HasPrefix(rules[8].Comment, "ctld domains sb-web-1-g3.d0-4 tcp") {
+		t.Errorf("domain rule comment %q", rules[8].Comment)
+	}
+	// The mark keeps the bits outside the mask and sets the slot.
+	bw := findBitwise(rules[3].Exprs)
+	if bw == nil || !bytes.Equal(bw.Mask, []byte{0, 0, 0xf0, 0xff}) || !bytes.Equal(bw.Xor, []byte{26, 0, 0, 0}) {
+		t.Errorf("mark bitwise %+v", bw)
+	}
+}
+
+func TestRenderNoIPv6DropsIt(t *testing.T) {
+	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/16")}
+	b, err := pool.Block(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := netpolicy.Owner{ID: "a", Generation: 1, Block: b}
+	p, err := netpolicy.ParseDefault("network", netpolicy.Spec{Mode: "open"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eff := netpolicy.Resolve(p, netpolicy.Facts{Pool: pool, Block: b})
+	g, err := RenderGeneration(Config{DNSPort: 5353, Pool: pool}, o, eff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range g.Sets {
+		if strings.HasSuffix(s.Spec.Name, "6") {
+			t.Errorf("IPv6 set %s without IPv6", s.Spec.Name)
+		}
+	}
+	if g.DNS6 != nil {
+		t.Errorf("dns6 element without IPv6")
+	}
+	// Rule 1 drops all IPv6: nfproto ipv6, then the counted drop.
+	if c := cmpData(g.Chain.Rules[1].Exprs, expr.CmpOpEq); !bytes.Equal(c, []byte{10}) || last(g.Chain.Rules[1].Exprs).Kind != expr.VerdictDrop {
+		t.Errorf("rule 1 does not drop IPv6: %v", g.Chain.Rules[1].Exprs)
+	}
+}
+
+func TestRenderDenyAll(t *testing.T) {
+	o := unitOwner(t, 1)
+	g, err := RenderGeneration(Config{DNSPort: 5353, Pool: unitPool}, o, unitEffective(t, o, netpolicy.ModeDenyAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Sets) != 0 || g.DNS4 != nil || g.DNS6 != nil || len(g.Counters) != 2 {
+		t.Errorf("deny_all has sets %v, dns %v %v, counters %v", g.Sets, g.DNS4, g.DNS6, g.Counters)
+	}
+	if len(g.Chain.Rules) != 1 || len(g.Chain.Rules[0].Exprs) != 2 || last(g.Chain.Rules[0].Exprs).Kind != expr.VerdictDrop {
+		t.Errorf("deny_all rules %v", g.Chain.Rules)
+	}
+}
+
+func TestRenderRefusesBadInput(t *testing.T) {
+	o := unitOwner(t, 1)
+	eff := unitEffective(t, o, netpolicy.ModeOpen)
+	cfg := Config{DNSPort: 5353, Pool: unitPool}
+	for name, tc := range map[string]struct {
+		cfg Config
+		o   netpolicy.Owner
+		eff netpolicy.Effective
+	}{
+		"slot outside the mark mask": {Config{DNSPort: 5353, Pool: unitPool, MarkMask: 0xf0}, o, eff},
+		"bad sandbox id":             {cfg, netpolicy.Owner{ID: "a b", Generation: 1, Block: o.Block}, eff},
+		"slot 0":                     {cfg, netpolicy.Owner{ID: "a", Generation: 1}, eff},
+		"no source":                  {cfg, o, netpolicy.Effective{Mode: netpolicy.ModeOpen}},
+	} {
+		if _, err := RenderGeneration(tc.cfg, tc.o, tc.eff); !errdefs.Is(err, errdefs.CodeInvalidArgument) {
+			t.Errorf("%s: %v, want invalid_argument", name, err)
+		}
+	}
+	for name, c := range map[string]Config{
+		"no dns port":   {Pool: unitPool},
+		"no pool":       {DNSPort: 53},
+		"mask too thin": {DNSPort: 53, Pool: unitPool, MarkMask: 0xff},
+		"table name":    {DNSPort: 53, Pool: unitPool, Table: "a b"},
+	} {
+		if err := c.Check(); !errdefs.Is(err, errdefs.CodeInvalidArgument) {
+			t.Errorf("config %s: %v, want invalid_argument", name, err)
+		}
+	}
+	if err := cfg.Check(); err != nil {
+		t.Errorf("good config: %v", err)
+	}
+}
+
+func TestRenderBase(t *testing.T) {
+	b := RenderBase(Config{DNSPort: 5353, Pool: unitPool})
+	if b.Version != "ctld base v1 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
+		t.Errorf("version %q", b.Version)
+	}
+	var chains []string
+	for _, c := range b.Chains {
+		chains = append(chains, c.Spec.Name)
+		if c.Rules[0].Comment != b.Version {
+			t.Errorf("chain %s: first rule comment %q", c.Spec.Name, c.Rules[0].Comment)
+		}
+		if c.Spec.Hooknum == nil || c.Spec.Priority == nil || *c.Spec.Policy != nftables.ChainPolicyAccept {
+			t.Errorf("chain %s is not a base chain with policy accept", c.Spec.Name)
+		}
+	}
+	if !slices.Equal(chains, []string{"pre", "input", "forward", "post"}) {
+		t.Errorf("chains %v", chains)
+	}
+	// forward: the dispatch first, through the fwd verdict map.
+	fwd := b.Chains[2].Rules[0].Exprs
+	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapFwd || !l.IsDestRegSet || l.DestRegister != 0 {
+		t.Errorf("forward rule 0 is not the dispatch: %v", fwd)
+	}
+	// pre: 4 redirects (v4 and v6, udp and tcp) to the proxy port.
+	if n := len(b.Chains[0].Rules); n != 4 {
+		t.Errorf("pre has %d rules", n)
+	}
+	// post: masquerade per family of the pool.
+	if n := len(b.Chains[3].Rules); n != 2 {
+		t.Errorf("post has %d rules, want 2", n)
+	}
+	if n := len(RenderBase(Config{DNSPort: 5353, Pool: netpolicy.Pool{V4: unitPool.V4}}).Chains[3].Rules); n != 1 {
+		t.Errorf("post without IPv6 has %d rules, want 1", n)
+	}
+	e := FwdElement("ctl-00001", "sb-a-g1")
+	if len(e.Key) != 16 || e.VerdictData.Kind != expr.VerdictGoto || e.VerdictData.Chain != "sb-a-g1" {
+		t.Errorf("fwd element %+v", e)
+	}
+}
+
+func cmpData(es []expr.Any, op expr.CmpOp) []byte {
+	for _, e := range es {
+		if c, ok := e.(*expr.Cmp); ok && c.Op == op {
+			return c.Data
+		}
+	}
+	return nil
+}
+
+func lookups(es []expr.Any) []string {
+	var out []string
+	for _, e := range es {
+		if l, ok := e.(*expr.Lookup); ok {
+			out = append(out, l.SetName)
+		}
+	}
+	return out
+}
+
+func objrefs(es []expr.Any) []string {
+	var out []string
+	for _, e := range es {
+		if o, ok := e.(*expr.Objref); ok {
+			out = append(out, o.Name)
+		}
+	}
+	return out
+}
+
+func last(es []expr.Any) *expr.Verdict {
+	if len(es) == 0 {
+		return nil
+	}
+	v, _ := es[len(es)-1].(*expr.Verdict)
+	return v
+}
+
+func findBitwise(es []expr.Any) *expr.Bitwise {
+	for _, e := range es {
+		if b, ok := e.(*expr.Bitwise); ok {
+			return b
+		}
+	}
+	return nil
+}
