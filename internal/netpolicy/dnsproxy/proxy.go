@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -277,6 +278,31 @@ func (p *Proxy) Listen() error {
 	return nil
 }
 
+// bindRetry is how often Serve tries again to bind a port in use.
+const bindRetry = 100 * time.Millisecond
+
+// listenWait is Listen, retried while the port is in use: after a
+// failover the previous primary (frozen, or still stopping) may hold it
+// until it exits, and the new one must serve as soon as it is free.
+func (p *Proxy) listenWait(ctx context.Context) error {
+	for logged := false; ; logged = true {
+		err := p.Listen()
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return err
+		}
+		if !logged {
+			p.log.Warn("dns proxy: port in use, retrying until it is free", "listen", p.cfg.Listen, "every", bindRetry, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("dns proxy: %w (gave up: %w)", err, ctx.Err())
+		case <-p.closed:
+			return nil
+		case <-time.After(bindRetry):
+		}
+	}
+}
+
 // Addr is the bound address (after Listen): its port is the listeners'.
 func (p *Proxy) Addr() netip.AddrPort {
 	p.lmu.Lock()
@@ -290,8 +316,10 @@ func (p *Proxy) Addr() netip.AddrPort {
 // Serve answers queries until ctx is done or Close is called, then stops
 // both listeners and waits for the queries in flight (they are cancelled).
 // It returns nil after such a stop, or the error that stopped a listener.
+// If the port is in use it binds as soon as it is free (Listen once first
+// to fail on that instead).
 func (p *Proxy) Serve(ctx context.Context) error {
-	if err := p.Listen(); err != nil {
+	if err := p.listenWait(ctx); err != nil {
 		return err
 	}
 	p.lmu.Lock()

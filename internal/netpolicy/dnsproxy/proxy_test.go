@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -862,4 +863,49 @@ func TestOversizedQuery(t *testing.T) {
 		t.Errorf("an oversized query was answered: %s", show(r))
 	}
 	checkList(t, "upstream", h.up.queries(), nil)
+}
+
+// TestServeWaitsForPort: a port held by another process (a previous
+// primary that has not exited yet) is bound as soon as it is free, and
+// then answered on.
+func TestServeWaitsForPort(t *testing.T) {
+	up := startUpstream(t)
+	held, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := held.LocalAddr().String()
+	p, err := New(Config{Listen: addr, Pool: testPool, Upstreams: []string{up.addr}, Allower: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Listen(); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("Listen on a held port: got %v, want EADDRINUSE", err)
+	}
+	o, eff := sandbox(t, "web", 1, testPolicy, true)
+	p.Register(o, eff)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	time.Sleep(3 * bindRetry)
+	if p.Addr().IsValid() {
+		t.Fatal("bound while the port was held")
+	}
+	held.Close()
+	freed := time.Now()
+	for !p.Addr().IsValid() {
+		if time.Since(freed) > 10*bindRetry {
+			t.Fatalf("not bound %v after the port was freed", time.Since(freed))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h := &harness{p: p, addr: addr}
+	check(t, "after the port is free", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)),
+		"NOERROR | www.example.com. 300 A 203.0.113.10 | www.example.com. 300 A 203.0.113.11")
 }
