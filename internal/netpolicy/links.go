@@ -217,8 +217,11 @@ func peerOf(root, in *netlink.Handle, nsh netns.NsHandle, host netlink.Link) (ne
 	if err != nil {
 		return nil, "", fmt.Errorf("netns id: %w", err)
 	}
-	if host.Attrs().NetNsID != nsid {
-		return nil, fmt.Sprintf("its peer is in netns id %d, not %d", host.Attrs().NetNsID, nsid), nil
+	// A netns with no id in the root netns holds no peer of a root link
+	// (the kernel assigns one when a veth's peer is put there); -1 is
+	// also what a veth whose peer is in the root netns reports.
+	if nsid < 0 || host.Attrs().NetNsID != nsid {
+		return nil, fmt.Sprintf("its peer is in netns id %d, not in the sandbox's (id %d)", host.Attrs().NetNsID, nsid), nil
 	}
 	peer, err := linkByName(in, PeerName)
 	if err != nil {

@@ -326,6 +326,22 @@ func TestKernelLinksRetry(t *testing.T) {
 			}
 			return 0
 		}},
+		{"a veth whose peer is in the root netns", func(t *testing.T, o Owner, ns, other ktest.Netns) int {
+			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: o.Link()}, PeerName: "kt-rootpeer"}
+			if err := netlink.LinkAdd(v); err != nil {
+				t.Fatal(err)
+			}
+			// An eth0 in the sandbox's netns that is not its peer.
+			in, err := netlink.NewHandleAt(ns.Handle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			if err := in.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: PeerName}}); err != nil {
+				t.Fatal(err)
+			}
+			return 0
+		}},
 		{"a dummy of the link's name", func(t *testing.T, o Owner, ns, other ktest.Netns) int {
 			if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: o.Link()}}); err != nil {
 				t.Fatal(err)
@@ -482,5 +498,69 @@ func TestKernelLinksRunscGuest(t *testing.T) {
 	}
 	if err := rt.Kill(ctx, id, unix.SIGKILL, false); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKernelLinksMany makes and removes pairs for many generations side by
+// side: each is complete and independent, List names exactly them, and
+// Make's time does not grow with the number of links (logged: p50/p99 of
+// the first and the last fifth).
+func TestKernelLinksMany(t *testing.T) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	ctx := context.Background()
+	l := &Links{} // quiet: 2 log lines per pair would drown the output
+	const n = 100
+	owners := make([]Owner, n)
+	nss := make([]ktest.Netns, n)
+	made := make([]time.Duration, n)
+	for i := range n {
+		owners[i] = testOwner(t, fmt.Sprintf("sb-many-%d", i), Slot(100+i))
+		nss[i] = ktest.NewNetns(t)
+		o := owners[i]
+		t.Cleanup(func() { _ = l.Remove(ctx, o.Link()) })
+		t0 := time.Now()
+		if err := l.Make(ctx, o, nss[i].Path); err != nil {
+			t.Fatalf("Make %d: %v", i, err)
+		}
+		made[i] = time.Since(t0)
+	}
+	names, err := l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, o := range owners {
+		want = append(want, o.Link())
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("List = %q, want %q", names, want)
+	}
+	for _, i := range []int{0, n / 2, n - 1} {
+		if got := linkState(t, owners[i], nss[i].Handle); got != wantState(owners[i]) {
+			t.Errorf("pair %d:\n%s\nwant:\n%s", i, got, wantState(owners[i]))
+		}
+	}
+	pct := func(ds []time.Duration, p int) time.Duration {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return ds[(len(ds)-1)*p/100]
+	}
+	first, last := made[:n/5], made[n-n/5:]
+	t.Logf("Make with 0..%d links: p50 %v p99 %v; with %d..%d links: p50 %v p99 %v", n/5, pct(first, 50), pct(first, 99), n-n/5, n, pct(last, 50), pct(last, 99))
+	removed := make([]time.Duration, n)
+	for i, o := range owners {
+		t0 := time.Now()
+		if err := l.Remove(ctx, o.Link()); err != nil {
+			t.Fatalf("Remove %d: %v", i, err)
+		}
+		removed[i] = time.Since(t0)
+		if ok, detail := l.CheckGone(ctx, o); !ok {
+			t.Errorf("CheckGone %d: %s", i, detail)
+		}
+	}
+	t.Logf("Remove: p50 %v p99 %v", pct(removed, 50), pct(removed, 99))
+	if names, err := l.List(ctx); err != nil || len(names) != 0 {
+		t.Errorf("List after removing all = %q, %v", names, err)
 	}
 }
