@@ -115,8 +115,12 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if req.RootFS.Mode != "overlay" {
 		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "rootfs mode %q is not supported yet: use overlay", req.RootFS.Mode)
 	}
-	if req.Network.Mode != "" && req.Network.Mode != "deny_all" {
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "network mode %q is not supported yet: use deny_all", req.Network.Mode)
+	pol, err := n.parsePolicy(networkRecord(req.Network))
+	if err != nil {
+		return api.ClaimResponse{}, err
+	}
+	if err := n.checkNetwork(pol); err != nil {
+		return api.ClaimResponse{}, err
 	}
 	req.Resources = n.withDiskDefault(req.Resources)
 	if err := n.checkDisk(req.Resources); err != nil {
@@ -154,6 +158,10 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 			return err
 		}
 		if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
+			return err
+		}
+		// The address slot likewise (network.go).
+		if rec.Slot, err = n.allocSlot(live); err != nil {
 			return err
 		}
 		return n.admitClaim(tx, rec)
@@ -247,7 +255,7 @@ func (n *Node) failOp(op journal.Operation, cause error) error {
 
 // effect journals an effect as intended, makes it, and journals it done.
 func (n *Node) effect(kind journal.Kind, name string, rec journal.Sandbox, make func() error) error {
-	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch}
+	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch, Slot: rec.Slot}
 	if err := n.live(); err != nil {
 		return err
 	}
@@ -281,7 +289,8 @@ func claimPhases(t *journal.Timings) map[journal.Kind]*float64 {
 	return map[journal.Kind]*float64{
 		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
 		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
-		journal.KindNetns:  &t.NetworkMS,
+		journal.KindNetns: &t.NetworkMS, journal.KindLinks: &t.NetworkMS, journal.KindConntrack: &t.NetworkMS,
+		journal.KindNft: &t.NetworkMS, journal.KindDNS: &t.NetworkMS,
 		journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,
 	}
 }

@@ -2,21 +2,27 @@ package node
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/journal"
 )
 
 // The fake kernel is what the interfaces say.
 var (
-	_ Leases  = (*fakekernel.Leases)(nil)
-	_ RootFS  = (*fakekernel.RootFS)(nil)
-	_ Netns   = (*fakekernel.Netns)(nil)
-	_ Runtime = (*fakekernel.Runtime)(nil)
+	_ Leases   = (*fakekernel.Leases)(nil)
+	_ RootFS   = (*fakekernel.RootFS)(nil)
+	_ Netns    = (*fakekernel.Netns)(nil)
+	_ Runtime  = (*fakekernel.Runtime)(nil)
+	_ Links    = (*fakekernel.Links)(nil)
+	_ Firewall = (*fakekernel.Firewall)(nil)
+	_ Flows    = (*fakekernel.Flows)(nil)
+	_ DNSProxy = (*fakekernel.DNSProxy)(nil)
 )
 
 // fakeKernel is a testKernel over a new fake kernel.
@@ -28,7 +34,10 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 	}
 	return &testKernel{
 		leases: k.Leases(), rootfs: k.RootFS(), netns: k.Netns(), runtime: k.Runtime(),
-		runDir: k.RunDir(), templatesDir: k.TemplatesDir(),
+		links: k.Links(), firewall: k.Firewall(), flows: k.Flows(), pool: testPool,
+		dns:        func() DNSProxy { k.RestartDNSProxy(); return k.DNSProxy() },
+		forwarding: k.EnableForwarding,
+		runDir:     k.RunDir(), templatesDir: k.TemplatesDir(),
 		text:      k.String,
 		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },
 		failProbe: func(_ testing.TB, req *api.ClaimRequest) {
@@ -142,15 +151,21 @@ func TestReconcileLostGeneration(t *testing.T) {
 // can go, the next takeover's retry proves the cleanup and returns the
 // capacity.
 func TestWithheldUntilRemovalSucceeds(t *testing.T) {
-	for _, kind := range []string{fakekernel.KindRunsc, fakekernel.KindMount, fakekernel.KindNetns, fakekernel.KindCgroup, fakekernel.KindDisk} {
+	for _, kind := range []string{fakekernel.KindRunsc, fakekernel.KindMount, fakekernel.KindNetns, fakekernel.KindCgroup, fakekernel.KindDisk,
+		fakekernel.KindLinks, fakekernel.KindNft, fakekernel.KindConntrack} {
 		t.Run(kind, func(t *testing.T) {
 			tk, k := fakeKernel(t)
 			r := newRig(t, tk)
 			r.mustBoot()
 			resp := r.mustClaim(sb, claimReq("c1", 1))
 			name := resp.Sandbox.ContainerID
-			if kind == fakekernel.KindDisk {
+			switch kind {
+			case fakekernel.KindDisk:
 				name = fmtProject(r.sandbox(sb).DiskProject)
+			case fakekernel.KindConntrack: // flows are named by the slot's mark
+				slot := r.sandbox(sb).Slot
+				name = fmtProject(slot)
+				k.AddFlow(netpolicy.Slot(slot), fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("203.0.113.7:443")})
 			}
 			k.Refuse(kind, name, nil)
 			rel, err, _ := r.release(sb, "r1", 1)
@@ -167,7 +182,7 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 			if len(nd.Withheld) != 1 || nd.Capacity.Withheld.CPUMillis != 200 {
 				t.Fatalf("withheld ledger: %+v %+v", nd.Withheld, nd.Capacity.Withheld)
 			}
-			if !strings.Contains(k.String(), kind) {
+			if !strings.Contains(k.String(), strings.TrimSuffix(kind, "s")) { // "link ctl-…"
 				t.Fatalf("the refused %s is not in the kernel:\n%s", kind, k)
 			}
 			again, err, _ := r.release(sb, "r1", 1)
@@ -200,7 +215,8 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 // at once, nothing is left, and the operation's stored answer is the
 // step's error.
 func TestClaimStepFailureRollsBack(t *testing.T) {
-	for _, kind := range []string{fakekernel.KindCgroup, fakekernel.KindDisk, fakekernel.KindMount, fakekernel.KindNetns, fakekernel.KindRunsc, fakekernel.KindExec} {
+	for _, kind := range []string{fakekernel.KindCgroup, fakekernel.KindDisk, fakekernel.KindMount, fakekernel.KindNetns,
+		fakekernel.KindLinks, fakekernel.KindNft, fakekernel.KindRunsc, fakekernel.KindExec} {
 		t.Run(kind, func(t *testing.T) {
 			tk, k := fakeKernel(t)
 			r := newRig(t, tk)

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -47,6 +49,9 @@ type Config struct {
 	// DiskProjects is the project id range ctld owns on the scratch
 	// filesystem (zero: DefaultDiskProjects).
 	DiskProjects DiskProjects
+	// NetLimits bound a network policy (rules, ports per rule); zero:
+	// netpolicy's defaults.
+	NetLimits netpolicy.Limits
 }
 
 // Deps are the subsystems the node drives; main builds them.
@@ -58,7 +63,24 @@ type Deps struct {
 	RootFS   RootFS  // *rootfs.Overlay
 	Netns    Netns   // *netpolicy.Netns
 	Runtime  Runtime // *runsc.Runtime
-	Logger   *slog.Logger
+	// The sandbox network (network.go). With a Pool, every generation
+	// gets an address slot; with Links and Firewall also a veth and its
+	// nft objects (deny_all too, so a live update can open it). A node
+	// without them runs deny_all sandboxes with only lo and refuses the
+	// modes that need them (fail closed). Flows and DNSProxy are needed
+	// by open and restricted policies.
+	Links    Links
+	Firewall Firewall
+	Flows    Flows
+	DNSProxy DNSProxy
+	Pool     netpolicy.Pool
+	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
+	// reachable from a sandbox.
+	NodeAddrs []netip.Addr
+	// EnableForwarding turns on the node-wide forwarding a sandbox's
+	// egress needs; called once per term before serving (nil: not done).
+	EnableForwarding func(ctx context.Context) error
+	Logger           *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
 	// Term is the primary's term: cancelled when it ends, after which the
@@ -84,6 +106,9 @@ type Node struct {
 	// unjournaled lists objects found and removed that no effect record
 	// named: the second line of defence worked, the first did not.
 	unjournaled []string
+	// netErr is why this term's node-wide network is not in place
+	// (ensureNetwork): claims that need it are refused.
+	netErr error
 
 	// table is the generation's resources in claim order (resources.go).
 	table []resource

@@ -34,6 +34,14 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("read journal: %w", err)
 	}
+	// The node-wide network first (forwarding, the nft table), then the
+	// DNS proxy answers again for every ready generation: both before any
+	// teardown, so a failover is short for the guests that stay.
+	var errs []error
+	if err := n.ensureNetwork(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	n.registerDNS(ss)
 	// Take stock of the kernel once (runsc state dir, mountinfo) rather than
 	// per sandbox: a takeover must not pay a runsc process or a mountinfo
 	// parse per guest before it serves.
@@ -43,7 +51,6 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		return err
 	}
 	tList := time.Since(t0)
-	var errs []error
 	live := map[string]bool{} // container ids of generations that stay
 	for _, s := range ss {
 		log := n.log.With("sandbox", s.ID, "generation", s.Generation)
@@ -123,6 +130,8 @@ type kernelInventory struct {
 	containers []string        // containers with runsc state under the runsc root
 	mounts     map[string]bool // sandbox ids (container ids) whose overlay root is mounted
 	netns      map[string]bool // netns names whose namespace file is mounted
+	links      map[string]bool // host veth ends (nil: the node makes none)
+	chains     map[string]bool // generations with objects in the nft table (nil: none made)
 }
 
 // inventory asks the subsystems (not /proc directly, so a fake kernel can
@@ -143,6 +152,17 @@ func (n *Node) inventory(ctx context.Context) (kernelInventory, error) {
 		return inv, fmt.Errorf("list netns mounts: %w", err)
 	}
 	inv.mounts, inv.netns = setOf(mounts), setOf(netns)
+	if n.hasNet() {
+		links, err := n.d.Links.List(ctx)
+		if err != nil {
+			return inv, fmt.Errorf("list sandbox links: %w", err)
+		}
+		chains, err := n.d.Firewall.List(ctx)
+		if err != nil {
+			return inv, fmt.Errorf("list nft objects: %w", err)
+		}
+		inv.links, inv.chains = setOf(links), setOf(chains)
+	}
 	return inv, nil
 }
 
@@ -203,11 +223,15 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 	}
 	kept := map[string]bool{}                   // "sandbox/generation"
 	owned := map[journal.Kind]map[string]bool{} // kind → names
+	slots := map[uint32]bool{}                  // address slots of generations that stay
 	for _, r := range n.table {
 		owned[r.kind()] = map[string]bool{}
 	}
 	for _, s := range keep {
 		kept[genKey(s.ID, s.Generation)] = true
+		if s.Slot != 0 {
+			slots[s.Slot] = true
+		}
 		for _, r := range n.table {
 			if name := r.name(s); name != "" {
 				owned[r.kind()][name] = true
@@ -235,7 +259,15 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 			// The sandbox moved on (or a record from an older version):
 			// the name is the generation's container id.
 			rec = journal.Sandbox{}
-			rec.ID, rec.Generation, rec.ContainerID, rec.LeaseID = e.SandboxID, e.Generation, e.Name, e.Name
+			rec.ID, rec.Generation, rec.ContainerID, rec.LeaseID, rec.Slot = e.SandboxID, e.Generation, e.Name, e.Name, e.Slot
+		}
+		if rec.Slot != 0 && slots[rec.Slot] {
+			// A generation that stays holds this slot now (a journal that
+			// disagrees with itself): what is named by the slot is its,
+			// never removed for another generation's record. Objects named
+			// by this generation alone are left to the sweep below.
+			n.log.Warn("effect record of a generation that is over names a slot a live generation holds: its slot's objects are kept", "kind", e.Kind, "name", e.Name, "slot", rec.Slot)
+			rec.Slot = 0
 		}
 		if err := n.live(); err != nil {
 			return errors.Join(append(errs, err)...)

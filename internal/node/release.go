@@ -220,7 +220,7 @@ func (n *Node) effectsOf(rec journal.Sandbox) (map[journal.Kind]journal.Effect, 
 // as removing first (a successor finishes what this one started).
 func (n *Node) removeRecorded(ctx context.Context, r resource, rec journal.Sandbox, e journal.Effect) error {
 	if e.State != journal.Removing {
-		e = journal.Effect{Kind: r.kind(), Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch}
+		e = journal.Effect{Kind: r.kind(), Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch, Slot: rec.Slot}
 		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
 			return fmt.Errorf("journal removing: %w", err)
 		}

@@ -67,6 +67,10 @@ func newTable(n *Node) []resource {
 		diskResource{n: n}, // the quota on the scratch dir, before the overlay upper is used
 		mountResource{n},
 		netnsResource{n},
+		linksResource{n},        // needs the netns path
+		conntrackResource{n: n}, // flushed once the nft objects that mark flows are gone
+		nftResource{n},          // the policy; removed before the links it dispatches on
+		dnsResource{n: n},       // adds answers to the nft sets: removed before them
 		bundleResource{n: n},
 		runscResource{n}, // last: the guest
 	}

@@ -1,8 +1,11 @@
 // Package fakekernel is an in-memory kernel for the node's unit tests:
 // cgroup leases, overlay mounts (each with a superblock), named network
 // namespaces (each with an inode identity), runsc containers (their state
-// files and whether their processes live), and disk projects. It
-// implements node.Leases, node.RootFS, node.Netns and node.Runtime with
+// files and whether their processes live), disk projects, and the sandbox
+// network (veth pairs, ctld's nft table, conntrack flows, the DNS proxy's
+// registry; network.go). It implements node.Leases, node.RootFS,
+// node.Netns, node.Runtime, node.Links, node.Firewall, node.Flows and
+// node.DNSProxy with
 // the idempotency and error behaviour of the real subsystems (lease,
 // rootfs, netpolicy, runsc: read their doc comments), so tests can walk
 // every crash point and reconcile branch in milliseconds.
@@ -78,6 +81,13 @@ type Kernel struct {
 	namespaces  map[uint64]*namespace  // inode → namespace, while alive
 	containers  map[string]*container
 	projects    map[uint32]*project
+	links       map[string]*link    // host end name → pair
+	table       bool                // ctld's nft table exists
+	chains      map[string]*fwChain // chain name → generation's nft objects
+	fwd         map[string]string   // dispatch: link name → chain name
+	flows       map[netpolicy.Slot][]Flow
+	dns         map[netpolicy.Slot]dnsEntry // the DNS proxy's registry (one process's memory)
+	forwarding  bool
 	refuse      map[string]error
 	failMake    map[string]error
 	unbounded   error
@@ -121,6 +131,8 @@ func New(dir string) (*Kernel, error) {
 		cgroups: map[string]bool{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
 		netns: map[string]uint64{}, namespaces: map[uint64]*namespace{}, containers: map[string]*container{},
 		projects: map[uint32]*project{}, refuse: map[string]error{}, failMake: map[string]error{},
+		links: map[string]*link{}, chains: map[string]*fwChain{}, fwd: map[string]string{},
+		flows: map[netpolicy.Slot][]Flow{}, dns: map[netpolicy.Slot]dnsEntry{},
 	}
 	for _, d := range []string{k.RunDir(), k.LogRoot(), k.scratch(), filepath.Join(k.TemplatesDir(), "busybox", "bin")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -263,6 +275,7 @@ func (k *Kernel) gcLocked() {
 			delete(k.namespaces, ino)
 		}
 	}
+	k.gcLinksLocked()
 }
 
 func (k *Kernel) populatedLocked(id string) bool {
@@ -324,6 +337,7 @@ func (k *Kernel) String() string {
 			add("%s %s", d.what, e.Name())
 		}
 	}
+	k.renderNetLocked(add)
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
 }

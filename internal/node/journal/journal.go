@@ -49,6 +49,12 @@ const (
 	// removed last, after the lease cgroup (and the log writer in it).
 	KindLogs Kind = "logs"
 	KindDisk Kind = "disk" // the project quota that bounds a generation's scratch dir
+	// The sandbox network (docs/network-design.md §5), each named by the
+	// generation's address slot (Sandbox.Slot).
+	KindLinks     Kind = "links"     // the veth pair and its addresses and routes
+	KindNft       Kind = "nft"       // the generation's objects in the nft table
+	KindDNS       Kind = "dns"       // the DNS proxy's registry entry (memory)
+	KindConntrack Kind = "conntrack" // the conntrack entries marked with the slot
 )
 
 // EffectState is where an effect is in its life.
@@ -71,6 +77,10 @@ type Effect struct {
 	State         EffectState `json:"state"`
 	Epoch         uint64      `json:"epoch"`
 	Updated       time.Time   `json:"updated"`
+	// Slot is the generation's address slot, so an effect record outlives
+	// a sandbox record that moved on to a newer generation and still
+	// names its network objects (0: none).
+	Slot uint32 `json:"slot,omitempty"`
 }
 
 func effectKey(kind Kind, name string) []byte { return []byte(string(kind) + "/" + name) }
@@ -224,6 +234,22 @@ type Sandbox struct {
 	// DiskProject is the project id whose quota bounds the generation's
 	// scratch dir (0: none, a record from before disk leases).
 	DiskProject uint32 `json:"disk_project,omitempty"`
+	// Slot is the generation's block of the node's address pool
+	// (netpolicy.Slot), allocated in the claim's journal transaction like
+	// DiskProject and free again only when a clean proof ends the record
+	// (0: none, a record from before the sandbox network).
+	Slot uint32 `json:"slot,omitempty"`
+	// Network is the policy in force once a live update changed it (nil:
+	// the claim's, Request.Network); NetworkUpdate is an update journaled
+	// as intended and not yet done: a new primary applies it again.
+	Network       *NetworkPolicy `json:"network,omitempty"`
+	NetworkUpdate *NetworkUpdate `json:"network_update,omitempty"`
+}
+
+// NetworkUpdate is a live policy update in flight.
+type NetworkUpdate struct {
+	OperationID string        `json:"operation_id,omitempty"`
+	Policy      NetworkPolicy `json:"policy"`
 }
 
 // Holds reports whether the record still holds leased capacity: a live or

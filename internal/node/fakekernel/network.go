@@ -1,0 +1,586 @@
+package fakekernel
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/netpolicy"
+)
+
+// The sandbox network's subsystems (node.Links, node.Firewall, node.Flows,
+// node.DNSProxy): veth pairs, ctld's nft table with each generation's
+// chain and dispatch element, conntrack flows by slot, and the DNS
+// proxy's registry. Objects of a generation are named for Refuse and
+// FailMake by the generation's name ("sb-g1": the link's alias, the
+// chain's owner); conntrack flows by the slot's number.
+
+// Kinds of network object, for Refuse and FailMake.
+const (
+	KindLinks     = "links"
+	KindNft       = "nft"
+	KindConntrack = "conntrack" // Refuse only, named by the slot number
+)
+
+type link struct {
+	name, alias string
+	ns          uint64 // the namespace its peer eth0 is in
+	block       netpolicy.Block
+}
+
+type fwChain struct {
+	owner    netpolicy.Owner
+	eff      netpolicy.Effective
+	counters netpolicy.Counters
+	resolved map[int]map[netip.Addr]time.Duration // domain set → element → timeout
+}
+
+// Flow is a conntrack entry the fake keeps for a slot: its protocol and
+// original destination.
+type Flow struct {
+	Proto netpolicy.Proto
+	Dst   netip.AddrPort
+}
+
+func (f Flow) String() string { return string(f.Proto) + " " + f.Dst.String() }
+
+type dnsEntry struct {
+	owner netpolicy.Owner
+	eff   netpolicy.Effective
+}
+
+// Links is the fake's node.Links.
+func (k *Kernel) Links() *Links { return (*Links)(k) }
+
+// Firewall is the fake's node.Firewall.
+func (k *Kernel) Firewall() *Firewall { return (*Firewall)(k) }
+
+// Flows is the fake's node.Flows.
+func (k *Kernel) Flows() *Flows { return (*Flows)(k) }
+
+// DNSProxy is the fake's node.DNSProxy: its registry is the memory of
+// one process (see RestartDNSProxy).
+func (k *Kernel) DNSProxy() *DNSProxy { return (*DNSProxy)(k) }
+
+// RestartDNSProxy forgets the DNS proxy's registry, as a new primary's
+// process starts with an empty one.
+func (k *Kernel) RestartDNSProxy() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.dns = map[netpolicy.Slot]dnsEntry{}
+}
+
+// EnableForwarding turns the node's forwarding on (idempotent).
+func (k *Kernel) EnableForwarding(context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.forwarding {
+		k.forwarding = true
+		k.call("sysctl forwarding on")
+	}
+	return nil
+}
+
+// Forwarding reports whether EnableForwarding ran.
+func (k *Kernel) Forwarding() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.forwarding
+}
+
+// AddFlow adds a flow of slot, as the guest opening a connection would.
+func (k *Kernel) AddFlow(slot netpolicy.Slot, f Flow) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.flows[slot] = append(k.flows[slot], f)
+}
+
+// FlowsOf lists slot's flows.
+func (k *Kernel) FlowsOf(slot netpolicy.Slot) []Flow {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.flows[slot])
+}
+
+// SetCounters sets the counters of the generation's chain.
+func (k *Kernel) SetCounters(chain string, c netpolicy.Counters) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if ch, ok := k.chains[chain]; ok {
+		ch.counters = c
+	}
+}
+
+// Effective returns what the chain of the generation enforces.
+func (k *Kernel) Effective(chain string) (netpolicy.Effective, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ch, ok := k.chains[chain]
+	if !ok {
+		return netpolicy.Effective{}, false
+	}
+	return ch.eff, true
+}
+
+// Registered returns the policy the DNS proxy holds for slot.
+func (k *Kernel) Registered(slot netpolicy.Slot) (netpolicy.Effective, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.dns[slot]
+	return e.eff, ok
+}
+
+// TableEnsured reports whether ctld's nft table exists.
+func (k *Kernel) TableEnsured() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.table
+}
+
+// DropTable deletes ctld's nft table with everything in it, as an
+// operator's `nft flush ruleset` would.
+func (k *Kernel) DropTable() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.table = false
+	k.chains, k.fwd = map[string]*fwChain{}, map[string]string{}
+}
+
+// renderNetLocked adds the network's lines to String. The table itself
+// is node-wide (made once per term), not a generation's: not listed.
+func (k *Kernel) renderNetLocked(add func(string, ...any)) {
+	for _, l := range k.links {
+		add("link %s alias %s peer eth0 in net:[%d] gateway %s sandbox %s", l.name, l.alias, l.ns, l.block.Gateway4, l.block.Addr4)
+	}
+	for name, ch := range k.chains {
+		add("nft chain %s mode %s allow4 %d allow6 %d domains %d", name, ch.eff.Mode, len(ch.eff.Allow4), len(ch.eff.Allow6), len(ch.eff.Domains))
+		for set, els := range ch.resolved {
+			for a, ttl := range els {
+				add("nft chain %s domain set %d element %s timeout %v", name, set, a, ttl)
+			}
+		}
+	}
+	for l, chain := range k.fwd {
+		add("nft fwd %s goto %s", l, chain)
+	}
+	for slot, fs := range k.flows {
+		for _, f := range fs {
+			add("conntrack mark %d %s", slot, f)
+		}
+	}
+	for slot, e := range k.dns {
+		add("dns slot %d %s mode %s", slot, e.owner.Alias(), e.eff.Mode)
+	}
+}
+
+// gcLinksLocked drops the pairs whose netns died: a namespace takes its
+// veth ends with it, and the host end goes with its peer. A refused link
+// stays (Refuse).
+func (k *Kernel) gcLinksLocked() {
+	for name, l := range k.links {
+		if _, ok := k.namespaces[l.ns]; !ok && k.refused(KindLinks, l.alias) == nil {
+			delete(k.links, name)
+		}
+	}
+}
+
+// Links fakes the veth pairs (netpolicy's Links).
+type Links Kernel
+
+func (l *Links) k() *Kernel { return (*Kernel)(l) }
+
+func validOwner(o netpolicy.Owner) error {
+	if err := names.CheckGeneration(o.ID, o.Generation); err != nil {
+		return err
+	}
+	if o.Block.Slot == 0 || !o.Block.Addr4.IsValid() {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "owner %s has no address block", o.Alias())
+	}
+	return nil
+}
+
+// Make creates o's pair, the peer in the netns at nsPath; the same pair
+// again is success, a link of that name for another owner a conflict.
+func (l *Links) Make(ctx context.Context, o netpolicy.Owner, nsPath string) error {
+	if err := validOwner(o); err != nil {
+		return err
+	}
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.makeFails(KindLinks, o.Alias()); err != nil {
+		return fmt.Errorf("make veth %s: %w", o.Link(), err)
+	}
+	var ns uint64
+	for name, ino := range k.netns {
+		if k.Netns().Path(name) == nsPath {
+			ns = ino
+		}
+	}
+	if ns == 0 {
+		return fmt.Errorf("make veth %s: open netns %s: %w", o.Link(), nsPath, fs.ErrNotExist)
+	}
+	if have, ok := k.links[o.Link()]; ok {
+		if have.alias == o.Alias() && have.ns == ns && have.block == o.Block {
+			return nil
+		}
+		return errdefs.Errorf(errdefs.CodeConflict, "make veth %s: file exists (alias %s)", o.Link(), have.alias)
+	}
+	k.links[o.Link()] = &link{name: o.Link(), alias: o.Alias(), ns: ns, block: o.Block}
+	k.call("link make %s %s", o.Link(), o.Alias())
+	return nil
+}
+
+// Remove deletes the host end (and its peer); absent is success.
+func (l *Links) Remove(ctx context.Context, name string) error {
+	if _, ok := netpolicy.ParseLinkName(name); !ok {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "remove link %q: not a sandbox link", name)
+	}
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	have, ok := k.links[name]
+	if !ok {
+		return nil
+	}
+	if err := k.refused(KindLinks, have.alias); err != nil {
+		return fmt.Errorf("delete link %s: %w", name, err)
+	}
+	delete(k.links, name)
+	k.call("link remove %s", name)
+	return nil
+}
+
+// CheckGone: no link o.Link(), none with o's alias, none holding o's
+// gateway addresses.
+func (l *Links) CheckGone(ctx context.Context, o netpolicy.Owner) (bool, string) {
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var left []string
+	for _, have := range k.links {
+		switch {
+		case have.name == o.Link():
+			left = append(left, "link "+have.name+" exists (alias "+have.alias+")")
+		case have.alias == o.Alias():
+			left = append(left, "link "+have.name+" has alias "+have.alias)
+		case have.block.Gateway4 == o.Block.Gateway4 || o.Block.Gateway6.IsValid() && have.block.Gateway6 == o.Block.Gateway6:
+			left = append(left, "link "+have.name+" holds gateway "+o.Block.Gateway4.String())
+		}
+	}
+	if len(left) > 0 {
+		slices.Sort(left)
+		return false, strings.Join(left, "; ")
+	}
+	return true, fmt.Sprintf("no link %s, none with alias %s, address block %s free", o.Link(), o.Alias(), o.Block.Net4)
+}
+
+// List names the host ends, sorted.
+func (l *Links) List(ctx context.Context) ([]string, error) {
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for name := range k.links {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Firewall fakes ctld's nft table.
+type Firewall Kernel
+
+func (f *Firewall) k() *Kernel { return (*Kernel)(f) }
+
+// TableName names the table for FailMake(KindNft, TableName): Ensure
+// fails.
+const TableName = "inet ctld"
+
+// Ensure makes the table if it is missing.
+func (f *Firewall) Ensure(ctx context.Context) error {
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.makeFails(KindNft, TableName); err != nil {
+		return fmt.Errorf("nft: add table %s: %w", TableName, err)
+	}
+	if !k.table {
+		k.table = true
+		k.call("nft ensure")
+	}
+	return nil
+}
+
+func (k *Kernel) tableLocked() error {
+	if !k.table {
+		return fmt.Errorf("nft: table inet ctld: %w", fs.ErrNotExist)
+	}
+	return nil
+}
+
+// Apply makes or replaces o's chain and its dispatch element, at once.
+func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.Effective) error {
+	if err := validOwner(o); err != nil {
+		return err
+	}
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.tableLocked(); err != nil {
+		return err
+	}
+	if err := k.makeFails(KindNft, o.Alias()); err != nil {
+		return fmt.Errorf("nft apply %s: %w", o.Chain(), err)
+	}
+	ch, ok := k.chains[o.Chain()]
+	if !ok {
+		ch = &fwChain{}
+		k.chains[o.Chain()] = ch
+	}
+	ch.owner, ch.eff = o, eff
+	// Sets whose profile changed are recreated: their elements go.
+	for set := range ch.resolved {
+		if set >= len(eff.Domains) {
+			delete(ch.resolved, set)
+		}
+	}
+	k.fwd[o.Link()] = o.Chain()
+	k.call("nft apply %s %s", o.Chain(), eff.Mode)
+	return nil
+}
+
+// Remove deletes o's dispatch element and chain; absent is success.
+func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.refused(KindNft, o.Alias()); err != nil {
+		return fmt.Errorf("nft remove %s: %w", o.Chain(), err)
+	}
+	changed := false
+	if k.fwd[o.Link()] == o.Chain() {
+		delete(k.fwd, o.Link())
+		changed = true
+	}
+	if _, ok := k.chains[o.Chain()]; ok {
+		delete(k.chains, o.Chain())
+		changed = true
+	}
+	if changed {
+		k.call("nft remove %s", o.Chain())
+	}
+	return nil
+}
+
+// CheckGone: no chain of o and no dispatch element for o's link.
+func (f *Firewall) CheckGone(ctx context.Context, o netpolicy.Owner) (bool, string) {
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var left []string
+	if _, ok := k.chains[o.Chain()]; ok {
+		left = append(left, "chain "+o.Chain()+" exists")
+	}
+	if c, ok := k.fwd[o.Link()]; ok {
+		left = append(left, "fwd element "+o.Link()+" : goto "+c)
+	}
+	if len(left) > 0 {
+		return false, strings.Join(left, "; ")
+	}
+	return true, fmt.Sprintf("no chain, set or counter %s, no fwd or dns element for %s", o.Chain(), o.Link())
+}
+
+// List names the generations with a chain or a dispatch element.
+func (f *Firewall) List(ctx context.Context) ([]string, error) {
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	seen := map[string]bool{}
+	for name := range k.chains {
+		seen[name] = true
+	}
+	for _, c := range k.fwd {
+		seen[c] = true
+	}
+	out := make([]string, 0, len(seen))
+	for name := range seen {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// RemoveOrphan deletes the chain and every dispatch element to it.
+func (f *Firewall) RemoveOrphan(ctx context.Context, chain string) error {
+	id, gen, ok := netpolicy.ParseChainName(chain)
+	if !ok {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "nft: %q is not a generation's chain", chain)
+	}
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.refused(KindNft, names.Generation(id, gen)); err != nil {
+		return fmt.Errorf("nft remove %s: %w", chain, err)
+	}
+	delete(k.chains, chain)
+	for l, c := range k.fwd {
+		if c == chain {
+			delete(k.fwd, l)
+		}
+	}
+	k.call("nft remove orphan %s", chain)
+	return nil
+}
+
+// Counters reads o's counters.
+func (f *Firewall) Counters(ctx context.Context, o netpolicy.Owner) (netpolicy.Counters, error) {
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ch, ok := k.chains[o.Chain()]
+	if !ok {
+		return netpolicy.Counters{}, fmt.Errorf("nft: counter %s.tx: %w", o.Chain(), fs.ErrNotExist)
+	}
+	return ch.counters, nil
+}
+
+// AllowResolved adds addrs to o's domain set with timeout ttl.
+func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int, addrs []netip.Addr, ttl time.Duration) error {
+	k := f.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ch, ok := k.chains[o.Chain()]
+	if !ok || set < 0 || set >= len(ch.eff.Domains) {
+		return fmt.Errorf("nft: set %s.d%d: %w", o.Chain(), set, fs.ErrNotExist)
+	}
+	if ch.resolved == nil {
+		ch.resolved = map[int]map[netip.Addr]time.Duration{}
+	}
+	if ch.resolved[set] == nil {
+		ch.resolved[set] = map[netip.Addr]time.Duration{}
+	}
+	for _, a := range addrs {
+		ch.resolved[set][a] = ttl
+	}
+	return nil
+}
+
+// Flows fakes the conntrack table, flows found by their slot's mark.
+type Flows Kernel
+
+func (fl *Flows) k() *Kernel { return (*Kernel)(fl) }
+
+// Flush deletes every flow of slot.
+func (fl *Flows) Flush(ctx context.Context, slot netpolicy.Slot) error {
+	k := fl.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.refused(KindConntrack, strconv.FormatUint(uint64(slot), 10)); err != nil {
+		return fmt.Errorf("conntrack flush mark %d: %w", slot, err)
+	}
+	if len(k.flows[slot]) > 0 {
+		k.call("conntrack flush %d", slot)
+	}
+	delete(k.flows, slot)
+	return nil
+}
+
+// CheckGone: no flow has slot's mark.
+func (fl *Flows) CheckGone(ctx context.Context, slot netpolicy.Slot) (bool, string) {
+	k := fl.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if n := len(k.flows[slot]); n > 0 {
+		return false, fmt.Sprintf("%d flow(s) with mark %d, first %s", n, slot, k.flows[slot][0])
+	}
+	return true, fmt.Sprintf("no flow with mark %d", slot)
+}
+
+// Cut deletes slot's flows whose destination eff does not allow (an
+// allow element, or an answer in a domain set whose profile allows the
+// port).
+func (fl *Flows) Cut(ctx context.Context, slot netpolicy.Slot, eff netpolicy.Effective) (int, error) {
+	k := fl.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var chain *fwChain
+	if l, ok := k.fwd[netpolicy.LinkName(slot)]; ok {
+		chain = k.chains[l]
+	}
+	var keep []Flow
+	cut := 0
+	for _, f := range k.flows[slot] {
+		if allows(eff, chain, f) {
+			keep = append(keep, f)
+		} else {
+			cut++
+		}
+	}
+	if cut > 0 {
+		k.flows[slot] = keep
+		k.call("conntrack cut %d: %d", slot, cut)
+	}
+	return cut, nil
+}
+
+func allows(eff netpolicy.Effective, ch *fwChain, f Flow) bool {
+	a, port := f.Dst.Addr(), f.Dst.Port()
+	for _, e := range slices.Concat(eff.Allow4, eff.Allow6) {
+		if e.Dst.Contains(a) && e.Proto == f.Proto && e.Ports.From <= port && port <= e.Ports.To {
+			return true
+		}
+	}
+	if ch == nil {
+		return false
+	}
+	for set, els := range ch.resolved {
+		if _, ok := els[a]; !ok || set >= len(eff.Domains) {
+			continue
+		}
+		d := eff.Domains[set]
+		for _, p := range d.Ports {
+			if d.Proto == f.Proto && p.From <= port && port <= p.To {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// DNSProxy fakes the DNS proxy's registry.
+type DNSProxy Kernel
+
+func (d *DNSProxy) k() *Kernel { return (*Kernel)(d) }
+
+// Register makes or replaces o's entry.
+func (d *DNSProxy) Register(o netpolicy.Owner, eff netpolicy.Effective) {
+	k := d.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.dns[o.Block.Slot] = dnsEntry{owner: o, eff: eff}
+}
+
+// Unregister forgets slot's entry.
+func (d *DNSProxy) Unregister(slot netpolicy.Slot) {
+	k := d.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.dns, slot)
+}
+
+// Registered reports whether slot has an entry.
+func (d *DNSProxy) Registered(slot netpolicy.Slot) bool {
+	k := d.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.dns[slot]
+	return ok
+}

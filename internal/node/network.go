@@ -1,0 +1,435 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
+)
+
+// The sandbox network of a generation (docs/network-design.md §5): an
+// address slot allocated in the claim's journal transaction, and four
+// entries of the resource table, named from the slot and the generation
+// (netpolicy.Owner):
+//   - links: the veth pair into the netns, its addresses and routes;
+//   - conntrack: nothing to make (the chain marks the flows with the
+//     slot); removal flushes them, after the nft objects are gone, so no
+//     new flow is marked;
+//   - nft: the generation's chain, sets, counters and dispatch elements,
+//     one transaction; removed before the links (teardown is the
+//     reverse), so no dispatch element names a link that is gone;
+//   - dns: the DNS proxy's registry entry, after nft (the proxy adds
+//     answers to the generation's sets) and removed before it.
+//
+// Every generation gets links and nft, deny_all too (its chain drops
+// everything but what the policy allows, which is nothing), so a live
+// update can switch its mode without restarting the guest. A node
+// without a Links or Firewall makes none of them and refuses the modes
+// that need them.
+
+// hasNet reports whether the node makes a veth and nft objects for every
+// generation.
+func (n *Node) hasNet() bool {
+	return n.d.Links != nil && n.d.Firewall != nil && n.d.Pool.V4.IsValid()
+}
+
+// hasPool reports whether generations get an address slot.
+func (n *Node) hasPool() bool { return n.d.Pool.V4.IsValid() }
+
+// allocSlot picks the lowest slot of the pool that no generation holding
+// capacity (live, half done or withheld) uses. It runs inside the claim's
+// write transaction, so two claims never pick the same; a slot comes back
+// only with the clean proof that ends its record.
+func (n *Node) allocSlot(all []journal.Sandbox) (uint32, error) {
+	if !n.hasPool() {
+		return 0, nil
+	}
+	var used []netpolicy.Slot
+	for _, s := range all {
+		if s.Slot != 0 && (s.Holds() || s.Withheld) {
+			used = append(used, netpolicy.Slot(s.Slot))
+		}
+	}
+	slot, err := n.d.Pool.Alloc(used)
+	return uint32(slot), err
+}
+
+// owner names rec's network objects; ok is false when rec has no slot.
+func (n *Node) owner(rec journal.Sandbox) (o netpolicy.Owner, ok bool, err error) {
+	if rec.Slot == 0 {
+		return o, false, nil
+	}
+	b, err := n.d.Pool.Block(netpolicy.Slot(rec.Slot))
+	if err != nil {
+		return o, false, fmt.Errorf("address block of %s generation %d: %w", rec.ID, rec.Generation, err)
+	}
+	return netpolicy.Owner{ID: rec.ID, Generation: rec.Generation, Block: b}, true, nil
+}
+
+// policyOf is the policy rec's generation should enforce: a live update
+// in flight, else the one in force, else the claim's.
+func policyOf(rec journal.Sandbox) journal.NetworkPolicy {
+	switch {
+	case rec.NetworkUpdate != nil:
+		return rec.NetworkUpdate.Policy
+	case rec.Network != nil:
+		return *rec.Network
+	case rec.Request != nil:
+		return rec.Request.Network
+	}
+	return journal.NetworkPolicy{}
+}
+
+func specOf(p journal.NetworkPolicy) netpolicy.Spec {
+	s := netpolicy.Spec{Mode: string(p.Mode)}
+	for _, r := range p.Rules {
+		s.Rules = append(s.Rules, netpolicy.RuleSpec{CIDR: r.CIDR, Domain: r.Domain, Protocol: r.Protocol, Ports: r.Ports})
+	}
+	return s
+}
+
+// parsePolicy validates a policy with the node's limits.
+func (n *Node) parsePolicy(p journal.NetworkPolicy) (netpolicy.Policy, error) {
+	return n.cfg.NetLimits.Parse("network", specOf(p))
+}
+
+// effective resolves p for o on this node.
+func (n *Node) effective(o netpolicy.Owner, p netpolicy.Policy) netpolicy.Effective {
+	return netpolicy.Resolve(p, netpolicy.Facts{Pool: n.d.Pool, Block: o.Block, NodeAddrs: n.d.NodeAddrs})
+}
+
+// checkNetwork refuses, before anything is journaled, a policy this node
+// cannot enforce: every mode but deny_all needs the veth and the
+// firewall, and the conntrack flows (live updates cut them); a policy
+// that resolves names needs the DNS proxy.
+func (n *Node) checkNetwork(p netpolicy.Policy) error {
+	if p.Mode == netpolicy.ModeDenyAll {
+		return nil
+	}
+	var missing []string
+	if !n.hasNet() {
+		missing = append(missing, "links and firewall")
+	}
+	if n.d.Flows == nil {
+		missing = append(missing, "conntrack")
+	}
+	domains := p.Mode == netpolicy.ModeOpen
+	for _, r := range p.Rules {
+		domains = domains || r.IsDomain()
+	}
+	if domains && n.d.DNSProxy == nil {
+		missing = append(missing, "DNS proxy")
+	}
+	if len(missing) > 0 {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "network mode %q is not available on this node: it has no %v (only %q is)", p.Mode, missing, netpolicy.ModeDenyAll)
+	}
+	return n.netReady()
+}
+
+// netReady is nil once this term's firewall table is in place (Reconcile).
+func (n *Node) netReady() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.netErr != nil {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "sandbox network not ready: %v", n.netErr)
+	}
+	return nil
+}
+
+// ensureNetwork makes the node-wide parts of the sandbox network once per
+// term, before anything is served: the forwarding sysctls and the nft
+// table with its base chains (never flushed: the generations' objects in
+// it keep enforcing through a failover). A failure keeps the node from
+// claiming any generation that would need them.
+func (n *Node) ensureNetwork(ctx context.Context) error {
+	var err error
+	if n.hasNet() {
+		if n.d.EnableForwarding != nil {
+			if e := n.d.EnableForwarding(ctx); e != nil {
+				err = fmt.Errorf("enable forwarding: %w", e)
+			}
+		}
+		if err == nil {
+			if e := n.d.Firewall.Ensure(ctx); e != nil {
+				err = fmt.Errorf("ensure the nft table: %w", e)
+			}
+		}
+	}
+	n.mu.Lock()
+	n.netErr = err
+	n.mu.Unlock()
+	return err
+}
+
+// registerDNS rebuilds the DNS proxy's registry from the journal: every
+// ready generation with a slot answers again at once (the registry is
+// memory; set elements already in the kernel keep working meanwhile).
+func (n *Node) registerDNS(ss []journal.Sandbox) {
+	if n.d.DNSProxy == nil {
+		return
+	}
+	for _, s := range ss {
+		if s.State != journal.StateReady || s.Withheld {
+			continue
+		}
+		o, ok, err := n.owner(s)
+		if err != nil || !ok {
+			continue
+		}
+		pol, err := n.parsePolicy(policyOf(s))
+		if err != nil {
+			n.log.Error("journaled network policy no longer parses; DNS proxy entry not rebuilt", "sandbox", s.ID, "generation", s.Generation, "err", err)
+			continue
+		}
+		n.d.DNSProxy.Register(o, n.effective(o, pol))
+	}
+}
+
+// noNet is the check of an entry this node or generation has no object
+// of.
+func noNet(name, why string) proof.Check { return check(name, true, why) }
+
+const (
+	noSlot      = "no address slot: no network object was made"
+	noSubsystem = "this node makes no such object (not configured)"
+)
+
+// linksResource is the veth pair: host end netpolicy.LinkName(slot)
+// with the gateway addresses, its peer eth0 in the netns.
+type linksResource struct{ n *Node }
+
+func (linksResource) kind() journal.Kind { return journal.KindLinks }
+func (r linksResource) make(ctx context.Context, c *claimState) error {
+	if !r.n.hasNet() {
+		return nil
+	}
+	o, ok, err := r.n.owner(c.rec)
+	if err != nil || !ok {
+		return fmt.Errorf("make veth: %w", orNoSlot(err, c.rec))
+	}
+	if err := r.n.d.Links.Make(ctx, o, c.nsPath); err != nil {
+		return fmt.Errorf("make veth: %w", err)
+	}
+	return nil
+}
+func (r linksResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if r.n.d.Links == nil || rec.Slot == 0 {
+		return nil
+	}
+	return r.n.d.Links.Remove(ctx, netpolicy.LinkName(netpolicy.Slot(rec.Slot)))
+}
+func (r linksResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	const name = "veth_gone_address_free"
+	if r.n.d.Links == nil {
+		return noNet(name, noSubsystem)
+	}
+	o, ok, err := r.n.owner(rec)
+	switch {
+	case err != nil:
+		return check(name, false, err.Error())
+	case !ok:
+		return noNet(name, noSlot)
+	}
+	ok, d := r.n.d.Links.CheckGone(ctx, o)
+	return check(name, ok, d)
+}
+func (r linksResource) list(ctx context.Context) ([]string, error) {
+	if r.n.d.Links == nil {
+		return nil, nil
+	}
+	return r.n.d.Links.List(ctx)
+}
+func (linksResource) name(rec journal.Sandbox) string {
+	if rec.Slot == 0 {
+		return ""
+	}
+	return netpolicy.LinkName(netpolicy.Slot(rec.Slot))
+}
+func (r linksResource) removeOrphan(ctx context.Context, name string) error {
+	if _, ok := netpolicy.ParseLinkName(name); !ok {
+		return fmt.Errorf("remove link %q: not a sandbox link name", name)
+	}
+	return r.n.d.Links.Remove(ctx, name)
+}
+
+// missing: a ready generation whose veth is gone has lost its network.
+func (r linksResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
+	if name := r.name(rec); name != "" && inv.links != nil && !inv.links[name] {
+		return "veth"
+	}
+	return ""
+}
+
+// conntrackResource is the generation's flows, marked with its slot by
+// its chain.
+type conntrackResource struct {
+	n *Node
+	alive
+	unswept
+}
+
+func (conntrackResource) kind() journal.Kind                      { return journal.KindConntrack }
+func (conntrackResource) make(context.Context, *claimState) error { return nil }
+func (r conntrackResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if r.n.d.Flows == nil || rec.Slot == 0 {
+		return nil
+	}
+	return r.n.d.Flows.Flush(ctx, netpolicy.Slot(rec.Slot))
+}
+func (r conntrackResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	const name = "conntrack_gone"
+	switch {
+	case r.n.d.Flows == nil:
+		return noNet(name, noSubsystem)
+	case rec.Slot == 0:
+		return noNet(name, noSlot)
+	}
+	ok, d := r.n.d.Flows.CheckGone(ctx, netpolicy.Slot(rec.Slot))
+	return check(name, ok, d)
+}
+
+// nftResource is the generation's objects in ctld's nft table: chain,
+// sets, counters, its dispatch and DNS elements.
+type nftResource struct{ n *Node }
+
+func (nftResource) kind() journal.Kind { return journal.KindNft }
+func (r nftResource) make(ctx context.Context, c *claimState) error {
+	if !r.n.hasNet() {
+		return nil
+	}
+	o, ok, err := r.n.owner(c.rec)
+	if err != nil || !ok {
+		return fmt.Errorf("apply network policy: %w", orNoSlot(err, c.rec))
+	}
+	pol, err := r.n.parsePolicy(policyOf(c.rec))
+	if err != nil {
+		return err
+	}
+	if err := r.n.d.Firewall.Apply(ctx, o, r.n.effective(o, pol)); err != nil {
+		return fmt.Errorf("apply network policy: %w", err)
+	}
+	return nil
+}
+func (r nftResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if r.n.d.Firewall == nil {
+		return nil
+	}
+	o, ok, err := r.n.owner(rec)
+	if err != nil || !ok {
+		return err // no slot: nothing was made (make needs one)
+	}
+	return r.n.d.Firewall.Remove(ctx, o)
+}
+func (r nftResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	const name = "nft_gone"
+	if r.n.d.Firewall == nil {
+		return noNet(name, noSubsystem)
+	}
+	o, ok, err := r.n.owner(rec)
+	switch {
+	case err != nil:
+		return check(name, false, err.Error())
+	case !ok:
+		return noNet(name, noSlot)
+	}
+	ok, d := r.n.d.Firewall.CheckGone(ctx, o)
+	return check(name, ok, d)
+}
+func (r nftResource) list(ctx context.Context) ([]string, error) {
+	if r.n.d.Firewall == nil {
+		return nil, nil
+	}
+	return r.n.d.Firewall.List(ctx)
+}
+func (nftResource) name(rec journal.Sandbox) string {
+	if rec.Slot == 0 {
+		return ""
+	}
+	return netpolicy.ChainName(rec.ID, rec.Generation)
+}
+func (r nftResource) removeOrphan(ctx context.Context, chain string) error {
+	if _, _, ok := netpolicy.ParseChainName(chain); !ok {
+		return fmt.Errorf("remove nft objects of %q: not a generation's chain name", chain)
+	}
+	return r.n.d.Firewall.RemoveOrphan(ctx, chain)
+}
+
+// missing: without its chain a ready generation's traffic is dropped
+// (the base chain's catch-all): its network is lost.
+func (r nftResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
+	if name := r.name(rec); name != "" && inv.chains != nil && !inv.chains[name] {
+		return "nft chain"
+	}
+	return ""
+}
+
+// dnsResource is the generation's entry in the DNS proxy's registry.
+type dnsResource struct {
+	n *Node
+	alive
+	unswept
+}
+
+func (dnsResource) kind() journal.Kind { return journal.KindDNS }
+func (r dnsResource) make(_ context.Context, c *claimState) error {
+	if r.n.d.DNSProxy == nil || !r.n.hasNet() {
+		return nil
+	}
+	o, ok, err := r.n.owner(c.rec)
+	if err != nil || !ok {
+		return fmt.Errorf("register with the DNS proxy: %w", orNoSlot(err, c.rec))
+	}
+	pol, err := r.n.parsePolicy(policyOf(c.rec))
+	if err != nil {
+		return err
+	}
+	r.n.d.DNSProxy.Register(o, r.n.effective(o, pol))
+	return nil
+}
+func (r dnsResource) remove(_ context.Context, rec journal.Sandbox) error {
+	if r.n.d.DNSProxy != nil && rec.Slot != 0 {
+		r.n.d.DNSProxy.Unregister(netpolicy.Slot(rec.Slot))
+	}
+	return nil
+}
+func (r dnsResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
+	const name = "dns_state_gone"
+	switch {
+	case r.n.d.DNSProxy == nil:
+		return noNet(name, noSubsystem)
+	case rec.Slot == 0:
+		return noNet(name, noSlot)
+	case r.n.d.DNSProxy.Registered(netpolicy.Slot(rec.Slot)):
+		return check(name, false, fmt.Sprintf("slot %d is registered with the DNS proxy", rec.Slot))
+	}
+	return check(name, true, fmt.Sprintf("slot %d is not registered with the DNS proxy", rec.Slot))
+}
+
+func orNoSlot(err error, rec journal.Sandbox) error {
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("generation %d of %s has no address slot", rec.Generation, rec.ID)
+}
+
+// unswept is the sweep's part of an entry whose objects the kernel does
+// not list under a name of ctld's: conntrack flows (a flow of a slot no
+// generation holds is flushed by the next teardown of that slot, and
+// conntrack times it out anyway) and the DNS proxy's registry (this
+// process's memory, rebuilt by each term: nothing of another term is in
+// it). Their effect records are still finished by reconcile.
+type unswept struct{}
+
+func (unswept) list(context.Context) ([]string, error)     { return nil, nil }
+func (unswept) name(journal.Sandbox) string                { return "" }
+func (unswept) removeOrphan(context.Context, string) error { return nil }
+func (unswept) notSwept()                                  {}
+
+// swept reports whether the orphan sweep lists r's objects.
+func swept(r resource) bool {
+	_, ok := r.(interface{ notSwept() })
+	return !ok
+}

@@ -1,0 +1,277 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// TestClaimMakesNetwork: a deny_all claim gets an address slot, a veth
+// into its netns, its nft chain and dispatch element and a DNS proxy
+// entry; its release removes them all, each with its proof check.
+func TestClaimMakesNetwork(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	if !k.TableEnsured() || !k.Forwarding() {
+		t.Fatalf("after the takeover: table ensured %v, forwarding %v; want both", k.TableEnsured(), k.Forwarding())
+	}
+	r.mustClaim(sb, claimReq("c1", 1))
+	if s := r.sandbox(sb); s.Slot != 1 {
+		t.Fatalf("slot %d, want 1", s.Slot)
+	}
+	want := []string{
+		"dns slot 1 sb-g1 mode deny_all",
+		"link ctl-00001 alias sb-g1 peer eth0 in net:[4026532101] gateway 10.200.0.2 sandbox 10.200.0.3",
+		"nft chain sb-sb-g1 mode deny_all allow4 0 allow6 0 domains 0",
+		"nft fwd ctl-00001 goto sb-sb-g1",
+	}
+	text := k.String()
+	for _, w := range want {
+		if !strings.Contains(text, w+"\n") {
+			t.Errorf("kernel after the claim lacks %q:\n%s", w, text)
+		}
+	}
+	eff, _ := k.Effective("sb-sb-g1")
+	if eff.Source4 != netip.MustParseAddr("10.200.0.3") || eff.Source6 != netip.MustParseAddr("fd00:c71d::6") || len(eff.Allow4)+len(eff.Allow6) != 0 {
+		t.Errorf("deny_all chain enforces %+v", eff)
+	}
+	rel := r.mustRelease(sb, "r1", 1)
+	var got []string
+	for _, c := range rel.Proof.Checks {
+		got = append(got, c.Name)
+		if !c.OK {
+			t.Errorf("check %s failed: %s", c.Name, c.Detail)
+		}
+	}
+	for _, name := range []string{"veth_gone_address_free", "nft_gone", "conntrack_gone", "dns_state_gone"} {
+		if !slices.Contains(got, name) {
+			t.Errorf("proof checks %v lack %s", got, name)
+		}
+	}
+	r.checkClean("after the release")
+}
+
+// TestTeardownOrderOfNetwork: a release kills the guest, then removes
+// the DNS entry, the nft objects (before the link they dispatch on), the
+// flows (once nothing marks new ones), the link, then the netns.
+func TestTeardownOrderOfNetwork(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	k.AddFlow(1, fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("203.0.113.7:443")})
+	k.Calls()
+	r.mustRelease(sb, "r1", 1)
+	calls := k.Calls()
+	order := []string{"lease kill sb-g1", "runsc delete sb-g1", "nft remove sb-sb-g1", "conntrack flush 1", "link remove ctl-00001", "netns delete sb-g1"}
+	last := -1
+	for _, c := range order {
+		i := slices.Index(calls, c)
+		if i < 0 || i < last {
+			t.Fatalf("release calls %q: want in order %q", calls, order)
+		}
+		last = i
+	}
+	r.checkProof("r1")
+	r.checkClean("after the release")
+}
+
+// TestSlotAllocation: slots are handed out lowest first; a full pool
+// refuses a claim with capacity_exhausted before anything is journaled or
+// made; a released generation's slot is reused.
+func TestSlotAllocation(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	n := int(testPool.Len()) // 7: a /28 of /31 blocks less slot 0
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("s%d", i)
+		r.mustClaim(id, claimReq("c"+id, 1))
+		if s := r.sandbox(id); s.Slot != uint32(i) {
+			t.Fatalf("sandbox %s got slot %d, want %d", id, s.Slot, i)
+		}
+	}
+	before := k.String()
+	_, err, _ := r.claim("full", claimReq("cfull", 1))
+	if errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted || !strings.Contains(err.Error(), "address block") {
+		t.Fatalf("claim with the pool full: %v, want capacity_exhausted naming the address pool", err)
+	}
+	if _, err := r.n.sandbox("full"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Errorf("the refused claim left a record: %v", err)
+	}
+	if after := k.String(); after != before {
+		t.Errorf("the refused claim changed the kernel:\n%s\nwas:\n%s", after, before)
+	}
+	r.mustRelease("s3", "r3", 1)
+	r.mustClaim("again", claimReq("cagain", 1))
+	if s := r.sandbox("again"); s.Slot != 3 {
+		t.Errorf("after releasing slot 3 a claim got slot %d, want 3", s.Slot)
+	}
+}
+
+// TestSlotReusedOnlyAfterCleanProof: a generation whose veth cannot be
+// removed is withheld and keeps its slot (the next claim gets another);
+// once its cleanup is proven the slot is free again.
+func TestSlotReusedOnlyAfterCleanProof(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim("a", claimReq("ca", 1))
+	k.Refuse(fakekernel.KindLinks, "a-g1", nil)
+	rel, err, _ := r.release("a", "ra", 1)
+	if err != nil || rel.Proof.Clean {
+		t.Fatalf("release with the link refusing removal: clean=%v, %v", rel.Proof.Clean, err)
+	}
+	if s := r.sandbox("a"); !s.Withheld || s.Slot != 1 {
+		t.Fatalf("sandbox a: withheld %v slot %d, want withheld holding slot 1", s.Withheld, s.Slot)
+	}
+	r.mustClaim("b", claimReq("cb", 1))
+	if s := r.sandbox("b"); s.Slot != 2 {
+		t.Fatalf("claim beside a withheld slot 1 got slot %d, want 2", s.Slot)
+	}
+	k.Allow(fakekernel.KindLinks, "a-g1")
+	r.mustBoot() // the takeover retries the withheld teardown
+	if s := r.sandbox("a"); s.Withheld {
+		t.Fatalf("still withheld after the link could go: %s", s.Reason)
+	}
+	r.mustClaim("c", claimReq("cc", 1))
+	if s := r.sandbox("c"); s.Slot != 1 {
+		t.Fatalf("after the clean proof a claim got slot %d, want 1", s.Slot)
+	}
+}
+
+// TestReconcileLostNetwork: a ready generation whose veth or nft chain
+// vanished (an operator's `ip link del`, `nft flush ruleset`) is lost:
+// the takeover tears it down with a clean proof.
+func TestReconcileLostNetwork(t *testing.T) {
+	for _, c := range []struct {
+		name, what string
+		drop       func(k *fakekernel.Kernel) error
+	}{
+		{"link", "veth", func(k *fakekernel.Kernel) error { return k.Links().Remove(context.Background(), "ctl-00001") }},
+		{"table", "nft chain", func(k *fakekernel.Kernel) error { k.DropTable(); return nil }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tk, k := fakeKernel(t)
+			r := newRig(t, tk)
+			r.mustBoot()
+			resp := r.mustClaim(sb, claimReq("c1", 1))
+			if err := c.drop(k); err != nil {
+				t.Fatal(err)
+			}
+			r.mustBoot()
+			s := r.sandbox(sb)
+			if s.State != journal.StateReleased || !strings.Contains(s.Reason, c.what) {
+				t.Fatalf("after takeover: %s (%s), want released as lost with %s gone", s.State, s.Reason, c.what)
+			}
+			r.checkProof("lost-" + resp.Sandbox.ContainerID)
+			r.checkClean("after the lost generation")
+			checkUnjournaled(r, crashCase{})
+		})
+	}
+}
+
+// TestDNSRegistryRebuiltOnTakeover: the DNS proxy's registry is memory:
+// a new term registers every ready generation again, with its policy.
+func TestDNSRegistryRebuiltOnTakeover(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	req := claimReq("c1", 1)
+	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}}}}
+	r.mustClaim(sb, req)
+	k.RestartDNSProxy()
+	if _, ok := k.Registered(1); ok {
+		t.Fatal("RestartDNSProxy kept the registry")
+	}
+	r.mustBoot()
+	eff, ok := k.Registered(1)
+	if !ok || eff.Mode != netpolicy.ModeRestricted || len(eff.Domains) != 1 || eff.Domains[0].Names[0] != "example.com" {
+		t.Fatalf("after the takeover slot 1 registered %v: %+v", ok, eff)
+	}
+}
+
+// TestNetworkModesFailClosed: a node without the network subsystems runs
+// deny_all sandboxes (netns with lo only, no slot objects) and refuses
+// open and restricted before anything is journaled; one without a DNS
+// proxy refuses policies that resolve names.
+func TestNetworkModesFailClosed(t *testing.T) {
+	open := api.NetworkPolicy{Mode: api.NetworkOpen}
+	cidr := api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24"}}}
+	domain := api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "example.com"}}}
+	for _, c := range []struct {
+		name   string
+		strip  func(*testKernel)
+		refuse []api.NetworkPolicy
+		allow  []api.NetworkPolicy
+	}{
+		{"no links", func(k *testKernel) { k.links = nil }, []api.NetworkPolicy{open, cidr, domain}, nil},
+		{"no firewall", func(k *testKernel) { k.firewall = nil }, []api.NetworkPolicy{open, cidr, domain}, nil},
+		{"no conntrack", func(k *testKernel) { k.flows = nil }, []api.NetworkPolicy{open, cidr, domain}, nil},
+		{"no pool", func(k *testKernel) { k.pool = netpolicy.Pool{} }, []api.NetworkPolicy{open, cidr, domain}, nil},
+		{"no dns proxy", func(k *testKernel) { k.dns = nil }, []api.NetworkPolicy{open, domain}, []api.NetworkPolicy{cidr}},
+		{"everything", func(*testKernel) {}, nil, []api.NetworkPolicy{open, cidr, domain}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tk, k := fakeKernel(t)
+			c.strip(tk)
+			r := newRig(t, tk)
+			r.mustBoot()
+			for i, p := range c.refuse {
+				req := claimReq(fmt.Sprintf("refused%d", i), 1)
+				req.Network = p
+				_, err, _ := r.claim(sb, req)
+				if errdefs.CodeOf(err) != errdefs.CodeUnavailable {
+					t.Errorf("claim with %+v: %v, want unavailable", p, err)
+				}
+				if got := k.String(); got != "" {
+					t.Fatalf("a refused claim left:\n%s", got)
+				}
+			}
+			gen := uint64(1)
+			for _, p := range append([]api.NetworkPolicy{{}}, c.allow...) {
+				req := claimReq(fmt.Sprintf("c%d", gen), gen)
+				req.Network = p
+				r.mustClaim(sb, req)
+				if p.Mode != "" {
+					eff, ok := k.Effective(netpolicy.ChainName(sb, gen))
+					if !ok || string(eff.Mode) != string(p.Mode) {
+						t.Errorf("claim with %+v: chain %v enforces %s", p, ok, eff.Mode)
+					}
+				}
+				r.mustRelease(sb, fmt.Sprintf("r%d", gen), gen)
+				gen++
+			}
+			r.checkClean("after the claims")
+		})
+	}
+}
+
+// TestFirewallNotReadyRefusesClaims: when the term cannot make the nft
+// table, every claim that would need it is refused (fail closed).
+func TestFirewallNotReadyRefusesClaims(t *testing.T) {
+	tk, k := fakeKernel(t)
+	k.FailMake(fakekernel.KindNft, fakekernel.TableName, nil)
+	r := newRig(t, tk)
+	if returned, err := r.boot(); !returned || err == nil {
+		t.Fatalf("takeover with the table failing: returned %v, err %v; want an error", returned, err)
+	}
+	req := claimReq("c1", 1)
+	req.Network = api.NetworkPolicy{Mode: api.NetworkOpen}
+	if _, err, _ := r.claim(sb, req); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "not ready") {
+		t.Fatalf("open claim without the table: %v, want unavailable (not ready)", err)
+	}
+	k.ClearFailMake(fakekernel.KindNft, fakekernel.TableName)
+	r.mustBoot()
+	r.mustClaim(sb, req)
+}
