@@ -86,7 +86,8 @@ func TestCrashPoints(t *testing.T) {
 // one after the other in the recoveries of one release (or sweep), still
 // ends clean. The VM covers those points this way.
 func TestCrashChains(t *testing.T) {
-	for _, c := range crashChains() {
+	full, _ := fakeKernel(t)
+	for _, c := range crashChains(full) {
 		t.Run(c.c.name, func(t *testing.T) {
 			k, _ := fakeKernel(t)
 			runCrashChain(t, k, c.c, c.points)

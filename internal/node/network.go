@@ -426,10 +426,14 @@ type unswept struct{}
 func (unswept) list(context.Context) ([]string, error)     { return nil, nil }
 func (unswept) name(journal.Sandbox) string                { return "" }
 func (unswept) removeOrphan(context.Context, string) error { return nil }
-func (unswept) notSwept()                                  {}
+func (unswept) sweeps() bool                               { return false }
 
-// swept reports whether the orphan sweep lists r's objects.
-func swept(r resource) bool {
-	_, ok := r.(interface{ notSwept() })
-	return !ok
+// sweeps reports whether the orphan sweep lists r's objects on this node
+// (an entry without the method always does).
+func sweeps(r resource) bool {
+	s, ok := r.(interface{ sweeps() bool })
+	return !ok || s.sweeps()
 }
+
+func (r linksResource) sweeps() bool { return r.n.d.Links != nil }
+func (r nftResource) sweeps() bool   { return r.n.d.Firewall != nil }

@@ -19,6 +19,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/proof"
 )
@@ -468,16 +469,23 @@ func isTeardownPoint(p string) bool {
 
 func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
 
-// isSweepPoint is an orphan point the name sweep passes too: of a kind
-// whose objects the kernel lists (the others are reached only by
-// finishing effect records).
-func isSweepPoint(p string) bool {
+// isSweepPoint is an orphan point the name sweep passes too on a node
+// over k: of a kind whose objects k lists (the others are reached only by
+// finishing effect records). A nil k is the fake kernel, which has them all.
+func isSweepPoint(k *testKernel, p string) bool {
 	kind, ok := strings.CutPrefix(p, "orphan:")
 	if !ok {
 		return false
 	}
-	r := (&Node{table: newTable(&Node{})}).resource(journal.Kind(kind))
-	return r != nil && swept(r)
+	n := &Node{}
+	if k != nil {
+		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool}
+	} else {
+		n.d = Deps{Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil)}
+	}
+	n.table = newTable(n)
+	r := n.resource(journal.Kind(kind))
+	return r != nil && sweeps(r)
 }
 
 // claimFailed: the claim c1 of sb was rolled back (failed, clean proof
@@ -587,7 +595,7 @@ var crashCases = []crashCase{
 		// Objects under ctld's names that this journal never recorded
 		// (made by another node's journal) are orphans: the next term's
 		// sweep removes them, also after a crash in the sweep.
-		name: "orphan", covers: isSweepPoint,
+		name: "orphan", covers: func(p string) bool { return isSweepPoint(nil, p) },
 		setup: func(r *rig) {
 			other := newRig(r.t, r.k)
 			other.mustBoot()
@@ -632,7 +640,7 @@ var crashCases = []crashCase{
 		// after a crash in the middle. Nothing is found by name only. The
 		// one case that passes the orphan points of kinds the sweep does
 		// not list.
-		name: "over", covers: func(p string) bool { return isOrphanPoint(p) && !isSweepPoint(p) },
+		name: "over", covers: func(p string) bool { return isOrphanPoint(p) && !isSweepPoint(nil, p) },
 		setup: func(r *rig) {
 			r.mustClaim(sb, claimReq("c1", 1))
 			err := r.j.Update(func(tx *journal.Tx) error {
@@ -707,9 +715,10 @@ func runCrashCase(t *testing.T, k *testKernel, c crashCase, point string, crashe
 	return true
 }
 
-// crashChains are the chained runs: the teardown's points in a release,
-// the sweep's in an orphan sweep.
-func crashChains() []struct {
+// crashChains are the chained runs on k: the teardown's points in a
+// release, the sweep's in an orphan sweep, the other orphan points in
+// finishing the effect records of a generation that is over.
+func crashChains(k *testKernel) []struct {
 	c      crashCase
 	points []string
 } {
@@ -718,7 +727,7 @@ func crashChains() []struct {
 		switch {
 		case isTeardownPoint(p):
 			release = append(release, p)
-		case isSweepPoint(p):
+		case isSweepPoint(k, p):
 			orphan = append(orphan, p)
 		case isOrphanPoint(p):
 			over = append(over, p)
