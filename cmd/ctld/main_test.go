@@ -43,6 +43,14 @@ func TestRunUsageErrors(t *testing.T) {
 		{[]string{"run", "--slot", "a", "--log-max-bytes", "1"}, "--log-max-bytes: "},
 		{[]string{"run", "--slot", "a", "--default-disk-bytes", "1"}, "--default-disk-bytes must be between"},
 		{[]string{"run", "--slot", "a", "--disk-project-base", "0"}, "--disk-project-base must be between"},
+		{[]string{"run", "--slot", "a", "--net-pool-v4", "10.200.0.1/16"}, "has host bits set"},
+		{[]string{"run", "--slot", "a", "--net-pool-v4", "fd00::/64"}, "is not an IPv4 prefix"},
+		{[]string{"run", "--slot", "a", "--net-pool-v4-bits", "29"}, "must be /31 or /30"},
+		{[]string{"run", "--slot", "a", "--net-pool-v6", "2001:db8::/64"}, "is not inside the ULA range"},
+		{[]string{"run", "--slot", "a", "--net-pool-v6-bits", "126"}, "--net-pool-v6-bits needs --net-pool-v6"},
+		{[]string{"run", "--slot", "a", "--dns-proxy-port", "53"}, "--dns-proxy-port must be"},
+		{[]string{"run", "--slot", "a", "--dns-upstream", "resolver.example"}, `--dns-upstream "resolver.example"`},
+		{[]string{"run", "--slot", "a", "--net-max-rules", "0"}, "--net-max-rules must be between 1 and 256"},
 	} {
 		args := append([]string{"--state-dir", dir + "/state", "--run-dir", dir + "/run"}, tc.args...)
 		r := ctld(t, args...)

@@ -61,6 +61,8 @@ type runOpts struct {
 	// Withheld teardown retries: timer and first backoff step, and cap.
 	withheldRetry    time.Duration
 	withheldRetryMax time.Duration
+	// The sandbox network (network.go).
+	net netOpts
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -91,6 +93,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if o.diskProjBase == 0 || o.diskProjBase > ^uint32(0)-node.DefaultDiskProjects.Count {
 				return usagef("--disk-project-base must be between 1 and %d, got %d", ^uint32(0)-node.DefaultDiskProjects.Count, o.diskProjBase)
+			}
+			if err := o.net.check(); err != nil {
+				return usagef("%w", err)
 			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
@@ -126,6 +131,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after the term ends, how long to wait for cancelled work before exiting with the lock held")
 	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
+	o.net.flags(f)
 	return c
 }
 
@@ -422,6 +428,14 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		}
 		return w, wr.Wait, nil
 	}
+	pool, err := o.net.pool()
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := nodeAddrs(pool)
+	if err != nil {
+		return nil, err
+	}
 	n := node.New(node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
@@ -430,11 +444,16 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
 		DefaultDiskBytes: o.defaultDisk,
 		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
+		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
 	}, node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
 		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
+		// Every generation gets an address slot; the veth, nft and DNS
+		// subsystems are not built yet: the node runs deny_all only
+		// (netns with lo) and refuses the other modes.
+		Pool: pool, NodeAddrs: addrs,
 	})
 	return n, nil
 }
