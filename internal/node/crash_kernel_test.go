@@ -61,7 +61,7 @@ func realKernel(t *testing.T) *testKernel {
 	}
 	k := realNet()
 	*k = testKernel{
-		links: k.links, firewall: k.firewall, flows: k.flows, dns: k.dns, pool: k.pool, forwarding: k.forwarding,
+		links: k.links, firewall: k.firewall, flows: k.flows, dns: k.dns, pool: k.pool,
 		leases:       leases,
 		rootfs:       &rootfs.Overlay{ScratchDir: filepath.Join(state, "scratch")},
 		netns:        &netpolicy.Netns{Dir: filepath.Join(run, "netns")},

@@ -35,9 +35,8 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 	return &testKernel{
 		leases: k.Leases(), rootfs: k.RootFS(), netns: k.Netns(), runtime: k.Runtime(),
 		links: k.Links(), firewall: k.Firewall(), flows: k.Flows(), pool: testPool,
-		dns:        func() DNSProxy { k.RestartDNSProxy(); return k.DNSProxy() },
-		forwarding: k.EnableForwarding,
-		runDir:     k.RunDir(), templatesDir: k.TemplatesDir(),
+		dns:    func() DNSProxy { k.RestartDNSProxy(); return k.DNSProxy() },
+		runDir: k.RunDir(), templatesDir: k.TemplatesDir(),
 		text:      k.String,
 		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },
 		failProbe: func(_ testing.TB, req *api.ClaimRequest) {

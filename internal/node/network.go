@@ -147,10 +147,8 @@ func (n *Node) netReady() error {
 func (n *Node) ensureNetwork(ctx context.Context) error {
 	var err error
 	if n.hasNet() {
-		if n.d.EnableForwarding != nil {
-			if e := n.d.EnableForwarding(ctx); e != nil {
-				err = fmt.Errorf("enable forwarding: %w", e)
-			}
+		if e := n.d.Links.EnableForwarding(ctx, n.d.Pool.IPv6()); e != nil {
+			err = fmt.Errorf("enable forwarding: %w", e)
 		}
 		if err == nil {
 			if e := n.d.Firewall.Ensure(ctx); e != nil {

@@ -77,10 +77,7 @@ type Deps struct {
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr
-	// EnableForwarding turns on the node-wide forwarding a sandbox's
-	// egress needs; called once per term before serving (nil: not done).
-	EnableForwarding func(ctx context.Context) error
-	Logger           *slog.Logger
+	Logger    *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
 	// Term is the primary's term: cancelled when it ends, after which the

@@ -45,9 +45,8 @@ type testKernel struct {
 	pool     netpolicy.Pool
 	// dns returns the DNS proxy of a new term (its registry is a
 	// process's memory); nil: none.
-	dns        func() DNSProxy
-	forwarding func(context.Context) error
-	runDir     string
+	dns    func() DNSProxy
+	runDir string
 	// templatesDir holds the template "busybox".
 	templatesDir string
 	diskProjects DiskProjects
@@ -194,8 +193,8 @@ func (r *rig) boot() (returned bool, err error) {
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
-		NodeAddrs: testNodeAddrs, EnableForwarding: r.k.forwarding,
-		Total: testTotal, Term: term, Crash: r.crash, Logger: r.log,
+		NodeAddrs: testNodeAddrs,
+		Total:     testTotal, Term: term, Crash: r.crash, Logger: r.log,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), r.k.timeout)
 	defer cancel()

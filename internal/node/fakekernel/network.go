@@ -78,7 +78,8 @@ func (k *Kernel) RestartDNSProxy() {
 }
 
 // EnableForwarding turns the node's forwarding on (idempotent).
-func (k *Kernel) EnableForwarding(context.Context) error {
+func (l *Links) EnableForwarding(_ context.Context, v6 bool) error {
+	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.forwarding {
