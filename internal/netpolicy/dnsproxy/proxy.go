@@ -265,14 +265,14 @@ func (p *Proxy) Listen() error {
 	}
 	pc, err := net.ListenPacket("udp", p.cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("dns proxy: listen udp %s: %w", p.cfg.Listen, err)
+		return fmt.Errorf("dns proxy: %w", err) // "listen udp <addr>: ..."
 	}
 	host, _, _ := net.SplitHostPort(p.cfg.Listen)
 	port := pc.LocalAddr().(*net.UDPAddr).Port
 	l, err := net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
 	if err != nil {
 		pc.Close()
-		return fmt.Errorf("dns proxy: listen tcp %s port %d: %w", host, port, err)
+		return fmt.Errorf("dns proxy: port %d of udp: %w", port, err)
 	}
 	p.udp, p.tcp = pc, l
 	return nil
