@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"net/netip"
 	"strings"
 
@@ -28,11 +27,10 @@ const maxListed = 8
 // ctnetlink (github.com/ti-mo/conntrack). It keeps no state; each call
 // opens its own netlink socket.
 type Conntrack struct {
-	// Mask is the part of the ct mark that holds the slot: contiguous
-	// bits, at least 20 of them, so it can be moved clear of the marks
-	// other software on the node uses (zero: DefaultMask). The mark of
-	// slot s is s shifted to the mask's lowest bit (Mark); the nft chain
-	// must set the same.
+	// Mask is the part of the ct mark that holds the slot (zero:
+	// DefaultMask); the bits outside it are left to other software on the
+	// node. It must be the firewall's mask (nft.Config.MarkMask): a flow's
+	// mark is its slot (Mark).
 	Mask uint32
 	// NetNS is an open fd of the network namespace whose table to use
 	// (zero: the caller's, the root netns for ctld; tests pass their own).
@@ -54,19 +52,19 @@ func (c *Conntrack) logger() *slog.Logger {
 	return c.Logger
 }
 
-// Mark is the ct mark value of slot under mask. Slot 0 is refused: its
-// mark under any mask is 0, which every flow no chain marked carries, so
-// a Flush of slot 0 would delete the whole node's flows.
+// Mark is the ct mark value of slot under mask: the slot itself, which
+// must lie inside mask, as the nft chain sets it (package nft:
+// ct mark = (ct mark & ^mask) ^ slot; the bits outside the mask are other
+// software's). Slot 0 is refused: its mark is every unmarked flow's, so a
+// Flush of slot 0 would delete the whole node's flows.
 func Mark(mask uint32, slot netpolicy.Slot) (uint32, error) {
-	shift := bits.TrailingZeros32(mask)
-	width := bits.OnesCount32(mask)
-	if mask == 0 || mask>>shift != 1<<width-1 || width < bits.Len32(netpolicy.MaxSlots-1) {
-		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "conntrack mark mask %#x: must be contiguous bits, at least %d of them", mask, bits.Len32(netpolicy.MaxSlots-1))
-	}
 	if slot == 0 || uint32(slot) >= netpolicy.MaxSlots {
 		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "conntrack slot %d: must be 1..%d", slot, netpolicy.MaxSlots-1)
 	}
-	return uint32(slot) << shift, nil
+	if uint32(slot)&^mask != 0 {
+		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "conntrack slot %d does not fit the mark mask %#x", slot, mask)
+	}
+	return uint32(slot), nil
 }
 
 // filter selects slot's flows: mark & mask == Mark(mask, slot).

@@ -116,12 +116,12 @@ func TestMark(t *testing.T) {
 	}{
 		{DefaultMask, 1, 1, true},
 		{DefaultMask, netpolicy.MaxSlots - 1, 0xfffff, true},
-		{0xfffff000, 0x1a, 0x1a000, true},
 		{0xffffffff, 7, 7, true},
+		{0xff, 0x1a, 0x1a, true},                    // a small pool's mask
 		{DefaultMask, 0, 0, false},                  // slot 0 would select every unmarked flow
-		{DefaultMask, netpolicy.MaxSlots, 0, false}, // beyond the pool
-		{0xffff, 1, 0, false},                       // too narrow for every slot
-		{0xff0ff0ff, 1, 0, false},                   // not contiguous
+		{DefaultMask, netpolicy.MaxSlots, 0, false}, // beyond any pool
+		{0xff, 0x100, 0, false},                     // outside the mask
+		{0xfffff000, 1, 0, false},
 		{0, 1, 0, false},
 	} {
 		got, err := Mark(c.mask, c.slot)
