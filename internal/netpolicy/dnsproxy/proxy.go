@@ -117,6 +117,23 @@ type entry struct {
 	owner netpolicy.Owner
 	eff   netpolicy.Effective
 	sets  []matcher // per Effective.Domains
+
+	// mu is held for reading across a query's Allower calls and taken
+	// for writing when the entry is replaced or removed (retired), so
+	// Register and Unregister return only after the last Allower call
+	// of the entry they retire.
+	mu      sync.RWMutex
+	retired bool
+}
+
+// retire marks e replaced, after its Allower calls in flight returned.
+func (e *entry) retire() {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	e.retired = true
+	e.mu.Unlock()
 }
 
 // New checks cfg and makes a proxy; it binds nothing yet (Listen, Serve).
@@ -205,23 +222,50 @@ func upstreamAddr(s string) (string, error) {
 func (p *Proxy) Upstreams() []string { return append([]string(nil), p.upstreams...) }
 
 // Register makes (or replaces) the entry of o's slot: queries from
-// o.Block's sandbox addresses are answered by eff from now on.
+// o.Block's sandbox addresses are answered by eff from now on. It returns
+// after the replaced entry's Allower calls in flight have returned; a
+// query that was still waiting for its upstream is decided again by eff.
+// So on a live update, Register the new policy before the firewall
+// applies it: no answer of the old policy is added after that.
 func (p *Proxy) Register(o netpolicy.Owner, eff netpolicy.Effective) {
 	e := &entry{owner: o, eff: eff}
 	for _, ds := range eff.Domains {
 		e.sets = append(e.sets, compile(ds))
 	}
 	p.mu.Lock()
+	old := p.entries[o.Block.Slot]
 	p.entries[o.Block.Slot] = e
 	p.mu.Unlock()
+	old.retire()
 }
 
 // Unregister removes slot's entry (absent is success): its queries are
-// refused from now on.
+// refused from now on. Like Register it returns after the entry's
+// Allower calls in flight have returned: after it, the proxy adds
+// nothing more to the generation's sets.
 func (p *Proxy) Unregister(slot netpolicy.Slot) {
 	p.mu.Lock()
+	old := p.entries[slot]
 	delete(p.entries, slot)
 	p.mu.Unlock()
+	old.retire()
+}
+
+// hold returns the entry current for e's slot, read-locked (release
+// unlocks it): e itself unless it was retired meanwhile; nil if the slot
+// has no entry any more.
+func (p *Proxy) hold(e *entry) (cur *entry, release func()) {
+	for e != nil {
+		e.mu.RLock()
+		if !e.retired {
+			return e, e.mu.RUnlock
+		}
+		e.mu.RUnlock()
+		p.mu.RLock()
+		e = p.entries[e.owner.Block.Slot]
+		p.mu.RUnlock()
+	}
+	return nil, func() {}
 }
 
 // Registered reports whether slot has an entry.

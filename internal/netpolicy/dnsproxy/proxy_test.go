@@ -118,6 +118,8 @@ type upstream struct {
 	mu   sync.Mutex
 	zone map[string][]string // a copy of zone, a test may add to
 	seen []string            // "udp www.example.com. A"
+	// gate holds the answer to a key until the channel is closed.
+	gate map[string]chan struct{}
 }
 
 func startUpstream(t testing.TB) *upstream {
@@ -139,7 +141,11 @@ func startUpstream(t testing.TB) *upstream {
 		u.mu.Lock()
 		u.seen = append(u.seen, map[bool]string{true: "udp ", false: "tcp "}[udp]+key)
 		rrs, ok := u.zone[key]
+		gate := u.gate[key]
 		u.mu.Unlock()
+		if gate != nil {
+			<-gate
+		}
 		m := new(dns.Msg)
 		m.SetReply(req)
 		m.RecursionAvailable = true
@@ -908,4 +914,98 @@ func TestServeWaitsForPort(t *testing.T) {
 	h := &harness{p: p, addr: addr}
 	check(t, "after the port is free", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)),
 		"NOERROR | www.example.com. 300 A 203.0.113.10 | www.example.com. 300 A 203.0.113.11")
+}
+
+// TestRegisterWaitsForAllower: Register (and Unregister) return only
+// after the replaced entry's Allower calls in flight returned, so the
+// node can apply a new policy knowing no answer of the old one follows.
+func TestRegisterWaitsForAllower(t *testing.T) {
+	for _, op := range []string{"register", "unregister"} {
+		t.Run(op, func(t *testing.T) {
+			h := start(t, nil)
+			hold, held := make(chan struct{}), make(chan struct{}, 1)
+			h.allow.set(hold, held, nil)
+			answered := make(chan *dns.Msg, 1)
+			go func() {
+				r, _ := h.try("udp", src1, "www.example.com.", dns.TypeA, true)
+				answered <- r
+			}()
+			<-held
+			returned := make(chan struct{})
+			go func() {
+				if op == "register" {
+					o, eff := sandbox(t, "web", 1, netpolicy.Spec{Mode: "open"}, true)
+					o.Generation = 2
+					h.p.Register(o, eff)
+				} else {
+					h.p.Unregister(1)
+				}
+				close(returned)
+			}()
+			select {
+			case <-returned:
+				t.Fatalf("%s returned while an Allower call of the entry it replaces was in flight", op)
+			case <-time.After(300 * time.Millisecond):
+			}
+			close(hold)
+			select {
+			case <-returned:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s did not return after the Allower call did", op)
+			}
+			if r := <-answered; r == nil || r.Rcode != dns.RcodeSuccess {
+				t.Errorf("the query in flight: %v", r)
+			}
+		})
+	}
+}
+
+// TestPolicyChangeDuringQuery: a query whose name the policy registered
+// while its upstream answered no longer allows is refused, and nothing of
+// it reaches the Allower; one the new policy allows joins the new
+// generation's sets.
+func TestPolicyChangeDuringQuery(t *testing.T) {
+	for _, c := range []struct {
+		what  string
+		spec  netpolicy.Spec
+		want  string
+		allow []string
+	}{
+		{"now refused", netpolicy.Spec{Mode: "restricted", Rules: []netpolicy.RuleSpec{{Domain: "api.github.com"}}}, "REFUSED | " + blockedEDE, nil},
+		{"still allowed", netpolicy.Spec{Mode: "restricted", Rules: []netpolicy.RuleSpec{{Domain: "www.example.com", Protocol: "udp"}}},
+			"NOERROR | www.example.com. 300 A 203.0.113.10 | www.example.com. 300 A 203.0.113.11", []string{"web-g2 set 0 [203.0.113.10 203.0.113.11] ttl 5m30s"}},
+		{"unregistered", netpolicy.Spec{}, "REFUSED", nil},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			h := start(t, nil)
+			gate := make(chan struct{})
+			h.up.mu.Lock()
+			h.up.gate = map[string]chan struct{}{"www.example.com. A": gate}
+			h.up.mu.Unlock()
+			answered := make(chan *dns.Msg, 1)
+			go func() {
+				r, _ := h.try("udp", src1, "www.example.com.", dns.TypeA, true)
+				answered <- r
+			}()
+			for deadline := time.Now().Add(5 * time.Second); len(h.up.queries()) == 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the query never reached the upstream")
+				}
+			}
+			if c.spec.Mode == "" {
+				h.p.Unregister(1)
+			} else {
+				o, eff := sandbox(t, "web", 1, c.spec, true)
+				o.Generation = 2
+				h.p.Register(o, eff)
+			}
+			close(gate)
+			r := <-answered
+			if r == nil {
+				t.Fatal("no answer")
+			}
+			check(t, "answer", show(r), c.want)
+			checkList(t, "allowed", h.allow.take(), c.allow)
+		})
+	}
 }

@@ -120,6 +120,25 @@ func (p *Proxy) answer(ctx context.Context, e *entry, req *dns.Msg) *dns.Msg {
 		log.Warn("dns proxy: resolve", "err", err)
 		return reply(req, dns.RcodeServerFailure)
 	}
+	// The policy may have changed while the upstream answered: decide
+	// again by the entry current now, and hold it until the answer is in
+	// the sets.
+	cur, release := p.hold(e)
+	defer release()
+	if cur == nil {
+		return reply(req, dns.RcodeRefused)
+	}
+	if cur != e {
+		e = cur
+		log = log.With("generation", e.owner.Generation)
+		if sets, ok = e.allowed(name); !ok {
+			log.Debug("dns proxy: name refused by the policy registered while it was resolved")
+			return blocked(req, dns.RcodeRefused, "")
+		}
+		if q.Qtype == dns.TypeAAAA && !e.eff.Source6.IsValid() {
+			return reply(req, dns.RcodeSuccess)
+		}
+	}
 	addrs, rrs := e.keep(c.addrs)
 	if len(rrs) < len(c.addrs) {
 		log.Warn("dns proxy: dropped answers in denied ranges", "answered", len(c.addrs), "kept", len(rrs))
