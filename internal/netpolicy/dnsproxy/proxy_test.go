@@ -1009,3 +1009,30 @@ func TestPolicyChangeDuringQuery(t *testing.T) {
 		})
 	}
 }
+
+// TestGlobalInFlightLimit: with MaxInFlight 1 and one query held in the
+// Allower, another sandbox's query is dropped too.
+func TestGlobalInFlightLimit(t *testing.T) {
+	h := start(t, func(c *Config) { c.MaxInFlight = 1 })
+	o, eff := sandbox(t, "other", 2, testPolicy, true)
+	h.p.Register(o, eff)
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	h.allow.set(hold, held, nil)
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.try("udp", src1, "www.example.com.", dns.TypeA, true)
+		first <- err
+	}()
+	<-held
+	c := dns.Client{Net: "udp", Timeout: 500 * time.Millisecond, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(src2)}}}
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.com.", dns.TypeTXT)
+	if r, _, err := c.Exchange(m, h.addr); err == nil {
+		t.Errorf("a query beyond MaxInFlight was answered: %s", show(r))
+	}
+	close(hold)
+	if err := <-first; err != nil {
+		t.Errorf("the held query: %v", err)
+	}
+	check(t, "after", show(h.query(t, "udp", src2, "www.example.com.", dns.TypeTXT)), "NOERROR")
+}
