@@ -20,5 +20,5 @@ func TestServiceContract(t *testing.T) {
 			}
 		})
 		return r.n
-	})
+	}, servicetest.LiveNetwork)
 }

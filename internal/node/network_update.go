@@ -2,22 +2,216 @@ package node
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
+// updateCrashPoints are a live update's crash points, in order.
+var updateCrashPoints = []string{"netupdate:intended", "netupdate:applied", "netupdate:done"}
+
 // UpdateNetwork replaces the network policy of the sandbox's running
-// generation (a live update, docs/network-design.md §6). p is validated by
-// the API server.
-//
-// Not built yet: until the firewall and the flows are wired into the node
-// it refuses every update of an existing sandbox with conflict (the fixed
-// set of codes has no failed_precondition; the sandbox cannot take the
-// request in the node's present state), and changes nothing.
+// generation (a live update, docs/network-design.md §6), without
+// restarting its guest: the new policy is journaled as intended on the
+// generation's record, applied in one nft transaction (the old policy or
+// the new one holds, never a mix), the flows it no longer allows are cut,
+// the DNS proxy learns it, and the record says it is done. A crash in
+// between leaves the update intended; the next primary's reconcile does
+// it again (each step is idempotent). Setting the policy in force again
+// changes nothing.
 func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error) {
-	if _, err := n.sandbox(id); err != nil {
+	want := networkRecord(p)
+	pol, err := n.parsePolicy(want)
+	if err != nil {
 		return api.Sandbox{}, err
 	}
-	return api.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s: live network update is not built yet", id)
+	ctx, done, err := n.begin(ctx)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	defer done()
+	// One update of a sandbox at a time, and none while its release
+	// starts (Release takes the same lock to move it out of ready).
+	unlock := n.lockSandbox(id)
+	defer unlock()
+	s, err := n.ready(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	cur, err := n.parsePolicy(policyOf(s))
+	if err == nil && s.NetworkUpdate == nil && cur.Equal(pol) {
+		return n.view(ctx, s), nil
+	}
+	if err := n.checkNetwork(pol); err != nil {
+		return api.Sandbox{}, err
+	}
+	o, ok, err := n.owner(s)
+	if err != nil || !ok || !n.hasNet() {
+		// A generation claimed before this node had its network (or
+		// without a slot) has no veth or chain to change.
+		return api.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
+	}
+	if err := n.live(); err != nil {
+		return api.Sandbox{}, journalErr("network update of "+id, err)
+	}
+	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+		cur, ok, err := tx.Sandbox(id)
+		if err != nil {
+			return err
+		}
+		if !ok || cur.Generation != s.Generation || cur.State != journal.StateReady {
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d is no longer ready", id, s.Generation)
+		}
+		cur.NetworkUpdate = &journal.NetworkUpdate{Policy: want}
+		s = cur
+		return tx.PutSandbox(cur)
+	})
+	if err != nil {
+		return api.Sandbox{}, journalErr("journal network update of "+id, err)
+	}
+	n.crash("netupdate:intended")
+	s, err = n.applyUpdate(ctx, s, o, pol)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return n.view(ctx, s), nil
+}
+
+// applyUpdate makes the kernel enforce s's intended update and journals
+// it done: nft (one transaction), then the cut of the flows it no longer
+// allows, then the DNS proxy. Reconcile calls it for an update a crash
+// left intended.
+func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.Owner, pol netpolicy.Policy) (journal.Sandbox, error) {
+	log := n.log.With("sandbox", s.ID, "generation", s.Generation)
+	eff := n.effective(o, pol)
+	if err := n.live(); err != nil {
+		return s, journalErr("network update of "+s.ID, err)
+	}
+	if err := n.d.Firewall.Apply(ctx, o, eff); err != nil {
+		// Apply is one transaction: the old policy still holds. Forget
+		// the intent, so the record says what the kernel enforces.
+		log.Warn("network update not applied; the old policy holds", "err", err)
+		if jerr := n.endUpdate(s, false); jerr != nil {
+			err = errors.Join(err, jerr)
+		}
+		return s, errdefs.Errorf(errdefs.CodeUnavailable, "apply network policy of %s: %v; the old policy holds", s.ID, err)
+	}
+	n.crash("netupdate:applied")
+	if err := n.live(); err != nil {
+		return s, journalErr("network update of "+s.ID, err)
+	}
+	cut, err := n.d.Flows.Cut(ctx, o.Block.Slot, eff)
+	if err != nil {
+		// The new policy holds for new flows; open ones it no longer
+		// allows may live on: the update stays intended, so a retry (or
+		// the next primary) cuts them.
+		return s, errdefs.Errorf(errdefs.CodeUnavailable, "cut the flows the new policy of %s no longer allows: %v; retry the update", s.ID, err)
+	}
+	if n.d.DNSProxy != nil {
+		n.d.DNSProxy.Register(o, eff)
+	}
+	if err := n.endUpdate(s, true); err != nil {
+		return s, journalErr("journal network update of "+s.ID+" done", err)
+	}
+	n.crash("netupdate:done")
+	log.Info("network policy updated", "mode", eff.Mode, "flows_cut", cut)
+	s.Network, s.NetworkUpdate = &s.NetworkUpdate.Policy, nil
+	return s, nil
+}
+
+// endUpdate journals s's intended update as done (the policy in force) or
+// as abandoned.
+func (n *Node) endUpdate(s journal.Sandbox, done bool) error {
+	return n.d.Journal.Update(func(tx *journal.Tx) error {
+		cur, ok, err := tx.Sandbox(s.ID)
+		if err != nil || !ok || cur.Generation != s.Generation || cur.NetworkUpdate == nil {
+			return err
+		}
+		if done {
+			p := cur.NetworkUpdate.Policy
+			cur.Network = &p
+		}
+		cur.NetworkUpdate = nil
+		return tx.PutSandbox(cur)
+	})
+}
+
+// redoUpdate finishes, on takeover, an update a crash left intended on a
+// ready generation that stays.
+func (n *Node) redoUpdate(ctx context.Context, s journal.Sandbox) error {
+	if s.NetworkUpdate == nil {
+		return nil
+	}
+	o, ok, err := n.owner(s)
+	if err == nil && (!ok || !n.hasNet() || n.d.Flows == nil) {
+		err = errors.New("this node has no sandbox network for it")
+	}
+	pol, perr := n.parsePolicy(s.NetworkUpdate.Policy)
+	if err == nil {
+		err = perr
+	}
+	if err != nil {
+		n.log.Error("network update left by the previous primary cannot be applied; the old policy holds", "sandbox", s.ID, "generation", s.Generation, "err", err)
+		return errors.Join(fmt.Errorf("network update of %s: %w", s.ID, err), n.endUpdate(s, false))
+	}
+	n.log.Info("redoing a network update interrupted by failover", "sandbox", s.ID, "generation", s.Generation)
+	_, err = n.applyUpdate(ctx, s, o, pol)
+	return err
+}
+
+// lockSandbox serializes a sandbox's network updates with each other and
+// with the start of its release.
+func (n *Node) lockSandbox(id string) (unlock func()) {
+	n.mu.Lock()
+	if n.sbLocks == nil {
+		n.sbLocks = map[string]*sbLock{}
+	}
+	l, ok := n.sbLocks[id]
+	if !ok {
+		l = &sbLock{}
+		n.sbLocks[id] = l
+	}
+	l.users++
+	n.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		n.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(n.sbLocks, id)
+		}
+		n.mu.Unlock()
+	}
+}
+
+type sbLock struct {
+	sync.Mutex
+	users int // holders and waiters, guarded by Node.mu
+}
+
+// networkStatus is the generation's mode and counters, when it has a
+// sandbox network (the counters only while it runs).
+func (n *Node) networkStatus(ctx context.Context, s journal.Sandbox) *api.NetworkStatus {
+	if s.Slot == 0 {
+		return nil
+	}
+	mode := netpolicy.ModeDenyAll
+	if pol, err := n.parsePolicy(policyOf(s)); err == nil {
+		mode = pol.Mode
+	}
+	st := &api.NetworkStatus{Mode: api.NetworkMode(mode)}
+	if s.State != journal.StateReady || n.d.Firewall == nil {
+		return st
+	}
+	if o, ok, err := n.owner(s); err == nil && ok {
+		if c, err := n.d.Firewall.Counters(ctx, o); err == nil {
+			st.TxBytes, st.TxPackets, st.DroppedPackets = c.TxBytes, c.TxPackets, c.DroppedPackets
+		}
+	}
+	return st
 }

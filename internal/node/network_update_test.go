@@ -2,33 +2,194 @@ package node
 
 import (
 	"context"
+	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/journal"
 )
 
-// TestUpdateNetworkNotBuiltYet: until the sandbox network is wired the node
-// refuses a live update of a ready generation (fail closed) and changes
-// nothing: no kernel call, the same record. The node's network work
-// replaces this test with the real one.
-func TestUpdateNetworkNotBuiltYet(t *testing.T) {
+var (
+	flowAllowed = fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("203.0.113.7:443")}
+	flowCut     = fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("198.51.100.1:443")}
+)
+
+// TestUpdateNetworkInPlace: a live update changes the running
+// generation's chain in one apply, cuts the flows the new policy no
+// longer allows and keeps the others, tells the DNS proxy, journals the
+// policy in force, and leaves the guest as it was; the same policy again
+// makes no kernel call.
+func TestUpdateNetworkInPlace(t *testing.T) {
 	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	req := claimReq("c1", 1)
+	req.Network = api.NetworkPolicy{Mode: api.NetworkOpen}
+	r.mustClaim(sb, req)
+	k.AddFlow(1, flowAllowed)
+	k.AddFlow(1, flowCut)
+	k.Calls()
+	ctx := context.Background()
+	got, err := r.n.UpdateNetwork(ctx, sb, updatePolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != api.StateReady || got.Network == nil || got.Network.Mode != api.NetworkRestrict {
+		t.Fatalf("update answered %+v (network %+v)", got, got.Network)
+	}
+	calls := k.Calls()
+	if want := []string{"nft apply sb-sb-g1 restricted", "conntrack cut 1: 1"}; !slices.Equal(calls, want) {
+		t.Errorf("update calls %q, want %q (no guest or link touched)", calls, want)
+	}
+	if fs := k.FlowsOf(1); !slices.Equal(fs, []fakekernel.Flow{flowAllowed}) {
+		t.Errorf("flows after the update: %v, want only %v", fs, flowAllowed)
+	}
+	if eff, ok := k.Registered(1); !ok || eff.Mode != netpolicy.ModeRestricted {
+		t.Errorf("DNS proxy holds %v %+v, want restricted", ok, eff)
+	}
+	s := r.sandbox(sb)
+	if s.NetworkUpdate != nil || s.Network == nil || !reflect.DeepEqual(*s.Network, networkRecord(updatePolicy)) {
+		t.Errorf("journal after the update: network %+v, update %+v", s.Network, s.NetworkUpdate)
+	}
+	if _, err := r.n.UpdateNetwork(ctx, sb, updatePolicy); err != nil {
+		t.Fatal(err)
+	}
+	if calls := k.Calls(); len(calls) > 0 {
+		t.Errorf("the same policy again called %q", calls)
+	}
+	// A takeover keeps the updated policy (the DNS proxy learns it again).
+	r.mustBoot()
+	if eff, ok := k.Registered(1); !ok || eff.Mode != netpolicy.ModeRestricted {
+		t.Errorf("after the takeover the DNS proxy holds %v %+v, want restricted", ok, eff)
+	}
+	r.mustRelease(sb, "r1", 1)
+	r.checkClean("after the release")
+}
+
+// TestUpdateNetworkApplyFails: an update the firewall refuses leaves the
+// old policy in the kernel and in the journal, and says so.
+func TestUpdateNetworkApplyFails(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	k.AddFlow(1, flowCut)
+	before := r.sandbox(sb)
+	k.FailMake(fakekernel.KindNft, "sb-g1", nil)
+	_, err := r.n.UpdateNetwork(context.Background(), sb, updatePolicy)
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "old policy holds") {
+		t.Fatalf("update with the firewall failing: %v", err)
+	}
+	if after := r.sandbox(sb); !reflect.DeepEqual(after, before) {
+		t.Errorf("a failed update changed the record:\n%+v\nwas\n%+v", after, before)
+	}
+	if eff, _ := k.Effective("sb-sb-g1"); eff.Mode != netpolicy.ModeDenyAll {
+		t.Errorf("the kernel enforces %s, want deny_all still", eff.Mode)
+	}
+	if len(k.FlowsOf(1)) != 1 {
+		t.Error("a failed update cut flows")
+	}
+}
+
+// TestUpdateNetworkRefusals: a node without the subsystems a mode needs
+// refuses the update (fail closed) and changes nothing; only a ready
+// generation can be updated.
+func TestUpdateNetworkRefusals(t *testing.T) {
+	tk, k := fakeKernel(t)
+	tk.firewall = nil
 	r := newRig(t, tk)
 	r.mustBoot()
 	r.mustClaim(sb, claimReq("c1", 1))
 	before := r.sandbox(sb)
 	k.Calls()
-	_, err := r.n.UpdateNetwork(context.Background(), sb, api.NetworkPolicy{Mode: api.NetworkOpen})
-	if !errdefs.Is(err, errdefs.CodeConflict) || !strings.Contains(err.Error(), "live network update is not built yet") {
-		t.Fatalf("UpdateNetwork = %v, want conflict: not built yet", err)
+	ctx := context.Background()
+	if _, err := r.n.UpdateNetwork(ctx, sb, updatePolicy); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
+		t.Errorf("update without a firewall: %v, want unavailable", err)
 	}
-	if calls := k.Calls(); len(calls) != 0 {
-		t.Errorf("a refused update called the kernel: %q", calls)
+	if got, err := r.n.UpdateNetwork(ctx, sb, api.NetworkPolicy{Mode: api.NetworkDenyAll}); err != nil || got.State != api.StateReady {
+		t.Errorf("update to the policy in force: %+v, %v", got, err)
+	}
+	if calls := k.Calls(); len(calls) > 0 {
+		t.Errorf("refused updates called the kernel: %q", calls)
 	}
 	if after := r.sandbox(sb); !reflect.DeepEqual(after, before) {
-		t.Errorf("a refused update changed the record:\n%+v\n%+v", before, after)
+		t.Errorf("refused updates changed the record")
 	}
+	bad := api.NetworkPolicy{Mode: api.NetworkDenyAll, Rules: []api.NetworkRule{{CIDR: "10.0.0.0/8"}}}
+	if _, err := r.n.UpdateNetwork(ctx, sb, bad); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+		t.Errorf("invalid policy: %v, want invalid_argument", err)
+	}
+	r.mustRelease(sb, "r1", 1)
+	if _, err := r.n.UpdateNetwork(ctx, sb, api.NetworkPolicy{}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Errorf("update of a released generation: %v, want conflict", err)
+	}
+}
+
+// TestGetShowsNetworkCounters: a ready generation's view carries its
+// mode and its chain's counters.
+func TestGetShowsNetworkCounters(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	k.SetCounters("sb-sb-g1", netpolicy.Counters{TxBytes: 1500, TxPackets: 3, DroppedPackets: 7})
+	got, err := r.n.Get(context.Background(), sb)
+	want := api.NetworkStatus{Mode: api.NetworkDenyAll, TxBytes: 1500, TxPackets: 3, DroppedPackets: 7}
+	if err != nil || got.Network == nil || *got.Network != want {
+		t.Fatalf("get: %+v, %v; want network %+v", got.Network, err, want)
+	}
+	if s := r.sandbox(sb); s.State != journal.StateReady {
+		t.Fatal(s.State)
+	}
+}
+
+// TestReleaseWaitsForUpdate: a release that arrives while a live update
+// of the same generation is between its journal and the firewall waits
+// for it, so the update never makes nft objects after the teardown
+// removed them.
+func TestReleaseWaitsForUpdate(t *testing.T) {
+	tk, _ := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	held, resume := make(chan struct{}), make(chan struct{})
+	r.pause = func(point string) {
+		if point == "netupdate:intended" {
+			close(held)
+			<-resume
+		}
+	}
+	updated := make(chan error, 1)
+	go func() {
+		_, err := r.n.UpdateNetwork(context.Background(), sb, updatePolicy)
+		updated <- err
+	}()
+	<-held
+	released := make(chan error, 1)
+	go func() {
+		_, err := r.n.Release(context.Background(), sb, api.ReleaseRequest{OperationID: "r1", Generation: 1})
+		released <- err
+	}()
+	select {
+	case err := <-released:
+		t.Fatalf("release finished while an update was in flight: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(resume)
+	if err := <-updated; err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	if err := <-released; err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	r.pause = nil
+	r.checkProof("r1")
+	r.checkClean("after the update and the release")
 }

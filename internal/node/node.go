@@ -106,6 +106,9 @@ type Node struct {
 	// netErr is why this term's node-wide network is not in place
 	// (ensureNetwork): claims that need it are refused.
 	netErr error
+	// sbLocks serialize a sandbox's network updates and the start of its
+	// release (lockSandbox).
+	sbLocks map[string]*sbLock
 
 	// table is the generation's resources in claim order (resources.go).
 	table []resource
@@ -231,6 +234,7 @@ func (n *Node) Get(ctx context.Context, id string) (api.Sandbox, error) {
 // view adds live facts (OOM kills) to a ready sandbox's record.
 func (n *Node) view(ctx context.Context, s journal.Sandbox) api.Sandbox {
 	out := apiSandbox(s)
+	out.Network = n.networkStatus(ctx, s)
 	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills

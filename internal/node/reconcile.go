@@ -76,6 +76,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			}
 			log.Info("re-adopted running generation", "container", s.ContainerID)
 			live[s.ContainerID] = true
+			errs = append(errs, n.redoUpdate(ctx, s))
 			n.armExpiry(s)
 		}
 	}

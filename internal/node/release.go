@@ -28,6 +28,9 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	}
 	defer end()
 	var rec journal.Sandbox
+	// A network update in flight finishes before the generation leaves
+	// ready (network_update.go).
+	unlock := n.lockSandbox(id)
 	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(id)
 		if err != nil {
@@ -50,6 +53,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 		rec = s
 		return tx.PutSandbox(s)
 	})
+	unlock()
 	if err != nil || !started {
 		if err != nil {
 			return api.ReleaseResponse{}, err

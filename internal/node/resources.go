@@ -87,6 +87,7 @@ func CrashPoints() []string {
 			out = append(out, string(r.kind())+":"+s)
 		}
 	}
+	out = append(out, updateCrashPoints...)
 	for _, r := range slices.Backward(t) {
 		out = append(out, string(r.kind())+":removing", string(r.kind())+":removed")
 	}

@@ -45,8 +45,11 @@ type testKernel struct {
 	pool     netpolicy.Pool
 	// dns returns the DNS proxy of a new term (its registry is a
 	// process's memory); nil: none.
-	dns    func() DNSProxy
-	runDir string
+	dns func() DNSProxy
+	// enforced says which mode the kernel enforces for a generation's
+	// chain (nil: not known to the test).
+	enforced func(chain string) (netpolicy.Mode, bool)
+	runDir   string
 	// templatesDir holds the template "busybox".
 	templatesDir string
 	diskProjects DiskProjects
@@ -86,6 +89,10 @@ type rig struct {
 	// unjournaled collects Node.Unjournaled of the terms that ended.
 	unjournaled []string
 
+	// pause, when set, is called at every crash point first (a test
+	// holds an operation there).
+	pause func(point string)
+
 	mu      sync.Mutex
 	crashAt string          // the point where the next crash happens
 	crashed string          // the point where the last crash happened
@@ -117,6 +124,9 @@ func newRig(t testing.TB, k *testKernel) *rig {
 
 // crash is the node's Crash hook.
 func (r *rig) crash(point string) {
+	if r.pause != nil {
+		r.pause(point)
+	}
 	r.mu.Lock()
 	r.reached[point] = true
 	hit := point == r.crashAt
@@ -456,7 +466,14 @@ type crashCase struct {
 
 const sb = "sb"
 
+// updatePolicy is what the update crash case switches a deny_all
+// generation to.
+var updatePolicy = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+
 func isClaimPoint(p string) bool {
+	if isUpdatePoint(p) {
+		return false
+	}
 	_, step, _ := strings.Cut(p, ":")
 	return step == "intended" || step == "made" || step == "done"
 }
@@ -467,6 +484,8 @@ func isTeardownPoint(p string) bool {
 }
 
 func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
+
+func isUpdatePoint(p string) bool { return slices.Contains(updateCrashPoints, p) }
 
 // isSweepPoint is an orphan point the name sweep passes too on a node
 // over k: of a kind whose objects k lists (the others are reached only by
@@ -562,6 +581,40 @@ var crashCases = []crashCase{
 				}
 			}
 			r.checkClean("after the release")
+			reuse(r, 2)
+		},
+	},
+	{
+		// A live network update cut short is done by the next term: the
+		// generation stays ready with the new policy in the kernel and
+		// the journal.
+		name: "update", covers: isUpdatePoint,
+		setup: func(r *rig) { r.mustClaim(sb, claimReq("c1", 1)) },
+		run: func(r *rig) bool {
+			ctx, cancel := r.ctx()
+			defer cancel()
+			var err error
+			returned := r.do(func() { _, err = r.n.UpdateNetwork(ctx, sb, updatePolicy) })
+			if returned && err != nil {
+				r.t.Fatalf("network update: %v", err)
+			}
+			return returned
+		},
+		check: func(r *rig, crashed bool) {
+			s := r.sandbox(sb)
+			if s.State != journal.StateReady || s.NetworkUpdate != nil || s.Network == nil || s.Network.Mode != journal.NetworkMode(updatePolicy.Mode) {
+				r.t.Errorf("after the update: %s, network %+v, update %+v; want ready with mode %s done", s.State, s.Network, s.NetworkUpdate, updatePolicy.Mode)
+			}
+			if got, err := r.n.Get(context.Background(), sb); err != nil || got.Network == nil || got.Network.Mode != updatePolicy.Mode {
+				r.t.Errorf("get after the update: %+v, %v", got.Network, err)
+			}
+			if r.k.enforced != nil {
+				if mode, ok := r.k.enforced(netpolicy.ChainName(sb, 1)); !ok || string(mode) != string(updatePolicy.Mode) {
+					r.t.Errorf("the kernel enforces %q (chain there: %v), want %s", mode, ok, updatePolicy.Mode)
+				}
+			}
+			r.mustRelease(sb, "r1", 1)
+			r.checkClean("after the update and release")
 			reuse(r, 2)
 		},
 	},
