@@ -426,21 +426,85 @@ func (w owned) String() string {
 }
 
 // Remove deletes every object of o (dispatch and DNS elements first), in
-// one transaction; what is already gone is skipped.
+// one transaction; what is already gone is skipped. It reads only o's own
+// objects (by name and key), so its cost does not grow with the number of
+// generations; the cleanup proof (CheckGone) and RemoveOrphan read the
+// whole table.
 func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
-	return f.removeChain(ctx, o.Chain(), o.Link())
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	chain, link := o.Chain(), o.Link()
+	var w owned
+	if w.chain, err = f.chainExists(chain); err != nil {
+		return err
+	}
+	found, target, err := f.element(MapFwd, ifname(link))
+	if err != nil {
+		return err
+	}
+	switch {
+	case found && target == chain:
+		w.fwd = []string{link}
+	case found:
+		// The link dispatches to another generation: its DNS elements
+		// are that generation's too.
+		link = ""
+	}
+	for _, d := range []struct {
+		set     string
+		gateway netip.Addr
+		keys    *[][]byte
+	}{{SetDNS4, o.Block.Gateway4, &w.dns4}, {SetDNS6, o.Block.Gateway6, &w.dns6}} {
+		if link == "" || !d.gateway.IsValid() {
+			continue
+		}
+		key := append(ifname(link), d.gateway.AsSlice()...)
+		ok, _, err := f.element(d.set, key)
+		if err != nil {
+			return err
+		}
+		if ok {
+			*d.keys = append(*d.keys, key)
+		}
+	}
+	for _, s := range []string{suffixTx, suffixDrop} {
+		name := netpolicy.SetName(o.ID, o.Generation, s)
+		ok, err := f.counterExists(name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			w.counters = append(w.counters, name)
+		}
+	}
+	if w.chain {
+		// Every set of a generation is looked up by its chain: the
+		// transaction that makes one references it.
+		rules, err := c.GetRules(f.table(), &nftables.Chain{Table: f.table(), Name: chain})
+		if err != nil {
+			return fmt.Errorf("list nft rules of %s: %w", chain, err)
+		}
+		for s := range setsOfRules(rules) {
+			w.sets = append(w.sets, s)
+		}
+		slices.Sort(w.sets)
+	}
+	return f.delete(c, chain, w)
 }
 
-// RemoveOrphan deletes every object of the generation chain names.
+// RemoveOrphan deletes every object of the generation chain names: what
+// the whole table holds under its name, the fwd elements that dispatch to
+// it and the DNS elements of their links.
 func (f *Firewall) RemoveOrphan(ctx context.Context, chain string) error {
 	id, gen, ok := netpolicy.ParseChainName(chain)
 	if !ok || netpolicy.ChainName(id, gen) != chain {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "remove nft orphan %s: not a generation chain name", errdefs.Quote(chain))
 	}
-	return f.removeChain(ctx, chain, "")
-}
-
-func (f *Firewall) removeChain(ctx context.Context, chain, link string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -452,14 +516,17 @@ func (f *Firewall) removeChain(ctx context.Context, chain, link string) error {
 	if err != nil {
 		return err
 	}
-	w := inv.owned(chain, link)
+	return f.delete(c, chain, inv.owned(chain, ""))
+}
+
+// delete removes w in one transaction: the elements first (they hold the
+// chain), then the chain (and its rules, which hold the sets and
+// counters), then the sets and counters.
+func (f *Firewall) delete(c *nftables.Conn, chain string, w owned) error {
 	if w.empty() {
 		return nil
 	}
 	t := f.table()
-	// The elements first (they hold the chain), then the chain (and its
-	// rules, which hold the sets and counters), then the sets and
-	// counters.
 	if len(w.fwd) > 0 {
 		var els []nftables.SetElement
 		for _, l := range w.fwd {
@@ -640,36 +707,4 @@ func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int
 		return fmt.Errorf("allow resolved addresses for %s set %d: %w", o.Chain(), set, err)
 	}
 	return nil
-}
-
-// chainExists asks the kernel for one chain by name (the library's
-// ListChain does not keep the errno, and listing every chain costs in
-// proportion to the number of generations).
-func (f *Firewall) chainExists(name string) (bool, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return false, fmt.Errorf("open nftables netlink: %w", err)
-	}
-	defer conn.Close()
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
-		{Type: unix.NFTA_CHAIN_TABLE, Data: []byte(f.cfg.table() + "\x00")},
-		{Type: unix.NFTA_CHAIN_NAME, Data: []byte(name + "\x00")},
-	})
-	if err != nil {
-		return false, err
-	}
-	_, err = conn.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETCHAIN),
-			Flags: netlink.Request,
-		},
-		Data: append([]byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("get nft chain %s: %w", name, err)
-	}
-	return true, nil
 }

@@ -569,3 +569,34 @@ func TestKernelRemoveOrphan(t *testing.T) {
 		t.Error(errors.Join(errors.New("second RemoveOrphan"), err))
 	}
 }
+
+// Remove of a generation whose slot now serves another generation leaves
+// the other's dispatch and DNS elements alone.
+func TestKernelRemoveLeavesTheSlotsNewOwner(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(9)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))); err != nil {
+		t.Fatal(err)
+	}
+	old := sb.owner
+	old.Generation = 0 // an earlier generation of the same slot, long gone
+	old.ID = "kt-old"
+	if err := n.fw.Remove(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if ok, detail := n.fw.CheckGone(ctx, old); ok {
+		t.Errorf("CheckGone of the old owner = ok (%s): the slot's new fwd element must count as left", detail)
+	}
+	if !sb.canConnect(8080) {
+		t.Error("the slot's new owner lost its policy")
+	}
+	dns4 := append(ifname(sb.owner.Link()), sb.owner.Block.Gateway4.AsSlice()...)
+	if ok, _, err := n.fw.element(SetDNS4, dns4); err != nil || !ok {
+		t.Errorf("the slot's new owner lost its dns4 element: %v, %v", ok, err)
+	}
+	if got, err := n.fw.List(ctx); err != nil || !reflect.DeepEqual(got, []string{sb.owner.Chain()}) {
+		t.Errorf("List = %v, %v", got, err)
+	}
+}
