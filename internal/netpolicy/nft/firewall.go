@@ -164,6 +164,7 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 		return err
 	}
 	fwd := &nftables.Set{Table: t, Name: MapFwd}
+	fwdOurs := false
 	if !exists {
 		for _, n := range g.Counters {
 			c.AddObj(&nftables.CounterObj{Table: t, Name: n})
@@ -177,6 +178,11 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 		}
 		c.AddChain(chain)
 	} else {
+		found, target, err := f.element(MapFwd, ifname(g.Link))
+		if err != nil {
+			return err
+		}
+		fwdOurs = found && target == chain.Name
 		old, err := c.GetRules(t, chain)
 		if err != nil {
 			return fmt.Errorf("list nft rules of %s: %w", chain.Name, err)
@@ -213,10 +219,13 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 	for _, r := range g.Chain.Rules {
 		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: r.Exprs, UserData: comment(r.Comment)})
 	}
-	// Adding an element that exists with the same verdict is a no-op;
-	// one that sends the link elsewhere fails the whole transaction.
-	if err := c.SetAddElements(fwd, []nftables.SetElement{FwdElement(g.Link, chain.Name)}); err != nil {
-		return fmt.Errorf("apply nft fwd element: %w", err)
+	// An element that sends the link to another chain fails the whole
+	// transaction. One that is there already is not added again: adding
+	// a goto makes the kernel validate every chain the table reaches.
+	if !exists || !fwdOurs {
+		if err := c.SetAddElements(fwd, []nftables.SetElement{FwdElement(g.Link, chain.Name)}); err != nil {
+			return fmt.Errorf("apply nft fwd element: %w", err)
+		}
 	}
 	for _, d := range []struct {
 		set     string
@@ -426,26 +435,40 @@ func (w owned) String() string {
 }
 
 // Remove deletes every object of o (dispatch and DNS elements first), in
-// one transaction; what is already gone is skipped. It reads only o's own
-// objects (by name and key), so its cost does not grow with the number of
-// generations; the cleanup proof (CheckGone) and RemoveOrphan read the
-// whole table.
+// one transaction; what is already gone is skipped.
 func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w, err := f.ownedByName(o)
+	if err != nil {
 		return err
 	}
 	c, err := f.conn()
 	if err != nil {
 		return err
 	}
+	return f.delete(c, o.Chain(), w)
+}
+
+// ownedByName finds o's objects by asking for each name and key the
+// layout can give them (render.go), so its cost does not grow with the
+// number of generations: the chain, the counters, the fixed sets, the
+// domain sets d0.. up to the first index with neither family (they are
+// made and deleted together, in one transaction), the fwd element of o's
+// link if it dispatches to o's chain, and the dns elements of the link
+// unless the link dispatches to another generation. An object outside the
+// layout is an orphan for List and RemoveOrphan.
+func (f *Firewall) ownedByName(o netpolicy.Owner) (owned, error) {
 	chain, link := o.Chain(), o.Link()
 	var w owned
+	var err error
 	if w.chain, err = f.chainExists(chain); err != nil {
-		return err
+		return w, err
 	}
 	found, target, err := f.element(MapFwd, ifname(link))
 	if err != nil {
-		return err
+		return w, err
 	}
 	switch {
 	case found && target == chain:
@@ -453,6 +476,7 @@ func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
 	case found:
 		// The link dispatches to another generation: its DNS elements
 		// are that generation's too.
+		w.foreignFwdLinks = append(w.foreignFwdLinks, link+" → "+target)
 		link = ""
 	}
 	for _, d := range []struct {
@@ -466,7 +490,7 @@ func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
 		key := append(ifname(link), d.gateway.AsSlice()...)
 		ok, _, err := f.element(d.set, key)
 		if err != nil {
-			return err
+			return w, err
 		}
 		if ok {
 			*d.keys = append(*d.keys, key)
@@ -476,25 +500,38 @@ func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
 		name := netpolicy.SetName(o.ID, o.Generation, s)
 		ok, err := f.counterExists(name)
 		if err != nil {
-			return err
+			return w, err
 		}
 		if ok {
 			w.counters = append(w.counters, name)
 		}
 	}
-	if w.chain {
-		// Every set of a generation is looked up by its chain: the
-		// transaction that makes one references it.
-		rules, err := c.GetRules(f.table(), &nftables.Chain{Table: f.table(), Name: chain})
-		if err != nil {
-			return fmt.Errorf("list nft rules of %s: %w", chain, err)
+	probe := func(name string) (bool, error) {
+		ok, err := f.setExists(name)
+		if ok {
+			w.sets = append(w.sets, name)
 		}
-		for s := range setsOfRules(rules) {
-			w.sets = append(w.sets, s)
-		}
-		slices.Sort(w.sets)
+		return ok, err
 	}
-	return f.delete(c, chain, w)
+	for _, what := range []string{"x4", "x6", "a4", "a6"} {
+		if _, err := probe(netpolicy.SetName(o.ID, o.Generation, what)); err != nil {
+			return w, err
+		}
+	}
+	for i := 0; ; i++ {
+		ok4, err := probe(DomainSetName(o, i, false))
+		if err != nil {
+			return w, err
+		}
+		ok6, err := probe(DomainSetName(o, i, true))
+		if err != nil {
+			return w, err
+		}
+		if !ok4 && !ok6 {
+			break
+		}
+	}
+	return w, nil
 }
 
 // RemoveOrphan deletes every object of the generation chain names: what
@@ -568,20 +605,16 @@ func (f *Firewall) delete(c *nftables.Conn, chain string, w owned) error {
 }
 
 // CheckGone is the cleanup proof's check: no chain, set or counter of o,
-// no fwd element for o's link or to o's chain, no dns element of o's link.
+// no fwd element for o's link, no dns element of o's link. It reads by
+// name and key (ownedByName), at a cost that does not grow with the table.
 func (f *Firewall) CheckGone(ctx context.Context, o netpolicy.Owner) (bool, string) {
 	if err := ctx.Err(); err != nil {
 		return false, err.Error()
 	}
-	c, err := f.conn()
+	w, err := f.ownedByName(o)
 	if err != nil {
 		return false, err.Error()
 	}
-	inv, err := f.inventory(c)
-	if err != nil {
-		return false, err.Error()
-	}
-	w := inv.owned(o.Chain(), o.Link())
 	var left []string
 	if !w.empty() {
 		left = append(left, w.String())

@@ -21,6 +21,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -33,10 +34,13 @@ import (
 // from the client to the server pass the table's forward hook.
 
 var (
-	testPool   = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/24")}
-	serverAddr = netip.MustParseAddr("192.0.2.2") // TEST-NET-1: not reserved
-	nodeSide   = "192.0.2.1/24"
-	testPort   = uint16(5353)
+	testPool = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/24"), V6: netip.MustParsePrefix("fd00:c71d::/64")}
+	// The server's addresses are documentation ranges: not reserved.
+	serverAddr  = netip.MustParseAddr("192.0.2.2")
+	serverAddr6 = netip.MustParseAddr("2001:db8::2")
+	nodeSide    = "192.0.2.1/24"
+	nodeSide6   = netip.MustParsePrefix("2001:db8::1/64")
+	testPort    = uint16(15353)
 )
 
 // node is the VM's root netns prepared for one test.
@@ -60,24 +64,27 @@ func newNode(t *testing.T) *node {
 			t.Errorf("nft ruleset after the test differs from the baseline:\nbefore %s\nafter  %s", before, after)
 		}
 	})
-	const fwd = "/proc/sys/net/ipv4/ip_forward"
-	old, err := os.ReadFile(fwd)
-	if err != nil {
-		t.Fatal(err)
+	for _, fwd := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		old, err := os.ReadFile(fwd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
 	}
-	if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
 
 	n := &node{t: t, server: ktest.NewNetns(t)}
 	ktest.VethPair(t, ktest.Veth{Netns: netns.None(), Name: "kt-srv0", Addr: nodeSide},
 		ktest.Veth{Netns: n.server.Handle, Name: "eth0", Addr: serverAddr.String() + "/24"})
-	for _, port := range []int{8080, 8081} {
-		n.tcpEcho(port)
+	addAddr6(t, netns.None(), "kt-srv0", nodeSide6)
+	addAddr6(t, n.server.Handle, "eth0", netip.PrefixFrom(serverAddr6, 64))
+	for _, port := range []uint16{8080, 8081} {
+		n.tcpEcho(n.server.Do, netip.AddrPortFrom(serverAddr, port).String())
 	}
-	for _, port := range []int{9090, 9091} {
-		n.udpEcho(port)
+	for _, port := range []uint16{9090, 9091} {
+		n.udpEcho(n.server.Do, netip.AddrPortFrom(serverAddr, port).String())
 	}
 	fw, err := New(Config{DNSPort: testPort, Pool: testPool}, slog.New(slog.NewTextHandler(t.Output(), nil)))
 	if err != nil {
@@ -110,10 +117,14 @@ func ruleset(t *testing.T) string {
 	return strings.TrimSpace(string(out))
 }
 
-func (n *node) tcpEcho(port int) {
+// inRoot runs fn in the test's own netns: the node's.
+func inRoot(fn func() error) error { return fn() }
+
+// tcpEcho serves a TCP echo on addr, in the netns in runs functions in.
+func (n *node) tcpEcho(in func(func() error) error, addr string) {
 	var ln net.Listener
-	if err := n.server.Do(func() (err error) {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+	if err := in(func() (err error) {
+		ln, err = net.Listen("tcp", addr)
 		return err
 	}); err != nil {
 		n.t.Fatal(err)
@@ -144,10 +155,11 @@ func (n *node) tcpEcho(port int) {
 	}()
 }
 
-func (n *node) udpEcho(port int) {
+// udpEcho serves a UDP echo on addr, in the netns in runs functions in.
+func (n *node) udpEcho(in func(func() error) error, addr string) {
 	var pc net.PacketConn
-	if err := n.server.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+	if err := in(func() (err error) {
+		pc, err = net.ListenPacket("udp", addr)
 		return err
 	}); err != nil {
 		n.t.Fatal(err)
@@ -193,7 +205,31 @@ func (n *node) sandbox(slot netpolicy.Slot) *sandbox {
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(b.Gateway4.AsSlice())}); err != nil {
 		t.Fatalf("default route in %s: %v", s.owner.Link(), err)
 	}
+	addAddr6(t, netns.None(), s.owner.Link(), netip.PrefixFrom(b.Gateway6, b.Net6.Bits()))
+	addAddr6(t, s.ns.Handle, "eth0", netip.PrefixFrom(b.Addr6, b.Net6.Bits()))
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(b.Gateway6.AsSlice())}); err != nil {
+		t.Fatalf("default v6 route in %s: %v", s.owner.Link(), err)
+	}
 	return s
+}
+
+// addAddr6 adds an IPv6 address without duplicate address detection (so
+// it is usable at once) to the link name in ns.
+func addAddr6(t *testing.T, ns netns.NsHandle, name string, p netip.Prefix) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
+	if err := h.AddrAdd(l, a); err != nil {
+		t.Fatalf("add %v to %s: %v", p, name, err)
+	}
 }
 
 func (s *sandbox) effective(p netpolicy.Policy) netpolicy.Effective {
@@ -219,20 +255,29 @@ func domain(d, proto string, ports ...string) netpolicy.RuleSpec {
 
 // dial connects from the sandbox to the server's port, from src if set.
 func (s *sandbox) dial(port int, src netip.Addr) (net.Conn, error) {
+	return s.dialTo(netip.AddrPortFrom(serverAddr, uint16(port)), src)
+}
+
+// dialTo connects from the sandbox to dst, from src if set.
+func (s *sandbox) dialTo(dst netip.AddrPort, src netip.Addr) (net.Conn, error) {
 	var c net.Conn
 	err := s.ns.Do(func() (err error) {
 		d := net.Dialer{Timeout: 1500 * time.Millisecond}
 		if src.IsValid() {
 			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
 		}
-		c, err = d.Dial("tcp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+		c, err = d.Dial("tcp", dst.String())
 		return err
 	})
 	return c, err
 }
 
 func (s *sandbox) canConnect(port int) bool {
-	c, err := s.dial(port, netip.Addr{})
+	return s.canConnectTo(netip.AddrPortFrom(serverAddr, uint16(port)))
+}
+
+func (s *sandbox) canConnectTo(dst netip.AddrPort) bool {
+	c, err := s.dialTo(dst, netip.Addr{})
 	if err != nil {
 		return false
 	}
@@ -259,9 +304,13 @@ func echo(c net.Conn) error {
 
 // udpRoundTrip sends a datagram to the server's port and waits for the echo.
 func (s *sandbox) udpRoundTrip(port int) bool {
+	return s.udpRoundTripTo(netip.AddrPortFrom(serverAddr, uint16(port)))
+}
+
+func (s *sandbox) udpRoundTripTo(dst netip.AddrPort) bool {
 	var c net.Conn
 	if err := s.ns.Do(func() (err error) {
-		c, err = net.Dial("udp", netip.AddrPortFrom(serverAddr, uint16(port)).String())
+		c, err = net.Dial("udp", dst.String())
 		return err
 	}); err != nil {
 		s.n.t.Fatal(err)
@@ -598,5 +647,88 @@ func TestKernelRemoveLeavesTheSlotsNewOwner(t *testing.T) {
 	}
 	if got, err := n.fw.List(ctx); err != nil || !reflect.DeepEqual(got, []string{sb.owner.Chain()}) {
 		t.Errorf("List = %v, %v", got, err)
+	}
+}
+
+// The sandbox's DNS to its gateway reaches the node's proxy port through
+// the redirect, and nothing else on the node does.
+func TestKernelDNSRedirect(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(10)
+	closed := n.sandbox(11)
+	for _, s := range []*sandbox{sb, closed} {
+		t.Cleanup(func() { _ = n.fw.Remove(ctx, s.owner) })
+	}
+	// A second resolver at the server: a rule naming its address
+	// without ports does not open port 53.
+	n.udpEcho(n.server.Do, netip.AddrPortFrom(serverAddr, 53).String())
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "")))); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.fw.Apply(ctx, closed.owner, closed.effective(policy(t, netpolicy.ModeDenyAll))); err != nil {
+		t.Fatal(err)
+	}
+	// The proxy: udp and tcp on the node, every address.
+	proxy := netip.AddrPortFrom(netip.IPv6Unspecified(), testPort).String()
+	n.tcpEcho(inRoot, proxy)
+	n.udpEcho(inRoot, proxy)
+	n.tcpEcho(inRoot, "[::]:18080") // another service of the node
+	gw, gw6 := sb.owner.Block.Gateway4, sb.owner.Block.Gateway6
+	for _, c := range []struct {
+		name string
+		got  bool
+		want bool
+	}{
+		{"udp gateway:53", sb.udpRoundTripTo(netip.AddrPortFrom(gw, 53)), true},
+		{"tcp gateway:53", sb.canConnectTo(netip.AddrPortFrom(gw, 53)), true},
+		{"udp [gateway6]:53", sb.udpRoundTripTo(netip.AddrPortFrom(gw6, 53)), true},
+		{"udp gateway:proxy port (not redirected)", sb.udpRoundTripTo(netip.AddrPortFrom(gw, testPort)), false},
+		{"tcp gateway:18080 (a node service)", sb.canConnectTo(netip.AddrPortFrom(gw, 18080)), false},
+		{"tcp node's uplink address:18080", sb.canConnectTo(netip.MustParseAddrPort("192.0.2.1:18080")), false},
+		{"udp second resolver 192.0.2.2:53", sb.udpRoundTrip(53), false},
+		{"udp 192.0.2.2:9090 (the rule's other ports)", sb.udpRoundTrip(9090), true},
+		{"deny_all: udp gateway:53", closed.udpRoundTripTo(netip.AddrPortFrom(closed.owner.Block.Gateway4, 53)), false},
+		{"deny_all: tcp 8080", closed.canConnect(8080), false},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: got through %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+// IPv6 is policed like IPv4: the allow set, other ports, spoofing.
+func TestKernelIPv6(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(12)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	for _, port := range []uint16{8080, 8081} {
+		n.tcpEcho(n.server.Do, netip.AddrPortFrom(serverAddr6, port).String())
+	}
+	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("2001:db8::2/128", "tcp", "8080")))); err != nil {
+		t.Fatal(err)
+	}
+	if !sb.canConnectTo(netip.AddrPortFrom(serverAddr6, 8080)) {
+		t.Error("v6 tcp 8080 (allowed) did not connect")
+	}
+	if sb.canConnectTo(netip.AddrPortFrom(serverAddr6, 8081)) {
+		t.Error("v6 tcp 8081 (not allowed) connected")
+	}
+	if sb.canConnect(8080) {
+		t.Error("v4 tcp 8080 connected: only the v6 address is allowed")
+	}
+	spoof := netip.MustParseAddr("fd00:c71d::99")
+	addAddr6(t, sb.ns.Handle, "eth0", netip.PrefixFrom(spoof, 128))
+	hostLink, err := netlink.LinkByName(sb.owner.Link())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Dst: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(128, 128)}}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := sb.dialTo(netip.AddrPortFrom(serverAddr6, 8080), spoof); err == nil {
+		c.Close()
+		t.Error("a spoofed v6 source connected")
 	}
 }

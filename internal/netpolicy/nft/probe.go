@@ -54,6 +54,18 @@ func (f *Firewall) chainExists(name string) (bool, error) {
 	return ok, nil
 }
 
+// setExists reports whether the table has the set name.
+func (f *Firewall) setExists(name string) (bool, error) {
+	_, ok, err := f.get(unix.NFT_MSG_GETSET, []netlink.Attribute{
+		{Type: unix.NFTA_SET_TABLE, Data: cstr(f.cfg.table())},
+		{Type: unix.NFTA_SET_NAME, Data: cstr(name)},
+	})
+	if err != nil {
+		return false, fmt.Errorf("get nft set %s: %w", name, err)
+	}
+	return ok, nil
+}
+
 // counterExists reports whether the table has the named counter.
 func (f *Firewall) counterExists(name string) (bool, error) {
 	typ := make([]byte, 4)
