@@ -32,15 +32,16 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	const fwd = "/proc/sys/net/ipv4/ip_forward"
-	old, err := os.ReadFile(fwd)
-	if err != nil {
-		t.Fatal(err)
+	for _, fwd := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		old, err := os.ReadFile(fwd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
 	}
-	if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
 
 	host := ktest.NewTestHost(t, ktest.TestHostOptions{})
 	up := startUpstream(t)
@@ -51,11 +52,17 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 		"rebind.example.com. 60 IN A 10.232.0.11", // slot 5: another sandbox
 		fmt.Sprintf("rebind.example.com. 60 IN A %v", host.Other4),
 	}
+	up.zone["www.example.com. AAAA"] = []string{fmt.Sprintf("www.example.com. 300 IN AAAA %v", host.Addr6)}
+	up.zone["rebind.example.com. AAAA"] = []string{
+		"rebind.example.com. 60 IN AAAA fd00:ec2::254",
+		"rebind.example.com. 60 IN AAAA fd00:c71d:d45::16", // slot 5: another sandbox
+		fmt.Sprintf("rebind.example.com. 60 IN AAAA %v", host.Other6),
+	}
 	up.mu.Unlock()
 
 	// A table of the test's own, so other packages' tests in the VM
 	// (the nft package uses the default table) never meet it.
-	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.232.0.0/24")}
+	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.232.0.0/24"), V6: netip.MustParsePrefix("fd00:c71d:d45::/64")}
 	const port = 10053
 	const table = "ctldtest_dns"
 	fw, err := nft.New(nft.Config{Table: table, DNSPort: port, Pool: pool}, log)
@@ -128,19 +135,20 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 
 	// From inside the sandbox: DNS to its gateway's port 53, TCP to the
 	// test host.
-	query := func(network, name string) string {
+	// query asks the gateway of family gw (b.Gateway4 or b.Gateway6).
+	query := func(network string, gw netip.Addr, name string, qtype uint16) string {
 		t.Helper()
 		var r *dns.Msg
 		err := ns.Do(func() (err error) {
 			m := new(dns.Msg)
-			m.SetQuestion(name, dns.TypeA)
+			m.SetQuestion(name, qtype)
 			m.SetEdns0(EDNSSize, false)
 			c := dns.Client{Net: network, Timeout: 5 * time.Second}
-			r, _, err = c.Exchange(m, netip.AddrPortFrom(b.Gateway4, 53).String())
+			r, _, err = c.Exchange(m, netip.AddrPortFrom(gw, 53).String())
 			return err
 		})
 		if err != nil {
-			t.Fatalf("%s %s from the sandbox: %v", network, name, err)
+			t.Fatalf("%s %s to %v from the sandbox: %v", network, name, gw, err)
 		}
 		return show(r)
 	}
@@ -156,14 +164,18 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 		c.Close()
 		return true
 	}
-	// elements reads the domain set back: address → timeout.
-	elements := func() []string {
+	// elements reads a domain set back: address → timeout.
+	elements := func(v6 bool) []string {
 		t.Helper()
 		c, err := nftables.New()
 		if err != nil {
 			t.Fatal(err)
 		}
-		els, err := c.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}, Name: nft.DomainSetName(o, 0, false), KeyType: nftables.TypeIPAddr})
+		kt := nftables.TypeIPAddr
+		if v6 {
+			kt = nftables.TypeIP6Addr
+		}
+		els, err := c.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}, Name: nft.DomainSetName(o, 0, v6), KeyType: kt})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,35 +188,48 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 		return out
 	}
 
-	if connects(host.Addr4) {
-		t.Fatal("the sandbox reached the test host before resolving its name")
-	}
-	check(t, "udp www", query("udp", "www.example.com."), fmt.Sprintf("NOERROR | www.example.com. 300 A %v", host.Addr4))
-	checkList(t, "set after www", elements(), []string{fmt.Sprintf("%v timeout 5m30s", host.Addr4)})
-	if !connects(host.Addr4) {
-		t.Error("the sandbox cannot reach the answered address")
-	}
-	if connects(host.Other4) {
-		t.Error("the sandbox reached an address no answer named")
+	const ede17 = `ede 17 "ctld network policy: answers in denied ranges dropped"`
+	for _, f := range []struct {
+		name            string
+		gw, addr, other netip.Addr
+		qtype           uint16
+	}{
+		{"v4", b.Gateway4, host.Addr4, host.Other4, dns.TypeA},
+		{"v6", b.Gateway6, host.Addr6, host.Other6, dns.TypeAAAA},
+	} {
+		v6, rr := f.qtype == dns.TypeAAAA, dns.TypeToString[f.qtype]
+		if connects(f.addr) {
+			t.Fatalf("%s: the sandbox reached the test host before resolving its name", f.name)
+		}
+		check(t, f.name+" udp www", query("udp", f.gw, "www.example.com.", f.qtype), fmt.Sprintf("NOERROR | www.example.com. 300 %s %v", rr, f.addr))
+		checkList(t, f.name+" set after www", elements(v6), []string{fmt.Sprintf("%v timeout 5m30s", f.addr)})
+		if !connects(f.addr) {
+			t.Errorf("%s: the sandbox cannot reach the answered address", f.name)
+		}
+		if connects(f.other) {
+			t.Errorf("%s: the sandbox reached an address no answer named", f.name)
+		}
+
+		check(t, f.name+" tcp rebind", query("tcp", f.gw, "rebind.example.com.", f.qtype),
+			fmt.Sprintf(`NOERROR | rebind.example.com. 60 %s %v | %s`, rr, f.other, ede17))
+		want := []string{fmt.Sprintf("%v timeout 5m30s", f.addr), fmt.Sprintf("%v timeout 1m30s", f.other)}
+		slices.Sort(want)
+		checkList(t, f.name+" set after rebind", elements(v6), want)
+		if !connects(f.other) {
+			t.Errorf("%s: the sandbox cannot reach the answered address after the rebind answer", f.name)
+		}
+		check(t, f.name+" refused", query("udp", f.gw, "evil.com.", f.qtype), "REFUSED | "+blockedEDE)
 	}
 
-	check(t, "tcp rebind", query("tcp", "rebind.example.com."),
-		fmt.Sprintf(`NOERROR | rebind.example.com. 60 A %v | ede 17 "ctld network policy: answers in denied ranges dropped"`, host.Other4))
-	want := []string{fmt.Sprintf("%v timeout 5m30s", host.Addr4), fmt.Sprintf("%v timeout 1m30s", host.Other4)}
-	slices.Sort(want)
-	checkList(t, "set after rebind", elements(), want)
-	if !connects(host.Other4) {
-		t.Error("the sandbox cannot reach the answered address after the rebind answer")
-	}
-
-	check(t, "refused", query("udp", "evil.com."), "REFUSED | "+blockedEDE)
 	proxy.Unregister(o.Block.Slot)
-	check(t, "unregistered", query("udp", "www.example.com."), "REFUSED")
+	check(t, "unregistered", query("udp", b.Gateway4, "www.example.com.", dns.TypeA), "REFUSED")
+	check(t, "unregistered v6", query("udp", b.Gateway6, "www.example.com.", dns.TypeAAAA), "REFUSED")
 
 	// The upstream saw only the allowed names, from the node.
 	var names []string
 	for _, q := range up.queries() {
-		names = append(names, strings.Fields(q)[1])
+		f := strings.Fields(q)
+		names = append(names, f[1]+" "+f[2])
 	}
-	checkList(t, "upstream", names, []string{"www.example.com.", "rebind.example.com."})
+	checkList(t, "upstream", names, []string{"www.example.com. A", "rebind.example.com. A", "www.example.com. AAAA", "rebind.example.com. AAAA"})
 }
