@@ -423,6 +423,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 	for _, s := range servers {
 		_ = s.ShutdownContext(sctx) // an already failed server: nothing to stop
 	}
+	// A server that had not started when the other failed refuses
+	// Shutdown; its closed listener ends it.
+	p.closeListeners()
 	for ; running > 0; running-- {
 		if e := <-errs; e != nil && err == nil && !errors.Is(e, net.ErrClosed) {
 			err = e

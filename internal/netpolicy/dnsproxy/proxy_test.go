@@ -1034,5 +1034,47 @@ func TestGlobalInFlightLimit(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Errorf("the held query: %v", err)
 	}
-	check(t, "after", show(h.query(t, "udp", src2, "www.example.com.", dns.TypeTXT)), "NOERROR")
+	// The held query's token goes back just after its answer: retry.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		r, _, err := c.Exchange(m, h.addr)
+		if err == nil {
+			check(t, "after", show(r), "NOERROR")
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer after the held query returned: %v", err)
+		}
+	}
+}
+
+// TestServeListenerFails: a listener that fails under Serve stops it with
+// that error (the supervisor restarts the proxy); it does not hang.
+func TestServeListenerFails(t *testing.T) {
+	p, err := New(Config{Listen: "127.0.0.1:0", Pool: testPool, Upstreams: []string{"127.0.0.1:1"}, Allower: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(context.Background()) }()
+	h := &harness{p: p, addr: p.Addr().String()}
+	check(t, "serving", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)), "REFUSED")
+	p.lmu.Lock()
+	p.udp.Close()
+	p.lmu.Unlock()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "dns proxy: serve") {
+			t.Errorf("Serve after its udp listener failed: %v, want the listener's error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after its udp listener failed")
+	}
+	if l, err := net.Listen("tcp", h.addr); err != nil {
+		t.Errorf("tcp port not released: %v", err)
+	} else {
+		l.Close()
+	}
 }
