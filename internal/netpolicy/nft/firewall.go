@@ -163,7 +163,7 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 	if err != nil {
 		return err
 	}
-	fwd := &nftables.Set{Table: t, Name: MapFwd}
+	fwd := &nftables.Set{Table: t, Name: MapDispatch}
 	fwdOurs := false
 	if !exists {
 		for _, n := range g.Counters {
@@ -178,7 +178,7 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 		}
 		c.AddChain(chain)
 	} else {
-		found, target, err := f.element(MapFwd, ifname(g.Link))
+		found, target, err := f.element(MapDispatch, ifname(g.Link))
 		if err != nil {
 			return err
 		}
@@ -224,7 +224,7 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 	// a goto makes the kernel validate every chain the table reaches.
 	if !exists || !fwdOurs {
 		if err := c.SetAddElements(fwd, []nftables.SetElement{FwdElement(g.Link, chain.Name)}); err != nil {
-			return fmt.Errorf("apply nft fwd element: %w", err)
+			return fmt.Errorf("apply nft dispatch element: %w", err)
 		}
 	}
 	for _, d := range []struct {
@@ -316,7 +316,7 @@ func (f *Firewall) inventory(c *nftables.Conn) (inventory, error) {
 			inv.counters = append(inv.counters, co.Name)
 		}
 	}
-	for _, name := range []string{MapFwd, SetDNS4, SetDNS6} {
+	for _, name := range []string{MapDispatch, SetDNS4, SetDNS6} {
 		if !slices.Contains(inv.sets, name) {
 			continue
 		}
@@ -326,7 +326,7 @@ func (f *Firewall) inventory(c *nftables.Conn) (inventory, error) {
 		}
 		for _, e := range els {
 			link := linkOfKey(e.Key)
-			if name == MapFwd {
+			if name == MapDispatch {
 				inv.fwd[link] = verdictChain(e.Val)
 			} else {
 				inv.dns[name] = append(inv.dns[name], e.Key)
@@ -353,7 +353,7 @@ func verdictChain(b []byte) string {
 }
 
 // owned is what of inv belongs to chain: its chain, the sets and counters
-// named after it, the fwd elements that dispatch to it, and the dns
+// named after it, the dispatch elements that go to it, and the dns
 // elements of those links (and of link, unless another chain owns it).
 type owned struct {
 	chain           bool
@@ -420,7 +420,7 @@ func (w owned) String() string {
 	}
 	add("sets", w.sets)
 	add("counters", w.counters)
-	add("fwd elements", w.fwd)
+	add("dispatch elements", w.fwd)
 	for _, d := range []struct {
 		what string
 		keys [][]byte
@@ -455,7 +455,7 @@ func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
 // layout can give them (render.go), so its cost does not grow with the
 // number of generations: the chain, the counters, the fixed sets, the
 // domain sets d0.. up to the first index with neither family (they are
-// made and deleted together, in one transaction), the fwd element of o's
+// made and deleted together, in one transaction), the dispatch element of o's
 // link if it dispatches to o's chain, and the dns elements of the link
 // unless the link dispatches to another generation. An object outside the
 // layout is an orphan for List and RemoveOrphan.
@@ -466,7 +466,7 @@ func (f *Firewall) ownedByName(o netpolicy.Owner) (owned, error) {
 	if w.chain, err = f.chainExists(chain); err != nil {
 		return w, err
 	}
-	found, target, err := f.element(MapFwd, ifname(link))
+	found, target, err := f.element(MapDispatch, ifname(link))
 	if err != nil {
 		return w, err
 	}
@@ -535,7 +535,7 @@ func (f *Firewall) ownedByName(o netpolicy.Owner) (owned, error) {
 }
 
 // RemoveOrphan deletes every object of the generation chain names: what
-// the whole table holds under its name, the fwd elements that dispatch to
+// the whole table holds under its name, the dispatch elements that go to
 // it and the DNS elements of their links.
 func (f *Firewall) RemoveOrphan(ctx context.Context, chain string) error {
 	id, gen, ok := netpolicy.ParseChainName(chain)
@@ -569,8 +569,8 @@ func (f *Firewall) delete(c *nftables.Conn, chain string, w owned) error {
 		for _, l := range w.fwd {
 			els = append(els, nftables.SetElement{Key: ifname(l)})
 		}
-		if err := c.SetDeleteElements(&nftables.Set{Table: t, Name: MapFwd, IsMap: true}, els); err != nil {
-			return fmt.Errorf("remove nft fwd elements of %s: %w", chain, err)
+		if err := c.SetDeleteElements(&nftables.Set{Table: t, Name: MapDispatch, IsMap: true}, els); err != nil {
+			return fmt.Errorf("remove nft dispatch elements of %s: %w", chain, err)
 		}
 	}
 	for _, d := range []struct {
@@ -605,7 +605,7 @@ func (f *Firewall) delete(c *nftables.Conn, chain string, w owned) error {
 }
 
 // CheckGone is the cleanup proof's check: no chain, set or counter of o,
-// no fwd element for o's link, no dns element of o's link. It reads by
+// no dispatch element for o's link, no dns element of o's link. It reads by
 // name and key (ownedByName), at a cost that does not grow with the table.
 func (f *Firewall) CheckGone(ctx context.Context, o netpolicy.Owner) (bool, string) {
 	if err := ctx.Err(); err != nil {
@@ -620,7 +620,7 @@ func (f *Firewall) CheckGone(ctx context.Context, o netpolicy.Owner) (bool, stri
 		left = append(left, w.String())
 	}
 	if len(w.foreignFwdLinks) > 0 {
-		left = append(left, "fwd element "+strings.Join(w.foreignFwdLinks, ","))
+		left = append(left, "dispatch element "+strings.Join(w.foreignFwdLinks, ","))
 	}
 	if len(left) > 0 {
 		return false, "nft objects left: " + strings.Join(left, "; ")

@@ -36,7 +36,7 @@ const (
 	ChainInput   = "input"
 	ChainForward = "forward"
 	ChainPost    = "post"
-	MapFwd       = "fwd"
+	MapDispatch  = "dispatch"
 	SetDNS4      = "dns4"
 	SetDNS6      = "dns6"
 )
@@ -110,7 +110,7 @@ type Rule struct {
 
 // Base is the table's base objects.
 type Base struct {
-	Sets   []Set // fwd, dns4, dns6 (empty)
+	Sets   []Set // dispatch, dns4, dns6 (empty)
 	Chains []Chain
 	// Version is the comment on the first rule of each base chain.
 	Version string
@@ -142,7 +142,9 @@ func RenderBase(c Config) Base {
 	}
 	b := Base{Version: version}
 	b.Sets = []Set{
-		{Spec: nftables.Set{Name: MapFwd, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}},
+		// nft prints an ifname key by the byte order the set records
+		// (host order for strings); the kernel ignores it.
+		{Spec: nftables.Set{Name: MapDispatch, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}},
 		{Spec: nftables.Set{Name: SetDNS4, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)}},
 		{Spec: nftables.Set{Name: SetDNS6, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIP6Addr)}},
 	}
@@ -200,7 +202,7 @@ func RenderBase(c Config) Base {
 	forward := []Rule{
 		{Exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-			&expr.Lookup{SourceRegister: reg1, SetName: MapFwd, DestRegister: regVerdict, IsDestRegSet: true},
+			&expr.Lookup{SourceRegister: reg1, SetName: MapDispatch, DestRegister: regVerdict, IsDestRegSet: true},
 		}},
 		{Exprs: concat(ctEstablished(), verdict(expr.VerdictAccept))},
 		{Exprs: concat(ifPrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq), []expr.Any{&expr.Counter{}}, verdict(expr.VerdictDrop))},
@@ -230,7 +232,7 @@ func RenderBase(c Config) Base {
 // Generation is one generation's objects.
 type Generation struct {
 	Chain    Chain
-	Link     string   // the fwd element's key: the host end of the veth
+	Link     string   // the dispatch element's key: the host end of the veth
 	Counters []string // named counters: tx, drop
 	Sets     []Set
 	// DNS4 and DNS6 are the keys of the generation's dns4/dns6 elements

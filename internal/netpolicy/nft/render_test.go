@@ -262,7 +262,7 @@ func TestRenderBase(t *testing.T) {
 	}
 	// forward: the dispatch first, through the fwd verdict map.
 	fwd := b.Chains[2].Rules[0].Exprs
-	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapFwd || !l.IsDestRegSet || l.DestRegister != 0 {
+	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapDispatch || !l.IsDestRegSet || l.DestRegister != 0 {
 		t.Errorf("forward rule 0 is not the dispatch: %v", fwd)
 	}
 	// pre: 4 redirects (v4 and v6, udp and tcp) to the proxy port.
