@@ -164,7 +164,14 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 		return err
 	}
 	fwd := &nftables.Set{Table: t, Name: MapDispatch}
-	fwdOurs := false
+	found, target, err := f.element(MapDispatch, ifname(g.Link))
+	if err != nil {
+		return err
+	}
+	if found && target != chain.Name {
+		return errdefs.Errorf(errdefs.CodeConflict, "apply nft objects of %s: link %s dispatches to %s", chain.Name, g.Link, target)
+	}
+	fwdOurs := found
 	if !exists {
 		for _, n := range g.Counters {
 			c.AddObj(&nftables.CounterObj{Table: t, Name: n})
@@ -178,11 +185,6 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 		}
 		c.AddChain(chain)
 	} else {
-		found, target, err := f.element(MapDispatch, ifname(g.Link))
-		if err != nil {
-			return err
-		}
-		fwdOurs = found && target == chain.Name
 		old, err := c.GetRules(t, chain)
 		if err != nil {
 			return fmt.Errorf("list nft rules of %s: %w", chain.Name, err)
@@ -219,10 +221,9 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 	for _, r := range g.Chain.Rules {
 		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: r.Exprs, UserData: comment(r.Comment)})
 	}
-	// An element that sends the link to another chain fails the whole
-	// transaction. One that is there already is not added again: adding
-	// a goto makes the kernel validate every chain the table reaches.
-	if !exists || !fwdOurs {
+	// An element that is there already is not added again: adding a
+	// goto makes the kernel validate every chain the table reaches.
+	if !fwdOurs {
 		if err := c.SetAddElements(fwd, []nftables.SetElement{FwdElement(g.Link, chain.Name)}); err != nil {
 			return fmt.Errorf("apply nft dispatch element: %w", err)
 		}

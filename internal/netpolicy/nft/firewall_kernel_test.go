@@ -23,6 +23,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
 )
@@ -730,5 +731,74 @@ func TestKernelIPv6(t *testing.T) {
 	if c, err := sb.dialTo(netip.AddrPortFrom(serverAddr6, 8080), spoof); err == nil {
 		c.Close()
 		t.Error("a spoofed v6 source connected")
+	}
+}
+
+// A replace keeps the addresses the proxy resolved for a domain set whose
+// names, protocol and ports did not change, and drops them when they did.
+func TestKernelReplaceKeepsResolvedAddresses(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(13)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	apply := func(rules ...netpolicy.RuleSpec) {
+		t.Helper()
+		if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, rules...))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(domain("example.com", "tcp", "8080"))
+	if err := n.fw.AllowResolved(ctx, sb.owner, 0, []netip.Addr{serverAddr}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if !sb.canConnect(8080) {
+		t.Fatal("resolved address not reachable")
+	}
+	apply(domain("example.com", "tcp", "8080"), cidr("198.51.100.0/24", "tcp", "443"))
+	if !sb.canConnect(8080) {
+		t.Error("a replace that kept the domain rule dropped its resolved address")
+	}
+	apply(domain("example.org", "tcp", "8080"))
+	if sb.canConnect(8080) {
+		t.Error("a replace with other names kept the old names' resolved address")
+	}
+}
+
+// Apply is one transaction: when a part fails, nothing of it is made. A
+// link that dispatches to another generation is refused (conflict)
+// before anything is sent; an allow set the kernel refuses (an element
+// whose start lies inside another one, which Resolve never makes: the
+// kernel checks only the new element's start against the others) fails
+// the whole transaction.
+func TestKernelApplyIsAllOrNothing(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	sb := n.sandbox(14)
+	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
+	eff := sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080"), domain("example.com", "tcp", "443")))
+	if err := n.fw.Apply(ctx, sb.owner, eff); err != nil {
+		t.Fatal(err)
+	}
+	before := ruleset(t)
+	other := sb.owner
+	other.ID = "kt-other"
+	if err := n.fw.Apply(ctx, other, eff); !errdefs.Is(err, errdefs.CodeConflict) {
+		t.Errorf("Apply of a second generation on the same link: %v, want conflict", err)
+	}
+	third := n.sandbox(15)
+	bad := third.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.0/24", "tcp", "8080")))
+	bad.Allow4 = append(bad.Allow4, netpolicy.Element{
+		Dst: netpolicy.AddrRange{From: serverAddr, To: serverAddr}, Proto: netpolicy.ProtoTCP, Ports: netpolicy.PortRange{From: 8080, To: 9000}})
+	if err := n.fw.Apply(ctx, third.owner, bad); err == nil {
+		t.Error("the kernel took overlapping allow elements")
+		_ = n.fw.Remove(ctx, third.owner)
+	} else {
+		t.Logf("refused as expected: %v", err)
+	}
+	if after := ruleset(t); after != before {
+		t.Errorf("a failed Apply changed the ruleset:\nbefore %s\nafter  %s", before, after)
+	}
+	if !sb.canConnect(8080) {
+		t.Error("the link's owner lost its policy")
 	}
 }
