@@ -698,7 +698,7 @@ func TestKernelDNSRedirect(t *testing.T) {
 	}
 }
 
-// IPv6 is policed like IPv4: the allow set, other ports, spoofing.
+// TestKernelIPv6: IPv6 is policed like IPv4 (the allow set, other ports, spoofing).
 func TestKernelIPv6(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
