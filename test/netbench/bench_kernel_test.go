@@ -1,0 +1,421 @@
+package netbench
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	vnl "github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/ctld/ctld/internal/ktest"
+)
+
+// The benchmarks measure with their own loops and print ratios against a
+// baseline measured in the same run (vmrun runs them with -benchtime 1x:
+// one b.N, one run). Sizes can be changed through the environment.
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	return s[max(0, min(i, len(s))-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Ports of the packet-path servers on the test host.
+const (
+	sinkPort = 9000 // reads to EOF, answers the byte count (8 bytes)
+	rate     = 9001 // reads one byte, answers it, closes
+)
+
+// startPathServers runs the sink and the connection-rate server in the
+// test host's netns until the test ends.
+func startPathServers(b *testing.B, h *ktest.TestHost) {
+	var wg sync.WaitGroup
+	serve := func(port uint16, handle func(net.Conn)) {
+		var ln net.Listener
+		if err := h.Netns.Do(func() (err error) {
+			ln, err = net.Listen("tcp", netip.AddrPortFrom(h.Addr4, port).String())
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { ln.Close(); wg.Wait() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer c.Close()
+					_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+					handle(c)
+				}()
+			}
+		}()
+	}
+	serve(sinkPort, func(c net.Conn) {
+		n, err := io.Copy(io.Discard, c)
+		if err != nil {
+			return
+		}
+		_ = binary.Write(c, binary.BigEndian, uint64(n))
+	})
+	serve(rate, func(c net.Conn) {
+		var one [1]byte
+		if _, err := io.ReadFull(c, one[:]); err == nil {
+			_, _ = c.Write(one[:])
+		}
+	})
+}
+
+// bulk copies size bytes to the sink from ns and returns the throughput
+// in MB/s (from the dial to the sink's count).
+func bulk(ns ktest.Netns, dst netip.Addr, size int) (float64, error) {
+	buf := make([]byte, 64<<10)
+	t0 := time.Now()
+	c, err := dialFrom(ns, netip.AddrPortFrom(dst, sinkPort), 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	for sent := 0; sent < size; sent += len(buf) {
+		if _, err := c.Write(buf); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		return 0, err
+	}
+	var got uint64
+	if err := binary.Read(c, binary.BigEndian, &got); err != nil {
+		return 0, fmt.Errorf("read the sink's count: %w", err)
+	}
+	if got != uint64((size+len(buf)-1)/len(buf)*len(buf)) {
+		return 0, fmt.Errorf("the sink got %d bytes", got)
+	}
+	return float64(got) / 1e6 / time.Since(t0).Seconds(), nil
+}
+
+// connRate runs n connect + 1 byte each way + close from ns and returns
+// connections per second.
+func connRate(ns ktest.Netns, dst netip.Addr, n int) (float64, error) {
+	t0 := time.Now()
+	err := ns.Do(func() error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		var one [1]byte
+		for i := range n {
+			c, err := d.Dial("tcp", netip.AddrPortFrom(dst, rate).String())
+			if err != nil {
+				return fmt.Errorf("connection %d: %w", i, err)
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Write([]byte{'x'})
+			if err == nil {
+				_, err = io.ReadFull(c, one[:])
+			}
+			c.Close()
+			if err != nil {
+				return fmt.Errorf("connection %d: %w", i, err)
+			}
+		}
+		return nil
+	})
+	return float64(n) / time.Since(t0).Seconds(), err
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkPacketPath: TCP throughput (a bulk copy of
+// CTLD_BENCH_BULK_MB, default 16 MB) and connection rate
+// (CTLD_BENCH_CONNS, default 150 connects + 1 byte + close) from a client
+// netns to a test host, through a generation's Links and Firewall (a
+// restricted policy allowing the test host's ports; the table also
+// masquerades the pool) versus through a bare veth pair with plain
+// forwarding and no ctld table. Rounds (CTLD_BENCH_ROUNDS, default 7)
+// alternate bare and policy (the table is deleted and made again between
+// them). Printed: the medians and their ratio policy/bare, and the
+// median of each round's own ratio, which drifts less with the load the
+// single-threaded TCG guest shares the host with (goal >= 0.9).
+func BenchmarkPacketPath(b *testing.B) {
+	r := newRig(b, true)
+	sizeMB := envInt("CTLD_BENCH_BULK_MB", 16)
+	conns := envInt("CTLD_BENCH_CONNS", 150)
+	rounds := envInt("CTLD_BENCH_ROUNDS", 7)
+	startPathServers(b, r.host)
+	dst := r.host.Addr4
+
+	// The policy path: a generation's whole network.
+	p := r.policy("9000", "9001")
+	g := r.alloc("nbpath")
+	b.Cleanup(func() {
+		if err := r.remove(g); err != nil {
+			b.Error(err)
+		}
+	})
+	r.make(g, p)
+	// The bare path: a veth pair with addresses and a route, nothing else.
+	bare := ktest.NewNetns(b)
+	ktest.VethPair(b, ktest.Veth{Netns: netns.None(), Name: "nbbare0", Addr: "10.241.0.0/31"}, ktest.Veth{Netns: bare.Handle, Name: "eth0", Addr: "10.241.0.1/31"})
+	h, err := vnl.NewHandleAt(bare.Handle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	eth0, err := h.LinkByName("eth0")
+	if err == nil {
+		err = h.RouteAdd(&vnl.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("10.241.0.0")})
+	}
+	h.Close()
+	if err != nil {
+		b.Fatalf("bare client's route: %v", err)
+	}
+
+	paths := []struct {
+		name string
+		ns   ktest.Netns
+		// before readies the node for the path.
+		before func()
+	}{
+		{"bare", bare, func() { r.deleteTable() }},
+		{"policy", g.netns(), func() {
+			if err := r.fw.Ensure(r.ctx); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.fw.Apply(r.ctx, g.owner, r.effective(g, p)); err != nil {
+				b.Fatal(err)
+			}
+		}},
+	}
+	mbps := map[string][]float64{}
+	cps := map[string][]float64{}
+	b.ResetTimer()
+	for round := range rounds {
+		for _, pa := range paths {
+			pa.before()
+			// Warm up (neighbours, routes) outside the measurement.
+			if _, err := connRate(pa.ns, dst, 3); err != nil {
+				b.Fatalf("%s warm-up: %v", pa.name, err)
+			}
+			m, err := bulk(pa.ns, dst, sizeMB<<20)
+			if err != nil {
+				b.Fatalf("%s bulk: %v", pa.name, err)
+			}
+			c, err := connRate(pa.ns, dst, conns)
+			if err != nil {
+				b.Fatalf("%s connections: %v", pa.name, err)
+			}
+			mbps[pa.name] = append(mbps[pa.name], m)
+			cps[pa.name] = append(cps[pa.name], c)
+			b.Logf("round %d %-6s throughput %7.1f MB/s  connection rate %7.1f conn/s", round, pa.name, m, c)
+		}
+	}
+	b.StopTimer()
+	// The bare client must not pass the firewall: prove the policy path
+	// was the filtered one (a port the policy does not name is closed).
+	if c, err := r.dialTCP(g, 8081, 500*time.Millisecond); err == nil {
+		c.Close()
+		b.Fatal("the policy client reached port 8081: the firewall was not in the path")
+	}
+	paired := func(m map[string][]float64) float64 {
+		var rs []float64
+		for i := range m["bare"] {
+			rs = append(rs, m["policy"][i]/m["bare"][i])
+		}
+		return median(rs)
+	}
+	tp, tb := median(mbps["policy"]), median(mbps["bare"])
+	cp, cb := median(cps["policy"]), median(cps["bare"])
+	b.Logf("packet path, %d rounds: throughput (%d MB copy) median bare %.1f MB/s, policy %.1f MB/s: ratio %.3f; median of the rounds' ratios %.3f (goal >= 0.9)",
+		rounds, sizeMB, tb, tp, tp/tb, paired(mbps))
+	b.Logf("packet path, %d rounds: connection rate (%d connects) median bare %.1f/s, policy %.1f/s: ratio %.3f; median of the rounds' ratios %.3f (goal >= 0.9)",
+		rounds, conns, cb, cp, cp/cb, paired(cps))
+	b.ReportMetric(tp/tb, "throughput-ratio")
+	b.ReportMetric(cp/cb, "connrate-ratio")
+}
+
+// BenchmarkNetworkScale: with 1 and then with CTLD_BENCH_LIVE (default
+// 500) live generations (each a netns, links, a restricted policy and an
+// open TCP connection, so the conntrack table holds their flows):
+//   - the network step: Links.Make + Firewall.Apply of a new generation
+//     (its netns made before the clock starts), CTLD_BENCH_SAMPLES
+//     (default 50) times, each removed afterwards;
+//   - the live update of one generation: Firewall.Apply (replace) +
+//     Flows.Cut, alternating a policy that cuts one open flow and one
+//     that cuts none, as many times.
+//
+// p50/p99 of each and the ratios many/1 are printed (goal for the step:
+// <= 1.5).
+func BenchmarkNetworkScale(b *testing.B) {
+	r := newRig(b, true)
+	live := envInt("CTLD_BENCH_LIVE", 500)
+	samples := envInt("CTLD_BENCH_SAMPLES", 50)
+	wide, narrow := r.policy("8080", "8081"), r.policy("8080")
+
+	var bg []*gen
+	var open []net.Conn
+	b.Cleanup(func() {
+		for _, c := range open {
+			c.Close()
+		}
+		// Delete the table at once: removing 500 generations one by one
+		// lists the table each time (the churn test proves Remove).
+		r.deleteTable()
+		for _, g := range bg {
+			if err := r.remove(g); err != nil {
+				b.Error(err)
+			}
+		}
+	})
+	grow := func(n int) {
+		t0 := time.Now()
+		for len(bg) < n {
+			g := r.alloc(fmt.Sprintf("nbbg%03d", len(bg)))
+			bg = append(bg, g)
+			r.make(g, narrow)
+			c, err := r.dialTCP(g, 8080, 5*time.Second)
+			if err != nil {
+				b.Fatalf("%s: %v", g.name, err)
+			}
+			open = append(open, c)
+			if err := echoTCP(c, g.name); err != nil {
+				b.Fatalf("%s: %v", g.name, err)
+			}
+		}
+		b.Logf("%d live generations with one open flow each (made in %v)", len(bg), time.Since(t0).Round(time.Millisecond))
+	}
+	step := func() []time.Duration {
+		var ds []time.Duration
+		for i := range samples {
+			g := r.alloc(fmt.Sprintf("nbstep%03d", i))
+			r.makeNetns(g)
+			t0 := time.Now()
+			if err := r.links.Make(r.ctx, g.owner, g.path); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.fw.Apply(r.ctx, g.owner, r.effective(g, narrow)); err != nil {
+				b.Fatal(err)
+			}
+			ds = append(ds, time.Since(t0))
+			if err := r.remove(g); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return ds
+	}
+	// update switches bg[0] between wide and narrow; before each switch
+	// to narrow it opens a flow to 8081, which that Cut must delete.
+	update := func() []time.Duration {
+		g := bg[0]
+		var ds []time.Duration
+		for i := range samples {
+			pol, wantCut := wide, 0
+			var victim net.Conn
+			if i%2 == 1 {
+				pol, wantCut = narrow, 1
+				c, err := r.dialTCP(g, 8081, 5*time.Second)
+				if err != nil {
+					b.Fatalf("flow to 8081 under the wide policy: %v", err)
+				}
+				victim = c
+				if err := echoTCP(c, "victim"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			eff := r.effective(g, pol)
+			t0 := time.Now()
+			if err := r.fw.Apply(r.ctx, g.owner, eff); err != nil {
+				b.Fatal(err)
+			}
+			n, err := r.ct.Cut(r.ctx, g.owner.Block.Slot, eff)
+			ds = append(ds, time.Since(t0))
+			if err != nil || n != wantCut {
+				b.Fatalf("update %d: Cut = %d, %v; want %d", i, n, err, wantCut)
+			}
+			if victim != nil {
+				// The first cut flows are shown dead (a write gets no
+				// echo); every cut is counted by Cut's result above.
+				if i < 4 {
+					_ = victim.SetDeadline(time.Now().Add(300 * time.Millisecond))
+					if _, err := io.WriteString(victim, "after cut\n"); err == nil {
+						var one [1]byte
+						if _, err := victim.Read(one[:]); err == nil {
+							b.Fatalf("update %d: the cut flow still echoes", i)
+						}
+					}
+				}
+				// A reset, not a FIN the kernel would retransmit into
+				// the next wide policy as a new flow.
+				_ = victim.(*net.TCPConn).SetLinger(0)
+				victim.Close()
+				if err := echoTCP(open[0], "kept"); err != nil {
+					b.Fatalf("update %d: the kept flow: %v", i, err)
+				}
+			}
+		}
+		return ds
+	}
+
+	type result struct{ step, update []time.Duration }
+	res := map[int]result{}
+	b.ResetTimer()
+	for _, n := range []int{1, live} {
+		grow(n)
+		res[n] = result{step(), update()}
+		for _, m := range []struct {
+			what string
+			ds   []time.Duration
+		}{{"step (Links.Make + Firewall.Apply)", res[n].step}, {"update (Apply replace + Cut)", res[n].update}} {
+			b.Logf("%4d live: %-36s p50 %7.2f ms  p99 %7.2f ms  (n=%d)", n, m.what, ms(pct(m.ds, 50)), ms(pct(m.ds, 99)), len(m.ds))
+		}
+	}
+	b.StopTimer()
+	one, many := res[1], res[live]
+	for _, m := range []struct {
+		what   string
+		a, z   []time.Duration
+		metric string
+	}{
+		{"network step", one.step, many.step, "step-p50-ratio"},
+		{"live update", one.update, many.update, "update-p50-ratio"},
+	} {
+		r50, r99 := ms(pct(m.z, 50))/ms(pct(m.a, 50)), ms(pct(m.z, 99))/ms(pct(m.a, 99))
+		goal := ""
+		if m.what == "network step" {
+			goal = " (goal <= 1.5)"
+		}
+		b.Logf("%s: %d live / 1 live: ratio p50 %.2f, p99 %.2f%s", m.what, live, r50, r99, goal)
+		b.ReportMetric(r50, m.metric)
+	}
+	b.ReportMetric(ms(pct(many.step, 50)), "step-p50-ms")
+	b.ReportMetric(ms(pct(many.update, 50)), "update-p50-ms")
+}
