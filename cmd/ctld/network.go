@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -10,11 +11,16 @@ import (
 	"strings"
 
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
+	"github.com/ctld/ctld/internal/netpolicy/flows"
+	"github.com/ctld/ctld/internal/netpolicy/nft"
+	"github.com/ctld/ctld/internal/node"
 	"github.com/spf13/pflag"
 )
 
 // netOpts configure the sandbox network (docs/network-design.md).
 type netOpts struct {
+	nftTable               string
 	poolV4, poolV6         string
 	poolV4Bits, poolV6Bits int
 	dnsPort                int
@@ -24,6 +30,7 @@ type netOpts struct {
 }
 
 func (o *netOpts) flags(f *pflag.FlagSet) {
+	f.StringVar(&o.nftTable, "nft-table", nft.DefaultTable, "name of ctld's nft table (family inet); ctld never deletes it")
 	f.StringVar(&o.poolV4, "net-pool-v4", "10.200.0.0/16", "IPv4 prefix the sandboxes' address blocks come from; it must not overlap any network the node reaches")
 	f.IntVar(&o.poolV4Bits, "net-pool-v4-bits", netpolicy.DefaultV4Bits, "IPv4 block per sandbox: 31 (gateway, sandbox) or 30")
 	f.StringVar(&o.poolV6, "net-pool-v6", "", "ULA prefix (inside fc00::/7) for the sandboxes' IPv6 blocks; empty: no IPv6, all of a sandbox's IPv6 is dropped")
@@ -66,6 +73,10 @@ func (o netOpts) check() error {
 	}
 	if _, err := parseUpstreams(o.upstreams); err != nil {
 		return err
+	}
+	pool, _ := o.pool()
+	if err := (nft.Config{Table: o.nftTable, DNSPort: uint16(o.dnsPort), Pool: pool}).Check(); err != nil {
+		return fmt.Errorf("--nft-table: %w", err)
 	}
 	if o.maxRules < 1 || o.maxRules > netpolicy.DefaultMaxRules {
 		return fmt.Errorf("--net-max-rules must be between 1 and %d, got %d", netpolicy.DefaultMaxRules, o.maxRules)
@@ -140,4 +151,63 @@ func nodeAddrs(pool netpolicy.Pool) ([]netip.Addr, error) {
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return slices.Compact(out), nil
+}
+
+// sandboxNet is the sandbox network of one term: the subsystems the node
+// drives, and the DNS proxy that serves for the term.
+type sandboxNet struct {
+	pool     netpolicy.Pool
+	addrs    []netip.Addr
+	links    *netpolicy.Links
+	firewall *nft.Firewall
+	flows    *flows.Conntrack
+	proxy    *dnsproxy.Proxy // nil: none (the node refuses what needs it)
+}
+
+// buildNet makes the term's network subsystems; nothing touches the
+// kernel yet (the node ensures the table and forwarding on reconcile).
+// A DNS proxy that cannot be made (no upstream resolver) is left out and
+// said so: the node then refuses the policies that resolve names, and
+// runs the rest.
+func buildNet(o netOpts, log *slog.Logger) (sandboxNet, error) {
+	var sn sandboxNet
+	var err error
+	if sn.pool, err = o.pool(); err != nil {
+		return sn, err
+	}
+	if sn.addrs, err = nodeAddrs(sn.pool); err != nil {
+		return sn, err
+	}
+	sn.links = &netpolicy.Links{Logger: log}
+	if sn.firewall, err = nft.New(nft.Config{Table: o.nftTable, DNSPort: uint16(o.dnsPort), Pool: sn.pool}, log); err != nil {
+		return sn, fmt.Errorf("firewall: %w", err)
+	}
+	// The same (default) mark mask as the firewall's chains set.
+	sn.flows = &flows.Conntrack{Logger: log}
+	upstreams, err := o.upstreamResolvers()
+	if err == nil && len(upstreams) == 0 {
+		err = fmt.Errorf("no nameserver in %s and no --dns-upstream", o.resolvConf)
+	}
+	if err == nil {
+		var ss []string
+		for _, u := range upstreams {
+			ss = append(ss, u.String())
+		}
+		sn.proxy, err = dnsproxy.New(dnsproxy.Config{
+			Listen: fmt.Sprintf(":%d", o.dnsPort), Pool: sn.pool, Upstreams: ss, Allower: sn.firewall, Logger: log,
+		})
+	}
+	if err != nil {
+		log.Error("DNS proxy unavailable: policies that resolve names are refused", "err", err)
+		sn.proxy = nil
+	}
+	return sn, nil
+}
+
+// deps fills the node's network dependencies.
+func (sn sandboxNet) deps(d *node.Deps) {
+	d.Links, d.Firewall, d.Flows, d.Pool, d.NodeAddrs = sn.links, sn.firewall, sn.flows, sn.pool, sn.addrs
+	if sn.proxy != nil {
+		d.DNSProxy = sn.proxy
+	}
 }

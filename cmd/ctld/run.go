@@ -247,9 +247,28 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	if err := j.TakeOver(term.Epoch); err != nil {
 		return giveUp(errors.Join(err, j.Close()))
 	}
-	n, err := buildNode(termCtx, g, o, facts, term.Epoch, j, log)
+	sn, err := buildNet(o.net, log)
 	if err != nil {
 		return giveUp(errors.Join(err, j.Close()))
+	}
+	n, err := buildNode(termCtx, g, o, facts, term.Epoch, j, sn, log)
+	if err != nil {
+		return giveUp(errors.Join(err, j.Close()))
+	}
+	// The DNS proxy serves for the term from now on (it binds as soon as
+	// a previous primary let the port go); Reconcile registers every
+	// ready generation first thing. It stops with the term, before the
+	// lock is given back.
+	proxyDone := make(chan struct{})
+	if sn.proxy != nil {
+		go func() {
+			defer close(proxyDone)
+			if err := sn.proxy.Serve(termCtx); err != nil {
+				log.Error("DNS proxy stopped", "err", err)
+			}
+		}()
+	} else {
+		close(proxyDone)
 	}
 	// From here on the node may make kernel effects: the term ends with a
 	// drain before the journal is closed and the lock released.
@@ -257,7 +276,15 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		inst.set(func(s *ha.Status) { s.Role, s.Health = ha.RoleStopping, "draining" })
 		mon.set()
 		endTerm(nil)
-		if derr := n.Drain(o.drainTimeout); derr != nil {
+		derr := n.Drain(o.drainTimeout)
+		if derr == nil {
+			select {
+			case <-proxyDone:
+			case <-time.After(o.drainTimeout):
+				derr = errors.New("DNS proxy still answering")
+			}
+		}
+		if derr != nil {
 			// Work may still be running: keep the journal and the lock,
 			// and let the process exit (the kernel drops both).
 			err = errors.Join(err, fmt.Errorf("drain: %w; exiting with the lock held", derr))
@@ -389,7 +416,7 @@ func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error
 // buildNode wires the subsystems of a primary: main is the only place
 // that builds them. term is the term's context: the node stops making
 // kernel effects when it ends.
-func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, epoch uint64, j *journal.Journal, log *slog.Logger) (*node.Node, error) {
+func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, epoch uint64, j *journal.Journal, sn sandboxNet, log *slog.Logger) (*node.Node, error) {
 	ident, err := proof.LoadOrCreateIdentity(g.stateDir)
 	if err != nil {
 		return nil, fmt.Errorf("load node identity: %w", err)
@@ -428,15 +455,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		}
 		return w, wr.Wait, nil
 	}
-	pool, err := o.net.pool()
-	if err != nil {
-		return nil, err
-	}
-	addrs, err := nodeAddrs(pool)
-	if err != nil {
-		return nil, err
-	}
-	n := node.New(node.Config{
+	cfg := node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
 		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
@@ -445,17 +464,15 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		DefaultDiskBytes: o.defaultDisk,
 		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
-	}, node.Deps{
+	}
+	d := node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
 		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
-		// Every generation gets an address slot; the veth, nft and DNS
-		// subsystems are not built yet: the node runs deny_all only
-		// (netns with lo) and refuses the other modes.
-		Pool: pool, NodeAddrs: addrs,
-	})
-	return n, nil
+	}
+	sn.deps(&d)
+	return node.New(cfg, d), nil
 }
 
 // crashHook serves the tests of journal recovery and of term end only: at

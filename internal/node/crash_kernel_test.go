@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,10 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
+	"github.com/ctld/ctld/internal/netpolicy/flows"
+	"github.com/ctld/ctld/internal/netpolicy/nft"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
@@ -60,8 +66,11 @@ func realKernel(t *testing.T) *testKernel {
 		t.Fatal(err)
 	}
 	k := realNet()
+	// After the leak check's snapshot: the table is the rig's own to
+	// delete (ctld never deletes its table).
+	t.Cleanup(func() { deleteTable(t, k.nftTable) })
 	*k = testKernel{
-		links: k.links, firewall: k.firewall, flows: k.flows, dns: k.dns, pool: k.pool,
+		links: k.links, firewall: k.firewall, flows: k.flows, dns: k.dns, pool: k.pool, nftTable: k.nftTable,
 		leases:       leases,
 		rootfs:       &rootfs.Overlay{ScratchDir: filepath.Join(state, "scratch")},
 		netns:        &netpolicy.Netns{Dir: filepath.Join(run, "netns")},
@@ -96,9 +105,60 @@ func realKernel(t *testing.T) *testKernel {
 	return k
 }
 
-// realNet is the sandbox network of the real kernel's rig: none yet (the
-// node makes no veth or nft objects, and its claims are deny_all).
-func realNet() *testKernel { return &testKernel{} }
+// realNet is the sandbox network of the real kernel's rig, as ctld's
+// buildNet makes it: veth pairs in the VM's root netns, an nft table of
+// the rig's own (table, its name unique; realKernel deletes it, which
+// ctld never does), conntrack, and a DNS proxy per term that is not
+// served (its registry is what the node drives).
+func realNet() *testKernel {
+	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.233.0.0/24"), V6: netip.MustParsePrefix("fd00:c71d:e2e::/64")}
+	table := "ctld-crash-" + randHex(4)
+	fw, err := nft.New(nft.Config{Table: table, DNSPort: 10053, Pool: pool}, nil)
+	if err != nil {
+		panic(err)
+	}
+	return &testKernel{
+		links: &netpolicy.Links{}, firewall: fw, flows: &flows.Conntrack{}, pool: pool,
+		dns: func() DNSProxy {
+			p, err := dnsproxy.New(dnsproxy.Config{Listen: "127.0.0.1:0", Pool: pool, Upstreams: []string{"127.0.0.1:53"}, Allower: fw})
+			if err != nil {
+				panic(err)
+			}
+			return p
+		},
+		nftTable: table,
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// deleteTable deletes an nft table of inet family if it exists.
+func deleteTable(t testing.TB, name string) {
+	c, err := nftables.New()
+	if err != nil {
+		t.Errorf("nft: %v", err)
+		return
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Errorf("list nft tables: %v", err)
+		return
+	}
+	for _, tb := range tables {
+		if tb.Name == name {
+			c.DelTable(tb)
+			if err := c.Flush(); err != nil {
+				t.Errorf("delete nft table %s: %v", name, err)
+			}
+		}
+	}
+}
 
 // realText lists the generations' objects the subsystems see (as the
 // reconciler does) and their files; ktest.CheckLeaks looks deeper when
@@ -122,6 +182,12 @@ func realText(k *testKernel) string {
 	list("netns", ids, err)
 	ids, err = k.runtime.Known()
 	list("runsc", ids, err)
+	if k.links != nil {
+		ids, err = k.links.List(ctx)
+		list("link", ids, err)
+		ids, err = k.firewall.List(ctx)
+		list("nft", ids, err)
+	}
 	qs, err := k.rootfs.DiskProjects(ctx, k.diskProjects.Base, k.diskProjects.Base+k.diskProjects.Count)
 	ids = nil
 	for _, q := range qs {

@@ -106,6 +106,12 @@ func (n *Node) effective(o netpolicy.Owner, p netpolicy.Policy) netpolicy.Effect
 // firewall, and the conntrack flows (live updates cut them); a policy
 // that resolves names needs the DNS proxy.
 func (n *Node) checkNetwork(p netpolicy.Policy) error {
+	if n.hasNet() {
+		// Every generation gets its chain: none without the table.
+		if err := n.netReady(); err != nil {
+			return err
+		}
+	}
 	if p.Mode == netpolicy.ModeDenyAll {
 		return nil
 	}

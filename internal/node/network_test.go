@@ -268,8 +268,15 @@ func TestFirewallNotReadyRefusesClaims(t *testing.T) {
 	}
 	req := claimReq("c1", 1)
 	req.Network = api.NetworkPolicy{Mode: api.NetworkOpen}
-	if _, err, _ := r.claim(sb, req); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "not ready") {
-		t.Fatalf("open claim without the table: %v, want unavailable (not ready)", err)
+	for _, p := range []api.NetworkPolicy{req.Network, {}} {
+		req := req
+		req.Network = p
+		if _, err, _ := r.claim(sb, req); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "not ready") {
+			t.Fatalf("claim with %+v without the table: %v, want unavailable (not ready)", p, err)
+		}
+	}
+	if got := k.String(); got != "" {
+		t.Fatalf("refused claims left:\n%s", got)
 	}
 	k.ClearFailMake(fakekernel.KindNft, fakekernel.TableName)
 	r.mustBoot()

@@ -46,6 +46,8 @@ type testKernel struct {
 	// dns returns the DNS proxy of a new term (its registry is a
 	// process's memory); nil: none.
 	dns func() DNSProxy
+	// nftTable is the name of the firewall's table (the real kernel's).
+	nftTable string
 	// enforced says which mode the kernel enforces for a generation's
 	// chain (nil: not known to the test).
 	enforced func(chain string) (netpolicy.Mode, bool)
