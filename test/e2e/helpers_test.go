@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
@@ -31,6 +33,9 @@ type env struct {
 	stateDir string
 	runDir   string
 	parent   string // cgroup parent of this test's leases
+	// nftTable is this env's nft table (inet): ctld never deletes its
+	// table, so the test does once both instances stopped.
+	nftTable string
 	procs    map[string]*exec.Cmd
 	// args are added to every `ctld run` of this env (limits, retention).
 	args []string
@@ -54,6 +59,7 @@ func newEnv(t testing.TB) *env {
 	e := &env{
 		t: t, bin: bin, stateDir: filepath.Join(ktest.QuotaDir(t), "state"), runDir: filepath.Join(root, "run"),
 		parent: "ctld-e2e-" + randHex(4) + ".slice", procs: map[string]*exec.Cmd{},
+		nftTable: "ctld-e2e-" + randHex(4),
 	}
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(e.runDir, "runsc")}, RunDir: e.runDir, StateDir: e.stateDir})
 	t.Cleanup(func() {
@@ -64,6 +70,10 @@ func newEnv(t testing.TB) *env {
 		// The parent is ctld's to create and the operator's to remove.
 		if err := os.Remove(filepath.Join(ktest.CgroupRoot, e.parent)); err != nil && !os.IsNotExist(err) {
 			t.Errorf("remove cgroup parent: %v", err)
+		}
+		// So is the nft table (its generations' objects went with them).
+		if err := deleteNftTable(e.nftTable); err != nil {
+			t.Errorf("delete nft table: %v", err)
 		}
 	})
 	return e
@@ -119,7 +129,7 @@ func (e *env) start(slot string, extraEnv ...string) {
 	// A small default disk lease, so the benchmarks' 50 guests fit the
 	// VM's 16 GiB state disk.
 	cmd := exec.Command(e.bin, append([]string{"run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", "",
-		"--default-disk-bytes", fmt.Sprint(e.defaultDisk())}, e.args...)...)
+		"--default-disk-bytes", fmt.Sprint(e.defaultDisk()), "--nft-table", e.nftTable}, e.args...)...)
 	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
@@ -265,4 +275,23 @@ func codeOf(err error) errdefs.Code {
 		return ae.Code
 	}
 	return ""
+}
+
+// deleteNftTable deletes the inet table name if it exists.
+func deleteNftTable(name string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	for _, t := range tables {
+		if t.Name == name {
+			c.DelTable(t)
+			return c.Flush()
+		}
+	}
+	return nil
 }
