@@ -113,10 +113,10 @@ func TestCLISandboxNetwork(t *testing.T) {
 	}
 
 	// create writes its policy with the same flags (--network is the
-	// mode: create's --mode is the RootFS's); the node refuses modes it
-	// cannot enforce yet.
+	// mode: create's --mode is the RootFS's).
 	r := e.run("", "sandbox", "create", "sb2", "--network", "restricted", "--allow", "203.0.113.0/24:443/tcp")
-	if r.code != 1 || !strings.Contains(r.stderr, `network.mode "restricted" is not supported yet`) {
-		t.Errorf("create --network restricted: %+v", r)
+	want = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+	if got, _ := e.node.Policy("sb2"); r.code != 0 || !reflect.DeepEqual(got, want) {
+		t.Errorf("create --network restricted: %+v; the node has %+v, want %+v", r, got, want)
 	}
 }

@@ -150,13 +150,10 @@ func (r ClaimRequest) Validate() error {
 	if err := r.Resources.validate(); err != nil {
 		return err
 	}
-	pol, err := r.Network.Parse()
-	if err != nil {
+	// Every mode is valid here; a node without the subsystems a mode
+	// needs refuses it itself (unavailable), before anything is journaled.
+	if _, err := r.Network.Parse(); err != nil {
 		return err
-	}
-	// Fail closed until the firewall enforces the other modes.
-	if pol.Mode != netpolicy.ModeDenyAll {
-		return invalid("network.mode %q is not supported yet: only %q", pol.Mode, NetworkDenyAll)
 	}
 	if err := validateCommand("process", r.Process.Args, r.Process.Env, r.Process.Cwd, false); err != nil {
 		return err

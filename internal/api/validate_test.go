@@ -84,13 +84,13 @@ func TestClaimValidate(t *testing.T) {
 		{"disk huge", func(r *ClaimRequest) { r.Resources.DiskBytes = 1 << 62 }, "resources.disk_bytes"},
 		{"cpuset junk", func(r *ClaimRequest) { r.Resources.Cpuset = "0-3;rm" }, "resources.cpuset"},
 		{"cpuset reversed", func(r *ClaimRequest) { r.Resources.Cpuset = "3-1" }, "resources.cpuset"},
-		{"network open", func(r *ClaimRequest) { r.Network.Mode = "open" }, "not supported yet"},
+		{"network open", func(r *ClaimRequest) { r.Network.Mode = "open" }, ""},
 		{"network odd", func(r *ClaimRequest) { r.Network.Mode = "allow" }, "unknown network.mode"},
-		// The whole policy is validated before the mode is refused, so a
-		// bad rule gets its own precise error now.
+		// The whole policy is validated, so a bad rule gets its own
+		// precise error.
 		{"network restricted, good rules", func(r *ClaimRequest) {
 			r.Network = NetworkPolicy{Mode: NetworkRestrict, Rules: []NetworkRule{{CIDR: "203.0.113.0/24", Ports: []string{"443"}}, {Domain: "*.example.com"}}}
-		}, "not supported yet"},
+		}, ""},
 		{"network bad cidr", func(r *ClaimRequest) {
 			r.Network = NetworkPolicy{Mode: NetworkRestrict, Rules: []NetworkRule{{CIDR: "203.0.113.0/24"}, {CIDR: "10.0.0.256/8"}}}
 		}, `network.rules[1]: invalid cidr "10.0.0.256/8"`},

@@ -75,9 +75,9 @@ func TestBadInputNeverReachesService(t *testing.T) {
 			r.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "example.com"}, {CIDR: "10.0.0.0/33", Ports: []string{"443"}}}}
 		}), 400, errdefs.CodeInvalidArgument, `network.rules[1]: invalid cidr "10.0.0.0/33"`},
 		{"network rule typo", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, []byte(`{"operation_id":"op-1","network":{"mode":"restricted","rules":[{"cdir":"1.1.1.1"}]}}`), 400, errdefs.CodeInvalidArgument, `unknown field "cdir"`},
-		{"network good restricted", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) {
-			r.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"443"}}}}
-		}), 400, errdefs.CodeInvalidArgument, `network.mode "restricted" is not supported yet`},
+		{"network domain in open", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) {
+			r.Network = api.NetworkPolicy{Mode: api.NetworkOpen, Rules: []api.NetworkRule{{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"443"}}}}
+		}), 400, errdefs.CodeInvalidArgument, `a domain rule needs mode "restricted"`},
 		// Claims the API once passed and only the lease refused, after the
 		// claim was journaled: the API now holds the lease's own rules.
 		{"cpu below the lease's minimum", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Resources.CPUMillis = 5 }), 400, errdefs.CodeInvalidArgument, "resources.cpu_millis must be between 10"},
