@@ -207,9 +207,10 @@ func TestFailoverWithLiveGuest(t *testing.T) {
 // Every crash point is covered in-process, by TestCrashPoints (fake kernel)
 // and TestKernelCrashPoints (real kernel, internal/node); this test proves
 // the real binaries' failover on one point per phase: before the first
-// kernel effect, after a mount, and around the guest (about 50 s each).
+// kernel effect, after a mount, after the generation's nft objects, and
+// around the guest (about 50 s each).
 func TestCrashBetweenIntendedAndDone(t *testing.T) {
-	points := []string{"cgroup:intended", "disk:made", "mount:made", "runsc:made", "runsc:done"}
+	points := []string{"cgroup:intended", "disk:made", "mount:made", "nft:made", "runsc:made", "runsc:done"}
 	for _, point := range points {
 		t.Run(strings.ReplaceAll(point, ":", "-"), func(t *testing.T) {
 			e := newEnv(t)
