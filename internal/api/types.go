@@ -108,10 +108,9 @@ type RootFS struct {
 	Template string     `json:"template"` // template name
 }
 
-// NetworkPolicy of a sandbox. Until the network issue lands only deny_all is
-// accepted: the sandbox gets a netns with loopback and no route out. The
-// whole policy is validated already (netpolicy.Parse), so a bad rule gets
-// its precise error.
+// NetworkPolicy of a sandbox: its egress, enforced on the node's side of
+// its veth (an empty mode is deny_all). The whole policy is validated
+// (netpolicy.Parse), so a bad rule gets its precise error.
 type NetworkPolicy struct {
 	Mode  NetworkMode   `json:"mode"`
 	Rules []NetworkRule `json:"rules,omitempty"`
@@ -129,8 +128,8 @@ type NetworkRule struct {
 	Ports    []string `json:"ports,omitempty"`
 }
 
-// NetworkMode is a sandbox's network mode: NetworkDenyAll (now),
-// NetworkOpen or NetworkRestrict.
+// NetworkMode is a sandbox's network mode: NetworkDenyAll, NetworkOpen or
+// NetworkRestrict.
 type NetworkMode string
 
 // Process is the sandbox's main process.
