@@ -33,7 +33,7 @@ func TestClaimMakesNetwork(t *testing.T) {
 		"dns slot 1 sb-g1 mode deny_all",
 		"link ctl-00001 alias sb-g1 peer eth0 in net:[4026532101] gateway 10.200.0.2 sandbox 10.200.0.3",
 		"nft chain sb-sb-g1 mode deny_all allow4 0 allow6 0 domains 0",
-		"nft fwd ctl-00001 goto sb-sb-g1",
+		"nft dispatch ctl-00001 goto sb-sb-g1",
 	}
 	text := k.String()
 	for _, w := range want {

@@ -169,7 +169,7 @@ func (k *Kernel) renderNetLocked(add func(string, ...any)) {
 		}
 	}
 	for l, chain := range k.fwd {
-		add("nft fwd %s goto %s", l, chain)
+		add("nft dispatch %s goto %s", l, chain)
 	}
 	for slot, fs := range k.flows {
 		for _, f := range fs {

@@ -62,7 +62,7 @@ func TestNetworkObjects(t *testing.T) {
 		"netns sb-g1 net:[4026532100]",
 		"nft chain sb-sb-g1 domain set 0 element 203.0.113.7 timeout 1m0s",
 		"nft chain sb-sb-g1 mode restricted allow4 0 allow6 0 domains 1",
-		"nft fwd ctl-00001 goto sb-sb-g1",
+		"nft dispatch ctl-00001 goto sb-sb-g1",
 	}, "\n")
 	if got := k.String(); got != want {
 		t.Fatalf("state:\n%s\nwant:\n%s", got, want)
