@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/ti-mo/conntrack"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -494,6 +495,21 @@ func TestKernelReplaceKeepsEstablishedFlows(t *testing.T) {
 	defer c.Close()
 	if err := echo(c); err != nil {
 		t.Fatal(err)
+	}
+	// The chain marked the flow with the slot (under the mask).
+	ct, err := conntrack.Dial(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	flows, err := ct.DumpFilter(conntrack.NewFilter().Mark(uint32(sb.owner.Block.Slot)).MarkMask(DefaultMarkMask), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(flows, func(f conntrack.Flow) bool {
+		return f.TupleOrig.IP.DestinationAddress == serverAddr && f.TupleOrig.Proto.DestinationPort == 8080
+	}) {
+		t.Errorf("no conntrack flow to %v:8080 with mark %d: %v", serverAddr, sb.owner.Block.Slot, flows)
 	}
 	// Replace with a policy that also opens 8081: the open flow lives
 	// on, the new port opens.
