@@ -51,6 +51,7 @@ func TestRunUsageErrors(t *testing.T) {
 		{[]string{"run", "--slot", "a", "--dns-proxy-port", "53"}, "--dns-proxy-port must be"},
 		{[]string{"run", "--slot", "a", "--dns-upstream", "resolver.example"}, `--dns-upstream "resolver.example"`},
 		{[]string{"run", "--slot", "a", "--net-max-rules", "0"}, "--net-max-rules must be between 1 and 256"},
+		{[]string{"run", "--slot", "a", "--warm-carriers", "-1"}, "--warm-carriers must not be negative"},
 	} {
 		args := append([]string{"--state-dir", dir + "/state", "--run-dir", dir + "/run"}, tc.args...)
 		r := ctld(t, args...)

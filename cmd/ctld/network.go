@@ -27,6 +27,7 @@ type netOpts struct {
 	upstreams              []string
 	resolvConf             string
 	maxRules               int
+	carriers               int
 }
 
 func (o *netOpts) flags(f *pflag.FlagSet) {
@@ -38,6 +39,7 @@ func (o *netOpts) flags(f *pflag.FlagSet) {
 	f.IntVar(&o.dnsPort, "dns-proxy-port", 10053, "port of the DNS proxy on the node; each sandbox's DNS to its gateway is redirected there")
 	f.StringSliceVar(&o.upstreams, "dns-upstream", nil, "resolver the DNS proxy forwards allowed names to, ADDR or ADDR:PORT (repeatable; default: the nameservers of --resolv-conf)")
 	f.StringVar(&o.resolvConf, "resolv-conf", "/etc/resolv.conf", "where the default --dns-upstream resolvers are read from")
+	f.IntVar(&o.carriers, "warm-carriers", 0, "warm network carriers (netns + veth + address, deny-all) kept ready so a claim only applies its policy; refilled in the background, bounded by the address pool; 0: none")
 	f.IntVar(&o.maxRules, "net-max-rules", netpolicy.DefaultMaxRules, fmt.Sprintf("most rules a sandbox's network policy may have (1-%d)", netpolicy.DefaultMaxRules))
 }
 
@@ -77,6 +79,9 @@ func (o netOpts) check() error {
 	pool, _ := o.pool()
 	if err := (nft.Config{Table: o.nftTable, DNSPort: uint16(o.dnsPort), Pool: pool}).Check(); err != nil {
 		return fmt.Errorf("--nft-table: %w", err)
+	}
+	if o.carriers < 0 {
+		return fmt.Errorf("--warm-carriers must not be negative, got %d", o.carriers)
 	}
 	if o.maxRules < 1 || o.maxRules > netpolicy.DefaultMaxRules {
 		return fmt.Errorf("--net-max-rules must be between 1 and %d, got %d", netpolicy.DefaultMaxRules, o.maxRules)

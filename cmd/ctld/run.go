@@ -464,6 +464,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		DefaultDiskBytes: o.defaultDisk,
 		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
+		Carriers:         o.net.carriers,
 	}
 	d := node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,

@@ -160,8 +160,9 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
 			return err
 		}
-		// The address slot likewise (network.go).
-		if rec.Slot, err = n.allocSlot(live); err != nil {
+		// The address slot likewise (network.go): a warm carrier's if
+		// there is one (carriers.go).
+		if err := n.takeCarrier(tx, live, &rec); err != nil {
 			return err
 		}
 		return n.admitClaim(tx, rec)

@@ -25,7 +25,7 @@ func (n *Node) identify(ctx context.Context, rec journal.Sandbox) journal.Sandbo
 		}
 	}
 	if rec.NetnsIno == 0 {
-		if id, err := n.d.Netns.Identify(ctx, cid); err == nil {
+		if id, err := n.d.Netns.Identify(ctx, netnsName(rec)); err == nil {
 			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie, changed = id.Dev, id.Ino, id.Cookie, true
 		}
 	}

@@ -40,14 +40,15 @@ func (n *Node) hasNet() bool {
 func (n *Node) hasPool() bool { return n.d.Pool.V4.IsValid() }
 
 // allocSlot picks the lowest slot of the pool that no generation holding
-// capacity (live, half done or withheld) uses. It runs inside the claim's
-// write transaction, so two claims never pick the same; a slot comes back
-// only with the clean proof that ends its record.
-func (n *Node) allocSlot(all []journal.Sandbox) (uint32, error) {
+// capacity (live, half done or withheld) uses, nor held (the warm
+// carriers'). It runs inside a write transaction, so two claims never
+// pick the same; a slot comes back only with the clean proof that ends
+// its record.
+func (n *Node) allocSlot(all []journal.Sandbox, held ...netpolicy.Slot) (uint32, error) {
 	if !n.hasPool() {
 		return 0, nil
 	}
-	var used []netpolicy.Slot
+	used := held
 	for _, s := range all {
 		if s.Slot != 0 && (s.Holds() || s.Withheld) {
 			used = append(used, netpolicy.Slot(s.Slot))
@@ -207,8 +208,8 @@ type linksResource struct{ n *Node }
 
 func (linksResource) kind() journal.Kind { return journal.KindLinks }
 func (r linksResource) make(ctx context.Context, c *claimState) error {
-	if !r.n.hasNet() {
-		return nil
+	if !r.n.hasNet() || tookCarrier(c.rec) {
+		return nil // a warm carrier's veth is made already (carriers.go)
 	}
 	o, ok, err := r.n.owner(c.rec)
 	if err != nil || !ok {

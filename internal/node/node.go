@@ -52,6 +52,9 @@ type Config struct {
 	// NetLimits bound a network policy (rules, ports per rule); zero:
 	// netpolicy's defaults.
 	NetLimits netpolicy.Limits
+	// Carriers is the size of the pool of warm network carriers
+	// (carriers.go); 0: none, every claim makes its netns and veth.
+	Carriers int
 }
 
 // Deps are the subsystems the node drives; main builds them.
@@ -109,6 +112,9 @@ type Node struct {
 	// sbLocks serialize a sandbox's network updates and the start of its
 	// release (lockSandbox).
 	sbLocks map[string]*sbLock
+
+	// warm is the pool of warm network carriers (carriers.go).
+	warm warmPool
 
 	// table is the generation's resources in claim order (resources.go).
 	table []resource

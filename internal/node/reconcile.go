@@ -89,7 +89,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		}
 	}
 	tCheck := time.Since(t0) - tList
+	errs = append(errs, n.adoptCarriers(ctx, inv))
 	errs = append(errs, n.removeOrphans(ctx))
+	defer n.startCarriers()
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
@@ -238,6 +240,9 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 				owned[r.kind()][name] = true
 			}
 		}
+	}
+	if err := n.carriersOwned(owned, slots); err != nil {
+		return err
 	}
 	rank := map[journal.Kind]int{}
 	for i, r := range n.table {

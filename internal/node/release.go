@@ -65,6 +65,7 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	td, cancel := n.background(2 * time.Minute)
 	defer cancel()
 	_, terr := n.teardown(td, rec, op.ID, journal.StateReleased, "released")
+	n.kickCarriers() // a slot may be free again
 	if errors.Is(terr, ErrTermOver) {
 		n.log.Warn("release interrupted by the end of the term; the next primary completes it", "sandbox", id, "generation", rec.Generation, "err", terr)
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)

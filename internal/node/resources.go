@@ -265,7 +265,10 @@ type netnsResource struct{ n *Node }
 
 func (netnsResource) kind() journal.Kind { return journal.KindNetns }
 func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
-	if c.nsPath, err = r.n.d.Netns.Create(ctx, c.rec.ContainerID); err != nil {
+	if tookCarrier(c.rec) {
+		// A warm carrier's netns, made before the claim (carriers.go).
+		c.nsPath = r.n.d.Netns.Path(c.rec.Netns)
+	} else if c.nsPath, err = r.n.d.Netns.Create(ctx, c.rec.ContainerID); err != nil {
 		return fmt.Errorf("create netns: %w", err)
 	}
 	// The overlay and the netns both exist now: journal their kernel
@@ -274,21 +277,21 @@ func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
 	return nil
 }
 func (r netnsResource) remove(ctx context.Context, rec journal.Sandbox) error {
-	return r.n.d.Netns.Delete(ctx, rec.ContainerID)
+	return r.n.d.Netns.Delete(ctx, netnsName(rec))
 }
 func (r netnsResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	ok, d := r.n.d.Netns.CheckGone(ctx, rec.ContainerID, netnsID(rec))
+	ok, d := r.n.d.Netns.CheckGone(ctx, netnsName(rec), netnsID(rec))
 	return check("netns_gone", ok, d)
 }
 func (r netnsResource) list(ctx context.Context) ([]string, error) {
 	return r.n.d.Netns.List(ctx)
 }
-func (netnsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (netnsResource) name(rec journal.Sandbox) string { return netnsName(rec) }
 func (r netnsResource) removeOrphan(ctx context.Context, name string) error {
 	return r.n.d.Netns.Delete(ctx, name)
 }
 func (r netnsResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !inv.netns[rec.ContainerID] {
+	if !inv.netns[netnsName(rec)] {
 		return "netns"
 	}
 	return ""

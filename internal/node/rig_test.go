@@ -65,6 +65,8 @@ type testKernel struct {
 	failProbe func(t testing.TB, req *api.ClaimRequest)
 	// timeout bounds one operation.
 	timeout time.Duration
+	// carriers is the node's warm carrier pool size (Config.Carriers).
+	carriers int
 	// noReuse leaves out the claim and release of a next generation after
 	// each case (the VM, where each costs seconds).
 	noReuse bool
@@ -200,7 +202,7 @@ func (r *rig) boot() (returned bool, err error) {
 	}
 	r.n = New(Config{
 		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
-		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects,
+		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers,
 	}, Deps{
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,

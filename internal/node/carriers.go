@@ -1,0 +1,406 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// Warm network carriers (docs/network-design.md §8): a pool of ready
+// netns + veth + address slot, made in the background, so a claim takes
+// one in its admitting transaction and only applies its policy. Until a
+// claim takes it a carrier's link has no dispatch element in the nft
+// table, so the base chain drops everything it sends (deny-all).
+//
+// A carrier is journaled by its own record (journal.Carrier), which is
+// also its effect record: making before its netns and veth exist, ready
+// after, removing before they are removed. It holds its slot (allocSlot
+// skips it) and no lease. A claim that takes it deletes the record and,
+// in the same transaction, writes the generation's netns and links effect
+// records as done, with the slot and the carrier's netns in the sandbox
+// record: from then on the generation owns them and its teardown removes
+// them. A carrier is single-use: nothing ever gives one back to the pool.
+//
+// A takeover adopts the ready carriers whose netns and link exist and
+// destroys the others (half made, half removed, or broken); the orphan
+// sweep keeps what carrier records name and removes unjournaled ones like
+// any other ctld-named netns or link.
+
+// carrierID is the owner id of a carrier's link: its alias is
+// "carrier-g<slot>" (netpolicy.Owner.Alias), so `ip link` tells a
+// carrier from a generation's link.
+const carrierID = "carrier"
+
+// carrierNetns is the netns name of the carrier on slot (the file is
+// /run/netns/ctld-c<slot>): no generation's netns is named so, theirs all
+// contain "-g".
+func carrierNetns(slot uint32) string { return fmt.Sprintf("c%05x", slot) }
+
+// carrierCrashPoints are the crash points of a carrier's life (Deps.Crash),
+// apart from CrashPoints: a carrier is no generation.
+var carrierCrashPoints = []string{"carrier:intended", "carrier:made", "carrier:done", "carrier:removing", "carrier:removed"}
+
+// warmPool is the node's state of the carrier pool; its zero value is
+// ready to use.
+type warmPool struct {
+	fill    sync.Mutex // one filler at a time
+	once    sync.Once
+	kickCh  chan struct{}
+	started bool
+}
+
+func (w *warmPool) ch() chan struct{} {
+	w.once.Do(func() { w.kickCh = make(chan struct{}, 1) })
+	return w.kickCh
+}
+
+// carriersOn reports whether this node keeps a pool of warm carriers.
+func (n *Node) carriersOn() bool { return n.cfg.Carriers > 0 && n.hasNet() }
+
+// kickCarriers asks the filler to top the pool up (never blocks).
+func (n *Node) kickCarriers() {
+	if !n.carriersOn() {
+		return
+	}
+	select {
+	case n.warm.ch() <- struct{}{}:
+	default:
+	}
+}
+
+// startCarriers starts the term's filler once: it tops the pool up on
+// each kick until the term ends. Each round is an operation of the term,
+// so Drain waits for it.
+func (n *Node) startCarriers() {
+	if !n.carriersOn() {
+		return
+	}
+	n.mu.Lock()
+	started := n.warm.started
+	n.warm.started = true
+	n.mu.Unlock()
+	if started {
+		return
+	}
+	kick := n.warm.ch()
+	go func() {
+		for {
+			select {
+			case <-n.termCtx().Done():
+				return
+			case <-kick:
+			}
+			if !n.fillRound() {
+				return // draining: the term is over
+			}
+		}
+	}()
+	n.kickCarriers()
+}
+
+// fillRound is one round of the filler, as an operation of the term; it
+// reports false once the term is over.
+func (n *Node) fillRound() bool {
+	ctx, done, err := n.begin(context.Background())
+	if err != nil {
+		return false
+	}
+	defer done()
+	if err := n.fillCarriers(ctx); err != nil && n.live() == nil {
+		n.log.Warn("warm carriers: refill stopped", "err", err)
+	}
+	return true
+}
+
+// fillCarriers makes carriers until the pool has Config.Carriers of them
+// (made or being made) or the address pool has no free slot: carriers
+// never take a slot a claim could not get back (a claim takes a carrier
+// before it allocates a slot).
+func (n *Node) fillCarriers(ctx context.Context) error {
+	if !n.carriersOn() {
+		return nil
+	}
+	n.warm.fill.Lock()
+	defer n.warm.fill.Unlock()
+	for {
+		if err := n.live(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c, ok, err := n.newCarrier()
+		if err != nil || !ok {
+			return err
+		}
+		if err := n.makeCarrier(ctx, c); err != nil {
+			if n.live() != nil {
+				return err // the next primary destroys it
+			}
+			n.log.Warn("warm carrier could not be made; destroying it", "slot", c.Slot, "err", err)
+			return errors.Join(err, n.destroyCarrier(ctx, c))
+		}
+	}
+}
+
+// newCarrier journals the next carrier as making, on the lowest slot no
+// generation and no carrier holds; ok is false when the pool is full or
+// no slot is free.
+func (n *Node) newCarrier() (c journal.Carrier, ok bool, err error) {
+	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+		cs, err := tx.Carriers()
+		if err != nil {
+			return err
+		}
+		pending := 0
+		for _, c := range cs {
+			if c.State != journal.CarrierRemoving {
+				pending++
+			}
+		}
+		if pending >= n.cfg.Carriers {
+			n.log.Debug("warm carriers: pool full", "carriers", pending)
+			return nil
+		}
+		live, err := tx.LiveSandboxes()
+		if err != nil {
+			return err
+		}
+		slot, err := n.allocSlot(live, carrierSlots(cs)...)
+		if err != nil {
+			n.log.Debug("warm carriers: no free address slot", "err", err)
+			return nil
+		}
+		c = journal.Carrier{Slot: slot, Netns: carrierNetns(slot), State: journal.CarrierMaking, Epoch: n.d.Epoch}
+		ok = true
+		return tx.PutCarrier(c)
+	})
+	if err != nil {
+		return c, false, fmt.Errorf("journal a new carrier: %w", err)
+	}
+	return c, ok, nil
+}
+
+func carrierSlots(cs []journal.Carrier) []netpolicy.Slot {
+	out := make([]netpolicy.Slot, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, netpolicy.Slot(c.Slot))
+	}
+	return out
+}
+
+func (n *Node) carrierOwner(slot uint32) (netpolicy.Owner, error) {
+	b, err := n.d.Pool.Block(netpolicy.Slot(slot))
+	if err != nil {
+		return netpolicy.Owner{}, fmt.Errorf("address block of carrier %d: %w", slot, err)
+	}
+	return netpolicy.Owner{ID: carrierID, Generation: uint64(slot), Block: b}, nil
+}
+
+// makeCarrier makes a journaled (making) carrier's netns and veth and
+// journals it ready, unless a claim or a takeover changed its record
+// meanwhile.
+func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
+	n.crash("carrier:intended")
+	if err := n.live(); err != nil {
+		return err
+	}
+	o, err := n.carrierOwner(c.Slot)
+	if err != nil {
+		return err
+	}
+	path, err := n.d.Netns.Create(ctx, c.Netns)
+	if err != nil {
+		return fmt.Errorf("carrier %d: create netns: %w", c.Slot, err)
+	}
+	if err := n.d.Links.Make(ctx, o, path); err != nil {
+		return fmt.Errorf("carrier %d: make veth: %w", c.Slot, err)
+	}
+	n.crash("carrier:made")
+	if id, err := n.d.Netns.Identify(ctx, c.Netns); err == nil {
+		c.NetnsDev, c.NetnsIno, c.NetnsCookie = id.Dev, id.Ino, id.Cookie
+	}
+	if err := n.live(); err != nil {
+		return err
+	}
+	c.State = journal.CarrierReady
+	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+		cur, ok, err := tx.Carrier(c.Slot)
+		if err != nil || !ok || cur.State != journal.CarrierMaking {
+			return errors.Join(err, fmt.Errorf("carrier %d is no longer being made", c.Slot))
+		}
+		return tx.PutCarrier(c)
+	})
+	if err != nil {
+		return fmt.Errorf("journal carrier %d ready: %w", c.Slot, err)
+	}
+	n.crash("carrier:done")
+	n.log.Debug("warm carrier made", "slot", c.Slot, "netns", c.Netns)
+	return nil
+}
+
+// destroyCarrier removes a carrier's veth and netns (journaled as
+// removing first) and forgets it once both are proven gone; otherwise its
+// record stays, and with it its slot, for the next takeover.
+func (n *Node) destroyCarrier(ctx context.Context, c journal.Carrier) error {
+	if err := n.live(); err != nil {
+		return err
+	}
+	if c.State != journal.CarrierRemoving {
+		c.State = journal.CarrierRemoving
+		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutCarrier(c) }); err != nil {
+			return fmt.Errorf("journal carrier %d removing: %w", c.Slot, err)
+		}
+	}
+	n.crash("carrier:removing")
+	if err := n.live(); err != nil {
+		return err
+	}
+	o, err := n.carrierOwner(c.Slot)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if err := n.d.Links.Remove(ctx, o.Link()); err != nil {
+		errs = append(errs, fmt.Errorf("carrier %d: remove veth: %w", c.Slot, err))
+	}
+	if err := n.d.Netns.Delete(ctx, c.Netns); err != nil {
+		errs = append(errs, fmt.Errorf("carrier %d: delete netns: %w", c.Slot, err))
+	}
+	n.crash("carrier:removed")
+	if ok, d := n.d.Links.CheckGone(ctx, o); !ok {
+		errs = append(errs, fmt.Errorf("carrier %d: veth not gone: %s", c.Slot, d))
+	}
+	id := netpolicy.NSID{Dev: c.NetnsDev, Ino: c.NetnsIno, Cookie: c.NetnsCookie}
+	if ok, d := n.d.Netns.CheckGone(ctx, c.Netns, id); !ok {
+		errs = append(errs, fmt.Errorf("carrier %d: netns not gone: %s", c.Slot, d))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...) // the record keeps the slot out
+	}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.DeleteCarrier(c.Slot) }); err != nil {
+		return fmt.Errorf("journal carrier %d gone: %w", c.Slot, err)
+	}
+	return nil
+}
+
+// takeCarrier, inside a claim's admitting transaction, gives rec the
+// slot and netns of a ready carrier, if there is one: the carrier record
+// goes, and rec's netns and links effect records are journaled done, so
+// the generation's teardown removes them. Without a carrier rec gets a
+// free slot (none a carrier holds), and the claim makes its network
+// inline. Either way the filler is asked to top the pool up.
+func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.Sandbox) error {
+	if !n.hasPool() {
+		return nil
+	}
+	cs, err := tx.Carriers()
+	if err != nil {
+		return err
+	}
+	if n.carriersOn() {
+		defer n.kickCarriers()
+		for _, c := range cs {
+			if c.State != journal.CarrierReady {
+				continue
+			}
+			if err := tx.DeleteCarrier(c.Slot); err != nil {
+				return err
+			}
+			n.log.Debug("claim takes a warm carrier", "sandbox", rec.ID, "generation", rec.Generation, "slot", c.Slot)
+			rec.Slot, rec.Netns = c.Slot, c.Netns
+			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie = c.NetnsDev, c.NetnsIno, c.NetnsCookie
+			for _, k := range []journal.Kind{journal.KindNetns, journal.KindLinks} {
+				e := journal.Effect{Kind: k, Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Done, Epoch: n.d.Epoch, Slot: rec.Slot}
+				if err := tx.PutEffect(e); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	rec.Slot, err = n.allocSlot(live, carrierSlots(cs)...)
+	return err
+}
+
+// tookCarrier reports whether rec's generation took a warm carrier: its
+// netns (named rec.Netns) and veth were made before its claim.
+func tookCarrier(rec journal.Sandbox) bool {
+	return rec.Netns != "" && rec.Netns != rec.ContainerID
+}
+
+// netnsName is the name of rec's netns: the carrier's if it took one,
+// else its container id.
+func netnsName(rec journal.Sandbox) string {
+	if tookCarrier(rec) {
+		return rec.Netns
+	}
+	return rec.ContainerID
+}
+
+// adoptCarriers, on a takeover, keeps the ready carriers whose netns and
+// link exist and destroys the others: half made, half removed, or broken.
+func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
+	if !n.hasNet() {
+		return nil
+	}
+	var cs []journal.Carrier
+	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		cs, err = tx.Carriers()
+		return err
+	}); err != nil {
+		return fmt.Errorf("read carriers: %w", err)
+	}
+	var errs []error
+	adopted := 0
+	for _, c := range cs {
+		link := netpolicy.LinkName(netpolicy.Slot(c.Slot))
+		if c.State == journal.CarrierReady && inv.netns[c.Netns] && inv.links[link] {
+			adopted++
+			continue
+		}
+		n.log.Warn("destroying a warm carrier that is not whole", "slot", c.Slot, "state", c.State, "netns", inv.netns[c.Netns], "link", inv.links[link])
+		errs = append(errs, n.destroyCarrier(ctx, c))
+	}
+	if len(cs) > 0 {
+		n.log.Info("warm carriers adopted", "adopted", adopted, "destroyed", len(cs)-adopted)
+	}
+	return errors.Join(errs...)
+}
+
+// carriersOwned adds what the carrier records name to the orphan sweep's
+// owned names and held slots.
+func (n *Node) carriersOwned(owned map[journal.Kind]map[string]bool, slots map[uint32]bool) error {
+	var cs []journal.Carrier
+	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		cs, err = tx.Carriers()
+		return err
+	}); err != nil {
+		return fmt.Errorf("read carriers: %w", err)
+	}
+	for _, c := range cs {
+		owned[journal.KindNetns][c.Netns] = true
+		owned[journal.KindLinks][netpolicy.LinkName(netpolicy.Slot(c.Slot))] = true
+		slots[c.Slot] = true
+	}
+	return nil
+}
+
+// Carriers lists the slots of the ready warm carriers (tests, metrics).
+func (n *Node) Carriers() ([]uint32, error) {
+	var out []uint32
+	err := n.d.Journal.View(func(tx *journal.Tx) error {
+		cs, err := tx.Carriers()
+		for _, c := range cs {
+			if c.State == journal.CarrierReady {
+				out = append(out, c.Slot)
+			}
+		}
+		return err
+	})
+	return out, err
+}
