@@ -343,7 +343,8 @@ func netnsName(rec journal.Sandbox) string {
 }
 
 // adoptCarriers, on a takeover, keeps the ready carriers whose netns and
-// link exist and destroys the others: half made, half removed, or broken.
+// link exist, up to the pool size, and destroys the others: half made,
+// half removed, broken, or more than this primary keeps.
 func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
 	if !n.hasNet() {
 		return nil
@@ -359,7 +360,7 @@ func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
 	adopted := 0
 	for _, c := range cs {
 		link := netpolicy.LinkName(netpolicy.Slot(c.Slot))
-		if c.State == journal.CarrierReady && inv.netns[c.Netns] && inv.links[link] {
+		if c.State == journal.CarrierReady && inv.netns[c.Netns] && inv.links[link] && adopted < n.cfg.Carriers {
 			adopted++
 			continue
 		}

@@ -306,3 +306,19 @@ func TestCarrierSlotHeldWhileMade(t *testing.T) {
 	r.checkProof("r1")
 	checkOnlyCarriers(t, r, k, 1)
 }
+
+// TestCarrierPoolShrinksOnTakeover: a primary configured with fewer
+// carriers than the journal holds destroys the surplus (with none, all).
+func TestCarrierPoolShrinksOnTakeover(t *testing.T) {
+	r, k := carrierRig(t, 2)
+	r.mustBoot()
+	waitCarriers(t, r, 1, 2)
+	r.k.carriers = 1
+	r.mustBoot()
+	waitCarriers(t, r, 1)
+	checkOnlyCarriers(t, r, k, 1)
+	r.k.carriers = 0
+	r.mustBoot()
+	waitCarriers(t, r)
+	r.checkClean("with no carrier configured")
+}
