@@ -360,11 +360,16 @@ func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
 	adopted := 0
 	for _, c := range cs {
 		link := netpolicy.LinkName(netpolicy.Slot(c.Slot))
-		if c.State == journal.CarrierReady && inv.netns[c.Netns] && inv.links[link] && adopted < n.cfg.Carriers {
+		whole := c.State == journal.CarrierReady && inv.netns[c.Netns] && inv.links[link]
+		if whole && adopted < n.cfg.Carriers {
 			adopted++
 			continue
 		}
-		n.log.Warn("destroying a warm carrier that is not whole", "slot", c.Slot, "state", c.State, "netns", inv.netns[c.Netns], "link", inv.links[link])
+		if whole {
+			n.log.Info("destroying a warm carrier beyond the configured pool", "slot", c.Slot, "carriers", n.cfg.Carriers)
+		} else {
+			n.log.Warn("destroying a warm carrier that is not whole", "slot", c.Slot, "state", c.State, "netns", inv.netns[c.Netns], "link", inv.links[link])
+		}
 		errs = append(errs, n.destroyCarrier(ctx, c))
 	}
 	if len(cs) > 0 {
@@ -389,19 +394,4 @@ func (n *Node) carriersOwned(owned map[journal.Kind]map[string]bool, slots map[u
 		slots[c.Slot] = true
 	}
 	return nil
-}
-
-// Carriers lists the slots of the ready warm carriers (tests, metrics).
-func (n *Node) Carriers() ([]uint32, error) {
-	var out []uint32
-	err := n.d.Journal.View(func(tx *journal.Tx) error {
-		cs, err := tx.Carriers()
-		for _, c := range cs {
-			if c.State == journal.CarrierReady {
-				out = append(out, c.Slot)
-			}
-		}
-		return err
-	})
-	return out, err
 }

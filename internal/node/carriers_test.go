@@ -26,7 +26,7 @@ func carrierRig(t *testing.T, size int) (*rig, *fakekernel.Kernel) {
 func waitCarriers(t *testing.T, r *rig, want ...uint32) {
 	t.Helper()
 	var got []journal.Carrier
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		got = nil
 		if err := r.j.View(func(tx *journal.Tx) (err error) { got, err = tx.Carriers(); return err }); err != nil {
 			t.Fatal(err)
