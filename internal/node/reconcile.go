@@ -91,10 +91,10 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	tCheck := time.Since(t0) - tList
 	errs = append(errs, n.adoptCarriers(ctx, inv))
 	errs = append(errs, n.removeOrphans(ctx))
-	defer n.startCarriers()
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
+	n.startCarriers() // after the sweep, so it never races a carrier being made
 	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
 		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)
