@@ -591,13 +591,16 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// The slot is returned when the command ends, before the answer goes
+	// out: a caller that heard the end may run its next exec at once.
 	defer done()
 	if wantsEventStream(r) {
-		return s.execStream(w, r, id, req)
+		return s.execStream(w, r, id, req, done)
 	}
 	limit := s.maxFile()
 	stdout, stderr := &cappedBuffer{limit: limit}, &cappedBuffer{limit: limit}
 	code, err := s.Service.Exec(r.Context(), id, req, stdout, stderr)
+	done()
 	if err != nil {
 		return err
 	}
@@ -611,9 +614,11 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req api.ExecRequest) error {
+// execStream runs the exec as an event stream; done returns its slot.
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req api.ExecRequest, done func()) error {
 	sw := newSSEWriter(w)
 	code, err := s.Service.Exec(r.Context(), id, req, sw.stream(api.EventStdout), sw.stream(api.EventStderr))
+	done()
 	if err != nil && !sw.hasStarted() {
 		// Nothing went out yet: answer with the error's own status.
 		return err

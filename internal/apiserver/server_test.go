@@ -427,3 +427,31 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestExecSlotFreeWhenCallerHearsTheEnd: a caller that has read an exec's
+// end (the exit event of a stream, or the JSON answer) and at once runs
+// the next exec must find the slot free: the slot is returned when the
+// command ends, before the answer goes out (the e2e
+// TestConcurrencyLimitsAndExecCharge was refused 8 ms after its stream
+// ended, under load).
+func TestExecSlotFreeWhenCallerHearsTheEnd(t *testing.T) {
+	fake := &fakeService{exec: func(stdout, stderr io.Writer) (int, error) {
+		_, _ = io.WriteString(stdout, "x")
+		return 0, nil
+	}}
+	s := &Server{Service: fake, AllowedGID: -1, Execs: NewLimiter("execs", "--max-concurrent-execs", 1, time.Second)}
+	srv := startServer(t, s)
+	c := &api.Client{SocketPath: srv.sock}
+	ctx := context.Background()
+	for i := range 200 {
+		if _, err := c.ExecStream(ctx, "sb-0", api.ExecRequest{Args: []string{"/bin/true"}}, io.Discard, io.Discard); err != nil {
+			t.Fatalf("stream exec %d: %v", i, err)
+		}
+		if n := s.Execs.InUse(); n != 0 {
+			t.Fatalf("stream exec %d: the caller heard the end while %d exec slot(s) were still taken", i, n)
+		}
+		if _, err := c.Exec(ctx, "sb-0", api.ExecRequest{Args: []string{"/bin/true"}}); err != nil {
+			t.Fatalf("exec %d right after a stream ended: %v", i, err)
+		}
+	}
+}
