@@ -703,9 +703,15 @@ func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int
 	if set < 0 || ttl < time.Millisecond {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "allow resolved addresses for %s: domain set %d, ttl %v", o.Chain(), set, ttl)
 	}
-	var v4, v6 []nftables.SetElement
+	// One element once: deleting it twice in the batch would fail it.
+	uniq := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
-		a = a.Unmap()
+		uniq = append(uniq, a.Unmap().WithZone(""))
+	}
+	slices.SortFunc(uniq, netip.Addr.Compare)
+	uniq = slices.Compact(uniq)
+	var v4, v6 []nftables.SetElement
+	for _, a := range uniq {
 		switch {
 		case a.Is4():
 			v4 = append(v4, nftables.SetElement{Key: a.AsSlice()})
