@@ -51,8 +51,10 @@ const (
 // startPathServers runs the sink and the connection-rate server in the
 // test host's netns until the test ends.
 func startPathServers(b *testing.B, h *ktest.TestHost) {
-	var wg sync.WaitGroup
 	serve := func(port uint16, handle func(net.Conn)) {
+		// A WaitGroup per listener: cleanups run one by one, so a
+		// shared one would wait for a listener not yet closed.
+		var wg sync.WaitGroup
 		var ln net.Listener
 		if err := h.Netns.Do(func() (err error) {
 			ln, err = net.Listen("tcp", netip.AddrPortFrom(h.Addr4, port).String())
