@@ -12,9 +12,12 @@ t0=${EPOCHREALTIME/./}
 step() { printf '\n[%5.1fs] ==> %s\n' "$(( (${EPOCHREALTIME/./} - t0) / 1000 ))e-3" "$*"; }
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 pids=()
+WEB_NS=demo-web WEB_LINK=demo-web0 WEB_ADDR=192.0.2.10
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	ip link del "$WEB_LINK" 2>/dev/null || true
+	ip netns del "$WEB_NS" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -54,7 +57,7 @@ ctld status
 step "node status (identity, epoch, capacity)"
 ctl-manager node status
 
-step "create sandbox 'demo' from the busybox template (lease, overlay root, netns, runsc, readiness proof)"
+step "create sandbox 'demo' from the busybox template (lease, overlay root, netns + veth + nft chain, runsc, readiness proof)"
 ctl-manager sandbox create demo --cpu 500m --memory 256Mi --pids 256
 
 step "exec in the guest"
@@ -64,6 +67,37 @@ step "write a file through the API, read it back, and read it from the guest"
 echo "written by ctl-manager at $(date -u +%T)" | ctl-manager sandbox file put demo /root/hello.txt -
 ctl-manager sandbox file get demo /root/hello.txt
 ctl-manager sandbox exec demo -- /bin/cat /root/hello.txt
+
+step "a web server off the node: netns $WEB_NS at $WEB_ADDR, ports 8080 and 8081 (TEST-NET-1), routed by the node"
+ip netns add "$WEB_NS"
+ip link add "$WEB_LINK" type veth peer name eth0 netns "$WEB_NS"
+ip addr add 192.0.2.1/24 dev "$WEB_LINK" && ip link set "$WEB_LINK" up
+ip -n "$WEB_NS" addr add "$WEB_ADDR/24" dev eth0 && ip -n "$WEB_NS" link set eth0 up && ip -n "$WEB_NS" link set lo up
+ip -n "$WEB_NS" route add default via 192.0.2.1
+mkdir -p "$LOGS/www" && echo "hello from the web server at $WEB_ADDR" >"$LOGS/www/index.html"
+for port in 8080 8081; do
+	ip netns exec "$WEB_NS" busybox httpd -f -p "$port" -h "$LOGS/www" & pids+=("$!")
+	wait_for 10 "the web server to listen on $WEB_ADDR:$port" ip netns exec "$WEB_NS" busybox wget -q -O /dev/null "http://$WEB_ADDR:$port/"
+done
+
+# fetch URL: the guest fetches URL (3 s timeout).
+fetch() { ctl-manager sandbox exec demo -- /bin/wget -q -O - -T 3 "$1"; }
+# refused URL: the guest must NOT reach URL.
+refused() {
+	if fetch "$1" >/dev/null 2>&1; then
+		echo "demo: the guest reached $1, which its policy denies"
+		return 1
+	fi
+	echo "not reached, as the policy says: $1"
+}
+
+step "the sandbox's network is deny_all: the web server is not reachable"
+refused "http://$WEB_ADDR:8080/"
+
+step "live policy update: restricted to $WEB_ADDR:8080/tcp; the guest keeps running"
+ctl-manager sandbox network demo --mode restricted --allow "$WEB_ADDR/32:8080/tcp"
+fetch "http://$WEB_ADDR:8080/"
+refused "http://$WEB_ADDR:8081/"
 
 step "kill -9 the primary (ctld@a) while the guest runs"
 k=$(now_ms)
@@ -75,6 +109,12 @@ ctld status
 step "the same sandbox, served by ctld@b: the guest kept running"
 ctl-manager sandbox get demo
 ctl-manager sandbox exec demo -- /bin/cat /root/hello.txt
+fetch "http://$WEB_ADDR:8080/"
+refused "http://$WEB_ADDR:8081/"
+
+step "back to deny_all, live"
+ctl-manager sandbox network demo --mode deny_all
+refused "http://$WEB_ADDR:8080/"
 
 step "restart ctld@a: it joins as standby (no failback)"
 ctld run --slot a >"$LOGS/a2.log" 2>&1 & pids+=("$!")
@@ -92,5 +132,7 @@ step "nothing left: runsc containers, lease cgroups, netns"
 echo "runsc containers: $(runsc --root /run/ctld/runsc list -quiet | wc -l)"
 echo "lease cgroups:    $(find /sys/fs/cgroup/ctld.slice -mindepth 1 -type d | wc -l)"
 echo "ctld netns:       $(ls /run/netns 2>/dev/null | grep -c '^ctld-' || true)"
+echo "sandbox links:    $(ip -o link show | grep -c ': ctl-' || true)"
+echo "nft chains:       $(nft list table inet ctld 2>/dev/null | grep -c 'chain sb-' || true)"
 
 step "done"
