@@ -80,24 +80,34 @@ for port in 8080 8081; do
 	wait_for 10 "the web server to listen on $WEB_ADDR:$port" ip netns exec "$WEB_NS" busybox wget -q -O /dev/null "http://$WEB_ADDR:$port/"
 done
 
-# fetch URL: the guest fetches URL (3 s timeout).
-fetch() { ctl-manager sandbox exec demo -- /bin/wget -q -O - -T 3 "$1"; }
-# refused URL: the guest must NOT reach URL.
-refused() {
-	if fetch "$1" >/dev/null 2>&1; then
-		echo "demo: the guest reached $1, which its policy denies"
+# fetch PORT: the guest asks the web server for its page (busybox nc, 3 s
+# timeout) and prints the page's line; fails if the page did not come.
+fetch() {
+	local out
+	out=$(ctl-manager sandbox exec demo -- /bin/sh -c "printf 'GET / HTTP/1.0\r\n\r\n' | timeout 5 nc -w 3 $WEB_ADDR $1" 2>&1) || true
+	case $out in
+	*"hello from the web server"*) echo "reached $WEB_ADDR:$1: ${out##*$'\n'}" ;;
+	*) return 1 ;;
+	esac
+}
+reached() { # PORT: the guest must reach the web server on PORT
+	fetch "$1" || { echo "demo: the guest did not reach $WEB_ADDR:$1, which its policy allows"; return 1; }
+}
+refused() { # PORT: the guest must NOT reach the web server on PORT
+	if fetch "$1" >/dev/null; then
+		echo "demo: the guest reached $WEB_ADDR:$1, which its policy denies"
 		return 1
 	fi
-	echo "not reached, as the policy says: $1"
+	echo "not reached, as the policy says: $WEB_ADDR:$1"
 }
 
 step "the sandbox's network is deny_all: the web server is not reachable"
-refused "http://$WEB_ADDR:8080/"
+refused 8080
 
 step "live policy update: restricted to $WEB_ADDR:8080/tcp; the guest keeps running"
 ctl-manager sandbox network demo --mode restricted --allow "$WEB_ADDR/32:8080/tcp"
-fetch "http://$WEB_ADDR:8080/"
-refused "http://$WEB_ADDR:8081/"
+reached 8080
+refused 8081
 
 step "kill -9 the primary (ctld@a) while the guest runs"
 k=$(now_ms)
@@ -109,12 +119,12 @@ ctld status
 step "the same sandbox, served by ctld@b: the guest kept running"
 ctl-manager sandbox get demo
 ctl-manager sandbox exec demo -- /bin/cat /root/hello.txt
-fetch "http://$WEB_ADDR:8080/"
-refused "http://$WEB_ADDR:8081/"
+reached 8080
+refused 8081
 
 step "back to deny_all, live"
 ctl-manager sandbox network demo --mode deny_all
-refused "http://$WEB_ADDR:8080/"
+refused 8080
 
 step "restart ctld@a: it joins as standby (no failback)"
 ctld run --slot a >"$LOGS/a2.log" 2>&1 & pids+=("$!")
