@@ -12,12 +12,11 @@ t0=${EPOCHREALTIME/./}
 step() { printf '\n[%5.1fs] ==> %s\n' "$(( (${EPOCHREALTIME/./} - t0) / 1000 ))e-3" "$*"; }
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 pids=()
-WEB_NS=demo-web WEB_LINK=demo-web0 WEB_ADDR=192.0.2.10
+WEB_LINK=demo-web0 WEB_ADDR=192.0.2.10
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	ip link del "$WEB_LINK" 2>/dev/null || true
-	ip netns del "$WEB_NS" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -68,16 +67,22 @@ echo "written by ctl-manager at $(date -u +%T)" | ctl-manager sandbox file put d
 ctl-manager sandbox file get demo /root/hello.txt
 ctl-manager sandbox exec demo -- /bin/cat /root/hello.txt
 
-step "a web server off the node: netns $WEB_NS at $WEB_ADDR, ports 8080 and 8081 (TEST-NET-1), routed by the node"
-ip netns add "$WEB_NS"
-ip link add "$WEB_LINK" type veth peer name eth0 netns "$WEB_NS"
+step "a web server off the node: its own netns at $WEB_ADDR, ports 8080 and 8081 (TEST-NET-1), routed by the node"
+# The web host's netns is held by a process, not named with `ip netns add`:
+# that would bind-mount /run/netns over itself and hide ctld's netns files
+# from ctld (docs/operations.md, troubleshooting).
+unshare --net sleep 1d & WEB_PID=$!; pids+=("$WEB_PID")
+wait_for 10 "the web host's process to be in a netns of its own" \
+	test "$(readlink "/proc/$WEB_PID/ns/net")" != "$(readlink /proc/self/ns/net)"
+web() { nsenter -t "$WEB_PID" -n "$@"; }
+ip link add "$WEB_LINK" type veth peer name eth0 netns "$WEB_PID"
 ip addr add 192.0.2.1/24 dev "$WEB_LINK" && ip link set "$WEB_LINK" up
-ip -n "$WEB_NS" addr add "$WEB_ADDR/24" dev eth0 && ip -n "$WEB_NS" link set eth0 up && ip -n "$WEB_NS" link set lo up
-ip -n "$WEB_NS" route add default via 192.0.2.1
+web ip addr add "$WEB_ADDR/24" dev eth0 && web ip link set eth0 up && web ip link set lo up
+web ip route add default via 192.0.2.1
 mkdir -p "$LOGS/www" && echo "hello from the web server at $WEB_ADDR" >"$LOGS/www/index.html"
 for port in 8080 8081; do
-	ip netns exec "$WEB_NS" busybox httpd -f -p "$port" -h "$LOGS/www" & pids+=("$!")
-	wait_for 10 "the web server to listen on $WEB_ADDR:$port" ip netns exec "$WEB_NS" busybox wget -q -O /dev/null "http://$WEB_ADDR:$port/"
+	web busybox httpd -f -p "$port" -h "$LOGS/www" & pids+=("$!")
+	wait_for 10 "the web server to listen on $WEB_ADDR:$port" web busybox wget -q -O /dev/null "http://$WEB_ADDR:$port/"
 done
 
 # fetch PORT: the guest asks the web server for its page (busybox nc, 3 s
