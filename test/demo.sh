@@ -72,8 +72,8 @@ step "a web server off the node: its own netns at $WEB_ADDR, ports 8080 and 8081
 # that would bind-mount /run/netns over itself and hide ctld's netns files
 # from ctld (docs/operations.md, troubleshooting).
 unshare --net sleep 1d & WEB_PID=$!; pids+=("$WEB_PID")
-wait_for 10 "the web host's process to be in a netns of its own" \
-	test "$(readlink "/proc/$WEB_PID/ns/net")" != "$(readlink /proc/self/ns/net)"
+own_netns() { [ "$(readlink "/proc/$WEB_PID/ns/net")" != "$(readlink /proc/self/ns/net)" ]; }
+wait_for 10 "the web host's process to be in a netns of its own" own_netns
 web() { nsenter -t "$WEB_PID" -n "$@"; }
 ip link add "$WEB_LINK" type veth peer name eth0 netns "$WEB_PID"
 ip addr add 192.0.2.1/24 dev "$WEB_LINK" && ip link set "$WEB_LINK" up
