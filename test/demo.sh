@@ -81,7 +81,7 @@ web ip addr add "$WEB_ADDR/24" dev eth0 && web ip link set eth0 up && web ip lin
 web ip route add default via 192.0.2.1
 mkdir -p "$LOGS/www" && echo "hello from the web server at $WEB_ADDR" >"$LOGS/www/index.html"
 for port in 8080 8081; do
-	web busybox httpd -f -p "$port" -h "$LOGS/www" & pids+=("$!")
+	nsenter -t "$WEB_PID" -n busybox httpd -f -p "$port" -h "$LOGS/www" & pids+=("$!") # $! is httpd (nsenter execs it)
 	wait_for 10 "the web server to listen on $WEB_ADDR:$port" web busybox wget -q -O /dev/null "http://$WEB_ADDR:$port/"
 done
 
