@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/manager"
@@ -33,10 +35,17 @@ func startCtld(t *testing.T) (socket string) {
 	stateDir, runDir := filepath.Join(ktest.QuotaDir(t), "state"), filepath.Join(root, "run")
 	parent := "ctlm-kt-" + strings.ReplaceAll(t.Name(), "/", "-") + ".slice"
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{filepath.Join(runDir, "runsc")}, RunDir: runDir, StateDir: stateDir})
+	// ctld's nft table is its own: ctld never deletes it (a new primary
+	// must find it), so the test names one and deletes it once ctld stopped;
+	// the default table left behind would drop later tests' ctl-* links.
+	table := "ctlm-kt-" + strings.ReplaceAll(t.Name(), "/", "-")
 	t.Cleanup(func() {
 		// The parent is ctld's to create and the operator's to remove.
 		if err := os.Remove(filepath.Join(ktest.CgroupRoot, parent)); err != nil && !os.IsNotExist(err) {
 			t.Errorf("remove cgroup parent: %v", err)
+		}
+		if err := deleteNftTable(table); err != nil {
+			t.Errorf("delete nft table %s: %v", table, err)
 		}
 	})
 	logPath := filepath.Join(root, "ctld-a.log")
@@ -45,7 +54,7 @@ func startCtld(t *testing.T) (socket string) {
 		t.Fatal(err)
 	}
 	defer lf.Close()
-	cmd := exec.Command(bin, "run", "--slot", "a", "--state-dir", stateDir, "--run-dir", runDir, "--cgroup-parent", parent, "--group", "")
+	cmd := exec.Command(bin, "run", "--slot", "a", "--state-dir", stateDir, "--run-dir", runDir, "--cgroup-parent", parent, "--group", "", "--nft-table", table)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start ctld: %v", err)
@@ -166,4 +175,23 @@ func TestKernelCLIAgainstRealCtld(t *testing.T) {
 		t.Fatalf("second destroy:\n%s", out)
 	}
 	released = true
+}
+
+// deleteNftTable deletes the inet table name if it exists.
+func deleteNftTable(name string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	for _, tb := range tables {
+		if tb.Name == name {
+			c.DelTable(tb)
+			return c.Flush()
+		}
+	}
+	return nil
 }
