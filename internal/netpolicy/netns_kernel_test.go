@@ -49,10 +49,6 @@ func TestKernelNetnsLifecycle(t *testing.T) {
 			t.Errorf("cleanup delete: %v", err)
 		}
 	})
-	hostNS, err := os.Readlink("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	p, err := n.Create(ctx, name)
 	if err != nil {
@@ -72,10 +68,16 @@ func TestKernelNetnsLifecycle(t *testing.T) {
 	if c := strings.Count(string(mi), " "+p+" "); c != 1 {
 		t.Errorf("%s is mounted %d times, want 1", p, c)
 	}
-	// No thread of this process was left in the sandbox's netns.
+	// No thread of this process was left in the sandbox's netns. (Not
+	// "every thread is in the host netns": a locked thread an earlier
+	// test's netns helper left behind may sit in a netns of its own.)
+	id, err := n.Identify(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for tid, ns := range threadNetns(t) {
-		if ns != hostNS {
-			t.Errorf("thread %s is in %s, not the host netns %s", tid, ns, hostNS)
+		if ns == id.String() {
+			t.Errorf("thread %s was left in the sandbox's netns %s", tid, ns)
 		}
 	}
 	if names, err := n.List(ctx); err != nil || !reflect.DeepEqual(names, []string{name}) {
