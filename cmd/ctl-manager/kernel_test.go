@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/manager"
@@ -44,7 +42,7 @@ func startCtld(t *testing.T) (socket string) {
 		if err := os.Remove(filepath.Join(ktest.CgroupRoot, parent)); err != nil && !os.IsNotExist(err) {
 			t.Errorf("remove cgroup parent: %v", err)
 		}
-		if err := deleteNftTable(table); err != nil {
+		if err := ktest.DeleteNftTable(table); err != nil {
 			t.Errorf("delete nft table %s: %v", table, err)
 		}
 	})
@@ -175,23 +173,4 @@ func TestKernelCLIAgainstRealCtld(t *testing.T) {
 		t.Fatalf("second destroy:\n%s", out)
 	}
 	released = true
-}
-
-// deleteNftTable deletes the inet table name if it exists.
-func deleteNftTable(name string) error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return err
-	}
-	for _, tb := range tables {
-		if tb.Name == name {
-			c.DelTable(tb)
-			return c.Flush()
-		}
-	}
-	return nil
 }

@@ -301,3 +301,24 @@ func isRunscExe(pid string) bool {
 	target, err := os.Readlink(filepath.Join("/proc", pid, "exe"))
 	return err == nil && strings.Contains(filepath.Base(target), "runsc")
 }
+
+// DeleteNftTable deletes the inet table name if it exists: ctld never
+// deletes its own table, so a test that ran ctld on a table of its own
+// deletes it once ctld stopped.
+func DeleteNftTable(name string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	for _, tb := range tables {
+		if tb.Name == name {
+			c.DelTable(tb)
+			return c.Flush()
+		}
+	}
+	return nil
+}

@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
@@ -72,7 +70,7 @@ func newEnv(t testing.TB) *env {
 			t.Errorf("remove cgroup parent: %v", err)
 		}
 		// So is the nft table (its generations' objects went with them).
-		if err := deleteNftTable(e.nftTable); err != nil {
+		if err := ktest.DeleteNftTable(e.nftTable); err != nil {
 			t.Errorf("delete nft table: %v", err)
 		}
 	})
@@ -275,23 +273,4 @@ func codeOf(err error) errdefs.Code {
 		return ae.Code
 	}
 	return ""
-}
-
-// deleteNftTable deletes the inet table name if it exists.
-func deleteNftTable(name string) error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return err
-	}
-	for _, t := range tables {
-		if t.Name == name {
-			c.DelTable(t)
-			return c.Flush()
-		}
-	}
-	return nil
 }
