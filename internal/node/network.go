@@ -202,6 +202,24 @@ const (
 	noSubsystem = "this node makes no such object (not configured)"
 )
 
+// ownedGone is the check of an entry made for the generation's owner
+// (slot and address block): a node without the subsystem, or a
+// generation without a slot, made nothing; an unreadable block fails.
+func (n *Node) ownedGone(name string, configured bool, rec journal.Sandbox, gone func(netpolicy.Owner) (bool, string)) proof.Check {
+	if !configured {
+		return noNet(name, noSubsystem)
+	}
+	o, ok, err := n.owner(rec)
+	switch {
+	case err != nil:
+		return check(name, false, err.Error())
+	case !ok:
+		return noNet(name, noSlot)
+	}
+	ok, d := gone(o)
+	return check(name, ok, d)
+}
+
 // linksResource is the veth pair: host end netpolicy.LinkName(slot)
 // with the gateway addresses, its peer eth0 in the netns.
 type linksResource struct{ n *Node }
@@ -227,19 +245,9 @@ func (r linksResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Links.Remove(ctx, netpolicy.LinkName(netpolicy.Slot(rec.Slot)))
 }
 func (r linksResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	const name = "veth_gone_address_free"
-	if r.n.d.Links == nil {
-		return noNet(name, noSubsystem)
-	}
-	o, ok, err := r.n.owner(rec)
-	switch {
-	case err != nil:
-		return check(name, false, err.Error())
-	case !ok:
-		return noNet(name, noSlot)
-	}
-	ok, d := r.n.d.Links.CheckGone(ctx, o)
-	return check(name, ok, d)
+	return r.n.ownedGone("veth_gone_address_free", r.n.d.Links != nil, rec, func(o netpolicy.Owner) (bool, string) {
+		return r.n.d.Links.CheckGone(ctx, o)
+	})
 }
 func (r linksResource) list(ctx context.Context) ([]string, error) {
 	if r.n.d.Links == nil {
@@ -329,19 +337,9 @@ func (r nftResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Firewall.Remove(ctx, o)
 }
 func (r nftResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	const name = "nft_gone"
-	if r.n.d.Firewall == nil {
-		return noNet(name, noSubsystem)
-	}
-	o, ok, err := r.n.owner(rec)
-	switch {
-	case err != nil:
-		return check(name, false, err.Error())
-	case !ok:
-		return noNet(name, noSlot)
-	}
-	ok, d := r.n.d.Firewall.CheckGone(ctx, o)
-	return check(name, ok, d)
+	return r.n.ownedGone("nft_gone", r.n.d.Firewall != nil, rec, func(o netpolicy.Owner) (bool, string) {
+		return r.n.d.Firewall.CheckGone(ctx, o)
+	})
 }
 func (r nftResource) list(ctx context.Context) ([]string, error) {
 	if r.n.d.Firewall == nil {
