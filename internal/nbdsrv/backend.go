@@ -1,0 +1,52 @@
+// Package nbdsrv is an NBD server (fixed newstyle handshake, simple replies)
+// over a Backend: requests are served concurrently with a bounded number and
+// size in flight, FLUSH and FUA reach Backend.Sync, TRIM and WRITE_ZEROES
+// leave ranges that read as zeros. It builds on go-nbd's protocol constants;
+// go-nbd's own server serves one request at a time and advertises neither
+// FLUSH nor TRIM/WRITE_ZEROES.
+package nbdsrv
+
+import (
+	"errors"
+	"io"
+
+	"golang.org/x/sys/unix"
+)
+
+// Backend is the device an export serves. Methods are called concurrently,
+// never with a range beyond Size.
+type Backend interface {
+	io.ReaderAt
+	io.WriterAt
+	// Size is the device size in bytes; it does not change while served.
+	Size() (int64, error)
+	// Sync makes durable every WriteAt, Trim and WriteZeroes that returned
+	// before it was called (FLUSH, FUA).
+	Sync() error
+	// Trim discards a range: afterwards it reads as zeros (never as older
+	// data, e.g. a base image under a copy-on-write device).
+	Trim(off, length int64) error
+	// WriteZeroes makes a range read as zeros; noHole asks that it stay
+	// allocated (NBD_CMD_FLAG_NO_HOLE) where the backend can tell.
+	WriteZeroes(off, length int64, noHole bool) error
+}
+
+// errnoOf maps a backend error to the NBD error sent to the client.
+func errnoOf(err error) uint32 {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		switch e {
+		case unix.EPERM, unix.EROFS, unix.EACCES:
+			return errPerm
+		case unix.ENOSPC, unix.EDQUOT:
+			return errNoSpc
+		case unix.EINVAL:
+			return errInval
+		case unix.ENOMEM:
+			return errNoMem
+		case unix.EOPNOTSUPP:
+			return errNotSup
+		}
+	}
+	return errIO
+}
