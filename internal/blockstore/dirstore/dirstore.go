@@ -1,0 +1,238 @@
+// Package dirstore is the default blockstore backend: objects are files
+// under a root directory, one file per key ('/' in a key is a directory).
+//
+// Put writes a temp file beside the object, fsyncs it, hard-links it to the
+// key's name (link(2) never replaces, so an existing object stays as it
+// was) and fsyncs the directory: after a crash the object is whole or
+// absent, never torn. Temp files start with '.', which no key segment may,
+// so List never sees them; a crash can leave one behind, which Sweep
+// removes.
+package dirstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/fsutil"
+)
+
+// Store is a blockstore.Store in a directory.
+type Store struct {
+	root string
+}
+
+var _ blockstore.Store = (*Store)(nil)
+
+// Open returns the store rooted at root, creating the directory (0700: the
+// objects are encrypted, but their names and sizes are still the tenant's)
+// if it is missing.
+func Open(root string) (*Store, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("open dir store: root %q is not absolute", root)
+	}
+	if err := mkdirDurable(filepath.Clean(root)); err != nil {
+		return nil, fmt.Errorf("open dir store: %w", err)
+	}
+	return &Store{root: filepath.Clean(root)}, nil
+}
+
+// Root is the store's directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) path(key string) string {
+	return filepath.Join(s.root, filepath.FromSlash(key))
+}
+
+// Put creates key with data durably, or fails with blockstore.ErrExists.
+func (s *Store) Put(ctx context.Context, key string, data []byte) error {
+	if err := blockstore.CheckKey(key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	p := s.path(key)
+	if err := mkdirDurable(filepath.Dir(p)); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := fsutil.CreateFileOnce(p, data, 0o600); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("put %s: %w", key, blockstore.ErrExists)
+		}
+		// A directory where the object would go (key "a" when "a/b"
+		// exists) is also an existing name.
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return nil
+}
+
+// Get reads the whole object.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
+	if err := blockstore.CheckKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	b, err := os.ReadFile(s.path(key))
+	if err != nil {
+		// ENOTDIR: a path component is an object, so this key is not one.
+		// EISDIR: the key names a directory of other keys, not an object.
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) {
+			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
+		}
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	return b, nil
+}
+
+// Delete removes the object and fsyncs its directory; a missing key is
+// success. Emptied directories are left in place (a concurrent Put may be
+// about to use them).
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := blockstore.CheckKey(key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	p := s.path(key)
+	fi, err := os.Lstat(p)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return nil
+		}
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil // a directory of other keys: no object by this name
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	if err := fsutil.SyncDir(filepath.Dir(p)); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// List returns the keys starting with prefix, sorted.
+func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	if err := blockstore.CheckPrefix(prefix); err != nil {
+		return nil, err
+	}
+	// Walk the deepest directory the prefix names in full; a partial last
+	// segment ("gen/00" of "gen/0001") is filtered by string prefix.
+	dir := ""
+	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
+		dir = prefix[:i]
+	}
+	start := s.root
+	if dir != "" {
+		start = s.path(dir)
+	}
+	var keys []string
+	err := filepath.WalkDir(start, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == start && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)) {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if strings.HasPrefix(d.Name(), ".") && p != start {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil // a temp file of a Put in flight (or a crashed one)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		rel, err := filepath.Rel(s.root, p)
+		if err != nil {
+			return err
+		}
+		if k := filepath.ToSlash(rel); strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+// Sweep removes temp files older than age that crashed Puts left behind,
+// and returns how many it removed. A Put in flight has a young temp file,
+// so an age of minutes never races one.
+func (s *Store) Sweep(ctx context.Context, age time.Duration) (int, error) {
+	cutoff := time.Now().Add(-age)
+	n := 0
+	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d.IsDir() || !strings.HasPrefix(d.Name(), ".") || !strings.Contains(d.Name(), ".tmp-") {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if fi.ModTime().Before(cutoff) {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("sweep %s: %w", s.root, err)
+	}
+	return n, nil
+}
+
+// mkdirDurable creates dir and any missing parents, fsyncing each parent
+// that got a new entry so the object's path survives a crash.
+func mkdirDurable(dir string) error {
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("mkdir %s: %w", dir, syscall.ENOTDIR)
+		}
+		return nil
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := mkdirDurable(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil // a concurrent Put made it
+		}
+		return fmt.Errorf("mkdir %s: %w", dir, err)
+	}
+	return fsutil.SyncDir(parent)
+}

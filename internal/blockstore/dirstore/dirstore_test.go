@@ -1,0 +1,86 @@
+package dirstore
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/storetest"
+)
+
+func TestContract(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) blockstore.Store {
+		s, err := Open(filepath.Join(t.TempDir(), "store"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestOpenRefusesRelativeRoot(t *testing.T) {
+	if _, err := Open("relative/dir"); err == nil {
+		t.Fatal("Open of a relative root succeeded")
+	}
+}
+
+// A crashed Put leaves a temp file: List never shows it, Sweep removes it
+// once it is old, and a young one (a Put in flight) is left alone.
+func TestSweepAndTempFilesHidden(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, "sb/chunks/aa", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(s.Root(), "sb", "chunks", ".bb.tmp-123")
+	young := filepath.Join(s.Root(), "sb", "chunks", ".cc.tmp-456")
+	for _, p := range []string{old, young} {
+		if err := os.WriteFile(p, []byte("half"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := s.List(ctx, "")
+	if err != nil || len(keys) != 1 || keys[0] != "sb/chunks/aa" {
+		t.Fatalf("List = %q, %v; want only the object", keys, err)
+	}
+	n, err := s.Sweep(ctx, 10*time.Minute)
+	if err != nil || n != 1 {
+		t.Fatalf("Sweep = %d, %v; want 1 removed", n, err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Fatalf("old temp file still there: %v", err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Fatalf("young temp file removed: %v", err)
+	}
+}
+
+// Objects are files of mode 0600 in directories of 0700.
+func TestModes(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(context.Background(), "a/b/c", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{"": 0o700, "a": 0o700, "a/b": 0o700, "a/b/c": 0o600} {
+		fi, err := os.Stat(filepath.Join(s.Root(), p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%q mode %v, want %v", p, fi.Mode().Perm(), want)
+		}
+	}
+}

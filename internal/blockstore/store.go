@@ -1,0 +1,94 @@
+// Package blockstore is the durable home of block-mode RootFS data: a
+// device is cut into fixed-size chunks, each generation of a sandbox's
+// device is a manifest (chunk index → object, parent generation, device
+// size, checksums), and every object is immutable and authenticated-
+// encrypted under a per-sandbox data key that a node key wraps.
+//
+// The objects live in a Store: a flat namespace of immutable objects by key
+// with two backends, a local directory (dirstore, the default) and an
+// S3-compatible bucket (s3store). storetest is the contract both pass.
+package blockstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Store is an object store of immutable objects. Every implementation
+// passes storetest.Run.
+//
+// An object is created once and never changes: Put of a key that exists
+// fails with ErrExists and leaves the stored object as it was, so a stale
+// writer can never replace a committed manifest or chunk. Put is atomic:
+// a reader sees the whole object or ErrNotFound, never a part of it.
+type Store interface {
+	// Put creates the object key with data, or fails with ErrExists.
+	Put(ctx context.Context, key string, data []byte) error
+	// Get returns the whole object, or an error wrapping ErrNotFound.
+	Get(ctx context.Context, key string) ([]byte, error)
+	// Delete removes the object; deleting a missing key is not an error
+	// (teardown is idempotent).
+	Delete(ctx context.Context, key string) error
+	// List returns the keys that start with prefix, sorted. The prefix
+	// is a plain string prefix (as in S3), not only a directory.
+	List(ctx context.Context, prefix string) ([]string, error)
+}
+
+var (
+	// ErrNotFound: no object has this key.
+	ErrNotFound = errors.New("object not found")
+	// ErrExists: Put of a key that already holds an object.
+	ErrExists = errors.New("object already exists")
+	// ErrInvalidKey: the key breaks KeyRule.
+	ErrInvalidKey = errors.New("invalid object key")
+	// ErrCorrupt: an object failed authentication or decoding (tampered,
+	// truncated, swapped, or sealed under another key). Its bytes are
+	// never returned as data.
+	ErrCorrupt = errors.New("corrupt object")
+)
+
+// MaxKeyLen bounds a key; S3 allows 1024 bytes, a path component 255.
+const MaxKeyLen = 512
+
+// KeyRule is the key rule in words, for error messages.
+const KeyRule = "1-512 bytes of '/'-separated segments of A-Z a-z 0-9 . _ -, each 1-128 bytes and not starting with '.'"
+
+// CheckKey checks key against KeyRule. Keys become paths in dirstore, so
+// nothing that could traverse ("..", "/x", "a//b") or hide (".tmp") passes;
+// a segment never starts with '.', which keeps dirstore's temp files out of
+// the key space.
+func CheckKey(key string) error {
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return fmt.Errorf("%w %q: %s", ErrInvalidKey, key, KeyRule)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if len(seg) == 0 || len(seg) > 128 || seg[0] == '.' {
+			return fmt.Errorf("%w %q: %s", ErrInvalidKey, key, KeyRule)
+		}
+		for i := 0; i < len(seg); i++ {
+			c := seg[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+				return fmt.Errorf("%w %q: %s", ErrInvalidKey, key, KeyRule)
+			}
+		}
+	}
+	return nil
+}
+
+// CheckPrefix checks a List prefix: empty, or a key, or a key followed by
+// '/' (so "a/b" and "a/b/" are both fine; "a/../" is not).
+func CheckPrefix(prefix string) error {
+	p := strings.TrimSuffix(prefix, "/")
+	if p == "" {
+		if prefix == "" {
+			return nil
+		}
+		return fmt.Errorf("%w prefix %q: %s", ErrInvalidKey, prefix, KeyRule)
+	}
+	if err := CheckKey(p); err != nil {
+		return fmt.Errorf("prefix: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,303 @@
+// Package storetest is the contract every blockstore.Store passes: the
+// directory backend and the S3 backend (against a real server) run the same
+// cases, so code above the Store cannot tell them apart.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/ctld/ctld/internal/blockstore"
+)
+
+// Run runs the contract against stores from newStore; each case gets a
+// fresh, empty store.
+func Run(t *testing.T, newStore func(t *testing.T) blockstore.Store) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, s blockstore.Store)
+	}{
+		{"PutGet", testPutGet},
+		{"GetMissing", testGetMissing},
+		{"PutExistingKeepsFirst", testPutExisting},
+		{"Delete", testDelete},
+		{"List", testList},
+		{"InvalidKeys", testInvalidKeys},
+		{"ConcurrentPutOneWins", testConcurrentPut},
+		{"NoPartialObjectVisible", testNoPartial},
+		{"CancelledContext", testCancelled},
+		{"PutCopiesData", testPutCopies},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.fn(t, newStore(t))
+		})
+	}
+}
+
+func random(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustPut(t *testing.T, s blockstore.Store, key string, data []byte) {
+	t.Helper()
+	if err := s.Put(context.Background(), key, data); err != nil {
+		t.Fatalf("Put(%q): %v", key, err)
+	}
+}
+
+func mustGet(t *testing.T, s blockstore.Store, key string) []byte {
+	t.Helper()
+	b, err := s.Get(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Get(%q): %v", key, err)
+	}
+	return b
+}
+
+func testPutGet(t *testing.T, s blockstore.Store) {
+	for _, c := range []struct {
+		key  string
+		size int
+	}{
+		{"empty", 0},
+		{"one", 1},
+		{"sb-1/chunks/ab12", 64 << 10},
+		{"sb-1/gen/00000000000000000001", 3<<20 + 7},
+	} {
+		data := random(t, c.size)
+		mustPut(t, s, c.key, data)
+		got := mustGet(t, s, c.key)
+		if !bytes.Equal(got, data) {
+			t.Fatalf("Get(%q) returned %d bytes, want the %d put", c.key, len(got), len(data))
+		}
+	}
+}
+
+func testGetMissing(t *testing.T, s blockstore.Store) {
+	mustPut(t, s, "a/b", []byte("x"))
+	for _, key := range []string{"missing", "a/c", "a/b/c", "a"} {
+		b, err := s.Get(context.Background(), key)
+		if !errors.Is(err, blockstore.ErrNotFound) {
+			t.Errorf("Get(%q) = %d bytes, %v; want ErrNotFound", key, len(b), err)
+		}
+	}
+}
+
+func testPutExisting(t *testing.T, s blockstore.Store) {
+	first := []byte("first")
+	mustPut(t, s, "k/v", first)
+	err := s.Put(context.Background(), "k/v", []byte("second, longer"))
+	if !errors.Is(err, blockstore.ErrExists) {
+		t.Fatalf("second Put = %v, want ErrExists", err)
+	}
+	if got := mustGet(t, s, "k/v"); !bytes.Equal(got, first) {
+		t.Fatalf("after refused Put, Get = %q, want %q", got, first)
+	}
+}
+
+func testDelete(t *testing.T, s blockstore.Store) {
+	ctx := context.Background()
+	mustPut(t, s, "d/one", []byte("1"))
+	mustPut(t, s, "d/two", []byte("2"))
+	if err := s.Delete(ctx, "d/one"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if _, err := s.Get(ctx, "d/one"); !errors.Is(err, blockstore.ErrNotFound) {
+		t.Fatalf("Get after Delete = %v, want ErrNotFound", err)
+	}
+	if got := mustGet(t, s, "d/two"); string(got) != "2" {
+		t.Fatalf("neighbour after Delete = %q", got)
+	}
+	// Teardown is idempotent: deleting what is gone is success.
+	for _, key := range []string{"d/one", "never", "d/two/x"} {
+		if err := s.Delete(ctx, key); err != nil {
+			t.Fatalf("Delete(%q) of a missing key = %v, want nil", key, err)
+		}
+	}
+	// A deleted key can be created again.
+	mustPut(t, s, "d/one", []byte("again"))
+	if got := mustGet(t, s, "d/one"); string(got) != "again" {
+		t.Fatalf("re-created object = %q", got)
+	}
+}
+
+func testList(t *testing.T, s blockstore.Store) {
+	ctx := context.Background()
+	keys := []string{
+		"sb-a/gen/00000000000000000001",
+		"sb-a/gen/00000000000000000002",
+		"sb-a/gen/00000000000000000010",
+		"sb-a/chunks/00ff",
+		"sb-a/chunks/ff00",
+		"sb-ab/gen/00000000000000000001",
+		"top",
+	}
+	for _, k := range keys {
+		mustPut(t, s, k, []byte(k))
+	}
+	for _, c := range []struct {
+		prefix string
+		want   []string
+	}{
+		{"", []string{keys[3], keys[4], keys[0], keys[1], keys[2], keys[5], keys[6]}},
+		{"sb-a/", []string{keys[3], keys[4], keys[0], keys[1], keys[2]}},
+		{"sb-a", []string{keys[3], keys[4], keys[0], keys[1], keys[2], keys[5]}},
+		{"sb-a/gen/", keys[0:3]},
+		{"sb-a/gen/0000000000000000000", keys[0:2]},
+		{"sb-a/chunks/ff", keys[4:5]},
+		{"to", keys[6:7]},
+		{"none/", nil},
+		{"sb-a/gen/00000000000000000001/", nil},
+	} {
+		got, err := s.List(ctx, c.prefix)
+		if err != nil {
+			t.Fatalf("List(%q): %v", c.prefix, err)
+		}
+		if len(got) == 0 && len(c.want) == 0 {
+			continue
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("List(%q) =\n %q\nwant\n %q", c.prefix, got, c.want)
+		}
+	}
+}
+
+func testInvalidKeys(t *testing.T, s blockstore.Store) {
+	ctx := context.Background()
+	for _, key := range []string{"", "/a", "a/", "a//b", "..", "../x", "a/../b", ".hidden", "a/.tmp-1", "a b", "a\x00b", "a\\b", "ü", string(make([]byte, 600))} {
+		if err := s.Put(ctx, key, []byte("x")); !errors.Is(err, blockstore.ErrInvalidKey) {
+			t.Errorf("Put(%q) = %v, want ErrInvalidKey", key, err)
+		}
+		if _, err := s.Get(ctx, key); !errors.Is(err, blockstore.ErrInvalidKey) {
+			t.Errorf("Get(%q) = %v, want ErrInvalidKey", key, err)
+		}
+		if err := s.Delete(ctx, key); !errors.Is(err, blockstore.ErrInvalidKey) {
+			t.Errorf("Delete(%q) = %v, want ErrInvalidKey", key, err)
+		}
+	}
+	for _, p := range []string{"/", "../", "a/../", ".x", "a//"} {
+		if _, err := s.List(ctx, p); !errors.Is(err, blockstore.ErrInvalidKey) {
+			t.Errorf("List(%q) = %v, want ErrInvalidKey", p, err)
+		}
+	}
+	// Nothing was created by the refused calls.
+	if got, err := s.List(ctx, ""); err != nil || len(got) != 0 {
+		t.Fatalf("after refused calls List = %q, %v; want empty", got, err)
+	}
+}
+
+func testConcurrentPut(t *testing.T, s blockstore.Store) {
+	const n = 8
+	datas := make([][]byte, n)
+	for i := range datas {
+		datas[i] = random(t, 256<<10)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Put(context.Background(), "race/obj", datas[i])
+		}()
+	}
+	wg.Wait()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			if winner >= 0 {
+				t.Fatalf("Put %d and %d both succeeded", winner, i)
+			}
+			winner = i
+		case errors.Is(err, blockstore.ErrExists):
+		default:
+			t.Fatalf("Put %d: %v", i, err)
+		}
+	}
+	if winner < 0 {
+		t.Fatal("no Put succeeded")
+	}
+	if got := mustGet(t, s, "race/obj"); !bytes.Equal(got, datas[winner]) {
+		t.Fatal("stored object is not the winner's data")
+	}
+}
+
+func testNoPartial(t *testing.T, s blockstore.Store) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const objs = 6
+	datas := make([][]byte, objs)
+	for i := range datas {
+		datas[i] = random(t, 2<<20)
+	}
+	var wg sync.WaitGroup
+	readErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			for i := range objs {
+				b, err := s.Get(ctx, fmt.Sprintf("big/%d", i))
+				switch {
+				case errors.Is(err, blockstore.ErrNotFound) || ctx.Err() != nil:
+				case err != nil:
+					readErr <- err
+					return
+				case !bytes.Equal(b, datas[i]):
+					readErr <- fmt.Errorf("Get(big/%d) saw %d bytes that are not the object", i, len(b))
+					return
+				}
+			}
+		}
+	}()
+	for i := range objs {
+		mustPut(t, s, fmt.Sprintf("big/%d", i), datas[i])
+	}
+	cancel()
+	wg.Wait()
+	select {
+	case err := <-readErr:
+		t.Fatal(err)
+	default:
+	}
+}
+
+func testCancelled(t *testing.T, s blockstore.Store) {
+	mustPut(t, s, "c/x", []byte("x"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Put(ctx, "c/y", []byte("y")); err == nil {
+		t.Error("Put with a cancelled context succeeded")
+	}
+	if _, err := s.Get(ctx, "c/x"); err == nil {
+		t.Error("Get with a cancelled context succeeded")
+	}
+	if _, err := s.List(ctx, "c/"); err == nil {
+		t.Error("List with a cancelled context succeeded")
+	}
+	if _, err := s.Get(context.Background(), "c/y"); !errors.Is(err, blockstore.ErrNotFound) {
+		t.Errorf("Put with a cancelled context left an object: %v", err)
+	}
+}
+
+func testPutCopies(t *testing.T, s blockstore.Store) {
+	data := []byte("original")
+	mustPut(t, s, "p", data)
+	copy(data, "XXXXXXXX")
+	if got := mustGet(t, s, "p"); string(got) != "original" {
+		t.Fatalf("Get = %q after the caller reused its buffer", got)
+	}
+}
