@@ -17,7 +17,7 @@ import (
 
 // needPeers fails (never skips) when an NBD peer the test drives is not
 // installed: test/nbd/setup.sh installs them, and CI runs it first.
-func needPeers(t *testing.T, names ...string) {
+func needPeers(t testing.TB, names ...string) {
 	t.Helper()
 	for _, n := range names {
 		if _, err := exec.LookPath(n); err != nil {
@@ -27,7 +27,7 @@ func needPeers(t *testing.T, names ...string) {
 }
 
 // sockDir is a short temp dir: a Unix socket path must fit in 108 bytes.
-func sockDir(t *testing.T) string {
+func sockDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "nbdsrv")
 	if err != nil {
@@ -44,7 +44,7 @@ type served struct {
 }
 
 // serve serves b on a fresh Unix socket until the test ends.
-func serve(t *testing.T, exp nbdsrv.Export, opts nbdsrv.Options) *served {
+func serve(t testing.TB, exp nbdsrv.Export, opts nbdsrv.Options) *served {
 	t.Helper()
 	srv, err := nbdsrv.New(exp, opts)
 	if err != nil {
@@ -79,7 +79,7 @@ func serve(t *testing.T, exp nbdsrv.Export, opts nbdsrv.Options) *served {
 }
 
 // serveFile serves the file at path.
-func serveFile(t *testing.T, path string, readOnly bool) *served {
+func serveFile(t testing.TB, path string, readOnly bool) *served {
 	t.Helper()
 	f, err := nbdsrv.OpenFile(path, readOnly)
 	if err != nil {
@@ -91,7 +91,7 @@ func serveFile(t *testing.T, path string, readOnly bool) *served {
 
 // peer runs an NBD peer and returns its combined output; a non-zero exit
 // fails the test.
-func peer(t *testing.T, name string, args ...string) string {
+func peer(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := peerErr(name, args...)
 	if err != nil {
@@ -148,7 +148,7 @@ func refImage(t *testing.T, path string, size int64) []byte {
 }
 
 // sparseFile creates an all-hole file of size bytes.
-func sparseFile(t *testing.T, path string, size int64) {
+func sparseFile(t testing.TB, path string, size int64) {
 	t.Helper()
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)

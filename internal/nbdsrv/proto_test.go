@@ -158,13 +158,16 @@ func (r *rawClient) read(handle, off uint64, n uint32) []byte {
 	return b
 }
 
-// mustClose checks the server closed the connection.
-func (r *rawClient) mustClose() {
+// mustClose checks the server closed the connection and returns how many
+// bytes came before the end.
+func (r *rawClient) mustClose() int64 {
 	r.t.Helper()
 	_ = r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if n, err := io.Copy(io.Discard, r.c); err != nil {
+	n, err := io.Copy(io.Discard, r.c)
+	if err != nil {
 		r.t.Fatalf("server did not close the connection: %v (after %d bytes)", err, n)
 	}
+	return n
 }
 
 func fileExport(t *testing.T, size int64, readOnly bool) (nbdsrv.Export, string) {
@@ -544,4 +547,27 @@ func TestServeCancelled(t *testing.T) {
 	if err := srv.Serve(ctx, l); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
+}
+
+// A client that stalls in the handshake is dropped after HandshakeTimeout;
+// connections beyond MaxConns are closed at once.
+func TestHandshakeTimeoutAndConnectionLimit(t *testing.T) {
+	exp, _ := fileExport(t, 1<<20, false)
+	s := serve(t, exp, nbdsrv.Options{HandshakeTimeout: 300 * time.Millisecond, MaxConns: 2})
+	r := dialRaw(t, s.sock)
+	r.hello(3)
+	t0 := time.Now()
+	r.mustClose()
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("stalled handshake closed after %s", d)
+	}
+
+	s2 := serve(t, exp, nbdsrv.Options{MaxConns: 2})
+	a, b := connect(t, s2.sock), connect(t, s2.sock)
+	c := dialRaw(t, s2.sock)
+	if n := c.mustClose(); n != 0 {
+		t.Fatalf("connection over MaxConns got %d bytes (a greeting) before it was closed", n)
+	}
+	a.read(1, 0, 512)
+	b.read(1, 0, 512)
 }

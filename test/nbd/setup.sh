@@ -3,9 +3,13 @@
 # internal/nbdsrv drive (none of them written by us): libnbd-bin (nbdinfo,
 # nbdcopy), qemu-utils (qemu-img, qemu-io, qemu-nbd) and nbdkit.
 # The tests fail, not skip, when a peer is missing (CI runs this first).
+# --bench adds fio (its nbd engine) for the benchmark against qemu-nbd.
 set -euo pipefail
 
 PKGS=(libnbd-bin qemu-utils nbdkit)
+if [ "${1:-}" = --bench ]; then
+	PKGS+=(fio)
+fi
 
 log() { echo "nbd-setup: $*" >&2; }
 
