@@ -42,6 +42,7 @@ func TestKernelNetworkPolicyAndUpdate(t *testing.T) {
 	req := claimReq("c1", 1)
 	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
 	resp := r.mustClaim(sb, req)
+	t.Logf("claim steps (ms): %+v", resp.Sandbox.Timings.Steps)
 	// The node masquerades the pool out of its links: the host sees
 	// the node's address on its side.
 	if out, ok := guestDial(t, r, allowed); !ok || !strings.Contains(out, host.Gateway4.String()+":") {
