@@ -78,6 +78,15 @@ func readInt(path string) (int64, error) {
 	return v, nil
 }
 
+// held is what a record holds: its resources and its address block.
+func held(s journal.Sandbox) api.Capacity {
+	c := asCapacity(s.Resources)
+	if s.Slot != 0 {
+		c.Addresses = 1
+	}
+	return c
+}
+
 func asCapacity(r journal.Resources) api.Capacity {
 	return api.Capacity{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, DiskBytes: r.DiskBytes}
 }
@@ -109,9 +118,9 @@ func ledger(total, reserve api.Capacity, ss []journal.Sandbox) api.NodeCapacity 
 	for _, s := range ss {
 		switch {
 		case s.Withheld:
-			c.Withheld = add(c.Withheld, asCapacity(s.Resources))
+			c.Withheld = add(c.Withheld, held(s))
 		case s.Holds():
-			c.Leased = add(c.Leased, asCapacity(s.Resources))
+			c.Leased = add(c.Leased, held(s))
 		}
 	}
 	return c

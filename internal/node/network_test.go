@@ -101,6 +101,9 @@ func TestSlotAllocation(t *testing.T) {
 			t.Fatalf("sandbox %s got slot %d, want %d", id, s.Slot, i)
 		}
 	}
+	if nd, _ := r.n.Node(context.Background()); nd.Capacity.Total.Addresses != int64(n) || nd.Capacity.Leased.Addresses != int64(n) {
+		t.Errorf("address ledger with the pool full: total %d leased %d, want %d and %d", nd.Capacity.Total.Addresses, nd.Capacity.Leased.Addresses, n, n)
+	}
 	before := k.String()
 	_, err, _ := r.claim("full", claimReq("cfull", 1))
 	if errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted || !strings.Contains(err.Error(), "address block") {
@@ -134,6 +137,9 @@ func TestSlotReusedOnlyAfterCleanProof(t *testing.T) {
 	}
 	if s := r.sandbox("a"); !s.Withheld || s.Slot != 1 {
 		t.Fatalf("sandbox a: withheld %v slot %d, want withheld holding slot 1", s.Withheld, s.Slot)
+	}
+	if nd, _ := r.n.Node(context.Background()); nd.Capacity.Withheld.Addresses != 1 || len(nd.Withheld) != 1 || nd.Withheld[0].Resources.Addresses != 1 {
+		t.Errorf("withheld ledger: %+v %+v, want the address block withheld", nd.Capacity.Withheld, nd.Withheld)
 	}
 	r.mustClaim("b", claimReq("cb", 1))
 	if s := r.sandbox("b"); s.Slot != 2 {

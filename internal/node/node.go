@@ -136,6 +136,11 @@ func New(cfg Config, d Deps) *Node {
 		inflight: map[string]chan struct{}{},
 		timers:   map[string]*time.Timer{},
 	}
+	// The address pool is capacity like CPU: its blocks are counted in
+	// the ledger (GET /v1/node), slots are handed out by Pool.Alloc.
+	if d.Pool.V4.IsValid() && d.Total.Addresses == 0 {
+		n.d.Total.Addresses = int64(d.Pool.Len())
+	}
 	n.table = newTable(n)
 	return n
 }

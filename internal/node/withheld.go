@@ -153,7 +153,7 @@ func withheldIn(ss []journal.Sandbox) func(journal.Sandbox) bool {
 // the failed checks of its latest cleanup proof.
 func withheldLease(tx *journal.Tx, s journal.Sandbox) api.WithheldLease {
 	w := api.WithheldLease{
-		SandboxID: s.ID, Generation: s.Generation, Reason: s.Reason, Resources: asCapacity(s.Resources),
+		SandboxID: s.ID, Generation: s.Generation, Reason: s.Reason, Resources: held(s),
 		ProofOperationID: s.ProofOp, RetryAttempts: s.RetryAttempts, LastAttempt: s.RetryLast, NextAttempt: s.RetryNext,
 		FailedChecks: []api.ProofCheck{},
 	}
