@@ -8,7 +8,7 @@
 set -euo pipefail
 
 CACHE=${CTLD_VM_CACHE:-/var/cache/ctld-vm}
-PKGS=(qemu-system-x86 busybox-static kmod cpio runsc nftables xfsprogs e2fsprogs iproute2 util-linux)
+PKGS=(qemu-system-x86 busybox-static kmod cpio runsc nftables xfsprogs e2fsprogs iproute2 util-linux nbd-client)
 
 log() { echo "setup: $*" >&2; }
 
