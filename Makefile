@@ -24,9 +24,11 @@ vet:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Unit tests on the host: kernel tests skip here with a visible reason.
-# test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive.
+# test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive;
+# test/s3/setup.sh the S3 server (versitygw) internal/blockstore/s3store's.
 test-unit:
 	@test/nbd/setup.sh
+	@test/s3/setup.sh >/dev/null
 	$(GO) test -count=1 $(PKGS)
 
 # Kernel tests as root in the VM: nothing may skip there.

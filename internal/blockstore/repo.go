@@ -1,0 +1,422 @@
+package blockstore
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Repo is the block store: volumes of chunked, encrypted generations in a
+// Store. It is the API the NBD writer and the template import use: Open a
+// generation and read its chunks, Commit dirty chunks as a new generation.
+// Safe for concurrent use.
+type Repo struct {
+	store Store
+	keys  *Keyring
+	codec *codec
+	// Parallel object writes of one commit (S3 latency hides behind it).
+	uploads int
+}
+
+// Options tune a Repo.
+type Options struct {
+	// Compress zstd-compresses objects before sealing (kept only when
+	// smaller).
+	Compress bool
+	// Uploads bounds a commit's parallel object writes (default 8).
+	Uploads int
+}
+
+// New returns a repo over store whose data keys node wraps.
+func New(store Store, node *NodeKey, opts Options) (*Repo, error) {
+	c, err := newCodec(opts.Compress)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Uploads <= 0 {
+		opts.Uploads = 8
+	}
+	return &Repo{store: store, keys: NewKeyring(store, node), codec: c, uploads: opts.Uploads}, nil
+}
+
+// Object keys of a volume v:
+//
+//	v/key                         its wrapped data key
+//	v/gen/<generation, 20 digits> the manifest of a generation
+//	v/chunks/<hh>/<sum, 64 hex>   a chunk, named by its keyed checksum
+func manifestKey(r GenRef) string {
+	return fmt.Sprintf("%s/gen/%020d", r.Volume, r.Generation)
+}
+
+func chunkKey(v Volume, sum [32]byte) string {
+	h := hex.EncodeToString(sum[:])
+	return v.String() + "/chunks/" + h[:2] + "/" + h
+}
+
+func (dk *DataKey) sum(chunk []byte) [32]byte {
+	m := hmac.New(sha256.New, dk.macKey)
+	m.Write(chunk)
+	var s [32]byte
+	m.Sum(s[:0])
+	return s
+}
+
+// Generations lists the committed generations of v, oldest first.
+func (r *Repo) Generations(ctx context.Context, v Volume) ([]uint64, error) {
+	if err := v.Check(); err != nil {
+		return nil, err
+	}
+	keys, err := r.store.List(ctx, v.String()+"/gen/")
+	if err != nil {
+		return nil, fmt.Errorf("list generations of %s: %w", v, err)
+	}
+	gens := make([]uint64, 0, len(keys))
+	for _, k := range keys {
+		s := strings.TrimPrefix(k, v.String()+"/gen/")
+		g, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || len(s) != 20 {
+			return nil, fmt.Errorf("list generations of %s: %w: stray object %s", v, ErrCorrupt, k)
+		}
+		gens = append(gens, g)
+	}
+	return gens, nil
+}
+
+// Manifest loads, authenticates and validates the manifest of ref.
+func (r *Repo) Manifest(ctx context.Context, ref GenRef) (*Manifest, error) {
+	if err := ref.Volume.Check(); err != nil {
+		return nil, err
+	}
+	key := manifestKey(ref)
+	blob, err := r.store.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	dk, err := r.keys.Get(ctx, ref.Volume)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	payload, err := r.codec.open(dk, kindManifest, key, blob)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	m, err := DecodeManifest(payload)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of %s: %w: %w", ref, ErrCorrupt, err)
+	}
+	if m.Ref() != ref {
+		return nil, fmt.Errorf("manifest of %s: %w: it is the manifest of %s", ref, ErrCorrupt, m.Ref())
+	}
+	return m, nil
+}
+
+// MaxChain bounds the parent chain Open follows (a guard against loops;
+// compaction keeps real chains short).
+const MaxChain = 4096
+
+// ErrOutOfRange: a chunk index beyond the device.
+var ErrOutOfRange = errors.New("chunk index out of range")
+
+// Image is an opened generation: its manifest chain flattened into one
+// index, so a read is one lookup and at most one object fetch.
+type Image struct {
+	repo  *Repo
+	top   *Manifest
+	chain []GenRef // top first
+	where map[uint64]location
+}
+
+type location struct {
+	vol  Volume
+	kind EntryKind
+	sum  [32]byte
+}
+
+// Open opens generation ref: it loads and checks every manifest of its
+// parent chain (same chunk size all the way).
+func (r *Repo) Open(ctx context.Context, ref GenRef) (*Image, error) {
+	top, err := r.Manifest(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", ref, err)
+	}
+	chain := []*Manifest{top}
+	seen := map[GenRef]bool{ref: true}
+	for m := top; m.Parent != nil; {
+		if len(chain) >= MaxChain {
+			return nil, fmt.Errorf("open %s: %w: parent chain longer than %d", ref, ErrInvalidManifest, MaxChain)
+		}
+		if seen[*m.Parent] {
+			return nil, fmt.Errorf("open %s: %w: parent chain loops at %s", ref, ErrCorrupt, *m.Parent)
+		}
+		seen[*m.Parent] = true
+		p, err := r.Manifest(ctx, *m.Parent)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: parent: %w", ref, err)
+		}
+		if p.ChunkSize != top.ChunkSize {
+			return nil, fmt.Errorf("open %s: %w: parent %s has chunk size %d, not %d", ref, ErrInvalidManifest, p.Ref(), p.ChunkSize, top.ChunkSize)
+		}
+		chain = append(chain, p)
+		m = p
+	}
+	im := &Image{repo: r, top: top, where: map[uint64]location{}}
+	n := top.Chunks()
+	// Oldest first, so newer generations overwrite.
+	for i := len(chain) - 1; i >= 0; i-- {
+		m := chain[i]
+		for _, e := range m.Entries {
+			if e.Index < n { // a device that shrank drops the tail
+				im.where[e.Index] = location{vol: m.Volume, kind: e.Kind, sum: e.Sum}
+			}
+		}
+	}
+	for _, m := range chain {
+		im.chain = append(im.chain, m.Ref())
+	}
+	return im, nil
+}
+
+// Manifest is the opened generation's own manifest.
+func (im *Image) Manifest() *Manifest { return im.top }
+
+// Chain is the opened generation and its ancestors, newest first.
+func (im *Image) Chain() []GenRef { return append([]GenRef(nil), im.chain...) }
+
+// ChunkSize is the chunk size in bytes.
+func (im *Image) ChunkSize() int { return int(im.top.ChunkSize) }
+
+// DeviceSize is the device size in bytes.
+func (im *Image) DeviceSize() uint64 { return im.top.DeviceSize }
+
+// Chunks is the number of chunks.
+func (im *Image) Chunks() uint64 { return im.top.Chunks() }
+
+// IsZero reports whether chunk i is known to be zeros without a fetch (a
+// hole in this generation or an ancestor, or never written).
+func (im *Image) IsZero(i uint64) bool {
+	l, ok := im.where[i]
+	return !ok || l.kind == EntryZero
+}
+
+// ReadChunk fills buf (ChunkSize bytes) with chunk i. A chunk object that
+// is missing, tampered, truncated, swapped or sealed under another key is
+// an error wrapping ErrCorrupt, and buf is then all zeros, never the
+// object's bytes.
+func (im *Image) ReadChunk(ctx context.Context, i uint64, buf []byte) error {
+	if len(buf) != im.ChunkSize() {
+		return fmt.Errorf("read chunk %d of %s: buffer of %d bytes, chunk size %d", i, im.top.Ref(), len(buf), im.ChunkSize())
+	}
+	if i >= im.Chunks() {
+		return fmt.Errorf("read chunk %d of %s: %w (%d chunks)", i, im.top.Ref(), ErrOutOfRange, im.Chunks())
+	}
+	l, ok := im.where[i]
+	if !ok || l.kind == EntryZero {
+		clear(buf)
+		return nil
+	}
+	if err := im.repo.readChunk(ctx, l.vol, l.sum, buf); err != nil {
+		clear(buf)
+		return fmt.Errorf("read chunk %d of %s: %w", i, im.top.Ref(), err)
+	}
+	return nil
+}
+
+func (r *Repo) readChunk(ctx context.Context, v Volume, sum [32]byte, buf []byte) error {
+	key := chunkKey(v, sum)
+	blob, err := r.store.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			// A committed generation names it: missing is lost data.
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		return err
+	}
+	dk, err := r.keys.Get(ctx, v)
+	if err != nil {
+		return err
+	}
+	payload, err := r.codec.open(dk, kindChunk, key, blob)
+	if err != nil {
+		return err
+	}
+	if len(payload) != len(buf) {
+		return fmt.Errorf("%w: %s: %d bytes, chunk size %d", ErrCorrupt, key, len(payload), len(buf))
+	}
+	if got := dk.sum(payload); !hmac.Equal(got[:], sum[:]) {
+		return fmt.Errorf("%w: %s: checksum mismatch", ErrCorrupt, key)
+	}
+	copy(buf, payload)
+	return nil
+}
+
+// CommitSpec describes a new generation.
+type CommitSpec struct {
+	Generation GenRef
+	// Parent is the generation it writes over; nil for a first
+	// generation (a template import).
+	Parent     *GenRef
+	DeviceSize uint64
+	// ChunkSize must equal the parent's; 0 means the parent's, or
+	// DefaultChunkSize without a parent.
+	ChunkSize uint32
+}
+
+// Commit writes chunks (index → ChunkSize bytes; nil or all zeros is a
+// hole that hides the parent's chunk) as generation spec.Generation: every
+// chunk object first, then the manifest, so a crash or error leaves no
+// visible half generation (only unreferenced chunk objects, which a later
+// commit of the same data reuses). A generation that exists already is an
+// error wrapping ErrExists, and the stored one is left as it was: a stale
+// writer cannot replace a committed generation. chunks is not modified.
+func (r *Repo) Commit(ctx context.Context, spec CommitSpec, chunks map[uint64][]byte) (*Manifest, error) {
+	ref := spec.Generation
+	m := &Manifest{Volume: ref.Volume, Generation: ref.Generation, Parent: spec.Parent, DeviceSize: spec.DeviceSize, ChunkSize: spec.ChunkSize}
+	if spec.Parent != nil {
+		p, err := r.Manifest(ctx, *spec.Parent)
+		if err != nil {
+			return nil, fmt.Errorf("commit %s: parent: %w", ref, err)
+		}
+		if m.ChunkSize == 0 {
+			m.ChunkSize = p.ChunkSize
+		}
+		if m.ChunkSize != p.ChunkSize {
+			return nil, fmt.Errorf("commit %s: %w: chunk size %d, parent %s has %d", ref, ErrInvalidManifest, m.ChunkSize, p.Ref(), p.ChunkSize)
+		}
+		pp := *spec.Parent
+		m.Parent = &pp
+	} else if m.ChunkSize == 0 {
+		m.ChunkSize = DefaultChunkSize
+	}
+	if err := m.Check(); err != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	// Bad input changes nothing: every chunk is checked before the first
+	// object (even the data key) is written.
+	for i, c := range chunks {
+		if i >= m.Chunks() {
+			return nil, fmt.Errorf("commit %s: %w: chunk %d (%d chunks)", ref, ErrOutOfRange, i, m.Chunks())
+		}
+		if c != nil && len(c) != int(m.ChunkSize) {
+			return nil, fmt.Errorf("commit %s: chunk %d is %d bytes, chunk size %d", ref, i, len(c), m.ChunkSize)
+		}
+	}
+	dk, err := r.keys.Ensure(ctx, ref.Volume)
+	if err != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	type job struct {
+		sum  [32]byte
+		data []byte
+	}
+	var jobs []job
+	seen := map[[32]byte]bool{}
+	for i, c := range chunks {
+		if c == nil || allZero(c) {
+			if m.Parent != nil { // without a parent, absent is zeros already
+				m.Entries = append(m.Entries, Entry{Index: i, Kind: EntryZero})
+			}
+			continue
+		}
+		s := dk.sum(c)
+		m.Entries = append(m.Entries, Entry{Index: i, Kind: EntryData, Sum: s})
+		if !seen[s] {
+			seen[s] = true
+			jobs = append(jobs, job{sum: s, data: c})
+		}
+	}
+	sortEntries(m.Entries)
+	enc, err := m.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	// A committed generation is never written over: refuse before the
+	// uploads (the manifest Put below is the authority on a race).
+	if _, err := r.store.Get(ctx, manifestKey(ref)); err == nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, ErrExists)
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		firstEr error
+		next    = make(chan job)
+	)
+	for range min(r.uploads, max(len(jobs), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range next {
+				if err := r.putChunk(ctx, dk, j.sum, j.data); err != nil {
+					mu.Lock()
+					if firstEr == nil {
+						firstEr = err
+						cancel()
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+feed:
+	for _, j := range jobs {
+		select {
+		case next <- j:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if firstEr == nil && ctx.Err() != nil {
+		firstEr = ctx.Err()
+	}
+	if firstEr != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, firstEr)
+	}
+	blob, err := r.codec.seal(dk, kindManifest, manifestKey(ref), enc)
+	if err != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	if err := r.store.Put(ctx, manifestKey(ref), blob); err != nil {
+		return nil, fmt.Errorf("commit %s: manifest: %w", ref, err)
+	}
+	return m, nil
+}
+
+func (r *Repo) putChunk(ctx context.Context, dk *DataKey, sum [32]byte, data []byte) error {
+	key := chunkKey(dk.volume, sum)
+	blob, err := r.codec.seal(dk, kindChunk, key, data)
+	if err != nil {
+		return err
+	}
+	if err := r.store.Put(ctx, key, blob); err != nil && !errors.Is(err, ErrExists) {
+		// ErrExists: the same content is stored already (named by its
+		// keyed checksum); a damaged copy is caught when read.
+		return fmt.Errorf("put chunk %s: %w", key, err)
+	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}

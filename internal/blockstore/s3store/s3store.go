@@ -1,0 +1,191 @@
+// Package s3store is the S3-compatible blockstore backend (AWS SDK for Go
+// v2), for a store shared by nodes or kept off the node.
+//
+// Put is a conditional create (PutObject with If-None-Match: *), so an
+// object is written once and a second writer gets blockstore.ErrExists
+// from the server itself, not from a racy check; an S3 PUT is atomic, so
+// a reader never sees part of an object. Keys pass blockstore.CheckKey
+// before any request is made.
+package s3store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/ctld/ctld/internal/blockstore"
+)
+
+// Config says where the bucket is.
+type Config struct {
+	// Endpoint is the server's base URL (http://127.0.0.1:7070); empty
+	// means AWS itself.
+	Endpoint string
+	Region   string
+	Bucket   string
+	// Prefix is put before every key ("" or a key rule path without the
+	// trailing '/'), so several stores can share a bucket.
+	Prefix    string
+	AccessKey string
+	SecretKey string
+	// HTTPClient replaces the SDK's default client (tests, proxies).
+	HTTPClient *http.Client
+}
+
+// Store is a blockstore.Store in an S3 bucket.
+type Store struct {
+	client *s3.Client
+	bucket string
+	prefix string
+}
+
+var _ blockstore.Store = (*Store)(nil)
+
+// New returns the store for cfg. It makes no request.
+func New(cfg Config) (*Store, error) {
+	if cfg.Bucket == "" {
+		return nil, errors.New("s3 store: no bucket")
+	}
+	if cfg.Prefix != "" {
+		if err := blockstore.CheckKey(cfg.Prefix); err != nil {
+			return nil, fmt.Errorf("s3 store: prefix: %w", err)
+		}
+	}
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	opts := s3.Options{
+		Region: cfg.Region,
+		// Path style: bucket names need not be DNS names of the endpoint.
+		UsePathStyle: true,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: cfg.AccessKey, SecretAccessKey: cfg.SecretKey, Source: "ctld s3store"}, nil
+		}),
+	}
+	if cfg.Endpoint != "" {
+		opts.BaseEndpoint = aws.String(cfg.Endpoint)
+	}
+	if cfg.HTTPClient != nil {
+		opts.HTTPClient = cfg.HTTPClient
+	}
+	p := cfg.Prefix
+	if p != "" {
+		p += "/"
+	}
+	return &Store{client: s3.New(opts), bucket: cfg.Bucket, prefix: p}, nil
+}
+
+// Client is the SDK client (tests create buckets with it).
+func (s *Store) Client() *s3.Client { return s.client }
+
+// Put creates key with data unless it exists (blockstore.ErrExists).
+func (s *Store) Put(ctx context.Context, key string, data []byte) error {
+	if err := blockstore.CheckKey(key); err != nil {
+		return err
+	}
+	// A private copy: the SDK may re-read the body on a retry after the
+	// caller reused its buffer.
+	body := bytes.Clone(data)
+	_, err := s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket:        &s.bucket,
+		Key:           aws.String(s.prefix + key),
+		Body:          bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body))),
+		IfNoneMatch:   aws.String("*"),
+	})
+	if err != nil {
+		// 412: the object exists; 409: a concurrent conditional create
+		// of the same key is in progress (AWS says retry; ours is a
+		// create-once, so the other writer wins either way).
+		if code := errorCode(err); code == "PreconditionFailed" || code == "ConditionalRequestConflict" || httpStatus(err) == http.StatusPreconditionFailed {
+			return fmt.Errorf("put %s: %w", key, blockstore.ErrExists)
+		}
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return nil
+}
+
+// Get reads the whole object.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
+	if err := blockstore.CheckKey(key); err != nil {
+		return nil, err
+	}
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: aws.String(s.prefix + key)})
+	if err != nil {
+		var nsk *types.NoSuchKey
+		if errors.As(err, &nsk) || httpStatus(err) == http.StatusNotFound {
+			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
+		}
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	defer out.Body.Close()
+	b, err := io.ReadAll(out.Body)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: read body: %w", key, err)
+	}
+	// A cut connection must not pass for a short object.
+	if out.ContentLength != nil && int64(len(b)) != *out.ContentLength {
+		return nil, fmt.Errorf("get %s: body of %d bytes, Content-Length %d", key, len(b), *out.ContentLength)
+	}
+	return b, nil
+}
+
+// Delete removes the object; S3 answers success for a missing key too.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := blockstore.CheckKey(key); err != nil {
+		return err
+	}
+	_, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: aws.String(s.prefix + key)})
+	if err != nil && httpStatus(err) != http.StatusNotFound {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// List returns the keys starting with prefix, sorted.
+func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	if err := blockstore.CheckPrefix(prefix); err != nil {
+		return nil, err
+	}
+	var keys []string
+	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: aws.String(s.prefix + prefix)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list %q: %w", prefix, err)
+		}
+		for _, o := range page.Contents {
+			if o.Key == nil || len(*o.Key) < len(s.prefix) {
+				continue
+			}
+			keys = append(keys, (*o.Key)[len(s.prefix):])
+		}
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+func errorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+func httpStatus(err error) int {
+	var re interface{ HTTPStatusCode() int }
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}

@@ -1,0 +1,269 @@
+package s3store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/storetest"
+)
+
+// Server is a versitygw S3 server the test started on loopback over a
+// temp directory; it is stopped when the test ends.
+type server struct {
+	endpoint string
+	access   string
+	secret   string
+	buckets  atomic.Int64
+}
+
+// versitygwBin finds the server test/s3/setup.sh installs. Missing is a
+// failure, not a skip: a backend that was not exercised is not proven.
+func versitygwBin(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("CTLD_VERSITYGW")
+	if p == "" {
+		cache := os.Getenv("CTLD_S3_CACHE")
+		if cache == "" {
+			cache = "/var/cache/ctld-s3"
+		}
+		p = filepath.Join(cache, "versitygw-v1.8.0")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("S3 test server versitygw not installed (%v): run test/s3/setup.sh (make test-unit does)", err)
+	}
+	return p
+}
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServer starts versitygw's posix backend with a sidecar metadata dir
+// (no xattrs needed: the test VM's TMPDIR is a tmpfs without user xattrs).
+func startServer(t testing.TB) *server {
+	t.Helper()
+	bin := versitygwBin(t)
+	dir := t.TempDir()
+	for _, d := range []string{"data", "meta"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &server{access: "ctldtest", secret: "ctldtestsecret"}
+	var lastErr error
+	// The port is picked free and then handed over: retry if another
+	// process took it in between.
+	for attempt := 0; attempt < 3; attempt++ {
+		addr := freePort(t)
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("versitygw-%d.log", attempt)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "--access", s.access, "--secret", s.secret, "--port", addr,
+			"posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start versitygw: %v", err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait(); logf.Close() }()
+		s.endpoint = "http://" + addr
+		if lastErr = waitReady(s, exited, 60*time.Second); lastErr == nil {
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-exited
+			})
+			return s
+		}
+		_ = cmd.Process.Kill()
+		<-exited
+		log, _ := os.ReadFile(logf.Name())
+		lastErr = fmt.Errorf("%w; log:\n%s", lastErr, log)
+	}
+	t.Fatalf("versitygw did not come up: %v", lastErr)
+	return nil
+}
+
+func waitReady(s *server, exited <-chan error, limit time.Duration) error {
+	st, err := New(Config{Endpoint: s.endpoint, Bucket: "probe", AccessKey: s.access, SecretKey: s.secret})
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := st.Client().ListBuckets(ctx, &s3.ListBucketsInput{})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case werr := <-exited:
+			return fmt.Errorf("versitygw exited: %v (last probe: %v)", werr, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not answering after %s: %v", limit, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// newStore makes a fresh bucket and a store over it.
+func (s *server) newStore(t testing.TB, prefix string) *Store {
+	t.Helper()
+	bucket := fmt.Sprintf("ctld-test-%d", s.buckets.Add(1))
+	st, err := New(Config{Endpoint: s.endpoint, Bucket: bucket, Prefix: prefix, AccessKey: s.access, SecretKey: s.secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Client().CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+		t.Fatalf("create bucket %s: %v", bucket, err)
+	}
+	return st
+}
+
+func TestContract(t *testing.T) {
+	srv := startServer(t)
+	storetest.Run(t, func(t *testing.T) blockstore.Store { return srv.newStore(t, "") })
+}
+
+// With a prefix, keys are stored under it and List strips it: the same
+// contract, and nothing lands outside the prefix.
+func TestContractWithPrefix(t *testing.T) {
+	srv := startServer(t)
+	var last *Store
+	storetest.Run(t, func(t *testing.T) blockstore.Store {
+		last = srv.newStore(t, "node-1/store")
+		return last
+	})
+	out, err := last.Client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: &last.bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range out.Contents {
+		if !strings.HasPrefix(*o.Key, "node-1/store/") {
+			t.Errorf("object %q outside the prefix", *o.Key)
+		}
+	}
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	if _, err := New(Config{}); err == nil {
+		t.Error("New without a bucket succeeded")
+	}
+	if _, err := New(Config{Bucket: "b", Prefix: "../x"}); err == nil {
+		t.Error("New with a traversing prefix succeeded")
+	}
+}
+
+// A server that is down is an error, not a NotFound: a reader must not
+// take an outage for a hole.
+func TestServerDownIsNotNotFound(t *testing.T) {
+	st, err := New(Config{Endpoint: "http://" + freePort(t), Bucket: "b", AccessKey: "a", SecretKey: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = st.Get(ctx, "k")
+	if err == nil || errors.Is(err, blockstore.ErrNotFound) {
+		t.Fatalf("Get from a dead server = %v, want a non-NotFound error", err)
+	}
+}
+
+// The block store over S3: a generation commits and reads back, and an
+// object replaced by a flipped copy on the server is a read error.
+func TestRepoOverS3(t *testing.T) {
+	srv := startServer(t)
+	st := srv.newStore(t, "")
+	ctx := context.Background()
+	nk, _, err := blockstore.GenerateNodeKey("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cs = blockstore.DefaultChunkSize
+	ref := blockstore.GenRef{Volume: blockstore.Template("busybox"), Generation: 0}
+	chunks := map[uint64][]byte{}
+	for i := range uint64(4) {
+		c := make([]byte, cs)
+		rand.Read(c)
+		chunks[i] = c
+	}
+	chunks[2] = nil
+	if _, err := repo.Commit(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: 8 * cs}, chunks); err != nil {
+		t.Fatal(err)
+	}
+	im, err := repo.Open(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, cs)
+	for i := range uint64(8) {
+		if err := im.ReadChunk(ctx, i, buf); err != nil {
+			t.Fatalf("ReadChunk(%d): %v", i, err)
+		}
+		want := chunks[i]
+		if want == nil {
+			want = make([]byte, cs)
+		}
+		if !bytes.Equal(buf, want) {
+			t.Fatalf("chunk %d differs", i)
+		}
+	}
+	keys, err := st.List(ctx, ref.Volume.String()+"/chunks/")
+	if err != nil || len(keys) != 3 {
+		t.Fatalf("chunk objects %q, %v; want 3 (the zero chunk is a hole)", keys, err)
+	}
+	blob, err := st.Get(ctx, keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob[len(blob)/2] ^= 0x04
+	if err := st.Delete(ctx, keys[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(ctx, keys[0], blob); err != nil {
+		t.Fatal(err)
+	}
+	corrupt := 0
+	for i := range uint64(4) {
+		err := im.ReadChunk(ctx, i, buf)
+		if err != nil && !errors.Is(err, blockstore.ErrCorrupt) {
+			t.Fatalf("ReadChunk(%d): %v does not wrap ErrCorrupt", i, err)
+		}
+		if err != nil {
+			corrupt++
+		} else if chunks[i] != nil && !bytes.Equal(buf, chunks[i]) {
+			t.Fatalf("chunk %d: wrong data without an error", i)
+		}
+	}
+	if corrupt != 1 {
+		t.Fatalf("%d chunks failed, want exactly the tampered one", corrupt)
+	}
+}

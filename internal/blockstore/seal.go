@@ -1,0 +1,135 @@
+package blockstore
+
+import (
+	"crypto/rand"
+	"fmt"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// An object as stored (chunk or manifest):
+//
+//	"CTBO" | version 1 | kind | flags | str dataKeyID | nonce(12) | AES-256-GCM(payload)
+//
+// The AAD is a domain tag, the object's key in the store and the header
+// (magic through key ID): an object moved to another key, read as the other
+// kind, or sealed under another volume's key fails authentication. The
+// payload is zstd-compressed when flagZstd is set (only when that made it
+// smaller). Nonces are random (96 bits): per data key that is safe for
+// 2^32 objects, 256 TiB of 64 KiB chunks.
+const (
+	objMagic   = "CTBO"
+	objVersion = 1
+	flagZstd   = 1
+	aadTag     = "ctld-blockstore/v1 object\x00"
+)
+
+type objKind uint8
+
+const (
+	kindChunk    objKind = 1
+	kindManifest objKind = 2
+)
+
+func (k objKind) String() string {
+	switch k {
+	case kindChunk:
+		return "chunk"
+	case kindManifest:
+		return "manifest"
+	}
+	return fmt.Sprintf("kind %d", uint8(k))
+}
+
+// codec seals and opens objects; it holds the zstd coders (safe for
+// concurrent EncodeAll/DecodeAll).
+type codec struct {
+	compress bool
+	enc      *zstd.Encoder
+	dec      *zstd.Decoder
+}
+
+func newCodec(compress bool) (*codec, error) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		return nil, fmt.Errorf("zstd encoder: %w", err)
+	}
+	// The memory cap bounds what a (key-holding) writer could make us
+	// allocate; manifests are the largest objects.
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxPayload))
+	if err != nil {
+		return nil, fmt.Errorf("zstd decoder: %w", err)
+	}
+	return &codec{compress: compress, enc: enc, dec: dec}, nil
+}
+
+// maxPayload bounds a decoded object: a manifest of a 16 TiB device of
+// 64 KiB chunks is 2^28 entries... far above what we allow; 256 MiB
+// covers 6.5M data entries (a fully written 400 GiB device).
+const maxPayload = 256 << 20
+
+func aad(key string, hdr []byte) []byte {
+	a := make([]byte, 0, len(aadTag)+len(key)+1+len(hdr))
+	a = append(a, aadTag...)
+	a = append(a, key...)
+	a = append(a, 0)
+	return append(a, hdr...)
+}
+
+func (c *codec) seal(dk *DataKey, kind objKind, key string, payload []byte) ([]byte, error) {
+	flags := uint8(0)
+	if c.compress {
+		if z := c.enc.EncodeAll(payload, nil); len(z) < len(payload) {
+			payload, flags = z, flagZstd
+		}
+	}
+	var e encoder
+	e.raw([]byte(objMagic))
+	e.u8(objVersion)
+	e.u8(uint8(kind))
+	e.u8(flags)
+	e.str(dk.id)
+	hdr := e.bytes()
+	nonce := make([]byte, dk.aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("seal %s: %w", key, err)
+	}
+	out := make([]byte, 0, len(hdr)+len(nonce)+len(payload)+dk.aead.Overhead())
+	out = append(append(out, hdr...), nonce...)
+	return dk.aead.Seal(out, nonce, payload, aad(key, hdr)), nil
+}
+
+// open authenticates and decrypts the object stored at key; anything but
+// an intact object of this kind, sealed for this key under dk, is
+// ErrCorrupt, and no byte of it is returned.
+func (c *codec) open(dk *DataKey, kind objKind, key string, blob []byte) ([]byte, error) {
+	d := decoder{b: blob}
+	if string(d.raw(len(objMagic))) != objMagic || d.u8() != objVersion {
+		return nil, fmt.Errorf("%w: %s: bad magic or version", ErrCorrupt, key)
+	}
+	k, flags, id := objKind(d.u8()), d.u8(), d.str()
+	hdr := blob[:min(d.off, len(blob))]
+	nonce := d.raw(dk.aead.NonceSize())
+	if d.err != nil || d.rest() < dk.aead.Overhead() {
+		return nil, fmt.Errorf("%w: %s: truncated (%d bytes)", ErrCorrupt, key, len(blob))
+	}
+	if k != kind {
+		return nil, fmt.Errorf("%w: %s: is a %s, want a %s", ErrCorrupt, key, k, kind)
+	}
+	if id != dk.id {
+		return nil, fmt.Errorf("%w: %s: sealed under key %q, the volume's key is %q", ErrCorrupt, key, id, dk.id)
+	}
+	if flags&^flagZstd != 0 {
+		return nil, fmt.Errorf("%w: %s: unknown flags %#x", ErrCorrupt, key, flags)
+	}
+	payload, err := dk.aead.Open(nil, nonce, blob[d.off:], aad(key, hdr))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: authentication failed", ErrCorrupt, key)
+	}
+	if flags&flagZstd != 0 {
+		if payload, err = c.dec.DecodeAll(payload, nil); err != nil {
+			return nil, fmt.Errorf("%w: %s: zstd: %v", ErrCorrupt, key, err)
+		}
+	}
+	return payload, nil
+}
