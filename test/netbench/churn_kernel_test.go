@@ -12,10 +12,12 @@ import (
 )
 
 // churnGenerations is how many generations' networks the churn test
-// makes (all live at once) and removes.
-const churnGenerations = 200
+// makes (all live at once) and removes: CTLD_CHURN_GENERATIONS, 50 by
+// default so `make test` stays short (about 0.5 s a generation under
+// TCG); `make churn` runs issue 8's 200.
+func churnGenerations() int { return envInt("CTLD_CHURN_GENERATIONS", 50) }
 
-// TestKernelNetworkChurn makes 200 generations' networks (netns, links,
+// TestKernelNetworkChurn makes churnGenerations() generations' networks (netns, links,
 // a restricted policy, TCP and UDP flows to a test host), proves for a
 // sample that the policy holds (allowed port reachable, another not),
 // finds an orphan link and chain by List in the middle, removes all, and
@@ -45,8 +47,9 @@ func TestKernelNetworkChurn(t *testing.T) {
 		return
 	}
 
+	n := churnGenerations()
 	t0 := time.Now()
-	for i := range churnGenerations {
+	for i := range n {
 		g := r.alloc(fmt.Sprintf("nb%03d", i))
 		gens = append(gens, g)
 		r.make(g, p)
@@ -72,13 +75,13 @@ func TestKernelNetworkChurn(t *testing.T) {
 				t.Fatalf("%s: tcp 8081 connected; the policy allows only 8080", g.name)
 			}
 		}
-		if i == churnGenerations/2 {
+		if i == n/2 {
 			orphan(t, r, known)
 		}
 	}
 	t.Logf("made %d generations' networks with flows in %v", len(gens), time.Since(t0).Round(time.Millisecond))
-	if got, err := r.ns.List(r.ctx); err != nil || len(got) != churnGenerations {
-		t.Fatalf("Netns.List with all live: %d names, %v; want %d", len(got), err, churnGenerations)
+	if got, err := r.ns.List(r.ctx); err != nil || len(got) != n {
+		t.Fatalf("Netns.List with all live: %d names, %v; want %d", len(got), err, n)
 	}
 	wantLinks, wantChains := known()
 	if got, err := r.links.List(r.ctx); err != nil || !slices.Equal(got, wantLinks) {
