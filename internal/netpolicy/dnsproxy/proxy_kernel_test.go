@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -32,16 +31,7 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	for _, fwd := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-		old, err := os.ReadFile(fwd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
-	}
+	ktest.Forwarding(t)
 
 	host := ktest.NewTestHost(t, ktest.TestHostOptions{})
 	up := startUpstream(t)

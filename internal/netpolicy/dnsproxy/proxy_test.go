@@ -693,24 +693,34 @@ func TestSources(t *testing.T) {
 	check(t, "slot 1 still", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)), want)
 }
 
-// TestInFlightLimit: with one query of the sandbox held in the Allower
-// and MaxPerSandbox 1, its next query is dropped (no answer), another
-// sandbox's is answered.
-func TestInFlightLimit(t *testing.T) {
-	h := start(t, func(c *Config) { c.MaxPerSandbox = 1; c.QueryTimeout = 3 * time.Second })
+// holdOne registers a second sandbox (slot 2), then holds a query of
+// src1's sandbox in the Allower: close hold to let it go, its error
+// comes on first. c (from src, short timeout) and m (a NODATA question:
+// it needs neither upstream nor Allower) probe the limits meanwhile.
+func (h *harness) holdOne(t *testing.T, src string) (hold chan struct{}, first chan error, c dns.Client, m *dns.Msg) {
+	t.Helper()
 	o, eff := sandbox(t, "other", 2, testPolicy, true)
 	h.p.Register(o, eff)
 	hold, held := make(chan struct{}), make(chan struct{}, 1)
 	h.allow.set(hold, held, nil)
-	first := make(chan error, 1)
+	first = make(chan error, 1)
 	go func() {
 		_, err := h.try("udp", src1, "www.example.com.", dns.TypeA, true)
 		first <- err
 	}()
 	<-held
-	c := dns.Client{Net: "udp", Timeout: 500 * time.Millisecond, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(src1)}}}
-	m := new(dns.Msg)
-	m.SetQuestion("www.example.com.", dns.TypeTXT) // NODATA: would need neither upstream nor Allower
+	c = dns.Client{Net: "udp", Timeout: 500 * time.Millisecond, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(src)}}}
+	m = new(dns.Msg)
+	m.SetQuestion("www.example.com.", dns.TypeTXT)
+	return hold, first, c, m
+}
+
+// TestInFlightLimit: with one query of the sandbox held in the Allower
+// and MaxPerSandbox 1, its next query is dropped (no answer), another
+// sandbox's is answered.
+func TestInFlightLimit(t *testing.T) {
+	h := start(t, func(c *Config) { c.MaxPerSandbox = 1; c.QueryTimeout = 3 * time.Second })
+	hold, first, c, m := h.holdOne(t, src1)
 	if r, _, err := c.Exchange(m, h.addr); err == nil {
 		t.Errorf("a second query of a sandbox at its limit was answered: %s", show(r))
 	}
@@ -1014,19 +1024,7 @@ func TestPolicyChangeDuringQuery(t *testing.T) {
 // Allower, another sandbox's query is dropped too.
 func TestGlobalInFlightLimit(t *testing.T) {
 	h := start(t, func(c *Config) { c.MaxInFlight = 1 })
-	o, eff := sandbox(t, "other", 2, testPolicy, true)
-	h.p.Register(o, eff)
-	hold, held := make(chan struct{}), make(chan struct{}, 1)
-	h.allow.set(hold, held, nil)
-	first := make(chan error, 1)
-	go func() {
-		_, err := h.try("udp", src1, "www.example.com.", dns.TypeA, true)
-		first <- err
-	}()
-	<-held
-	c := dns.Client{Net: "udp", Timeout: 500 * time.Millisecond, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(src2)}}}
-	m := new(dns.Msg)
-	m.SetQuestion("www.example.com.", dns.TypeTXT)
+	hold, first, c, m := h.holdOne(t, src2)
 	if r, _, err := c.Exchange(m, h.addr); err == nil {
 		t.Errorf("a query beyond MaxInFlight was answered: %s", show(r))
 	}

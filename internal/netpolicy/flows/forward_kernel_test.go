@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -147,15 +146,6 @@ func TestKernelCutThroughForward(t *testing.T) {
 
 	// Echo servers on the server. Their connections are closed by the
 	// test: the cut one never hears from its client again.
-	var mu sync.Mutex
-	var accepted []net.Conn
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range accepted {
-			c.Close()
-		}
-	})
 	for _, port := range []int{443, 80} {
 		var ln net.Listener
 		if err := server.Do(func() (err error) {
@@ -164,19 +154,7 @@ func TestKernelCutThroughForward(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				mu.Lock()
-				accepted = append(accepted, c)
-				mu.Unlock()
-				go io.Copy(c, c)
-			}
-		}()
+		ktest.EchoTCP(t, ln)
 	}
 	type conn struct {
 		net.Conn

@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -66,16 +64,7 @@ func newNode(t *testing.T) *node {
 			t.Errorf("nft ruleset after the test differs from the baseline:\nbefore %s\nafter  %s", before, after)
 		}
 	})
-	for _, fwd := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-		old, err := os.ReadFile(fwd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(fwd, []byte("1"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.WriteFile(fwd, old, 0o644) })
-	}
+	ktest.Forwarding(t)
 
 	n := &node{t: t, server: ktest.NewNetns(t)}
 	ktest.VethPair(t, ktest.Veth{Netns: netns.None(), Name: "kt-srv0", Addr: nodeSide},
@@ -131,30 +120,7 @@ func (n *node) tcpEcho(in func(func() error) error, addr string) {
 	}); err != nil {
 		n.t.Fatal(err)
 	}
-	// Accepted connections are closed with the listener: one whose
-	// client was cut off by the firewall never sees its FIN.
-	var mu sync.Mutex
-	var conns []net.Conn
-	n.t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	ktest.EchoTCP(n.t, ln)
 }
 
 // udpEcho serves a UDP echo on addr, in the netns in runs functions in.
@@ -213,6 +179,23 @@ func (n *node) sandbox(slot netpolicy.Slot) *sandbox {
 		t.Fatalf("default v6 route in %s: %v", s.owner.Link(), err)
 	}
 	return s
+}
+
+// applied is a sandbox of slot with policy p applied, removed when the
+// test ends.
+func (n *node) applied(slot netpolicy.Slot, p netpolicy.Policy) *sandbox {
+	s := n.sandbox(slot)
+	n.t.Cleanup(func() { _ = n.fw.Remove(context.Background(), s.owner) })
+	s.apply(p)
+	return s
+}
+
+// apply applies p to the sandbox's generation.
+func (s *sandbox) apply(p netpolicy.Policy) {
+	s.n.t.Helper()
+	if err := s.n.fw.Apply(context.Background(), s.owner, s.effective(p)); err != nil {
+		s.n.t.Fatal(err)
+	}
 }
 
 // addAddr6 adds an IPv6 address without duplicate address detection (so
@@ -450,11 +433,7 @@ func TestKernelApplyEnforcesPolicy(t *testing.T) {
 func TestKernelEnsureIsIdempotent(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
-	sb := n.sandbox(5)
-	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))); err != nil {
-		t.Fatal(err)
-	}
+	sb := n.applied(5, policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))
 	before := ruleset(t)
 	if err := n.fw.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -483,11 +462,7 @@ func TestKernelEnsureIsIdempotent(t *testing.T) {
 func TestKernelReplaceKeepsEstablishedFlows(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
-	sb := n.sandbox(6)
-	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))); err != nil {
-		t.Fatal(err)
-	}
+	sb := n.applied(6, policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))
 	c, err := sb.dial(8080, netip.Addr{})
 	if err != nil {
 		t.Fatal(err)
@@ -513,9 +488,7 @@ func TestKernelReplaceKeepsEstablishedFlows(t *testing.T) {
 	}
 	// Replace with a policy that also opens 8081: the open flow lives
 	// on, the new port opens.
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080-8081")))); err != nil {
-		t.Fatal(err)
-	}
+	sb.apply(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080-8081")))
 	if err := echo(c); err != nil {
 		t.Errorf("established flow after replace: %v", err)
 	}
@@ -523,9 +496,7 @@ func TestKernelReplaceKeepsEstablishedFlows(t *testing.T) {
 		t.Error("8081 closed after a replace that opened it")
 	}
 	// Replace with deny_all: everything stops, the open flow too.
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeDenyAll))); err != nil {
-		t.Fatal(err)
-	}
+	sb.apply(policy(t, netpolicy.ModeDenyAll))
 	if err := echo(c); err == nil {
 		t.Error("the established flow still passes in deny_all")
 	}
@@ -617,9 +588,7 @@ func TestKernelRemoveOrphan(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
 	sb := n.sandbox(8)
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeOpen))); err != nil {
-		t.Fatal(err)
-	}
+	sb.apply(policy(t, netpolicy.ModeOpen))
 	if !sb.canConnect(8081) || !sb.udpRoundTrip(9091) {
 		t.Error("open mode did not pass tcp 8081 or udp 9091")
 	}
@@ -643,11 +612,7 @@ func TestKernelRemoveOrphan(t *testing.T) {
 func TestKernelRemoveLeavesTheSlotsNewOwner(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
-	sb := n.sandbox(9)
-	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))); err != nil {
-		t.Fatal(err)
-	}
+	sb := n.applied(9, policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "tcp", "8080")))
 	old := sb.owner
 	old.Generation = 0 // an earlier generation of the same slot, long gone
 	old.ID = "kt-old"
@@ -682,12 +647,8 @@ func TestKernelDNSRedirect(t *testing.T) {
 	// A second resolver at the server: a rule naming its address
 	// without ports does not open port 53.
 	n.udpEcho(n.server.Do, netip.AddrPortFrom(serverAddr, 53).String())
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "")))); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.fw.Apply(ctx, closed.owner, closed.effective(policy(t, netpolicy.ModeDenyAll))); err != nil {
-		t.Fatal(err)
-	}
+	sb.apply(policy(t, netpolicy.ModeRestricted, cidr("192.0.2.2/32", "")))
+	closed.apply(policy(t, netpolicy.ModeDenyAll))
 	// The proxy: udp and tcp on the node, every address.
 	proxy := netip.AddrPortFrom(netip.IPv6Unspecified(), testPort).String()
 	n.tcpEcho(inRoot, proxy)
@@ -725,9 +686,7 @@ func TestKernelIPv6(t *testing.T) {
 	for _, port := range []uint16{8080, 8081} {
 		n.tcpEcho(n.server.Do, netip.AddrPortFrom(serverAddr6, port).String())
 	}
-	if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, cidr("2001:db8::2/128", "tcp", "8080")))); err != nil {
-		t.Fatal(err)
-	}
+	sb.apply(policy(t, netpolicy.ModeRestricted, cidr("2001:db8::2/128", "tcp", "8080")))
 	if !sb.canConnectTo(netip.AddrPortFrom(serverAddr6, 8080)) {
 		t.Error("v6 tcp 8080 (allowed) did not connect")
 	}
@@ -757,15 +716,8 @@ func TestKernelIPv6(t *testing.T) {
 func TestKernelReplaceKeepsResolvedAddresses(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
-	sb := n.sandbox(13)
-	t.Cleanup(func() { _ = n.fw.Remove(ctx, sb.owner) })
-	apply := func(rules ...netpolicy.RuleSpec) {
-		t.Helper()
-		if err := n.fw.Apply(ctx, sb.owner, sb.effective(policy(t, netpolicy.ModeRestricted, rules...))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	apply(domain("example.com", "tcp", "8080"))
+	sb := n.applied(13, policy(t, netpolicy.ModeRestricted, domain("example.com", "tcp", "8080")))
+	apply := func(rules ...netpolicy.RuleSpec) { t.Helper(); sb.apply(policy(t, netpolicy.ModeRestricted, rules...)) }
 	if err := n.fw.AllowResolved(ctx, sb.owner, 0, []netip.Addr{serverAddr}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
