@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -471,12 +472,7 @@ func (l *Leases) List(ctx context.Context) ([]string, error) {
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var ids []string
-	for id := range k.cgroups {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids, nil
+	return slices.Sorted(maps.Keys(k.cgroups)), nil
 }
 
 // Stats counts the lease's processes; a missing lease wraps fs.ErrNotExist.
@@ -614,12 +610,7 @@ func (r *RootFS) Mounted(ctx context.Context) ([]string, error) {
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for id := range k.mounts {
-		out = append(out, id)
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(k.mounts)), nil
 }
 
 // Superblock is the device of id's mounted overlay.
@@ -849,12 +840,7 @@ func (n *Netns) List(ctx context.Context) ([]string, error) {
 	k := n.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for name := range k.netns {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(k.netns)), nil
 }
 
 // Mounted returns the names, sorted (every fake name is mounted).
@@ -1103,12 +1089,7 @@ func (r *Runtime) Known() ([]string, error) {
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for id := range k.containers {
-		out = append(out, id)
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(k.containers)), nil
 }
 
 // CheckGone: no state and no process of the container.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -288,12 +289,7 @@ func (l *Links) List(ctx context.Context) ([]string, error) {
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for name := range k.links {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(k.links)), nil
 }
 
 // Firewall fakes ctld's nft table.
