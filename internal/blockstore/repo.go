@@ -268,15 +268,72 @@ type CommitSpec struct {
 }
 
 // Commit writes chunks (index → ChunkSize bytes; nil or all zeros is a
-// hole that hides the parent's chunk) as generation spec.Generation: every
-// chunk object first, then the manifest, so a crash or error leaves no
-// visible half generation (only unreferenced chunk objects, which a later
-// commit of the same data reuses). A generation that exists already is an
-// error wrapping ErrExists, and the stored one is left as it was: a stale
-// writer cannot replace a committed generation. chunks is not modified.
+// hole that hides the parent's chunk) as generation spec.Generation; see
+// Writer. Every chunk is checked before anything is written, so bad input
+// changes nothing. chunks is not modified.
 func (r *Repo) Commit(ctx context.Context, spec CommitSpec, chunks map[uint64][]byte) (*Manifest, error) {
+	m, err := r.planManifest(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range chunks {
+		if err := m.checkChunk(i, c); err != nil {
+			return nil, fmt.Errorf("commit %s: %w", m.Ref(), err)
+		}
+	}
+	w, err := r.newWriter(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range chunks {
+		if err := w.WriteChunk(ctx, i, c); err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
+	return w.Commit(ctx)
+}
+
+// Writer writes one new generation chunk by chunk (a template import, an
+// NBD writer's seal): WriteChunk seals and uploads in the background
+// (bounded), Commit waits for every upload and then writes the manifest,
+// so a crash or error before Commit returns leaves no visible generation,
+// only unreferenced chunk objects (which a later commit of the same data
+// reuses, as they are named by content). Not safe for concurrent use.
+type Writer struct {
+	// ctx bounds the background uploads: NewWriter's, which must live
+	// until Commit or Abort (it is the commit's lifetime, not a call's).
+	ctx  context.Context
+	repo *Repo
+	m    *Manifest
+	dk   *DataKey
+	// index → entry; a chunk written twice keeps the last.
+	entries map[uint64]Entry
+	// Chunks already uploaded (or in flight) in this generation.
+	uploaded map[[32]byte]bool
+	sem      chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	err      error // first upload error
+	done     bool
+}
+
+// NewWriter starts generation spec.Generation; ctx bounds its background
+// uploads until Commit or Abort. It fails if the parent is
+// missing or of another chunk size, or if the generation exists already
+// (ErrExists: committed generations are never written over).
+func (r *Repo) NewWriter(ctx context.Context, spec CommitSpec) (*Writer, error) {
+	m, err := r.planManifest(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return r.newWriter(ctx, m)
+}
+
+// planManifest validates spec into an empty manifest.
+func (r *Repo) planManifest(ctx context.Context, spec CommitSpec) (*Manifest, error) {
 	ref := spec.Generation
-	m := &Manifest{Volume: ref.Volume, Generation: ref.Generation, Parent: spec.Parent, DeviceSize: spec.DeviceSize, ChunkSize: spec.ChunkSize}
+	m := &Manifest{Volume: ref.Volume, Generation: ref.Generation, DeviceSize: spec.DeviceSize, ChunkSize: spec.ChunkSize}
 	if spec.Parent != nil {
 		p, err := r.Manifest(ctx, *spec.Parent)
 		if err != nil {
@@ -296,114 +353,142 @@ func (r *Repo) Commit(ctx context.Context, spec CommitSpec, chunks map[uint64][]
 	if err := m.Check(); err != nil {
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
-	// Bad input changes nothing: every chunk is checked before the first
-	// object (even the data key) is written.
-	for i, c := range chunks {
-		if i >= m.Chunks() {
-			return nil, fmt.Errorf("commit %s: %w: chunk %d (%d chunks)", ref, ErrOutOfRange, i, m.Chunks())
-		}
-		if c != nil && len(c) != int(m.ChunkSize) {
-			return nil, fmt.Errorf("commit %s: chunk %d is %d bytes, chunk size %d", ref, i, len(c), m.ChunkSize)
-		}
+	return m, nil
+}
+
+func (m *Manifest) checkChunk(i uint64, c []byte) error {
+	if i >= m.Chunks() {
+		return fmt.Errorf("%w: chunk %d (%d chunks)", ErrOutOfRange, i, m.Chunks())
+	}
+	if c != nil && len(c) != int(m.ChunkSize) {
+		return fmt.Errorf("chunk %d is %d bytes, chunk size %d", i, len(c), m.ChunkSize)
+	}
+	return nil
+}
+
+func (r *Repo) newWriter(ctx context.Context, m *Manifest) (*Writer, error) {
+	ref := m.Ref()
+	// Refuse early; the manifest's create-once Put stays the authority
+	// on a race.
+	if _, err := r.store.Get(ctx, manifestKey(ref)); err == nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, ErrExists)
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
 	dk, err := r.keys.Ensure(ctx, ref.Volume)
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
-	type job struct {
-		sum  [32]byte
-		data []byte
+	return &Writer{
+		ctx: ctx, repo: r, m: m, dk: dk,
+		entries:  map[uint64]Entry{},
+		uploaded: map[[32]byte]bool{},
+		sem:      make(chan struct{}, r.uploads),
+	}, nil
+}
+
+// WriteChunk sets chunk i to data (ChunkSize bytes; nil or all zeros is a
+// hole). The data is sealed before WriteChunk returns, so the caller may
+// reuse its buffer; the upload runs in the background, and its error is
+// returned by a later WriteChunk or by Commit.
+func (w *Writer) WriteChunk(ctx context.Context, i uint64, data []byte) error {
+	ref := w.m.Ref()
+	if w.done {
+		return fmt.Errorf("write chunk %d of %s: writer finished", i, ref)
 	}
-	var jobs []job
-	seen := map[[32]byte]bool{}
-	for i, c := range chunks {
-		if c == nil || allZero(c) {
-			if m.Parent != nil { // without a parent, absent is zeros already
-				m.Entries = append(m.Entries, Entry{Index: i, Kind: EntryZero})
+	if err := w.firstErr(); err != nil {
+		return fmt.Errorf("commit %s: %w", ref, err)
+	}
+	if err := w.m.checkChunk(i, data); err != nil {
+		return fmt.Errorf("commit %s: %w", ref, err)
+	}
+	if data == nil || allZero(data) {
+		if w.m.Parent != nil {
+			w.entries[i] = Entry{Index: i, Kind: EntryZero}
+		} else {
+			delete(w.entries, i) // without a parent, absent is zeros
+		}
+		return nil
+	}
+	s := w.dk.sum(data)
+	w.entries[i] = Entry{Index: i, Kind: EntryData, Sum: s}
+	if w.uploaded[s] {
+		return nil
+	}
+	w.uploaded[s] = true
+	key := chunkKey(w.dk.volume, s)
+	blob, err := w.repo.codec.seal(w.dk, kindChunk, key, data)
+	if err != nil {
+		return fmt.Errorf("commit %s: %w", ref, err)
+	}
+	select {
+	case w.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("commit %s: %w", ref, ctx.Err())
+	}
+	w.wg.Add(1)
+	go func() {
+		defer func() { <-w.sem; w.wg.Done() }()
+		// ErrExists: the same content is stored already (named by its
+		// keyed checksum); a damaged copy is caught when read.
+		if err := w.repo.store.Put(w.ctx, key, blob); err != nil && !errors.Is(err, ErrExists) {
+			w.mu.Lock()
+			if w.err == nil {
+				w.err = fmt.Errorf("put chunk %s: %w", key, err)
 			}
-			continue
+			w.mu.Unlock()
 		}
-		s := dk.sum(c)
-		m.Entries = append(m.Entries, Entry{Index: i, Kind: EntryData, Sum: s})
-		if !seen[s] {
-			seen[s] = true
-			jobs = append(jobs, job{sum: s, data: c})
-		}
+	}()
+	return nil
+}
+
+func (w *Writer) firstErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Commit waits for the uploads, then writes the manifest: from that
+// moment the generation exists, whole. An error leaves no generation
+// (ErrExists: another writer committed it first, and theirs stands).
+func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
+	ref := w.m.Ref()
+	if w.done {
+		return nil, fmt.Errorf("commit %s: writer finished", ref)
+	}
+	w.done = true
+	w.wg.Wait()
+	if err := w.firstErr(); err != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	m := *w.m
+	m.Entries = make([]Entry, 0, len(w.entries))
+	for _, e := range w.entries {
+		m.Entries = append(m.Entries, e)
 	}
 	sortEntries(m.Entries)
 	enc, err := m.Encode()
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
-	// A committed generation is never written over: refuse before the
-	// uploads (the manifest Put below is the authority on a race).
-	if _, err := r.store.Get(ctx, manifestKey(ref)); err == nil {
-		return nil, fmt.Errorf("commit %s: %w", ref, ErrExists)
-	} else if !errors.Is(err, ErrNotFound) {
-		return nil, fmt.Errorf("commit %s: %w", ref, err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		firstEr error
-		next    = make(chan job)
-	)
-	for range min(r.uploads, max(len(jobs), 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range next {
-				if err := r.putChunk(ctx, dk, j.sum, j.data); err != nil {
-					mu.Lock()
-					if firstEr == nil {
-						firstEr = err
-						cancel()
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-feed:
-	for _, j := range jobs {
-		select {
-		case next <- j:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	if firstEr == nil && ctx.Err() != nil {
-		firstEr = ctx.Err()
-	}
-	if firstEr != nil {
-		return nil, fmt.Errorf("commit %s: %w", ref, firstEr)
-	}
-	blob, err := r.codec.seal(dk, kindManifest, manifestKey(ref), enc)
+	blob, err := w.repo.codec.seal(w.dk, kindManifest, manifestKey(ref), enc)
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
-	if err := r.store.Put(ctx, manifestKey(ref), blob); err != nil {
+	if err := w.repo.store.Put(ctx, manifestKey(ref), blob); err != nil {
 		return nil, fmt.Errorf("commit %s: manifest: %w", ref, err)
 	}
-	return m, nil
+	return &m, nil
 }
 
-func (r *Repo) putChunk(ctx context.Context, dk *DataKey, sum [32]byte, data []byte) error {
-	key := chunkKey(dk.volume, sum)
-	blob, err := r.codec.seal(dk, kindChunk, key, data)
-	if err != nil {
-		return err
-	}
-	if err := r.store.Put(ctx, key, blob); err != nil && !errors.Is(err, ErrExists) {
-		// ErrExists: the same content is stored already (named by its
-		// keyed checksum); a damaged copy is caught when read.
-		return fmt.Errorf("put chunk %s: %w", key, err)
-	}
-	return nil
+// Abort ends the writer without a generation; it waits for the uploads in
+// flight (their objects stay, unreferenced).
+func (w *Writer) Abort() {
+	w.done = true
+	w.wg.Wait()
 }
 
 func allZero(b []byte) bool {

@@ -441,3 +441,124 @@ func TestOtherNodeKeyCannotRead(t *testing.T) {
 		}
 	}
 }
+
+// The streaming writer: a rewritten index keeps the last data, the caller
+// may reuse its buffer at once, and nothing is visible before Commit.
+func TestWriterStreams(t *testing.T) {
+	f := newFixture(t, blockstore.Options{Uploads: 2})
+	ctx := context.Background()
+	w, err := f.repo.NewWriter(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 64 * cs, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 64*cs)
+	buf := make([]byte, cs)
+	for i := range uint64(64) {
+		rand.Read(buf)
+		if err := w.WriteChunk(ctx, i, buf); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[i*cs:], buf)
+	}
+	rand.Read(buf) // rewrite chunk 5, then zero chunk 6
+	if err := w.WriteChunk(ctx, 5, buf); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[5*cs:], buf)
+	if err := w.WriteChunk(ctx, 6, nil); err != nil {
+		t.Fatal(err)
+	}
+	clear(want[6*cs : 7*cs])
+	clear(buf) // the writer sealed its copy already
+	if gens, _ := f.repo.Generations(ctx, tpl0.Volume); len(gens) != 0 {
+		t.Fatalf("generation visible before Commit: %v", gens)
+	}
+	if _, err := w.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, f.repo, tpl0); !bytes.Equal(got, want) {
+		t.Fatal("streamed generation reads back different")
+	}
+	if err := w.WriteChunk(ctx, 0, buf); err == nil {
+		t.Fatal("WriteChunk after Commit succeeded")
+	}
+	if _, err := w.Commit(ctx); err == nil {
+		t.Fatal("second Commit succeeded")
+	}
+	if _, err := f.repo.NewWriter(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: cs, ChunkSize: cs}); !errors.Is(err, blockstore.ErrExists) {
+		t.Fatalf("NewWriter of a committed generation = %v, want ErrExists", err)
+	}
+}
+
+// An upload error surfaces (in WriteChunk or Commit) and no generation
+// appears; Abort leaves none either.
+func TestWriterErrorAndAbort(t *testing.T) {
+	f := newFixture(t, blockstore.Options{Uploads: 1})
+	ctx := context.Background()
+	fs := &failingStore{Store: f.store, after: 3}
+	r, _ := blockstore.New(fs, f.node, blockstore.Options{Uploads: 1})
+	w, err := r.NewWriter(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 8 * cs, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var werr error
+	for i := range uint64(8) {
+		if werr = w.WriteChunk(ctx, i, randChunk(t)); werr != nil {
+			break
+		}
+	}
+	if _, err := w.Commit(ctx); err == nil || (werr == nil && !strings.Contains(err.Error(), "injected")) {
+		t.Fatalf("Commit after failed uploads = %v (WriteChunk: %v)", err, werr)
+	}
+	if _, err := f.repo.Open(ctx, tpl0); !errors.Is(err, blockstore.ErrNotFound) {
+		t.Fatalf("Open after a failed commit = %v, want ErrNotFound", err)
+	}
+	w2, err := f.repo.NewWriter(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 8 * cs, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.WriteChunk(ctx, 0, randChunk(t)); err != nil {
+		t.Fatal(err)
+	}
+	w2.Abort()
+	if _, err := f.repo.Open(ctx, tpl0); !errors.Is(err, blockstore.ErrNotFound) {
+		t.Fatalf("Open after Abort = %v, want ErrNotFound", err)
+	}
+}
+
+// chunkFailStore fails the Put of one chunk object and lets the manifest
+// through: only the order of Commit keeps the generation invisible.
+type chunkFailStore struct {
+	blockstore.Store
+	chunkPuts atomic.Int64
+	failNth   int64
+}
+
+func (s *chunkFailStore) Put(ctx context.Context, key string, data []byte) error {
+	if strings.Contains(key, "/chunks/") && s.chunkPuts.Add(1) == s.failNth {
+		return errors.New("injected: chunk upload failed")
+	}
+	return s.Store.Put(ctx, key, data)
+}
+
+// The manifest is written only after every chunk upload succeeded: a
+// failed chunk upload with a working manifest Put still leaves no
+// generation.
+func TestManifestWrittenAfterAllChunks(t *testing.T) {
+	for _, nth := range []int64{1, 4, 8} {
+		f := newFixture(t, blockstore.Options{})
+		ctx := context.Background()
+		cf := &chunkFailStore{Store: f.store, failNth: nth}
+		r, _ := blockstore.New(cf, f.node, blockstore.Options{Uploads: 4})
+		chunks := map[uint64][]byte{}
+		for i := range uint64(8) {
+			chunks[i] = randChunk(t)
+		}
+		if _, err := r.Commit(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 8 * cs, ChunkSize: cs}, chunks); err == nil {
+			t.Fatalf("commit with chunk upload %d failing succeeded", nth)
+		}
+		if _, err := f.repo.Open(ctx, tpl0); !errors.Is(err, blockstore.ErrNotFound) {
+			t.Fatalf("chunk upload %d failed, yet Open = %v, want ErrNotFound", nth, err)
+		}
+	}
+}
