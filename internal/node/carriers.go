@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"time"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/journal"
 )
@@ -51,6 +54,44 @@ type warmPool struct {
 	once    sync.Once
 	kickCh  chan struct{}
 	started bool
+
+	mu      sync.Mutex
+	changed chan struct{} // closed when a carrier's making or removal ends
+}
+
+// changes returns a channel closed when the next carrier's making or
+// removal ends. A claim takes it before its admitting transaction, so
+// no end after that transaction's view is missed.
+func (w *warmPool) changes() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.changed == nil {
+		w.changed = make(chan struct{})
+	}
+	return w.changed
+}
+
+// signal wakes the claims waiting in changes.
+func (w *warmPool) signal() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.changed != nil {
+		close(w.changed)
+		w.changed = nil
+	}
+}
+
+// errCarrierMaking marks a claim refused only because a carrier is being
+// made on the last free address block: the claim waits for it
+// (Config.CarrierWait) and tries again, so the pool never keeps a claim
+// out.
+var errCarrierMaking = errors.New("a warm carrier is being made on the last free address block")
+
+func (n *Node) carrierWait() time.Duration {
+	if n.cfg.CarrierWait > 0 {
+		return n.cfg.CarrierWait
+	}
+	return DefaultCarrierWait
 }
 
 func (w *warmPool) ch() chan struct{} {
@@ -205,6 +246,7 @@ func (n *Node) carrierOwner(slot uint32) (netpolicy.Owner, error) {
 // journals it ready, unless a claim or a takeover changed its record
 // meanwhile.
 func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
+	defer n.warm.signal()
 	n.crash("carrier:intended")
 	if err := n.live(); err != nil {
 		return err
@@ -247,6 +289,7 @@ func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
 // removing first) and forgets it once both are proven gone; otherwise its
 // record stays, and with it its slot, for the next takeover.
 func (n *Node) destroyCarrier(ctx context.Context, c journal.Carrier) error {
+	defer n.warm.signal()
 	if err := n.live(); err != nil {
 		return err
 	}
@@ -293,7 +336,8 @@ func (n *Node) destroyCarrier(ctx context.Context, c journal.Carrier) error {
 // goes, and rec's netns and links effect records are journaled done, so
 // the generation's teardown removes them. Without a carrier rec gets a
 // free slot (none a carrier holds), and the claim makes its network
-// inline. Either way the filler is asked to top the pool up.
+// inline. Either way the filler is asked to top the pool up. With no free
+// slot while a carrier is being made, the error is also errCarrierMaking.
 func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.Sandbox) error {
 	if !n.hasPool() {
 		return nil
@@ -324,6 +368,9 @@ func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.
 		}
 	}
 	rec.Slot, err = n.allocSlot(live, carrierSlots(cs)...)
+	if err != nil && n.carriersOn() && slices.ContainsFunc(cs, func(c journal.Carrier) bool { return c.State == journal.CarrierMaking }) {
+		return errors.Join(errCarrierMaking, errdefs.Errorf(errdefs.CodeCapacityExhausted, "%v; a warm carrier is still being made on the last free one", err))
+	}
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,6 +306,112 @@ func TestCarrierSlotHeldWhileMade(t *testing.T) {
 	r.mustRelease(sb, "r1", 1)
 	r.checkProof("r1")
 	checkOnlyCarriers(t, r, k, 1)
+}
+
+// TestCarrierLastSlotClaimWaits: a claim that finds no ready carrier and
+// no free slot because the filler is making a carrier on the last free
+// one waits for that carrier and takes it: the pool never keeps a claim
+// out (the CI flake of TestCarrierPoolBoundedByAddresses under load). A
+// carrier that is not made within Config.CarrierWait gets the claim
+// refused as before.
+func TestCarrierLastSlotClaimWaits(t *testing.T) {
+	for _, stuck := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stuck=%v", stuck), func(t *testing.T) {
+			r, k := carrierRig(t, 1)
+			r.k.carrierWait = 10 * time.Second
+			if stuck {
+				r.k.carrierWait = 200 * time.Millisecond
+			}
+			total := int(testPool.Len()) // 7
+			reached, release := make(chan struct{}), make(chan struct{})
+			var armed atomic.Bool
+			var once sync.Once
+			r.pause = func(p string) {
+				if p == "carrier:made" && armed.Load() {
+					once.Do(func() { close(reached); <-release })
+				}
+			}
+			t.Cleanup(func() {
+				select {
+				case <-release:
+				default:
+					close(release)
+				}
+			})
+			r.mustBoot()
+			waitCarriers(t, r, 1)
+			for i := 1; i <= total-2; i++ {
+				id := fmt.Sprintf("s%d", i)
+				r.mustClaim(id, claimReq("c"+id, 1))
+			}
+			// Two free slots left: the pool's one carrier is on one of them.
+			waitOneCarrier(t, r, true)
+			armed.Store(true)
+			// This claim takes the ready carrier; the filler starts making
+			// one on the last free slot and is held there.
+			r.mustClaim("s6", claimReq("cs6", 1))
+			<-reached
+			making := waitOneCarrier(t, r, false) // the one on the last free slot
+			type result struct {
+				err      error
+				returned bool
+			}
+			done := make(chan result, 1)
+			go func() {
+				_, err, returned := r.claim("s7", claimReq("cs7", 1))
+				done <- result{err, returned}
+			}()
+			if stuck {
+				res := <-done
+				if errdefs.CodeOf(res.err) != errdefs.CodeCapacityExhausted || !strings.Contains(res.err.Error(), "being made") {
+					t.Fatalf("claim with the carrier stuck past CarrierWait: %v, want capacity_exhausted naming the carrier being made", res.err)
+				}
+				if s, err := r.n.sandbox("s7"); err == nil {
+					t.Errorf("the refused claim left a record: %+v", s)
+				}
+				close(release)
+				waitCarriers(t, r, making)
+				return
+			}
+			select {
+			case res := <-done:
+				t.Fatalf("the claim did not wait for the carrier being made on the last slot: %v", res.err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			close(release)
+			res := <-done
+			if !res.returned || res.err != nil {
+				t.Fatalf("claim on the last slot: returned %v, %v", res.returned, res.err)
+			}
+			s := r.sandbox("s7")
+			if s.Slot != making || s.Netns != carrierNetns(making) {
+				t.Errorf("s7 got slot %d netns %q, want the carrier that was being made", s.Slot, s.Netns)
+			}
+			if slices.Contains(k.Calls(), "netns create "+containerID("s7", 1)) {
+				t.Error("s7 made its netns inline, want the carrier's")
+			}
+			waitCarriers(t, r) // every slot is a generation's
+		})
+	}
+}
+
+// waitOneCarrier waits until the journal holds exactly one carrier (a
+// ready one if ready) and returns its slot.
+func waitOneCarrier(t *testing.T, r *rig, ready bool) uint32 {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var cs []journal.Carrier
+		if err := r.j.View(func(tx *journal.Tx) (err error) { cs, err = tx.Carriers(); return err }); err != nil {
+			t.Fatal(err)
+		}
+		if len(cs) == 1 && cs[0].State != journal.CarrierRemoving && (!ready || cs[0].State == journal.CarrierReady) {
+			return cs[0].Slot
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("carriers %+v, want one", cs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestCarrierPoolShrinksOnTakeover: a primary configured with fewer

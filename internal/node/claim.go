@@ -150,23 +150,51 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
 	admitStart := time.Now()
-	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
-		// The disk project is allocated in the admitting transaction, so
-		// two claims never pick the same one.
-		live, err := tx.LiveSandboxes()
-		if err != nil {
-			return err
+	base := rec
+	var started bool
+	var waitBound <-chan time.Time // the bound on waiting for a carrier being made
+admit:
+	for {
+		rec = base
+		changed := n.warm.changes()
+		making := false
+		op, started, err = n.beginOp(ctx, op, func(tx *journal.Tx) error {
+			// The disk project is allocated in the admitting transaction, so
+			// two claims never pick the same one.
+			live, err := tx.LiveSandboxes()
+			if err != nil {
+				return err
+			}
+			if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
+				return err
+			}
+			// The address slot likewise (network.go): a warm carrier's if
+			// there is one (carriers.go).
+			if err := n.takeCarrier(tx, live, &rec); err != nil {
+				making = errors.Is(err, errCarrierMaking)
+				return err
+			}
+			return n.admitClaim(tx, rec)
+		})
+		if !making {
+			break
 		}
-		if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
-			return err
+		// The last free block is a carrier's being made: wait for it
+		// (bounded) and take it, rather than refuse the claim.
+		if waitBound == nil {
+			t := time.NewTimer(n.carrierWait())
+			defer t.Stop()
+			waitBound = t.C
 		}
-		// The address slot likewise (network.go): a warm carrier's if
-		// there is one (carriers.go).
-		if err := n.takeCarrier(tx, live, &rec); err != nil {
-			return err
+		n.log.Debug("claim waits for a warm carrier being made", "sandbox", id, "generation", req.Generation)
+		select {
+		case <-changed:
+		case <-waitBound:
+			break admit
+		case <-ctx.Done():
+			break admit
 		}
-		return n.admitClaim(tx, rec)
-	})
+	}
 	rec.Timings.AdmitMS = ms(time.Since(admitStart))
 	if err != nil || !started {
 		if err != nil {

@@ -55,7 +55,14 @@ type Config struct {
 	// Carriers is the size of the pool of warm network carriers
 	// (carriers.go); 0: none, every claim makes its netns and veth.
 	Carriers int
+	// CarrierWait bounds how long a claim waits for a warm carrier being
+	// made on the last free address block (0: DefaultCarrierWait).
+	CarrierWait time.Duration
 }
+
+// DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
+// in milliseconds, seconds on a loaded host.
+const DefaultCarrierWait = 10 * time.Second
 
 // Deps are the subsystems the node drives; main builds them.
 type Deps struct {

@@ -67,6 +67,8 @@ type testKernel struct {
 	timeout time.Duration
 	// carriers is the node's warm carrier pool size (Config.Carriers).
 	carriers int
+	// carrierWait is Config.CarrierWait (0: its default).
+	carrierWait time.Duration
 	// noReuse leaves out the claim and release of a next generation after
 	// each case (the VM, where each costs seconds).
 	noReuse bool
@@ -202,7 +204,7 @@ func (r *rig) boot() (returned bool, err error) {
 	}
 	r.n = New(Config{
 		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
-		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers,
+		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
 	}, Deps{
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
