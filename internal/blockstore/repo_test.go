@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -559,6 +560,53 @@ func TestManifestWrittenAfterAllChunks(t *testing.T) {
 		}
 		if _, err := f.repo.Open(ctx, tpl0); !errors.Is(err, blockstore.ErrNotFound) {
 			t.Fatalf("chunk upload %d failed, yet Open = %v, want ErrNotFound", nth, err)
+		}
+	}
+}
+
+// An Image serves concurrent readers (the NBD server reads in parallel);
+// run with -race.
+func TestImageConcurrentReads(t *testing.T) {
+	f := newFixture(t, blockstore.Options{Compress: true})
+	ctx := context.Background()
+	chunks := map[uint64][]byte{}
+	for i := range uint64(16) {
+		chunks[i] = randChunk(t)
+	}
+	if _, err := f.repo.Commit(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 32 * cs, ChunkSize: cs}, chunks); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh repo, so the data key is loaded by the racing readers.
+	r, _ := blockstore.New(f.store, f.node, blockstore.Options{})
+	im, err := r.Open(ctx, tpl0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			buf := make([]byte, cs)
+			for n := range 64 {
+				i := uint64((g*7 + n) % 32)
+				if err := im.ReadChunk(ctx, i, buf); err != nil {
+					errs <- err
+					return
+				}
+				want := chunks[i]
+				if want == nil {
+					want = make([]byte, cs)
+				}
+				if !bytes.Equal(buf, want) {
+					errs <- fmt.Errorf("chunk %d differs", i)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 	}
 }

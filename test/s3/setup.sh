@@ -28,7 +28,7 @@ if [ ! -x "$BIN" ]; then
 	trap 'rm -rf "$tmp"' EXIT
 	log "building versitygw $VERSION (go install, a few minutes the first time)"
 	# Outside any module, so the repository's go.mod does not take part.
-	(cd "$tmp" && GOBIN="$tmp/bin" GOFLAGS=-mod=mod "$GO" install "github.com/versity/versitygw/cmd/versitygw@$VERSION") >&2
+	(cd "$tmp" && GOBIN="$tmp/bin" "$GO" install "github.com/versity/versitygw/cmd/versitygw@$VERSION") >&2
 	# Rename: a crash never leaves a half binary at $BIN.
 	mv "$tmp/bin/versitygw" "$BIN"
 fi
