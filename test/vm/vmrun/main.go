@@ -11,6 +11,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -20,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -542,6 +544,35 @@ func countResults(log string) pkgCount {
 	return pc
 }
 
+// topLevelRE is a top-level test's result line (not a subtest's) and its
+// duration.
+var topLevelRE = regexp.MustCompile(`^--- (?:PASS|FAIL|SKIP): (\S+) \(([0-9.]+)s\)`)
+
+// testTime is one top-level test's guest time.
+type testTime struct {
+	pkg, name string
+	secs      float64
+}
+
+// testTimes lists the top-level tests of a `go test -v` log of pkg.
+func testTimes(pkg, log string) []testTime {
+	var out []testTime
+	for _, l := range strings.Split(log, "\n") {
+		if m := topLevelRE.FindStringSubmatch(l); m != nil {
+			secs, _ := strconv.ParseFloat(m[2], 64)
+			out = append(out, testTime{pkg: pkg, name: m[1], secs: secs})
+		}
+	}
+	return out
+}
+
+// slowest is the n longest of ts, longest first: where a VM run's time goes.
+func slowest(ts []testTime, n int) []testTime {
+	ts = slices.Clone(ts)
+	slices.SortStableFunc(ts, func(a, b testTime) int { return cmp.Compare(b.secs, a.secs) })
+	return ts[:min(n, len(ts))]
+}
+
 func report(jobs []Job, share string, res bootResult) error {
 	var problems []string
 	switch {
@@ -563,6 +594,7 @@ func report(jobs []Job, share string, res bootResult) error {
 		problems = append(problems, "guest kernel: "+l)
 	}
 	var total pkgCount
+	var times []testTime
 	fmt.Println("vmrun: summary")
 	for i, j := range jobs {
 		rcb, err := os.ReadFile(filepath.Join(share, "out", strconv.Itoa(i)+".rc"))
@@ -584,6 +616,7 @@ func report(jobs []Job, share string, res bootResult) error {
 			problems = append(problems, fmt.Sprintf("%s: %s", j.Name, why))
 		}
 		if j.IsTest {
+			times = append(times, testTimes(j.Name, string(logb))...)
 			pc := countResults(string(logb))
 			if pc.pass+pc.fail+pc.skip == 0 && rc == 0 {
 				problems = append(problems, j.Name+": no test ran (check -run)")
@@ -599,6 +632,12 @@ func report(jobs []Job, share string, res bootResult) error {
 			fmt.Printf("  %s %-50s passed %3d  failed %3d  skipped %3d\n", status, j.Name, pc.pass, pc.fail, pc.skip)
 		} else {
 			fmt.Printf("  %s %s (exit %d)\n", status, j.Name, rc)
+		}
+	}
+	if len(times) > 0 {
+		fmt.Println("vmrun: slowest tests (guest seconds)")
+		for _, tt := range slowest(times, 10) {
+			fmt.Printf("  %7.1fs %s %s\n", tt.secs, tt.pkg, tt.name)
 		}
 	}
 	if res.bootTime > 0 {

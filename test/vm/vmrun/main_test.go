@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -73,5 +74,24 @@ func TestTestFilter(t *testing.T) {
 		if (err != nil) != tc.wantErr || run != tc.run || skip != tc.skip {
 			t.Errorf("testFilter(%+v, %s) = %q, %q, %v; want %q, %q, err %v", tc.c, tc.pkg, run, skip, err, tc.run, tc.skip, tc.wantErr)
 		}
+	}
+}
+
+func TestSlowestTopLevelTests(t *testing.T) {
+	log := `=== RUN   TestA
+--- PASS: TestA (1.50s)
+=== RUN   TestB
+    --- PASS: TestB/sub (99.00s)
+--- FAIL: TestB (100.25s)
+--- SKIP: TestC (0.00s)
+--- PASS: TestD (7.00s)
+PASS`
+	got := slowest(testTimes("pkg/x", log), 2)
+	want := []testTime{{"pkg/x", "TestB", 100.25}, {"pkg/x", "TestD", 7}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("slowest = %v, want %v (subtests are not counted on their own)", got, want)
+	}
+	if all := testTimes("pkg/x", log); len(all) != 4 {
+		t.Fatalf("testTimes found %d top-level tests, want 4: %v", len(all), all)
 	}
 }
