@@ -43,18 +43,21 @@ test-vm-split:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-vm-e2e test-vm-rest
 
 # E2E_IN_REST: e2e tests that run in the packages' VM instead, to balance
-# the two VMs. Guest time at 53f3641: e2e 1346 s, the rest 1687 s; since
-# then the rest leaves ~420 s to the host (VM_HOST_ONLY) and ~60 s to
-# `make churn`, so it takes TestCrashDuringReleaseCompletedByStandby
-# (~160 s) and the e2e VM has room for the network e2e tests.
+# the two VMs. Guest time at 53f3641: e2e 1346 s, the rest 1687 s. Since
+# then the rest leaves ~640 s to the host (VM_HOST_ONLY) and ~60 s to
+# `make churn`, and gains nbdsrv and blockstore (~100 s left in the VM),
+# so it takes TestCrashDuringReleaseCompletedByStandby (~160 s) and the
+# e2e VM has room for the network e2e tests.
 E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|TestCrashDuringReleaseCompletedByStandby)$$
 
 # VM_HOST_ONLY: tests that need nothing of the VM (the fake kernel, `go
-# list`, flock between processes): the unit stage runs them on the host,
-# where they are ~20x faster than under TCG (TestCrashPoints: 15 s on the
-# host, 260-376 s in the VM; TestFailoverRandomized 65-90 s in the VM).
-VM_HOST_ONLY_PKGS ?= internal/layering test/lint
-VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/node/ha=^TestFailoverRandomized$$'
+# list`, flock between processes, userspace NBD and S3 clients): the unit
+# stage runs them on the host, where they are ~20x faster than under TCG
+# (in the VM: TestCrashPoints 260-376 s, TestFailoverRandomized 65-90 s,
+# nbdsrv's interop tests 114 s, s3store's 108 s).
+VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store
+VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/node/ha=^TestFailoverRandomized$$' \
+	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)'
 
 test-vm-e2e:
 	$(VMRUN) -timeout 40m -job-timeout 30m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e

@@ -54,6 +54,7 @@ func TestTestFilter(t *testing.T) {
 	const e2e = "github.com/ctld/ctld/test/e2e"
 	const node = "github.com/ctld/ctld/internal/node"
 	c := config{pkgRun: multiFlag{"./test/e2e=TestA|TestB"}, pkgSkip: multiFlag{"test/e2e=TestA|TestB"}}
+	hostOnly := config{pkgSkip: multiFlag{"internal/node=^TestCrashPoints$", "internal/node/ha=^TestFailoverRandomized$"}}
 	for _, tc := range []struct {
 		c         config
 		pkg       string
@@ -69,6 +70,11 @@ func TestTestFilter(t *testing.T) {
 		{c: config{run: "TestX", pkgRun: multiFlag{"test/e2e=TestA"}}, pkg: e2e, wantErr: true},
 		{c: config{pkgRun: multiFlag{"test/e2e"}}, pkg: e2e, wantErr: true},
 		{c: config{pkgSkip: multiFlag{"=TestA"}}, pkg: e2e, wantErr: true},
+		// The Makefile's VM_HOST_ONLY: each -pkg-skip names one package, not
+		// the packages below it.
+		{c: hostOnly, pkg: node, skip: "^TestCrashPoints$"},
+		{c: hostOnly, pkg: node + "/ha", skip: "^TestFailoverRandomized$"},
+		{c: hostOnly, pkg: node + "/lease"},
 	} {
 		run, skip, err := testFilter(tc.c, tc.pkg)
 		if (err != nil) != tc.wantErr || run != tc.run || skip != tc.skip {
