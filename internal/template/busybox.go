@@ -1,8 +1,9 @@
-// Package template builds the minimal root directories sandboxes start from.
+// Package template builds the root trees sandboxes start from.
 //
-// The busybox template is a directory (not an image): the rootfs package turns
-// it into a generation-0 filesystem image, and tests use it directly as an OCI
-// root.
+// The busybox template is a directory: the overlay RootFS uses it as its
+// lower layer and tests use it directly as an OCI root. BuildImage turns any
+// tree (that directory, a tarball, an OCI image archive) into an ext4 image
+// of a given size, without mounting, for block-mode RootFS.
 package template
 
 import (
