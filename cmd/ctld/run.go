@@ -466,10 +466,16 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
 		Carriers:         o.net.carriers,
 	}
+	// /run/netns becomes a mount point before ctld names a netns there,
+	// so an operator's later `ip netns add` does not hide ctld's.
+	ns := &netpolicy.Netns{Logger: log}
+	if err := ns.Prepare(term); err != nil {
+		return nil, fmt.Errorf("prepare the netns dir: %w", err)
+	}
 	d := node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
-		Netns:  &netpolicy.Netns{Logger: log}, Runtime: rt, Logger: log, Total: facts.total,
+		Netns:  ns, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
 	}
 	sn.deps(&d)

@@ -75,6 +75,51 @@ func (n *Netns) Path(name string) string {
 	return filepath.Join(n.dir(), n.prefix()+name)
 }
 
+// Prepare makes Dir a mount point of its own with shared propagation, as
+// `ip netns add` does on its first use. Run once at ctld's start, before
+// any Create: were Dir no mount point, a later `ip netns add` by an
+// operator would bind-mount Dir over itself (recursively), so the netns
+// files ctld mounted before sit hidden under copies; unmounting a copy
+// no longer frees the namespace and the release's netns_gone check
+// fails. With Dir already a mount point, iproute2 only makes it shared
+// again. Idempotent. A Dir that is no mount point but already holds
+// mounts (namespaces of a ctld before this one) is left alone with a
+// warning: binding it now would hide them just the same.
+func (n *Netns) Prepare(ctx context.Context) error {
+	dir := n.dir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("make netns dir: %w", err)
+	}
+	// mountinfo shows resolved paths (/var/run/netns is /run/netns).
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("resolve netns dir: %w", err)
+	}
+	mp := n.MountinfoPath
+	if mp == "" {
+		mp = mountinfo.SelfPath
+	}
+	ms, err := mountinfo.ReadFile(mp)
+	if err != nil {
+		return err
+	}
+	if len(mountinfo.At(ms, resolved)) == 0 {
+		if below := mountinfo.Under(ms, resolved); len(below) > 0 {
+			n.logger().Warn("netns dir is no mount point but holds mounts: left as it is, so `ip netns add` on this host hides them (reboot, or release them, to fix)",
+				"dir", resolved, "mounts", len(below), "first", below[0].MountPoint)
+			return nil
+		}
+		if err := unix.Mount(resolved, resolved, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mount netns dir %s over itself: %w", resolved, err)
+		}
+		n.logger().Info("netns dir made a mount point", "dir", resolved)
+	}
+	if err := unix.Mount("", resolved, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make netns dir %s shared: %w", resolved, err)
+	}
+	return nil
+}
+
 func validateName(name string) error { return names.CheckID("netns name", name) }
 
 // Create makes the named namespace with loopback up and returns its path.
