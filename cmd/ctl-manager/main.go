@@ -149,7 +149,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
-	root.AddCommand(sandbox, node, proof)
+	root.AddCommand(sandbox, node, proof, c.templateCommand())
 	return root
 }
 

@@ -35,7 +35,7 @@ var (
 // Progress is reported after every entry of an import and once per later
 // phase, so a caller can show how far a long import got.
 type Progress struct {
-	Phase   string // "unpack", "mkfs", "fixup", "done"
+	Phase   string // "unpack", "mkfs", "fixup", "done" (image built); "upload", "stored" (Import: Entries counts chunks)
 	Entries int64  // entries written so far
 	Bytes   int64  // file content bytes written so far
 }

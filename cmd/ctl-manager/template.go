@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/dirstore"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// templateFlags locate the block store the template commands work on: for
+// now the local directory store and the node key beside it.
+type templateFlags struct {
+	store   string
+	keyFile string
+	keyID   string
+}
+
+func (c *cli) templateCommand() *cobra.Command {
+	tf := &templateFlags{}
+	g := group("template", "Import, list and remove block-mode RootFS templates (in the local block store)")
+	pf := g.PersistentFlags()
+	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store directory")
+	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; import creates it, mode 0600, if missing)")
+	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+	g.AddCommand(c.templateImportCommand(tf), c.templateLsCommand(tf), c.templateRmCommand(tf))
+	return g
+}
+
+// open returns the store and repo; create says a missing node key may be
+// made (import), otherwise it is an error.
+func (tf *templateFlags) open(create bool) (blockstore.Store, *blockstore.Repo, error) {
+	nk, err := loadNodeKey(tf.keyFile, tf.keyID, create)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !create {
+		if _, err := os.Stat(tf.store); err != nil {
+			return nil, nil, fmt.Errorf("block store: %w", err)
+		}
+	}
+	st, err := dirstore.Open(tf.store)
+	if err != nil {
+		return nil, nil, fmt.Errorf("block store %s: %w", tf.store, err)
+	}
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, repo, nil
+}
+
+func loadNodeKey(path, id string, create bool) (*blockstore.NodeKey, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) && create {
+		nk, raw, err := blockstore.GenerateNodeKey(id)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("node key: %w", err)
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("node key: %w", err)
+		}
+		_, err = f.WriteString(hex.EncodeToString(raw) + "\n")
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(path)
+			return nil, fmt.Errorf("node key %s: %w", path, err)
+		}
+		return nk, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node key: %w", err)
+	}
+	raw, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("node key %s: not hex: %w", path, err)
+	}
+	return blockstore.NewNodeKey(id, raw)
+}
+
+func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
+	var size, kind, tmp string
+	cmd := &cobra.Command{
+		Use:   "import NAME SOURCE",
+		Short: "Build an ext4 image from a directory, tarball, docker-archive, OCI layout or oci-archive and store it as a template",
+		Args:  exactArgs(2, "NAME SOURCE"),
+	}
+	cmd.Flags().StringVar(&size, "size", "1Gi", "device size of the image (a multiple of 64Ki)")
+	cmd.Flags().StringVar(&kind, "kind", "", "source kind: dir, tar, docker-archive, oci, oci-archive (default: detect)")
+	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent)")
+	cmd.RunE = c.action(named("template import"), func(ctx context.Context, args []string) error {
+		n, err := manager.ParseMemory(size)
+		if err != nil {
+			return usageError{err}
+		}
+		if n%blockstore.DefaultChunkSize != 0 {
+			return usageError{fmt.Errorf("--size %s: not a multiple of 64Ki", size)}
+		}
+		_, repo, err := tf.open(true)
+		if err != nil {
+			return err
+		}
+		if tmp == "" {
+			tmp = filepath.Dir(filepath.Clean(tf.store))
+		}
+		start := time.Now()
+		m, res, err := template.ImportSource(ctx, repo, args[0], template.Source{Kind: template.Kind(kind), Path: args[1]},
+			template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tmp)
+		if err != nil {
+			return err
+		}
+		for _, s := range res.Skipped {
+			fmt.Fprintf(c.stderr, "skipped %s: %s\n", s.Path, s.Reason)
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"name": args[0], "device_size": m.DeviceSize, "chunk_size": m.ChunkSize,
+				"data_chunks": len(m.Entries), "entries": res.Entries, "bytes": res.Bytes, "skipped": len(res.Skipped)})
+		}
+		fmt.Fprintf(c.stdout, "template %s: %d entries, file data %s, device %s, %d data chunks stored, %s\n", args[0], res.Entries,
+			manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), len(m.Entries), time.Since(start).Round(time.Millisecond))
+		return nil
+	})
+	return cmd
+}
+
+// progressPrinter reports an import on stderr: each phase as it starts and
+// the counts at most once a second within it.
+func (c *cli) progressPrinter() func(template.Progress) {
+	var phase string
+	var last time.Time
+	return func(p template.Progress) {
+		if p.Phase == phase && time.Since(last) < time.Second {
+			return
+		}
+		phase, last = p.Phase, time.Now()
+		unit := "entries"
+		if p.Phase == "upload" || p.Phase == "stored" {
+			unit = "chunks"
+		}
+		fmt.Fprintf(c.stderr, "%s: %d %s, %s\n", p.Phase, p.Entries, unit, manager.FormatMemory(p.Bytes))
+	}
+}
+
+func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store", Args: noArgs}
+	cmd.RunE = c.action(fixed("template ls"), func(ctx context.Context, _ []string) error {
+		st, repo, err := tf.open(false)
+		if err != nil {
+			return err
+		}
+		infos, err := template.List(ctx, st, repo)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			if infos == nil {
+				infos = []template.Info{}
+			}
+			return c.printJSON(infos)
+		}
+		if len(infos) == 0 {
+			fmt.Fprintln(c.stdout, "no templates")
+			return nil
+		}
+		w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "NAME\tSIZE\tDATA CHUNKS")
+		for _, i := range infos {
+			fmt.Fprintf(w, "%s\t%s\t%d\n", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks)
+		}
+		return w.Flush()
+	})
+	return cmd
+}
+
+func (c *cli) templateRmCommand(tf *templateFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "rm NAME", Short: "Remove a template no sandbox generation is built over", Args: exactArgs(1, "NAME")}
+	cmd.RunE = c.action(named("template rm"), func(ctx context.Context, args []string) error {
+		st, repo, err := tf.open(false)
+		if err != nil {
+			return err
+		}
+		if err := template.Remove(ctx, st, repo, args[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "removed template %s\n", args[0])
+		return nil
+	})
+	return cmd
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCLITemplate(t *testing.T) {
+	for _, b := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Fatalf("%s not installed (e2fsprogs): %v", b, err)
+		}
+	}
+	dir := t.TempDir()
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "etc/", Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/motd", Mode: 0o644, Size: 5})
+	tw.Write([]byte("hello"))
+	tw.Close()
+	src := filepath.Join(dir, "tree.tar")
+	if err := os.WriteFile(src, tb.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--store", filepath.Join(dir, "store"), "--node-key", filepath.Join(dir, "node.key")}
+	tmpl := func(args ...string) result {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append(append([]string{"template"}, args...), flags...), strings.NewReader(""), &out, &errb, func(string) string { return "" })
+		return result{code, out.String(), errb.String()}
+	}
+
+	if r := tmpl("ls"); r.code == 0 {
+		t.Fatalf("ls before any import (no key, no store): exit 0: %s", r.stdout)
+	}
+	r := tmpl("import", "base", src, "--size", "16Mi")
+	if r.code != 0 {
+		t.Fatalf("import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "template base: 2 entries, file data 5, device 16Mi") || !strings.Contains(r.stderr, "unpack:") || !strings.Contains(r.stderr, "stored:") {
+		t.Errorf("import output:\nstdout: %s\nstderr: %s", r.stdout, r.stderr)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "node.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("node key not created 0600: %v", err)
+	}
+	if r := tmpl("ls"); r.code != 0 || !strings.Contains(r.stdout, "base") || !strings.Contains(r.stdout, "16Mi") {
+		t.Errorf("ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tmpl("import", "base", src, "--size", "16Mi"); r.code != exitError || !strings.Contains(r.stderr, "template exists") {
+		t.Errorf("second import: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tmpl("import", "other", src, "--size", "1000000"); r.code != exitUsage {
+		t.Errorf("import with a size not a multiple of 64Ki: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tmpl("rm", "base"); r.code != 0 {
+		t.Errorf("rm: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tmpl("ls"); r.code != 0 || !strings.Contains(r.stdout, "no templates") {
+		t.Errorf("ls after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tmpl("rm", "base"); r.code != exitError || !strings.Contains(r.stderr, "template not found") {
+		t.Errorf("second rm: exit %d\n%s", r.code, r.stderr)
+	}
+	// Nothing of the builds is left beside the store.
+	es, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "node.key store tree.tar" {
+		t.Errorf("left in the work dir: %v", names)
+	}
+}

@@ -1,0 +1,225 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrTemplateExists: a template of that name is in the store already
+	// (templates are immutable; remove it first).
+	ErrTemplateExists = errors.New("template exists")
+	// ErrTemplateNotFound: no template of that name.
+	ErrTemplateNotFound = errors.New("template not found")
+	// ErrTemplateInUse: a sandbox generation is built over the template.
+	ErrTemplateInUse = errors.New("template in use")
+)
+
+// Import stores the image file at image as generation 0 of the template
+// volume name: only the chunks holding data are read (SEEK_DATA) and
+// uploaded, all-zero chunks stay holes. The size must be a multiple of the
+// chunk size. Nothing is visible until the manifest is written last; on an
+// error the template does not exist (at most unreferenced chunk objects,
+// which Remove deletes).
+func Import(ctx context.Context, repo *blockstore.Repo, name, image string, progress func(Progress)) (*blockstore.Manifest, error) {
+	vol := blockstore.Template(name)
+	if err := vol.Check(); err != nil {
+		return nil, fmt.Errorf("import template %q: %w", name, err)
+	}
+	f, err := os.Open(image)
+	if err != nil {
+		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	const cs = blockstore.DefaultChunkSize
+	size := fi.Size()
+	if !fi.Mode().IsRegular() || size <= 0 || size%cs != 0 {
+		return nil, fmt.Errorf("import template %s: image %s of %d bytes is not a regular file of a positive multiple of %d bytes", name, image, size, cs)
+	}
+	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs})
+	if errors.Is(err, blockstore.ErrExists) {
+		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			w.Abort()
+		}
+	}()
+	buf := make([]byte, cs)
+	var chunks int64
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole from off to the end
+		}
+		if err != nil {
+			return nil, fmt.Errorf("import template %s: seek data: %w", name, err)
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, fmt.Errorf("import template %s: seek hole: %w", name, err)
+		}
+		for c := data / cs * cs; c < hole; c += cs {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("import template %s: %w", name, err)
+			}
+			if _, err := f.ReadAt(buf, c); err != nil && !errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("import template %s: read %s: %w", name, image, err)
+			}
+			if err := w.WriteChunk(ctx, uint64(c/cs), buf); err != nil {
+				return nil, fmt.Errorf("import template %s: %w", name, err)
+			}
+			chunks++
+			if progress != nil {
+				progress(Progress{Phase: "upload", Entries: chunks, Bytes: c + cs})
+			}
+		}
+		off = (hole + cs - 1) / cs * cs
+	}
+	m, err := w.Commit(ctx)
+	committed = true
+	if errors.Is(err, blockstore.ErrExists) {
+		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	if progress != nil {
+		progress(Progress{Phase: "stored", Entries: chunks, Bytes: size})
+	}
+	return m, nil
+}
+
+// ImportSource builds src into an ext4 image (in tmpDir, removed after) and
+// imports it as template name.
+func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src Source, o ImageOptions, tmpDir string) (*blockstore.Manifest, ImageResult, error) {
+	if err := blockstore.Template(name).Check(); err != nil {
+		return nil, ImageResult{}, fmt.Errorf("import template %q: %w", name, err)
+	}
+	// Refuse before the (long) build, not only at the commit.
+	if gens, err := repo.Generations(ctx, blockstore.Template(name)); err != nil {
+		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, err)
+	} else if len(gens) > 0 {
+		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
+	}
+	dir, err := os.MkdirTemp(tmpDir, "template-import-")
+	if err != nil {
+		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	defer os.RemoveAll(dir)
+	img := filepath.Join(dir, "root.ext4")
+	res, err := BuildImage(ctx, src, img, o)
+	if err != nil {
+		return nil, res, err
+	}
+	m, err := Import(ctx, repo, name, img, o.Progress)
+	return m, res, err
+}
+
+// Info is one template of a store.
+type Info struct {
+	Name       string
+	DeviceSize uint64
+	ChunkSize  uint32
+	DataChunks int // chunks stored (the others are zeros)
+}
+
+// List returns the templates of the store, by name. A volume with objects
+// but no generation 0 (an import that did not finish) is left out.
+func List(ctx context.Context, store blockstore.Store, repo *blockstore.Repo) ([]Info, error) {
+	keys, err := store.List(ctx, string(blockstore.KindTemplate)+"/")
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	var out []Info
+	for _, k := range keys {
+		v, rest, ok := strings.Cut(strings.TrimPrefix(k, string(blockstore.KindTemplate)+"/"), "/")
+		if !ok || rest != fmt.Sprintf("gen/%020d", 0) {
+			continue
+		}
+		m, err := repo.Manifest(ctx, blockstore.GenRef{Volume: blockstore.Template(v)})
+		if err != nil {
+			return nil, fmt.Errorf("list templates: %w", err)
+		}
+		out = append(out, Info{Name: v, DeviceSize: m.DeviceSize, ChunkSize: m.ChunkSize, DataChunks: len(m.Entries)})
+	}
+	slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Remove deletes template name: refused while any sandbox generation has
+// it as parent; the manifest goes first (from then on the template does
+// not exist), then its chunks and its key. Removing what a crashed import
+// or remove left is allowed; a name with no object at all is
+// ErrTemplateNotFound.
+func Remove(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, name string) error {
+	vol := blockstore.Template(name)
+	if err := vol.Check(); err != nil {
+		return fmt.Errorf("remove template %q: %w", name, err)
+	}
+	keys, err := store.List(ctx, vol.String()+"/")
+	if err != nil {
+		return fmt.Errorf("remove template %s: %w", name, err)
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("remove template %s: %w", name, ErrTemplateNotFound)
+	}
+	users, err := store.List(ctx, string(blockstore.KindSandbox)+"/")
+	if err != nil {
+		return fmt.Errorf("remove template %s: %w", name, err)
+	}
+	for _, k := range users {
+		v, rest, ok := strings.Cut(strings.TrimPrefix(k, string(blockstore.KindSandbox)+"/"), "/")
+		if !ok || !strings.HasPrefix(rest, "gen/") {
+			continue
+		}
+		var g uint64
+		if _, err := fmt.Sscanf(strings.TrimPrefix(rest, "gen/"), "%d", &g); err != nil {
+			continue
+		}
+		ref := blockstore.GenRef{Volume: blockstore.Sandbox(v), Generation: g}
+		m, err := repo.Manifest(ctx, ref)
+		if err != nil {
+			// Fail closed: a manifest we cannot read might be a user.
+			return fmt.Errorf("remove template %s: check %s: %w", name, ref, err)
+		}
+		if m.Parent != nil && m.Parent.Volume == vol {
+			return fmt.Errorf("remove template %s: %w by %s", name, ErrTemplateInUse, ref)
+		}
+	}
+	// Manifests, then chunks, then the key: a crash midway leaves a
+	// template that List no longer shows and that Remove finishes.
+	rank := func(k string) int {
+		switch {
+		case strings.Contains(k, "/gen/"):
+			return 0
+		case strings.HasSuffix(k, "/key"):
+			return 2
+		}
+		return 1
+	}
+	slices.SortStableFunc(keys, func(a, b string) int { return rank(a) - rank(b) })
+	for _, k := range keys {
+		if err := store.Delete(ctx, k); err != nil {
+			return fmt.Errorf("remove template %s: %w", name, err)
+		}
+	}
+	return nil
+}
