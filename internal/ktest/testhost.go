@@ -67,6 +67,9 @@ type TestHost struct {
 
 	mu   sync.Mutex
 	hits []Hit
+	// stop closes the servers; wg waits for their goroutines.
+	stop []func()
+	wg   sync.WaitGroup
 }
 
 // Hit is one TCP connection accepted or UDP datagram received by a test
@@ -222,13 +225,11 @@ func NewTestHost(t testing.TB, opts TestHostOptions) *TestHost {
 		must(fmt.Sprintf("route to %v", r.Dst), root.RouteAdd(r))
 	}
 
-	var closers []func()
-	var wg sync.WaitGroup
 	t.Cleanup(func() {
-		for _, c := range closers {
+		for _, c := range h.stop {
 			c()
 		}
-		wg.Wait()
+		h.wg.Wait()
 	})
 	err = h.Netns.Do(func() error {
 		for _, p := range h.TCP {
@@ -236,28 +237,76 @@ func NewTestHost(t testing.TB, opts TestHostOptions) *TestHost {
 			if err != nil {
 				return err
 			}
-			closers = append(closers, serveTCP(h, ln, &wg))
+			h.stop = append(h.stop, serveTCP(h, ln, &h.wg))
 		}
-		// One UDP socket per address, so a hit says which was reached
-		// (a wildcard socket does not know a datagram's destination).
-		for _, p := range h.UDP {
-			for _, a := range []netip.Addr{h.Addr4, h.Other4, h.Addr6, h.Other6} {
-				pc, err := net.ListenPacket("udp", netip.AddrPortFrom(a, p).String())
-				if err != nil {
-					return err
-				}
-				closers = append(closers, func() { pc.Close() })
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					serveUDP(h, pc)
-				}()
-			}
-		}
-		return nil
+		return h.listenUDP(h.Addr4, h.Other4, h.Addr6, h.Other6)
 	})
 	must("start echo servers", err)
 	return h
+}
+
+// listenUDP starts a UDP echo server on each port of h.UDP at each of
+// addrs, one socket per address, so a hit says which was reached (a
+// wildcard socket does not know a datagram's destination). It runs inside
+// the host's netns.
+func (h *TestHost) listenUDP(addrs ...netip.Addr) error {
+	for _, p := range h.UDP {
+		for _, a := range addrs {
+			pc, err := net.ListenPacket("udp", netip.AddrPortFrom(a, p).String())
+			if err != nil {
+				return err
+			}
+			h.stop = append(h.stop, func() { pc.Close() })
+			h.wg.Add(1)
+			go func() {
+				defer h.wg.Done()
+				serveUDP(h, pc)
+			}()
+		}
+	}
+	return nil
+}
+
+// AddAddr gives the host one more address (on its lo, routed from the
+// test's netns via Addr4 or Addr6), served like the others: for a test
+// that needs a destination at a given address, e.g. the metadata service's
+// 169.254.169.254, so that only a firewall keeps a sandbox from it.
+func (h *TestHost) AddAddr(t testing.TB, a netip.Addr) {
+	t.Helper()
+	root, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatalf("netlink: %v", err)
+	}
+	defer root.Close()
+	in, err := netlink.NewHandleAt(h.Netns.Handle)
+	if err != nil {
+		t.Fatalf("netlink in test host netns: %v", err)
+	}
+	defer in.Close()
+	lo, err := in.LinkByName("lo")
+	if err != nil {
+		t.Fatalf("test host: find lo: %v", err)
+	}
+	outer, err := root.LinkByName(h.Link)
+	if err != nil {
+		t.Fatalf("test host: find %s: %v", h.Link, err)
+	}
+	host := &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+	na := &netlink.Addr{IPNet: host}
+	via := h.Addr4
+	if a.Is6() {
+		na.Flags = unix.IFA_F_NODAD
+		via = h.Addr6
+	}
+	if err := in.AddrAdd(lo, na); err != nil {
+		t.Fatalf("test host: add %v: %v", a, err)
+	}
+	if err := root.RouteAdd(&netlink.Route{LinkIndex: outer.Attrs().Index, Dst: host, Gw: via.AsSlice()}); err != nil {
+		t.Fatalf("test host: route %v via %v: %v", a, via, err)
+	}
+	if err := h.Netns.Do(func() error { return h.listenUDP(a) }); err != nil {
+		t.Fatalf("test host: UDP servers on %v: %v", a, err)
+	}
 }
 
 // serveTCP echoes on ln until the returned func closes it and every open
