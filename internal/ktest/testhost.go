@@ -65,8 +65,9 @@ type TestHost struct {
 	Gateway6, Addr6, Other6 netip.Addr
 	TCP, UDP                []uint16
 
-	mu   sync.Mutex
-	hits []Hit
+	mu    sync.Mutex
+	hits  []Hit
+	lines []Line
 	// stop closes the servers; wg waits for their goroutines.
 	stop []func()
 	wg   sync.WaitGroup
@@ -81,6 +82,21 @@ type Hit struct {
 }
 
 func (h Hit) String() string { return fmt.Sprintf("%s %v <- %v", h.Proto, h.Local, h.From) }
+
+// Line is one line a test host's TCP server received (and echoed), in the
+// order its connection delivered them: a test can prove that a connection
+// stopped carrying data.
+type Line struct {
+	Local, From netip.AddrPort
+	Text        string
+}
+
+// Lines returns the lines the host's TCP servers received so far.
+func (h *TestHost) Lines() []Line {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Line(nil), h.lines...)
+}
 
 // Hits returns what the host's servers received so far.
 func (h *TestHost) Hits() []Hit {
@@ -344,6 +360,9 @@ func serveTCP(h *TestHost, ln net.Listener, wg *sync.WaitGroup) func() {
 				sc := bufio.NewScanner(c)
 				for sc.Scan() {
 					line := strings.TrimRight(sc.Text(), "\r")
+					h.mu.Lock()
+					h.lines = append(h.lines, Line{Local: addrPort(c.LocalAddr()), From: addrPort(c.RemoteAddr()), Text: line})
+					h.mu.Unlock()
 					if _, err := fmt.Fprintf(c, "%s from %v\n", line, addrPort(c.RemoteAddr())); err != nil {
 						return
 					}
