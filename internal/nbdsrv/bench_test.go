@@ -1,8 +1,11 @@
 package nbdsrv_test
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"math"
 	mrand "math/rand/v2"
@@ -10,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,25 +44,34 @@ func BenchmarkVsQemuNbd(b *testing.B) {
 	overlay := filepath.Join(dir, "overlay.qcow2")
 	peer(b, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
 
-	servers := []struct{ name, uri string }{
-		{"ours (raw file)", serveFile(b, base, false).uri},
-		{"qemu-nbd raw", qemuNbd(b, "-f", "raw", "-r", base)},
-		{"qemu-nbd qcow2 overlay", qemuNbd(b, "-f", "qcow2", "-r", overlay)},
+	type server struct {
+		name, uri string
+		cpu       func() time.Duration // the server's CPU time so far
+	}
+	qr, qrCPU := qemuNbd(b, "-f", "raw", "-r", base)
+	qc, qcCPU := qemuNbd(b, "-f", "qcow2", "-r", overlay)
+	servers := []server{
+		{"ours (raw file)", serveFile(b, base, false).uri, selfCPU(b)},
+		{"qemu-nbd raw", qr, qrCPU},
+		{"qemu-nbd qcow2 overlay", qc, qcCPU},
 	}
 	for _, s := range servers {
 		peer(b, "nbdcopy", s.uri, "null:") // warm up
 	}
 	read := make([][]float64, len(servers))
 	iops := make([][]float64, len(servers))
+	cpu := make([][]float64, len(servers)) // server CPU ms per GiB read: load on the machine barely moves it
 	for range rounds {
 		for i, s := range servers {
+			c0 := s.cpu()
 			read[i] = append(read[i], mib/timed(b, "nbdcopy", s.uri, "null:").Seconds())
+			cpu[i] = append(cpu[i], float64((s.cpu() - c0).Milliseconds()))
 			iops[i] = append(iops[i], fioIOPS(b, s.uri))
 		}
 	}
 	for i, s := range servers {
-		b.Logf("%-22s nbdcopy read %6.0f MiB/s %v, fio randread 4k qd16 %6.0f IOPS %v, %s",
-			s.name, median(read[i]), rounded(read[i]), median(iops[i]), rounded(iops[i]), multiConn(b, s.uri))
+		b.Logf("%-22s nbdcopy read %6.0f MiB/s %v using %4.0f ms server CPU/GiB %v, fio randread 4k qd16 %6.0f IOPS %v, %s",
+			s.name, median(read[i]), rounded(read[i]), median(cpu[i]), rounded(cpu[i]), median(iops[i]), rounded(iops[i]), multiConn(b, s.uri))
 	}
 
 	// Writes, flushed at the end: disk speed counts here, alike for both.
@@ -66,7 +79,8 @@ func BenchmarkVsQemuNbd(b *testing.B) {
 	sparseFile(b, tOurs, size)
 	tQemu := filepath.Join(dir, "t-qemu.img")
 	sparseFile(b, tQemu, size)
-	wservers := []string{serveFile(b, tOurs, false).uri, qemuNbd(b, "-f", "raw", tQemu)}
+	qw, _ := qemuNbd(b, "-f", "raw", tQemu)
+	wservers := []string{serveFile(b, tOurs, false).uri, qw}
 	write := make([][]float64, 2)
 	for range rounds {
 		for i, u := range wservers {
@@ -77,8 +91,8 @@ func BenchmarkVsQemuNbd(b *testing.B) {
 		median(write[0]), rounded(write[0]), median(write[1]), rounded(write[1]))
 
 	ratio := func(m [][]float64, i int) float64 { return median(m[0]) / median(m[i]) }
-	b.Logf("ratios ours/qemu-nbd: seq read %.2fx (raw) %.2fx (qcow2 overlay); randread IOPS %.2fx (raw) %.2fx (qcow2 overlay); seq write %.2fx (raw)",
-		ratio(read, 1), ratio(read, 2), ratio(iops, 1), ratio(iops, 2), ratio(write, 1))
+	b.Logf("ratios ours/qemu-nbd: seq read %.2fx (raw) %.2fx (qcow2 overlay); randread IOPS %.2fx (raw) %.2fx (qcow2 overlay); seq write %.2fx (raw); server CPU per GiB read %.2fx (raw) %.2fx (qcow2 overlay)",
+		ratio(read, 1), ratio(read, 2), ratio(iops, 1), ratio(iops, 2), ratio(write, 1), ratio(cpu, 1), ratio(cpu, 2))
 	b.ReportMetric(ratio(read, 2), "seqread-x-qcow2")
 	b.ReportMetric(ratio(iops, 2), "randread-x-qcow2")
 	b.ReportMetric(ratio(read, 1), "seqread-x-raw")
@@ -124,8 +138,36 @@ func timed(tb testing.TB, name string, args ...string) time.Duration {
 	return time.Since(t0)
 }
 
-// qemuNbd starts qemu-nbd on a fresh Unix socket and returns its URI.
-func qemuNbd(tb testing.TB, args ...string) string {
+// selfCPU returns this process's CPU time (our server runs in it).
+func selfCPU(tb testing.TB) func() time.Duration {
+	return func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			tb.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+}
+
+// procCPU returns the CPU time of process pid (utime+stime of /proc/pid/stat).
+func procCPU(tb testing.TB, pid int) func() time.Duration {
+	return func() time.Duration {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// Fields after the parenthesized command name; utime and stime are
+		// fields 14 and 15 of the whole line, in clock ticks (USER_HZ 100).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		return time.Duration(ut+st) * 10 * time.Millisecond
+	}
+}
+
+// qemuNbd starts qemu-nbd on a fresh Unix socket and returns its URI and CPU
+// time.
+func qemuNbd(tb testing.TB, args ...string) (string, func() time.Duration) {
 	tb.Helper()
 	sock := filepath.Join(sockDir(tb), "q")
 	cmd := exec.Command("qemu-nbd", append([]string{"-k", sock, "-t", "-e", "16", "--cache=writeback", "--aio=threads"}, args...)...)
@@ -143,7 +185,7 @@ func qemuNbd(tb testing.TB, args ...string) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return "nbd+unix:///?socket=" + sock
+	return "nbd+unix:///?socket=" + sock, procCPU(tb, cmd.Process.Pid)
 }
 
 func fioIOPS(tb testing.TB, uri string) float64 {
