@@ -193,7 +193,9 @@ func sampleTree() ([]tent, map[string]node) {
 		{h: tar.Header{Typeflag: tar.TypeChar, Name: "dev-null", Mode: 0o666, Devmajor: 1, Devminor: 3}},
 		{h: tar.Header{Typeflag: tar.TypeFifo, Name: "fifo", Mode: 0o644}},
 		{h: tar.Header{Typeflag: tar.TypeReg, Name: "xattr-file", Mode: 0o644,
-			PAXRecords: map[string]string{"SCHILY.xattr.user.template": "yes"}}, content: "x"},
+			// trusted.* needs CAP_SYS_ADMIN: a non-root builder cannot set
+			// it on the stage, so debugfs must.
+			PAXRecords: map[string]string{"SCHILY.xattr.user.template": "yes", "SCHILY.xattr.trusted.ctld": "t1"}}, content: "x"},
 	}
 	d, r, l := uint32(syscall.S_IFDIR), uint32(syscall.S_IFREG), uint32(syscall.S_IFLNK)
 	want := map[string]node{
@@ -294,9 +296,7 @@ func TestBuildImageFromTar(t *testing.T) {
 			if !hardLinked(t, img, "/home/app/secret", "/home/app/hard") {
 				t.Errorf("home/app/hard is not a hard link of home/app/secret")
 			}
-			if ea := debugfs(t, img, "ea_get /xattr-file user.template"); !strings.Contains(ea, "yes") {
-				t.Errorf("xattr user.template of /xattr-file: debugfs ea_get says %q", ea)
-			}
+			checkXattrs(t, img)
 			wantSkipped := []Skipped{{"dev-null", "device node or fifo"}, {"fifo", "device node or fifo"}}
 			if !slices.Equal(res.Skipped, wantSkipped) {
 				t.Errorf("skipped %v, want %v", res.Skipped, wantSkipped)
@@ -364,9 +364,7 @@ func TestBuildImageNonRoot(t *testing.T) {
 	}
 	fsck(t, img)
 	compareTree(t, imageTree(t, img), want)
-	if ea := debugfs(t, img, "ea_get /xattr-file user.template"); !strings.Contains(ea, "yes") {
-		t.Errorf("xattr user.template of /xattr-file: debugfs ea_get says %q", ea)
-	}
+	checkXattrs(t, img)
 	if left := onlyFiles(t, work); !slices.Equal(left, []string{"root.ext4"}) {
 		t.Errorf("work dir holds %v, want only root.ext4", left)
 	}
@@ -480,5 +478,37 @@ func TestBuildImageFromBusyboxDir(t *testing.T) {
 	compareTree(t, tree, want)
 	if os.Geteuid() == 0 && (len(res.Skipped) != 1 || res.Skipped[0].Path != "dev/null") {
 		t.Errorf("skipped %v, want dev/null", res.Skipped)
+	}
+}
+
+func checkXattrs(t *testing.T, img string) {
+	t.Helper()
+	for name, want := range map[string]string{"user.template": "yes", "trusted.ctld": "t1"} {
+		if ea := debugfs(t, img, "ea_get /xattr-file "+name); !strings.Contains(ea, want) {
+			t.Errorf("xattr %s of /xattr-file: debugfs ea_get says %q, want %q", name, ea, want)
+		}
+	}
+}
+
+// TestBuildImageProgressLargeFile: one large file reports while it is
+// copied, not only when it is done.
+func TestBuildImageProgressLargeFile(t *testing.T) {
+	needTools(t)
+	src := filepath.Join(t.TempDir(), "t.tar")
+	if err := os.WriteFile(src, mkTar(t, []tent{{h: regH("big", 0o644, 0, 0), content: strings.Repeat("b", 40<<20)}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var during []int64
+	out := filepath.Join(t.TempDir(), "root.ext4")
+	_, err := BuildImage(t.Context(), Source{Path: src}, out, ImageOptions{Size: 64 << 20, Progress: func(p Progress) {
+		if p.Phase == "unpack" && p.Entries == 0 {
+			during = append(during, p.Bytes)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(during) != 2 || during[0] < 16<<20 || during[1] < 32<<20 {
+		t.Errorf("reports while copying a 40 MiB file: %v bytes, want two (past 16 and 32 MiB)", during)
 	}
 }

@@ -281,9 +281,17 @@ type countReader struct {
 	u *unpacker
 }
 
+// progressEvery is how much of one file is copied between reports, so a
+// single large file still shows progress.
+const progressEvery = 16 << 20
+
 func (c *countReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
+	before := c.u.bytes
 	c.u.bytes += int64(n)
+	if c.u.progress != nil && before/progressEvery != c.u.bytes/progressEvery {
+		c.u.progress(Progress{Phase: "unpack", Entries: c.u.entries, Bytes: c.u.bytes})
+	}
 	return n, err
 }
 
