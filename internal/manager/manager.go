@@ -175,7 +175,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	}
 	op, reused, err := m.Store.BeginClaim(ctx, ClaimIntent{
 		SandboxID: id, NodeID: node.Node.NodeID, OperationID: opID,
-		Resources: spec.Resources, RootFS: spec.RootFS, Request: request, NodeGeneration: nodeGen,
+		Resources: spec.Resources, RootFS: spec.RootFS, Network: spec.Network, Request: request, NodeGeneration: nodeGen,
 	})
 	if err != nil {
 		return CreateResult{}, err
@@ -524,8 +524,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 
 // UpdateNetwork replaces the network policy of the sandbox's running
 // generation on the node (a live update) and returns the node's view of
-// the sandbox after it. The manager's record keeps the policy the sandbox
-// was created with.
+// the sandbox after it. Once the node accepted it, the manager's record
+// of that generation holds the new policy (GenerationRecord.Network).
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error) {
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return api.Sandbox{}, err
@@ -533,7 +533,19 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p api.NetworkPol
 	if err := p.Validate(); err != nil {
 		return api.Sandbox{}, err
 	}
-	return m.Client.UpdateNetwork(ctx, id, p)
+	sb, err := m.Client.UpdateNetwork(ctx, id, p)
+	if err != nil {
+		return sb, err
+	}
+	if err := m.Store.SetNetwork(ctx, id, sb.Generation, p); err != nil {
+		if errdefs.CodeOf(err) != errdefs.CodeNotFound {
+			return sb, fmt.Errorf("the node applied the network policy of %s, but the manager did not record it: %w", id, err)
+		}
+		// A sandbox the store does not know (made by another manager):
+		// the node's record is all there is.
+		m.log().Warn("live update of a generation the manager does not know", "sandbox", id, "generation", sb.Generation)
+	}
+	return sb, nil
 }
 
 // Logs copies the output of the sandbox's main process to w (see

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -612,5 +613,45 @@ func TestCreateRetriesBusyAfterHint(t *testing.T) {
 	}
 	if fmt.Sprint(waits) != "[2s]" || again.OperationID != res.OperationID {
 		t.Fatalf("waits %v, op %s (first %s); want one 2s wait and the same operation id", waits, again.OperationID, res.OperationID)
+	}
+}
+
+// TestUpdateNetworkRecordsPolicy: after a live update the node accepted,
+// the manager's record of the generation holds the new policy (the
+// claim's before); an update the node refuses changes nothing.
+func TestUpdateNetworkRecordsPolicy(t *testing.T) {
+	ctx := context.Background()
+	m, _ := setup(t)
+	if _, err := m.Create(ctx, "sb1", testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	gen := func() GenerationRecord {
+		t.Helper()
+		gs, err := m.Store.Generations(ctx, "sb1")
+		if err != nil || len(gs) != 1 {
+			t.Fatalf("generations %+v, %v", gs, err)
+		}
+		return gs[0]
+	}
+	if g := gen(); !reflect.DeepEqual(g.Network, testSpec().Network) {
+		t.Fatalf("claimed generation's network %+v, want the spec's %+v", g.Network, testSpec().Network)
+	}
+	p := api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+	if _, err := m.UpdateNetwork(ctx, "sb1", p); err != nil {
+		t.Fatal(err)
+	}
+	if g := gen(); !reflect.DeepEqual(g.Network, p) {
+		t.Errorf("generation's network after the update %+v, want %+v", g.Network, p)
+	}
+	// Destroyed: the node refuses an update; the record keeps the last
+	// policy in force.
+	if _, err := m.Destroy(ctx, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.UpdateNetwork(ctx, "sb1", api.NetworkPolicy{Mode: api.NetworkOpen}); err == nil {
+		t.Fatal("update of a destroyed sandbox succeeded")
+	}
+	if g := gen(); !reflect.DeepEqual(g.Network, p) {
+		t.Errorf("a refused update changed the record: %+v", g.Network)
 	}
 }

@@ -82,6 +82,9 @@ var migrations = []string{
 		verify_error TEXT NOT NULL DEFAULT '',
 		FOREIGN KEY (sandbox_id, generation) REFERENCES generations(sandbox_id, generation)
 	);`,
+	// 2: the network policy in force for a generation (the claim's, then
+	// each live update's).
+	`ALTER TABLE generations ADD COLUMN network TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.
@@ -198,9 +201,12 @@ type GenerationRecord struct {
 	LeaseID     string           `json:"lease_id,omitempty"`
 	Resources   api.Resources    `json:"resources"`
 	RootFS      api.RootFS       `json:"rootfs"`
-	Timings     api.Timings      `json:"timings"`
-	CreatedAt   time.Time        `json:"created_at"`
-	EndedAt     *time.Time       `json:"ended_at,omitempty"`
+	// Network is the policy in force: the claim's, replaced by each live
+	// update the node accepted (Manager.UpdateNetwork).
+	Network   api.NetworkPolicy `json:"network"`
+	Timings   api.Timings       `json:"timings"`
+	CreatedAt time.Time         `json:"created_at"`
+	EndedAt   *time.Time        `json:"ended_at,omitempty"`
 }
 
 // OperationRecord is a mutating call to ctld, recorded before it is made.
@@ -387,13 +393,13 @@ func (s *Store) Sandboxes(ctx context.Context) ([]SandboxRecord, error) {
 	return out, rows.Err()
 }
 
-const generationSelect = `SELECT sandbox_id, generation, state, container_id, lease_id, resources, rootfs, timings, created_at, ended_at FROM generations`
+const generationSelect = `SELECT sandbox_id, generation, state, container_id, lease_id, resources, rootfs, network, timings, created_at, ended_at FROM generations`
 
 func scanGeneration(row rowScanner) (GenerationRecord, error) {
 	var r GenerationRecord
-	var res, rootfs, timings, created string
+	var res, rootfs, network, timings, created string
 	var ended sql.NullString
-	if err := row.Scan(&r.SandboxID, &r.Generation, &r.State, &r.ContainerID, &r.LeaseID, &res, &rootfs, &timings, &created, &ended); err != nil {
+	if err := row.Scan(&r.SandboxID, &r.Generation, &r.State, &r.ContainerID, &r.LeaseID, &res, &rootfs, &network, &timings, &created, &ended); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, notFound("generation not known to the manager")
 		}
@@ -402,6 +408,7 @@ func scanGeneration(row rowScanner) (GenerationRecord, error) {
 	if err := errors.Join(
 		json.Unmarshal([]byte(res), &r.Resources),
 		json.Unmarshal([]byte(rootfs), &r.RootFS),
+		json.Unmarshal([]byte(network), &r.Network),
 		json.Unmarshal([]byte(timings), &r.Timings),
 	); err != nil {
 		return r, fmt.Errorf("decode generation %s/%d: %w", r.SandboxID, r.Generation, err)
@@ -497,6 +504,7 @@ type ClaimIntent struct {
 	OperationID string // used only when no claim is pending
 	Resources   api.Resources
 	RootFS      api.RootFS
+	Network     api.NetworkPolicy
 	// Request is recorded with the operation (see OperationRecord).
 	Request json.RawMessage
 	// NodeGeneration is the newest generation the node reports for the
@@ -537,8 +545,9 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 		gen := max(sb.Generation, in.NodeGeneration) + 1
 		res, _ := json.Marshal(in.Resources)
 		rootfs, _ := json.Marshal(in.RootFS)
-		if _, err := tx.ExecContext(ctx, `INSERT INTO generations (sandbox_id, generation, state, resources, rootfs, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), now); err != nil {
+		network, _ := json.Marshal(in.Network)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO generations (sandbox_id, generation, state, resources, rootfs, network, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), string(network), now); err != nil {
 			return fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = NULLIF(?, '') WHERE id = ?`,
@@ -581,6 +590,26 @@ func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) er
 			return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
 		}
 		return finishOp(ctx, tx, opID, OpDone, "", now)
+	})
+}
+
+// SetNetwork records the network policy now in force for a generation
+// (after the node accepted a live update); not_found if the store does
+// not know the generation.
+func (s *Store) SetNetwork(ctx context.Context, id string, gen uint64, p api.NetworkPolicy) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("encode network policy: %w", err)
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE generations SET network = ? WHERE sandbox_id = ? AND generation = ?`, string(b), id, gen)
+		if err != nil {
+			return fmt.Errorf("record network policy of %s/%d: %w", id, gen, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return errors.Join(err, notFound("generation %s/%d not known to the manager", id, gen))
+		}
+		return nil
 	})
 }
 

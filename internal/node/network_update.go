@@ -19,8 +19,8 @@ var updateCrashPoints = []string{"netupdate:intended", "netupdate:applied", "net
 // generation (a live update, docs/network-design.md §6), without
 // restarting its guest: the new policy is journaled as intended on the
 // generation's record, applied in one nft transaction (the old policy or
-// the new one holds, never a mix), the flows it no longer allows are cut,
-// the DNS proxy learns it, and the record says it is done. A crash in
+// the new one holds, never a mix; the DNS proxy learns it just before),
+// the flows it no longer allows are cut, and the record says it is done. A crash in
 // between leaves the update intended; the next primary's reconcile does
 // it again (each step is idempotent). Setting the policy in force again
 // changes nothing.
@@ -83,19 +83,32 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 }
 
 // applyUpdate makes the kernel enforce s's intended update and journals
-// it done: nft (one transaction), then the cut of the flows it no longer
-// allows, then the DNS proxy. Reconcile calls it for an update a crash
-// left intended.
+// it done: the DNS proxy first, then nft (one transaction), then the cut
+// of the flows it no longer allows. Reconcile calls it for an update a
+// crash left intended.
 func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.Owner, pol netpolicy.Policy) (journal.Sandbox, error) {
 	log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 	eff := n.effective(o, pol)
 	if err := n.live(); err != nil {
 		return s, journalErr("network update of "+s.ID, err)
 	}
+	// The proxy answers by the new policy before nft applies it: Register
+	// returns after the old entry's last set addition, so no answer of a
+	// name the update removes lands in a set after the apply emptied it
+	// (where it would stay until its timeout, its flows not cut).
+	if n.d.DNSProxy != nil {
+		n.d.DNSProxy.Register(o, eff)
+	}
 	if err := n.d.Firewall.Apply(ctx, o, eff); err != nil {
 		// Apply is one transaction: the old policy still holds. Forget
-		// the intent, so the record says what the kernel enforces.
+		// the intent, so the record says what the kernel enforces, and
+		// give the proxy the old policy back.
 		log.Warn("network update not applied; the old policy holds", "err", err)
+		prev := s
+		prev.NetworkUpdate = nil
+		if old, perr := n.parsePolicy(policyOf(prev)); perr == nil && n.d.DNSProxy != nil {
+			n.d.DNSProxy.Register(o, n.effective(o, old))
+		}
 		if jerr := n.endUpdate(s, false); jerr != nil {
 			err = errors.Join(err, jerr)
 		}
@@ -111,9 +124,6 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 		// allows may live on: the update stays intended, so a retry (or
 		// the next primary) cuts them.
 		return s, errdefs.Errorf(errdefs.CodeUnavailable, "cut the flows the new policy of %s no longer allows: %v; retry the update", s.ID, err)
-	}
-	if n.d.DNSProxy != nil {
-		n.d.DNSProxy.Register(o, eff)
 	}
 	if err := n.endUpdate(s, true); err != nil {
 		return s, journalErr("journal network update of "+s.ID+" done", err)

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -192,4 +193,59 @@ func TestReleaseWaitsForUpdate(t *testing.T) {
 	r.pause = nil
 	r.checkProof("r1")
 	r.checkClean("after the update and the release")
+}
+
+// TestUpdateRemovingADomainName: a live update that removes one of two
+// names sharing a port profile (one domain set) takes the removed name's
+// resolved addresses out of the set at the update and cuts its flows,
+// also an answer the DNS proxy gives for it while the update is between
+// its nft apply and its end: the proxy answers by the new policy before
+// nft applies it.
+func TestUpdateRemovingADomainName(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	rule := func(name string) api.NetworkRule {
+		return api.NetworkRule{Domain: name, Protocol: "tcp", Ports: []string{"443"}}
+	}
+	req := claimReq("c1", 1)
+	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{rule("a.example"), rule("b.example")}}
+	r.mustClaim(sb, req)
+	slot := netpolicy.Slot(r.sandbox(sb).Slot)
+	ctx := t.Context()
+	a, late := netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("203.0.113.9")
+	if ok, err := k.DNSProxy().Answer(ctx, slot, "a.example", []netip.Addr{a}, time.Minute); !ok || err != nil {
+		t.Fatalf("answer of a.example before the update: %v %v", ok, err)
+	}
+	k.AddFlow(slot, fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.AddrPortFrom(a, 443)})
+	if !strings.Contains(k.String(), "element "+a.String()) {
+		t.Fatalf("a.example's answer is not in its set:\n%s", k.String())
+	}
+	var once sync.Once
+	r.pause = func(point string) {
+		if point == "netupdate:applied" {
+			once.Do(func() {
+				// The guest asks for the removed name right after the
+				// apply: the proxy must not let it in any more.
+				if ok, err := k.DNSProxy().Answer(ctx, slot, "a.example", []netip.Addr{late}, time.Minute); ok || err != nil {
+					t.Errorf("the proxy answered a.example by the old policy after the apply (ok %v, err %v)", ok, err)
+				}
+			})
+		}
+	}
+	defer func() { r.pause = nil }()
+	if _, err := r.n.UpdateNetwork(ctx, sb, api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{rule("b.example")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []netip.Addr{a, late} {
+		if strings.Contains(k.String(), "element "+addr.String()) {
+			t.Errorf("address %v of the removed name is still in a domain set after the update:\n%s", addr, k.String())
+		}
+	}
+	if fl := k.FlowsOf(slot); slices.ContainsFunc(fl, func(f fakekernel.Flow) bool { return f.Dst.Addr() == a }) {
+		t.Errorf("the flow to the removed name's address was not cut: %v", fl)
+	}
+	if ok, err := k.DNSProxy().Answer(ctx, slot, "b.example", []netip.Addr{netip.MustParseAddr("203.0.113.8")}, time.Minute); !ok || err != nil {
+		t.Errorf("b.example (kept) after the update: %v %v", ok, err)
+	}
 }

@@ -342,13 +342,14 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 		ch = &fwChain{}
 		k.chains[o.Chain()] = ch
 	}
-	ch.owner, ch.eff = o, eff
-	// Sets whose profile changed are recreated: their elements go.
+	// Sets whose profile (names, protocol, ports: the real firewall's
+	// rule comment) changed are emptied: their elements go.
 	for set := range ch.resolved {
-		if set >= len(eff.Domains) {
+		if set >= len(eff.Domains) || set >= len(ch.eff.Domains) || !sameDomainSet(ch.eff.Domains[set], eff.Domains[set]) {
 			delete(ch.resolved, set)
 		}
 	}
+	ch.owner, ch.eff = o, eff
 	k.fwd[o.Link()] = o.Chain()
 	k.call("nft apply %s %s", o.Chain(), eff.Mode)
 	return nil
@@ -571,6 +572,32 @@ func (d *DNSProxy) Unregister(slot netpolicy.Slot) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.dns, slot)
+}
+
+// Answer is what the proxy does with an answer of name for slot's
+// sandbox: the addresses go into the domain set of the registered policy
+// that allows name (exact or "*.suffix"); ok is false when none does.
+func (d *DNSProxy) Answer(ctx context.Context, slot netpolicy.Slot, name string, addrs []netip.Addr, ttl time.Duration) (ok bool, err error) {
+	k := d.k()
+	k.mu.Lock()
+	e, found := k.dns[slot]
+	k.mu.Unlock()
+	if !found {
+		return false, nil
+	}
+	for i, ds := range e.eff.Domains {
+		if slices.ContainsFunc(ds.Names, func(p string) bool {
+			suffix, wild := strings.CutPrefix(p, "*")
+			return p == name || wild && strings.HasSuffix(name, suffix)
+		}) {
+			return true, k.Firewall().AllowResolved(ctx, e.owner, i, addrs, ttl)
+		}
+	}
+	return false, nil
+}
+
+func sameDomainSet(a, b netpolicy.DomainSet) bool {
+	return a.Proto == b.Proto && slices.Equal(a.Names, b.Names) && slices.Equal(a.Ports, b.Ports)
 }
 
 // Registered reports whether slot has an entry.
