@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -46,54 +47,106 @@ func debugfs(t *testing.T, img, req string) string {
 	return string(out)
 }
 
+// debugfsBatch runs cmds in one debugfs process (one process per command
+// is slow under the VM's TCG) and returns each command's output.
+func debugfsBatch(t *testing.T, img string, cmds []string) []string {
+	t.Helper()
+	script := filepath.Join(t.TempDir(), "cmds")
+	if err := os.WriteFile(script, []byte(strings.Join(cmds, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("debugfs", "-f", script, img).Output()
+	if err != nil {
+		t.Fatalf("debugfs -f %s: %v", img, err)
+	}
+	// debugfs echoes each command as "debugfs: CMD" before its output.
+	parts := strings.Split("\n"+string(out), "\ndebugfs: ")[1:]
+	if len(parts) != len(cmds) {
+		t.Fatalf("debugfs answered %d of %d commands:\n%s", len(parts), len(cmds), out)
+	}
+	for i, p := range parts {
+		cmd, rest, _ := strings.Cut(p, "\n")
+		if cmd != cmds[i] {
+			t.Fatalf("debugfs output %d is for %q, want %q", i, cmd, cmds[i])
+		}
+		parts[i] = rest
+	}
+	return parts
+}
+
 // imageTree reads an ext4 image's whole tree with debugfs: `ls -l -p` per
 // directory (inode/mode/uid/gid/name/size), `stat` for symlink targets and
-// `cat` for file contents. lost+found, which mkfs adds, is left out.
+// `dump` for file contents. lost+found, which mkfs adds, is left out.
 func imageTree(t *testing.T, img string) map[string]node {
 	t.Helper()
 	tree := map[string]node{}
-	var walk func(dir string)
-	walk = func(dir string) {
-		for _, l := range strings.Split(debugfs(t, img, fmt.Sprintf("ls -l -p \"%s\"", dir)), "\n") {
-			f := strings.Split(l, "/")
-			if len(f) < 7 {
-				continue
-			}
-			name := f[5]
-			if name == "." || name == ".." || (dir == "/" && name == "lost+found") {
-				continue
-			}
-			mode, err := strconv.ParseUint(f[2], 8, 32)
-			if err != nil {
-				t.Fatalf("debugfs ls line %q: %v", l, err)
-			}
-			uid, _ := strconv.Atoi(f[3])
-			gid, _ := strconv.Atoi(f[4])
-			p := strings.TrimPrefix(dir+"/"+name, "/")
-			if dir == "/" {
-				p = name
-			}
-			n := node{Mode: uint32(mode), UID: uid, GID: gid}
-			full := "/" + p
-			switch mode & syscall.S_IFMT {
-			case syscall.S_IFDIR:
-				walk(full)
-			case syscall.S_IFLNK:
-				st := debugfs(t, img, fmt.Sprintf("stat \"%s\"", full))
-				_, after, ok := strings.Cut(st, "Fast link dest: \"")
-				if !ok {
-					t.Fatalf("no fast link dest for %s:\n%s", full, st)
-				}
-				n.Target, _, _ = strings.Cut(after, "\"\n")
-			case syscall.S_IFREG:
-				n.Content = debugfs(t, img, fmt.Sprintf("cat \"%s\"", full))
-			}
-			tree[p] = n
+	var links, files []string
+	for dirs := []string{"/"}; len(dirs) > 0; {
+		var cmds []string
+		for _, d := range dirs {
+			cmds = append(cmds, fmt.Sprintf("ls -l -p \"%s\"", d))
 		}
+		outs := debugfsBatch(t, img, cmds)
+		var next []string
+		for i, dir := range dirs {
+			for _, l := range strings.Split(outs[i], "\n") {
+				f := strings.Split(l, "/")
+				if len(f) < 7 {
+					continue
+				}
+				name := f[5]
+				if name == "." || name == ".." || (dir == "/" && name == "lost+found") {
+					continue
+				}
+				mode, err := strconv.ParseUint(f[2], 8, 32)
+				if err != nil {
+					t.Fatalf("debugfs ls line %q: %v", l, err)
+				}
+				uid, _ := strconv.Atoi(f[3])
+				gid, _ := strconv.Atoi(f[4])
+				p := strings.TrimPrefix(path.Join(dir, name), "/")
+				tree[p] = node{Mode: uint32(mode), UID: uid, GID: gid}
+				switch mode & syscall.S_IFMT {
+				case syscall.S_IFDIR:
+					next = append(next, "/"+p)
+				case syscall.S_IFLNK:
+					links = append(links, p)
+				case syscall.S_IFREG:
+					files = append(files, p)
+				}
+			}
+		}
+		dirs = next
 	}
-	walk("/")
-	root := debugfs(t, img, "stat /")
-	tree["."] = rootNode(t, root)
+	dumps := t.TempDir()
+	cmds := []string{"stat /"}
+	for _, p := range links {
+		cmds = append(cmds, fmt.Sprintf("stat \"/%s\"", p))
+	}
+	for i, p := range files {
+		cmds = append(cmds, fmt.Sprintf("dump \"/%s\" \"%s/%d\"", p, dumps, i))
+	}
+	outs := debugfsBatch(t, img, cmds)
+	tree["."] = rootNode(t, outs[0])
+	for i, p := range links {
+		_, after, ok := strings.Cut(outs[1+i], "Fast link dest: \"")
+		if !ok {
+			t.Fatalf("no fast link dest for %s:\n%s", p, outs[1+i])
+		}
+		n := tree[p]
+		line, _, _ := strings.Cut(after, "\n")
+		n.Target = strings.TrimSuffix(line, "\"")
+		tree[p] = n
+	}
+	for i, p := range files {
+		b, err := os.ReadFile(filepath.Join(dumps, strconv.Itoa(i)))
+		if err != nil {
+			t.Fatalf("dump of %s: %v", p, err)
+		}
+		n := tree[p]
+		n.Content = string(b)
+		tree[p] = n
+	}
 	return tree
 }
 
