@@ -675,6 +675,41 @@ func TestKernelDNSRedirect(t *testing.T) {
 			t.Errorf("%s: got through %v, want %v", c.name, c.got, c.want)
 		}
 	}
+	// The DNS-proxy flows (input path) carry the slot in their mark like
+	// the forwarded ones, so a flush by mark (the release's conntrack
+	// entry) leaves none of the sandbox's flows behind.
+	ct, err := conntrack.Dial(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	byMark := conntrack.NewFilter().Mark(uint32(sb.owner.Block.Slot)).MarkMask(DefaultMarkMask)
+	marked, err := ct.DumpFilter(byMark, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		dst   netip.Addr
+		proto uint8
+	}{{gw, protoUDP}, {gw, protoTCP}, {gw6, protoUDP}} {
+		if !slices.ContainsFunc(marked, func(f conntrack.Flow) bool {
+			return f.TupleOrig.IP.DestinationAddress == w.dst && f.TupleOrig.Proto.DestinationPort == 53 && f.TupleOrig.Proto.Protocol == w.proto
+		}) {
+			t.Errorf("no DNS-proxy flow to %v:53 (proto %d) with mark %d: %v", w.dst, w.proto, sb.owner.Block.Slot, marked)
+		}
+	}
+	if err := ct.FlushFilter(byMark); err != nil {
+		t.Fatal(err)
+	}
+	all, err := ct.Dump(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range all {
+		if src := f.TupleOrig.IP.SourceAddress; src == sb.owner.Block.Addr4 || src == sb.owner.Block.Addr6 {
+			t.Errorf("flow of the sandbox left after the flush by its mark: %v", f)
+		}
+	}
 }
 
 // TestKernelIPv6: IPv6 is policed like IPv4 (the allow set, other ports, spoofing).
@@ -731,6 +766,20 @@ func TestKernelReplaceKeepsResolvedAddresses(t *testing.T) {
 	apply(domain("example.org", "tcp", "8080"))
 	if sb.canConnect(8080) {
 		t.Error("a replace with other names kept the old names' resolved address")
+	}
+	// Two names of one port profile share a set; a replace that removes
+	// one of them (the profile stays) empties the set: an address cannot
+	// be told by the name it answered, so the other name re-resolves.
+	apply(domain("example.org", "tcp", "8080"), domain("example.net", "tcp", "8080"))
+	if err := n.fw.AllowResolved(ctx, sb.owner, 0, []netip.Addr{serverAddr}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if !sb.canConnect(8080) {
+		t.Fatal("resolved address of the shared set not reachable")
+	}
+	apply(domain("example.net", "tcp", "8080"))
+	if sb.canConnect(8080) {
+		t.Error("a replace that removed a name of the set (same profile) kept its resolved address")
 	}
 }
 

@@ -28,7 +28,7 @@ const (
 // BaseVersion is the layout version of the base chains. It is part of the
 // comment on the first rule of each base chain; Ensure replaces the base
 // rules when the comment differs (a new layout or a new configuration).
-const BaseVersion = 1
+const BaseVersion = 2 // 2: DNS-proxy flows go through the generation's chain (marked)
 
 // Names of the base objects.
 const (
@@ -185,14 +185,16 @@ func RenderBase(c Config) Base {
 				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{255}},
 			}, verdict(expr.VerdictAccept))},
 	}
+	// A new flow to the proxy goes to the generation's chain, as in
+	// forward: it marks the flow with the slot (so the release's flush and
+	// conntrack_gone cover DNS-proxy flows too) and accepts it. A link
+	// without a dispatch element (a carrier) falls through to the drop.
 	for _, proto := range []byte{protoUDP, protoTCP} {
-		input = append(input, Rule{Exprs: concat(l4proto(proto), dport(c.DNSPort),
+		input = append(input, Rule{Exprs: concat(l4proto(proto), dport(c.DNSPort), ctDNAT(),
 			[]expr.Any{
-				&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
-				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-					Mask: binaryutil.NativeEndian.PutUint32(ctStatusDNAT), Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
-			}, verdict(expr.VerdictAccept))})
+				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+				&expr.Lookup{SourceRegister: reg1, SetName: MapDispatch, DestRegister: regVerdict, IsDestRegSet: true},
+			})})
 	}
 	input = append(input, Rule{Exprs: concat([]expr.Any{&expr.Counter{}}, verdict(expr.VerdictDrop))})
 
@@ -320,6 +322,16 @@ func RenderGeneration(c Config, o netpolicy.Owner, eff netpolicy.Effective) (Gen
 			Mask: binaryutil.NativeEndian.PutUint32(^c.markMask()), Xor: binaryutil.NativeEndian.PutUint32(g.Mark)},
 		&expr.Ct{Key: expr.CtKeyMARK, Register: reg1, SourceRegister: true},
 	})
+	// The DNS proxy (the input chain sends its new flows here, marked
+	// above): redirected to the proxy's port on this node. Forwarded
+	// traffic never has a local destination.
+	for _, proto := range []byte{protoUDP, protoTCP} {
+		add("", l4proto(proto), dport(c.DNSPort), ctDNAT(), []expr.Any{
+			&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+			tx,
+		}, verdict(expr.VerdictAccept))
+	}
 
 	// Reserved ranges before the allow and domain sets.
 	for _, f := range []struct {
@@ -481,6 +493,16 @@ func dportRange(pr netpolicy.PortRange) []expr.Any {
 // netpolicy.LinkPrefix*: the comparison covers only the prefix's bytes.
 func ifPrefix(key expr.MetaKey, op expr.CmpOp) []expr.Any {
 	return []expr.Any{&expr.Meta{Key: key, Register: reg1}, &expr.Cmp{Op: op, Register: reg1, Data: []byte(netpolicy.LinkPrefix)}}
+}
+
+// ctDNAT matches a flow that was redirected (to the proxy).
+func ctDNAT() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ctStatusDNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+	}
 }
 
 func ctEstablished() []expr.Any {

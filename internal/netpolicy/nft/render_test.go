@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -118,12 +120,27 @@ func TestRenderRestricted(t *testing.T) {
 		t.Errorf("dns6 key %v", g.DNS6)
 	}
 
-	// Rule order: anti-spoofing v4 and v6, established, mark, x4, x6,
-	// a4, a6, the domain rules, the final drop.
+	// Rule order: anti-spoofing v4 and v6, established, mark, the DNS
+	// proxy (udp, tcp), x4, x6, a4, a6, the domain rules, the final drop.
 	rules := g.Chain.Rules
-	if n := len(rules); n != 11 {
-		t.Fatalf("%d rules, want 11", n)
+	if n := len(rules); n != 13 {
+		t.Fatalf("%d rules, want 13", n)
 	}
+	for _, i := range []int{4, 5} {
+		var fib bool
+		var local []byte
+		for j, e := range rules[i].Exprs {
+			if f, ok := e.(*expr.Fib); ok && f.FlagDADDR && f.ResultADDRTYPE && j+1 < len(rules[i].Exprs) {
+				fib = true
+				local = cmpData(rules[i].Exprs[j+1:], expr.CmpOpEq)
+			}
+		}
+		if v := last(rules[i].Exprs); !fib || !bytes.Equal(local, binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)) || v == nil || v.Kind != expr.VerdictAccept {
+			t.Errorf("rule %d is not the DNS proxy's (to a local address): %v", i, rules[i].Exprs)
+		}
+	}
+	// Past the DNS proxy's two rules, the rest as before.
+	rules = slices.Delete(slices.Clone(rules), 4, 6)
 	if c := cmpData(rules[0].Exprs, expr.CmpOpNeq); !bytes.Equal(c, o.Block.Addr4.AsSlice()) {
 		t.Errorf("rule 0 is not v4 anti-spoofing: %v", c)
 	}
@@ -244,7 +261,7 @@ func TestRenderRefusesBadInput(t *testing.T) {
 
 func TestRenderBase(t *testing.T) {
 	b := RenderBase(Config{DNSPort: 5353, Pool: unitPool})
-	if b.Version != "ctld base v1 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
+	if b.Version != "ctld base v2 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
 		t.Errorf("version %q", b.Version)
 	}
 	var chains []string
@@ -264,6 +281,16 @@ func TestRenderBase(t *testing.T) {
 	fwd := b.Chains[2].Rules[0].Exprs
 	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapDispatch || !l.IsDestRegSet || l.DestRegister != 0 {
 		t.Errorf("forward rule 0 is not the dispatch: %v", fwd)
+	}
+	// input: a new flow to the proxy goes to the generation's chain.
+	var toDispatch int
+	for _, r := range b.Chains[1].Rules {
+		if l, ok := r.Exprs[len(r.Exprs)-1].(*expr.Lookup); ok && l.SetName == MapDispatch && l.IsDestRegSet {
+			toDispatch++
+		}
+	}
+	if toDispatch != 2 {
+		t.Errorf("input has %d dispatch rules, want 2 (udp, tcp to the proxy)", toDispatch)
 	}
 	// pre: 4 redirects (v4 and v6, udp and tcp) to the proxy port.
 	if n := len(b.Chains[0].Rules); n != 4 {
