@@ -143,7 +143,7 @@ func (c *cli) networkCommand() *cobra.Command {
 	}
 	cmd.RunE = c.action(named("update network of sandbox"), func(ctx context.Context, args []string) error {
 		p, _ := nf.policy() // checked by PreRunE
-		m, done, err := c.manager(ctx, false)
+		m, done, err := c.manager(ctx, true)
 		if err != nil {
 			return err
 		}
