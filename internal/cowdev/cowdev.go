@@ -1,0 +1,450 @@
+// Package cowdev is the copy-on-write device of one attached sandbox: an
+// nbdsrv.Backend over a block-store generation (the base), a local sparse
+// dirty file and a local chunk cache.
+//
+// Reads of a chunk the sandbox wrote come from the dirty file; other chunks
+// come from the cache, or are fetched from the store once (verified by the
+// store's AEAD and keyed checksum) and cached; a hole in the manifest chain
+// reads as zeros. Writes go to the dirty file a whole chunk at a time: a
+// partial write of a clean chunk first copies the chunk's base in. Trim and
+// WriteZeroes mark whole chunks "zero" (a hole in the dirty file) and zero
+// partial ranges, so a trimmed range never reads as the base.
+//
+// Crash semantics: Sync fdatasyncs the dirty file, then atomically replaces
+// the index (chunk → clean, data, zero) beside it. After a crash, Open finds
+// the state of the last Sync that returned: every write, trim and zeroing
+// acknowledged before it. Writes not followed by a Sync may or may not show,
+// only in chunks that were already dirty (data) at the last Sync, and torn
+// as a disk's write may be; a chunk that was clean or zero at the last Sync
+// reads as the base or as zeros again.
+package cowdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/nbdsrv"
+)
+
+// Chunk states, as kept in memory and in the index.
+const (
+	stClean uint8 = 0 // the base generation's chunk
+	stData  uint8 = 1 // the dirty file's chunk
+	stZero  uint8 = 2 // zeros (trimmed or zeroed whole), hides the base
+)
+
+// File names inside Config.Dir.
+const (
+	dirtyName = "dirty"
+	indexName = "index"
+	cacheName = "cache"
+)
+
+// stripes bounds the per-chunk locks: chunk i is guarded by lock i%stripes.
+const stripes = 1024
+
+// Config describes a device.
+type Config struct {
+	Repo *blockstore.Repo
+	// Base is the generation the device writes over (the head).
+	Base blockstore.GenRef
+	// Dir holds the dirty file, its index and the chunk cache; it is
+	// created if missing. Re-opening the same Dir with the same Base finds
+	// what the last Sync acknowledged.
+	Dir string
+	// FetchTimeout bounds one chunk fetch from the store (default 1 min).
+	FetchTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// ErrMismatch: Dir holds the dirty state of another base or geometry.
+var ErrMismatch = errors.New("dirty state belongs to another base")
+
+// Device is the copy-on-write device. Safe for concurrent use.
+type Device struct {
+	ctx    context.Context // bounds store fetches; from Open
+	im     *blockstore.Image
+	cfg    Config
+	log    *slog.Logger
+	cs     int64
+	size   int64
+	dirty  *os.File
+	cache  *os.File
+	locks  [stripes]sync.RWMutex
+	zeroes []byte // one chunk of zeros, read-only
+
+	// stateMu guards state and version; state[i] changes only under
+	// chunk i's stripe lock too, so a holder of that lock may read it.
+	stateMu sync.RWMutex
+	state   []uint8
+	version uint64 // bumped on every state change
+	// cached[i] changes and is read only under chunk i's stripe lock.
+	cached []bool
+
+	syncMu    sync.Mutex // one Sync at a time
+	syncedVer uint64
+	fetches   uint64 // store fetches (for tests), under stateMu
+	closeOnce sync.Once
+}
+
+var _ nbdsrv.Backend = (*Device)(nil)
+
+// Open opens the device: the base generation's manifest chain, and the
+// dirty state in cfg.Dir (created empty the first time). ctx bounds the
+// device's store fetches for its whole life.
+func Open(ctx context.Context, cfg Config) (*Device, error) {
+	if cfg.Repo == nil || cfg.Dir == "" {
+		return nil, errors.New("cowdev: Repo and Dir are required")
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = time.Minute
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	im, err := cfg.Repo.Open(ctx, cfg.Base)
+	if err != nil {
+		return nil, fmt.Errorf("cowdev: %w", err)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cowdev: %w", err)
+	}
+	d := &Device{
+		ctx: ctx, im: im, cfg: cfg, log: log.With("base", cfg.Base.String()),
+		cs: int64(im.ChunkSize()), size: int64(im.DeviceSize()),
+		zeroes: make([]byte, im.ChunkSize()),
+	}
+	n := im.Chunks()
+	hdr := indexHeader{base: cfg.Base.String(), chunkSize: uint32(d.cs), deviceSize: uint64(d.size)}
+	state, err := readIndex(filepath.Join(cfg.Dir, indexName), hdr)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		state = make([]uint8, n)
+	case err != nil:
+		return nil, fmt.Errorf("cowdev: %w", err)
+	}
+	d.state = state
+	d.cached = make([]bool, n)
+	if d.dirty, err = openSized(filepath.Join(cfg.Dir, dirtyName), d.size, false); err != nil {
+		return nil, err
+	}
+	// The cache starts empty: its map is not kept across opens.
+	if d.cache, err = openSized(filepath.Join(cfg.Dir, cacheName), d.size, true); err != nil {
+		_ = d.dirty.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func openSized(path string, size int64, truncate bool) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("cowdev: %w", err)
+	}
+	if truncate {
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		err = f.Truncate(size)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cowdev: size %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Close closes the files; it does not Sync.
+func (d *Device) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		err = errors.Join(d.dirty.Close(), d.cache.Close())
+	})
+	return err
+}
+
+// Base is the generation the device writes over.
+func (d *Device) Base() blockstore.GenRef { return d.cfg.Base }
+
+// ChunkSize is the chunk size in bytes.
+func (d *Device) ChunkSize() int { return int(d.cs) }
+
+func (d *Device) Size() (int64, error) { return d.size, nil }
+
+func (d *Device) lock(i int64) *sync.RWMutex { return &d.locks[i%stripes] }
+
+func (d *Device) setState(i int64, s uint8) {
+	d.stateMu.Lock()
+	if d.state[i] != s {
+		d.state[i] = s
+		d.version++
+	}
+	d.stateMu.Unlock()
+}
+
+// span calls fn for each chunk of [off, off+n): chunk index, offset in the
+// chunk, and the span's offset from off and length.
+func (d *Device) span(off, n int64, fn func(i, in, at, l int64) error) error {
+	if off < 0 || n < 0 || off+n > d.size {
+		return fmt.Errorf("cowdev: range [%d,+%d) beyond device of %d bytes: %w", off, n, d.size, unix.EINVAL)
+	}
+	for at := int64(0); at < n; {
+		i, in := (off+at)/d.cs, (off+at)%d.cs
+		l := min(d.cs-in, n-at)
+		if err := fn(i, in, at, l); err != nil {
+			return err
+		}
+		at += l
+	}
+	return nil
+}
+
+func (d *Device) ReadAt(p []byte, off int64) (int, error) {
+	err := d.span(off, int64(len(p)), func(i, in, at, l int64) error {
+		return d.readChunk(i, in, p[at:at+l])
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (d *Device) readChunk(i, in int64, p []byte) error {
+	mu := d.lock(i)
+	mu.RLock()
+	switch d.state[i] {
+	case stData:
+		err := readFull(d.dirty, p, i*d.cs+in)
+		mu.RUnlock()
+		return err
+	case stZero:
+		mu.RUnlock()
+		clear(p)
+		return nil
+	}
+	if d.cached[i] {
+		err := readFull(d.cache, p, i*d.cs+in)
+		mu.RUnlock()
+		return err
+	}
+	mu.RUnlock()
+	// Fetch under the write lock: one fetch per chunk, however many
+	// readers wait for it.
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case d.state[i] == stData:
+		return readFull(d.dirty, p, i*d.cs+in)
+	case d.state[i] == stZero:
+		clear(p)
+		return nil
+	case d.cached[i]:
+		return readFull(d.cache, p, i*d.cs+in)
+	}
+	buf := make([]byte, d.cs)
+	if err := d.base(i, buf); err != nil {
+		return err
+	}
+	copy(p, buf[in:])
+	return nil
+}
+
+// base fills buf with chunk i of the base generation, from the cache or
+// the store (then cached). The caller holds chunk i's write lock.
+func (d *Device) base(i int64, buf []byte) error {
+	if d.cached[i] {
+		return readFull(d.cache, buf, i*d.cs)
+	}
+	if d.im.IsZero(uint64(i)) {
+		clear(buf)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.FetchTimeout)
+	defer cancel()
+	d.stateMu.Lock()
+	d.fetches++
+	d.stateMu.Unlock()
+	if err := d.im.ReadChunk(ctx, uint64(i), buf); err != nil {
+		// ErrCorrupt and store errors alike reach the client as EIO.
+		d.log.Error("fetch chunk", "chunk", i, "err", err)
+		return fmt.Errorf("cowdev: %w", err)
+	}
+	if _, err := d.cache.WriteAt(buf, i*d.cs); err != nil {
+		// The data is good; only the cache failed.
+		d.log.Warn("cache chunk", "chunk", i, "err", err)
+		return nil
+	}
+	d.cached[i] = true
+	return nil
+}
+
+func (d *Device) WriteAt(p []byte, off int64) (int, error) {
+	err := d.span(off, int64(len(p)), func(i, in, at, l int64) error {
+		return d.writeChunk(i, in, p[at:at+l])
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// writeChunk writes p (nil: zeros) at offset in of chunk i.
+func (d *Device) writeChunk(i, in int64, p []byte) error {
+	mu := d.lock(i)
+	mu.Lock()
+	defer mu.Unlock()
+	pos := i*d.cs + in
+	if d.state[i] == stData || int64(len(p)) == d.cs {
+		if p == nil {
+			p = d.zeroes[:0]
+		}
+		if _, err := d.dirty.WriteAt(p, pos); err != nil {
+			return fmt.Errorf("cowdev: write dirty chunk %d: %w", i, err)
+		}
+		d.setState(i, stData)
+		return nil
+	}
+	// Copy on write: the chunk's base (or zeros), then the write, as one
+	// whole chunk; the state says data only once it is all there.
+	buf := make([]byte, d.cs)
+	if d.state[i] == stClean {
+		if err := d.base(i, buf); err != nil {
+			return err
+		}
+	}
+	copy(buf[in:], p)
+	if _, err := d.dirty.WriteAt(buf, i*d.cs); err != nil {
+		return fmt.Errorf("cowdev: write dirty chunk %d: %w", i, err)
+	}
+	d.setState(i, stData)
+	return nil
+}
+
+func (d *Device) Trim(off, length int64) error { return d.zero(off, length) }
+
+// WriteZeroes zeroes the range; noHole is not kept (a zero chunk is a hole
+// in the dirty file and in the next generation either way).
+func (d *Device) WriteZeroes(off, length int64, noHole bool) error { return d.zero(off, length) }
+
+func (d *Device) zero(off, length int64) error {
+	return d.span(off, length, func(i, in, at, l int64) error {
+		if l == d.cs {
+			mu := d.lock(i)
+			mu.Lock()
+			defer mu.Unlock()
+			d.setState(i, stZero)
+			// Free the space; the state already reads as zeros, and a
+			// data chunk later written partially is rewritten whole.
+			if err := unix.Fallocate(int(d.dirty.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, i*d.cs, d.cs); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+				d.log.Warn("punch dirty chunk", "chunk", i, "err", err)
+			}
+			return nil
+		}
+		mu := d.lock(i)
+		mu.RLock()
+		st := d.state[i]
+		mu.RUnlock()
+		if st == stZero {
+			return nil
+		}
+		return d.writeChunk(i, in, d.zeroes[:l])
+	})
+}
+
+// Sync makes durable every write, trim and zeroing that returned before
+// it: the state is taken first (so it names only chunks whose bytes are
+// already in the dirty file), the dirty file is fdatasynced, then the
+// index is replaced atomically.
+func (d *Device) Sync() error {
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
+	d.stateMu.RLock()
+	ver := d.version
+	var snap []uint8
+	if ver != d.syncedVer {
+		snap = append([]uint8(nil), d.state...)
+	}
+	d.stateMu.RUnlock()
+	if err := unix.Fdatasync(int(d.dirty.Fd())); err != nil {
+		return fmt.Errorf("cowdev: fdatasync dirty file: %w", err)
+	}
+	if snap == nil {
+		return nil
+	}
+	hdr := indexHeader{base: d.cfg.Base.String(), chunkSize: uint32(d.cs), deviceSize: uint64(d.size)}
+	if err := writeIndex(filepath.Join(d.cfg.Dir, indexName), hdr, snap); err != nil {
+		return err
+	}
+	d.syncedVer = ver
+	return nil
+}
+
+// Dirty lists the chunks the device changed over its base (written or
+// zeroed), in increasing order.
+func (d *Device) Dirty() []uint64 {
+	d.stateMu.RLock()
+	defer d.stateMu.RUnlock()
+	var out []uint64
+	for i, s := range d.state {
+		if s != stClean {
+			out = append(out, uint64(i))
+		}
+	}
+	return out
+}
+
+// ChunkWriter takes chunks of a new generation; *blockstore.Writer is one.
+type ChunkWriter interface {
+	WriteChunk(ctx context.Context, i uint64, data []byte) error
+}
+
+// WriteDirty writes every dirty chunk to w (a zero chunk as nil: a hole
+// that hides the base), so a seal can commit them as a generation over
+// Base. Writes that race with it land or not chunk by chunk; a seal
+// quiesces the device first.
+func (d *Device) WriteDirty(ctx context.Context, w ChunkWriter) error {
+	buf := make([]byte, d.cs)
+	for _, i := range d.Dirty() {
+		mu := d.lock(int64(i))
+		mu.RLock()
+		st := d.state[i]
+		var err error
+		if st == stData {
+			err = readFull(d.dirty, buf, int64(i)*d.cs)
+		}
+		mu.RUnlock()
+		if err != nil {
+			return err
+		}
+		var data []byte
+		if st == stData {
+			data = buf
+		}
+		if err := w.WriteChunk(ctx, i, data); err != nil {
+			return fmt.Errorf("cowdev: seal chunk %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func readFull(f *os.File, p []byte, off int64) error {
+	n, err := f.ReadAt(p, off)
+	if errors.Is(err, io.EOF) && n == len(p) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("cowdev: read %s at %d: %w", f.Name(), off, err)
+	}
+	return nil
+}
