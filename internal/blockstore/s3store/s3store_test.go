@@ -22,7 +22,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore/storetest"
 )
 
-// Server is a versitygw S3 server the test started on loopback over a
+// server is a versitygw S3 server the test started on loopback over a
 // temp directory; it is stopped when the test ends.
 type server struct {
 	endpoint string
