@@ -1,0 +1,368 @@
+package cowdev_test
+
+// The device served through nbdsrv over a Unix socket and driven by NBD
+// peers none of us wrote (qemu-io, nbdcopy), and a writer killed with
+// SIGKILL after a flush.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/dirstore"
+	"github.com/ctld/ctld/internal/cowdev"
+	"github.com/ctld/ctld/internal/nbdsrv"
+)
+
+// TestMain runs the crash test's writer when re-executed as it (a child
+// run from TestMain, not a test that skips).
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		if err := crashChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+const childEnv = "COWDEV_TEST_CHILD" // store root|node key hex|dirty dir|socket
+
+// crashChild serves a device until it is killed.
+func crashChild() error {
+	parts := strings.Split(os.Getenv(childEnv), "|")
+	if len(parts) != 4 {
+		return fmt.Errorf("bad %s", childEnv)
+	}
+	repo, err := openRepo(parts[0], parts[1])
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	d, err := cowdev.Open(ctx, cowdev.Config{Repo: repo, Base: abRef, Dir: parts[2]})
+	if err != nil {
+		return err
+	}
+	srv, err := nbdsrv.New(nbdsrv.Export{Name: "test", Backend: d}, nbdsrv.Options{})
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("unix", parts[3])
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	return srv.Serve(ctx, l)
+}
+
+func openRepo(root, keyHex string) (*blockstore.Repo, error) {
+	ds, err := dirstore.Open(root)
+	if err != nil {
+		return nil, err
+	}
+	key, err := hex.DecodeString(keyHex)
+	if err != nil {
+		return nil, err
+	}
+	nk, err := blockstore.NewNodeKey("node-a", key)
+	if err != nil {
+		return nil, err
+	}
+	return blockstore.New(ds, nk, blockstore.Options{})
+}
+
+// needPeers fails (never skips) when an NBD peer is missing:
+// test/nbd/setup.sh installs them.
+func needPeers(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
+		}
+	}
+}
+
+// sockPath is a socket path in a short temp dir (108-byte limit).
+func sockPath(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "cowdev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return filepath.Join(d, "s")
+}
+
+// serve serves b on a fresh Unix socket until the test ends; it returns
+// the NBD URI.
+func serve(t testing.TB, b nbdsrv.Backend) string {
+	t.Helper()
+	srv, err := nbdsrv.New(nbdsrv.Export{Name: "test", Backend: b}, nbdsrv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := sockPath(t)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("Serve did not return")
+		}
+	})
+	return "nbd+unix:///?socket=" + sock
+}
+
+func peer(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func qemuIO(t testing.TB, uri string, cmds ...string) string {
+	t.Helper()
+	args := []string{"-f", "raw", "-d", "unmap"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	return peer(t, "qemu-io", append(args, uri)...)
+}
+
+// fillBase commits a template whose every byte is 0xab.
+func fillBase(t testing.TB, size int) *fixture {
+	t.Helper()
+	f := newFixture(t, 1) // a repo; its template is replaced below
+	f.base = bytes.Repeat([]byte{0xab}, size)
+	base := blockstore.GenRef{Volume: blockstore.Template("ab"), Generation: 0}
+	commit(t, f.repo, blockstore.CommitSpec{Generation: base, DeviceSize: uint64(size), ChunkSize: cs}, f.base)
+	return f
+}
+
+var abRef = blockstore.GenRef{Volume: blockstore.Template("ab"), Generation: 0}
+
+// qemu-io's writes (with FUA), flush, discard and write-zeroes (with and
+// without NO_HOLE), unaligned to chunks, read back right through NBD and
+// in a re-opened device.
+func TestQemuIOOverNBD(t *testing.T) {
+	needPeers(t, "qemu-io")
+	const size = 4 << 20
+	f := fillBase(t, size)
+	dir := t.TempDir()
+	d := open(t, f, abRef, dir)
+	uri := serve(t, d)
+	out := qemuIO(t, uri,
+		"read -P 0xab 0 4M",
+		"write -P 0xcd 1000 100k",
+		"write -f -P 0xce 1M 64k",
+		"flush",
+		"read -P 0xcd 1000 100k",
+		"read -P 0xab 0 1000",
+		"read -P 0xab 103400 10000",
+		"read -P 0xce 1M 64k",
+		"discard 2M 1M",
+		"read -P 0 2M 1M",
+		"discard 3200k 3000",
+		"read -P 0 3200k 3000",
+		"read -P 0xab 3279800 1",
+		"write -z 3300k 20k",
+		"read -P 0 3300k 20k",
+		"write -z -u 3500k 100k",
+		"read -P 0 3500k 100k",
+		"read -P 0xab 4095k 1k",
+		"flush",
+	)
+	if strings.Contains(out, "failed") || strings.Contains(out, "error") {
+		t.Fatalf("qemu-io reported a failure:\n%s", out)
+	}
+	if n := strings.Count(out, "read "); n != 11 {
+		t.Fatalf("qemu-io: %d reads reported, want 11:\n%s", n, out)
+	}
+	want := bytes.Clone(f.base)
+	copy(want[1000:], bytes.Repeat([]byte{0xcd}, 100<<10))
+	copy(want[1<<20:], bytes.Repeat([]byte{0xce}, 64<<10))
+	clear(want[2<<20 : 3<<20])
+	clear(want[3200<<10 : 3200<<10+3000])
+	clear(want[3300<<10 : 3320<<10])
+	clear(want[3500<<10 : 3600<<10])
+	same(t, "device after qemu-io", readAll(t, d), want)
+	same(t, "re-opened after qemu-io", readAll(t, open(t, f, abRef, dir)), want)
+}
+
+// nbdcopy (many requests in flight, several connections): the base comes
+// out byte-identical; an image copied in with --flush comes out identical,
+// also from a re-opened device.
+func TestNbdcopyImageInImageOut(t *testing.T) {
+	needPeers(t, "nbdcopy")
+	f := newFixture(t, 600) // 9.4 MiB: zero chunks, half-zero chunks, data
+	tmp := t.TempDir()
+	dir := t.TempDir()
+	d := open(t, f, tpl0, dir)
+	uri := serve(t, d)
+	out := filepath.Join(tmp, "out.img")
+	peer(t, "nbdcopy", uri, out)
+	sameFile(t, out, f.base)
+
+	img := pattern(int64(len(f.base)), 99)
+	in := filepath.Join(tmp, "in.img")
+	if err := os.WriteFile(in, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	peer(t, "nbdcopy", "--flush", in, uri)
+	peer(t, "nbdcopy", "--connections=1", "--request-size=4096", uri, out)
+	sameFile(t, out, img)
+	same(t, "re-opened after nbdcopy", readAll(t, open(t, f, tpl0, dir)), img)
+}
+
+func sameFile(t testing.TB, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(t, path, got, want)
+}
+
+// One flipped byte in a stored object: qemu-io's read of that chunk gets
+// an I/O error, never data; other chunks still read.
+func TestTamperedObjectIsEIOOverNBD(t *testing.T) {
+	needPeers(t, "qemu-io")
+	f := fillBase(t, 1<<20)
+	var objs []string
+	_ = filepath.WalkDir(f.root, func(p string, e os.DirEntry, err error) error {
+		if err == nil && !e.IsDir() && strings.Contains(p, "templates/ab/chunks/") {
+			objs = append(objs, p)
+		}
+		return nil
+	})
+	if len(objs) != 1 { // every chunk is the same content: one object
+		t.Fatalf("%d chunk objects, want 1", len(objs))
+	}
+	b, err := os.ReadFile(objs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-20] ^= 0x40
+	if err := os.WriteFile(objs[0], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	uri := serve(t, open(t, f, abRef, t.TempDir()))
+	args := []string{"-f", "raw", "-c", "read -P 0xab 16k 16k", uri}
+	o, _ := exec.Command("qemu-io", args...).CombinedOutput()
+	if !strings.Contains(string(o), "Input/output error") {
+		t.Fatalf("qemu-io read of a tampered chunk: want an I/O error, got:\n%s", o)
+	}
+	// A written chunk needs no object: it reads.
+	out := qemuIO(t, uri, "write -P 0x11 0 16k", "read -P 0x11 0 16k")
+	if strings.Contains(out, "failed") || strings.Contains(out, "error") {
+		t.Fatalf("qemu-io on a written chunk:\n%s", out)
+	}
+}
+
+// A writer killed with SIGKILL right after a flush: a re-open finds all
+// the flushed data (writes, a discard, write-zeroes, partial chunks).
+func TestKill9AfterFlushKeepsFlushedData(t *testing.T) {
+	needPeers(t, "qemu-io")
+	const size = 4 << 20
+	f := fillBase(t, size)
+	keyHex := writeNodeKey(t, f)
+	dir := t.TempDir()
+	sock := sockPath(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join([]string{f.root, keyHex, dir, sock}, "|"))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	uri := "nbd+unix:///?socket=" + sock
+	out := qemuIO(t, uri,
+		"write -P 0x5a 0 1M",
+		"write -P 0x5b 1500k 3000",
+		"discard 2M 512k",
+		"write -z 3M 10000",
+		"flush",
+	)
+	if strings.Contains(out, "failed") || strings.Contains(out, "error") {
+		t.Fatalf("qemu-io:\n%s", out)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed = true
+	err = cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die of SIGKILL: %v", err)
+	}
+	want := bytes.Clone(f.base)
+	copy(want, bytes.Repeat([]byte{0x5a}, 1<<20))
+	copy(want[1500<<10:], bytes.Repeat([]byte{0x5b}, 3000))
+	clear(want[2<<20 : 2<<20+512<<10])
+	clear(want[3<<20 : 3<<20+10000])
+	same(t, "re-opened after kill -9", readAll(t, open(t, f, abRef, dir)), want)
+}
+
+// writeNodeKey gives the fixture a node key the child can load: a new
+// repo over the same store, with the template re-committed under it.
+func writeNodeKey(t testing.TB, f *fixture) string {
+	t.Helper()
+	nk, key, err := blockstore.GenerateNodeKey("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	ds, err := dirstore.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.repo, err = blockstore.New(ds, nk, blockstore.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	f.root = root
+	commit(t, f.repo, blockstore.CommitSpec{Generation: abRef, DeviceSize: uint64(len(f.base)), ChunkSize: cs}, f.base)
+	return hex.EncodeToString(key)
+}
