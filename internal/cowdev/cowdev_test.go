@@ -157,6 +157,9 @@ func TestMatchesModel(t *testing.T) {
 			t.Fatal(err)
 		}
 		same(t, "range just changed", got, model[off:off+n])
+		// The whole device: a write must not lose the rest of its chunks
+		// (later writes would hide that if only the end were checked).
+		same(t, "device after a step", readAll(t, d), model)
 	}
 	same(t, "after random ops", readAll(t, d), model)
 	if err := d.Sync(); err != nil {
