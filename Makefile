@@ -55,7 +55,7 @@ E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|Test
 # stage runs them on the host, where they are ~20x faster than under TCG
 # (in the VM: TestCrashPoints 260-376 s, TestFailoverRandomized 65-90 s,
 # nbdsrv's interop tests 114 s, s3store's 108 s).
-VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store
+VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store internal/cowdev
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/node/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)'
 
