@@ -43,6 +43,14 @@ func testLinks(t *testing.T) *Links {
 	return &Links{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 }
 
+// kernelLinks starts a kernel test of Links: asked for (fails in the VM
+// when it cannot run), leaks checked when it ends.
+func kernelLinks(t *testing.T) (context.Context, *Links) {
+	ktest.Require(t)
+	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
+	return context.Background(), testLinks(t)
+}
+
 // linkState renders what the kernel holds for o: the host end (type,
 // alias, up, addresses, rp_filter) and the netns end (addresses, up,
 // routes), as text the tests compare whole.
@@ -159,10 +167,7 @@ func echoOn(t *testing.T, addr netip.AddrPort) {
 }
 
 func TestKernelLinksLifecycle(t *testing.T) {
-	ktest.Require(t)
-	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
-	ctx := context.Background()
-	l := testLinks(t)
+	ctx, l := kernelLinks(t)
 	ns := ktest.NewNetns(t)
 	o := testOwner(t, "sb-links", 3)
 	t.Cleanup(func() { _ = l.Remove(ctx, o.Link()) })
@@ -243,10 +248,7 @@ func TestKernelLinksLifecycle(t *testing.T) {
 // TestKernelLinksCheckGoneAlias: a link of another name with the
 // generation's alias, or an address of its block on any link, is a leak.
 func TestKernelLinksCheckGoneAlias(t *testing.T) {
-	ktest.Require(t)
-	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
-	ctx := context.Background()
-	l := testLinks(t)
+	ctx, l := kernelLinks(t)
 	o := testOwner(t, "sb-alias", 4)
 	d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "kt-alias"}}
 	if err := netlink.LinkAdd(d); err != nil {
@@ -279,10 +281,7 @@ func TestKernelLinksCheckGoneAlias(t *testing.T) {
 // TestKernelLinksRetry: Make completes or replaces what a crashed Make
 // left, and refuses to touch another generation's link.
 func TestKernelLinksRetry(t *testing.T) {
-	ktest.Require(t)
-	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
-	ctx := context.Background()
-	l := testLinks(t)
+	ctx, l := kernelLinks(t)
 
 	cases := []struct {
 		name string

@@ -161,15 +161,7 @@ func (n *node) sandbox(slot netpolicy.Slot) *sandbox {
 	s := &sandbox{n: n, owner: netpolicy.Owner{ID: fmt.Sprintf("kt-%d", slot), Generation: 1, Block: b}, ns: ktest.NewNetns(t)}
 	ktest.VethPair(t, ktest.Veth{Netns: netns.None(), Name: s.owner.Link(), Addr: netip.PrefixFrom(b.Gateway4, b.Net4.Bits()).String()},
 		ktest.Veth{Netns: s.ns.Handle, Name: "eth0", Addr: netip.PrefixFrom(b.Addr4, b.Net4.Bits()).String()})
-	h, err := netlink.NewHandleAt(s.ns.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, l := linkIn(t, s.ns.Handle, "eth0")
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(b.Gateway4.AsSlice())}); err != nil {
 		t.Fatalf("default route in %s: %v", s.owner.Link(), err)
 	}
@@ -198,19 +190,27 @@ func (s *sandbox) apply(p netpolicy.Policy) {
 	}
 }
 
-// addAddr6 adds an IPv6 address without duplicate address detection (so
-// it is usable at once) to the link name in ns.
-func addAddr6(t *testing.T, ns netns.NsHandle, name string, p netip.Prefix) {
+// linkIn is the link name in ns, and a netlink handle in ns (closed
+// when the test ends) to change it with.
+func linkIn(t *testing.T, ns netns.NsHandle, name string) (*netlink.Handle, netlink.Link) {
 	t.Helper()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
+	t.Cleanup(h.Close)
 	l, err := h.LinkByName(name)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("link %s: %v", name, err)
 	}
+	return h, l
+}
+
+// addAddr6 adds an IPv6 address without duplicate address detection (so
+// it is usable at once) to the link name in ns.
+func addAddr6(t *testing.T, ns netns.NsHandle, name string, p netip.Prefix) {
+	t.Helper()
+	h, l := linkIn(t, ns, name)
 	a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
 	if err := h.AddrAdd(l, a); err != nil {
 		t.Fatalf("add %v to %s: %v", p, name, err)
@@ -343,15 +343,7 @@ func TestKernelApplyEnforcesPolicy(t *testing.T) {
 	// A spoofed source (an address the sandbox adds to its own link)
 	// is dropped even to an allowed destination.
 	spoof := netip.MustParseAddr("10.200.0.99")
-	h, err := netlink.NewHandleAt(sb.ns.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, l := linkIn(t, sb.ns.Handle, "eth0")
 	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 		t.Fatal(err)
 	}
