@@ -43,6 +43,20 @@ func testLinks(t *testing.T) *Links {
 	return &Links{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 }
 
+// staleEth0 adds a dummy named like the sandbox end (eth0) to ns: a link
+// there that is not the generation's peer.
+func staleEth0(t *testing.T, ns ktest.Netns) {
+	t.Helper()
+	in, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if err := in.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: PeerName}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // kernelLinks starts a kernel test of Links: asked for (fails in the VM
 // when it cannot run), leaks checked when it ends.
 func kernelLinks(t *testing.T) (context.Context, *Links) {
@@ -331,14 +345,7 @@ func TestKernelLinksRetry(t *testing.T) {
 				t.Fatal(err)
 			}
 			// An eth0 in the sandbox's netns that is not its peer.
-			in, err := netlink.NewHandleAt(ns.Handle)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer in.Close()
-			if err := in.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: PeerName}}); err != nil {
-				t.Fatal(err)
-			}
+			staleEth0(t, ns)
 			return 0
 		}},
 		{"a dummy of the link's name", func(t *testing.T, o Owner, ns, other ktest.Netns) int {
@@ -348,14 +355,7 @@ func TestKernelLinksRetry(t *testing.T) {
 			return 0
 		}},
 		{"a stale eth0 in the netns, no host end", func(t *testing.T, o Owner, ns, other ktest.Netns) int {
-			in, err := netlink.NewHandleAt(ns.Handle)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer in.Close()
-			if err := in.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: PeerName}}); err != nil {
-				t.Fatal(err)
-			}
+			staleEth0(t, ns)
 			return 0
 		}},
 	}
