@@ -9,14 +9,12 @@ package netbench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -312,7 +310,7 @@ type state struct {
 func (r *rig) state() state {
 	r.tb.Helper()
 	var s state
-	s.Ruleset = ruleset(r.tb)
+	s.Ruleset = ktest.NftRuleset(r.tb)
 	root, err := vnl.NewHandle()
 	if err != nil {
 		r.tb.Fatal(err)
@@ -393,56 +391,4 @@ func diff(before, after state) []string {
 	one("mounts", before.Mounts, after.Mounts)
 	one("conntrack", before.Conntrack, after.Conntrack)
 	return out
-}
-
-// ruleset is `nft -j list ruleset`, one canonical JSON string per entry,
-// without the metainfo entry and with every counter's packets and bytes
-// zeroed: the base chains' anonymous counters count the sandboxes'
-// dropped packets (router solicitations to the node, for one), which a
-// run changes without leaving anything behind.
-func ruleset(tb testing.TB) []string {
-	tb.Helper()
-	out, err := exec.Command("nft", "-j", "list", "ruleset").Output()
-	if err != nil {
-		tb.Fatalf("nft -j list ruleset: %v", err)
-	}
-	var doc struct {
-		Nftables []map[string]any `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		tb.Fatalf("nft -j list ruleset: %v", err)
-	}
-	var entries []string
-	for _, e := range doc.Nftables {
-		if _, ok := e["metainfo"]; ok {
-			continue
-		}
-		zeroCounters(e)
-		b, err := json.Marshal(e) // maps marshal with sorted keys
-		if err != nil {
-			tb.Fatal(err)
-		}
-		entries = append(entries, string(b))
-	}
-	return entries
-}
-
-func zeroCounters(v any) {
-	switch v := v.(type) {
-	case map[string]any:
-		for k, x := range v {
-			if c, ok := x.(map[string]any); ok && k == "counter" {
-				for _, f := range []string{"packets", "bytes"} {
-					if _, ok := c[f]; ok {
-						c[f] = 0
-					}
-				}
-			}
-			zeroCounters(x)
-		}
-	case []any:
-		for _, x := range v {
-			zeroCounters(x)
-		}
-	}
 }
