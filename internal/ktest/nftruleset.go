@@ -17,11 +17,20 @@ func NftRuleset(tb testing.TB) []string {
 	if err != nil {
 		tb.Fatalf("nft -j list ruleset: %v", err)
 	}
+	entries, err := normalRuleset(out)
+	if err != nil {
+		tb.Fatalf("nft -j list ruleset: %v", err)
+	}
+	return entries
+}
+
+// normalRuleset is NftRuleset's form of `nft -j list ruleset` output.
+func normalRuleset(out []byte) ([]string, error) {
 	var doc struct {
 		Nftables []map[string]any `json:"nftables"`
 	}
 	if err := json.Unmarshal(out, &doc); err != nil {
-		tb.Fatalf("nft -j list ruleset: %v", err)
+		return nil, err
 	}
 	var entries []string
 	for _, e := range doc.Nftables {
@@ -31,11 +40,11 @@ func NftRuleset(tb testing.TB) []string {
 		zeroCounters(e)
 		b, err := json.Marshal(e) // maps marshal with sorted keys
 		if err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
 		entries = append(entries, string(b))
 	}
-	return entries
+	return entries, nil
 }
 
 func zeroCounters(v any) {
