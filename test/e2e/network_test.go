@@ -189,7 +189,14 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 		conn.Close()
 	}
 
-	req := claimReq("claim-net-r", 1)
+	// The probes run side by side: with the ptrace platform each guest
+	// process costs host tasks, beyond claimReq's 128 pids (the first
+	// run's probes ended in "WaitPID failed: EOF").
+	withRoom := func(r api.ClaimRequest) api.ClaimRequest {
+		r.Resources.PIDs, r.Resources.MemoryBytes = 1024, 512<<20
+		return r
+	}
+	req := withRoom(claimReq("claim-net-r", 1))
 	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
 		{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{"8080"}},
 		{CIDR: host.Other4.String(), Protocol: "udp", Ports: []string{"5354"}},
@@ -197,7 +204,7 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 	if _, err := c.Claim(cx, "net-r", req); err != nil {
 		t.Fatalf("claim restricted: %v", err)
 	}
-	req = claimReq("claim-net-d", 1)
+	req = withRoom(claimReq("claim-net-d", 1))
 	if _, err := c.Claim(cx, "net-d", req); err != nil {
 		t.Fatalf("claim deny_all: %v", err)
 	}
