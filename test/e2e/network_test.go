@@ -309,3 +309,155 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 		}
 	}
 }
+
+// lastNumbered is the highest n of the lines "<prefix><n>..." in text.
+func lastNumbered(text, prefix string) int {
+	last := 0
+	for _, l := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(l, prefix); ok {
+			var n int
+			if _, err := fmt.Sscanf(rest, "%d", &n); err == nil && n > last {
+				last = n
+			}
+		}
+	}
+	return last
+}
+
+// hostLast is the highest n of the lines "<prefix><n>" the test host
+// received on dst.
+func hostLast(h *ktest.TestHost, dst netip.AddrPort, prefix string) int {
+	var text strings.Builder
+	for _, l := range h.Lines() {
+		if l.Local == dst {
+			text.WriteString(l.Text + "\n")
+		}
+	}
+	return lastNumbered(text.String(), prefix)
+}
+
+// waitFor polls cond until it holds or d passes; what says what was
+// waited for, state what there was instead.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool, state func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s; instead: %s", d, what, state())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestNetworkLiveUpdateOpenConnections: a runsc guest holds two TCP
+// connections open, each sending a numbered line a second that the test
+// host echoes; a live update removes one destination. The connection to
+// the destination that stays allowed lives on (same conntrack flow, it
+// keeps echoing); the other is cut: its conntrack flow is deleted and the
+// host receives nothing more on it while the guest keeps sending.
+func TestNetworkLiveUpdateOpenConnections(t *testing.T) {
+	e := newEnv(t)
+	host := ktest.NewTestHost(t, ktest.TestHostOptions{})
+	e.start("a")
+	e.waitPrimary("a", 2*time.Minute) // a starved CI VM took 50 s
+	c := e.client()
+	cx := ctx(t, 10*time.Minute)
+	start := time.Now()
+
+	keepDst, cutDst := netip.AddrPortFrom(host.Addr4, 8080), netip.AddrPortFrom(host.Other4, 8080)
+	rule := func(a netip.AddrPort) api.NetworkRule {
+		return api.NetworkRule{CIDR: a.Addr().String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(a.Port())}}
+	}
+	req := withNetRoom(claimReq("claim-net-u", 1))
+	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{rule(keepDst), rule(cutDst)}}
+	if _, err := c.Claim(cx, "net-u", req); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	g := e.guestNetOf(cx, "net-u")
+	claimed := time.Now()
+
+	// Two connections, one line a second each, for at most 3 minutes.
+	conn := func(prefix string, dst netip.AddrPort) string {
+		return fmt.Sprintf("(i=0; while [ $i -lt 180 ]; do i=$((i+1)); echo %s$i; sleep 1; done) | nc %s %d &\n", prefix, dst.Addr(), dst.Port())
+	}
+	var out lockedBuffer
+	scx, stop := context.WithCancel(cx)
+	streamDone := make(chan error, 1)
+	go func() {
+		_, err := c.ExecStream(scx, "net-u", api.ExecRequest{Args: []string{"/bin/sh", "-c", conn("keep", keepDst) + conn("cut", cutDst) + "wait\n"}}, &out, &out)
+		streamDone <- err
+	}()
+	streamOpen := true
+	endStream := func() {
+		if streamOpen {
+			streamOpen = false
+			stop()
+			<-streamDone
+		}
+	}
+	defer endStream()
+	state := func() string {
+		return fmt.Sprintf("guest output %q; host lines %v", out.String(), host.Lines())
+	}
+	waitFor(t, 3*time.Minute, "both connections to echo a line", func() bool {
+		return lastNumbered(out.String(), "keep") > 0 && lastNumbered(out.String(), "cut") > 0
+	}, state)
+	flowOf := func(dst netip.AddrPort) (ktest.Flow, bool) {
+		fs, err := ktest.ConfirmedFlows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			if f.Proto == "tcp" && f.Dst == dst && slices.Contains(g.Addrs, f.Src.Addr()) {
+				return f, true
+			}
+		}
+		return ktest.Flow{}, false
+	}
+	keepFlow, ok := flowOf(keepDst)
+	if _, ok2 := flowOf(cutDst); !ok || !ok2 {
+		t.Fatalf("before the update: no conntrack flow to %v (%v) or %v (%v)", keepDst, ok, cutDst, ok2)
+	}
+
+	update := time.Now()
+	if _, err := c.UpdateNetwork(cx, "net-u", api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{rule(keepDst)}}); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	updated := time.Now()
+	// What had arrived when the update returned: the host reads its
+	// sockets at once; one more line may be in its socket's buffer.
+	keepAt, cutAt := hostLast(host, keepDst, "keep"), hostLast(host, cutDst, "cut")
+	if f, ok := flowOf(cutDst); ok {
+		t.Errorf("after the update the flow %v -> %v is still in conntrack: want it deleted", f.Src, f.Dst)
+	}
+	if f, ok := flowOf(keepDst); !ok || f != keepFlow {
+		t.Errorf("after the update the kept connection's flow is %v (%v), want %v", f, ok, keepFlow)
+	}
+	// The kept connection goes on: three more lines reach the host and
+	// echo back to the guest (without the cut, as many would reach the
+	// host on the other connection).
+	echoedAt := lastNumbered(out.String(), "keep")
+	waitFor(t, 3*time.Minute, "three more lines on the kept connection", func() bool {
+		return hostLast(host, keepDst, "keep") >= keepAt+3 && lastNumbered(out.String(), "keep") >= echoedAt+3
+	}, state)
+	// Meanwhile the guest went on sending on the other connection (its
+	// writer knows nothing of the update), and none of it arrived.
+	if got := hostLast(host, cutDst, "cut"); got > cutAt+1 {
+		t.Errorf("the host received line cut%d on the removed destination %v after the update (cut%d had arrived when it returned)", got, cutDst, cutAt)
+	}
+	if _, ok := flowOf(cutDst); ok {
+		t.Errorf("a flow to the removed %v was confirmed after the update", cutDst)
+	}
+	t.Logf("guest seconds: claim %.1fs, connections up %.1fs, update %.2fs, kept connection +3 lines %.1fs; host lines at the update keep%d cut%d, now keep%d cut%d",
+		claimed.Sub(start).Seconds(), update.Sub(claimed).Seconds(), updated.Sub(update).Seconds(), time.Since(updated).Seconds(),
+		keepAt, cutAt, hostLast(host, keepDst, "keep"), hostLast(host, cutDst, "cut"))
+
+	endStream()
+	rel, err := c.Release(cx, "net-u", api.ReleaseRequest{OperationID: "release-net-u", Generation: 1})
+	if err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if !rel.Proof.Clean {
+		t.Errorf("proof not clean: %+v", rel.Proof.Checks)
+	}
+}
