@@ -24,6 +24,7 @@ require (
 	go.etcd.io/bbolt v1.5.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.50.0
+	golang.org/x/term v0.46.0
 	modernc.org/sqlite v1.62.0
 )
 

@@ -29,3 +29,17 @@ func TestCLICreateDisk(t *testing.T) {
 		t.Fatalf("get does not show the disk lease:\n%s", out)
 	}
 }
+
+// TestCLIGetShowsWriter: a block-mode sandbox's get shows its writer
+// (device, pid, epoch, restarts) from the node; an overlay one has none.
+func TestCLIGetShowsWriter(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "b1", "--mode", "block")
+	e.ok("sandbox", "create", "o1")
+	if out := e.ok("sandbox", "get", "b1"); !strings.Contains(out, "  writer:     /dev/nbd0, pid 4242, epoch 1, restarts 0\n") {
+		t.Fatalf("get of a block sandbox does not show its writer:\n%s", out)
+	}
+	if out := e.ok("sandbox", "get", "o1"); strings.Contains(out, "writer:") {
+		t.Fatalf("get of an overlay sandbox shows a writer:\n%s", out)
+	}
+}

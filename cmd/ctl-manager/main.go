@@ -52,6 +52,8 @@ type cli struct {
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// term is the local terminal of exec -t (nil: the process's own).
+	term terminal
 
 	// ran is set once a command's action starts: an error before that is
 	// a usage error (bad flag, wrong argument count, unknown command).
@@ -101,7 +103,12 @@ func errorLine(err error) string {
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
+	return runCLI(ctx, &cli{stdin: stdin, stdout: stdout, stderr: stderr}, args, getenv)
+}
+
+// runCLI runs the command line with c's streams (and terminal).
+func runCLI(ctx context.Context, c *cli, args []string, getenv func(string) string) int {
+	stdin, stdout, stderr := c.stdin, c.stdout, c.stderr
 	root := c.rootCommand(getenv)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -144,12 +151,12 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	pf.IntVar(&c.busyRetries, "busy-retries", 3, "send a claim or exec the node refused as busy again, after its retry hint, this many times")
 
 	sandbox := group("sandbox", "Create, use and destroy sandboxes")
-	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand(), c.networkCommand())
+	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.shellCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand(), c.networkCommand())
 	node := group("node", "Inspect the node")
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
-	root.AddCommand(sandbox, node, proof, c.templateCommand())
+	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv))
 	return root
 }
 
@@ -346,64 +353,6 @@ func parseUser(s string) (*api.User, error) {
 	return &api.User{UID: uint32(uid), GID: uint32(gid)}, nil
 }
 
-func (c *cli) execCommand() *cobra.Command {
-	var env []string
-	var cwd string
-	var withStdin bool
-	var timeout int64
-	var user string
-	cmd := &cobra.Command{
-		Use:   "exec ID [flags] -- CMD [ARGS...]",
-		Short: "Run a command in a sandbox; exits with its exit code",
-		Args: func(cmd *cobra.Command, args []string) error {
-			before, after := splitDash(cmd, args)
-			if len(before) == 0 || len(args) < 2 {
-				return usageError{errors.New("sandbox exec needs an ID and a command: exec ID -- CMD [ARGS...]")}
-			}
-			if len(before) > 1 && len(after) > 0 {
-				return usageError{fmt.Errorf("sandbox exec takes one ID before \"--\", got %d", len(before))}
-			}
-			return nil
-		},
-	}
-	f := cmd.Flags()
-	f.StringArrayVar(&env, "env", nil, "environment (KEY=VALUE, repeatable)")
-	f.StringVar(&cwd, "cwd", "", "working directory")
-	f.BoolVarP(&withStdin, "stdin", "i", false, "send this process's stdin to the command")
-	f.Int64Var(&timeout, "exec-timeout", 0, "seconds the command may run (0: node default)")
-	f.StringVar(&user, "user", "", "run as UID[:GID] (numeric; GID defaults to UID); default: the sandbox's process user")
-	cmd.PreRunE = func(*cobra.Command, []string) error {
-		_, err := parseUser(user)
-		return err
-	}
-	cmd.RunE = c.action(named("exec in sandbox"), func(ctx context.Context, args []string) error {
-		id, argv := args[0], args[1:]
-		u, _ := parseUser(user) // checked by PreRunE
-		req := api.ExecRequest{Args: argv, Env: env, Cwd: cwd, TimeoutSec: timeout, User: u}
-		if withStdin {
-			b, err := io.ReadAll(c.stdin)
-			if err != nil {
-				return fmt.Errorf("read stdin: %w", err)
-			}
-			req.Stdin = b
-		}
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
-		code, err := m.Exec(ctx, id, req, c.stdout, c.stderr)
-		if err != nil {
-			return err
-		}
-		if code != 0 {
-			return exitCode(code)
-		}
-		return nil
-	})
-	return cmd
-}
-
 func (c *cli) lsCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "ls", Short: "List sandboxes (manager's record merged with the node's)", Args: noArgs}
 	cmd.RunE = c.action(fixed("list sandboxes"), func(ctx context.Context, _ []string) error {
@@ -495,6 +444,9 @@ func (c *cli) printDetail(id string, d manager.Detail) {
 		if n.Network != nil {
 			fmt.Fprintf(w, "  network:    %s\n", networkLine(n.Network, ""))
 		}
+		if wr := n.Writer; wr != nil {
+			fmt.Fprintf(w, "  writer:     %s, pid %d, epoch %d, restarts %d\n", dash(wr.Device), wr.PID, wr.Epoch, wr.Restarts)
+		}
 		if n.Reason != "" {
 			fmt.Fprintf(w, "  reason:     %s\n", n.Reason)
 		}
@@ -572,67 +524,6 @@ func verdictReason(v manager.Verdict) string {
 		return v.Reason
 	}
 	return "failed checks: " + strings.Join(v.FailedChecks, ", ")
-}
-
-func (c *cli) fileCommand() *cobra.Command {
-	file := group("file", "Read and write files inside a sandbox")
-	put := &cobra.Command{
-		Use:   "put ID PATH [LOCALFILE|-]",
-		Short: "Write a file inside the sandbox from LOCALFILE or stdin",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) < 2 || len(args) > 3 {
-				return usageError{fmt.Errorf("%s takes ID PATH [LOCALFILE|-], got %d arguments", cmd.CommandPath(), len(args))}
-			}
-			return nil
-		},
-	}
-	put.RunE = c.action(func(args []string) string { return "put file " + args[1] + " in sandbox " + args[0] }, func(ctx context.Context, args []string) error {
-		var data []byte
-		var err error
-		if len(args) == 3 && args[2] != "-" {
-			data, err = os.ReadFile(args[2])
-		} else {
-			data, err = io.ReadAll(c.stdin)
-		}
-		if err != nil {
-			return fmt.Errorf("read local data: %w", err)
-		}
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
-		if err := m.WriteFile(ctx, args[0], args[1], data); err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(map[string]any{"sandbox": args[0], "path": args[1], "bytes": len(data)})
-		}
-		fmt.Fprintf(c.stdout, "wrote %d bytes to %s:%s\n", len(data), args[0], args[1])
-		return nil
-	})
-	get := &cobra.Command{Use: "get ID PATH", Short: "Print a file from inside the sandbox", Args: exactArgs(2, "ID PATH")}
-	get.RunE = c.action(func(args []string) string { return "get file " + args[1] + " from sandbox " + args[0] }, func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
-		data, err := m.ReadFile(ctx, args[0], args[1])
-		if err != nil {
-			return err
-		}
-		if c.json {
-			// encoding/json renders []byte as base64, so binary files survive.
-			return c.printJSON(map[string]any{"sandbox": args[0], "path": args[1], "data": data})
-		}
-		if _, err := c.stdout.Write(data); err != nil {
-			return fmt.Errorf("write output: %w", err)
-		}
-		return nil
-	})
-	file.AddCommand(put, get)
-	return file
 }
 
 func (c *cli) logsCommand() *cobra.Command {

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/blockstore/dirstore"
+	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/template"
 )
@@ -24,15 +21,18 @@ import (
 // now the local directory store and the node key beside it.
 type templateFlags struct {
 	store   string
+	s3      storecfg.Config
 	keyFile string
 	keyID   string
+	getenv  func(string) string // the S3 credentials' environment
 }
 
-func (c *cli) templateCommand() *cobra.Command {
-	tf := &templateFlags{}
+func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
+	tf := &templateFlags{getenv: getenv}
 	g := group("template", "Import, list and remove block-mode RootFS templates (in the local block store)")
 	pf := g.PersistentFlags()
-	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store directory")
+	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store: a directory or s3://BUCKET[/PREFIX]")
+	tf.s3.Flags(pf)
 	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; import creates it, mode 0600, if missing)")
 	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
 	g.AddCommand(c.templateImportCommand(tf), c.templateLsCommand(tf), c.templateRmCommand(tf))
@@ -41,62 +41,26 @@ func (c *cli) templateCommand() *cobra.Command {
 
 // open returns the store and repo; create says a missing node key may be
 // made (import), otherwise it is an error.
-func (tf *templateFlags) open(create bool) (blockstore.Store, *blockstore.Repo, error) {
-	nk, err := loadNodeKey(tf.keyFile, tf.keyID, create)
+func (tf *templateFlags) open(ctx context.Context, create bool) (blockstore.Store, *blockstore.Repo, error) {
+	load := blockstore.LoadNodeKeyFile
+	if create {
+		load = blockstore.LoadOrCreateNodeKeyFile
+	}
+	nk, err := load(tf.keyFile, tf.keyID)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !create {
-		if _, err := os.Stat(tf.store); err != nil {
-			return nil, nil, fmt.Errorf("block store: %w", err)
-		}
-	}
-	st, err := dirstore.Open(tf.store)
+	sc := tf.s3
+	sc.Location = tf.store
+	st, err := sc.Open(ctx, create, tf.getenv)
 	if err != nil {
-		return nil, nil, fmt.Errorf("block store %s: %w", tf.store, err)
+		return nil, nil, err
 	}
 	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
 	if err != nil {
 		return nil, nil, err
 	}
 	return st, repo, nil
-}
-
-func loadNodeKey(path, id string, create bool) (*blockstore.NodeKey, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) && create {
-		nk, raw, err := blockstore.GenerateNodeKey(id)
-		if err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, fmt.Errorf("node key: %w", err)
-		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("node key: %w", err)
-		}
-		_, err = f.WriteString(hex.EncodeToString(raw) + "\n")
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(path)
-			return nil, fmt.Errorf("node key %s: %w", path, err)
-		}
-		return nk, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("node key: %w", err)
-	}
-	raw, err := hex.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("node key %s: not hex: %w", path, err)
-	}
-	return blockstore.NewNodeKey(id, raw)
 }
 
 func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
@@ -108,7 +72,7 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&size, "size", "1Gi", "device size of the image (a multiple of 64Ki)")
 	cmd.Flags().StringVar(&kind, "kind", "", "source kind: dir, tar, docker-archive, oci, oci-archive (default: detect)")
-	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent)")
+	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent; $TMPDIR for an S3 store)")
 	cmd.RunE = c.action(named("template import"), func(ctx context.Context, args []string) error {
 		n, err := manager.ParseMemory(size)
 		if err != nil {
@@ -117,11 +81,13 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		if n%blockstore.DefaultChunkSize != 0 {
 			return usageError{fmt.Errorf("--size %s: not a multiple of 64Ki", size)}
 		}
-		_, repo, err := tf.open(true)
+		_, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err
 		}
-		if tmp == "" {
+		if tmp == "" && strings.HasPrefix(tf.store, "s3://") {
+			tmp = os.TempDir()
+		} else if tmp == "" {
 			tmp = filepath.Dir(filepath.Clean(tf.store))
 		}
 		start := time.Now()
@@ -165,7 +131,7 @@ func (c *cli) progressPrinter() func(template.Progress) {
 func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store", Args: noArgs}
 	cmd.RunE = c.action(fixed("template ls"), func(ctx context.Context, _ []string) error {
-		st, repo, err := tf.open(false)
+		st, repo, err := tf.open(ctx, false)
 		if err != nil {
 			return err
 		}
@@ -196,7 +162,7 @@ func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
 func (c *cli) templateRmCommand(tf *templateFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "rm NAME", Short: "Remove a template no sandbox generation is built over", Args: exactArgs(1, "NAME")}
 	cmd.RunE = c.action(named("template rm"), func(ctx context.Context, args []string) error {
-		st, repo, err := tf.open(false)
+		st, repo, err := tf.open(ctx, false)
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ctld/ctld/internal/blockstore/s3store/s3test"
 )
 
 func TestCLITemplate(t *testing.T) {
@@ -74,5 +76,53 @@ func TestCLITemplate(t *testing.T) {
 	}
 	if strings.Join(names, " ") != "node.key store tree.tar" {
 		t.Errorf("left in the work dir: %v", names)
+	}
+}
+
+// TestCLITemplateS3: import, ls and rm work on an S3 block store
+// (versitygw), credentials from the environment; a wrong secret is
+// refused naming the cause.
+func TestCLITemplateS3(t *testing.T) {
+	for _, b := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Fatalf("%s not installed (e2fsprogs): %v", b, err)
+		}
+	}
+	srv := s3test.Start(t)
+	dir := t.TempDir()
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "motd", Mode: 0o644, Size: 5})
+	tw.Write([]byte("hello"))
+	tw.Close()
+	src := filepath.Join(dir, "tree.tar")
+	if err := os.WriteFile(src, tb.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--store", "s3://" + srv.NewBucket(t) + "/tpl", "--s3-endpoint", srv.Endpoint, "--node-key", filepath.Join(dir, "node.key"), "--tmp-dir", dir}
+	tmpl := func(secret string, args ...string) result {
+		var out, errb bytes.Buffer
+		vars := map[string]string{"AWS_ACCESS_KEY_ID": srv.Access, "AWS_SECRET_ACCESS_KEY": secret}
+		a := append(append([]string{"template"}, args...), flags...)
+		if args[0] != "import" {
+			a = a[:len(a)-2] // --tmp-dir is import's
+		}
+		code := run(context.Background(), a, strings.NewReader(""), &out, &errb, func(k string) string { return vars[k] })
+		return result{code, out.String(), errb.String()}
+	}
+	if r := tmpl("wrong", "import", "base", src, "--size", "16Mi"); r.code != exitError || !strings.Contains(r.stderr, "denied (bad credentials") {
+		t.Fatalf("import with a wrong secret: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tmpl(srv.Secret, "import", "base", src, "--size", "16Mi"); r.code != 0 || !strings.Contains(r.stdout, "template base: 1 entries, file data 5, device 16Mi") {
+		t.Fatalf("import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tmpl(srv.Secret, "ls"); r.code != 0 || !strings.Contains(r.stdout, "base") || !strings.Contains(r.stdout, "16Mi") {
+		t.Errorf("ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tmpl(srv.Secret, "rm", "base"); r.code != 0 {
+		t.Errorf("rm: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tmpl(srv.Secret, "ls"); r.code != 0 || !strings.Contains(r.stdout, "no templates") {
+		t.Errorf("ls after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

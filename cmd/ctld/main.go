@@ -29,7 +29,8 @@ type globalOpts struct {
 }
 
 func main() {
-	// Only `ctld run` handles SIGTERM/SIGINT (it drains its term first);
+	// Only `ctld run` and `ctld writer` handle SIGTERM/SIGINT (run drains its
+	// term first, writer releases its device);
 	// the other commands, the log writer among them, die of them as usual.
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -65,7 +66,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", "/var/lib/ctld", "state directory shared by slots a and b")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", "/run/ctld", "runtime directory (sockets, runsc state, bundles)")
-	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(&g), versionCmd(), logshimCmd())
+	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(&g), versionCmd(), logshimCmd(), writerCmd())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -79,6 +80,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	fmt.Fprintf(stderr, "ctld: %v\n", err)
+	if code, ok := asExitCode(err); ok {
+		return code
+	}
 	return exitError
 }
 

@@ -40,6 +40,7 @@ func TestRunUsageErrors(t *testing.T) {
 		{[]string{"run", "--slot", "c"}, `--slot must be a or b, got "c"`},
 		{[]string{"run", "--slot", "a", "--guest-oom-score-adj", "1001"}, "--guest-oom-score-adj must be between 0 and 1000, got 1001"},
 		{[]string{"run", "--slot", "a", "--max-concurrent-claims", "0"}, "--max-concurrent-claims and --max-concurrent-execs must be at least 1"},
+		{[]string{"run", "--slot", "a", "--max-file-bytes", "0"}, "--max-file-bytes must be at least 1"},
 		{[]string{"run", "--slot", "a", "--log-max-bytes", "1"}, "--log-max-bytes: "},
 		{[]string{"run", "--slot", "a", "--default-disk-bytes", "1"}, "--default-disk-bytes must be between"},
 		{[]string{"run", "--slot", "a", "--disk-project-base", "0"}, "--disk-project-base must be between"},
@@ -52,6 +53,15 @@ func TestRunUsageErrors(t *testing.T) {
 		{[]string{"run", "--slot", "a", "--dns-upstream", "resolver.example"}, `--dns-upstream "resolver.example"`},
 		{[]string{"run", "--slot", "a", "--net-max-rules", "0"}, "--net-max-rules must be between 1 and 256"},
 		{[]string{"run", "--slot", "a", "--warm-carriers", "-1"}, "--warm-carriers must not be negative"},
+		{[]string{"run", "--slot", "a", "--dns-element-min-ttl", "0s"}, "--dns-element-min-ttl must be between 1s and 1h0m0s, got 0s"},
+		{[]string{"run", "--slot", "a", "--dns-element-min-ttl", "2h"}, "--dns-element-min-ttl must be between 1s and 1h0m0s, got 2h0m0s"},
+		{[]string{"run", "--slot", "a", "--dns-element-min-ttl", "5"}, `invalid argument "5" for "--dns-element-min-ttl"`},
+		{[]string{"run", "--slot", "a", "--dns-element-grace", "500ms"}, "--dns-element-grace must be between 1s and 1h0m0s, got 500ms"},
+		{[]string{"run", "--slot", "a", "--dns-element-grace", "-1s"}, "--dns-element-grace must be between 1s and 1h0m0s, got -1s"},
+		{[]string{"run", "--slot", "a", "--agent-binary", dir + "/no-ctl-agent"}, "--agent-binary: the guest agent binary: stat " + dir + "/no-ctl-agent: no such file"},
+		{[]string{"run", "--slot", "a", "--agent-binary", "/bin/sh"}, "is dynamically linked"},
+		// Without the flag: ctl-agent beside the (test) binary, which has none.
+		{[]string{"run", "--slot", "a"}, "--agent-binary: the guest agent binary: stat "},
 	} {
 		args := append([]string{"--state-dir", dir + "/state", "--run-dir", dir + "/run"}, tc.args...)
 		r := ctld(t, args...)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
@@ -28,6 +29,8 @@ type netOpts struct {
 	resolvConf             string
 	maxRules               int
 	carriers               int
+	elementMinTTL          time.Duration
+	elementGrace           time.Duration
 }
 
 func (o *netOpts) flags(f *pflag.FlagSet) {
@@ -39,6 +42,8 @@ func (o *netOpts) flags(f *pflag.FlagSet) {
 	f.IntVar(&o.dnsPort, "dns-proxy-port", 10053, "port of the DNS proxy on the node; each sandbox's DNS to its gateway is redirected there")
 	f.StringSliceVar(&o.upstreams, "dns-upstream", nil, "resolver the DNS proxy forwards allowed names to, ADDR or ADDR:PORT (repeatable; default: the nameservers of --resolv-conf)")
 	f.StringVar(&o.resolvConf, "resolv-conf", "/etc/resolv.conf", "where the default --dns-upstream resolvers are read from")
+	f.DurationVar(&o.elementMinTTL, "dns-element-min-ttl", dnsproxy.DefaultElementMinTTL, fmt.Sprintf("floor of the TTL a resolved address stays allowed for (nft set element timeout: min(max(TTL, this), %v) + --dns-element-grace); raise it above the failover time plus a guest's lookup interval so short TTLs keep a destination open across a failover (1s-%v)", dnsproxy.MaxTTL, dnsproxy.MaxTTL))
+	f.DurationVar(&o.elementGrace, "dns-element-grace", dnsproxy.DefaultElementGrace, fmt.Sprintf("added to a resolved address's set element timeout so it outlives the guest's cache of the answer (1s-%v)", dnsproxy.MaxElementGrace))
 	f.IntVar(&o.carriers, "warm-carriers", 0, "warm network carriers (netns + veth + address, deny-all) kept ready so a claim only applies its policy; refilled in the background, bounded by the address pool; 0: none")
 	f.IntVar(&o.maxRules, "net-max-rules", netpolicy.DefaultMaxRules, fmt.Sprintf("most rules a sandbox's network policy may have (1-%d)", netpolicy.DefaultMaxRules))
 }
@@ -79,6 +84,12 @@ func (o netOpts) check() error {
 	pool, _ := o.pool()
 	if err := (nft.Config{Table: o.nftTable, DNSPort: uint16(o.dnsPort), Pool: pool}).Check(); err != nil {
 		return fmt.Errorf("--nft-table: %w", err)
+	}
+	if o.elementMinTTL < time.Second || o.elementMinTTL > dnsproxy.MaxTTL {
+		return fmt.Errorf("--dns-element-min-ttl must be between 1s and %v, got %v", dnsproxy.MaxTTL, o.elementMinTTL)
+	}
+	if o.elementGrace < time.Second || o.elementGrace > dnsproxy.MaxElementGrace {
+		return fmt.Errorf("--dns-element-grace must be between 1s and %v, got %v", dnsproxy.MaxElementGrace, o.elementGrace)
 	}
 	if o.carriers < 0 {
 		return fmt.Errorf("--warm-carriers must not be negative, got %d", o.carriers)
@@ -200,6 +211,7 @@ func buildNet(o netOpts, log *slog.Logger) (sandboxNet, error) {
 		}
 		sn.proxy, err = dnsproxy.New(dnsproxy.Config{
 			Listen: fmt.Sprintf(":%d", o.dnsPort), Pool: sn.pool, Upstreams: ss, Allower: sn.firewall, Logger: log,
+			ElementMinTTL: o.elementMinTTL, ElementGrace: o.elementGrace,
 		})
 	}
 	if err != nil {

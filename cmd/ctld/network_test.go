@@ -1,13 +1,16 @@
 package main
 
 import (
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 )
 
 // TestUpstreamResolvers: --dns-upstream wins; without it the nameservers
@@ -57,4 +60,22 @@ func (o netOpts) mustPool(t *testing.T) netpolicy.Pool {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestBuildNetElementTTL: the element floor and grace flags reach the DNS
+// proxy; their defaults keep its 5 s floor and 30 s grace.
+func TestBuildNetElementTTL(t *testing.T) {
+	o := netOpts{nftTable: "ctld", poolV4: "10.200.0.0/16", poolV4Bits: 31, dnsPort: 10053, upstreams: []string{"192.0.2.53"},
+		elementMinTTL: 10 * time.Minute, elementGrace: time.Second}
+	sn, err := buildNet(o, slog.New(slog.DiscardHandler))
+	if err != nil || sn.proxy == nil {
+		t.Fatalf("buildNet: %v, proxy %v", err, sn.proxy)
+	}
+	if got := sn.proxy.ElementTimeout(2); got != 10*time.Minute+time.Second {
+		t.Errorf("element timeout of a 2 s answer with --dns-element-min-ttl 10m --dns-element-grace 1s: %v, want 10m1s", got)
+	}
+	o.elementMinTTL, o.elementGrace = dnsproxy.DefaultElementMinTTL, dnsproxy.DefaultElementGrace
+	if sn, err = buildNet(o, slog.New(slog.DiscardHandler)); err != nil || sn.proxy.ElementTimeout(2) != 35*time.Second {
+		t.Errorf("defaults: %v, %v; want 35s", sn.proxy.ElementTimeout(2), err)
+	}
 }

@@ -47,6 +47,8 @@ type runOpts struct {
 	diskProjBase uint32
 	busybox      string
 	guestOOMAdj  int
+	// agentBinary is the static ctl-agent every guest runs as its init.
+	agentBinary string
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
@@ -58,11 +60,15 @@ type runOpts struct {
 	takeoverLimit time.Duration
 	// drainTimeout bounds the wait for in-flight work after the term.
 	drainTimeout time.Duration
+	// maxFileBytes caps a file streamed through the API's files routes.
+	maxFileBytes int64
 	// Withheld teardown retries: timer and first backoff step, and cap.
 	withheldRetry    time.Duration
 	withheldRetryMax time.Duration
 	// The sandbox network (network.go).
 	net netOpts
+	// Block-mode RootFS (block.go).
+	block blockOpts
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -81,6 +87,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if o.maxClaims < 1 || o.maxExecs < 1 {
 				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
 			}
+			if o.maxFileBytes < 1 {
+				return usagef("--max-file-bytes must be at least 1, got %d", o.maxFileBytes)
+			}
 			if o.retention.MaxAge < time.Minute || o.retention.MaxRecords < 1000 {
 				return usagef("--journal-retention must be at least 1m and --journal-retention-records at least 1000, got %v and %d",
 					o.retention.MaxAge, o.retention.MaxRecords)
@@ -96,6 +105,15 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if err := o.net.check(); err != nil {
 				return usagef("%w", err)
+			}
+			if err := o.block.check(); err != nil {
+				return usagef("%w", err)
+			}
+			if o.agentBinary == "" {
+				o.agentBinary = defaultAgentBinary()
+			}
+			if err := checkAgentBinary(o.agentBinary); err != nil {
+				return usagef("--agent-binary: %w", err)
 			}
 			if os.Geteuid() != 0 {
 				return errNotRoot
@@ -118,9 +136,11 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.reserveDisk, "reserve-disk-bytes", 1<<30, "scratch filesystem space kept back from disk leases (journal, templates, host)")
 	f.Int64Var(&o.defaultDisk, "default-disk-bytes", 1<<30, "disk lease of a claim that names no resources.disk_bytes")
 	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
+	f.StringVar(&o.agentBinary, "agent-binary", "", "the static ctl-agent every guest runs as its init (default: ctl-agent beside the ctld executable)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
 	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
+	f.Int64Var(&o.maxFileBytes, "max-file-bytes", apiserver.DefaultMaxStreamFileBytes, "largest file the API reads or writes in a sandbox (streamed, never held whole)")
 	f.DurationVar(&o.retention.MaxAge, "journal-retention", 24*time.Hour,
 		"how long finished generations, operation results and cleanup proofs stay in the journal: the idempotency window of an operation_id")
 	f.IntVar(&o.retention.MaxRecords, "journal-retention-records", 200000,
@@ -132,6 +152,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
 	o.net.flags(f)
+	o.block.flags(f)
 	return c
 }
 
@@ -173,6 +194,9 @@ func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("make dir %s: %w", d, err)
 		}
+	}
+	if err := o.block.probeStore(ctx, g.stateDir); err != nil {
+		return err
 	}
 	gid := groupID(o.group, log)
 	inst := &instance{status: ha.Status{Slot: o.slot, Role: ha.RoleStandby, Health: "ok", PID: os.Getpid(), Since: time.Now().UTC()}}
@@ -305,6 +329,9 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	// Withheld teardowns are retried on a timer for the whole term; each
 	// attempt is an operation of the term, so the drain waits for it.
 	go n.RetryWithheld(termCtx)
+	// A block generation's writer that dies is restarted on its device
+	// within the dead-connection timeout (node.WatchWriters).
+	go n.WatchWriters(termCtx)
 	if termCtx.Err() != nil {
 		log.Info("term ended during takeover", "cause", context.Cause(termCtx))
 		return nil
@@ -319,8 +346,9 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary, epoch %d", term.Epoch))
 	log.Info("primary: serving the API", "socket", apiLn.Addr().String(), "takeover_ms", time.Since(took).Milliseconds())
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
+	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
-		Service: n, Logger: log, AllowedGID: gid,
+		Service: n, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
 		Claims: apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
 		Execs:  apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
 	}
@@ -438,7 +466,14 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 			log.Warn("built-in busybox template unavailable", "err", err)
 		}
 	}
-	rt := &runsc.Runtime{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
+	// --host-uds=create: each guest's agent listens in its bind-mounted
+	// socket dir, and the node connects from the host.
+	rt := &runsc.Runtime{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, HostUDS: "create",
+		Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
+	agentBin, err := stageAgent(o.agentBinary, g.runDir)
+	if err != nil {
+		return nil, err
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own binary for the log writer: %w", err)
@@ -465,6 +500,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
 		Carriers:         o.net.carriers,
+		AgentBinary:      agentBin,
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.
@@ -479,6 +515,11 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Crash: crashHook(log), Term: term,
 	}
 	sn.deps(&d)
+	bcfg, bd, err := buildBlock(term, g.stateDir, o.cgroupRoot, filepath.Join(templates, "busybox"), o.block, log)
+	if err != nil {
+		return nil, fmt.Errorf("block mode: %w", err)
+	}
+	cfg.Block, d.Block, d.BlockMounts, d.Templates = bcfg, bd.Block, bd.BlockMounts, bd.Templates
 	return node.New(cfg, d), nil
 }
 

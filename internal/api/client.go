@@ -58,6 +58,12 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 // do sends one request. A transport per call keeps the zero value usable
 // and leaves no idle connection behind; the calls are few and local.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body io.Reader, header http.Header) (*http.Response, error) {
+	return c.doSized(ctx, method, path, query, body, -1, header)
+}
+
+// doSized is do with the body's length when the caller knows it (-1: as
+// net/http finds it).
+func (c *Client) doSized(ctx context.Context, method, path string, query url.Values, body io.Reader, size int64, header http.Header) (*http.Response, error) {
 	u := "http://ctld" + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
@@ -68,6 +74,12 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	for k, v := range header {
 		req.Header[k] = v
+	}
+	if size >= 0 {
+		req.ContentLength = size
+		if size == 0 {
+			req.Body = http.NoBody
+		}
 	}
 	tr := &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
@@ -126,6 +138,11 @@ func decodeError(resp *http.Response) error {
 
 // call sends in as JSON (when not nil) and decodes the JSON answer into out.
 func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	return c.callQuery(ctx, method, path, nil, in, out)
+}
+
+// callQuery is call with a query.
+func (c *Client) callQuery(ctx context.Context, method, path string, query url.Values, in, out any) error {
 	var body io.Reader
 	h := http.Header{"Accept": {"application/json"}}
 	if in != nil {
@@ -136,7 +153,7 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) err
 		body = bytes.NewReader(b)
 		h.Set("Content-Type", "application/json")
 	}
-	resp, err := c.do(ctx, method, path, nil, body, h)
+	resp, err := c.do(ctx, method, path, query, body, h)
 	if err != nil {
 		return err
 	}
@@ -192,6 +209,20 @@ func (c *Client) Exec(ctx context.Context, id string, r ExecRequest) (ExecResult
 // ExecStream runs a command, copying its output to stdout and stderr as it
 // comes, and returns its exit code.
 func (c *Client) ExecStream(ctx context.Context, id string, r ExecRequest, stdout, stderr io.Writer) (int, error) {
+	return c.execStream(ctx, id, nil, r, stdout, stderr)
+}
+
+// ExecViaRunsc is ExecStream through `runsc exec` instead of the guest
+// agent: the operator's fallback when the agent does not answer.
+func (c *Client) ExecViaRunsc(ctx context.Context, id string, r ExecRequest, stdout, stderr io.Writer) (int, error) {
+	return c.execStream(ctx, id, url.Values{"via": {ExecViaRunsc}}, r, stdout, stderr)
+}
+
+// ExecViaRunsc is the value of exec's "via" query parameter that runs the
+// command through `runsc exec`.
+const ExecViaRunsc = "runsc"
+
+func (c *Client) execStream(ctx context.Context, id string, query url.Values, r ExecRequest, stdout, stderr io.Writer) (int, error) {
 	p, err := sandboxPath(id, "exec")
 	if err != nil {
 		return -1, err
@@ -201,7 +232,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, r ExecRequest, stdou
 		return -1, fmt.Errorf("encode request: %w", err)
 	}
 	h := http.Header{"Accept": {ContentTypeSSE}, "Content-Type": {"application/json"}}
-	resp, err := c.do(ctx, http.MethodPost, p, nil, bytes.NewReader(b), h)
+	resp, err := c.do(ctx, http.MethodPost, p, query, bytes.NewReader(b), h)
 	if err != nil {
 		return -1, err
 	}
@@ -216,22 +247,14 @@ func (c *Client) ExecStream(ctx context.Context, id string, r ExecRequest, stdou
 	return code, err
 }
 
-// ReadFile returns the content of path inside the sandbox.
+// ReadFile returns the content of path inside the sandbox (ReadFileTo
+// into memory).
 func (c *Client) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
-	p, err := sandboxPath(id, "files")
-	if err != nil {
+	var b bytes.Buffer
+	if _, err := c.ReadFileTo(ctx, id, path, nil, &b); err != nil {
 		return nil, err
 	}
-	resp, err := c.do(ctx, http.MethodGet, p, url.Values{"path": {path}}, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("read file %s: %w", path, err)
-	}
-	return b, nil
+	return b.Bytes(), nil
 }
 
 // WriteFile writes data to path inside the sandbox.

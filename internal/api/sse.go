@@ -31,9 +31,12 @@ const (
 	maxSSELine = 1 << 20
 )
 
-// ExecExit is the data of the final "exit" event of an exec stream.
+// ExecExit is the data of the final "exit" event of an exec stream: how
+// the command ended.
 type ExecExit struct {
-	ExitCode int `json:"exit_code"`
+	ExitCode int  `json:"exit_code"`        // its status, or -1 when a signal ended it
+	Signal   int  `json:"signal,omitempty"` // the signal that ended it
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 // readExecStream reads an exec event stream, copying output to stdout and

@@ -6,6 +6,7 @@
 package api
 
 import (
+	"io"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -95,11 +96,13 @@ type Resources struct {
 	Cpuset      string `json:"cpuset,omitempty"`
 	// DiskBytes bounds what the guest can write to its RootFS (the overlay
 	// upper, enforced by a project quota); 0 asks for the node's default.
+	// In block mode it is the template's device size (0: that size).
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
-// RootFSMode is where a RootFS's blocks live: RootFSOverlay (now) or
-// RootFSBlock.
+// RootFSMode is where a RootFS's blocks live: RootFSOverlay (a throw-away
+// overlay on scratch) or RootFSBlock (an NBD device over a template in the
+// node's block store, served by a writer that outlives the primary).
 type RootFSMode string
 
 // RootFS says where a generation's root filesystem comes from.
@@ -220,6 +223,23 @@ type Sandbox struct {
 	// Network is the generation's network mode and packet counters, when
 	// the node has them (a generation with a sandbox network).
 	Network *NetworkStatus `json:"network,omitempty"`
+	// Writer is a block-mode generation's NBD writer while it holds its
+	// device (absent for overlay mode and once released).
+	Writer *BlockWriter `json:"writer,omitempty"`
+}
+
+// BlockWriter is the writer process of a block-mode generation as the
+// node's journal has it.
+type BlockWriter struct {
+	// Epoch is the writer epoch: every start (the claim's, each restart
+	// after the writer died) takes a new, higher one.
+	Epoch uint64 `json:"epoch"`
+	// PID is the writer process; Device the /dev/nbdX it serves.
+	PID    int    `json:"pid,omitempty"`
+	Device string `json:"device,omitempty"`
+	// Restarts counts the writers started on the device after the one
+	// before died.
+	Restarts int `json:"restarts,omitempty"`
 }
 
 // NetworkStatus is a generation's network as the node enforces it: its
@@ -250,6 +270,37 @@ type ExecRequest struct {
 	// User runs the command as this uid and gid; absent, it runs as the
 	// claim's process.uid and process.gid (the workload's user).
 	User *User `json:"user,omitempty"`
+	// TTY runs the command on a pseudo-terminal of Rows x Cols (a
+	// session only: see apiserver.Service.Session).
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+}
+
+// TermSize is a terminal's size, for a PTY session's resize.
+type TermSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Streams are a session's input and output (apiserver.Service.Session).
+// Nil readers and writers are empty; Resize and Signal may be nil.
+type Streams struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	Resize         <-chan TermSize
+	Signal         <-chan int
+}
+
+// FileInfo is a guest file as the guest sees it (its agent's stat).
+type FileInfo struct {
+	Name    string `json:"name"`
+	Size    int64  `json:"size"`
+	Mode    uint32 `json:"mode"` // Go fs.FileMode bits
+	ModUnix int64  `json:"mtime"`
+	UID     uint32 `json:"uid"`
+	GID     uint32 `json:"gid"`
+	Link    string `json:"link,omitempty"` // a symlink's target
 }
 
 // User is a numeric uid and gid inside the guest.

@@ -136,13 +136,11 @@ func (r ClaimRequest) Validate() error {
 		return invalid("generation must be >= 1, got %d", r.Generation)
 	}
 	switch r.RootFS.Mode {
-	case RootFSOverlay:
-	case RootFSBlock:
-		return invalid("rootfs.mode %q is not supported yet: only %q", RootFSBlock, RootFSOverlay)
+	case RootFSOverlay, RootFSBlock:
 	case "":
-		return invalid("rootfs.mode is empty: must be %q", RootFSOverlay)
+		return invalid("rootfs.mode is empty: must be %q or %q", RootFSOverlay, RootFSBlock)
 	default:
-		return invalid("unknown rootfs.mode %s: must be %q", errdefs.Quote(string(r.RootFS.Mode)), RootFSOverlay)
+		return invalid("unknown rootfs.mode %s: must be %q or %q", errdefs.Quote(string(r.RootFS.Mode)), RootFSOverlay, RootFSBlock)
 	}
 	if err := names.CheckID("rootfs.template", r.RootFS.Template); err != nil {
 		return err

@@ -43,6 +43,7 @@ type fakeService struct {
 	slow chan struct{}
 	// logs writes the log; nil writes nothing and ends with "end of log".
 	logs func(ctx context.Context, req api.LogsRequest, w io.Writer) (api.LogsEnd, error)
+	agentFake
 }
 
 func (f *fakeService) record(format string, args ...any) {

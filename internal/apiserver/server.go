@@ -47,9 +47,12 @@ type Server struct {
 	AllowedGID int
 	// MaxBodyBytes caps a JSON request body (default 1 MiB).
 	MaxBodyBytes int64
-	// MaxFileBytes caps a file read or written and each output stream of a
-	// JSON exec result (default 8 MiB).
+	// MaxFileBytes caps each output stream of a JSON exec result and a
+	// logs answer, which are held in memory (default 8 MiB).
 	MaxFileBytes int64
+	// MaxStreamFileBytes caps a file read or written through the files
+	// routes, which stream it (default 1 GiB).
+	MaxStreamFileBytes int64
 	// ShutdownGrace is how long Serve lets requests in flight finish after
 	// its context is done (default 30 s); then connections are closed.
 	ShutdownGrace time.Duration
@@ -237,6 +240,12 @@ func (s *Server) Handler() http.Handler {
 	route(http.MethodPost, "/v1/sandboxes/{id}/exec", s.handleExec)
 	route(http.MethodGet, "/v1/sandboxes/{id}/files", s.handleReadFile)
 	route(http.MethodPut, "/v1/sandboxes/{id}/files", s.handleWriteFile)
+	route(http.MethodGet, "/v1/sandboxes/{id}/files/stat", s.handleStatFile)
+	route(http.MethodGet, "/v1/sandboxes/{id}/files/list", s.handleListDir)
+	route(http.MethodPost, "/v1/sandboxes/{id}/files/mkdir", s.handleMakeDir)
+	route(http.MethodPost, "/v1/sandboxes/{id}/files/remove", s.handleRemoveFile)
+	route(http.MethodPost, "/v1/sandboxes/{id}/files/rename", s.handleRenameFile)
+	route(http.MethodPost, "/v1/sandboxes/{id}/session", s.handleSession)
 	route(http.MethodPost, "/v1/sandboxes/{id}/release", s.handleRelease)
 	route(http.MethodPost, "/v1/sandboxes/{id}/network", s.handleNetwork)
 	route(http.MethodGet, "/v1/sandboxes/{id}/logs", s.handleLogs)
@@ -345,16 +354,21 @@ func (s *Server) guard(next http.Handler) http.Handler {
 func (s *Server) adapt(h apiFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			code := errdefs.CodeOf(err)
-			var se *statusError
-			status := HTTPStatus(code)
-			if errors.As(err, &se) {
-				status = se.status
-			}
-			body := api.ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))}
-			writeErrorBody(w, status, body)
+			answerError(w, err)
 		}
 	})
+}
+
+// answerError writes err as an ErrorBody with the status of its code.
+func answerError(w http.ResponseWriter, err error) {
+	code := errdefs.CodeOf(err)
+	var se *statusError
+	status := HTTPStatus(code)
+	if errors.As(err, &se) {
+		status = se.status
+	}
+	body := api.ErrorBody{Code: code, Message: wireMessage(err), RetryAfterSec: retryAfterSec(errdefs.RetryAfterOf(err))}
+	writeErrorBody(w, status, body)
 }
 
 // statusError is an *errdefs.Error that needs a status other than its code's
@@ -406,6 +420,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
+	// A length, so the answer is whole once flushed, before the handler
+	// returns (a session's error waits for its caller to end its body).
+	h.Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b) // the client is gone if this fails; nothing to tell it
 }
@@ -580,12 +597,23 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	via, err := execVia(r)
+	if err != nil {
+		return err
+	}
 	var req api.ExecRequest
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
 	if err := req.Validate(); err != nil {
 		return err
+	}
+	if req.TTY || req.Rows != 0 || req.Cols != 0 {
+		return invalid("tty, rows and cols need a session (POST /v1/sandboxes/{id}/session)")
+	}
+	exec := s.Service.Exec
+	if via == api.ExecViaRunsc {
+		exec = s.Service.ExecViaRunsc
 	}
 	done, err := s.Execs.Acquire()
 	if err != nil {
@@ -595,11 +623,11 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	// out: a caller that heard the end may run its next exec at once.
 	defer done()
 	if wantsEventStream(r) {
-		return s.execStream(w, r, id, req, done)
+		return s.execStream(w, r, exec, id, req, done)
 	}
 	limit := s.maxFile()
 	stdout, stderr := &cappedBuffer{limit: limit}, &cappedBuffer{limit: limit}
-	code, err := s.Service.Exec(r.Context(), id, req, stdout, stderr)
+	code, err := exec(r.Context(), id, req, stdout, stderr)
 	done()
 	if err != nil {
 		return err
@@ -614,10 +642,13 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// execFunc is Service.Exec or Service.ExecViaRunsc.
+type execFunc func(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error)
+
 // execStream runs the exec as an event stream; done returns its slot.
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req api.ExecRequest, done func()) error {
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, exec execFunc, id string, req api.ExecRequest, done func()) error {
 	sw := newSSEWriter(w)
-	code, err := s.Service.Exec(r.Context(), id, req, sw.stream(api.EventStdout), sw.stream(api.EventStderr))
+	code, err := exec(r.Context(), id, req, sw.stream(api.EventStdout), sw.stream(api.EventStderr))
 	done()
 	if err != nil && !sw.hasStarted() {
 		// Nothing went out yet: answer with the error's own status.
@@ -675,57 +706,4 @@ func filePath(r *http.Request) (string, error) {
 		return "", invalid("need exactly one path query parameter, got %d", len(ps))
 	}
 	return ps[0], api.ValidateFilePath(ps[0])
-}
-
-func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r)
-	if err != nil {
-		return err
-	}
-	p, err := filePath(r)
-	if err != nil {
-		return err
-	}
-	limit := s.maxFile()
-	data, err := s.Service.ReadFile(r.Context(), id, p, limit)
-	if err != nil {
-		return err
-	}
-	if int64(len(data)) > limit {
-		return invalid("file exceeds %d bytes", limit)
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Content-Length", fmt.Sprint(len(data)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(data) // the client is gone if this fails
-	return nil
-}
-
-func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r)
-	if err != nil {
-		return err
-	}
-	p, err := filePath(r)
-	if err != nil {
-		return err
-	}
-	limit := s.maxFile()
-	if r.ContentLength > limit {
-		return invalid("file exceeds %d bytes", limit)
-	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return invalid("file exceeds %d bytes", limit)
-		}
-		return invalid("read request body: %v", err)
-	}
-	if err := s.Service.WriteFile(r.Context(), id, p, data); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
 }

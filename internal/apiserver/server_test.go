@@ -36,7 +36,7 @@ func claimJSON(t *testing.T, mod func(*api.ClaimRequest)) []byte {
 // socket: each must get a clear error and the Service must see no call.
 func TestBadInputNeverReachesService(t *testing.T) {
 	fake := &fakeService{}
-	srv := startServer(t, &Server{Service: fake, AllowedGID: -1, MaxFileBytes: 1024})
+	srv := startServer(t, &Server{Service: fake, AllowedGID: -1, MaxFileBytes: 1024, MaxStreamFileBytes: 1024})
 	good := claimJSON(t, nil)
 	jsonCT := map[string]string{"Content-Type": "application/json"}
 	long := strings.Repeat("a", 300)
@@ -68,7 +68,7 @@ func TestBadInputNeverReachesService(t *testing.T) {
 		{"template ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.RootFS.Template = "../../etc" }), 400, errdefs.CodeInvalidArgument, "invalid rootfs.template"},
 		{"operation id ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.OperationID = "../op" }), 400, errdefs.CodeInvalidArgument, "invalid operation_id"},
 		{"generation 0", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.Generation = 0 }), 400, errdefs.CodeInvalidArgument, "generation must be >= 1"},
-		{"block mode", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.RootFS.Mode = "block" }), 400, errdefs.CodeInvalidArgument, "not supported yet"},
+		{"block mode template ../", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) { r.RootFS.Mode, r.RootFS.Template = "block", "../t" }), 400, errdefs.CodeInvalidArgument, "invalid rootfs.template"},
 		// The whole network policy is checked, so a bad rule is named now,
 		// before open and restricted are supported.
 		{"network bad cidr", "POST", "/v1/sandboxes/sb-1/claim", jsonCT, claimJSON(t, func(r *api.ClaimRequest) {
@@ -271,12 +271,12 @@ func TestExecJSONOutputCapped(t *testing.T) {
 func TestReadFileOverLimitRefused(t *testing.T) {
 	// A Service that ignores the limit must still not get a big file out.
 	fake := &fakeService{file: bytes.Repeat([]byte("x"), 100)}
-	srv := startServer(t, &Server{Service: fake, AllowedGID: -1, MaxFileBytes: 64})
+	srv := startServer(t, &Server{Service: fake, AllowedGID: -1, MaxStreamFileBytes: 64})
 	resp := rawDo(t, srv.sock, "GET", "/v1/sandboxes/sb-1/files?path=/big", nil, nil)
 	if resp.status != 400 || !strings.Contains(string(resp.body), "file exceeds 64 bytes") {
 		t.Fatalf("got %d %s, want 400 file exceeds 64 bytes", resp.status, resp.body)
 	}
-	if got := fake.Calls(); len(got) != 1 || got[0] != "ReadFile sb-1 /big limit=64" {
+	if got := fake.Calls(); len(got) != 1 || got[0] != "ReadFileTo sb-1 /big default limit=64" {
 		t.Errorf("calls = %q", got)
 	}
 }

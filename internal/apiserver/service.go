@@ -34,4 +34,26 @@ type Service interface {
 	// Logs writes the sandbox's log to w (and with req.Follow what comes
 	// after, as it comes) and says why it ended. req is validated.
 	Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error)
+
+	// The calls below go to the guest agent of the sandbox's ready
+	// generation (issue 11). A nil user means the workload's.
+
+	// Session runs a command with streamed stdin (and a PTY when req.TTY),
+	// taking resizes and signals from s while it runs; the command's
+	// process group is killed when ctx ends.
+	Session(ctx context.Context, id string, req api.ExecRequest, s api.Streams) (api.ExecExit, error)
+	// ExecViaRunsc is Exec through `runsc exec`, the operator's fallback
+	// when the agent does not answer.
+	ExecViaRunsc(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error)
+	StatFile(ctx context.Context, id, path string, user *api.User) (api.FileInfo, error)
+	ListDir(ctx context.Context, id, path string, user *api.User) ([]api.FileInfo, error)
+	MakeDir(ctx context.Context, id, path string, mode uint32, parents bool, user *api.User) error
+	RemoveFile(ctx context.Context, id, path string, recursive bool, user *api.User) error
+	RenameFile(ctx context.Context, id, from, to string, user *api.User) error
+	// ReadFileTo streams a regular file to w, refusing (errdefs
+	// invalid_argument) one larger than limit; it returns the bytes written.
+	ReadFileTo(ctx context.Context, id, path string, user *api.User, limit int64, w io.Writer) (int64, error)
+	// WriteFileFrom replaces path with what r holds (at most limit bytes,
+	// else nothing changes) and returns the bytes written.
+	WriteFileFrom(ctx context.Context, id, path string, user *api.User, mode uint32, limit int64, r io.Reader) (int64, error)
 }

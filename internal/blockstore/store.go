@@ -36,6 +36,14 @@ type Store interface {
 	List(ctx context.Context, prefix string) ([]string, error)
 }
 
+// BufferGetter is an optional Store extension for the chunk read path:
+// GetBuffer is Get into buf's storage (a new slice if the object does not
+// fit), so a read allocates nothing per object. buf's contents are
+// overwritten.
+type BufferGetter interface {
+	GetBuffer(ctx context.Context, key string, buf []byte) ([]byte, error)
+}
+
 var (
 	// ErrNotFound: no object has this key.
 	ErrNotFound = errors.New("object not found")
@@ -63,7 +71,7 @@ func CheckKey(key string) error {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return fmt.Errorf("%w %q: %s", ErrInvalidKey, key, KeyRule)
 	}
-	for _, seg := range strings.Split(key, "/") {
+	for seg := range strings.SplitSeq(key, "/") {
 		if len(seg) == 0 || len(seg) > 128 || seg[0] == '.' {
 			return fmt.Errorf("%w %q: %s", ErrInvalidKey, key, KeyRule)
 		}

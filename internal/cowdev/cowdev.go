@@ -4,9 +4,9 @@
 //
 // Reads of a chunk the sandbox wrote come from the dirty file; other chunks
 // come from the cache, or are fetched from the store once (verified by the
-// store's AEAD and keyed checksum) and cached; a hole in the manifest chain
-// reads as zeros. Writes go to the dirty file a whole chunk at a time: a
-// partial write of a clean chunk first copies the chunk's base in. Trim and
+// store's AEAD) and cached; a hole in the manifest chain reads as zeros, and
+// Extents reports it (and zeroed chunks) to the NBD client's block status.
+// Writes go to the dirty file a whole chunk at a time: a partial write of a clean chunk first copies the chunk's base in. Trim and
 // WriteZeroes mark whole chunks "zero" (a hole in the dirty file) and zero
 // partial ranges, so a trimmed range never reads as the base.
 //
@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/blockstore"
@@ -64,7 +65,13 @@ type Config struct {
 	Dir string
 	// FetchTimeout bounds one chunk fetch from the store (default 1 min).
 	FetchTimeout time.Duration
-	Logger       *slog.Logger
+	// LocalStore says the store is on this host (a dir store): a fetch
+	// is CPU, not latency, so the chunks of one read are fetched inline
+	// instead of concurrently (no goroutine per chunk; the server already
+	// runs requests concurrently). Every fetched chunk is cached either
+	// way (docs/architecture.md, "Block read path").
+	LocalStore bool
+	Logger     *slog.Logger
 }
 
 // ErrMismatch: Dir holds the dirty state of another base or geometry.
@@ -81,7 +88,8 @@ type Device struct {
 	dirty  *os.File
 	cache  *os.File
 	locks  [stripes]sync.RWMutex
-	zeroes []byte // one chunk of zeros, read-only
+	zeroes []byte    // one chunk of zeros, read-only
+	bufs   sync.Pool // chunk buffers (*[]byte) of the read path's fetches
 
 	// stateMu guards state and version; state[i] changes only under
 	// chunk i's stripe lock too, so a holder of that lock may read it.
@@ -210,14 +218,42 @@ func (d *Device) span(off, n int64, fn func(i, in, at, l int64) error) error {
 	return nil
 }
 
+// fetchParallel bounds the concurrent store fetches of one read.
+const fetchParallel = 8
+
 func (d *Device) ReadAt(p []byte, off int64) (int, error) {
+	// The chunks of a read that need a store fetch are fetched
+	// concurrently: a read spanning several waits about one fetch's
+	// latency (a remote store's), not their sum. The rest is served
+	// inline. Each chunk keeps its own locking, so this changes nothing
+	// about what a chunk reads as.
+	multi := !d.cfg.LocalStore && off/d.cs != (off+int64(len(p))-1)/d.cs
+	var g errgroup.Group
+	g.SetLimit(fetchParallel)
 	err := d.span(off, int64(len(p)), func(i, in, at, l int64) error {
+		if multi && d.needsFetch(i) {
+			g.Go(func() error { return d.readChunk(i, in, p[at:at+l]) })
+			return nil
+		}
 		return d.readChunk(i, in, p[at:at+l])
 	})
+	if gerr := g.Wait(); err == nil {
+		err = gerr
+	}
 	if err != nil {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// needsFetch says chunk i would be fetched from the store now (a hint:
+// readChunk decides under the chunk's lock).
+func (d *Device) needsFetch(i int64) bool {
+	mu := d.lock(i)
+	mu.RLock()
+	need := d.state[i] == stClean && !d.cached[i]
+	mu.RUnlock()
+	return need && !d.im.IsZero(uint64(i))
 }
 
 func (d *Device) readChunk(i, in int64, p []byte) error {
@@ -252,12 +288,24 @@ func (d *Device) readChunk(i, in int64, p []byte) error {
 	case d.cached[i]:
 		return readFull(d.cache, p, i*d.cs+in)
 	}
-	buf := make([]byte, d.cs)
-	if err := d.base(i, buf); err != nil {
+	if int64(len(p)) == d.cs {
+		return d.base(i, p) // a whole chunk: fetched straight into p
+	}
+	bp := d.chunkBuf()
+	defer d.bufs.Put(bp)
+	if err := d.base(i, *bp); err != nil {
 		return err
 	}
-	copy(p, buf[in:])
+	copy(p, (*bp)[in:])
 	return nil
+}
+
+func (d *Device) chunkBuf() *[]byte {
+	if bp, ok := d.bufs.Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, d.cs)
+	return &b
 }
 
 // base fills buf with chunk i of the base generation, from the cache or
@@ -287,6 +335,39 @@ func (d *Device) base(i int64, buf []byte) error {
 	}
 	d.cached[i] = true
 	return nil
+}
+
+var _ nbdsrv.ExtentLister = (*Device)(nil)
+
+// maxExtents bounds one Extents answer (the NBD client asks again).
+const maxExtents = 1 << 14
+
+// Extents reports which chunks of [off, off+length) read as zeros without
+// a fetch (a hole of the base chain, or zeroed/trimmed here): an NBD
+// client's block status, so nbdcopy and qemu-img skip them. Everything
+// else is data. A snapshot: a concurrent write may change it.
+func (d *Device) Extents(off, length int64) ([]nbdsrv.Extent, error) {
+	if off < 0 || length <= 0 || off+length > d.size {
+		return nil, fmt.Errorf("cowdev: extents [%d,+%d) beyond device of %d bytes: %w", off, length, d.size, unix.EINVAL)
+	}
+	var out []nbdsrv.Extent
+	d.stateMu.RLock()
+	defer d.stateMu.RUnlock()
+	for at, end := off, off+length; at < end; {
+		i := at / d.cs
+		l := min((i+1)*d.cs, end) - at
+		st := d.state[i]
+		zero := st == stZero || (st == stClean && d.im.IsZero(uint64(i)))
+		if n := len(out); n > 0 && out[n-1].Zero == zero {
+			out[n-1].Length += l
+		} else if n == maxExtents {
+			break
+		} else {
+			out = append(out, nbdsrv.Extent{Length: l, Hole: zero, Zero: zero})
+		}
+		at += l
+	}
+	return out, nil
 }
 
 func (d *Device) WriteAt(p []byte, off int64) (int, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -115,10 +116,26 @@ func same(t testing.TB, what string, got, want []byte) {
 }
 
 // Random writes, trims and zeroings of any alignment, checked against a
-// model after every step, then after Sync, Close and a re-open.
+// model after every step, then after Sync, Close and a re-open; with the
+// chunks of a read fetched concurrently and inline (LocalStore).
 func TestMatchesModel(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		t.Run(fmt.Sprintf("local=%v", local), func(t *testing.T) { matchesModel(t, local) })
+	}
+}
+
+func matchesModel(t *testing.T, local bool) {
 	f := newFixture(t, 40)
 	dir := t.TempDir()
+	open := func(t testing.TB, f *fixture, base blockstore.GenRef, dir string) *cowdev.Device {
+		t.Helper()
+		d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: base, Dir: dir, LocalStore: local})
+		if err != nil {
+			t.Fatalf("Open(%s): %v", base, err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		return d
+	}
 	d := open(t, f, tpl0, dir)
 	model := bytes.Clone(f.base)
 	same(t, "fresh device", readAll(t, d), model)

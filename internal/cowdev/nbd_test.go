@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -365,4 +366,87 @@ func writeNodeKey(t testing.TB, f *fixture) string {
 	f.root = root
 	commit(t, f.repo, blockstore.CommitSpec{Generation: abRef, DeviceSize: uint64(len(f.base)), ChunkSize: cs}, f.base)
 	return hex.EncodeToString(key)
+}
+
+// Block status through peers none of us wrote (libnbd's nbdinfo --map,
+// QEMU's qemu-img map): chunks that are holes of the base, or trimmed,
+// read as zeros without a fetch and are reported as holes that read as
+// zeros; written chunks (also over a base hole) and base data are data.
+func TestBlockStatusOverNBD(t *testing.T) {
+	needPeers(t, "nbdinfo", "qemu-img")
+	const n = 45
+	f := newFixture(t, n) // chunks 0, 3, 6, ... are holes of the base
+	d := open(t, f, tpl0, t.TempDir())
+	if err := d.Trim(1*cs, cs); err != nil { // data → zero
+		t.Fatal(err)
+	}
+	if _, err := d.WriteAt([]byte{1}, 3*cs+5); err != nil { // hole → data
+		t.Fatal(err)
+	}
+	if err := d.WriteZeroes(7*cs, 2*cs, false); err != nil { // data → zero
+		t.Fatal(err)
+	}
+	zero := make([]bool, n)
+	for i := range n {
+		zero[i] = bytes.Equal(f.base[i*cs:(i+1)*cs], make([]byte, cs))
+	}
+	zero[1], zero[3], zero[7], zero[8] = true, false, true, true
+	if !zero[0] || zero[2] {
+		t.Fatal("fixture: chunk 0 should be a hole and chunk 2 data")
+	}
+	uri := serve(t, d)
+	check := func(peerName string, exts []struct {
+		off, n int64
+		zero   bool
+	}) {
+		t.Helper()
+		at := int64(0)
+		for _, e := range exts {
+			if e.off != at || e.n <= 0 {
+				t.Fatalf("%s: extent at %d (+%d), want one at %d", peerName, e.off, e.n, at)
+			}
+			for c := e.off / cs; c < (e.off+e.n+cs-1)/cs; c++ {
+				if zero[c] != e.zero {
+					t.Fatalf("%s: chunk %d reported zero=%v, want %v", peerName, c, e.zero, zero[c])
+				}
+			}
+			at += e.n
+		}
+		if at != n*cs {
+			t.Fatalf("%s: extents cover %d bytes, want %d", peerName, at, n*cs)
+		}
+	}
+	type ext = struct {
+		off, n int64
+		zero   bool
+	}
+	var nbdinfoMap []struct {
+		Offset int64 `json:"offset"`
+		Length int64 `json:"length"`
+		Type   int   `json:"type"`
+	}
+	if err := json.Unmarshal([]byte(peer(t, "nbdinfo", "--map", "--json", uri)), &nbdinfoMap); err != nil {
+		t.Fatal(err)
+	}
+	var exts []ext
+	for _, e := range nbdinfoMap {
+		if e.Type != 0 && e.Type != 3 {
+			t.Fatalf("nbdinfo: extent type %d (want 0 data or 3 hole,zero)", e.Type)
+		}
+		exts = append(exts, ext{e.Offset, e.Length, e.Type == 3})
+	}
+	check("nbdinfo --map", exts)
+	var qemuMap []struct {
+		Start  int64 `json:"start"`
+		Length int64 `json:"length"`
+		Zero   bool  `json:"zero"`
+	}
+	if err := json.Unmarshal([]byte(peer(t, "qemu-img", "map", "--output=json", "-f", "raw", uri)), &qemuMap); err != nil {
+		t.Fatal(err)
+	}
+	exts = exts[:0]
+	for _, e := range qemuMap {
+		exts = append(exts, ext{e.Start, e.Length, e.Zero})
+	}
+	check("qemu-img map", exts)
 }

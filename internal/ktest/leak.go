@@ -59,16 +59,17 @@ func isGenerationFile(n string) bool {
 }
 
 // GenerationFiles lists the entries that belong to one generation in the
-// directories where ctld keeps them: <run>/bundles, <run>/runsc.logs and
-// <state>/scratch. Only generation-named entries count, so the journal,
+// directories where ctld keeps them: <run>/bundles, <run>/runsc.logs,
+// <state>/scratch, and block mode's <state>/writers and <state>/blockroot.
+// Only generation-named entries count, so the journal,
 // keys, sockets, templates and runsc's own runsc.log are never reported.
 func GenerationFiles(runDir, stateDir string) []string {
 	var dirs []string
 	if runDir != "" {
-		dirs = append(dirs, filepath.Join(runDir, "bundles"), filepath.Join(runDir, "runsc.logs"))
+		dirs = append(dirs, filepath.Join(runDir, "bundles"), filepath.Join(runDir, "runsc.logs"), filepath.Join(runDir, "agents"))
 	}
 	if stateDir != "" {
-		dirs = append(dirs, filepath.Join(stateDir, "scratch"))
+		dirs = append(dirs, filepath.Join(stateDir, "scratch"), filepath.Join(stateDir, "writers"), filepath.Join(stateDir, "blockroot"))
 	}
 	var out []string
 	for _, d := range dirs {

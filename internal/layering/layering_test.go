@@ -31,9 +31,10 @@ func deps(t *testing.T, pkg string) []string {
 // signed proof) do not link the wire layer: a change of the API's JSON
 // must not change the journal's encoding or what a signature covers, and a
 // process built from them (a future writer process) must not carry an HTTP
-// stack.
+// stack. The guest agent (in every guest) and ctld's client of it speak
+// their own framing, not HTTP.
 func TestKernelPackagesDoNotLinkTheWireLayer(t *testing.T) {
-	for _, pkg := range []string{"internal/rootfs", "internal/netpolicy", "internal/node/journal", "internal/node/proof", "internal/errdefs", "internal/names"} {
+	for _, pkg := range []string{"internal/rootfs", "internal/netpolicy", "internal/node/journal", "internal/node/proof", "internal/errdefs", "internal/names", "internal/agent", "internal/agent/wire", "internal/agent/client", "cmd/ctl-agent"} {
 		d := deps(t, pkg)
 		if len(d) == 0 {
 			t.Fatalf("go list -deps %s listed nothing", pkg)

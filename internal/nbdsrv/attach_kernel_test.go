@@ -7,7 +7,6 @@ package nbdsrv_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"net"
 	"os"
@@ -155,51 +154,25 @@ func TestKernelAttachFilesystemAndRelease(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/block", dev, "pid")); err != nil {
 		t.Fatalf("%s pid: %v", dev, err)
 	}
-	if wc := sysBlock(t, dev, "queue/write_cache"); wc != "write back" {
-		t.Errorf("write_cache %q: the kernel did not take NBD_FLAG_SEND_FLUSH", wc)
-	}
-	if d := sysBlock(t, dev, "queue/discard_max_bytes"); d == "0" {
-		t.Errorf("discard_max_bytes 0: the kernel did not take NBD_FLAG_SEND_TRIM")
-	}
+	checkExportFlags(t, dev)
 	if q, err := nbdsrv.ReadQuiescence(devs, "/sys/block", idx); err != nil || q.Quiet() {
 		t.Fatalf("attached device reads as quiet (%v, %v)", q, err)
 	}
 
-	run(t, "mkfs.ext4", "-q", "-F", "/dev/"+dev)
-	mnt := t.TempDir()
-	run(t, "mount", "-t", "ext4", "/dev/"+dev, mnt)
-	mounted := true
-	t.Cleanup(func() {
-		if mounted {
-			_ = unix.Unmount(mnt, 0)
-		}
-	})
+	fs := mkfsMount(t, dev)
 	// Mounted: the filesystem holds the device, so it is not quiescent.
-	data := make([]byte, 4<<20)
-	_, _ = rand.Read(data)
-	fp := filepath.Join(mnt, "data")
-	wf, err := os.Create(fp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := wf.Write(data); err != nil {
-		t.Fatal(err)
-	}
+	fp, data, wf := fs.writeRandom("data", 4<<20)
 	if err := wf.Sync(); err != nil {
 		t.Fatalf("fsync: %v", err)
 	}
 	_ = wf.Close()
-	run(t, "umount", mnt)
-	mounted = false
-	run(t, "blockdev", "--flushbufs", "/dev/"+dev)
-	run(t, "mount", "-t", "ext4", "-o", "ro", "/dev/"+dev, mnt)
-	mounted = true
+	fs.umount()
+	fs.mountUncachedRO()
 	got, err := os.ReadFile(fp)
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read back through the device: equal %v, %v", bytes.Equal(got, data), err)
 	}
-	run(t, "umount", mnt)
-	mounted = false
+	fs.umount()
 
 	release(t, devs, idx)
 	q, err := nbdsrv.ReadQuiescence(devs, "/sys/block", idx)

@@ -1,4 +1,5 @@
-// Package nbdsrv is an NBD server (fixed newstyle handshake, simple replies)
+// Package nbdsrv is an NBD server (fixed newstyle handshake, simple or
+// structured replies, block status where the Backend lists extents)
 // over a Backend: requests are served concurrently with a bounded number and
 // size in flight, FLUSH and FUA reach Backend.Sync, TRIM and WRITE_ZEROES
 // leave ranges that read as zeros. It builds on go-nbd's protocol constants;
@@ -29,6 +30,24 @@ type Backend interface {
 	// WriteZeroes makes a range read as zeros; noHole asks that it stay
 	// allocated (NBD_CMD_FLAG_NO_HOLE) where the backend can tell.
 	WriteZeroes(off, length int64, noHole bool) error
+}
+
+// Extent is a run of a device's bytes of one allocation status.
+type Extent struct {
+	Length int64
+	// Hole: not allocated in the backend; Zero: reads as zeros.
+	Hole, Zero bool
+}
+
+// ExtentLister is an optional Backend extension: with it the server offers
+// the base:allocation metadata context (NBD_CMD_BLOCK_STATUS), so a client
+// such as nbdcopy or qemu-img skips ranges that read as zeros instead of
+// reading them.
+type ExtentLister interface {
+	// Extents describes [off, off+length) from off on as consecutive
+	// extents: at least one, their lengths summing to at most length (the
+	// client asks again for the rest).
+	Extents(off, length int64) ([]Extent, error)
 }
 
 // errnoOf maps a backend error to the NBD error sent to the client.

@@ -110,6 +110,77 @@ func run(t *testing.T, name string, args ...string) {
 	}
 }
 
+// checkExportFlags: the kernel took the export flags, a write cache
+// (FLUSH/FUA) and discard.
+func checkExportFlags(t *testing.T, dev string) {
+	t.Helper()
+	if wc := sysBlock(t, dev, "queue/write_cache"); wc != "write back" {
+		t.Errorf("%s write_cache %q: the kernel did not take NBD_FLAG_SEND_FLUSH", dev, wc)
+	}
+	if d := sysBlock(t, dev, "queue/discard_max_bytes"); d == "0" {
+		t.Errorf("%s discard_max_bytes 0: the kernel did not take NBD_FLAG_SEND_TRIM", dev)
+	}
+}
+
+// ext4On is an ext4 filesystem made on /dev/<dev> and mounted at mnt; the
+// test's cleanup unmounts it if the test left it mounted.
+type ext4On struct {
+	t        *testing.T
+	dev, mnt string
+	mounted  bool
+}
+
+func mkfsMount(t *testing.T, dev string) *ext4On {
+	t.Helper()
+	run(t, "mkfs.ext4", "-q", "-F", "/dev/"+dev)
+	fs := &ext4On{t: t, dev: dev, mnt: t.TempDir()}
+	fs.mount()
+	t.Cleanup(func() {
+		if fs.mounted {
+			_ = unix.Unmount(fs.mnt, 0)
+		}
+	})
+	return fs
+}
+
+func (fs *ext4On) mount(opts ...string) {
+	fs.t.Helper()
+	run(fs.t, "mount", append(append([]string{"-t", "ext4"}, opts...), "/dev/"+fs.dev, fs.mnt)...)
+	fs.mounted = true
+}
+
+func (fs *ext4On) umount() {
+	fs.t.Helper()
+	run(fs.t, "umount", fs.mnt)
+	fs.mounted = false
+}
+
+// writeRandom creates name in the filesystem holding n random bytes, not
+// yet synced: the caller syncs and closes f.
+func (fs *ext4On) writeRandom(name string, n int) (path string, data []byte, f *os.File) {
+	fs.t.Helper()
+	data = make([]byte, n)
+	_, _ = rand.Read(data)
+	path = filepath.Join(fs.mnt, name)
+	f, err := os.Create(path)
+	if err != nil {
+		fs.t.Fatal(err)
+	}
+	fs.t.Cleanup(func() { _ = f.Close() })
+	if _, err := f.Write(data); err != nil {
+		fs.t.Fatal(err)
+	}
+	return path, data, f
+}
+
+// mountUncachedRO drops the device's buffers and mounts it read-only: what
+// is read next comes from the NBD server.
+func (fs *ext4On) mountUncachedRO() {
+	fs.t.Helper()
+	run(fs.t, "blockdev", "--flushbufs", "/dev/"+fs.dev)
+	fs.mount("-o", "ro")
+}
+
 func TestKernelClientFilesystemFlushTrim(t *testing.T) {
 	ktest.RequireNBD(t)
 	nbdClient := ktest.RequireBinary(t, "nbd-client")
@@ -151,35 +222,12 @@ func TestKernelClientFilesystemFlushTrim(t *testing.T) {
 	if got := sysBlock(t, dev, "size"); got != strconv.Itoa(size/512) {
 		t.Fatalf("%s size %s sectors, want %d", dev, got, size/512)
 	}
-	// The kernel took the export flags: a write cache (FLUSH/FUA) and discard.
-	if wc := sysBlock(t, dev, "queue/write_cache"); wc != "write back" {
-		t.Errorf("%s write_cache %q: the kernel did not take NBD_FLAG_SEND_FLUSH", dev, wc)
-	}
-	if d := sysBlock(t, dev, "queue/discard_max_bytes"); d == "0" {
-		t.Errorf("%s discard_max_bytes 0: the kernel did not take NBD_FLAG_SEND_TRIM", dev)
-	}
+	checkExportFlags(t, dev)
 	t.Logf("%s: write_zeroes_max_bytes %s, fua %s", dev, sysBlock(t, dev, "queue/write_zeroes_max_bytes"), sysBlock(t, dev, "queue/fua"))
 
 	// A filesystem: mkfs discards the device first (TRIM), fsync flushes.
-	run(t, "mkfs.ext4", "-q", "-F", "/dev/"+dev)
-	mnt := t.TempDir()
-	run(t, "mount", "-t", "ext4", "/dev/"+dev, mnt)
-	mounted := true
-	t.Cleanup(func() {
-		if mounted {
-			_ = unix.Unmount(mnt, 0)
-		}
-	})
-	data := make([]byte, 16<<20)
-	_, _ = rand.Read(data)
-	fp := filepath.Join(mnt, "data")
-	wf, err := os.Create(fp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := wf.Write(data); err != nil {
-		t.Fatal(err)
-	}
+	fs := mkfsMount(t, dev)
+	fp, data, wf := fs.writeRandom("data", 16<<20)
 	syncsBefore := cb.syncs.Load()
 	if err := wf.Sync(); err != nil {
 		t.Fatalf("fsync on the nbd filesystem: %v", err)
@@ -188,13 +236,10 @@ func TestKernelClientFilesystemFlushTrim(t *testing.T) {
 	if cb.syncs.Load() == syncsBefore {
 		t.Errorf("fsync on the nbd filesystem sent no FLUSH to the server")
 	}
-	run(t, "umount", mnt)
-	mounted = false
+	fs.umount()
 	run(t, "e2fsck", "-f", "-n", "/dev/"+dev)
 	// Read back after dropping the device's cache: the data comes from us.
-	run(t, "blockdev", "--flushbufs", "/dev/"+dev)
-	run(t, "mount", "-t", "ext4", "-o", "ro", "/dev/"+dev, mnt)
-	mounted = true
+	fs.mountUncachedRO()
 	got, err := os.ReadFile(fp)
 	if err != nil {
 		t.Fatal(err)
@@ -202,8 +247,7 @@ func TestKernelClientFilesystemFlushTrim(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("file read back from the nbd filesystem differs")
 	}
-	run(t, "umount", mnt)
-	mounted = false
+	fs.umount()
 
 	// Concurrent direct reads reach the server concurrently.
 	var wg sync.WaitGroup

@@ -331,9 +331,17 @@ func TestOptionPhase(t *testing.T) {
 	s := serve(t, exp, nbdsrv.Options{})
 	r := dialRaw(t, s.sock)
 	r.hello(3)
-	r.option(8, nil) // structured replies: not offered
+	r.option(8, []byte{0}) // structured replies take no data
+	if typ, _ := r.optReply(); typ != 3|1<<31 {
+		t.Errorf("NBD_OPT_STRUCTURED_REPLY with data: reply %#x, want NBD_REP_ERR_INVALID", typ)
+	}
+	r.option(10, []byte{0, 0, 0, 0, 0, 0, 0, 0}) // meta contexts need structured replies
+	if typ, _ := r.optReply(); typ != 3|1<<31 {
+		t.Errorf("NBD_OPT_SET_META_CONTEXT before structured replies: reply %#x, want NBD_REP_ERR_INVALID", typ)
+	}
+	r.option(5, nil) // TLS: not offered
 	if typ, _ := r.optReply(); typ != 1|1<<31 {
-		t.Errorf("NBD_OPT_STRUCTURED_REPLY: reply %#x, want NBD_REP_ERR_UNSUP", typ)
+		t.Errorf("NBD_OPT_STARTTLS: reply %#x, want NBD_REP_ERR_UNSUP", typ)
 	}
 	r.option(3, nil) // list
 	if typ, d := r.optReply(); typ != 2 || string(d[4:]) != "test" {

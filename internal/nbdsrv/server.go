@@ -191,6 +191,12 @@ type conn struct {
 	br   *bufio.Reader
 	size uint64
 
+	// Negotiated in the option phase: structured replies (then READ and
+	// BLOCK_STATUS are answered with chunks) and the base:allocation
+	// metadata context (BLOCK_STATUS allowed).
+	structured bool
+	metaAlloc  bool
+
 	wmu  sync.Mutex // one reply at a time on the wire
 	werr error      // first write error; later replies are dropped
 }
@@ -267,12 +273,88 @@ func (c *conn) handshake() (ok bool, err error) {
 			if err != nil || done {
 				return done, err
 			}
-		default: // structured replies, TLS, meta contexts, ...: not offered
+		case optStructuredReply:
+			if n != 0 {
+				if err := c.optReply(opt, repErrInval, nil); err != nil {
+					return false, err
+				}
+				continue
+			}
+			c.structured = true
+			if err := c.optReply(opt, repAck, nil); err != nil {
+				return false, err
+			}
+		case optListMetaContext, optSetMetaContext:
+			if err := c.metaContext(opt, data); err != nil {
+				return false, err
+			}
+		default: // TLS, extended headers, ...: not offered
 			if err := c.optReply(opt, repErrUnsup, nil); err != nil {
 				return false, err
 			}
 		}
 	}
+}
+
+// metaContext answers NBD_OPT_LIST_META_CONTEXT / SET_META_CONTEXT. The
+// only context is base:allocation, offered when the backend lists extents;
+// SET replaces the selection (none selected: no BLOCK_STATUS).
+func (c *conn) metaContext(opt uint32, data []byte) error {
+	if !c.structured {
+		return c.optReply(opt, repErrInval, nil) // needs structured replies first
+	}
+	// u32 name length, name, u32 query count, then each query as u32
+	// length + string.
+	bad := func() error { return c.optReply(opt, repErrInval, nil) }
+	if len(data) < 8 {
+		return bad()
+	}
+	nameLen := binary.BigEndian.Uint32(data[0:4])
+	if uint64(nameLen) > uint64(len(data)-8) {
+		return bad()
+	}
+	name := string(data[4 : 4+nameLen])
+	rest := data[4+nameLen:]
+	nq := binary.BigEndian.Uint32(rest[0:4])
+	rest = rest[4:]
+	var queries []string
+	for range nq {
+		if len(rest) < 4 {
+			return bad()
+		}
+		ql := binary.BigEndian.Uint32(rest[0:4])
+		if uint64(ql) > uint64(len(rest)-4) {
+			return bad()
+		}
+		queries = append(queries, string(rest[4:4+ql]))
+		rest = rest[4+ql:]
+	}
+	if len(rest) != 0 {
+		return bad()
+	}
+	if !c.nameMatches(name) {
+		return c.optReply(opt, repErrUnknwn, nil)
+	}
+	_, can := c.s.exp.Backend.(ExtentLister)
+	sel := false
+	for _, q := range queries {
+		sel = sel || q == metaBaseAllocation || (opt == optListMetaContext && q == "base:")
+	}
+	if opt == optListMetaContext && nq == 0 {
+		sel = true // no query lists every context
+	}
+	sel = sel && can
+	id := uint32(0) // LIST: reserved, zero
+	if opt == optSetMetaContext {
+		c.metaAlloc, id = sel, metaAllocID
+	}
+	if sel {
+		b := binary.BigEndian.AppendUint32(nil, id)
+		if err := c.optReply(opt, repMetaCtx, append(b, metaBaseAllocation...)); err != nil {
+			return err
+		}
+	}
+	return c.optReply(opt, repAck, nil)
 }
 
 func (c *conn) nameMatches(name string) bool { return name == "" || name == c.s.exp.Name }

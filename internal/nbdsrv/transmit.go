@@ -2,6 +2,7 @@ package nbdsrv
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"sync"
 
 	"golang.org/x/sync/semaphore"
+	"golang.org/x/sys/unix"
 )
 
 // transmit reads requests in order and serves each in its own goroutine,
@@ -51,7 +53,7 @@ func (c *conn) transmit(ctx context.Context) error {
 					break
 				}
 			}
-			c.reply(req.handle, errno, nil)
+			c.reply(req, errno, nil)
 			continue
 		}
 		// Bounds first, then buffers: a client that sends faster than the
@@ -133,6 +135,11 @@ func (c *conn) check(req request) uint32 {
 		if req.offset != 0 || req.length != 0 {
 			return errInval
 		}
+	case cmdBlockStatus:
+		if !c.metaAlloc {
+			return errInval // no metadata context selected
+		}
+		allowed |= cmdFlagReqOne
 	default:
 		return errInval
 	}
@@ -167,8 +174,19 @@ func (c *conn) serve(req request, buf []byte) {
 	case cmdRead:
 		_, err = b.ReadAt(buf, off)
 		if err == nil {
-			c.reply(req.handle, 0, buf)
+			c.reply(req, 0, buf)
 			return
+		}
+	case cmdBlockStatus:
+		var exts []Extent
+		// check allowed it only with the context, i.e. an ExtentLister.
+		exts, err = b.(ExtentLister).Extents(off, n)
+		if err == nil {
+			var desc []byte
+			if desc, err = blockStatus(exts, n, req.flags&cmdFlagReqOne != 0); err == nil {
+				c.reply(req, 0, desc)
+				return
+			}
 		}
 	case cmdWrite:
 		_, err = b.WriteAt(buf, off)
@@ -184,28 +202,85 @@ func (c *conn) serve(req request, buf []byte) {
 	}
 	if err != nil {
 		c.s.log.Warn("nbd request failed", "cmd", req.typ, "offset", off, "length", n, "err", err)
-		c.reply(req.handle, errnoOf(err), nil)
+		c.reply(req, errnoOf(err), nil)
 		return
 	}
-	c.reply(req.handle, 0, nil)
+	c.reply(req, 0, nil)
 }
 
-// reply writes one simple reply (with read data) atomically on the wire.
-// A write error closes the connection, which ends the request loop.
-func (c *conn) reply(handle uint64, errno uint32, data []byte) {
-	var hdr [replyHeaderLen]byte
-	putReplyHeader(hdr[:], errno, handle)
+// maxExtents bounds the descriptors of one BLOCK_STATUS reply (the client
+// asks again for the rest).
+const maxExtents = 1 << 14
+
+// blockStatus encodes exts as the payload of a base:allocation reply chunk
+// for a request of n bytes: the context id, then (length, flags) pairs,
+// lengths summing to at most n, at least one.
+func blockStatus(exts []Extent, n int64, one bool) ([]byte, error) {
+	b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+8*min(len(exts), maxExtents)), metaAllocID)
+	sum := int64(0)
+	for _, e := range exts {
+		if e.Length <= 0 || e.Length > n-sum || len(b) >= 4+8*maxExtents {
+			break
+		}
+		flags := uint32(0)
+		if e.Hole {
+			flags |= stateHole
+		}
+		if e.Zero {
+			flags |= stateZero
+		}
+		b = binary.BigEndian.AppendUint32(b, uint32(e.Length))
+		b = binary.BigEndian.AppendUint32(b, flags)
+		sum += e.Length
+		if one {
+			break
+		}
+	}
+	if len(b) == 4 {
+		return nil, fmt.Errorf("block status: no extent of [%d bytes]: %w", n, unix.EIO)
+	}
+	return b, nil
+}
+
+// reply writes one reply to req atomically on the wire: a simple reply
+// (with read data), or, with structured replies negotiated, one chunk with
+// the DONE flag for READ and BLOCK_STATUS (data or an error: the protocol
+// allows no simple reply to them then). A write error closes the
+// connection, which ends the request loop.
+func (c *conn) reply(req request, errno uint32, data []byte) {
+	var hdr [structuredHeaderLen + 8]byte
+	var head []byte
+	switch {
+	case !c.structured || (req.typ != cmdRead && req.typ != cmdBlockStatus):
+		putReplyHeader(hdr[:], errno, req.handle)
+		head = hdr[:replyHeaderLen]
+		if errno != 0 {
+			data = nil
+		}
+	case errno != 0:
+		// NBD_REPLY_TYPE_ERROR: the error, an empty message.
+		putChunkHeader(hdr[:], replyFlagDone, replyTypeError, req.handle, 6)
+		binary.BigEndian.PutUint32(hdr[20:24], errno)
+		head, data = hdr[:26], nil
+	case req.typ == cmdRead:
+		putChunkHeader(hdr[:], replyFlagDone, replyTypeOffsetData, req.handle, uint32(8+len(data)))
+		binary.BigEndian.PutUint64(hdr[20:28], req.offset)
+		head = hdr[:28]
+	default: // block status: data is the descriptors' payload
+		putChunkHeader(hdr[:], replyFlagDone, replyTypeBlockStat, req.handle, uint32(len(data)))
+		head = hdr[:structuredHeaderLen]
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.werr != nil {
 		return
 	}
 	var err error
-	if errno == 0 && len(data) > 0 {
-		bufs := net.Buffers{hdr[:], data}
+	if len(data) > 0 {
+		bufs := net.Buffers{head, data}
 		_, err = bufs.WriteTo(c.nc)
 	} else {
-		_, err = c.nc.Write(hdr[:])
+		_, err = c.nc.Write(head)
 	}
 	if err != nil {
 		c.werr = fmt.Errorf("write nbd reply: %w", err)

@@ -23,11 +23,14 @@ const (
 	optInfo            = protocol.NEGOTIATION_ID_OPTION_INFO
 	optGo              = protocol.NEGOTIATION_ID_OPTION_GO
 	optStructuredReply = uint32(8)
+	optListMetaContext = uint32(9)
+	optSetMetaContext  = uint32(10)
 
 	// Option reply types.
 	repAck       = protocol.NEGOTIATION_TYPE_REPLY_ACK
 	repServer    = protocol.NEGOTIATION_TYPE_REPLY_SERVER
 	repInfo      = protocol.NEGOTIATION_TYPE_REPLY_INFO
+	repMetaCtx   = uint32(4)
 	repErrUnsup  = protocol.NEGOTIATION_TYPE_REPLY_ERR_UNSUPPORTED
 	repErrInval  = uint32(3 | 1<<31)
 	repErrUnknwn = protocol.NEGOTIATION_TYPE_REPLY_ERR_UNKNOWN
@@ -54,10 +57,24 @@ const (
 	cmdFlush       = uint16(3)
 	cmdTrim        = uint16(4)
 	cmdWriteZeroes = uint16(6)
+	cmdBlockStatus = uint16(7)
 
 	// Command flags.
 	cmdFlagFUA    = uint16(1 << 0)
 	cmdFlagNoHole = uint16(1 << 1)
+	cmdFlagReqOne = uint16(1 << 3)
+
+	// Structured replies (NBD_OPT_STRUCTURED_REPLY): chunk header magic,
+	// flags and types, and the base:allocation metadata context.
+	structuredMagic     = uint32(0x668e33ef)
+	replyFlagDone       = uint16(1 << 0)
+	replyTypeOffsetData = uint16(1)
+	replyTypeBlockStat  = uint16(5)
+	replyTypeError      = uint16(1<<15 | 1)
+	metaBaseAllocation  = "base:allocation"
+	metaAllocID         = uint32(1) // the context's id in this server
+	stateHole           = uint32(1 << 0)
+	stateZero           = uint32(1 << 1)
 
 	// Error values on the wire (fixed by the protocol, not the host's errno).
 	errPerm     = protocol.TRANSMISSION_ERROR_EPERM
@@ -68,8 +85,9 @@ const (
 	errOverflow = uint32(75)
 	errNotSup   = uint32(95)
 
-	requestHeaderLen = 28
-	replyHeaderLen   = 16
+	requestHeaderLen    = 28
+	replyHeaderLen      = 16
+	structuredHeaderLen = 20
 )
 
 // request is one parsed transmission request header.
@@ -94,6 +112,15 @@ func parseRequest(b []byte) (request, bool) {
 		offset: binary.BigEndian.Uint64(b[16:24]),
 		length: binary.BigEndian.Uint32(b[24:28]),
 	}, true
+}
+
+// putChunkHeader writes a 20-byte structured reply chunk header.
+func putChunkHeader(b []byte, flags, typ uint16, handle uint64, length uint32) {
+	binary.BigEndian.PutUint32(b[0:4], structuredMagic)
+	binary.BigEndian.PutUint16(b[4:6], flags)
+	binary.BigEndian.PutUint16(b[6:8], typ)
+	binary.BigEndian.PutUint64(b[8:16], handle)
+	binary.BigEndian.PutUint32(b[16:20], length)
 }
 
 func putReplyHeader(b []byte, errno uint32, handle uint64) {

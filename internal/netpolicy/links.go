@@ -306,7 +306,7 @@ func (l *Links) CheckGone(ctx context.Context, o Owner) (ok bool, detail string)
 		return false, fmt.Sprintf("netlink: %v", err)
 	}
 	defer root.Close()
-	links, err := root.LinkList()
+	links, err := retryDump(root.LinkList)
 	if err != nil {
 		return false, fmt.Sprintf("list links: %v", err)
 	}
@@ -322,7 +322,7 @@ func (l *Links) CheckGone(ctx context.Context, o Owner) (ok bool, detail string)
 			left = append(left, fmt.Sprintf("link %s has the alias %q", a.Name, a.Alias))
 		}
 	}
-	as, err := root.AddrList(nil, netlink.FAMILY_ALL)
+	as, err := retryDump(func() ([]netlink.Addr, error) { return root.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return false, fmt.Sprintf("list addresses: %v", err)
 	}
@@ -360,7 +360,7 @@ func (l *Links) List(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list links: netlink: %w", err)
 	}
 	defer root.Close()
-	links, err := root.LinkList()
+	links, err := retryDump(root.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -410,4 +410,23 @@ func (l *Links) writeSysctl(key, v string) error {
 	}
 	l.logger().Info("sysctl set", "key", strings.ReplaceAll(key, "/", "."), "value", v, "was", strings.TrimSpace(string(b)))
 	return nil
+}
+
+// dumpTries bounds retryDump: a dump interrupted this often in a row means
+// something churns links without end, and the caller should say so.
+const dumpTries = 5
+
+// retryDump runs a netlink dump again while the kernel flags it as
+// interrupted (NLM_F_DUMP_INTR: links or addresses changed during it, as
+// they do while other sandboxes come and go); such a dump may be
+// incomplete, and a proof must not pass on one.
+func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
+	var err error
+	for range dumpTries {
+		var out []T
+		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
+	}
+	return nil, fmt.Errorf("%w (%d times in a row)", err, dumpTries)
 }

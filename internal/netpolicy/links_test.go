@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/vishvananda/netlink"
 )
 
 // Bad input is refused before anything is touched: these run without
@@ -93,5 +95,26 @@ func TestLinksEnableForwarding(t *testing.T) {
 	}
 	if err := (&Links{ProcSys: filepath.Join(dir, "missing")}).EnableForwarding(ctx, false); err == nil {
 		t.Error("EnableForwarding without the sysctl files: no error")
+	}
+}
+
+// TestRetryDump: a dump the kernel flags as interrupted (possibly
+// incomplete) is run again, never returned; one interrupted every time
+// is an error.
+func TestRetryDump(t *testing.T) {
+	calls := 0
+	got, err := retryDump(func() ([]int, error) {
+		if calls++; calls < 3 {
+			return []int{1}, netlink.ErrDumpInterrupted
+		}
+		return []int{1, 2}, nil
+	})
+	if err != nil || len(got) != 2 || calls != 3 {
+		t.Fatalf("retryDump = %v, %v after %d calls; want [1 2], nil after 3", got, err, calls)
+	}
+	calls = 0
+	got, err = retryDump(func() ([]int, error) { calls++; return []int{1}, netlink.ErrDumpInterrupted })
+	if !errors.Is(err, netlink.ErrDumpInterrupted) || got != nil || calls != dumpTries {
+		t.Fatalf("always interrupted: %v, %v after %d calls; want nil, ErrDumpInterrupted after %d", got, err, calls, dumpTries)
 	}
 }

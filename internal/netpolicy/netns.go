@@ -445,7 +445,7 @@ func (n *Netns) Describe(ctx context.Context, name string) (links []string, rout
 		return nil, nil, err
 	}
 	defer h.Close()
-	ls, err := h.LinkList()
+	ls, err := retryDump(h.LinkList)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list links in netns %s: %w", name, err)
 	}
@@ -459,7 +459,9 @@ func (n *Netns) Describe(ctx context.Context, name string) (links []string, rout
 		}
 		links = append(links, a.Name+" "+state)
 	}
-	rs, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	rs, err := retryDump(func() ([]netlink.Route, error) {
+		return h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list routes in netns %s: %w", name, err)
 	}

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -112,9 +111,6 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if err := leaseSpec(cid, resourcesRecord(req.Resources)).Validate(); err != nil {
 		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
-	if req.RootFS.Mode != "overlay" {
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "rootfs mode %q is not supported yet: use overlay", req.RootFS.Mode)
-	}
 	pol, err := n.parsePolicy(networkRecord(req.Network))
 	if err != nil {
 		return api.ClaimResponse{}, err
@@ -122,13 +118,29 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if err := n.checkNetwork(pol); err != nil {
 		return api.ClaimResponse{}, err
 	}
-	req.Resources = n.withDiskDefault(req.Resources)
-	if err := n.checkDisk(req.Resources); err != nil {
-		return api.ClaimResponse{}, err
+	for _, e := range req.Process.Env {
+		if strings.HasPrefix(e, runsc.AgentEnvPrefix) {
+			return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)
+		}
 	}
-	lower := filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
-	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
+	var lower string
+	switch req.RootFS.Mode {
+	case api.RootFSOverlay:
+		req.Resources = n.withDiskDefault(req.Resources)
+		if err := n.checkDisk(req.Resources); err != nil {
+			return api.ClaimResponse{}, err
+		}
+		lower = filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
+		if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
+			return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
+		}
+	case api.RootFSBlock:
+		// The disk lease is the device size: no project quota.
+		if err := n.checkBlock(ctx, &req); err != nil {
+			return api.ClaimResponse{}, err
+		}
+	default:
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "rootfs mode %q is not supported", req.RootFS.Mode)
 	}
 	nonce, err := newNonce()
 	if err != nil {
@@ -165,8 +177,10 @@ admit:
 			if err != nil {
 				return err
 			}
-			if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
-				return err
+			if rootfsMode(rec) == journal.RootFSOverlay {
+				if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
+					return err
+				}
 			}
 			// The address slot likewise (network.go): a warm carrier's if
 			// there is one (carriers.go).
@@ -318,9 +332,10 @@ func claimPhases(t *journal.Timings) map[journal.Kind]*float64 {
 	return map[journal.Kind]*float64{
 		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
 		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
+		journal.KindWriter: &t.RootFSMS, journal.KindBlockMount: &t.RootFSMS,
 		journal.KindNetns: &t.NetworkMS, journal.KindLinks: &t.NetworkMS, journal.KindConntrack: &t.NetworkMS,
 		journal.KindNft: &t.NetworkMS, journal.KindDNS: &t.NetworkMS,
-		journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,
+		journal.KindAgent: &t.RunscMS, journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,
 	}
 }
 
@@ -332,7 +347,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 
 	// Make the generation's resources in table order, each journaled.
 	c := &claimState{rec: rec, lower: lower}
-	for _, r := range n.table {
+	for _, r := range n.tableFor(rec) {
 		t0 := time.Now()
 		if err := n.effect(r.kind(), cid, c.rec, func() error { return r.make(ctx, c) }); err != nil {
 			return api.ClaimResponse{}, err
@@ -346,19 +361,13 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	rec, root := c.rec, c.root
 	step := time.Now()
 
-	// Readiness proof: the first command through the guest must return
-	// this generation's nonce.
-	var out, errb bytes.Buffer
-	probe := readinessProbe(rec)
-	probe.CgroupDir = n.d.Leases.Dir(rec.LeaseID) // charged to the sandbox
-	code, err := n.d.Runtime.Exec(ctx, cid, probe, nil, &out, &errb)
+	// Readiness proof: the guest's agent, the init that started the
+	// workload, must answer with this generation's nonce.
+	nonce, err := n.awaitAgent(ctx, rec)
 	if err != nil {
-		return api.ClaimResponse{}, fmt.Errorf("readiness probe: %w", err)
+		return api.ClaimResponse{}, err
 	}
-	if code != 0 {
-		return api.ClaimResponse{}, fmt.Errorf("readiness probe exited %d: %s", code, strings.TrimSpace(errb.String()))
-	}
-	ready, err := n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: cid, Nonce: strings.TrimSpace(out.String())}, func(s *journal.Sandbox) {
+	ready, err := n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: cid, Nonce: nonce}, func(s *journal.Sandbox) {
 		t.ProofMS = ms(time.Since(step))
 		t.TotalMS = ms(time.Since(start))
 		s.Root, s.Timings = root, t
@@ -367,14 +376,6 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 		return api.ClaimResponse{}, err
 	}
 	return api.ClaimResponse{Sandbox: apiSandbox(ready)}, nil
-}
-
-// readinessProbe is the first command through a new guest: it echoes the
-// generation's nonce, as the workload's own user, so the proof also shows
-// that user can run in the guest.
-func readinessProbe(rec journal.Sandbox) runsc.ExecProcess {
-	uid, gid := workloadUser(rec)
-	return runsc.ExecProcess{Args: []string{"/bin/echo", rec.Nonce}, UID: uid, GID: gid}
 }
 
 // Readiness is a proof that a generation's guest runs: it returned the

@@ -8,6 +8,7 @@ package node
 import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/node/journal"
+	"strconv"
 )
 
 // apiSandbox is the wire form of a sandbox record.
@@ -16,8 +17,20 @@ func apiSandbox(s journal.Sandbox) api.Sandbox {
 		ID: s.ID, Generation: s.Generation, State: api.SandboxState(s.State), ContainerID: s.ContainerID,
 		LeaseID: s.LeaseID, Resources: apiResources(s.Resources), RootFS: apiRootFS(s.RootFS), Epoch: s.Epoch,
 		CreatedAt: s.CreatedAt, Timings: apiTimings(s.Timings), ReleaseTimings: apiReleaseTimings(s.ReleaseTimings),
-		Reason: s.Reason, OOMKills: s.OOMKills,
+		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s),
 	}
+}
+
+// apiWriter is s's writer while the generation holds its device.
+func apiWriter(s journal.Sandbox) *api.BlockWriter {
+	if s.Block == nil || !s.Holds() {
+		return nil
+	}
+	w := &api.BlockWriter{Epoch: s.Block.WriterEpoch, PID: s.Block.PID, Restarts: s.Block.Restarts}
+	if s.Block.Index >= 0 {
+		w.Device = "/dev/nbd" + strconv.Itoa(s.Block.Index)
+	}
+	return w
 }
 
 func apiResources(r journal.Resources) api.Resources {

@@ -15,14 +15,17 @@ import (
 
 // The fake kernel is what the interfaces say.
 var (
-	_ Leases   = (*fakekernel.Leases)(nil)
-	_ RootFS   = (*fakekernel.RootFS)(nil)
-	_ Netns    = (*fakekernel.Netns)(nil)
-	_ Runtime  = (*fakekernel.Runtime)(nil)
-	_ Links    = (*fakekernel.Links)(nil)
-	_ Firewall = (*fakekernel.Firewall)(nil)
-	_ Flows    = (*fakekernel.Flows)(nil)
-	_ DNSProxy = (*fakekernel.DNSProxy)(nil)
+	_ Leases         = (*fakekernel.Leases)(nil)
+	_ RootFS         = (*fakekernel.RootFS)(nil)
+	_ Netns          = (*fakekernel.Netns)(nil)
+	_ Runtime        = (*fakekernel.Runtime)(nil)
+	_ Links          = (*fakekernel.Links)(nil)
+	_ Firewall       = (*fakekernel.Firewall)(nil)
+	_ Flows          = (*fakekernel.Flows)(nil)
+	_ DNSProxy       = (*fakekernel.DNSProxy)(nil)
+	_ BlockDevices   = (*fakekernel.Blocks)(nil)
+	_ BlockMounts    = (*fakekernel.BlockMounts)(nil)
+	_ BlockTemplates = (*fakekernel.Templates)(nil)
 )
 
 // fakeKernel is a testKernel over a new fake kernel.
@@ -36,15 +39,31 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 		leases: k.Leases(), rootfs: k.RootFS(), netns: k.Netns(), runtime: k.Runtime(),
 		links: k.Links(), firewall: k.Firewall(), flows: k.Flows(), pool: testPool,
 		dns:    func() DNSProxy { k.RestartDNSProxy(); return k.DNSProxy() },
-		runDir: k.RunDir(), templatesDir: k.TemplatesDir(),
+		runDir: k.RunDir(), templatesDir: k.TemplatesDir(), agentBinary: k.AgentBinary(),
 		text:      k.String,
 		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },
 		failProbe: func(_ testing.TB, req *api.ClaimRequest) {
 			k.FailMake(fakekernel.KindExec, containerID(sb, req.Generation), nil)
 		},
 		timeout: 10 * time.Second,
+		block:   k.Blocks(), blockMounts: k.BlockMounts(), templates: k.Templates(), writersDir: k.WritersDir(),
+		// The fake's dead writers are seen at once.
+		blockStore: BlockConfig{CheckEvery: 10 * time.Millisecond},
 	}, k
 }
+
+// blockKernel is fakeKernel whose claims are block-mode ones.
+func blockKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
+	tk, k := fakeKernel(t)
+	tk.blockMode = true
+	return tk, k
+}
+
+// kernelModes are the fake kernels of each RootFS mode.
+var kernelModes = []struct {
+	name string
+	make func(testing.TB) (*testKernel, *fakekernel.Kernel)
+}{{"overlay", fakeKernel}, {"block", blockKernel}}
 
 // TestCrashPoints walks every crash point of the node in every case that
 // passes it: the operation dies at the point, the next term reconciles,
@@ -54,23 +73,28 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 // also crashes a second time at the same point during the recovery.
 func TestCrashPoints(t *testing.T) {
 	covered, ran := map[string]bool{}, map[string]bool{}
-	for _, point := range testCrashPoints() {
-		for _, c := range crashCases {
-			for _, crashes := range []int{1, 2} {
-				name := subtestName(point) + "/" + c.name
-				if crashes == 2 {
-					name += "/twice"
-				}
-				t.Run(name, func(t *testing.T) {
-					ran[point] = true
-					k, _ := fakeKernel(t)
-					if runCrashCase(t, k, c, point, crashes) {
-						covered[point] = true
-						t.Logf("crashed at %s in case %s", point, c.name)
-					} else if c.covers(point) {
-						t.Errorf("case %s never passed crash point %s", c.name, point)
+	for _, mode := range kernelModes {
+		for _, point := range testCrashPoints() {
+			if tk, _ := mode.make(t); !pointApplies(point, tk.mode()) {
+				continue // an entry of the other RootFS mode
+			}
+			for _, c := range crashCases {
+				for _, crashes := range []int{1, 2} {
+					name := mode.name + "/" + subtestName(point) + "/" + c.name
+					if crashes == 2 {
+						name += "/twice"
 					}
-				})
+					t.Run(name, func(t *testing.T) {
+						ran[point] = true
+						k, _ := mode.make(t)
+						if runCrashCase(t, k, c, point, crashes) {
+							covered[point] = true
+							t.Logf("crashed at %s in case %s", point, c.name)
+						} else if c.covers(point) {
+							t.Errorf("case %s never passed crash point %s", c.name, point)
+						}
+					})
+				}
 			}
 		}
 	}
@@ -85,12 +109,14 @@ func TestCrashPoints(t *testing.T) {
 // one after the other in the recoveries of one release (or sweep), still
 // ends clean. The VM covers those points this way.
 func TestCrashChains(t *testing.T) {
-	full, _ := fakeKernel(t)
-	for _, c := range crashChains(full) {
-		t.Run(c.c.name, func(t *testing.T) {
-			k, _ := fakeKernel(t)
-			runCrashChain(t, k, c.c, c.points)
-		})
+	for _, mode := range kernelModes {
+		full, _ := mode.make(t)
+		for _, c := range crashChains(full) {
+			t.Run(mode.name+"/"+c.c.name, func(t *testing.T) {
+				k, _ := mode.make(t)
+				runCrashChain(t, k, c.c, c.points)
+			})
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
@@ -15,6 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/node/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/writer"
 )
 
 // The real subsystems are what the interfaces below describe.
@@ -161,4 +163,57 @@ type DNSProxy interface {
 	Register(o netpolicy.Owner, eff netpolicy.Effective)
 	Unregister(slot netpolicy.Slot)
 	Registered(slot netpolicy.Slot) bool
+}
+
+// Block mode (rootfs.mode = block, DESIGN.md "RootFS"). Each interface is
+// one resource kind of a block-mode generation; a node without them
+// refuses block claims (unavailable).
+
+// BlockDevices runs the writer processes of block-mode generations: each
+// serves a copy-on-write device over a template's generation on a kernel
+// /dev/nbdX, outlives the primary, and is adopted by the next one
+// (writer.Supervisor; its doc comments define the semantics).
+type BlockDevices interface {
+	// Start starts the writer of spec.Dir and returns once its device is
+	// attached; a live writer for that Dir is refused (writer.ErrBusy).
+	Start(ctx context.Context, spec writer.Spec) (writer.State, error)
+	// Stop ends the Dir's writer and disconnects its device; no writer is
+	// success.
+	Stop(ctx context.Context, dir string) error
+	// Check returns the live writer's State, else writer.ErrNotRunning.
+	Check(ctx context.Context, dir string) (writer.State, error)
+	// CheckGone is the proof check: no writer for dir and /dev/nbd<index>
+	// quiescent (index < 0: none was attached).
+	CheckGone(ctx context.Context, dir string, index int) (ok bool, detail string)
+	// List names the writer dirs (full paths) with a writer or its state.
+	List(ctx context.Context) ([]string, error)
+}
+
+var _ BlockDevices = (*writer.Supervisor)(nil)
+
+// BlockMounts mounts the filesystem of a block-mode generation's device
+// as its OCI root.
+type BlockMounts interface {
+	// Mount mounts device (ext4) at the generation's root mount point and
+	// returns it; the same device already mounted there is success.
+	Mount(ctx context.Context, id, device string) (root string, err error)
+	// Unmount unmounts it and removes the mount point; absent is success.
+	Unmount(ctx context.Context, id string) error
+	// List names the generations with a mount point or a mount.
+	List(ctx context.Context) ([]string, error)
+	// Mounted names the generations whose root is mounted (one read).
+	Mounted(ctx context.Context) ([]string, error)
+	// Superblock is the mounted filesystem's device (major:minor).
+	Superblock(id string) (string, error)
+	CheckGone(ctx context.Context, id, dev string) (ok bool, detail string)
+}
+
+var _ BlockMounts = (*rootfs.Block)(nil)
+
+// BlockTemplates are the templates of the node's block store.
+type BlockTemplates interface {
+	// Template returns the generation a device over template name writes
+	// over and its device size; a template the store does not have is
+	// errdefs not_found.
+	Template(ctx context.Context, name string) (base blockstore.GenRef, size int64, err error)
 }

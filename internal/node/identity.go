@@ -29,6 +29,9 @@ func (n *Node) identify(ctx context.Context, rec journal.Sandbox) journal.Sandbo
 			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie, changed = id.Dev, id.Ino, id.Cookie, true
 		}
 	}
+	if r, ok := n.identifyBlock(ctx, rec); ok {
+		rec, changed = r, true
+	}
 	if !changed {
 		return rec
 	}
@@ -38,6 +41,9 @@ func (n *Node) identify(ctx context.Context, rec journal.Sandbox) journal.Sandbo
 			return err
 		}
 		s.RootDev, s.NetnsDev, s.NetnsIno, s.NetnsCookie = rec.RootDev, rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie
+		if rec.Block != nil {
+			s.Block = rec.Block
+		}
 		return tx.PutSandbox(s)
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -68,6 +69,27 @@ func (n *Node) owner(rec journal.Sandbox) (o netpolicy.Owner, ok bool, err error
 		return o, false, fmt.Errorf("address block of %s generation %d: %w", rec.ID, rec.Generation, err)
 	}
 	return netpolicy.Owner{ID: rec.ID, Generation: rec.Generation, Block: b}, true, nil
+}
+
+// guestNameservers are what the guest's generated resolv.conf names: the
+// gateways of its block, whose port 53 the node redirects to the DNS
+// proxy. Every mode gets them, deny_all too: the proxy refuses its names
+// at once (no resolver timeout), and a live update to another mode needs
+// no change in the guest. None without a proxy or a slot: then the
+// RootFS's own resolv.conf stays (nothing it names is reachable).
+func (n *Node) guestNameservers(rec journal.Sandbox) ([]netip.Addr, error) {
+	if n.d.DNSProxy == nil || !n.hasNet() {
+		return nil, nil
+	}
+	o, ok, err := n.owner(rec)
+	if err != nil || !ok {
+		return nil, fmt.Errorf("nameservers of the guest: %w", orNoSlot(err, rec))
+	}
+	ns := []netip.Addr{o.Block.Gateway4}
+	if o.Block.Gateway6.IsValid() {
+		ns = append(ns, o.Block.Gateway6)
+	}
+	return ns, nil
 }
 
 // policyOf is the policy rec's generation should enforce: a live update

@@ -2,17 +2,24 @@ package node
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 // TestClaimMakesNetwork: a deny_all claim gets an address slot, a veth
@@ -287,4 +294,65 @@ func TestFirewallNotReadyRefusesClaims(t *testing.T) {
 	k.ClearFailMake(fakekernel.KindNft, fakekernel.TableName)
 	r.mustBoot()
 	r.mustClaim(sb, req)
+}
+
+// TestGuestResolvConf: with a DNS proxy every generation's bundle binds a
+// generated resolv.conf over the guest's /etc/resolv.conf, naming its
+// gateways (where port 53 goes to the proxy), deny_all included; the file
+// is in the bundle dir, so the release removes it (bundle_removed).
+// Without a proxy the bundle binds none.
+func TestGuestResolvConf(t *testing.T) {
+	tk, _ := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	b, err := testPool.Block(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := r.n.bundleDir(containerID(sb, 1))
+	want := fmt.Sprintf("nameserver %s\nnameserver %s\n", b.Gateway4, b.Gateway6)
+	got, err := os.ReadFile(filepath.Join(dir, runsc.ResolvConfFile))
+	if err != nil || !strings.HasSuffix(string(got), want) || strings.Count(string(got), "nameserver") != 2 {
+		t.Errorf("resolv.conf of the bundle: %q, %v; want it to name %s", got, err, want)
+	}
+	if m, ok := resolvMount(t, dir); !ok || m.Source != filepath.Join(dir, runsc.ResolvConfFile) || !slices.Contains(m.Options, "ro") {
+		t.Errorf("config.json mounts /etc/resolv.conf as %+v (found %v), want a read-only bind of the bundle's resolv.conf", m, ok)
+	}
+	r.mustRelease(sb, "r1", 1)
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("bundle dir after the release: %v", err)
+	}
+	r.checkProof("r1")
+	r.checkClean("after the release")
+
+	tk.dns = nil
+	r.mustBoot()
+	r.mustClaim("plain", claimReq("c2", 1))
+	dir = r.n.bundleDir(containerID("plain", 1))
+	if _, err := os.Stat(filepath.Join(dir, runsc.ResolvConfFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("without a DNS proxy the bundle has a resolv.conf: %v", err)
+	}
+	if m, ok := resolvMount(t, dir); ok {
+		t.Errorf("without a DNS proxy config.json mounts /etc/resolv.conf: %+v", m)
+	}
+}
+
+// resolvMount is the bundle's mount of /etc/resolv.conf, if any.
+func resolvMount(t *testing.T, dir string) (specs.Mount, bool) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			return m, true
+		}
+	}
+	return specs.Mount{}, false
 }

@@ -58,6 +58,18 @@ type Config struct {
 	// CarrierWait bounds how long a claim waits for a warm carrier being
 	// made on the last free address block (0: DefaultCarrierWait).
 	CarrierWait time.Duration
+	// Block configures block-mode generations (block.go).
+	Block BlockConfig
+	// AgentBinary is the static ctl-agent every generation runs as its
+	// init (agent.go); best on the run dir's filesystem, so each
+	// generation's copy is a hard link. Empty: claims are refused.
+	AgentBinary string
+	// ReadyTimeout bounds the wait for a new guest's agent to answer the
+	// readiness proof (0: DefaultReadyTimeout).
+	ReadyTimeout time.Duration
+	// AgentCallTimeout bounds an agent call that is not a stream (ready,
+	// stat, list, mkdir, remove, rename; 0: the client's 10 s).
+	AgentCallTimeout time.Duration
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
@@ -84,6 +96,12 @@ type Deps struct {
 	Flows    Flows
 	DNSProxy DNSProxy
 	Pool     netpolicy.Pool
+	// Block mode (block.go): writers and their devices, the devices'
+	// mounts, the block store's templates. A node without all three
+	// refuses block claims (unavailable).
+	Block       BlockDevices   // *writer.Supervisor
+	BlockMounts BlockMounts    // *rootfs.Block
+	Templates   BlockTemplates // the block store
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -179,8 +180,8 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 	}
 }
 
-// TestExecAndProbeRunAsWorkloadUser: without a user, exec and the
-// readiness probe run as the claim's process user, not as root.
+// TestExecAndProbeRunAsWorkloadUser: without a user, exec runs as the
+// claim's process user, not as root, and the agent is told that user.
 func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
 	rec := journal.Sandbox{Nonce: "n", Request: &journal.ClaimRequest{Process: journal.Process{UID: 1000, GID: 1001}}}
 	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
@@ -189,7 +190,8 @@ func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
 	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}, User: &api.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
 		t.Errorf("exec as 0:0 runs as %d:%d", p.UID, p.GID)
 	}
-	if p := readinessProbe(rec); p.UID != 1000 || p.GID != 1001 || p.Args[1] != "n" {
-		t.Errorf("readiness probe %+v, want /bin/echo of the nonce as 1000:1001", p)
+	n := &Node{cfg: Config{RunDir: "/run/ctld"}}
+	if a := n.agentSpec(rec); !slices.Equal(a.Env, []string{"CTL_AGENT_NONCE=n", "CTL_AGENT_UID=1000", "CTL_AGENT_GID=1001"}) {
+		t.Errorf("agent env %q, want the nonce and the workload's 1000:1001", a.Env)
 	}
 }

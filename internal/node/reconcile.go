@@ -16,8 +16,10 @@ import (
 //   - claims that were half done are rolled back (cleanup proof, operation failed);
 //   - releases that were half done are completed (cleanup proof, operation done);
 //   - ready generations whose container still runs are re-adopted as they are;
-//     those whose container, lease, mount or netns is gone are marked lost and
-//     cleaned up;
+//     a block generation whose writer alone died gets its next writer on the
+//     same device (restartWriter); those whose container, lease, mount or
+//     netns is gone (or whose writer could not be restarted) are marked lost
+//     and cleaned up;
 //   - effect records no live generation owns are finished (the object
 //     removed, the record dropped); then, as a second line of defence,
 //     kernel objects under ctld's names that no live generation owns are
@@ -65,12 +67,27 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			_, err := n.teardown(ctx, s, s.ReleaseOp, journal.StateReleased, "released")
 			errs = append(errs, err)
 		case journal.StateReady, journal.StateLost:
-			if missing := n.missing(ctx, s, inv); len(missing) > 0 || s.State == journal.StateLost {
-				log.Warn("generation lost: kernel objects gone", "missing", missing)
-				n.setState(s.ID, journal.StateLost, fmt.Sprintf("lost: %v gone", missing))
+			missing := n.missing(ctx, s, inv)
+			reason := fmt.Sprintf("lost: %v gone", missing)
+			if s.State == journal.StateReady && slices.Equal(missing, []string{"writer"}) {
+				// Only the writer died: the next one re-attaches its device
+				// (writerwatch.go) and the guest sees no error.
+				rs, err := n.restartWriter(ctx, s, errors.New("writer found dead on takeover"))
+				if err == nil {
+					s, missing = rs, nil
+				} else if n.live() != nil {
+					errs = append(errs, err)
+					continue // the next primary decides
+				} else {
+					reason = fmt.Sprintf("lost: %v", err)
+				}
+			}
+			if len(missing) > 0 || s.State == journal.StateLost {
+				log.Warn("generation lost: kernel objects gone", "missing", missing, "reason", reason)
+				n.setState(s.ID, journal.StateLost, reason)
 				// Lost holds its capacity until the proof; a clean proof ends
 				// it as released (the reason keeps that it was lost).
-				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, journal.StateReleased, fmt.Sprintf("lost: %v gone", missing))
+				_, err := n.teardown(ctx, s, "lost-"+s.ContainerID, journal.StateReleased, reason)
 				errs = append(errs, err)
 				continue
 			}
@@ -135,6 +152,8 @@ type kernelInventory struct {
 	netns      map[string]bool // netns names whose namespace file is mounted
 	links      map[string]bool // host veth ends (nil: the node makes none)
 	chains     map[string]bool // generations with objects in the nft table (nil: none made)
+	// blockMounts are the container ids whose block root is mounted.
+	blockMounts map[string]bool
 }
 
 // inventory asks the subsystems (not /proc directly, so a fake kernel can
@@ -155,6 +174,13 @@ func (n *Node) inventory(ctx context.Context) (kernelInventory, error) {
 		return inv, fmt.Errorf("list netns mounts: %w", err)
 	}
 	inv.mounts, inv.netns = setOf(mounts), setOf(netns)
+	if n.d.BlockMounts != nil {
+		bm, err := n.d.BlockMounts.Mounted(ctx)
+		if err != nil {
+			return inv, fmt.Errorf("list block root mounts: %w", err)
+		}
+		inv.blockMounts = setOf(bm)
+	}
 	if n.hasNet() {
 		links, err := n.d.Links.List(ctx)
 		if err != nil {
@@ -180,7 +206,7 @@ func setOf(ss []string) map[string]bool {
 // missing lists which of a ready generation's kernel objects are gone.
 func (n *Node) missing(ctx context.Context, s journal.Sandbox, inv kernelInventory) []string {
 	var out []string
-	for _, r := range slices.Backward(n.table) {
+	for _, r := range slices.Backward(n.tableFor(s)) {
 		if what := r.missing(ctx, s, inv); what != "" {
 			out = append(out, what)
 		}

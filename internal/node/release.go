@@ -101,20 +101,21 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 	start := time.Now()
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
 	rec = n.identify(ctx, rec)
+	tab := n.tableFor(rec)
 	recorded, err := n.effectsOf(rec)
 	if err != nil {
 		// Fail safe: without the journal's word, remove everything
 		// (removal is idempotent).
 		log.Error("read effect records; removing every resource", "err", err)
 		recorded = map[journal.Kind]journal.Effect{}
-		for _, r := range n.table {
+		for _, r := range tab {
 			recorded[r.kind()] = journal.Effect{Kind: r.kind(), State: journal.Intended}
 		}
 	}
 	var errs []error
 	var over error // the term ended: stop, leave the rest to the next primary
-	steps := make([]journal.StepTiming, 0, len(n.table))
-	for _, r := range slices.Backward(n.table) {
+	steps := make([]journal.StepTiming, 0, len(tab))
+	for _, r := range slices.Backward(tab) {
 		st := journal.StepTiming{Resource: string(r.kind())}
 		if e, ok := recorded[r.kind()]; ok {
 			if over = n.live(); over != nil {
@@ -141,7 +142,7 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 		return proof.Proof{}, errors.Join(append(errs, over)...)
 	}
 
-	p := n.checkGone(ctx, rec, opID, recorded, steps)
+	p := n.checkGone(ctx, tab, rec, opID, recorded, steps)
 	proofStart := time.Now()
 	if err := proof.Sign(n.d.Identity, &p); err != nil {
 		errs = append(errs, fmt.Errorf("sign proof: %w", err))
@@ -244,12 +245,12 @@ func (n *Node) removeRecorded(ctx context.Context, r resource, rec journal.Sandb
 // checkGone asks the kernel, per resource, whether the generation is gone,
 // and fills in each step's check time. An object found that the journal
 // never recorded is removed here and reported (see teardown).
-func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string, recorded map[journal.Kind]journal.Effect, steps []journal.StepTiming) proof.Proof {
+func (n *Node) checkGone(ctx context.Context, tab []resource, rec journal.Sandbox, opID string, recorded map[journal.Kind]journal.Effect, steps []journal.StepTiming) proof.Proof {
 	p := proof.Proof{
 		OperationID: opID, NodeID: n.d.Identity.NodeID, BootID: n.d.Identity.BootID, Epoch: n.d.Epoch,
 		SandboxID: rec.ID, Generation: rec.Generation, LeaseID: rec.LeaseID, Time: time.Now().UTC(),
 	}
-	for i, r := range slices.Backward(n.table) {
+	for i, r := range slices.Backward(tab) {
 		t0 := time.Now()
 		c := r.gone(ctx, rec)
 		if _, ok := recorded[r.kind()]; !ok && !c.OK && n.live() == nil {
@@ -260,7 +261,7 @@ func (n *Node) checkGone(ctx context.Context, rec journal.Sandbox, opID string, 
 				c = r.gone(ctx, rec)
 			}
 		}
-		steps[len(n.table)-1-i].CheckMS = ms(time.Since(t0))
+		steps[len(tab)-1-i].CheckMS = ms(time.Since(t0))
 		p.Checks = append(p.Checks, c)
 	}
 	p.Clean = true

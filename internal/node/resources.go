@@ -57,6 +57,7 @@ type claimState struct {
 	lower  string // the template directory
 	root   string // the RootFS mount point (mount)
 	nsPath string // the netns path (netns)
+	device string // the attached /dev/nbdX (writer, block mode)
 }
 
 // newTable is the resource table, in claim order.
@@ -66,11 +67,14 @@ func newTable(n *Node) []resource {
 		cgroupResource{n},  // the lease every later process is charged to
 		diskResource{n: n}, // the quota on the scratch dir, before the overlay upper is used
 		mountResource{n},
+		writerResource{n},     // block mode: the writer and its /dev/nbdX
+		blockMountResource{n}, // block mode: the device's filesystem as the root
 		netnsResource{n},
 		linksResource{n},        // needs the netns path
 		conntrackResource{n: n}, // flushed once the nft objects that mark flows are gone
 		nftResource{n},          // the policy; removed before the links it dispatches on
 		dnsResource{n: n},       // adds answers to the nft sets: removed before them
+		agentResource{n: n},     // the guest agent's binary and socket dirs, bound by the bundle
 		bundleResource{n: n},
 		runscResource{n}, // last: the guest
 	}
@@ -310,12 +314,24 @@ func (r bundleResource) make(_ context.Context, c *claimState) error {
 	if len(args) == 0 {
 		args = r.n.cfg.DefaultArgs
 	}
+	// The guest's resolv.conf lives in the bundle: it goes with it.
+	var resolv string
+	ns, err := r.n.guestNameservers(rec)
+	if err != nil {
+		return err
+	}
+	if len(ns) > 0 {
+		resolv = filepath.Join(rec.Bundle, runsc.ResolvConfFile)
+		if err := runsc.WriteResolvConf(resolv, ns); err != nil {
+			return err
+		}
+	}
 	oci, err := runsc.BuildSpec(runsc.BundleSpec{
 		ContainerID: rec.ContainerID, RootPath: c.root, Hostname: rec.ID, NetnsPath: c.nsPath,
 		CgroupsPath: r.n.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: req.Resources.CPUMillis,
 		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
-		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj,
+		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj, ResolvConf: resolv, Agent: r.n.agentSpec(rec),
 	})
 	if err != nil {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)

@@ -52,6 +52,8 @@ type testKernel struct {
 	// chain (nil: not known to the test).
 	enforced func(chain string) (netpolicy.Mode, bool)
 	runDir   string
+	// agentBinary is the node's ctl-agent (Config.AgentBinary).
+	agentBinary string
 	// templatesDir holds the template "busybox".
 	templatesDir string
 	diskProjects DiskProjects
@@ -77,6 +79,47 @@ type testKernel struct {
 	// resources, when set, replace every claim's (the VM's guests need
 	// more CPU than a lease of 0.2 CPU to boot in seconds under TCG).
 	resources *api.Resources
+	// Block mode (nil: the node has none); blockMode makes every claim a
+	// block-mode one (its disk lease the template's device size).
+	block       BlockDevices
+	blockMounts BlockMounts
+	templates   BlockTemplates
+	writersDir  string
+	blockMode   bool
+	// blockStore is the node's BlockConfig but WritersDir: the real
+	// kernel's block store (StoreDir, NodeKeyFile, NodeKeyID,
+	// DeadConnTimeout), the fake's writer checks (CheckEvery).
+	blockStore BlockConfig
+}
+
+// mode is the RootFS mode of the kernel's claims.
+func (k *testKernel) mode() journal.RootFSMode {
+	if k.blockMode {
+		return journal.RootFSBlock
+	}
+	return journal.RootFSOverlay
+}
+
+// blockConfig is the node's BlockConfig over k's writers dir and store.
+func (k *testKernel) blockConfig() BlockConfig {
+	c := k.blockStore
+	c.WritersDir = k.writersDir
+	if c.NodeKeyID == "" {
+		c.NodeKeyID = "node"
+	}
+	return c
+}
+
+// pointApplies says whether a generation of mode passes point: not if
+// the point is of an entry of the other RootFS mode.
+func pointApplies(point string, mode journal.RootFSMode) bool {
+	kind, _, _ := strings.Cut(strings.TrimPrefix(point, "orphan:"), ":")
+	for _, r := range newTable(&Node{}) {
+		if string(r.kind()) == kind {
+			return applies(r, journal.Sandbox{RootFS: journal.RootFS{Mode: mode}})
+		}
+	}
+	return true
 }
 
 // rig runs terms of a node over one journal and one kernel.
@@ -205,7 +248,10 @@ func (r *rig) boot() (returned bool, err error) {
 	r.n = New(Config{
 		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
 		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
+		Block:       r.k.blockConfig(),
+		AgentBinary: r.k.agentBinary,
 	}, Deps{
+		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
@@ -290,6 +336,9 @@ func (r *rig) claim(id string, req api.ClaimRequest) (resp api.ClaimResponse, er
 	defer r.took("claim "+req.OperationID, time.Now())
 	if r.k.resources != nil {
 		req.Resources = *r.k.resources
+	}
+	if r.k.blockMode {
+		req.RootFS.Mode, req.Resources.DiskBytes = api.RootFSBlock, 0
 	}
 	returned = r.do(func() { resp, err = r.n.Claim(ctx, id, req) })
 	return resp, err, returned
@@ -503,9 +552,10 @@ func isSweepPoint(k *testKernel, p string) bool {
 	}
 	n := &Node{}
 	if k != nil {
-		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool}
+		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool, Block: k.block, BlockMounts: k.blockMounts}
 	} else {
-		n.d = Deps{Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil)}
+		n.d = Deps{Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil),
+			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil)}
 	}
 	n.table = newTable(n)
 	r := n.resource(journal.Kind(kind))
@@ -681,6 +731,8 @@ var crashCases = []crashCase{
 				return link
 			case journal.KindNft:
 				return name == netpolicy.ChainName("orph", 1)
+			case journal.KindWriter:
+				return filepath.Base(name) == containerID("orph", 1)
 			}
 			return name == containerID("orph", 1)
 		},
@@ -782,6 +834,9 @@ func crashChains(k *testKernel) []struct {
 } {
 	var release, orphan, over []string
 	for _, p := range testCrashPoints() {
+		if !pointApplies(p, k.mode()) {
+			continue
+		}
 		switch {
 		case isTeardownPoint(p):
 			release = append(release, p)

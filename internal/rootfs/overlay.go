@@ -69,23 +69,10 @@ func (o *Overlay) logger() *slog.Logger {
 	return logging.OrDiscard(o.Logger)
 }
 
-func (o *Overlay) mountinfo() ([]mountinfo.Mount, error) {
-	p := o.MountinfoPath
-	if p == "" {
-		p = mountinfo.SelfPath
-	}
-	return mountinfo.ReadFile(p)
-}
+func (o *Overlay) mountinfo() ([]mountinfo.Mount, error) { return readMounts(o.MountinfoPath) }
 
-// scratch is ScratchDir with symlinks resolved, because mountinfo shows
-// resolved paths and every "is it mounted" answer compares against them.
-func (o *Overlay) scratch() string {
-	d := filepath.Clean(o.ScratchDir)
-	if r, err := filepath.EvalSymlinks(d); err == nil {
-		return r
-	}
-	return d
-}
+// scratch is ScratchDir with symlinks resolved.
+func (o *Overlay) scratch() string { return resolvedDir(o.ScratchDir) }
 
 // Dir is the sandbox's scratch dir.
 func (o *Overlay) Dir(id string) string { return filepath.Join(o.scratch(), id) }
@@ -224,25 +211,13 @@ func (o *Overlay) Unmount(ctx context.Context, id string) error {
 	}
 	dir := o.Dir(id)
 	log := o.logger().With("sandbox", id, "dir", dir)
-	ms, err := o.mountinfo()
+	// Removing the dir is safe only if nothing is left mounted in it.
+	left, err := unmountUnder(ctx, log, o.mountinfo, dir)
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, m := range mountinfo.Under(ms, dir) {
-		if err := unmountBusy(ctx, log, m.MountPoint); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	// Re-read: removing the dir is safe only if nothing is mounted in it.
-	if ms, err = o.mountinfo(); err != nil {
-		return err
-	}
-	if left := mountinfo.Under(ms, dir); len(left) > 0 {
-		return fmt.Errorf("unmount overlay %s: %s still mounted", id, left[0].MountPoint)
+	if left != "" {
+		return fmt.Errorf("unmount overlay %s: %s still mounted", id, left)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove scratch dir %s: %w", dir, err)
@@ -285,35 +260,18 @@ func unmountBusy(ctx context.Context, log *slog.Logger, target string) error {
 // valid ids are logged and left alone: ctld never made them.
 func (o *Overlay) List(ctx context.Context) ([]string, error) {
 	scratch := o.scratch()
-	seen := map[string]bool{}
-	ents, err := os.ReadDir(scratch)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("list scratch dir: %w", err)
-	}
-	for _, e := range ents {
-		seen[e.Name()] = true
-	}
 	ms, err := o.mountinfo()
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range mountinfo.Under(ms, scratch) {
-		rel, err := filepath.Rel(scratch, m.MountPoint)
-		if err != nil || rel == "." {
-			continue
-		}
-		seen[strings.SplitN(rel, "/", 2)[0]] = true
+	ids, foreign, err := listIDs(scratch, ms)
+	if err != nil {
+		return nil, fmt.Errorf("list scratch dir: %w", err)
 	}
-	out := make([]string, 0, len(seen))
-	for id := range seen {
-		if err := names.CheckID("sandbox id", id); err != nil {
-			o.logger().Warn("ignoring foreign entry in scratch dir", "name", id, "dir", scratch)
-			continue
-		}
-		out = append(out, id)
+	for _, name := range foreign {
+		o.logger().Warn("ignoring foreign entry in scratch dir", "name", name, "dir", scratch)
 	}
-	slices.Sort(out)
-	return out, nil
+	return ids, nil
 }
 
 // Mounted returns the sandbox ids whose overlay root is mounted, sorted,

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ctld/ctld/internal/holders"
 	"github.com/ctld/ctld/internal/mountinfo"
 	"github.com/ctld/ctld/internal/names"
@@ -35,12 +33,7 @@ func (o *Overlay) Superblock(id string) (string, error) {
 	return fmt.Sprintf("%d:%d", top.Major, top.Minor), nil
 }
 
-func (o *Overlay) proc() string {
-	if o.ProcRoot == "" {
-		return mountinfo.ProcRoot
-	}
-	return o.ProcRoot
-}
+func (o *Overlay) proc() string { return procRoot(o.ProcRoot) }
 
 // checkSuperblockGone looks for sandbox id's overlay superblock in every
 // mount namespace and, when its device number dev is known, for processes
@@ -75,16 +68,12 @@ func (o *Overlay) checkSuperblockGone(id, dev string) (ok bool, detail string) {
 		// filesystem has ours, so ours is gone.
 		return true, fmt.Sprintf("overlay superblock %s mounted %s; the device now belongs to another filesystem", dev, where)
 	}
-	maj, min, err := parseDev(dev)
+	held, err := holdersOf(o.proc(), dev)
 	if err != nil {
 		return false, err.Error()
 	}
-	refs, err := holders.Files(o.proc(), unix.Mkdev(maj, min))
-	if err != nil {
-		return false, fmt.Sprintf("cannot look for holders of superblock %s: %v", dev, err)
-	}
-	if len(refs) > 0 {
-		return false, fmt.Sprintf("overlay superblock %s is detached but alive: held by %s", dev, refList(refs))
+	if held != "" {
+		return false, fmt.Sprintf("overlay superblock %s is detached but alive: held by %s", dev, held)
 	}
 	return true, fmt.Sprintf("overlay superblock %s mounted %s and held by no process", dev, where)
 }

@@ -73,6 +73,11 @@ type Runtime struct {
 	// IgnoreCgroups passes --ignore-cgroups, for hosts without a usable
 	// cgroup v2 only. ctld leaves it false: the sandbox joins the lease.
 	IgnoreCgroups bool
+	// HostUDS, when set, is runsc's --host-uds (none, open, create, all):
+	// "create" lets a guest listen on a Unix socket in a bind-mounted host
+	// directory that a host process can connect to (the guest agent's
+	// socket). It counts per container, at `runsc start`.
+	HostUDS string
 	// Debug adds runsc debug logs under LogDir/<id>.debug/.
 	Debug bool
 	// SharedRoot passes --file-access=shared: the sentry revalidates the
@@ -181,6 +186,9 @@ func (r *Runtime) GlobalArgs(id string) []string {
 	}
 	if r.SharedRoot {
 		args = append(args, "--file-access=shared")
+	}
+	if r.HostUDS != "" {
+		args = append(args, "--host-uds="+r.HostUDS)
 	}
 	if r.Debug && id != "" {
 		args = append(args, "--debug", "--debug-log="+filepath.Join(r.ContainerLogDir(id), "debug")+"/")

@@ -76,8 +76,8 @@ func TestGlobalArgs(t *testing.T) {
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("defaults: %q, want %q", got, want)
 	}
-	r = &Runtime{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, Debug: true}
-	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--ignore-cgroups", "--debug", "--debug-log=/l/c1/debug/"}
+	r = &Runtime{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, HostUDS: "create", Debug: true}
+	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--ignore-cgroups", "--host-uds=create", "--debug", "--debug-log=/l/c1/debug/"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("all set: %q, want %q", got, want)
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -111,6 +112,42 @@ type BundleSpec struct {
 	// sandbox and gofer processes. 0 to 1000: a guest is never more
 	// protected from the OOM killer than an ordinary process.
 	OOMScoreAdj int
+	// ResolvConf, if set, is a file on the host (WriteResolvConf) bound
+	// read-only over the guest's /etc/resolv.conf.
+	ResolvConf string
+	// Agent, when set, makes the guest agent the container's init (see
+	// Agent); Args, Env, UID and GID are then the workload's, which the
+	// agent starts as its child.
+	Agent *Agent
+}
+
+// Agent is how the guest agent (cmd/ctl-agent) runs as a container's init:
+// its binary from a host directory bound read-only at AgentBinDir, its
+// socket in a host directory bound read-write at AgentSocketDir (reached
+// from the host with runsc --host-uds=create), its settings in Env. It
+// runs as guest root with root's capabilities, so it can start the
+// workload, and serve calls, as any user.
+type Agent struct {
+	BinDir, SocketDir string
+	// Env is the agent's settings (nonce, the workload's uid and gid):
+	// process.env, never argv, which any guest user can read.
+	Env []string
+}
+
+// The guest's view of the agent: fixed paths, the same in every guest.
+const (
+	AgentBinDir    = "/.ctl-bin"
+	AgentSocketDir = "/.ctl"
+	AgentBinary    = "ctl-agent"
+	AgentSocket    = "agent.sock"
+	// AgentEnvPrefix starts every agent setting: a workload env may not
+	// use it (it would set or hide the agent's own).
+	AgentEnvPrefix = "CTL_AGENT_"
+)
+
+// AgentArgs is the init command of a guest whose workload is args.
+func AgentArgs(args []string) []string {
+	return append([]string{path.Join(AgentBinDir, AgentBinary), "--socket", path.Join(AgentSocketDir, AgentSocket), "--"}, args...)
 }
 
 // BuildSpec describes b as an OCI runtime spec. It has no effects.
@@ -131,17 +168,30 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 	if b.PIDs > 0 {
 		nproc = uint64(b.PIDs)
 	}
+	args, uid, gid := append([]string(nil), b.Args...), b.UID, b.GID
+	env = append([]string(nil), env...)
+	ms := mounts(b.ReadonlyRoot, b.ResolvConf)
+	if a := b.Agent; a != nil {
+		// The agent drops to the workload's user itself (it is told the
+		// uid/gid in its env); it must start as root to do so.
+		args, uid, gid = AgentArgs(args), 0, 0
+		env = append(env, a.Env...)
+		ms = append(ms,
+			specs.Mount{Destination: AgentBinDir, Type: "bind", Source: a.BinDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			specs.Mount{Destination: AgentSocketDir, Type: "bind", Source: a.SocketDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		)
+	}
 	s := &specs.Spec{
 		Version:  OCIVersion,
 		Hostname: b.Hostname,
 		Root:     &specs.Root{Path: b.RootPath, Readonly: b.ReadonlyRoot},
 		Process: &specs.Process{
-			User:            specs.User{UID: b.UID, GID: b.GID},
-			Args:            append([]string(nil), b.Args...),
-			Env:             append([]string(nil), env...),
+			User:            specs.User{UID: uid, GID: gid},
+			Args:            args,
+			Env:             env,
 			Cwd:             cwd,
 			NoNewPrivileges: true,
-			Capabilities:    capabilities(b.UID),
+			Capabilities:    capabilities(uid),
 			// Always explicit: absent, runsc leaves its processes with
 			// ctld's own (protective) oom_score_adj.
 			OOMScoreAdj: &oomScoreAdj,
@@ -150,7 +200,7 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 				{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
 			},
 		},
-		Mounts: mounts(b.ReadonlyRoot),
+		Mounts: ms,
 		Linux: &specs.Linux{
 			CgroupsPath: b.CgroupsPath,
 			Namespaces: []specs.LinuxNamespace{
@@ -185,6 +235,9 @@ func validate(b BundleSpec) error {
 	if len(b.Hostname) > 64 || strings.ContainsAny(b.Hostname, "/\x00 ") {
 		errs = append(errs, fmt.Errorf("hostname %q: not a host name", b.Hostname))
 	}
+	if b.ResolvConf != "" && (!filepath.IsAbs(b.ResolvConf) || filepath.Clean(b.ResolvConf) != b.ResolvConf) {
+		errs = append(errs, fmt.Errorf("resolv.conf path %q: must be absolute and clean", b.ResolvConf))
+	}
 	if b.CPUMillis < 0 || b.MemoryBytes < 0 || b.PIDs < 0 {
 		errs = append(errs, fmt.Errorf("resources cpu=%dm memory=%d pids=%d: must not be negative", b.CPUMillis, b.MemoryBytes, b.PIDs))
 	}
@@ -205,6 +258,23 @@ func validate(b BundleSpec) error {
 	}
 	if b.Cwd != "" && !path.IsAbs(b.Cwd) {
 		errs = append(errs, fmt.Errorf("cwd %q: must be absolute", b.Cwd))
+	}
+	if a := b.Agent; a != nil {
+		for _, d := range []string{a.BinDir, a.SocketDir} {
+			if !filepath.IsAbs(d) || filepath.Clean(d) != d {
+				errs = append(errs, fmt.Errorf("agent dir %q: must be absolute and clean", d))
+			}
+		}
+		for _, e := range b.Env {
+			if strings.HasPrefix(e, AgentEnvPrefix) {
+				errs = append(errs, fmt.Errorf("env %q: %s is reserved for the guest agent", e, AgentEnvPrefix))
+			}
+		}
+		for _, e := range a.Env {
+			if k, _, ok := strings.Cut(e, "="); !ok || !strings.HasPrefix(k, AgentEnvPrefix) || strings.ContainsRune(e, 0) {
+				errs = append(errs, fmt.Errorf("agent env %q: must be %sKEY=VALUE", e, AgentEnvPrefix))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -229,7 +299,7 @@ func capabilities(uid uint32) *specs.LinuxCapabilities {
 	return c
 }
 
-func mounts(readonlyRoot bool) []specs.Mount {
+func mounts(readonlyRoot bool, resolvConf string) []specs.Mount {
 	ms := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
@@ -241,7 +311,43 @@ func mounts(readonlyRoot bool) []specs.Mount {
 		// A read-only root still needs somewhere to write scratch files.
 		ms = append(ms, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}})
 	}
+	if resolvConf != "" {
+		// Read-only: the guest cannot point itself at another resolver
+		// (which the firewall would drop anyway) by accident.
+		ms = append(ms, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: resolvConf, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
+	}
 	return ms
+}
+
+// ResolvConfFile is the name of a bundle's generated resolv.conf.
+const ResolvConfFile = "resolv.conf"
+
+// ResolvConf is a resolv.conf naming nameservers (the sandbox's DNS
+// proxy, reached at its gateway), and nothing else: no search domains of
+// the node leak into the guest.
+func ResolvConf(nameservers []netip.Addr) []byte {
+	var b strings.Builder
+	b.WriteString("# Written by ctld: the sandbox's DNS proxy on the node (read-only).\n")
+	for _, a := range nameservers {
+		fmt.Fprintf(&b, "nameserver %s\n", a)
+	}
+	return []byte(b.String())
+}
+
+// WriteResolvConf writes ResolvConf(nameservers) to path durably, world
+// readable (a guest user of any uid reads it through the gofer), making
+// its directory if needed.
+func WriteResolvConf(path string, nameservers []netip.Addr) error {
+	if len(nameservers) == 0 {
+		return errors.New("write resolv.conf: no nameserver")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("write resolv.conf: %w", err)
+	}
+	if err := fsutil.WriteFileAtomic(path, ResolvConf(nameservers), 0o644); err != nil {
+		return fmt.Errorf("write resolv.conf: %w", err)
+	}
+	return nil
 }
 
 func resources(b BundleSpec) *specs.LinuxResources {

@@ -2,6 +2,7 @@ package runsc
 
 import (
 	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -183,6 +184,8 @@ func TestBuildSpecBadInput(t *testing.T) {
 		"hostname too big": func(b *BundleSpec) { b.Hostname = strings.Repeat("h", 65) },
 		"protective oom":   func(b *BundleSpec) { b.OOMScoreAdj = -900 },
 		"oom above max":    func(b *BundleSpec) { b.OOMScoreAdj = 1001 },
+		"relative resolv":  func(b *BundleSpec) { b.ResolvConf = "resolv.conf" },
+		"unclean resolv":   func(b *BundleSpec) { b.ResolvConf = "/run/ctld/../resolv.conf" },
 	} {
 		b := goodBundle()
 		mut(&b)
@@ -223,5 +226,100 @@ func TestWriteBundle(t *testing.T) {
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 1 {
 		t.Errorf("bundle dir holds %d entries, want only config.json", len(ents))
+	}
+}
+
+// TestResolvConf: a bundle with a generated resolv.conf binds it read-only
+// over the guest's /etc/resolv.conf (last, over the root); without one the
+// guest keeps its RootFS's. The file names only the given nameservers and
+// is readable by any guest uid.
+func TestResolvConf(t *testing.T) {
+	s, err := BuildSpec(goodBundle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			t.Errorf("no ResolvConf, yet a mount %+v", m)
+		}
+	}
+	b := goodBundle()
+	b.ResolvConf = "/run/ctld/bundles/sbx-1.g2/resolv.conf"
+	if s, err = BuildSpec(b); err != nil {
+		t.Fatal(err)
+	}
+	last := s.Mounts[len(s.Mounts)-1]
+	if last.Destination != "/etc/resolv.conf" || last.Type != "bind" || last.Source != b.ResolvConf || !slices.Contains(last.Options, "ro") || !slices.Contains(last.Options, "rbind") {
+		t.Errorf("resolv.conf mount = %+v", last)
+	}
+
+	path := filepath.Join(t.TempDir(), "bundle", ResolvConfFile)
+	if err := WriteResolvConf(path, nil); err == nil {
+		t.Error("WriteResolvConf without a nameserver: accepted")
+	}
+	ns := []netip.Addr{netip.MustParseAddr("10.200.0.2"), netip.MustParseAddr("fd00:c71d::1")}
+	if err := WriteResolvConf(path, ns); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	want := "# Written by ctld: the sandbox's DNS proxy on the node (read-only).\nnameserver 10.200.0.2\nnameserver fd00:c71d::1\n"
+	if err != nil || string(got) != want {
+		t.Errorf("resolv.conf = %q, %v; want %q", got, err, want)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("resolv.conf mode: %v, %v; want 0644", fi, err)
+	}
+}
+
+// TestBuildSpecAgent: with an agent, the agent is the init (the workload
+// its args after "--"), runs as root with root's capabilities, gets its
+// settings in env only, and its two directories are bound at fixed paths
+// (the binary's read-only); a workload env may not set agent settings.
+func TestBuildSpecAgent(t *testing.T) {
+	b := goodBundle()
+	b.UID, b.GID = 1000, 1001
+	b.Agent = &Agent{BinDir: "/run/ctld/agents/x/bin", SocketDir: "/run/ctld/agents/x/sock", Env: []string{"CTL_AGENT_NONCE=n1", "CTL_AGENT_UID=1000"}}
+	s, err := BuildSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.Process
+	want := []string{"/.ctl-bin/ctl-agent", "--socket", "/.ctl/agent.sock", "--", "sleep", "1000"}
+	if !slices.Equal(p.Args, want) || p.User.UID != 0 || p.User.GID != 0 {
+		t.Errorf("process args %q user %+v; want %q as 0:0", p.Args, p.User, want)
+	}
+	if !slices.Contains(p.Env, "CTL_AGENT_NONCE=n1") || !slices.Contains(p.Env, "A=b") || strings.Contains(strings.Join(p.Args, " "), "n1") {
+		t.Errorf("env %q args %q: the nonce belongs in env only", p.Env, p.Args)
+	}
+	if !slices.Equal(p.Capabilities.Effective, Capabilities) {
+		t.Errorf("agent capabilities %q, want root's %q", p.Capabilities.Effective, Capabilities)
+	}
+	var bin, sock *specs.Mount
+	for i, m := range s.Mounts {
+		switch m.Destination {
+		case "/.ctl-bin":
+			bin = &s.Mounts[i]
+		case "/.ctl":
+			sock = &s.Mounts[i]
+		}
+	}
+	if bin == nil || bin.Source != b.Agent.BinDir || !slices.Contains(bin.Options, "ro") {
+		t.Errorf("binary mount %+v", bin)
+	}
+	if sock == nil || sock.Source != b.Agent.SocketDir || !slices.Contains(sock.Options, "rw") {
+		t.Errorf("socket mount %+v", sock)
+	}
+	for _, bad := range []func(*BundleSpec){
+		func(b *BundleSpec) { b.Env = append(b.Env, "CTL_AGENT_NONCE=mine") },
+		func(b *BundleSpec) { b.Agent.Env = []string{"NONCE=x"} },
+		func(b *BundleSpec) { b.Agent.BinDir = "rel/bin" },
+		func(b *BundleSpec) { b.Agent.SocketDir = "/a/../b" },
+	} {
+		c := goodBundle()
+		c.Agent = &Agent{BinDir: "/b", SocketDir: "/s", Env: []string{"CTL_AGENT_UID=1"}}
+		bad(&c)
+		if _, err := BuildSpec(c); err == nil {
+			t.Errorf("BuildSpec(%+v, agent %+v) accepted", c.Env, c.Agent)
+		}
 	}
 }

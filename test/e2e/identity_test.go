@@ -19,9 +19,10 @@ import (
 )
 
 // TestGuestIdentityAndFileKinds: a guest's processes run as the claim's
-// user (exec and readiness) and are not protected from the OOM killer by
-// ctld's own oom_score_adj; the file API refuses FIFOs, sockets and device
-// nodes in a guest's root without hanging; a claim the lease would refuse
+// user (exec, and the workload the agent starts) and are not protected from the OOM killer by
+// ctld's own oom_score_adj; the file API (the guest's view, as the
+// workload's user) refuses FIFOs, sockets, device nodes and directories
+// without hanging; a claim the lease would refuse
 // never reaches the journal.
 func TestGuestIdentityAndFileKinds(t *testing.T) {
 	e := newEnv(t)
@@ -36,8 +37,8 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 
 	req := claimReq("claim-ids-1", 1)
 	req.Process = api.Process{UID: 1000, GID: 1000}
-	// The readiness probe runs as uid 1000: the claim proves that user
-	// runs in the guest.
+	// The agent answers the readiness proof only once it started the
+	// workload as uid 1000: the claim proves that user runs in the guest.
 	res, err := c.Claim(cx, "ids", req)
 	if err != nil {
 		t.Fatalf("claim with process uid 1000: %v", err)
@@ -77,29 +78,20 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 		}
 	})
 
-	t.Run("oom score adj of exec", func(t *testing.T) {
-		// runsc exec lives on the host as long as the guest command.
+	t.Run("exec makes no host process", func(t *testing.T) {
+		// The guest agent runs an exec inside the guest: unlike a runsc
+		// exec, nothing of it lives on the host (nothing to protect from
+		// the OOM killer, nothing a killed client leaves behind).
 		done := make(chan error, 1)
 		go func() {
-			_, err := c.Exec(cx, "ids", api.ExecRequest{Args: []string{"/bin/sleep", "20"}})
+			_, err := c.Exec(cx, "ids", api.ExecRequest{Args: []string{"/bin/sleep", "5"}})
 			done <- err
 		}()
-		var execs []proc
-		for deadline := time.Now().Add(15 * time.Second); len(execs) == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 			for _, p := range runscProcesses(t, filepath.Join(e.runDir, "runsc"), cid) {
 				if strings.HasSuffix(p.what, " exec") {
-					execs = append(execs, p)
+					t.Fatalf("a runsc exec process (%d) runs for an exec through the agent", p.pid)
 				}
-			}
-		}
-		if len(execs) == 0 {
-			t.Fatal("no runsc exec process seen during a 20 s exec")
-		}
-		for _, p := range execs {
-			if got := readOOMScoreAdj(t, p.pid); got != runsc.DefaultGuestOOMScoreAdj {
-				t.Errorf("runsc exec process %d has oom_score_adj %d, want %d", p.pid, got, runsc.DefaultGuestOOMScoreAdj)
-			} else {
-				t.Logf("runsc exec process %d: oom_score_adj %d", p.pid, got)
 			}
 		}
 		if err := <-done; err != nil {
@@ -115,12 +107,19 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// The files API is the guest's view through its agent, as the
+		// workload's user (uid 1000). A FIFO made in the guest, the guest's
+		// own /dev/zero, a directory: refused by kind, without hanging.
+		if r, err := c.Exec(cx, "ids", api.ExecRequest{Args: []string{"mkfifo", "/tmp/gfifo"}}); err != nil || r.ExitCode != 0 {
+			t.Fatalf("mkfifo in the guest: %+v, %v", r, err)
+		}
 		// Made on the host side, in the overlay (so in its upper), as a
-		// guest or a template could leave them.
+		// template could leave them: the guest's gofer does not serve them.
 		must(unix.Mkfifo(filepath.Join(root, "fifo"), 0o666))
 		must(unix.Mknod(filepath.Join(root, "sock"), unix.S_IFSOCK|0o666, 0))
 		must(unix.Mknod(filepath.Join(root, "zero"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))))
-		kinds := map[string]string{"/fifo": "FIFO", "/sock": "socket", "/zero": "character device", "/etc": "directory"}
+		kinds := map[string]string{"/tmp/gfifo": "FIFO", "/dev/zero": "character device", "/zero": "character device", "/etc": "directory",
+			"/fifo": "", "/sock": ""}
 		for p, kind := range kinds {
 			// A hang is the failure under test: bound each call.
 			fx, cancel := context.WithTimeout(cx, 15*time.Second)
@@ -128,7 +127,10 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 			werr := c.WriteFile(fx, "ids", p, []byte("x"))
 			cancel()
 			for verb, err := range map[string]error{"read": rerr, "write": werr} {
-				if codeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(err.Error(), "not a regular file ("+kind+")") {
+				switch {
+				case kind == "" && (err == nil || codeOf(err) == errdefs.CodeUnavailable):
+					t.Errorf("%s %s (made on the host): %v; want refused by the guest", verb, p, err)
+				case kind != "" && (codeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(err.Error(), "not a regular file ("+kind+")")):
 					t.Errorf("%s %s: %v; want invalid_argument: not a regular file (%s)", verb, p, err, kind)
 				}
 			}
@@ -136,10 +138,13 @@ func TestGuestIdentityAndFileKinds(t *testing.T) {
 		if fi, err := os.Lstat(filepath.Join(root, "fifo")); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
 			t.Errorf("the FIFO was replaced: %v, %v", fi, err)
 		}
-		// Regular files still work both ways.
-		must(c.WriteFile(cx, "ids", "/note", []byte("hi")))
-		if b, err := c.ReadFile(cx, "ids", "/note"); err != nil || string(b) != "hi" {
-			t.Errorf("read back /note: %q, %v", b, err)
+		// Regular files work both ways, where the workload's user may write.
+		must(c.WriteFile(cx, "ids", "/tmp/note", []byte("hi")))
+		if b, err := c.ReadFile(cx, "ids", "/tmp/note"); err != nil || string(b) != "hi" {
+			t.Errorf("read back /tmp/note: %q, %v", b, err)
+		}
+		if err := c.WriteFile(cx, "ids", "/note", []byte("hi")); codeOf(err) != errdefs.CodePermissionDenied {
+			t.Errorf("uid 1000 writing into root's /: %v, want permission_denied", err)
 		}
 	})
 

@@ -18,17 +18,17 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 )
 
 // Domain rules end to end: a DNS server of the test's own (in a test
 // host's netns) is ctld's only upstream, its names answer with addresses
 // of the test host; a runsc guest resolves through the node's DNS proxy
-// (its resolv.conf names its gateway) and connects with busybox nc.
+// (the resolv.conf ctld binds into it names its gateway) and connects
+// with busybox nc.
 
 // dnsTTL is the TTL of every answer of the test's DNS server: short, so
 // the set elements expire within the test (the proxy clamps it up to
-// dnsproxy.MinTTL and adds dnsproxy.Grace).
+// the --dns-element-min-ttl floor and adds --dns-element-grace).
 const dnsTTL = 2
 
 // dnsQuery is one query the test's DNS server received.
@@ -151,17 +151,20 @@ func (e *env) guestExec(cx context.Context, id, script string) string {
 	return string(r.Stdout) + string(r.Stderr)
 }
 
-// useNodeResolver points the guest's resolv.conf at its gateway, where
-// the node redirects port 53 to its DNS proxy (ctld writes no resolv.conf
-// into a RootFS).
-func (e *env) useNodeResolver(cx context.Context, id string) {
+// checkNodeResolver checks the resolv.conf ctld gave the guest: it names
+// only the guest's gateway (its default route), where the node redirects
+// port 53 to its DNS proxy, and the guest cannot write it.
+func (e *env) checkNodeResolver(cx context.Context, id string) {
 	e.t.Helper()
 	// Shell builtins but for ip: a guest under ptrace and TCG starts a
 	// process in seconds when the machine is busy.
-	out := e.guestExec(cx, id, `set -- $(ip -4 route show default)
-[ "$1" = default ] && echo "nameserver $3" > /etc/resolv.conf && read -r l < /etc/resolv.conf && echo "$l"`)
-	if !strings.HasPrefix(out, "nameserver ") {
-		e.t.Fatalf("set the resolver of %s: %q", id, out)
+	out := e.guestExec(cx, id, `set -- $(ip -4 route show default); echo "gateway $3"
+while IFS= read -r l; do case "$l" in nameserver*) echo "$l";; esac; done < /etc/resolv.conf
+if (echo "nameserver 192.0.2.53" >> /etc/resolv.conf) 2>/dev/null; then echo writable; else echo read-only; fi`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	gw, ok := strings.CutPrefix(lines[0], "gateway ")
+	if !ok || gw == "" || len(lines) != 3 || lines[1] != "nameserver "+gw || lines[2] != "read-only" {
+		e.t.Fatalf("the guest's /etc/resolv.conf in %s: want only \"nameserver <its gateway>\", read-only; got:\n%s", id, out)
 	}
 }
 
@@ -271,6 +274,22 @@ func hostHits(h *ktest.TestHost, a netip.Addr) int {
 // of a listing).
 func domainElements(t testing.TB, table, id string, gen uint64) []netip.Addr {
 	t.Helper()
+	var out []netip.Addr
+	for _, el := range domainSetElements(t, table, id, gen) {
+		out = append(out, el.Addr)
+	}
+	return out
+}
+
+// setElement is an element of a domain set and its timeout.
+type setElement struct {
+	Addr    netip.Addr
+	Timeout time.Duration
+}
+
+// domainSetElements is domainElements with each element's timeout.
+func domainSetElements(t testing.TB, table, id string, gen uint64) []setElement {
+	t.Helper()
 	c, err := nftables.New()
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +300,7 @@ func domainElements(t testing.TB, table, id string, gen uint64) []netip.Addr {
 		t.Fatalf("list sets of %s: %v", table, err)
 	}
 	prefix := netpolicy.SetName(id, gen, "d")
-	var out []netip.Addr
+	var out []setElement
 	for _, s := range sets {
 		if !strings.HasPrefix(s.Name, prefix) || !strings.HasSuffix(s.Name, "-4") {
 			continue
@@ -292,11 +311,11 @@ func domainElements(t testing.TB, table, id string, gen uint64) []netip.Addr {
 		}
 		for _, el := range els {
 			if a, ok := netip.AddrFromSlice(el.Key); ok {
-				out = append(out, a)
+				out = append(out, setElement{Addr: a, Timeout: el.Timeout})
 			}
 		}
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
+	slices.SortFunc(out, func(a, b setElement) int { return a.Addr.Compare(b.Addr) })
 	return out
 }
 
@@ -349,6 +368,13 @@ func newDNSSetup(t *testing.T) dnsSetup {
 	return s
 }
 
+// domainRulesFloor and domainRulesGrace are TestNetworkDomainRules'
+// --dns-element-min-ttl and --dns-element-grace.
+const (
+	domainRulesFloor = 90 * time.Second
+	domainRulesGrace = time.Second
+)
+
 // TestNetworkDomainRules: a restricted guest with two domain rules (an
 // exact name and *.suffix) resolves through the node's proxy and reaches
 // what the answers name, and nothing before; a name not allowed (and the
@@ -359,7 +385,11 @@ func newDNSSetup(t *testing.T) dnsSetup {
 func TestNetworkDomainRules(t *testing.T) {
 	e := newEnv(t)
 	s := newDNSSetup(t)
-	e.args = append(e.args, "--dns-upstream", s.DNS.Addr.String())
+	// The elements must outlive one guest exec after the lookup (the
+	// connections): with the default 35 s a starved guest under TCG
+	// connected only after they expired. Both settings are ctld's.
+	e.args = append(e.args, "--dns-upstream", s.DNS.Addr.String(),
+		"--dns-element-min-ttl", domainRulesFloor.String(), "--dns-element-grace", domainRulesGrace.String())
 	e.start("a")
 	e.waitPrimary("a", 60*time.Second)
 	c := e.client()
@@ -373,7 +403,7 @@ func TestNetworkDomainRules(t *testing.T) {
 		t.Fatalf("claim: %v", err)
 	}
 	claimed := time.Now()
-	e.useNodeResolver(cx, "dns")
+	e.checkNodeResolver(cx, "dns")
 
 	// Nothing is open before a name is resolved.
 	all := []netip.Addr{s.API, s.CDN, s.Evil, s.Bare, s.Host.Addr4}
@@ -421,8 +451,8 @@ func TestNetworkDomainRules(t *testing.T) {
 	opened := time.Now()
 
 	// Expiry: the proxy put each answer in with a timeout of TTL
-	// (clamped up to MinTTL) + Grace; the kernel drops it then.
-	life := max(dnsTTL*time.Second, dnsproxy.MinTTL) + dnsproxy.Grace
+	// (clamped up to the floor) + the grace; the kernel drops it then.
+	life := max(dnsTTL*time.Second, domainRulesFloor) + domainRulesGrace
 	deadline := resolved.Add(life + 20*time.Second)
 	for len(domainElements(t, e.nftTable, "dns", 1)) > 0 {
 		if time.Now().After(deadline) {

@@ -119,21 +119,7 @@ func (e *env) expectReach(cx context.Context, id string, host *ktest.TestHost, r
 
 // listenOnNode serves e2eNodePort on every address of the root netns.
 func listenOnNode(t *testing.T) {
-	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", e2eNodePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "hi from the node\n")
-			c.Close()
-		}
-	}()
+	ktest.GreetTCP(t, e2eNodePort, "hi from the node\n")
 }
 
 // withNetRoom gives a network test's guest room for its probes, which run
@@ -149,14 +135,10 @@ func withNetRoom(r api.ClaimRequest) api.ClaimRequest {
 // its uplink, its end of every sandbox's veth, of every test host's.
 func nodeAddrs(t *testing.T) []netip.Addr {
 	t.Helper()
-	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []netip.Addr
-	for _, a := range as {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() {
-			out = append(out, ip.Unmap())
+	for _, a := range ktest.LinkAddrs(t) {
+		if a.IsGlobalUnicast() {
+			out = append(out, a)
 		}
 	}
 	return out

@@ -46,6 +46,11 @@ const (
 	// (The node refuses every update until its network is wired; its own
 	// test says so.)
 	LiveNetwork Option = iota + 1
+	// GuestAgent: sessions, exec via runsc and the file calls (stat,
+	// list, mkdir, remove, rename, streamed read and write) are served.
+	// Their commands are busybox's: cat, echo, true, false, tty, sleep
+	// and sh -c 'exit N'.
+	GuestAgent
 )
 
 // Run runs the contract against the services newService makes.
@@ -73,6 +78,11 @@ func (s *subject) claim(req api.ClaimRequest) api.ClaimResponse {
 		s.t.Fatalf("claim %s generation %d: %v", req.OperationID, req.Generation, err)
 	}
 	return r
+}
+
+func (s *subject) ready() {
+	s.t.Helper()
+	s.claim(Claim("c1", 1))
 }
 
 func (s *subject) release(req api.ReleaseRequest) api.ReleaseResponse {
@@ -272,3 +282,5 @@ var cases = []struct {
 		}
 	}},
 }
+
+func init() { cases = append(cases, agentCases...) }

@@ -1,7 +1,9 @@
 package dirstore
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -81,6 +83,39 @@ func TestModes(t *testing.T) {
 		}
 		if fi.Mode().Perm() != want {
 			t.Errorf("%q mode %v, want %v", p, fi.Mode().Perm(), want)
+		}
+	}
+}
+
+// TestGetBuffer: GetBuffer answers as Get does: the object's bytes (in buf's storage
+// when it fits), ErrNotFound for a missing key, a key under an object and
+// a key that is a directory of other keys.
+func TestGetBuffer(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("object "), 1000)
+	if err := s.Put(ctx, "v/chunks/aa/obj", data); err != nil {
+		t.Fatal(err)
+	}
+	small := make([]byte, 0, 10)
+	got, err := s.GetBuffer(ctx, "v/chunks/aa/obj", small)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("GetBuffer into a small buffer = %d bytes, %v", len(got), err)
+	}
+	big := make([]byte, 0, 2*len(data))
+	got, err = s.GetBuffer(ctx, "v/chunks/aa/obj", big)
+	if err != nil || !bytes.Equal(got, data) || &got[0] != &big[:1][0] {
+		t.Fatalf("GetBuffer into a large buffer = %d bytes, %v (own storage: %v)", len(got), err, err == nil && &got[0] == &big[:1][0])
+	}
+	for _, key := range []string{"v/chunks/aa/missing", "v/chunks/aa/obj/under", "v/chunks/aa", "v/chunks"} {
+		if _, err := s.GetBuffer(ctx, key, big); !errors.Is(err, blockstore.ErrNotFound) {
+			t.Errorf("GetBuffer(%s) = %v, want ErrNotFound", key, err)
+		}
+		if _, err := s.Get(ctx, key); !errors.Is(err, blockstore.ErrNotFound) {
+			t.Errorf("Get(%s) = %v, want ErrNotFound", key, err)
 		}
 	}
 }

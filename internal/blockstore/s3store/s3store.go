@@ -37,6 +37,11 @@ type Config struct {
 	Prefix    string
 	AccessKey string
 	SecretKey string
+	// SessionToken goes with temporary credentials ("" for none).
+	SessionToken string
+	// VirtualHosted addresses the bucket as a host name
+	// (bucket.endpoint) instead of the default path style (endpoint/bucket).
+	VirtualHosted bool
 	// HTTPClient replaces the SDK's default client (tests, proxies).
 	HTTPClient *http.Client
 }
@@ -65,10 +70,11 @@ func New(cfg Config) (*Store, error) {
 	}
 	opts := s3.Options{
 		Region: cfg.Region,
-		// Path style: bucket names need not be DNS names of the endpoint.
-		UsePathStyle: true,
+		// Path style by default: bucket names need not be DNS names of
+		// the endpoint.
+		UsePathStyle: !cfg.VirtualHosted,
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: cfg.AccessKey, SecretAccessKey: cfg.SecretKey, Source: "ctld s3store"}, nil
+			return aws.Credentials{AccessKeyID: cfg.AccessKey, SecretAccessKey: cfg.SecretKey, SessionToken: cfg.SessionToken, Source: "ctld s3store"}, nil
 		}),
 	}
 	if cfg.Endpoint != "" {
@@ -189,3 +195,6 @@ func httpStatus(err error) int {
 	}
 	return 0
 }
+
+// Bucket is the store's bucket.
+func (s *Store) Bucket() string { return s.bucket }

@@ -1,4 +1,4 @@
-package s3store
+package s3store_test
 
 import (
 	"bytes"
@@ -6,12 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,146 +14,26 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/s3store"
+	"github.com/ctld/ctld/internal/blockstore/s3store/s3test"
 	"github.com/ctld/ctld/internal/blockstore/storetest"
 )
 
-// server is a versitygw S3 server the test started on loopback over a
-// temp directory; it is stopped when the test ends.
-type server struct {
-	endpoint string
-	access   string
-	secret   string
-	buckets  atomic.Int64
-}
-
-// versitygwBin finds the server test/s3/setup.sh installs. Missing is a
-// failure, not a skip: a backend that was not exercised is not proven.
-func versitygwBin(t testing.TB) string {
-	t.Helper()
-	p := os.Getenv("CTLD_VERSITYGW")
-	if p == "" {
-		cache := os.Getenv("CTLD_S3_CACHE")
-		if cache == "" {
-			cache = "/var/cache/ctld-s3"
-		}
-		p = filepath.Join(cache, "versitygw-v1.8.0")
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("S3 test server versitygw not installed (%v): run test/s3/setup.sh (make test-unit does)", err)
-	}
-	return p
-}
-
-func freePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startServer starts versitygw's posix backend with a sidecar metadata dir
-// (no xattrs needed: the test VM's TMPDIR is a tmpfs without user xattrs).
-func startServer(t testing.TB) *server {
-	t.Helper()
-	bin := versitygwBin(t)
-	dir := t.TempDir()
-	for _, d := range []string{"data", "meta"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := &server{access: "ctldtest", secret: "ctldtestsecret"}
-	var lastErr error
-	// The port is picked free and then handed over: retry if another
-	// process took it in between.
-	for attempt := 0; attempt < 3; attempt++ {
-		addr := freePort(t)
-		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("versitygw-%d.log", attempt)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(bin, "--access", s.access, "--secret", s.secret, "--port", addr,
-			"posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start versitygw: %v", err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait(); logf.Close() }()
-		s.endpoint = "http://" + addr
-		if lastErr = waitReady(s, exited, 60*time.Second); lastErr == nil {
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				<-exited
-			})
-			return s
-		}
-		_ = cmd.Process.Kill()
-		<-exited
-		log, _ := os.ReadFile(logf.Name())
-		lastErr = fmt.Errorf("%w; log:\n%s", lastErr, log)
-	}
-	t.Fatalf("versitygw did not come up: %v", lastErr)
-	return nil
-}
-
-func waitReady(s *server, exited <-chan error, limit time.Duration) error {
-	st, err := New(Config{Endpoint: s.endpoint, Bucket: "probe", AccessKey: s.access, SecretKey: s.secret})
-	if err != nil {
-		return err
-	}
-	deadline := time.Now().Add(limit)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := st.Client().ListBuckets(ctx, &s3.ListBucketsInput{})
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case werr := <-exited:
-			return fmt.Errorf("versitygw exited: %v (last probe: %v)", werr, err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not answering after %s: %v", limit, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// newStore makes a fresh bucket and a store over it.
-func (s *server) newStore(t testing.TB, prefix string) *Store {
-	t.Helper()
-	bucket := fmt.Sprintf("ctld-test-%d", s.buckets.Add(1))
-	st, err := New(Config{Endpoint: s.endpoint, Bucket: bucket, Prefix: prefix, AccessKey: s.access, SecretKey: s.secret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Client().CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
-		t.Fatalf("create bucket %s: %v", bucket, err)
-	}
-	return st
-}
-
 func TestContract(t *testing.T) {
-	srv := startServer(t)
-	storetest.Run(t, func(t *testing.T) blockstore.Store { return srv.newStore(t, "") })
+	srv := s3test.Start(t)
+	storetest.Run(t, func(t *testing.T) blockstore.Store { return srv.NewStore(t, "") })
 }
 
 // With a prefix, keys are stored under it and List strips it: the same
 // contract, and nothing lands outside the prefix.
 func TestContractWithPrefix(t *testing.T) {
-	srv := startServer(t)
-	var last *Store
+	srv := s3test.Start(t)
+	var last *s3store.Store
 	storetest.Run(t, func(t *testing.T) blockstore.Store {
-		last = srv.newStore(t, "node-1/store")
+		last = srv.NewStore(t, "node-1/store")
 		return last
 	})
-	out, err := last.Client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: &last.bucket})
+	out, err := last.Client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: aws.String(last.Bucket())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,10 +45,10 @@ func TestContractWithPrefix(t *testing.T) {
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {
-	if _, err := New(Config{}); err == nil {
+	if _, err := s3store.New(s3store.Config{}); err == nil {
 		t.Error("New without a bucket succeeded")
 	}
-	if _, err := New(Config{Bucket: "b", Prefix: "../x"}); err == nil {
+	if _, err := s3store.New(s3store.Config{Bucket: "b", Prefix: "../x"}); err == nil {
 		t.Error("New with a traversing prefix succeeded")
 	}
 }
@@ -181,7 +56,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 // A server that is down is an error, not a NotFound: a reader must not
 // take an outage for a hole.
 func TestServerDownIsNotNotFound(t *testing.T) {
-	st, err := New(Config{Endpoint: "http://" + freePort(t), Bucket: "b", AccessKey: "a", SecretKey: "s"})
+	st, err := s3store.New(s3store.Config{Endpoint: "http://" + s3test.FreePort(t), Bucket: "b", AccessKey: "a", SecretKey: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,8 +71,8 @@ func TestServerDownIsNotNotFound(t *testing.T) {
 // The block store over S3: a generation commits and reads back, and an
 // object replaced by a flipped copy on the server is a read error.
 func TestRepoOverS3(t *testing.T) {
-	srv := startServer(t)
-	st := srv.newStore(t, "")
+	srv := s3test.Start(t)
+	st := srv.NewStore(t, "")
 	ctx := context.Background()
 	nk, _, err := blockstore.GenerateNodeKey("node-a")
 	if err != nil {
@@ -272,8 +147,8 @@ func TestRepoOverS3(t *testing.T) {
 // versitygw on loopback (its posix backend on the test's temp dir): the
 // S3 path's cost next to the directory store's benchmarks.
 func BenchmarkRepoOverS3(b *testing.B) {
-	srv := startServer(b)
-	st := srv.newStore(b, "")
+	srv := s3test.Start(b)
+	st := srv.NewStore(b, "")
 	ctx := context.Background()
 	nk, _, _ := blockstore.GenerateNodeKey("node-a")
 	repo, err := blockstore.New(st, nk, blockstore.Options{})

@@ -33,6 +33,7 @@ func Run(t *testing.T, newStore func(t *testing.T) blockstore.Store) {
 		{"NoPartialObjectVisible", testNoPartial},
 		{"CancelledContext", testCancelled},
 		{"PutCopiesData", testPutCopies},
+		{"GetBufferAgreesWithGet", testGetBuffer},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -299,5 +300,38 @@ func testPutCopies(t *testing.T, s blockstore.Store) {
 	copy(data, "XXXXXXXX")
 	if got := mustGet(t, s, "p"); string(got) != "original" {
 		t.Fatalf("Get = %q after the caller reused its buffer", got)
+	}
+}
+
+// testGetBuffer: a store that offers GetBuffer answers as Get does, into
+// the given storage when it fits, and grows a buffer that is too small.
+func testGetBuffer(t *testing.T, s blockstore.Store) {
+	bg, ok := s.(blockstore.BufferGetter)
+	if !ok {
+		t.Skip("the store has no GetBuffer")
+	}
+	ctx := context.Background()
+	data := random(t, 70000)
+	mustPut(t, s, "g/obj", data)
+	big := make([]byte, 5, 100000)
+	got, err := bg.GetBuffer(ctx, "g/obj", big)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("GetBuffer = %d bytes, %v; want the object", len(got), err)
+	}
+	if &got[0] != &big[:1][0] {
+		t.Error("GetBuffer allocated although the object fits the buffer")
+	}
+	got, err = bg.GetBuffer(ctx, "g/obj", make([]byte, 0, 10))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("GetBuffer into a small buffer = %d bytes, %v; want the object", len(got), err)
+	}
+	for _, key := range []string{"missing", "g/c", "g/obj/c", "g"} {
+		b, err := bg.GetBuffer(ctx, key, big)
+		if !errors.Is(err, blockstore.ErrNotFound) {
+			t.Errorf("GetBuffer(%q) = %d bytes, %v; want ErrNotFound", key, len(b), err)
+		}
+	}
+	if _, err := bg.GetBuffer(ctx, "../x", big); !errors.Is(err, blockstore.ErrInvalidKey) {
+		t.Errorf("GetBuffer of an invalid key = %v, want ErrInvalidKey", err)
 	}
 }

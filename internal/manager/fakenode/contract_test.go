@@ -11,5 +11,5 @@ import (
 // TestServiceContract: the manager's fake node keeps the node's contract
 // (internal/node runs the same suite).
 func TestServiceContract(t *testing.T) {
-	servicetest.Run(t, func(*testing.T) apiserver.Service { return fakenode.New("node-a") }, servicetest.LiveNetwork)
+	servicetest.Run(t, func(*testing.T) apiserver.Service { return fakenode.New("node-a") }, servicetest.LiveNetwork, servicetest.GuestAgent)
 }

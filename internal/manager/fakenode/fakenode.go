@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -61,7 +60,18 @@ type Node struct {
 	// ClaimOps records the operation id of every claim that reached Claim.
 	ClaimOps   []string
 	ReleaseOps []string
+	// Sessions records every session's request, Signals every signal a
+	// session got, RunscExecs the execs asked to go through runsc.
+	Sessions   []api.ExecRequest
+	Signals    []int
+	RunscExecs int
+
+	dirs  map[string]uint32 // fsKey → permission bits
+	modes map[string]uint32 // fsKey of a file → its mode
 }
+
+// guestDirs are the directories a fresh guest has.
+var guestDirs = []string{"/bin", "/etc", "/home", "/root", "/tmp"}
 
 // New returns a fake node with a fresh key.
 func New(nodeID string) *Node {
@@ -78,6 +88,8 @@ func New(nodeID string) *Node {
 		files:     map[string][]byte{},
 		policies:  map[string]api.NetworkPolicy{},
 		GuestLog:  map[string]string{},
+		dirs:      map[string]uint32{},
+		modes:     map[string]uint32{},
 	}
 }
 
@@ -162,41 +174,28 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 		Timings: api.Timings{LeaseMS: 1, RootFSMS: 2, NetworkMS: 3, RunscMS: 4, ProofMS: 5, TotalMS: 15},
 		Network: &api.NetworkStatus{Mode: req.Network.EffectiveMode()},
 	}
+	if req.RootFS.Mode == api.RootFSBlock {
+		sb.Writer = &api.BlockWriter{Epoch: req.Generation, PID: 4242, Device: "/dev/nbd0"}
+	}
 	n.sandboxes[id] = sb
 	n.policies[id] = req.Network
+	for _, d := range guestDirs {
+		n.dirs[fsKey(id, d)] = 0o755
+	}
 	r := api.ClaimResponse{Sandbox: sb}
 	n.claims[req.OperationID] = r
 	n.requests[req.OperationID] = []any{id, req}
 	return r, nil
 }
 
-// Exec implements apiserver.Service: "echo ARGS" prints them, "fail N MSG"
-// writes MSG to stderr and exits N, "cat" echoes stdin, "id" prints the
-// user asked for ("uid=U gid=G", or "default").
+// Exec implements apiserver.Service: a session's commands (see
+// agentcalls.go) with req.Stdin as stdin, no terminal.
 func (n *Node) Exec(_ context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
 	if err := n.ready(id); err != nil {
 		return 0, err
 	}
-	switch req.Args[0] {
-	case "echo":
-		fmt.Fprintln(stdout, joinArgs(req.Args[1:]))
-		return 0, nil
-	case "cat":
-		stdout.Write(req.Stdin)
-		return 0, nil
-	case "id":
-		if req.User == nil {
-			fmt.Fprintln(stdout, "default")
-		} else {
-			fmt.Fprintf(stdout, "uid=%d gid=%d\n", req.User.UID, req.User.GID)
-		}
-		return 0, nil
-	case "fail":
-		code, _ := strconv.Atoi(req.Args[1])
-		fmt.Fprintln(stderr, joinArgs(req.Args[2:]))
-		return code, nil
-	}
-	return 127, nil
+	x := run(req, &termState{}, bytes.NewReader(req.Stdin), orDiscard(stdout), orDiscard(stderr))
+	return x.ExitCode, nil
 }
 
 func joinArgs(a []string) string {
@@ -239,7 +238,7 @@ func (n *Node) ReadFile(_ context.Context, id, path string, _ int64) ([]byte, er
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	b, ok := n.files[id+":"+path]
+	b, ok := n.files[fsKey(id, path)]
 	if !ok {
 		return nil, errdefs.Errorf(errdefs.CodeNotFound, "no file %s in sandbox %s", path, id)
 	}
@@ -253,7 +252,7 @@ func (n *Node) WriteFile(_ context.Context, id, path string, data []byte) error 
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.files[id+":"+path] = bytes.Clone(data)
+	n.files[fsKey(id, path)] = bytes.Clone(data)
 	return nil
 }
 

@@ -40,6 +40,13 @@ const (
 	DefaultQueryTimeout    = 4 * time.Second
 	DefaultMaxInFlight     = 256
 	DefaultMaxPerSandbox   = 32
+	// DefaultElementMinTTL and DefaultElementGrace are the defaults of
+	// Config.ElementMinTTL and Config.ElementGrace.
+	DefaultElementMinTTL = 5 * time.Second
+	DefaultElementGrace  = 30 * time.Second
+	// MaxElementGrace bounds Config.ElementGrace: a destination a name
+	// no longer answers closes within MaxTTL + MaxElementGrace.
+	MaxElementGrace = time.Hour
 )
 
 // Answer limits and timeouts of set elements.
@@ -49,11 +56,9 @@ const (
 	// MaxAddrs bounds the addresses one answer puts into the sets (and
 	// gives the guest): it bounds what one query adds to the kernel.
 	MaxAddrs = 32
-	// MinTTL and MaxTTL clamp an answer's TTL for the set elements, and
-	// Grace is added so an element outlives the guest's cache of it.
-	MinTTL = 5 * time.Second
+	// MaxTTL caps an answer's TTL, for the set elements and the guest
+	// (Config.ElementMinTTL is the floor of the elements').
 	MaxTTL = time.Hour
-	Grace  = 30 * time.Second
 	// EDNSSize is the UDP payload size the proxy offers and asks for
 	// (the DNS flag day 2020 value: no IP fragmentation).
 	EDNSSize = 1232
@@ -90,6 +95,14 @@ type Config struct {
 	// guest's resolver retries).
 	MaxInFlight   int
 	MaxPerSandbox int
+	// A set element lives min(max(TTL, ElementMinTTL), MaxTTL) +
+	// ElementGrace. The floor keeps a destination open across a failover
+	// and a slow guest's next lookup even for TTL 0 answers; the grace
+	// lets an element outlive the guest's cache of the answer. Zero:
+	// DefaultElementMinTTL, DefaultElementGrace; ElementMinTTL at most
+	// MaxTTL, ElementGrace at most MaxElementGrace.
+	ElementMinTTL time.Duration
+	ElementGrace  time.Duration
 }
 
 // Proxy is the DNS proxy and its registry of generations. Its zero value
@@ -167,6 +180,18 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.MaxPerSandbox <= 0 {
 		cfg.MaxPerSandbox = DefaultMaxPerSandbox
+	}
+	if cfg.ElementMinTTL < 0 || cfg.ElementMinTTL > MaxTTL {
+		return nil, bad("element TTL floor %v: want at most %v", cfg.ElementMinTTL, MaxTTL)
+	}
+	if cfg.ElementGrace < 0 || cfg.ElementGrace > MaxElementGrace {
+		return nil, bad("element grace %v: want at most %v", cfg.ElementGrace, MaxElementGrace)
+	}
+	if cfg.ElementMinTTL == 0 {
+		cfg.ElementMinTTL = DefaultElementMinTTL
+	}
+	if cfg.ElementGrace == 0 {
+		cfg.ElementGrace = DefaultElementGrace
 	}
 	ups := cfg.Upstreams
 	if len(ups) == 0 {
@@ -307,19 +332,34 @@ func (p *Proxy) Listen() error {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "dns proxy: closed")
 	default:
 	}
-	pc, err := net.ListenPacket("udp", p.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("dns proxy: %w", err) // "listen udp <addr>: ..."
+	host, want, _ := net.SplitHostPort(p.cfg.Listen)
+	// With port 0 the kernel picks a free UDP port, and that port may be
+	// taken for TCP: pick again a few times rather than fail.
+	tries := 1
+	if want == "0" {
+		tries = 8
 	}
-	host, _, _ := net.SplitHostPort(p.cfg.Listen)
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	l, err := net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
-	if err != nil {
+	var err error
+	for range tries {
+		var pc net.PacketConn
+		pc, err = net.ListenPacket("udp", p.cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("dns proxy: %w", err) // "listen udp <addr>: ..."
+		}
+		port := pc.LocalAddr().(*net.UDPAddr).Port
+		var l net.Listener
+		l, err = net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+		if err == nil {
+			p.udp, p.tcp = pc, l
+			return nil
+		}
 		pc.Close()
-		return fmt.Errorf("dns proxy: port %d of udp: %w", port, err)
+		err = fmt.Errorf("dns proxy: port %d of udp: %w", port, err)
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
 	}
-	p.udp, p.tcp = pc, l
-	return nil
+	return err
 }
 
 // bindRetry is how often Serve tries again to bind a port in use.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
 )
 
@@ -125,13 +126,21 @@ type upstream struct {
 func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{zone: maps.Clone(zone)}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	// The same port for UDP and TCP: a free UDP port may be taken for
+	// TCP, so pick again a few times.
+	var pc net.PacketConn
+	var l net.Listener
+	for i := 0; l == nil; i++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if l, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
+			pc.Close()
+			if i == 7 || !errors.Is(err, syscall.EADDRINUSE) {
+				t.Fatal(err)
+			}
+		}
 	}
 	u.addr = pc.LocalAddr().String()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
@@ -583,11 +592,15 @@ func TestDenyRangesStripped(t *testing.T) {
 // grace; the client's TTL is capped at 1 h, and a chain's records share
 // its least TTL (checked in TestCNAMEChains).
 func TestTTL(t *testing.T) {
+	def, err := New(Config{Listen: "127.0.0.1:0", Pool: testPool, Upstreams: []string{"127.0.0.1:1"}, Allower: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		ttl  uint32
 		want time.Duration
 	}{{0, 35 * time.Second}, {4, 35 * time.Second}, {5, 35 * time.Second}, {60, 90 * time.Second}, {3600, time.Hour + 30*time.Second}, {7200, time.Hour + 30*time.Second}, {1 << 31, time.Hour + 30*time.Second}} {
-		if got := elementTTL(c.ttl); got != c.want {
+		if got := def.elementTTL(c.ttl); got != c.want {
 			t.Errorf("elementTTL(%d) = %v, want %v", c.ttl, got, c.want)
 		}
 	}
@@ -596,6 +609,32 @@ func TestTTL(t *testing.T) {
 	checkList(t, "ttl 0 allowed", h.allow.take(), []string{"web-g1 set 1 [203.0.113.13] ttl 35s"})
 	check(t, "ttl 7200", show(h.query(t, "udp", src1, "pypi.org.", dns.TypeA)), "NOERROR | pypi.org. 3600 A 151.101.0.223")
 	checkList(t, "ttl 7200 allowed", h.allow.take(), []string{"web-g1 set 0 [151.101.0.223] ttl 1h0m30s", "web-g1 set 2 [151.101.0.223] ttl 1h0m30s"})
+}
+
+// TestTTLConfigured: the element floor and grace are the configured
+// ones (the guest still gets the answer's own TTL); out of range values
+// are refused by New.
+func TestTTLConfigured(t *testing.T) {
+	h := start(t, func(c *Config) { c.ElementMinTTL, c.ElementGrace = 10*time.Minute, time.Second })
+	check(t, "ttl 0", show(h.query(t, "udp", src1, "short.example.com.", dns.TypeA)), "NOERROR | short.example.com. 0 A 203.0.113.13")
+	checkList(t, "ttl 0 allowed", h.allow.take(), []string{"web-g1 set 1 [203.0.113.13] ttl 10m1s"})
+	check(t, "ttl 7200", show(h.query(t, "udp", src1, "pypi.org.", dns.TypeA)), "NOERROR | pypi.org. 3600 A 151.101.0.223")
+	checkList(t, "ttl 7200 allowed", h.allow.take(), []string{"web-g1 set 0 [151.101.0.223] ttl 1h0m1s", "web-g1 set 2 [151.101.0.223] ttl 1h0m1s"})
+
+	for _, c := range []struct {
+		floor, grace time.Duration
+		want         string
+	}{
+		{-time.Second, 0, "dns proxy: element TTL floor -1s: want at most 1h0m0s"},
+		{MaxTTL + time.Second, 0, "dns proxy: element TTL floor 1h0m1s: want at most 1h0m0s"},
+		{0, -time.Second, "dns proxy: element grace -1s: want at most 1h0m0s"},
+		{0, MaxElementGrace + time.Second, "dns proxy: element grace 1h0m1s: want at most 1h0m0s"},
+	} {
+		_, err := New(Config{Listen: "127.0.0.1:0", Pool: testPool, Upstreams: []string{"127.0.0.1:1"}, Allower: &recorder{}, ElementMinTTL: c.floor, ElementGrace: c.grace})
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errdefs.Is(err, errdefs.CodeInvalidArgument) {
+			t.Errorf("New with floor %v, grace %v: %v; want invalid_argument %q", c.floor, c.grace, err, c.want)
+		}
+	}
 }
 
 // TestTCP: the same answers over TCP; a big answer is truncated over UDP
@@ -631,14 +670,17 @@ func TestTCP(t *testing.T) {
 // timeout, nothing allowed; a dead first upstream falls through to the
 // next; an Allower error is SERVFAIL (fail closed).
 func TestUpstreamFailures(t *testing.T) {
-	// refused: a port nobody listens on; blackhole: a socket that reads
-	// nothing.
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	// refused: a port nobody answers on; blackhole: a socket that reads
+	// nothing. The refused port stays bound by a socket connected
+	// elsewhere, which the kernel does not deliver the proxy's datagrams
+	// to (it answers port unreachable), so no other socket can take the
+	// port in the meantime, as it could a closed one's.
+	held, err := net.Dial("udp", "127.0.0.1:9")
 	if err != nil {
 		t.Fatal(err)
 	}
-	refused := pc.LocalAddr().String()
-	pc.Close()
+	defer held.Close()
+	refused := held.LocalAddr().String()
 	hole, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -143,7 +143,7 @@ func (p *Proxy) answer(ctx context.Context, e *entry, req *dns.Msg) *dns.Msg {
 	if len(rrs) < len(c.addrs) {
 		log.Warn("dns proxy: dropped answers in denied ranges", "answered", len(c.addrs), "kept", len(rrs))
 	}
-	ttl := elementTTL(c.ttl)
+	ttl := p.elementTTL(c.ttl)
 	if len(addrs) > 0 {
 		for _, i := range sets {
 			if err := p.cfg.Allower.AllowResolved(ctx, e.owner, i, addrs, ttl); err != nil {
@@ -232,9 +232,13 @@ func (e *entry) denied(a netip.Addr) bool {
 	return false
 }
 
+// ElementTimeout is the set element timeout the proxy gives the
+// addresses of an answer of ttl seconds.
+func (p *Proxy) ElementTimeout(ttl uint32) time.Duration { return p.elementTTL(ttl) }
+
 // elementTTL is a set element's timeout for an answer of ttl seconds.
-func elementTTL(ttl uint32) time.Duration {
-	return min(max(time.Duration(ttl)*time.Second, MinTTL), MaxTTL) + Grace
+func (p *Proxy) elementTTL(ttl uint32) time.Duration {
+	return min(max(time.Duration(ttl)*time.Second, p.cfg.ElementMinTTL), MaxTTL) + p.cfg.ElementGrace
 }
 
 func reply(req *dns.Msg, rcode int) *dns.Msg {

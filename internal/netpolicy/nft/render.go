@@ -28,7 +28,7 @@ const (
 // BaseVersion is the layout version of the base chains. It is part of the
 // comment on the first rule of each base chain; Ensure replaces the base
 // rules when the comment differs (a new layout or a new configuration).
-const BaseVersion = 2 // 2: DNS-proxy flows go through the generation's chain (marked)
+const BaseVersion = 3 // 2: DNS-proxy flows go through the generation's chain (marked); 3: in one input rule
 
 // Names of the base objects.
 const (
@@ -189,13 +189,17 @@ func RenderBase(c Config) Base {
 	// forward: it marks the flow with the slot (so the release's flush and
 	// conntrack_gone cover DNS-proxy flows too) and accepts it. A link
 	// without a dispatch element (a carrier) falls through to the drop.
-	for _, proto := range []byte{protoUDP, protoTCP} {
-		input = append(input, Rule{Exprs: concat(l4proto(proto), dport(c.DNSPort), ctDNAT(),
-			[]expr.Any{
-				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-				&expr.Lookup{SourceRegister: reg1, SetName: MapDispatch, DestRegister: regVerdict, IsDestRegSet: true},
-			})})
-	}
+	// One rule for udp and tcp, with no protocol match (the chain accepts
+	// only udp and tcp to the proxy and drops the rest; a packet without a
+	// transport header does not match th dport): every commit that adds a
+	// rule makes the kernel validate each chain the dispatch map reaches
+	// once per rule that looks the map up, so each such rule costs a walk
+	// of every generation's chain.
+	input = append(input, Rule{Exprs: concat(dport(c.DNSPort), ctDNAT(),
+		[]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: MapDispatch, DestRegister: regVerdict, IsDestRegSet: true},
+		})})
 	input = append(input, Rule{Exprs: concat([]expr.Any{&expr.Counter{}}, verdict(expr.VerdictDrop))})
 
 	// forward: a sandbox's own traffic goes to its generation's chain

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
@@ -93,21 +92,7 @@ func newNode(t *testing.T) *node {
 	if err := fw.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", nodePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "hi from the node\n")
-			c.Close()
-		}
-	}()
+	ktest.GreetTCP(t, nodePort, "hi from the node\n")
 	return n
 }
 
@@ -122,20 +107,7 @@ func ruleset(t *testing.T) string {
 
 // nodeAddrs are the addresses of the root netns's links, as the node
 // passes them to Resolve.
-func nodeAddrs(t *testing.T) []netip.Addr {
-	t.Helper()
-	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []netip.Addr
-	for _, a := range as {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			out = append(out, ip.Unmap())
-		}
-	}
-	return out
-}
+func nodeAddrs(t *testing.T) []netip.Addr { return ktest.LinkAddrs(t) }
 
 // guest is a running runsc guest with its links and firewall objects.
 type guest struct {

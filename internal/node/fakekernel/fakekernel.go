@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"iter"
 	"maps"
 	"os"
 	"path/filepath"
@@ -89,6 +90,9 @@ type Kernel struct {
 	flows       map[netpolicy.Slot][]Flow
 	dns         map[netpolicy.Slot]dnsEntry // the DNS proxy's registry (one process's memory)
 	forwarding  bool
+	writers     map[string]*blockWriter // writer dir → writer (block.go)
+	nbd         map[int]string          // connected /dev/nbdX → writer dir
+	bmounts     map[string]*blockMount  // container id → block root mount
 	refuse      map[string]error
 	failMake    map[string]error
 	unbounded   error
@@ -111,8 +115,9 @@ type namespace struct {
 type container struct {
 	id, bundle, status string // status: created, running, stopped
 	cgroup             string
-	dev                string // superblock of its root
-	ns                 uint64 // its network namespace
+	dev                string     // superblock of its root
+	ns                 uint64     // its network namespace
+	agent              *fakeAgent // its init's agent, once started (agent.go)
 }
 
 func (c *container) alive() bool { return c.status == "created" || c.status == "running" }
@@ -134,14 +139,22 @@ func New(dir string) (*Kernel, error) {
 		projects: map[uint32]*project{}, refuse: map[string]error{}, failMake: map[string]error{},
 		links: map[string]*link{}, chains: map[string]*fwChain{}, fwd: map[string]string{},
 		flows: map[netpolicy.Slot][]Flow{}, dns: map[netpolicy.Slot]dnsEntry{},
+		writers: map[string]*blockWriter{}, nbd: map[int]string{}, bmounts: map[string]*blockMount{},
 	}
 	for _, d := range []string{k.RunDir(), k.LogRoot(), k.scratch(), filepath.Join(k.TemplatesDir(), "busybox", "bin")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
 	}
+	// A stand-in: the fake guest's agent is in-process (agent.go).
+	if err := os.WriteFile(k.AgentBinary(), []byte("#!fake ctl-agent\n"), 0o755); err != nil {
+		return nil, err
+	}
 	return k, nil
 }
+
+// AgentBinary is the node's ctl-agent for the fake (a stand-in file).
+func (k *Kernel) AgentBinary() string { return filepath.Join(k.RunDir(), "ctl-agent") }
 
 // RunDir is the node's run dir (its bundles go to RunDir/bundles).
 func (k *Kernel) RunDir() string { return filepath.Join(k.root, "run") }
@@ -247,6 +260,9 @@ func (k *Kernel) stopLocked(c *container) {
 		return
 	}
 	c.status = "stopped"
+	if c.agent != nil {
+		c.agent.stop()
+	}
 	k.gcLocked()
 }
 
@@ -332,6 +348,8 @@ func (k *Kernel) String() string {
 	}
 	for _, d := range []struct{ what, dir string }{
 		{"bundle", filepath.Join(k.RunDir(), "bundles")}, {"logs", k.LogRoot()}, {"scratch", k.scratch()},
+		{"writer dir", k.WritersDir()}, {"block root", k.BlockRootDir()},
+		{"agent", filepath.Join(k.RunDir(), "agents")},
 	} {
 		ents, _ := os.ReadDir(d.dir)
 		for _, e := range ents {
@@ -339,6 +357,7 @@ func (k *Kernel) String() string {
 		}
 	}
 	k.renderNetLocked(add)
+	k.renderBlockLocked(add)
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
 }
@@ -584,15 +603,25 @@ func (r *RootFS) List(ctx context.Context) ([]string, error) {
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	seen := map[string]bool{}
-	ents, err := os.ReadDir(k.scratch())
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	ids, err := listIDs(k.scratch(), maps.Keys(k.mounts))
+	if err != nil {
 		return nil, fmt.Errorf("list scratch dir: %w", err)
+	}
+	return ids, nil
+}
+
+// listIDs is the real roots' List: the valid ids among dir's entries and
+// the mounted ones, sorted.
+func listIDs(dir string, mounted iter.Seq[string]) ([]string, error) {
+	seen := map[string]bool{}
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
 	for _, e := range ents {
 		seen[e.Name()] = true
 	}
-	for id := range k.mounts {
+	for id := range mounted {
 		seen[id] = true
 	}
 	var out []string
@@ -991,6 +1020,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	if c.status != "created" {
 		return fmt.Errorf("runsc start %s: cannot start a container in the %s state", id, c.status)
+	}
+	if err := k.startAgent(c); err != nil {
+		return fmt.Errorf("runsc start %s: init: %w", id, err)
 	}
 	c.status = "running"
 	k.call("runsc start %s", id)

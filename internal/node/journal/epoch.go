@@ -19,6 +19,8 @@ import (
 var (
 	keyEpoch     = []byte("epoch")
 	keyHeartbeat = []byte("heartbeat")
+	// keyWriterEpoch is the last writer epoch handed out (NextWriterEpoch).
+	keyWriterEpoch = []byte("writer_epoch")
 )
 
 // ErrFenced is the kind of every write refused because the writer's epoch is
@@ -114,4 +116,21 @@ func (j *Journal) fence(tx *bolt.Tx) error {
 		return &FencedError{Writer: j.epoch, Current: cur}
 	}
 	return nil
+}
+
+// NextWriterEpoch takes a new writer epoch in this transaction: one above
+// the last one handed out, by any primary, for any sandbox or generation,
+// so a writer epoch only grows and a stale writer can never carry the
+// current one.
+func (t *Tx) NextWriterEpoch() (uint64, error) {
+	b, err := t.tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return 0, err
+	}
+	var last uint64
+	if v := b.Get(keyWriterEpoch); len(v) == 8 {
+		last = binary.BigEndian.Uint64(v)
+	}
+	next := last + 1
+	return next, b.Put(keyWriterEpoch, binary.BigEndian.AppendUint64(nil, next))
 }

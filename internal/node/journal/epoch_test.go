@@ -142,3 +142,33 @@ func TestOpenTimesOutBehindHolder(t *testing.T) {
 		t.Fatal("Open without a timeout accepted")
 	}
 }
+
+// TestNextWriterEpochGrows: writer epochs only grow, in one journal,
+// across terms (a new primary never hands out an epoch again).
+func TestNextWriterEpochGrows(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	var last uint64
+	for term := uint64(1); term <= 3; term++ {
+		j, err := Open(path, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := j.TakeOver(term); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			var e uint64
+			if err := j.Update(func(tx *Tx) (err error) { e, err = tx.NextWriterEpoch(); return err }); err != nil {
+				t.Fatal(err)
+			}
+			if e <= last {
+				t.Fatalf("term %d: writer epoch %d after %d", term, e, last)
+			}
+			last = e
+		}
+		j.Close()
+	}
+	if last != 6 {
+		t.Errorf("last writer epoch %d, want 6", last)
+	}
+}

@@ -55,6 +55,14 @@ const (
 	KindNft       Kind = "nft"       // the generation's objects in the nft table
 	KindDNS       Kind = "dns"       // the DNS proxy's registry entry (memory)
 	KindConntrack Kind = "conntrack" // the conntrack entries marked with the slot
+	// Block mode (rootfs.mode = block): the writer process and its
+	// /dev/nbdX, and the device's filesystem mounted as the OCI root.
+	KindWriter     Kind = "writer"
+	KindBlockMount Kind = "blockmount"
+	// KindAgent is the guest agent's host side: the generation's directory
+	// holding the agent binary (bound read-only into the guest) and the
+	// socket directory (bound read-write; the agent listens there).
+	KindAgent Kind = "agent"
 )
 
 // EffectState is where an effect is in its life.
@@ -113,6 +121,12 @@ type Resources struct {
 
 // RootFSMode is where a RootFS's blocks live.
 type RootFSMode string
+
+// RootFS modes.
+const (
+	RootFSOverlay RootFSMode = "overlay"
+	RootFSBlock   RootFSMode = "block"
+)
 
 // RootFS of a generation: its mode and template.
 type RootFS struct {
@@ -244,6 +258,29 @@ type Sandbox struct {
 	// as intended and not yet done: a new primary applies it again.
 	Network       *NetworkPolicy `json:"network,omitempty"`
 	NetworkUpdate *NetworkUpdate `json:"network_update,omitempty"`
+	// Block is the writer of a block-mode generation: journaled with its
+	// writer epoch before the writer starts, completed with the device
+	// once attached (nil: overlay mode, or not started yet).
+	Block *BlockDevice `json:"block,omitempty"`
+}
+
+// BlockDevice is a block-mode generation's writer process and device.
+type BlockDevice struct {
+	// WriterEpoch is the attach's writer epoch (NextWriterEpoch): a
+	// writer reporting another is not this generation's.
+	WriterEpoch uint64 `json:"writer_epoch"`
+	// Dir is the writer's directory (dirty file, index, lock, state).
+	Dir string `json:"dir"`
+	// Template is the template volume the device writes over.
+	Template string `json:"template"`
+	// Index is the attached /dev/nbd<Index> (-1: not known yet), PID the
+	// writer process, Size the device size (the disk lease).
+	Index int   `json:"index"`
+	PID   int   `json:"pid,omitempty"`
+	Size  int64 `json:"size,omitempty"`
+	// Restarts counts the writers started on the same device after the
+	// one before died (each with a new epoch).
+	Restarts int `json:"restarts,omitempty"`
 }
 
 // NetworkUpdate is a live policy update in flight.

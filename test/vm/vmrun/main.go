@@ -147,11 +147,23 @@ func run(ctx context.Context, c config) error {
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build ./cmd/...: %w", err)
 	}
+	// The guest agent runs inside guest images: static (no cgo), as
+	// `make agent` builds it.
+	agent := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, "bin", "cmd", "ctl-agent"), "./cmd/ctl-agent")
+	agent.Env = append(os.Environ(), "CGO_ENABLED=0")
+	agent.Stdout, agent.Stderr = os.Stdout, os.Stderr
+	if err := agent.Run(); err != nil {
+		return fmt.Errorf("build ./cmd/ctl-agent: %w", err)
+	}
 	wd, _ := os.Getwd()
 	for _, cmd := range c.cmds {
 		jobs = append(jobs, Job{Name: cmd, Dir: wd, Argv: []string{"/bin/sh", "-c", cmd}, Timeout: int(c.jobTime.Seconds())})
 	}
-	env := append([]string{"CTLD_KERNEL_TESTS=1", "CTLD_IN_VM=1", "CTLD_BIN_DIR=/ctld-vm/bin/cmd"}, c.env...)
+	binCmd := binDir + "/cmd"
+	if c.systemd != "" {
+		binCmd = shareBinDir + "/cmd" // the scenario runs the installed units
+	}
+	env := append([]string{"CTLD_KERNEL_TESTS=1", "CTLD_IN_VM=1", "CTLD_BIN_DIR=" + binCmd}, c.env...)
 	if c.systemd != "" {
 		j, err := prepareSystemd(ctx, c, share, wd, env)
 		if err != nil {
@@ -244,8 +256,9 @@ func buildTests(ctx context.Context, c config, outDir string) ([]Job, error) {
 		if err := cmd.Run(); err != nil {
 			return nil, fmt.Errorf("build tests of %s: %w", f[0], err)
 		}
-		// The guest sees the share at /ctld-vm; /tmp there is its own tmpfs.
-		guestBin := "/ctld-vm/bin/" + filepath.Base(bin)
+		// The guest sees the share at /ctld-vm; /tmp there is its own
+		// tmpfs. It runs the binary from binDir (guest.go).
+		guestBin := binDir + "/" + filepath.Base(bin)
 		argv := []string{guestBin, "-test.v", "-test.timeout", c.jobTime.String()}
 		if c.bench != "" {
 			argv = append(argv, "-test.run", "^$", "-test.bench", c.bench, "-test.benchtime", "1x")
@@ -261,7 +274,8 @@ func buildTests(ctx context.Context, c config, outDir string) ([]Job, error) {
 				argv = append(argv, "-test.skip", skip)
 			}
 		}
-		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", Timeout: int(c.jobTime.Seconds()) + 30})
+		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", Timeout: int(c.jobTime.Seconds()) + 30,
+			Stage: shareBinDir + "/" + filepath.Base(bin)})
 	}
 	return jobs, nil
 }

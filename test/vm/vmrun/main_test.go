@@ -101,3 +101,23 @@ PASS`
 		t.Fatalf("testTimes found %d top-level tests, want 4: %v", len(all), all)
 	}
 }
+
+// Binaries run from the guest's tmpfs, not from the results share (9p
+// without a page cache, read again at every exec): the commands are copied
+// once, each test binary just before its job and removed after it.
+func TestGuestScriptRunsBinariesFromTmpfs(t *testing.T) {
+	s := guestScript([]Job{{Name: "p", Dir: "/d", Argv: []string{"/ctld-bin/0-p.test", "-test.v"}, Timeout: 5, Stage: "/ctld-vm/bin/0-p.test"}}, nil)
+	for _, want := range []string{
+		"mount -t tmpfs -o mode=755 tmpfs /ctld-bin\n",
+		"cp -a /ctld-vm/bin/cmd /ctld-bin/cmd",
+		`(cp '/ctld-vm/bin/0-p.test' '/ctld-bin/0-p.test' && cd '/d' && timeout -k 10 5 '/ctld-bin/0-p.test' '-test.v'; echo $? > /ctld-vm/out/0.rc)`,
+		"rm -f '/ctld-bin/0-p.test'\n",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("guest script lacks %q:\n%s", want, s)
+		}
+	}
+	if i, j := strings.Index(s, "cp -a /ctld-vm/bin/cmd"), strings.Index(s, "=== vm job 0"); i < 0 || i > j {
+		t.Errorf("the commands are not copied before the first job")
+	}
+}

@@ -1,0 +1,19 @@
+// Command ctl-agent is the guest agent: the init of a ctld guest. It serves
+// exec, files and the readiness answer on a Unix socket in a directory the
+// host bind-mounts (runsc --host-uds=create), reaps every orphan, and runs
+// the workload given after "--" as its child; it exits with the workload.
+// Build it static (CGO_ENABLED=0, `make agent`): it runs in any image.
+//
+//	ctl-agent --socket /.ctl/agent.sock [--file-cap BYTES] [-- workload args...]
+//
+// The nonce and the workload's uid/gid come in the environment
+// (CTL_AGENT_NONCE, CTL_AGENT_UID, CTL_AGENT_GID), never argv.
+package main
+
+import (
+	"os"
+
+	"github.com/ctld/ctld/internal/agent"
+)
+
+func main() { os.Exit(agent.Main(os.Args[1:], os.Environ(), os.Stderr)) }

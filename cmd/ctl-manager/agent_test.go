@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+)
+
+func TestExitOf(t *testing.T) {
+	for x, want := range map[api.ExecExit]int{
+		{}:                             0,
+		{ExitCode: 3}:                  3,
+		{ExitCode: -1, Signal: 9}:      137,
+		{ExitCode: -1, Signal: 15}:     143,
+		{ExitCode: -1, TimedOut: true}: 124,
+		{ExitCode: -1}:                 exitError,
+	} {
+		if got := exitOf(x); got != want {
+			t.Errorf("exitOf(%+v) = %d, want %d", x, got, want)
+		}
+	}
+}
+
+// TestCLIExecStreamsAndTTY: exec runs as a session (stdin streamed only
+// with -i), -t asks for a terminal of the local size (24x80 without one),
+// and the command's exit code is ctl-manager's.
+func TestCLIExecStreamsAndTTY(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "sb1")
+	if r := e.run("ignored", "sandbox", "exec", "sb1", "--", "cat"); r.code != 0 || r.stdout != "" {
+		t.Errorf("exec without -i read stdin: %+v", r)
+	}
+	if r := e.run("", "sandbox", "exec", "sb1", "--", "sh", "-c", "exit 3"); r.code != 3 || r.stderr != "" {
+		t.Errorf("exit 3: %+v", r)
+	}
+	if r := e.run("", "sandbox", "exec", "sb1", "--", "tty"); r.code != 1 || r.stdout != "not a tty\n" {
+		t.Errorf("tty without -t: %+v", r)
+	}
+	if r := e.run("", "sandbox", "exec", "-t", "sb1", "--", "tty"); r.code != 0 || r.stdout != "/dev/pts/0\n" {
+		t.Errorf("tty with -t: %+v", r)
+	}
+	if r := e.run("stty size\nexit\n", "sandbox", "shell", "sb1"); r.code != 0 || !strings.Contains(r.stdout, "24 80\n") {
+		t.Errorf("shell: %+v", r)
+	}
+	e.node.Lock()
+	sessions := e.node.Sessions
+	e.node.Unlock()
+	last := sessions[len(sessions)-1]
+	if !last.TTY || last.Rows != 24 || last.Cols != 80 || last.Args[0] != "/bin/sh" || len(last.Args) != 1 {
+		t.Errorf("shell's session: %+v, want /bin/sh on a 24x80 terminal", last)
+	}
+	if out := e.ok("sandbox", "exec", "--via-runsc", "sb1", "--", "echo", "via", "runsc"); out != "via runsc\n" {
+		t.Errorf("exec --via-runsc: %q", out)
+	}
+	if r := e.run("", "sandbox", "exec", "-t", "--via-runsc", "sb1", "--", "tty"); r.code != exitUsage || !strings.Contains(r.stderr, "do not go together") {
+		t.Errorf("-t with --via-runsc: %+v", r)
+	}
+	e.node.Lock()
+	runsc := e.node.RunscExecs
+	e.node.Unlock()
+	if runsc != 1 {
+		t.Errorf("execs via runsc: %d, want 1", runsc)
+	}
+	if r := e.run("", "sandbox", "exec", "nope", "--", "true"); r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "exec in sandbox nope: not_found") {
+		t.Errorf("exec in a missing sandbox: %+v", r)
+	}
+}
+
+// fakeTerm is a local terminal whose size a test changes.
+type fakeTerm struct {
+	mu      sync.Mutex
+	size    api.TermSize
+	raw     []string
+	resized chan os.Signal
+}
+
+func (f *fakeTerm) Size() (api.TermSize, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.size, true
+}
+
+func (f *fakeTerm) MakeRaw() (func(), error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.raw = append(f.raw, "raw")
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.raw = append(f.raw, "restored")
+	}, nil
+}
+
+func (f *fakeTerm) Resized() (<-chan os.Signal, func()) { return f.resized, func() {} }
+
+// syncBuf is a buffer a test polls while the CLI writes it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestCLIShellResize: the shell starts at the local terminal's size, the
+// terminal is raw while it runs and restored after, and a resize of the
+// local terminal reaches the guest's.
+func TestCLIShellResize(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "sb1")
+	term := &fakeTerm{size: api.TermSize{Rows: 30, Cols: 100}, resized: make(chan os.Signal, 1)}
+	stdinR, stdinW := io.Pipe()
+	var out syncBuf
+	var errb bytes.Buffer
+	c := &cli{stdin: stdinR, stdout: &out, stderr: &errb, term: term}
+	done := make(chan int, 1)
+	go func() {
+		done <- runCLI(context.Background(), c, []string{"--socket", e.socket, "--db", e.db, "sandbox", "shell", "sb1"}, func(string) string { return "" })
+	}()
+	waitFor := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), want); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the shell's output %q", want, out.String())
+			}
+			go io.WriteString(stdinW, "stty size\n") // never blocks the test if the shell is gone
+		}
+	}
+	waitFor("30 100\n")
+	term.mu.Lock()
+	term.size = api.TermSize{Rows: 50, Cols: 120}
+	term.mu.Unlock()
+	term.resized <- syscall.SIGWINCH
+	waitFor("50 120\n")
+	io.WriteString(stdinW, "exit\n")
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("shell exit %d: %s", code, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shell did not end on exit")
+	}
+	stdinW.Close()
+	term.mu.Lock()
+	defer term.mu.Unlock()
+	if strings.Join(term.raw, ",") != "raw,restored" {
+		t.Errorf("terminal modes: %q, want raw then restored", term.raw)
+	}
+}
+
+// TestCLIFileCommands: put, get, ls, stat, mkdir, mv and rm through the
+// node's file calls, with --user and --mode passed on, and clear errors.
+func TestCLIFileCommands(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "sb1")
+	local := filepath.Join(t.TempDir(), "big")
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	if err := os.WriteFile(local, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.ok("sandbox", "file", "put", "--mode", "0600", "sb1", "/tmp/big", local); out != "wrote 1048576 bytes to sb1:/tmp/big\n" {
+		t.Errorf("put: %q", out)
+	}
+	if out := e.ok("sandbox", "file", "get", "sb1", "/tmp/big"); out != string(data) {
+		t.Errorf("get: %d bytes, want the 1 MiB put", len(out))
+	}
+	e.ok("sandbox", "file", "mkdir", "-p", "--mode", "700", "sb1", "/tmp/d/e")
+	e.ok("sandbox", "file", "mv", "sb1", "/tmp/big", "/tmp/d/big")
+	out := e.ok("sandbox", "file", "ls", "sb1", "/tmp/d")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[0], "-rw-------") || !strings.HasSuffix(lines[0], " big") ||
+		!strings.HasPrefix(lines[1], "drwx------") || !strings.HasSuffix(lines[1], " e") {
+		t.Errorf("ls:\n%s", out)
+	}
+	if out := e.ok("sandbox", "file", "stat", "sb1", "/tmp/d/big"); !strings.Contains(out, "1048576") {
+		t.Errorf("stat: %q", out)
+	}
+	var fi api.FileInfo
+	if out := e.ok("--json", "sandbox", "file", "stat", "sb1", "/tmp/d/big"); json.Unmarshal([]byte(out), &fi) != nil || fi.Size != 1<<20 || fi.Mode != 0o600 {
+		t.Errorf("stat --json: %q", out)
+	}
+	if r := e.run("", "sandbox", "file", "rm", "sb1", "/tmp/d"); r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "remove /tmp/d in sandbox sb1: conflict") {
+		t.Errorf("rm of a full directory without -r: %+v", r)
+	}
+	e.ok("sandbox", "file", "rm", "-r", "sb1", "/tmp/d")
+	if r := e.run("", "sandbox", "file", "ls", "sb1", "/tmp/d"); r.code != 1 || !strings.Contains(r.stderr, "list /tmp/d in sandbox sb1: not_found") {
+		t.Errorf("ls of a removed directory: %+v", r)
+	}
+	for _, args := range [][]string{
+		{"sandbox", "file", "mkdir", "--mode", "u+rwx", "sb1", "/x"},
+		{"sandbox", "file", "put", "--mode", "4755", "sb1", "/x"},
+		{"sandbox", "file", "ls", "--user", "root", "sb1", "/"},
+		{"sandbox", "file", "mv", "sb1", "/x"},
+	} {
+		if r := e.run("", args...); r.code != exitUsage {
+			t.Errorf("%q: %+v, want a usage error", args, r)
+		}
+	}
+	if r := e.run("", "sandbox", "file", "rm", "-r", "sb1", "/"); r.code != 1 || !strings.Contains(r.stderr, "refusing to remove the guest's root") {
+		t.Errorf("rm -r /: %+v", r)
+	}
+}

@@ -1,0 +1,474 @@
+// Package client is ctld's side of the guest agent. The agent runs inside
+// an untrusted guest, so every answer is read with a bound per frame
+// (wire.MaxPayload) and per call (result sizes, file limits), under the
+// caller's context plus a deadline for calls that should be quick, and
+// parsed strictly. A hostile or dead agent fails that call with an error
+// wrapping ErrAgent; nothing else is spent on it.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/ctld/ctld/internal/agent/wire"
+)
+
+// ErrAgent is wrapped by every failure of the agent itself (dead, silent,
+// broken protocol), as opposed to a *wire.Error the agent answered.
+var ErrAgent = errors.New("guest agent failed")
+
+// maxSmall bounds a result, exit or error frame: small JSON only.
+const maxSmall = 8 << 10
+
+// MaxList bounds the entries of a directory listing the client accepts.
+const MaxList = 100000
+
+// Client calls one agent. The zero value with Socket set is usable.
+type Client struct {
+	// Socket is the agent's Unix socket path on the host.
+	Socket string
+	// Dial replaces the default dialer (tests, a pinned connection).
+	Dial func(ctx context.Context) (net.Conn, error)
+	// CallTimeout bounds a call that is not an exec or a file stream
+	// (ready, stat, list, mkdir, remove, rename); 0: 10 s.
+	CallTimeout time.Duration
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var (
+		nc  net.Conn
+		err error
+	)
+	if c.Dial != nil {
+		nc, err = c.Dial(ctx)
+	} else {
+		var d net.Dialer
+		nc, err = d.DialContext(ctx, "unix", c.Socket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dial agent: %w: %v", ErrAgent, err)
+	}
+	return nc, nil
+}
+
+// call is one connection: the request is sent and the context's end (or
+// deadline) closes the connection, which ends any read or write.
+type call struct {
+	nc   net.Conn
+	stop func() bool
+	ctx  context.Context
+	buf  []byte
+}
+
+func (c *Client) start(ctx context.Context, req wire.Request) (*call, error) {
+	nc, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	if err := wire.WriteJSON(nc, wire.TRequest, req); err != nil {
+		stop()
+		nc.Close()
+		return nil, c.failed(ctx, "send request", err)
+	}
+	return &call{nc: nc, stop: stop, ctx: ctx}, nil
+}
+
+func (k *call) close() {
+	k.stop()
+	k.nc.Close()
+}
+
+func (c *Client) failed(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("agent %s: %w: %w", what, ErrAgent, context.Cause(ctx))
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The connection's deadline is the context's: it may fire a moment
+		// before the context says so.
+		return fmt.Errorf("agent %s: %w: %w", what, ErrAgent, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("agent %s: %w: %v", what, ErrAgent, err)
+}
+
+// next reads one frame; frames other than Data/Stdout/Stderr must be small.
+func (k *call) next() (wire.Type, []byte, error) {
+	t, p, err := wire.ReadFrame(k.nc, k.buf, wire.MaxPayload)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = errors.New("connection closed without an answer")
+		}
+		return 0, nil, err
+	}
+	k.buf = p[:0]
+	switch t {
+	case wire.TData, wire.TStdout, wire.TStderr:
+	case wire.TResult, wire.TExit, wire.TError, wire.TEnd:
+		if len(p) > maxSmall {
+			return 0, nil, fmt.Errorf("frame %q of %d bytes, limit %d", t, len(p), maxSmall)
+		}
+	default:
+		return 0, nil, fmt.Errorf("unexpected frame type %q", t)
+	}
+	return t, p, nil
+}
+
+// agentError parses an Error frame; a malformed one is a protocol error.
+func agentError(p []byte) error {
+	var e wire.Error
+	if err := wire.Decode(p, &e); err != nil {
+		return fmt.Errorf("error frame: %v", err)
+	}
+	if e.Code == "" {
+		return errors.New("error frame without code")
+	}
+	return &e
+}
+
+func (c *Client) quick(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := c.CallTimeout
+	if d <= 0 {
+		d = 10 * time.Second
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// result runs a call whose answer is one Result frame decoded into v.
+func (c *Client) result(ctx context.Context, req wire.Request, v any) error {
+	ctx, cancel := c.quick(ctx)
+	defer cancel()
+	k, err := c.start(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer k.close()
+	t, p, err := k.next()
+	if err != nil {
+		return c.failed(ctx, req.Op, err)
+	}
+	switch t {
+	case wire.TResult:
+		if v == nil {
+			return nil
+		}
+		if err := wire.Decode(p, v); err != nil {
+			return c.failed(ctx, req.Op, fmt.Errorf("result: %v", err))
+		}
+		return nil
+	case wire.TError:
+		return wrapAgentErr(ctx, c, req.Op, p)
+	}
+	return c.failed(ctx, req.Op, fmt.Errorf("unexpected frame %q", t))
+}
+
+func wrapAgentErr(ctx context.Context, c *Client, op string, p []byte) error {
+	err := agentError(p)
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return err
+	}
+	return c.failed(ctx, op, err)
+}
+
+// MaxNonce bounds the readiness answer.
+const MaxNonce = 256
+
+// Ready asks the agent for its generation's nonce.
+func (c *Client) Ready(ctx context.Context) (string, error) {
+	var r wire.Ready
+	if err := c.result(ctx, wire.Request{Op: wire.OpReady}, &r); err != nil {
+		return "", err
+	}
+	if len(r.Nonce) == 0 || len(r.Nonce) > MaxNonce {
+		return "", c.failed(ctx, "ready", fmt.Errorf("nonce of %d bytes", len(r.Nonce)))
+	}
+	return r.Nonce, nil
+}
+
+// Stat describes a path (not following a final symlink).
+func (c *Client) Stat(ctx context.Context, path string, u *wire.User) (wire.Stat, error) {
+	var st wire.Stat
+	err := c.result(ctx, wire.Request{Op: wire.OpStat, Path: path, User: u}, &st)
+	return st, err
+}
+
+// Mkdir makes a directory (with its parents when recursive).
+func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, recursive bool, u *wire.User) error {
+	return c.result(ctx, wire.Request{Op: wire.OpMkdir, Path: path, Mode: mode, Recursive: recursive, User: u}, nil)
+}
+
+// Remove removes a path (a whole tree when recursive).
+func (c *Client) Remove(ctx context.Context, path string, recursive bool, u *wire.User) error {
+	return c.result(ctx, wire.Request{Op: wire.OpRemove, Path: path, Recursive: recursive, User: u}, nil)
+}
+
+// Rename renames a path.
+func (c *Client) Rename(ctx context.Context, from, to string, u *wire.User) error {
+	return c.result(ctx, wire.Request{Op: wire.OpRename, Path: from, NewPath: to, User: u}, nil)
+}
+
+// List lists a directory: at most MaxList entries, each a strict Stat.
+func (c *Client) List(ctx context.Context, path string, u *wire.User) ([]wire.Stat, error) {
+	ctx, cancel := c.quick(ctx)
+	defer cancel()
+	req := wire.Request{Op: wire.OpList, Path: path, User: u}
+	k, err := c.start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer k.close()
+	var out []wire.Stat
+	for {
+		t, p, err := k.next()
+		if err != nil {
+			return nil, c.failed(ctx, "list", err)
+		}
+		switch t {
+		case wire.TData:
+			var batch []wire.Stat
+			if err := wire.Decode(p, &batch); err != nil {
+				return nil, c.failed(ctx, "list", fmt.Errorf("entries: %v", err))
+			}
+			if len(out)+len(batch) > MaxList {
+				return nil, c.failed(ctx, "list", fmt.Errorf("more than %d entries", MaxList))
+			}
+			out = append(out, batch...)
+		case wire.TEnd:
+			return out, nil
+		case wire.TError:
+			return nil, wrapAgentErr(ctx, c, "list", p)
+		default:
+			return nil, c.failed(ctx, "list", fmt.Errorf("unexpected frame %q", t))
+		}
+	}
+}
+
+// ReadFile streams a guest file into w: at most limit bytes (a longer
+// stream fails the call), never buffered whole.
+func (c *Client) ReadFile(ctx context.Context, path string, u *wire.User, limit int64, w io.Writer) (int64, error) {
+	k, err := c.start(ctx, wire.Request{Op: wire.OpRead, Path: path, User: u, Limit: limit})
+	if err != nil {
+		return 0, err
+	}
+	defer k.close()
+	var n int64
+	for {
+		t, p, err := k.next()
+		if err != nil {
+			return n, c.failed(ctx, "read", err)
+		}
+		switch t {
+		case wire.TData:
+			if n += int64(len(p)); limit > 0 && n > limit {
+				return n, c.failed(ctx, "read", fmt.Errorf("past the limit of %d bytes", limit))
+			}
+			if _, err := w.Write(p); err != nil {
+				return n, fmt.Errorf("read %s: write out: %w", path, err)
+			}
+		case wire.TEnd:
+			return n, nil
+		case wire.TError:
+			return n, wrapAgentErr(ctx, c, "read", p)
+		default:
+			return n, c.failed(ctx, "read", fmt.Errorf("unexpected frame %q", t))
+		}
+	}
+}
+
+// WriteFile streams r into a guest file (replaced whole once all of it
+// arrived), refusing more than limit bytes.
+func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode uint32, limit int64, r io.Reader) (int64, error) {
+	k, err := c.start(ctx, wire.Request{Op: wire.OpWrite, Path: path, User: u, Mode: mode, Limit: limit})
+	if err != nil {
+		return 0, err
+	}
+	defer k.close()
+	// The agent may refuse while we send (too large, no permission): read
+	// its answer concurrently so the refusal is what the caller sees.
+	ans := make(chan error, 1)
+	var written wire.Written
+	go func() {
+		t, p, err := k.next()
+		switch {
+		case err != nil:
+			ans <- c.failed(ctx, "write", err)
+		case t == wire.TResult:
+			if err := wire.Decode(p, &written); err != nil {
+				ans <- c.failed(ctx, "write", fmt.Errorf("result: %v", err))
+				return
+			}
+			ans <- nil
+		case t == wire.TError:
+			ans <- wrapAgentErr(ctx, c, "write", p)
+		default:
+			ans <- c.failed(ctx, "write", fmt.Errorf("unexpected frame %q", t))
+		}
+	}()
+	buf := make([]byte, wire.MaxPayload)
+	var sent int64
+	var sendErr error
+	for sendErr == nil {
+		n, err := r.Read(buf)
+		if n > 0 {
+			sent += int64(n)
+			if limit > 0 && sent > limit {
+				k.close()
+				<-ans
+				return sent, fmt.Errorf("write %s: more than %d bytes: %w", path, limit, ErrTooLarge)
+			}
+			if err := wire.WriteFrame(k.nc, wire.TData, buf[:n]); err != nil {
+				sendErr = err
+				break
+			}
+		}
+		if err == io.EOF {
+			sendErr = wire.WriteFrame(k.nc, wire.TEnd, nil)
+			break
+		}
+		if err != nil {
+			k.close()
+			<-ans
+			return sent, fmt.Errorf("write %s: read input: %w", path, err)
+		}
+	}
+	if err := <-ans; err != nil {
+		return sent, err
+	}
+	if sendErr != nil {
+		return sent, c.failed(ctx, "write", sendErr)
+	}
+	if written.Bytes != sent {
+		return sent, c.failed(ctx, "write", fmt.Errorf("agent wrote %d of %d bytes", written.Bytes, sent))
+	}
+	return sent, nil
+}
+
+// ErrTooLarge: the caller's input exceeded the limit it gave.
+var ErrTooLarge = errors.New("too large")
+
+// Streams are an exec's input and output. Nil readers/writers are empty;
+// Resize and Signal may be nil.
+type Streams struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	Resize         <-chan wire.Resize
+	Signal         <-chan int
+}
+
+// ExecRequest is a command to run.
+type ExecRequest struct {
+	Args, Env  []string
+	Cwd        string
+	User       *wire.User
+	Timeout    time.Duration // the agent kills the group after it (0: none)
+	TTY        bool
+	Rows, Cols uint16
+}
+
+// Exec runs a command and streams its output in order per stream. The
+// context's end closes the connection, and the agent then kills the
+// command's process group.
+func (c *Client) Exec(ctx context.Context, r ExecRequest, s Streams) (wire.Exit, error) {
+	req := wire.Request{Op: wire.OpExec, Args: r.Args, Env: r.Env, Cwd: r.Cwd, User: r.User,
+		TimeoutMS: r.Timeout.Milliseconds(), TTY: r.TTY, Rows: r.Rows, Cols: r.Cols}
+	k, err := c.start(ctx, req)
+	if err != nil {
+		return wire.Exit{}, err
+	}
+	defer k.close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Input: frames written under a lock (stdin, resize, signal).
+	var wmu chanMutex = make(chan struct{}, 1)
+	send := func(t wire.Type, v any, raw []byte) error {
+		wmu.lock()
+		defer wmu.unlock()
+		if v != nil {
+			return wire.WriteJSON(k.nc, t, v)
+		}
+		return wire.WriteFrame(k.nc, t, raw)
+	}
+	if s.Stdin != nil {
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := s.Stdin.Read(buf)
+				if n > 0 && send(wire.TStdin, nil, buf[:n]) != nil {
+					return
+				}
+				if err != nil {
+					send(wire.TStdinClose, nil, nil)
+					return
+				}
+			}
+		}()
+	} else {
+		send(wire.TStdinClose, nil, nil)
+	}
+	if s.Resize != nil || s.Signal != nil {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case rs, ok := <-s.Resize:
+					if !ok {
+						s.Resize = nil
+						continue
+					}
+					send(wire.TResize, rs, nil)
+				case sg, ok := <-s.Signal:
+					if !ok {
+						s.Signal = nil
+						continue
+					}
+					send(wire.TSignal, wire.Signal{Signal: sg}, nil)
+				}
+			}
+		}()
+	}
+	for {
+		t, p, err := k.next()
+		if err != nil {
+			return wire.Exit{}, c.failed(ctx, "exec", err)
+		}
+		switch t {
+		case wire.TStdout, wire.TStderr:
+			w := s.Stdout
+			if t == wire.TStderr {
+				w = s.Stderr
+			}
+			if w != nil {
+				if _, err := w.Write(p); err != nil {
+					return wire.Exit{}, fmt.Errorf("exec: write output: %w", err)
+				}
+			}
+		case wire.TExit:
+			var e wire.Exit
+			if err := wire.Decode(p, &e); err != nil {
+				return wire.Exit{}, c.failed(ctx, "exec", fmt.Errorf("exit: %v", err))
+			}
+			if e.Code < -1 || e.Code > 255 || e.Signal < 0 || e.Signal > 64 {
+				return wire.Exit{}, c.failed(ctx, "exec", fmt.Errorf("exit out of range: %+v", e))
+			}
+			return e, nil
+		case wire.TError:
+			return wire.Exit{}, wrapAgentErr(ctx, c, "exec", p)
+		default:
+			return wire.Exit{}, c.failed(ctx, "exec", fmt.Errorf("unexpected frame %q", t))
+		}
+	}
+}
+
+type chanMutex chan struct{}
+
+func (m chanMutex) lock()   { m <- struct{}{} }
+func (m chanMutex) unlock() { <-m }

@@ -1,0 +1,170 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/agent/wire"
+)
+
+// hostile is an "agent" that reads the request and then answers with
+// answer (raw bytes, written by write) — garbage, oversized, or nothing.
+func hostile(t testing.TB, write func(c net.Conn)) *Client {
+	return &Client{Dial: func(ctx context.Context) (net.Conn, error) {
+		a, b := net.Pipe()
+		go func() {
+			defer b.Close()
+			if _, _, err := wire.ReadFrame(b, nil, 0); err != nil {
+				return
+			}
+			go io.Copy(io.Discard, b) // stdin and the like
+			write(b)
+		}()
+		return a, nil
+	}, CallTimeout: 500 * time.Millisecond}
+}
+
+func header(t wire.Type, n uint32) []byte {
+	b := []byte{byte(t), 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(b[1:], n)
+	return b
+}
+
+func TestHostileAgent(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name  string
+		write func(net.Conn)
+	}{
+		{"oversized frame (10 GiB announced)", func(c net.Conn) { c.Write(header(wire.TResult, 0xffffffff)) }},
+		{"oversized result", func(c net.Conn) { wire.WriteFrame(c, wire.TResult, make([]byte, maxSmall+1)) }},
+		{"garbage", func(c net.Conn) { c.Write([]byte("HTTP/1.1 200 OK\r\n\r\nhello")) }},
+		{"unknown frame type", func(c net.Conn) { wire.WriteFrame(c, 'Z', []byte("{}")) }},
+		{"truncated frame", func(c net.Conn) { c.Write(header(wire.TResult, 100)); c.Write([]byte("{")) }},
+		{"nothing, connection closed", func(c net.Conn) {}},
+		{"silent", func(c net.Conn) { time.Sleep(time.Hour) }},
+		{"bad json", func(c net.Conn) { wire.WriteFrame(c, wire.TResult, []byte(`{"nonce":`)) }},
+		{"unknown field", func(c net.Conn) { wire.WriteFrame(c, wire.TResult, []byte(`{"nonce":"n","x":1}`)) }},
+		{"trailing data", func(c net.Conn) { wire.WriteFrame(c, wire.TResult, []byte(`{"nonce":"n"}{}`)) }},
+		{"error frame without code", func(c net.Conn) { wire.WriteFrame(c, wire.TError, []byte(`{"message":"m"}`)) }},
+		{"endless stream", func(c net.Conn) {
+			for wire.WriteFrame(c, wire.TData, make([]byte, wire.MaxPayload)) == nil {
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := hostile(t, tc.write)
+			start := time.Now()
+			if n, err := c.Ready(ctx); err == nil || !errors.Is(err, ErrAgent) {
+				t.Errorf("ready = %q, %v; want an ErrAgent error", n, err)
+			}
+			if _, err := c.List(ctx, "/", nil); err == nil || !errors.Is(err, ErrAgent) {
+				t.Errorf("list: %v; want an ErrAgent error", err)
+			}
+			if _, err := c.Stat(ctx, "/", nil); err == nil || !errors.Is(err, ErrAgent) {
+				t.Errorf("stat: %v; want an ErrAgent error", err)
+			}
+			// Streams are bounded by the caller's context and limit.
+			sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer cancel()
+			if _, err := c.ReadFile(sctx, "/f", nil, 1<<20, io.Discard); err == nil {
+				t.Error("read succeeded")
+			}
+			if _, err := c.Exec(sctx, ExecRequest{Args: []string{"x"}}, Streams{Stdout: io.Discard}); err == nil && tc.name != "endless stream" {
+				t.Error("exec succeeded")
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("calls took %v", d)
+			}
+		})
+	}
+}
+
+// An endless output is the caller's to bound: its context ends the call.
+func TestHostileEndlessExecEndsWithContext(t *testing.T) {
+	c := hostile(t, func(c net.Conn) {
+		for wire.WriteFrame(c, wire.TStdout, make([]byte, wire.MaxPayload)) == nil {
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var n countWriter
+	_, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}}, Streams{Stdout: &n})
+	if !errors.Is(err, ErrAgent) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("exec = %v; want ErrAgent and the deadline", err)
+	}
+}
+
+type countWriter int64
+
+func (w *countWriter) Write(p []byte) (int, error) { *w += countWriter(len(p)); return len(p), nil }
+
+// The client's memory does not follow an answer's announced size.
+func TestHostileHugeAnnouncedFrameAllocatesNothing(t *testing.T) {
+	c := hostile(t, func(c net.Conn) { c.Write(header(wire.TData, 0x7fffffff)); time.Sleep(time.Second) })
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := c.ReadFile(context.Background(), "/f", nil, 0, io.Discard)
+	runtime.ReadMemStats(&after)
+	if err == nil || !errors.Is(err, wire.ErrFrame) && !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("read = %v", err)
+	}
+	if d := after.TotalAlloc - before.TotalAlloc; d > 1<<20 {
+		t.Fatalf("allocated %d bytes for a refused frame", d)
+	}
+}
+
+// A bad exit frame is refused.
+func TestHostileExit(t *testing.T) {
+	for _, p := range []string{`{"code":300}`, `{"code":-5}`, `{"code":0,"signal":99}`, `{"code":"0"}`, `null x`} {
+		c := hostile(t, func(c net.Conn) { wire.WriteFrame(c, wire.TExit, []byte(p)) })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}}, Streams{})
+		cancel()
+		if !errors.Is(err, ErrAgent) {
+			t.Errorf("exit %s: %v; want ErrAgent", p, err)
+		}
+	}
+}
+
+// FuzzAnswer feeds arbitrary bytes as the agent's answer to every call:
+// the client never panics, never hangs past its bounds, and only accepts
+// well-formed answers.
+func FuzzAnswer(f *testing.F) {
+	var b bytes.Buffer
+	wire.WriteJSON(&b, wire.TResult, wire.Ready{Nonce: "abc"})
+	f.Add(b.Bytes())
+	b.Reset()
+	wire.WriteFrame(&b, wire.TStdout, []byte("hi\n"))
+	wire.WriteJSON(&b, wire.TExit, wire.Exit{Code: 3})
+	f.Add(b.Bytes())
+	b.Reset()
+	wire.WriteFrame(&b, wire.TData, []byte(`[{"name":"a","size":1,"mode":0,"mtime":0,"uid":0,"gid":0}]`))
+	wire.WriteFrame(&b, wire.TEnd, nil)
+	f.Add(b.Bytes())
+	f.Add(header(wire.TError, 20))
+	f.Fuzz(func(t *testing.T, ans []byte) {
+		c := hostile(t, func(c net.Conn) { c.Write(ans) })
+		c.CallTimeout = 200 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		if n, err := c.Ready(ctx); err == nil && (n == "" || len(n) > MaxNonce) {
+			t.Fatalf("accepted nonce %q", n)
+		}
+		if e, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}}, Streams{Stdout: io.Discard, Stderr: io.Discard}); err == nil && (e.Code < -1 || e.Code > 255) {
+			t.Fatalf("accepted exit %+v", e)
+		}
+		c.List(ctx, "/", nil)
+		c.ReadFile(ctx, "/f", nil, 1<<16, io.Discard)
+	})
+}

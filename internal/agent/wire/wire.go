@@ -1,0 +1,215 @@
+// Package wire is the guest agent's protocol: length-prefixed frames over
+// one Unix-socket connection per call. A frame is a type byte, a 4-byte
+// big-endian payload length and the payload. The first frame of a call is
+// the caller's Request (JSON); then both sides send frames until the call
+// ends. Both ends read with a bound on every frame, so neither side can make
+// the other buffer more than MaxPayload per frame.
+//
+// No net/http: the agent runs inside every guest (small, static), and the
+// same framing carries a PTY session both ways at once.
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Type is a frame's kind.
+type Type byte
+
+// Frame types. Caller → agent: Request, Stdin, StdinClose, Resize, Signal,
+// Data, End (of a written file). Agent → caller: Stdout, Stderr, Exit,
+// Error, Data, End, Result.
+const (
+	TRequest    Type = 'Q'
+	TStdin      Type = 'i'
+	TStdinClose Type = 'c'
+	TResize     Type = 'z'
+	TSignal     Type = 'k'
+	TStdout     Type = 'o'
+	TStderr     Type = 'e'
+	TExit       Type = 'x'
+	TError      Type = 'E'
+	TData       Type = 'd'
+	TEnd        Type = 'n'
+	TResult     Type = 'r'
+)
+
+// MaxPayload bounds every frame's payload.
+const MaxPayload = 64 << 10
+
+const headerLen = 5
+
+// ErrFrame is wrapped by every framing error (oversized, truncated).
+var ErrFrame = errors.New("bad frame")
+
+// WriteFrame writes one frame. p must fit MaxPayload.
+func WriteFrame(w io.Writer, t Type, p []byte) error {
+	if len(p) > MaxPayload {
+		return fmt.Errorf("write frame %c: %d bytes: %w", t, len(p), ErrFrame)
+	}
+	var b [headerLen]byte
+	b[0] = byte(t)
+	binary.BigEndian.PutUint32(b[1:], uint32(len(p)))
+	// One write per frame, so frames of concurrent writers (under the
+	// caller's lock) never interleave and a frame is one syscall when small.
+	buf := make([]byte, 0, headerLen+len(p))
+	buf = append(append(buf, b[:]...), p...)
+	_, err := w.Write(buf)
+	return err
+}
+
+// WriteJSON writes one frame whose payload is v as JSON.
+func WriteJSON(w io.Writer, t Type, v any) error {
+	p, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode frame %c: %w", t, err)
+	}
+	return WriteFrame(w, t, p)
+}
+
+// ReadFrame reads one frame whose payload is at most max bytes (max ≤ 0 or
+// above MaxPayload means MaxPayload) into buf (grown as needed; the
+// returned payload aliases it). A longer frame is refused before its
+// payload is read.
+func ReadFrame(r io.Reader, buf []byte, max int) (Type, []byte, error) {
+	if max <= 0 || max > MaxPayload {
+		max = MaxPayload
+	}
+	var h [headerLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return 0, nil, fmt.Errorf("read frame header: %w: truncated", ErrFrame)
+		}
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > uint32(max) {
+		return 0, nil, fmt.Errorf("read frame %q: %d bytes, limit %d: %w", h[0], n, max, ErrFrame)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, fmt.Errorf("read frame %q payload: %w: %v", h[0], ErrFrame, err)
+	}
+	return Type(h[0]), buf, nil
+}
+
+// Decode parses p strictly into v: unknown fields, trailing data and
+// anything but one JSON value are errors.
+func Decode(p []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(p))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	if d.More() {
+		return errors.New("decode: trailing data")
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return errors.New("decode: trailing data")
+	}
+	return nil
+}
+
+// Operations a Request names.
+const (
+	OpReady  = "ready"
+	OpExec   = "exec"
+	OpRead   = "read"
+	OpWrite  = "write"
+	OpStat   = "stat"
+	OpList   = "list"
+	OpMkdir  = "mkdir"
+	OpRemove = "remove"
+	OpRename = "rename"
+)
+
+// User is who a call runs as; nil in a Request means the workload's user.
+type User struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+}
+
+// Request is a call's first frame.
+type Request struct {
+	Op   string `json:"op"`
+	User *User  `json:"user,omitempty"`
+	// exec
+	Args      []string `json:"args,omitempty"`
+	Env       []string `json:"env,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	TTY       bool     `json:"tty,omitempty"`
+	Rows      uint16   `json:"rows,omitempty"`
+	Cols      uint16   `json:"cols,omitempty"`
+	// files
+	Path      string `json:"path,omitempty"`
+	NewPath   string `json:"new_path,omitempty"`
+	Mode      uint32 `json:"mode,omitempty"`
+	Recursive bool   `json:"recursive,omitempty"`
+	Limit     int64  `json:"limit,omitempty"` // read/write: the most bytes the agent moves
+}
+
+// Resize is a TResize payload.
+type Resize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Signal is a TSignal payload.
+type Signal struct {
+	Signal int `json:"signal"`
+}
+
+// Exit is a TExit payload: the command's end.
+type Exit struct {
+	Code     int  `json:"code"`             // exit status, or -1 when killed by a signal
+	Signal   int  `json:"signal,omitempty"` // the signal that ended it
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// Error codes of a TError payload.
+const (
+	CodeInvalid    = "invalid"
+	CodeNotFound   = "not_found"
+	CodePermission = "permission"
+	CodeExists     = "exists"
+	CodeTooLarge   = "too_large"
+	CodeInternal   = "internal"
+)
+
+// Error is a TError payload: the call failed in the guest.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return "agent: " + e.Code + ": " + e.Message }
+
+// Ready is the result of OpReady.
+type Ready struct {
+	Nonce string `json:"nonce"`
+}
+
+// Stat is the result of OpStat and an entry of OpList.
+type Stat struct {
+	Name    string `json:"name"`
+	Size    int64  `json:"size"`
+	Mode    uint32 `json:"mode"` // Go fs.FileMode bits
+	ModUnix int64  `json:"mtime"`
+	UID     uint32 `json:"uid"`
+	GID     uint32 `json:"gid"`
+	Link    string `json:"link,omitempty"`
+}
+
+// Written is the result of OpWrite.
+type Written struct {
+	Bytes int64 `json:"bytes"`
+}

@@ -1,0 +1,58 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestFrameRoundTripAndLimits(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteFrame(&b, TStdout, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	typ, p, err := ReadFrame(&b, nil, 0)
+	if err != nil || typ != TStdout || string(p) != "hello" {
+		t.Fatalf("got %q %q %v", typ, p, err)
+	}
+	if err := WriteFrame(&b, TData, make([]byte, MaxPayload+1)); !errors.Is(err, ErrFrame) {
+		t.Fatalf("oversized write: %v", err)
+	}
+	WriteFrame(&b, TData, make([]byte, 100))
+	if _, _, err := ReadFrame(&b, nil, 99); !errors.Is(err, ErrFrame) {
+		t.Fatalf("frame over the reader's max: %v", err)
+	}
+}
+
+func TestDecodeStrict(t *testing.T) {
+	var r Ready
+	for _, s := range []string{`{"nonce":"a","x":1}`, `{"nonce":"a"} {}`, `{"nonce":1}`, ``, `{"nonce":"a"}x`} {
+		if err := Decode([]byte(s), &r); err == nil {
+			t.Errorf("Decode(%q) accepted", s)
+		}
+	}
+	if err := Decode([]byte(` {"nonce":"a"} `), &r); err != nil || r.Nonce != "a" {
+		t.Fatalf("valid: %v %+v", err, r)
+	}
+}
+
+func FuzzReadFrame(f *testing.F) {
+	var b bytes.Buffer
+	WriteFrame(&b, TResult, []byte(`{"nonce":"x"}`))
+	f.Add(b.Bytes())
+	f.Add([]byte{'r', 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r := bytes.NewReader(in)
+		for {
+			_, p, err := ReadFrame(r, nil, 1024)
+			if err != nil {
+				return
+			}
+			if len(p) > 1024 {
+				t.Fatalf("frame of %d bytes over the max", len(p))
+			}
+			var v Request
+			Decode(p, &v)
+		}
+	})
+}

@@ -1,0 +1,217 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ctld/ctld/internal/agent"
+	"github.com/ctld/ctld/internal/agent/client"
+	"github.com/ctld/ctld/internal/agent/wire"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/guestlog"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/runsc"
+	"golang.org/x/sys/unix"
+)
+
+// The guest agent (cmd/ctl-agent, docs/architecture.md "Guest agent") is
+// every generation's init. Its host side is one directory per generation,
+// <RunDir>/agents/<container id>, root-only:
+//   - bin/ctl-agent: a hard link of the node's agent binary (a copy where
+//     no link can be made), bound read-only at runsc.AgentBinDir;
+//   - sock/: bound read-write at runsc.AgentSocketDir, where the agent
+//     listens (runsc --host-uds=create lets the host connect).
+// Every path derives from the container id, so a new primary reaches the
+// agents of the generations it adopts from the journal alone.
+
+const agentsDirName = "agents"
+
+func (n *Node) agentsDir() string { return filepath.Join(n.cfg.RunDir, agentsDirName) }
+
+// agentDir is the host directory of generation cid's agent.
+func (n *Node) agentDir(cid string) string { return filepath.Join(n.agentsDir(), cid) }
+
+func (n *Node) agentBinDir(cid string) string  { return filepath.Join(n.agentDir(cid), "bin") }
+func (n *Node) agentSockDir(cid string) string { return filepath.Join(n.agentDir(cid), "sock") }
+
+// agentSocket is the host path of generation cid's agent socket.
+func (n *Node) agentSocket(cid string) string {
+	return filepath.Join(n.agentSockDir(cid), runsc.AgentSocket)
+}
+
+// agentClient calls the agent of rec's generation.
+func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
+	dir := n.agentSockDir(rec.ContainerID)
+	return &client.Client{
+		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout,
+		Dial: func(ctx context.Context) (net.Conn, error) { return DialInDir(ctx, dir, runsc.AgentSocket) },
+	}
+}
+
+// DialInDir connects to the Unix socket name in dir through the
+// directory's descriptor: a socket path is limited to 107 bytes, and a
+// generation's (run dir, a container id of up to 84 bytes) may be longer.
+func DialInDir(ctx context.Context, dir, name string) (net.Conn, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd)+"/"+name)
+}
+
+// agentSpec is what the OCI spec of rec's generation needs of its agent.
+func (n *Node) agentSpec(rec journal.Sandbox) *runsc.Agent {
+	uid, gid := workloadUser(rec)
+	return &runsc.Agent{
+		BinDir: n.agentBinDir(rec.ContainerID), SocketDir: n.agentSockDir(rec.ContainerID),
+		Env: []string{
+			agent.EnvNonce + "=" + rec.Nonce,
+			agent.EnvUID + "=" + strconv.FormatUint(uint64(uid), 10),
+			agent.EnvGID + "=" + strconv.FormatUint(uint64(gid), 10),
+		},
+	}
+}
+
+// agentResource is the generation's agent directory (see above).
+type agentResource struct {
+	n *Node
+	alive
+}
+
+func (agentResource) kind() journal.Kind { return journal.KindAgent }
+func (r agentResource) make(_ context.Context, c *claimState) error {
+	src := r.n.cfg.AgentBinary
+	if src == "" {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "no guest agent binary configured on this node")
+	}
+	cid := c.rec.ContainerID
+	for _, d := range []string{r.n.agentsDir(), r.n.agentDir(cid), r.n.agentBinDir(cid), r.n.agentSockDir(cid)} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("make agent dir: %w", err)
+		}
+	}
+	dst := filepath.Join(r.n.agentBinDir(cid), runsc.AgentBinary)
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("place agent binary: %w", err)
+	}
+	// A link costs no memory on the run dir's tmpfs, and the generation
+	// keeps the binary it started with when the node's is replaced.
+	if err := os.Link(src, dst); err != nil {
+		if err := copyFile(src, dst, 0o755); err != nil {
+			return fmt.Errorf("place agent binary: %w", err)
+		}
+	}
+	return nil
+}
+func (r agentResource) remove(_ context.Context, rec journal.Sandbox) error {
+	return os.RemoveAll(r.n.agentDir(rec.ContainerID))
+}
+func (r agentResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
+	dir := r.n.agentDir(rec.ContainerID)
+	_, err := os.Lstat(dir)
+	return check("agent_dir_removed", errors.Is(err, os.ErrNotExist), dir+" "+errString(err))
+}
+func (r agentResource) list(context.Context) ([]string, error) {
+	ents, err := os.ReadDir(r.n.agentsDir())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	slices.Sort(out)
+	return out, err
+}
+func (agentResource) name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r agentResource) removeOrphan(_ context.Context, name string) error {
+	return os.RemoveAll(r.n.agentDir(name))
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// DefaultReadyTimeout is Config.ReadyTimeout's default: a guest's agent
+// answers within seconds of runsc start, also under emulation (a loaded
+// test VM took over a minute for create and start alone).
+const DefaultReadyTimeout = 2 * time.Minute
+
+// awaitAgent is the readiness proof's wait: it asks the generation's
+// agent for its nonce until it answers, the guest's processes are gone
+// (its init exited: the workload could not start), or the bound passes.
+func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, error) {
+	bound := n.cfg.ReadyTimeout
+	if bound <= 0 {
+		bound = DefaultReadyTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	c := n.agentClient(rec)
+	wait := 2 * time.Millisecond
+	var last error
+	for i := 0; ; i++ {
+		nonce, err := c.Ready(ctx)
+		if err == nil {
+			return nonce, nil
+		}
+		if we := (*wire.Error)(nil); errors.As(err, &we) {
+			// An agent that answers but refuses will not change its mind.
+			return "", fmt.Errorf("readiness: the guest agent refused: %w", err)
+		}
+		if last == nil || ctx.Err() == nil {
+			last = err // not the bound's own cut of the last try
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		// Every few tries: a guest whose init exited never answers.
+		if i%8 == 7 {
+			if alive, perr := n.d.Leases.Populated(ctx, rec.LeaseID); perr == nil && !alive {
+				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s: %w", n.initTail(rec), last)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), last)
+}
+
+// initTail is the end of the guest's init output (the agent's and the
+// workload's), for a readiness failure's message: a failed claim's logs
+// are removed with its generation.
+func (n *Node) initTail(rec journal.Sandbox) string {
+	b, err := guestlog.Tail(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.InitName, 512)
+	if b = bytes.TrimSpace(guestlog.LastLines(b, 4)); err != nil || len(b) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (guest output: %q)", b)
+}

@@ -1,0 +1,348 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"path"
+	"time"
+
+	"github.com/ctld/ctld/internal/agent/client"
+	"github.com/ctld/ctld/internal/agent/wire"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// The calls of apiserver.Service that go to the guest agent of a sandbox's
+// ready generation: exec, sessions and files, all through the guest's own
+// view (its users, its mounts, its files). The agent is untrusted: the
+// client bounds every answer; here its failures become errdefs codes, and
+// a dead or hostile agent costs only this sandbox's calls (unavailable,
+// naming the sandbox). Each call is an operation of the term (begin): the
+// drain waits for it, and the term's end cuts it. Nothing here is kept in
+// memory: the agent's socket derives from the journal's container id, so
+// a new primary reaches the agents of adopted generations at once.
+
+// agentCall is one call's target: the sandbox's ready generation and its
+// agent, within an operation of the term.
+type agentCall struct {
+	ctx  context.Context
+	done func()
+	s    journal.Sandbox
+	c    *client.Client
+}
+
+func (n *Node) agentCall(ctx context.Context, id string) (*agentCall, error) {
+	ctx, done, err := n.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s, err := n.ready(id)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	return &agentCall{ctx: ctx, done: done, s: s, c: n.agentClient(s)}, nil
+}
+
+// fail maps a failed agent call to an errdefs error about what.
+func (a *agentCall) fail(what string, err error) error {
+	id, gen := a.s.ID, a.s.Generation
+	var we *wire.Error
+	switch {
+	case errors.As(err, &we):
+		code := errdefs.CodeInternal
+		switch we.Code {
+		case wire.CodeNotFound:
+			code = errdefs.CodeNotFound
+		case wire.CodePermission:
+			code = errdefs.CodePermissionDenied
+		case wire.CodeTooLarge, wire.CodeInvalid:
+			code = errdefs.CodeInvalidArgument
+		case wire.CodeExists:
+			code = errdefs.CodeConflict
+		}
+		return errdefs.Errorf(code, "%s in sandbox %s: %s", what, id, we.Message)
+	case errors.Is(err, client.ErrTooLarge):
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s in sandbox %s: %v", what, id, err)
+	case a.ctx.Err() != nil:
+		return errdefs.Errorf(errdefs.CodeUnavailable, "%s in sandbox %s: cancelled: %v", what, id, context.Cause(a.ctx))
+	case errors.Is(err, client.ErrAgent):
+		return errdefs.Errorf(errdefs.CodeUnavailable, "%s in sandbox %s: the guest agent of generation %d failed: %v (an operator may still use exec via runsc)", what, id, gen, err)
+	}
+	// The caller's side (its output writer, its input reader).
+	return errdefs.Errorf(errdefs.CodeUnavailable, "%s in sandbox %s: %v", what, id, err)
+}
+
+// guestPath refuses a path the guest would resolve against the agent's
+// working directory: every path of the API is absolute in the guest.
+func guestPath(p string) error {
+	if !path.IsAbs(p) {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "path %q: must be absolute in the guest", p)
+	}
+	return nil
+}
+
+func wireUser(u *api.User) *wire.User {
+	if u == nil {
+		return nil // the agent's default: the workload's user
+	}
+	return &wire.User{UID: u.UID, GID: u.GID}
+}
+
+func apiFileInfo(st wire.Stat) api.FileInfo {
+	return api.FileInfo{Name: st.Name, Size: st.Size, Mode: st.Mode, ModUnix: st.ModUnix, UID: st.UID, GID: st.GID, Link: st.Link}
+}
+
+// execTimeoutGrace is how much longer than an exec's own timeout (which
+// the agent enforces by killing the group) the node waits for its exit.
+const execTimeoutGrace = 10 * time.Second
+
+func execRequest(req api.ExecRequest) client.ExecRequest {
+	return client.ExecRequest{
+		Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: wireUser(req.User),
+		Timeout: time.Duration(req.TimeoutSec) * time.Second, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols,
+	}
+}
+
+// exec runs req through the agent with streams s.
+func (a *agentCall) exec(req api.ExecRequest, s client.Streams) (wire.Exit, error) {
+	if len(req.Args) == 0 {
+		return wire.Exit{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "exec: no args")
+	}
+	ctx := a.ctx
+	if req.TimeoutSec > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutSec)*time.Second+execTimeoutGrace)
+		defer cancel()
+	}
+	e, err := a.c.Exec(ctx, execRequest(req), s)
+	if err != nil {
+		return e, a.fail("exec", err)
+	}
+	return e, nil
+}
+
+// Exec runs a command in the sandbox's guest through its agent, as req's
+// user or else the workload's. A command its timeout ended is unavailable
+// (as a runsc exec past its deadline was); one a signal ended exits 128+n.
+func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return -1, err
+	}
+	defer a.done()
+	s := client.Streams{Stdout: stdout, Stderr: stderr}
+	if len(req.Stdin) > 0 {
+		s.Stdin = bytes.NewReader(req.Stdin)
+	}
+	req.TTY = false // a TTY needs a session's streams
+	e, err := a.exec(req, s)
+	if err != nil {
+		return -1, err
+	}
+	if e.TimedOut {
+		return -1, errdefs.Errorf(errdefs.CodeUnavailable, "exec in %s: timed out after %ds", id, req.TimeoutSec)
+	}
+	if e.Signal > 0 {
+		return 128 + e.Signal, nil
+	}
+	return e.Code, nil
+}
+
+// Session implements apiserver.Service: a command with streamed stdin, an
+// optional PTY, resizes and signals, through the sandbox's agent.
+func (n *Node) Session(ctx context.Context, id string, req api.ExecRequest, s api.Streams) (api.ExecExit, error) {
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return api.ExecExit{}, err
+	}
+	defer a.done()
+	cs := client.Streams{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr, Signal: s.Signal}
+	if s.Resize != nil {
+		rs := make(chan wire.Resize)
+		cs.Resize = rs
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case t, ok := <-s.Resize:
+					if !ok {
+						close(rs)
+						return
+					}
+					select {
+					case rs <- wire.Resize{Rows: t.Rows, Cols: t.Cols}:
+					case <-stop:
+						return
+					}
+				}
+			}
+		}()
+	}
+	e, err := a.exec(req, cs)
+	if err != nil {
+		return api.ExecExit{ExitCode: -1}, err
+	}
+	return api.ExecExit{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut}, nil
+}
+
+// ExecViaRunsc implements apiserver.Service: the operator's fallback when
+// the agent does not answer, a `runsc exec` charged to the sandbox's lease.
+func (n *Node) ExecViaRunsc(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	return n.execViaRunsc(ctx, id, req, stdout, stderr)
+}
+
+// StatFile implements apiserver.Service (a final symlink is not followed).
+func (n *Node) StatFile(ctx context.Context, id, p string, user *api.User) (api.FileInfo, error) {
+	if err := guestPath(p); err != nil {
+		return api.FileInfo{}, err
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return api.FileInfo{}, err
+	}
+	defer a.done()
+	st, err := a.c.Stat(a.ctx, p, wireUser(user))
+	if err != nil {
+		return api.FileInfo{}, a.fail("stat "+p, err)
+	}
+	return apiFileInfo(st), nil
+}
+
+// ListDir implements apiserver.Service (at most client.MaxList entries).
+func (n *Node) ListDir(ctx context.Context, id, p string, user *api.User) ([]api.FileInfo, error) {
+	if err := guestPath(p); err != nil {
+		return nil, err
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer a.done()
+	sts, err := a.c.List(a.ctx, p, wireUser(user))
+	if err != nil {
+		return nil, a.fail("list "+p, err)
+	}
+	out := make([]api.FileInfo, len(sts))
+	for i, st := range sts {
+		out[i] = apiFileInfo(st)
+	}
+	return out, nil
+}
+
+// MakeDir implements apiserver.Service.
+func (n *Node) MakeDir(ctx context.Context, id, p string, mode uint32, parents bool, user *api.User) error {
+	if err := guestPath(p); err != nil {
+		return err
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer a.done()
+	if err := a.c.Mkdir(a.ctx, p, mode, parents, wireUser(user)); err != nil {
+		return a.fail("mkdir "+p, err)
+	}
+	return nil
+}
+
+// RemoveFile implements apiserver.Service.
+func (n *Node) RemoveFile(ctx context.Context, id, p string, recursive bool, user *api.User) error {
+	if err := guestPath(p); err != nil {
+		return err
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer a.done()
+	if err := a.c.Remove(a.ctx, p, recursive, wireUser(user)); err != nil {
+		return a.fail("remove "+p, err)
+	}
+	return nil
+}
+
+// RenameFile implements apiserver.Service.
+func (n *Node) RenameFile(ctx context.Context, id, from, to string, user *api.User) error {
+	for _, p := range []string{from, to} {
+		if err := guestPath(p); err != nil {
+			return err
+		}
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer a.done()
+	if err := a.c.Rename(a.ctx, from, to, wireUser(user)); err != nil {
+		return a.fail("rename "+from, err)
+	}
+	return nil
+}
+
+// ReadFileTo implements apiserver.Service: streamed, never whole.
+func (n *Node) ReadFileTo(ctx context.Context, id, p string, user *api.User, limit int64, w io.Writer) (int64, error) {
+	if err := guestPath(p); err != nil {
+		return 0, err
+	}
+	if limit <= 0 {
+		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "read %s: limit %d: must be positive", p, limit)
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer a.done()
+	got, err := a.c.ReadFile(a.ctx, p, wireUser(user), limit, w)
+	if err != nil {
+		return got, a.fail("read "+p, err)
+	}
+	return got, nil
+}
+
+// WriteFileFrom implements apiserver.Service: streamed; the agent replaces
+// the file only once all of it arrived.
+func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *api.User, mode uint32, limit int64, r io.Reader) (int64, error) {
+	if err := guestPath(p); err != nil {
+		return 0, err
+	}
+	if limit <= 0 {
+		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "write %s: limit %d: must be positive", p, limit)
+	}
+	a, err := n.agentCall(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer a.done()
+	if err := n.live(); err != nil {
+		return 0, journalErr("write file", err)
+	}
+	got, err := a.c.WriteFile(a.ctx, p, wireUser(user), mode, limit, r)
+	if err != nil {
+		return got, a.fail("write "+p, err)
+	}
+	return got, nil
+}
+
+// ReadFile reads a guest file whole (at most limit bytes) through the
+// agent, as the workload's user.
+func (n *Node) ReadFile(ctx context.Context, id, p string, limit int64) ([]byte, error) {
+	var b bytes.Buffer
+	if _, err := n.ReadFileTo(ctx, id, p, nil, limit, &b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// WriteFile replaces a guest file with data through the agent, as the
+// workload's user; the parent directory must exist.
+func (n *Node) WriteFile(ctx context.Context, id, p string, data []byte) error {
+	_, err := n.WriteFileFrom(ctx, id, p, nil, 0o644, int64(max(len(data), 1)), bytes.NewReader(data))
+	return err
+}

@@ -1,0 +1,358 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore/storecfg"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/writer"
+)
+
+// Block mode (rootfs.mode = block): the generation's root is the ext4
+// filesystem of a kernel /dev/nbdX served by a writer process of its own
+// (internal/writer) over a template's generation 0 in the node's block
+// store. Two entries of the resource table: the writer with its device,
+// then the device's mount as the OCI root. They are block mode's; the
+// overlay's disk quota and mount are overlay mode's: each generation walks
+// only the entries of its mode (tableFor), so an overlay generation's
+// claim, teardown and proof are what they were before block mode existed.
+
+// BlockConfig configures block-mode generations.
+type BlockConfig struct {
+	// WritersDir holds one writer dir per generation (the Supervisor's
+	// Root): dirty file, index, chunk cache, lock, state.
+	WritersDir string
+	// StoreDir is the block store (dirstore); NodeKeyFile and NodeKeyID
+	// the node key that unwraps its data keys (read by each writer).
+	StoreDir string
+	// Store, when its Location is set, names the block store instead of
+	// StoreDir (a directory or an S3 bucket; no secret in it).
+	Store       storecfg.Config
+	NodeKeyFile string
+	NodeKeyID   string
+	// DeadConnTimeout is how long the kernel holds a device's I/O for a
+	// reconnect after its writer's socket died: a dead writer is
+	// restarted within it (writerwatch.go).
+	DeadConnTimeout time.Duration
+	// RequestTimeout is the kernel's per-request timeout (0: the
+	// writer's default). A request in flight when a writer died is
+	// retried on the restarted writer's socket only after it.
+	RequestTimeout time.Duration
+	// CheckEvery is how often the primary checks that each ready block
+	// generation's writer runs (0: DefaultWriterCheck).
+	CheckEvery time.Duration
+	// RestartAttempts bounds the restarts of one dead writer before its
+	// generation is lost (0: DefaultWriterRestarts).
+	RestartAttempts int
+}
+
+// rootfsMode is rec's RootFS mode (records from before modes: overlay).
+func rootfsMode(rec journal.Sandbox) journal.RootFSMode {
+	if rec.RootFS.Mode == "" {
+		return journal.RootFSOverlay
+	}
+	return rec.RootFS.Mode
+}
+
+// modal is implemented by the entries of one RootFS mode only.
+type modal interface{ mode() journal.RootFSMode }
+
+// applies says whether entry r is part of rec's generation.
+func applies(r resource, rec journal.Sandbox) bool {
+	m, ok := r.(modal)
+	return !ok || m.mode() == rootfsMode(rec)
+}
+
+// tableFor is the resource table of rec's generation: every entry but
+// those of the other RootFS mode.
+func (n *Node) tableFor(rec journal.Sandbox) []resource {
+	out := make([]resource, 0, len(n.table))
+	for _, r := range n.table {
+		if applies(r, rec) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (diskResource) mode() journal.RootFSMode  { return journal.RootFSOverlay }
+func (mountResource) mode() journal.RootFSMode { return journal.RootFSOverlay }
+
+func (n *Node) hasBlock() bool {
+	return n.d.Block != nil && n.d.BlockMounts != nil && n.d.Templates != nil
+}
+
+// checkBlock refuses, before anything is journaled, a block claim this
+// node cannot serve: no block subsystems (unavailable), a template its
+// block store does not have (not_found), a disk lease other than the
+// template's device size (invalid_argument). It fills in the disk lease:
+// the device size.
+func (n *Node) checkBlock(ctx context.Context, req *api.ClaimRequest) error {
+	if !n.hasBlock() {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", api.RootFSBlock)
+	}
+	_, size, err := n.d.Templates.Template(ctx, req.RootFS.Template)
+	if err != nil {
+		if errdefs.CodeOf(err) == errdefs.CodeNotFound {
+			return err
+		}
+		return errdefs.Errorf(errdefs.CodeUnavailable, "block template %q: %v", req.RootFS.Template, err)
+	}
+	switch d := req.Resources.DiskBytes; {
+	case d == 0:
+		req.Resources.DiskBytes = size
+	case d != size:
+		return errdefs.Errorf(errdefs.CodeInvalidArgument,
+			"resources.disk_bytes %d: a block-mode disk lease is the template's device size, %d for %q (leave it out)", d, size, req.RootFS.Template)
+	}
+	return nil
+}
+
+// writerDir is the writer dir of rec's generation.
+func (n *Node) writerDir(rec journal.Sandbox) string {
+	if rec.Block != nil && rec.Block.Dir != "" {
+		return rec.Block.Dir
+	}
+	return filepath.Join(n.cfg.Block.WritersDir, rec.ContainerID)
+}
+
+// putBlock journals rec's writer record (*b) on its sandbox record; also
+// runs first in the same transaction and may fill in *b (the epoch).
+func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*journal.Tx) error) error {
+	return n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(rec.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || s.Generation != rec.Generation {
+			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
+		}
+		if also != nil {
+			if err := also(tx); err != nil {
+				return err
+			}
+		}
+		cp := *b
+		s.Block = &cp
+		return tx.PutSandbox(s)
+	})
+}
+
+var errNoBlock = errors.New("this node has no block subsystems configured")
+
+// writerResource is the writer process of a block-mode generation and the
+// /dev/nbdX it attached.
+type writerResource struct{ n *Node }
+
+func (writerResource) kind() journal.Kind       { return journal.KindWriter }
+func (writerResource) mode() journal.RootFSMode { return journal.RootFSBlock }
+func (r writerResource) sweeps() bool           { return r.n.d.Block != nil }
+
+// make takes a new writer epoch and journals it with the writer dir
+// BEFORE the writer starts (one transaction), starts the writer, and
+// journals what it attached.
+func (r writerResource) make(ctx context.Context, c *claimState) error {
+	n := r.n
+	if !n.hasBlock() {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
+	}
+	rec := c.rec
+	base, _, err := n.d.Templates.Template(ctx, rec.RootFS.Template)
+	if err != nil {
+		return fmt.Errorf("start writer: %w", err)
+	}
+	b := journal.BlockDevice{Dir: n.writerDir(rec), Template: rec.RootFS.Template, Index: -1}
+	err = n.putBlock(rec, &b, func(tx *journal.Tx) (err error) {
+		b.WriterEpoch, err = tx.NextWriterEpoch()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("journal writer epoch: %w", err)
+	}
+	c.rec.Block = &b
+	if err := n.live(); err != nil {
+		return err
+	}
+	st, err := n.d.Block.Start(ctx, writer.Spec{
+		Sandbox: rec.ID, Generation: rec.Generation, Epoch: b.WriterEpoch,
+		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID,
+		Base: base, Dir: b.Dir, Index: -1, DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("start writer: %w", err)
+	}
+	b.Index, b.PID, b.Size = st.Index, st.PID, st.Size
+	if err := n.putBlock(rec, &b, nil); err != nil {
+		return fmt.Errorf("journal writer device: %w", err)
+	}
+	c.rec.Block, c.device = &b, st.Device
+	return nil
+}
+
+// remove stops the writer (it disconnects its device and waits for the
+// kernel to free it) and removes its dir: the generation's dirty data
+// goes with it (a release destroys; sealing is part 2's).
+func (r writerResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if r.n.d.Block == nil {
+		return errNoBlock
+	}
+	return r.removeOrphan(ctx, r.n.writerDir(rec))
+}
+
+func (r writerResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	if r.n.d.Block == nil {
+		return check("nbd_quiescent", false, errNoBlock.Error())
+	}
+	dir, index := r.n.writerDir(rec), -1
+	if rec.Block != nil {
+		index = rec.Block.Index
+	}
+	ok, d := r.n.d.Block.CheckGone(ctx, dir, index)
+	if _, err := os.Lstat(dir); err == nil {
+		ok, d = false, d+"; writer dir "+dir+" exists"
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		ok, d = false, d+"; "+err.Error()
+	}
+	return check("nbd_quiescent", ok, d)
+}
+
+func (r writerResource) list(ctx context.Context) ([]string, error) {
+	if r.n.d.Block == nil {
+		return nil, nil
+	}
+	return r.n.d.Block.List(ctx)
+}
+
+func (r writerResource) name(rec journal.Sandbox) string {
+	if rootfsMode(rec) != journal.RootFSBlock {
+		return ""
+	}
+	return r.n.writerDir(rec)
+}
+
+func (r writerResource) removeOrphan(ctx context.Context, dir string) error {
+	if err := r.n.d.Block.Stop(ctx, dir); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove writer dir: %w", err)
+	}
+	return nil
+}
+
+// missing: a ready generation's writer must run, of its journaled epoch
+// (a writer of another epoch is not this generation's).
+func (r writerResource) missing(ctx context.Context, rec journal.Sandbox, _ kernelInventory) string {
+	if r.n.d.Block == nil {
+		return "writer"
+	}
+	st, err := r.n.d.Block.Check(ctx, r.n.writerDir(rec))
+	if err != nil || rec.Block == nil || st.Epoch != rec.Block.WriterEpoch {
+		return "writer"
+	}
+	return ""
+}
+
+// blockMountResource is the device's filesystem mounted as the OCI root.
+type blockMountResource struct{ n *Node }
+
+func (blockMountResource) kind() journal.Kind       { return journal.KindBlockMount }
+func (blockMountResource) mode() journal.RootFSMode { return journal.RootFSBlock }
+func (r blockMountResource) sweeps() bool           { return r.n.d.BlockMounts != nil }
+
+func (r blockMountResource) make(ctx context.Context, c *claimState) (err error) {
+	n := r.n
+	if n.d.BlockMounts == nil {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "mount block root: %v", errNoBlock)
+	}
+	if c.device == "" {
+		return fmt.Errorf("mount block root: generation %d of %s has no attached device", c.rec.Generation, c.rec.ID)
+	}
+	if c.root, err = n.d.BlockMounts.Mount(ctx, c.rec.ContainerID, c.device); err != nil {
+		return fmt.Errorf("mount block root: %w", err)
+	}
+	// The superblock's device, so the proof checks the filesystem and
+	// not only the mount point.
+	if dev, err := n.d.BlockMounts.Superblock(c.rec.ContainerID); err == nil {
+		c.rec.RootDev = dev
+		err := n.d.Journal.Update(func(tx *journal.Tx) error {
+			s, ok, err := tx.Sandbox(c.rec.ID)
+			if err != nil || !ok || s.Generation != c.rec.Generation {
+				return err
+			}
+			s.RootDev = dev
+			return tx.PutSandbox(s)
+		})
+		if err != nil {
+			return fmt.Errorf("journal block root device: %w", err)
+		}
+	}
+	return nil
+}
+
+func (r blockMountResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	if r.n.d.BlockMounts == nil {
+		return errNoBlock
+	}
+	return r.n.d.BlockMounts.Unmount(ctx, rec.ContainerID)
+}
+
+func (r blockMountResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	if r.n.d.BlockMounts == nil {
+		return check("mounts_gone", false, errNoBlock.Error())
+	}
+	ok, d := r.n.d.BlockMounts.CheckGone(ctx, rec.ContainerID, rec.RootDev)
+	return check("mounts_gone", ok, d)
+}
+
+func (r blockMountResource) list(ctx context.Context) ([]string, error) {
+	if r.n.d.BlockMounts == nil {
+		return nil, nil
+	}
+	return r.n.d.BlockMounts.List(ctx)
+}
+
+func (blockMountResource) name(rec journal.Sandbox) string {
+	if rootfsMode(rec) != journal.RootFSBlock {
+		return ""
+	}
+	return nameOf(rec)
+}
+
+func (r blockMountResource) removeOrphan(ctx context.Context, name string) error {
+	return r.n.d.BlockMounts.Unmount(ctx, name)
+}
+
+func (blockMountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
+	if !inv.blockMounts[rec.ContainerID] {
+		return "rootfs mount"
+	}
+	return ""
+}
+
+// identifyBlock fills in the device of a writer whose start the journal
+// saw intended but not done (a crash between the two): its state file
+// says which /dev/nbdX it attached, which the proof must check once the
+// writer is stopped (its state goes with it).
+func (n *Node) identifyBlock(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool) {
+	if rec.Block == nil || rec.Block.Index >= 0 || n.d.Block == nil {
+		return rec, false
+	}
+	st, err := n.d.Block.Check(ctx, rec.Block.Dir)
+	if err != nil || st.Epoch != rec.Block.WriterEpoch {
+		return rec, false
+	}
+	b := *rec.Block
+	b.Index, b.PID, b.Size = st.Index, st.PID, st.Size
+	rec.Block = &b
+	return rec, true
+}

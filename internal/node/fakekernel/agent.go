@@ -1,0 +1,293 @@
+package fakekernel
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/agent/wire"
+	"github.com/ctld/ctld/internal/runsc"
+)
+
+// fakeAgent stands in for ctl-agent in a started container whose spec runs
+// it: it listens in the spec's agent socket dir (as runsc --host-uds=create
+// lets the real one) and answers ready with the spec's nonce, exec of the
+// fake guest's commands (fakeCommand), and the file calls on the
+// container's root dir (os.Root: the guest's view cannot leave it). It
+// ignores users. FailMake(KindExec, id) makes it refuse every call.
+type fakeAgent struct {
+	k      *Kernel
+	id     string
+	nonce  string
+	root   string
+	l      net.Listener
+	closed sync.Once
+}
+
+// startAgent starts c's agent if its spec has one.
+func (k *Kernel) startAgent(c *container) error {
+	b, err := os.ReadFile(filepath.Join(c.bundle, "config.json"))
+	if err != nil {
+		return err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil || s.Process == nil || s.Root == nil {
+		return fmt.Errorf("bad spec: %v", err)
+	}
+	if len(s.Process.Args) == 0 || s.Process.Args[0] != path.Join(runsc.AgentBinDir, runsc.AgentBinary) {
+		return nil
+	}
+	a := &fakeAgent{k: k, id: c.id, root: s.Root.Path}
+	for _, e := range s.Process.Env {
+		if v, ok := strings.CutPrefix(e, "CTL_AGENT_NONCE="); ok {
+			a.nonce = v
+		}
+	}
+	var sockDir string
+	for _, m := range s.Mounts {
+		if m.Destination == runsc.AgentSocketDir {
+			sockDir = m.Source
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sockDir, "..", "bin", runsc.AgentBinary)); err != nil {
+		return fmt.Errorf("agent binary: %w", err)
+	}
+	// Bound through the dir's descriptor, as the node dials: the path may
+	// be longer than a socket address.
+	fd, err := unix.Open(sockDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("agent socket dir %q: %w", sockDir, err)
+	}
+	defer unix.Close(fd)
+	if a.l, err = net.Listen("unix", "/proc/self/fd/"+strconv.Itoa(fd)+"/"+runsc.AgentSocket); err != nil {
+		return err
+	}
+	a.l.(*net.UnixListener).SetUnlinkOnClose(false) // the real socket file outlives its guest
+	c.agent = a
+	go a.serve()
+	return nil
+}
+
+func (a *fakeAgent) stop() { a.closed.Do(func() { a.l.Close() }) }
+
+func (a *fakeAgent) serve() {
+	for {
+		c, err := a.l.Accept()
+		if err != nil {
+			return
+		}
+		go a.handle(c)
+	}
+}
+
+func (a *fakeAgent) handle(c net.Conn) {
+	defer c.Close()
+	t, p, err := wire.ReadFrame(c, nil, wire.MaxPayload)
+	if err != nil || t != wire.TRequest {
+		return
+	}
+	var req wire.Request
+	if err := wire.Decode(p, &req); err != nil {
+		wire.WriteJSON(c, wire.TError, wire.Error{Code: wire.CodeInvalid, Message: err.Error()})
+		return
+	}
+	a.k.mu.Lock()
+	err = a.k.makeFails(KindExec, a.id)
+	a.k.mu.Unlock()
+	if err != nil {
+		wire.WriteJSON(c, wire.TError, wire.Error{Code: wire.CodeInternal, Message: err.Error()})
+		return
+	}
+	if err := a.call(c, req); err != nil {
+		code := wire.CodeInternal
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			code = wire.CodeNotFound
+		case errors.Is(err, fs.ErrPermission):
+			code = wire.CodePermission
+		case errors.Is(err, fs.ErrExist):
+			code = wire.CodeExists
+		}
+		wire.WriteJSON(c, wire.TError, wire.Error{Code: code, Message: err.Error()})
+	}
+}
+
+// rel is a guest path relative to the root.
+func rel(p string) string {
+	r := strings.TrimPrefix(path.Clean("/"+p), "/")
+	if r == "" {
+		return "."
+	}
+	return r
+}
+
+func (a *fakeAgent) call(c net.Conn, req wire.Request) error {
+	if req.Op == wire.OpReady {
+		return wire.WriteJSON(c, wire.TResult, wire.Ready{Nonce: a.nonce})
+	}
+	if req.Op == wire.OpExec {
+		return a.exec(c, req)
+	}
+	root, err := os.OpenRoot(a.root)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	p := rel(req.Path)
+	switch req.Op {
+	case wire.OpStat:
+		fi, err := root.Lstat(p)
+		if err != nil {
+			return err
+		}
+		return wire.WriteJSON(c, wire.TResult, statOf(fi))
+	case wire.OpList:
+		f, err := root.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		ents, err := f.ReadDir(-1)
+		if err != nil {
+			return err
+		}
+		out := []wire.Stat{}
+		for _, e := range ents {
+			if fi, err := e.Info(); err == nil {
+				out = append(out, statOf(fi))
+			}
+		}
+		if err := wire.WriteJSON(c, wire.TData, out); err != nil {
+			return err
+		}
+		return wire.WriteFrame(c, wire.TEnd, nil)
+	case wire.OpMkdir:
+		if req.Recursive {
+			err = root.MkdirAll(p, fs.FileMode(req.Mode|0o700))
+		} else {
+			err = root.Mkdir(p, fs.FileMode(req.Mode|0o700))
+		}
+	case wire.OpRemove:
+		if req.Recursive {
+			err = root.RemoveAll(p)
+		} else {
+			err = root.Remove(p)
+		}
+	case wire.OpRename:
+		err = root.Rename(p, rel(req.NewPath))
+	case wire.OpRead:
+		f, err := root.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		buf := make([]byte, wire.MaxPayload)
+		var n int64
+		for {
+			m, rerr := f.Read(buf)
+			if n += int64(m); req.Limit > 0 && n > req.Limit {
+				return wire.WriteJSON(c, wire.TError, wire.Error{Code: wire.CodeTooLarge, Message: "past the limit"})
+			}
+			if m > 0 {
+				if err := wire.WriteFrame(c, wire.TData, buf[:m]); err != nil {
+					return err
+				}
+			}
+			if rerr == io.EOF {
+				return wire.WriteFrame(c, wire.TEnd, nil)
+			}
+			if rerr != nil {
+				return rerr
+			}
+		}
+	case wire.OpWrite:
+		var data []byte
+		for {
+			t, p, err := wire.ReadFrame(c, nil, wire.MaxPayload)
+			if err != nil {
+				return err
+			}
+			if t == wire.TEnd {
+				break
+			}
+			if data = append(data, p...); req.Limit > 0 && int64(len(data)) > req.Limit {
+				return wire.WriteJSON(c, wire.TError, wire.Error{Code: wire.CodeTooLarge, Message: "past the limit"})
+			}
+		}
+		if err := root.WriteFile(p, data, fs.FileMode(req.Mode|0o600)); err != nil {
+			return err
+		}
+		return wire.WriteJSON(c, wire.TResult, wire.Written{Bytes: int64(len(data))})
+	default:
+		return fmt.Errorf("op %q: %w", req.Op, errors.ErrUnsupported)
+	}
+	if err != nil {
+		return err
+	}
+	return wire.WriteJSON(c, wire.TResult, struct{}{})
+}
+
+func statOf(fi fs.FileInfo) wire.Stat {
+	return wire.Stat{Name: fi.Name(), Size: fi.Size(), Mode: uint32(fi.Mode()), ModUnix: fi.ModTime().Unix()}
+}
+
+// exec runs the fake guest's command: stdin (until StdinClose) goes to
+// cat, the output as one Stdout frame.
+func (a *fakeAgent) exec(c net.Conn, req wire.Request) error {
+	if len(req.Args) == 0 {
+		return wire.WriteJSON(c, wire.TError, wire.Error{Code: wire.CodeInvalid, Message: "no args"})
+	}
+	var stdin []byte
+	for done := false; !done; {
+		t, p, err := wire.ReadFrame(c, nil, wire.MaxPayload)
+		if err != nil {
+			return err
+		}
+		switch t {
+		case wire.TStdin:
+			stdin = append(stdin, p...)
+		case wire.TStdinClose:
+			done = true
+		}
+	}
+	out, errOut, code := fakeCommand(req.Args, stdin)
+	for _, o := range []struct {
+		t wire.Type
+		b []byte
+	}{{wire.TStdout, out}, {wire.TStderr, errOut}} {
+		if len(o.b) > 0 {
+			if err := wire.WriteFrame(c, o.t, o.b); err != nil {
+				return err
+			}
+		}
+	}
+	return wire.WriteJSON(c, wire.TExit, wire.Exit{Code: code})
+}
+
+// fakeCommand is the fake guest's shell: echo, true, false and cat
+// (stdin to stdout); anything else exits 127.
+func fakeCommand(args []string, stdin []byte) (stdout, stderr []byte, code int) {
+	switch path.Base(args[0]) {
+	case "echo":
+		return []byte(strings.Join(args[1:], " ") + "\n"), nil, 0
+	case "true":
+		return nil, nil, 0
+	case "false":
+		return nil, nil, 1
+	case "cat":
+		return stdin, nil, 0
+	}
+	return nil, []byte(args[0] + ": not found\n"), 127
+}
