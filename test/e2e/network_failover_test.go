@@ -218,11 +218,14 @@ func TestNetworkFailoverMidTraffic(t *testing.T) {
 	apiAsked := askedCount(s.DNS, "api.e2e.test")
 	// The traffic runs detached, in a session of its own: an exec's process
 	// group is killed when the exec ends or its caller goes away, and the
-	// primary's death ends every exec it served. setsid runs in the
-	// foreground (not a group leader, so it does not fork), and the shell
-	// it starts leaves the loops in the new session and exits; their output
-	// goes to files, so the exec holds no pipe of them and returns.
-	if r, err := c.Exec(cx, "fo", api.ExecRequest{Args: []string{"/bin/sh", "-c", `setsid /bin/sh -c "$0" < /dev/null > /dev/null 2>&1`,
+	// primary's death ends every exec it served. The shell forks setsid
+	// (the "; exit 0" keeps it from exec'ing its last command, which would
+	// make setsid the group leader: setsid(1) would then fork and return,
+	// racing its child's setsid(2) against the agent's group kill); so
+	// setsid is no group leader, calls setsid(2) and execs the script's
+	// shell, which leaves the loops in the new session and exits. Their
+	// output goes to files, so the exec holds no pipe of them and returns.
+	if r, err := c.Exec(cx, "fo", api.ExecRequest{Args: []string{"/bin/sh", "-c", `setsid /bin/sh -c "$0" < /dev/null > /dev/null 2>&1; exit $?`,
 		fmt.Sprintf(guestTraffic, s.Host.Addr4, s.CDN, s.Evil, s.API)}}); err != nil || r.ExitCode != 0 {
 		t.Fatalf("start the guest's traffic: %v (exit %d: %s)", err, r.ExitCode, r.Stderr)
 	}
@@ -248,9 +251,18 @@ func TestNetworkFailoverMidTraffic(t *testing.T) {
 		return n
 	}
 	oks := func() int { return strings.Count(readLog("dns.log"), "ok ") }
-	pollUntil(t, 4*time.Minute, "the guest's connection to echo and its lookups to answer", func() bool {
+	// state says what the guest's traffic did, for a wait that times out.
+	state := func() string {
+		logs := "(unreadable)"
+		if r, err := c.Exec(cx, "fo", api.ExecRequest{Args: []string{"/bin/sh", "-c", "cat /tmp/keep.log /tmp/dns.log 2>&1; ps"}}); err == nil {
+			logs = string(r.Stdout)
+		}
+		return fmt.Sprintf("host hits: cdn %d, api %d, cidr %d; upstream queries %d; guest logs and processes:\n%s",
+			hostHits(s.Host, s.CDN), hostHits(s.Host, s.API), hostHits(s.Host, s.Host.Addr4), len(s.DNS.Queries()), logs)
+	}
+	waitFor(t, 4*time.Minute, "the guest's connection to echo and its lookups to answer", func() bool {
 		return maxKeep() >= 2 && oks() >= 2 && hostHits(s.Host, s.CDN) >= 2 && hostHits(s.Host, s.API) >= 2
-	})
+	}, state)
 	running := time.Now()
 
 	before := nftObjects(t, e.nftTable)
@@ -315,10 +327,12 @@ func TestNetworkFailoverMidTraffic(t *testing.T) {
 
 	// The guest's traffic goes on: the open connection echoes more lines
 	// and lost none, lookups answer, new allowed connections land.
-	pollUntil(t, 4*time.Minute, "the connection, lookups and new connections to go on after the failover", func() bool {
+	waitFor(t, 4*time.Minute, "the connection, lookups and new connections to go on after the failover", func() bool {
 		return maxKeep() >= keepAtKill+4 && hostHits(s.Host, s.CDN) >= cdnAtKill+2 && hostHits(s.Host, s.Host.Addr4) >= addrAtKill+2 &&
 			hostHits(s.Host, s.API) >= apiAtKill+2 &&
 			slices.ContainsFunc(s.DNS.Queries()[queriesAtKill:], func(q dnsQuery) bool { return strings.HasPrefix(q.Name, "q") })
+	}, func() string {
+		return fmt.Sprintf("at the kill: keep%d, cdn %d, api %d, cidr %d hits, %d queries; now %s", keepAtKill, cdnAtKill, apiAtKill, addrAtKill, queriesAtKill, state())
 	})
 	keep := readLog("keep.log")
 	seen := map[int]bool{}
@@ -462,8 +476,12 @@ func TestNetworkFailoverMidTraffic(t *testing.T) {
 	tKill2 := time.Now()
 	e.kill9("b")
 	probe2.dead(tKill2, time.Now())
-	pollUntil(t, 3*time.Minute, "new connections to api.e2e.test and the CIDR and lines on the open connection with no ctld running", func() bool {
+	waitFor(t, 3*time.Minute, "new connections to api.e2e.test and the CIDR and lines on the open connection with no ctld running", func() bool {
 		return hostHits(s.Host, s.API) >= apiAtKill2+2 && hostHits(s.Host, s.Host.Addr4) >= addrAtKill2+2 && keepLines() >= linesAtKill2+3
+	}, func() string {
+		// No ctld answers: what the host saw is all there is.
+		return fmt.Sprintf("api %d, cidr %d hits, %d lines (at the kill %d, %d, %d)",
+			hostHits(s.Host, s.API), hostHits(s.Host, s.Host.Addr4), keepLines(), apiAtKill2, addrAtKill2, linesAtKill2)
 	})
 	gap := time.Since(tKill2)
 	if first, n := probe2.answered(); n > 0 {
@@ -591,17 +609,4 @@ func (p *proxyProbe) answered() (time.Time, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.first, p.answers
-}
-
-// pollUntil polls cond until it holds or d passes; what says what was
-// waited for.
-func pollUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", d, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
