@@ -177,17 +177,8 @@ func (b *Block) CheckGone(ctx context.Context, id, dev string) (bool, string) {
 		return false, err.Error()
 	}
 	target := b.Target(id)
-	ms, err := b.mountinfo()
-	if err != nil {
-		return false, fmt.Sprintf("cannot read mounts: %v", err)
-	}
-	if left := mountinfo.Under(ms, target); len(left) > 0 {
-		return false, fmt.Sprintf("%d mount(s) left at %s (%s from %s)", len(left), target, left[0].FSType, left[0].Source)
-	}
-	if _, err := os.Lstat(target); err == nil {
-		return false, fmt.Sprintf("nothing mounted at %s but the mount point exists", target)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Sprintf("cannot stat %s: %v", target, err)
+	if ok, detail := checkPathGone(b.mountinfo, target, "mount point"); !ok {
+		return false, detail
 	}
 	if dev == "" {
 		return true, fmt.Sprintf("nothing mounted at %s and it is gone; device not recorded, holders not checked", target)

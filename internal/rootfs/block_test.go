@@ -59,8 +59,8 @@ func TestBlockListMountedCheckGone(t *testing.T) {
 		ok            bool
 		detail        string
 	}{
-		{"mount point left", "sb-dir", "", nil, false, "the mount point exists"},
-		{"still mounted", "sb-mounted", "", nil, false, "1 mount(s) left at " + dir + "/sb-mounted (ext4 from /dev/nbd0)"},
+		{"mount point left", "sb-dir", "", nil, false, "the mount point still exists"},
+		{"still mounted", "sb-mounted", "", nil, false, "1 mount(s) left at or under " + dir + "/sb-mounted, first " + dir + "/sb-mounted (ext4 from /dev/nbd0)"},
 		{"device not recorded", "sb-gone", "", nil, true, "device not recorded"},
 		{"no processes", "sb-gone", dev, nil, true, "mounted in none of 0 mount namespaces and held by no process"},
 		{"mounted in another namespace", "sb-gone", dev, map[int]fakeProcess{10: {mntNS: "mnt:[2]", mountinfo: elsewhere}}, false, "device " + dev + " (/dev/nbd3) still mounted at /elsewhere in mount namespace mnt:[2] (pid 10)"},

@@ -104,6 +104,25 @@ func unmountUnder(ctx context.Context, log *slog.Logger, read func() ([]mountinf
 	return "", nil
 }
 
+// checkPathGone is where a root's cleanup check starts: nothing mounted
+// at or under path, and path itself gone (what names it in the detail).
+// detail says what is left; "" when ok.
+func checkPathGone(read func() ([]mountinfo.Mount, error), path, what string) (ok bool, detail string) {
+	ms, err := read()
+	if err != nil {
+		return false, fmt.Sprintf("cannot read mounts: %v", err)
+	}
+	if left := mountinfo.Under(ms, path); len(left) > 0 {
+		return false, fmt.Sprintf("%d mount(s) left at or under %s, first %s (%s from %s)", len(left), path, left[0].MountPoint, left[0].FSType, left[0].Source)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return false, fmt.Sprintf("nothing mounted at %s but the %s still exists", path, what)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Sprintf("cannot stat %s: %v", path, err)
+	}
+	return true, ""
+}
+
 // holdersOf names (a few of) the processes that hold the filesystem of
 // device dev ("major:minor") by cwd, root or an open file; "" when none.
 func holdersOf(proc, dev string) (string, error) {

@@ -308,17 +308,8 @@ func (o *Overlay) CheckGone(ctx context.Context, id, dev string) (ok bool, detai
 		return false, err.Error()
 	}
 	dir := o.Dir(id)
-	ms, err := o.mountinfo()
-	if err != nil {
-		return false, fmt.Sprintf("cannot read mounts: %v", err)
-	}
-	if left := mountinfo.Under(ms, dir); len(left) > 0 {
-		return false, fmt.Sprintf("%d mount(s) left under %s, first %s (%s)", len(left), dir, left[0].MountPoint, left[0].FSType)
-	}
-	if _, err := os.Lstat(dir); err == nil {
-		return false, fmt.Sprintf("no mounts under %s but the dir still exists", dir)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Sprintf("cannot stat %s: %v", dir, err)
+	if ok, detail := checkPathGone(o.mountinfo, dir, "dir"); !ok {
+		return false, detail
 	}
 	ok, sb := o.checkSuperblockGone(id, dev)
 	if !ok {
