@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -119,21 +118,10 @@ func (r agentResource) remove(_ context.Context, rec journal.Sandbox) error {
 	return os.RemoveAll(r.n.agentDir(rec.ContainerID))
 }
 func (r agentResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
-	dir := r.n.agentDir(rec.ContainerID)
-	_, err := os.Lstat(dir)
-	return check("agent_dir_removed", errors.Is(err, os.ErrNotExist), dir+" "+errString(err))
+	return pathGone("agent_dir_removed", r.n.agentDir(rec.ContainerID))
 }
 func (r agentResource) list(context.Context) ([]string, error) {
-	ents, err := os.ReadDir(r.n.agentsDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	slices.Sort(out)
-	return out, err
+	return entryNames(r.n.agentsDir())
 }
 func (agentResource) name(rec journal.Sandbox) string { return nameOf(rec) }
 func (r agentResource) removeOrphan(_ context.Context, name string) error {

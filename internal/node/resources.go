@@ -345,12 +345,21 @@ func (r bundleResource) remove(_ context.Context, rec journal.Sandbox) error {
 	return os.RemoveAll(r.n.bundleDir(rec.ContainerID))
 }
 func (r bundleResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
-	dir := r.n.bundleDir(rec.ContainerID)
-	_, err := os.Stat(dir)
-	return check("bundle_removed", errors.Is(err, os.ErrNotExist), dir+" "+errString(err))
+	return pathGone("bundle_removed", r.n.bundleDir(rec.ContainerID))
 }
 func (r bundleResource) list(context.Context) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(r.n.cfg.RunDir, "bundles"))
+	return entryNames(filepath.Join(r.n.cfg.RunDir, "bundles"))
+}
+
+// pathGone is the proof check that path no longer exists.
+func pathGone(name, path string) proof.Check {
+	_, err := os.Lstat(path)
+	return check(name, errors.Is(err, os.ErrNotExist), path+" "+errString(err))
+}
+
+// entryNames lists dir's entries, sorted; none when dir is missing.
+func entryNames(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
