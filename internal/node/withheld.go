@@ -118,7 +118,15 @@ func (n *Node) RetryWithheld(ctx context.Context) {
 	if n.cfg.WithheldRetry <= 0 {
 		return
 	}
-	t := time.NewTicker(n.cfg.WithheldRetry)
+	n.everyTick(ctx, n.cfg.WithheldRetry, func() {
+		now := time.Now()
+		n.retryWithheld(ctx, "timer", func(s journal.Sandbox) bool { return !now.Before(s.RetryNext) })
+	})
+}
+
+// everyTick runs fn every d until ctx (the term) ends or the node closes.
+func (n *Node) everyTick(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -132,8 +140,7 @@ func (n *Node) RetryWithheld(ctx context.Context) {
 		if closed {
 			return
 		}
-		now := time.Now()
-		n.retryWithheld(ctx, "timer", func(s journal.Sandbox) bool { return !now.Before(s.RetryNext) })
+		fn()
 	}
 }
 

@@ -41,22 +41,7 @@ func (n *Node) WatchWriters(ctx context.Context) {
 	if every <= 0 {
 		every = DefaultWriterCheck
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n.mu.Lock()
-		closed := n.closed
-		n.mu.Unlock()
-		if closed {
-			return
-		}
-		n.checkWriters(ctx)
-	}
+	n.everyTick(ctx, every, func() { n.checkWriters(ctx) })
 }
 
 // checkWriters checks each ready block generation's writer once.
