@@ -198,36 +198,47 @@ func (n *Node) ExecViaRunsc(ctx context.Context, id string, req api.ExecRequest,
 	return n.execViaRunsc(ctx, id, req, stdout, stderr)
 }
 
-// StatFile implements apiserver.Service (a final symlink is not followed).
-func (n *Node) StatFile(ctx context.Context, id, p string, user *api.User) (api.FileInfo, error) {
-	if err := guestPath(p); err != nil {
-		return api.FileInfo{}, err
+// onAgent runs one file call, fn, on the agent of sandbox id after
+// checking its guest paths; what names the call in its error.
+func (n *Node) onAgent(ctx context.Context, id, what string, paths []string, fn func(context.Context, *client.Client) error) error {
+	for _, p := range paths {
+		if err := guestPath(p); err != nil {
+			return err
+		}
 	}
 	a, err := n.agentCall(ctx, id)
 	if err != nil {
-		return api.FileInfo{}, err
+		return err
 	}
 	defer a.done()
-	st, err := a.c.Stat(a.ctx, p, wireUser(user))
+	if err := fn(a.ctx, a.c); err != nil {
+		return a.fail(what, err)
+	}
+	return nil
+}
+
+// StatFile implements apiserver.Service (a final symlink is not followed).
+func (n *Node) StatFile(ctx context.Context, id, p string, user *api.User) (api.FileInfo, error) {
+	var st wire.Stat
+	err := n.onAgent(ctx, id, "stat "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
+		st, err = c.Stat(ctx, p, wireUser(user))
+		return err
+	})
 	if err != nil {
-		return api.FileInfo{}, a.fail("stat "+p, err)
+		return api.FileInfo{}, err
 	}
 	return apiFileInfo(st), nil
 }
 
 // ListDir implements apiserver.Service (at most client.MaxList entries).
 func (n *Node) ListDir(ctx context.Context, id, p string, user *api.User) ([]api.FileInfo, error) {
-	if err := guestPath(p); err != nil {
-		return nil, err
-	}
-	a, err := n.agentCall(ctx, id)
+	var sts []wire.Stat
+	err := n.onAgent(ctx, id, "list "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
+		sts, err = c.List(ctx, p, wireUser(user))
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer a.done()
-	sts, err := a.c.List(a.ctx, p, wireUser(user))
-	if err != nil {
-		return nil, a.fail("list "+p, err)
 	}
 	out := make([]api.FileInfo, len(sts))
 	for i, st := range sts {
@@ -238,52 +249,23 @@ func (n *Node) ListDir(ctx context.Context, id, p string, user *api.User) ([]api
 
 // MakeDir implements apiserver.Service.
 func (n *Node) MakeDir(ctx context.Context, id, p string, mode uint32, parents bool, user *api.User) error {
-	if err := guestPath(p); err != nil {
-		return err
-	}
-	a, err := n.agentCall(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer a.done()
-	if err := a.c.Mkdir(a.ctx, p, mode, parents, wireUser(user)); err != nil {
-		return a.fail("mkdir "+p, err)
-	}
-	return nil
+	return n.onAgent(ctx, id, "mkdir "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
+		return c.Mkdir(ctx, p, mode, parents, wireUser(user))
+	})
 }
 
 // RemoveFile implements apiserver.Service.
 func (n *Node) RemoveFile(ctx context.Context, id, p string, recursive bool, user *api.User) error {
-	if err := guestPath(p); err != nil {
-		return err
-	}
-	a, err := n.agentCall(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer a.done()
-	if err := a.c.Remove(a.ctx, p, recursive, wireUser(user)); err != nil {
-		return a.fail("remove "+p, err)
-	}
-	return nil
+	return n.onAgent(ctx, id, "remove "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
+		return c.Remove(ctx, p, recursive, wireUser(user))
+	})
 }
 
 // RenameFile implements apiserver.Service.
 func (n *Node) RenameFile(ctx context.Context, id, from, to string, user *api.User) error {
-	for _, p := range []string{from, to} {
-		if err := guestPath(p); err != nil {
-			return err
-		}
-	}
-	a, err := n.agentCall(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer a.done()
-	if err := a.c.Rename(a.ctx, from, to, wireUser(user)); err != nil {
-		return a.fail("rename "+from, err)
-	}
-	return nil
+	return n.onAgent(ctx, id, "rename "+from, []string{from, to}, func(ctx context.Context, c *client.Client) error {
+		return c.Rename(ctx, from, to, wireUser(user))
+	})
 }
 
 // ReadFileTo implements apiserver.Service: streamed, never whole.
