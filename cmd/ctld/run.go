@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/ctld/ctld/internal/agent/client"
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/apiserver"
 	"github.com/ctld/ctld/internal/guestlog"
@@ -49,6 +50,8 @@ type runOpts struct {
 	guestOOMAdj  int
 	// agentBinary is the static ctl-agent every guest runs as its init.
 	agentBinary string
+	// agentStreamIdle bounds each wait of a file stream on a guest agent.
+	agentStreamIdle time.Duration
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
@@ -137,6 +140,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.defaultDisk, "default-disk-bytes", 1<<30, "disk lease of a claim that names no resources.disk_bytes")
 	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "the static ctl-agent every guest runs as its init (default: ctl-agent beside the ctld executable)")
+	f.DurationVar(&o.agentStreamIdle, "agent-stream-idle", client.DefaultStreamIdle, "how long a file read or write through a guest agent may stall (no next frame, no intake, no answer once sent) before it fails")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
 	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
@@ -501,6 +505,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
 		Carriers:         o.net.carriers,
 		AgentBinary:      agentBin,
+		AgentStreamIdle:  o.agentStreamIdle,
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.

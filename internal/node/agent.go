@@ -52,7 +52,7 @@ func (n *Node) agentSocket(cid string) string {
 func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
 	dir := n.agentSockDir(rec.ContainerID)
 	return &client.Client{
-		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout,
+		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout, StreamIdle: n.cfg.AgentStreamIdle,
 		Dial: func(ctx context.Context) (net.Conn, error) { return DialInDir(ctx, dir, runsc.AgentSocket) },
 	}
 }

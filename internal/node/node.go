@@ -70,6 +70,9 @@ type Config struct {
 	// AgentCallTimeout bounds an agent call that is not a stream (ready,
 	// stat, list, mkdir, remove, rename; 0: the client's 10 s).
 	AgentCallTimeout time.Duration
+	// AgentStreamIdle bounds each wait of a file stream through an agent
+	// (0: client.DefaultStreamIdle).
+	AgentStreamIdle time.Duration
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made

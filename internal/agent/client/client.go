@@ -37,6 +37,25 @@ type Client struct {
 	// CallTimeout bounds a call that is not an exec or a file stream
 	// (ready, stat, list, mkdir, remove, rename); 0: 10 s.
 	CallTimeout time.Duration
+	// StreamIdle bounds each wait of a file stream: for the next frame of
+	// a file read, for the agent to take the next frame of a file written,
+	// and for its answer once all of it was sent (the file is then synced
+	// and renamed in the guest); 0: DefaultStreamIdle. A silent agent
+	// fails the call instead of holding it until the caller gives up.
+	// Execs have no such bound: a command may be silent for as long as
+	// it runs (its timeout bounds it).
+	StreamIdle time.Duration
+}
+
+// DefaultStreamIdle is Client.StreamIdle's default: generous, as a busy
+// guest's disk may stall a file stream for seconds.
+const DefaultStreamIdle = time.Minute
+
+func (c *Client) streamIdle() time.Duration {
+	if c.StreamIdle > 0 {
+		return c.StreamIdle
+	}
+	return DefaultStreamIdle
 }
 
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
@@ -85,6 +104,39 @@ func (c *Client) start(ctx context.Context, req wire.Request) (*call, error) {
 func (k *call) close() {
 	k.stop()
 	k.nc.Close()
+}
+
+// errIdle is a stream's wait that passed its idle bound.
+var errIdle = errors.New("the agent did not go on")
+
+// idle bounds the connection's next reads (read) or writes to d from now,
+// or to the call's own deadline if sooner. After the call's end the
+// connection stays cut: the end may have set its deadline just before.
+func (k *call) idle(d time.Duration, read bool) {
+	dl := time.Now().Add(d)
+	if cd, ok := k.ctx.Deadline(); ok && cd.Before(dl) {
+		dl = cd
+	}
+	if read {
+		k.nc.SetReadDeadline(dl)
+	} else {
+		k.nc.SetWriteDeadline(dl)
+	}
+	if k.ctx.Err() != nil {
+		k.nc.SetDeadline(time.Unix(1, 0))
+	}
+}
+
+// idleErr says a stream's wait passed its bound d (the call's context
+// still live), else returns err unchanged.
+func (k *call) idleErr(err error, d time.Duration, what string) error {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || k.ctx.Err() != nil {
+		return err
+	}
+	if dl, ok := k.ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return err // the call's own deadline, a moment before its context says so
+	}
+	return fmt.Errorf("%w: nothing %s for %v", errIdle, what, d)
 }
 
 func (c *Client) failed(ctx context.Context, what string, err error) error {
@@ -260,10 +312,12 @@ func (c *Client) ReadFile(ctx context.Context, path string, u *wire.User, limit 
 	}
 	defer k.close()
 	var n int64
+	idle := c.streamIdle()
 	for {
+		k.idle(idle, true)
 		t, p, err := k.next()
 		if err != nil {
-			return n, c.failed(ctx, "read", err)
+			return n, c.failed(ctx, "read", k.idleErr(err, idle, "arrived"))
 		}
 		switch t {
 		case wire.TData:
@@ -295,11 +349,12 @@ func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode 
 	// its answer concurrently so the refusal is what the caller sees.
 	ans := make(chan error, 1)
 	var written wire.Written
+	idle := c.streamIdle()
 	go func() {
 		t, p, err := k.next()
 		switch {
 		case err != nil:
-			ans <- c.failed(ctx, "write", err)
+			ans <- c.failed(ctx, "write", k.idleErr(err, idle, "answered after the whole file was sent"))
 		case t == wire.TResult:
 			if err := wire.Decode(p, &written); err != nil {
 				ans <- c.failed(ctx, "write", fmt.Errorf("result: %v", err))
@@ -324,13 +379,20 @@ func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode 
 				<-ans
 				return sent, fmt.Errorf("write %s: more than %d bytes: %w", path, limit, ErrTooLarge)
 			}
+			k.idle(idle, false)
 			if err := wire.WriteFrame(k.nc, wire.TData, buf[:n]); err != nil {
-				sendErr = err
+				sendErr = k.idleErr(err, idle, "taken")
 				break
 			}
 		}
 		if err == io.EOF {
-			sendErr = wire.WriteFrame(k.nc, wire.TEnd, nil)
+			k.idle(idle, false)
+			if sendErr = wire.WriteFrame(k.nc, wire.TEnd, nil); sendErr == nil {
+				// All sent: the answer comes within the bound.
+				k.idle(idle, true)
+			} else {
+				sendErr = k.idleErr(sendErr, idle, "taken")
+			}
 			break
 		}
 		if err != nil {
@@ -339,8 +401,17 @@ func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode 
 			return sent, fmt.Errorf("write %s: read input: %w", path, err)
 		}
 	}
-	if err := <-ans; err != nil {
-		return sent, err
+	if sendErr != nil {
+		// The agent's refusal, if it sent one, is read; a deaf agent's
+		// silence ends within the bound too.
+		k.idle(idle, true)
+	}
+	aerr := <-ans
+	if errors.Is(sendErr, errIdle) {
+		return sent, c.failed(ctx, "write", sendErr)
+	}
+	if aerr != nil {
+		return sent, aerr
 	}
 	if sendErr != nil {
 		return sent, c.failed(ctx, "write", sendErr)

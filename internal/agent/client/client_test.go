@@ -168,3 +168,62 @@ func FuzzAnswer(f *testing.F) {
 		c.ReadFile(ctx, "/f", nil, 1<<16, io.Discard)
 	})
 }
+
+// TestStreamIdleBound: a file stream whose agent stops (no next frame of a
+// read, no intake of a write, no answer once a write was all sent) fails
+// within StreamIdle, as an agent failure, though the caller set no
+// deadline; what came before the stall was delivered.
+func TestStreamIdleBound(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	withIdle := func(c *Client) *Client { c.StreamIdle = idle; return c }
+	stalled := func(before func(net.Conn)) *Client {
+		return withIdle(hostile(t, func(c net.Conn) { before(c); time.Sleep(time.Hour) }))
+	}
+	ctx := context.Background()
+	within := func(name string, start time.Time, err error, want string) {
+		t.Helper()
+		if took := time.Since(start); err == nil || !errors.Is(err, ErrAgent) || !strings.Contains(err.Error(), want) || took > 5*time.Second {
+			t.Errorf("%s: err %v after %v, want ErrAgent ~%q within a few idle bounds", name, err, took, want)
+		}
+	}
+
+	start := time.Now()
+	_, err := stalled(func(net.Conn) {}).ReadFile(ctx, "/f", nil, 1<<20, io.Discard)
+	within("read, silent agent", start, err, "nothing arrived for 200ms")
+
+	var got bytes.Buffer
+	start = time.Now()
+	n, err := stalled(func(c net.Conn) { wire.WriteFrame(c, wire.TData, []byte("first")) }).ReadFile(ctx, "/f", nil, 1<<20, &got)
+	within("read, stalled after a frame", start, err, "nothing arrived for 200ms")
+	if n != 5 || got.String() != "first" {
+		t.Errorf("read, stalled after a frame: %d bytes %q delivered, want the frame before the stall", n, got.String())
+	}
+
+	// hostile's agent drains what is sent and never answers.
+	start = time.Now()
+	_, err = stalled(func(net.Conn) {}).WriteFile(ctx, "/f", nil, 0o644, 1<<20, bytes.NewReader(make([]byte, 1<<20)))
+	within("write, no answer", start, err, "nothing answered after the whole file was sent")
+
+	// An agent that takes the request and nothing more: net.Pipe has no
+	// buffer, so the first data frame waits for it.
+	deaf := withIdle(&Client{Dial: func(context.Context) (net.Conn, error) {
+		a, b := net.Pipe()
+		go func() {
+			defer b.Close()
+			wire.ReadFrame(b, nil, 0)
+			time.Sleep(time.Hour)
+		}()
+		return a, nil
+	}})
+	start = time.Now()
+	_, err = deaf.WriteFile(ctx, "/f", nil, 0o644, 1<<20, bytes.NewReader(make([]byte, 1<<20)))
+	within("write, agent takes nothing", start, err, "nothing taken for 200ms")
+
+	// A caller's deadline shorter than the bound is the caller's own.
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = (&Client{Dial: stalled(func(net.Conn) {}).Dial, StreamIdle: time.Hour}).ReadFile(cctx, "/f", nil, 1<<20, io.Discard)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "nothing arrived") {
+		t.Errorf("read under the caller's shorter deadline: %v, want the caller's deadline", err)
+	}
+}

@@ -148,12 +148,14 @@ func run(ctx context.Context, c config) error {
 		return fmt.Errorf("build ./cmd/...: %w", err)
 	}
 	// The guest agent runs inside guest images: static (no cgo), as
-	// `make agent` builds it.
-	agent := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, "bin", "cmd", "ctl-agent"), "./cmd/ctl-agent")
-	agent.Env = append(os.Environ(), "CGO_ENABLED=0")
-	agent.Stdout, agent.Stderr = os.Stdout, os.Stderr
-	if err := agent.Run(); err != nil {
-		return fmt.Errorf("build ./cmd/ctl-agent: %w", err)
+	// `make agent` builds it; so does the e2e tests' hostile agent.
+	for name, pkg := range map[string]string{"ctl-agent": "./cmd/ctl-agent", "e2e-hostileagent": "./test/e2e/hostileagent"} {
+		b := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, "bin", "cmd", name), pkg)
+		b.Env = append(os.Environ(), "CGO_ENABLED=0")
+		b.Stdout, b.Stderr = os.Stdout, os.Stderr
+		if err := b.Run(); err != nil {
+			return fmt.Errorf("build %s: %w", pkg, err)
+		}
 	}
 	wd, _ := os.Getwd()
 	for _, cmd := range c.cmds {

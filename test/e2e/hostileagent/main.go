@@ -1,0 +1,83 @@
+// Command hostileagent is an e2e test's stand-in for a guest agent taken
+// over by the guest: run as root inside a runsc guest, it replaces the
+// real agent's socket with its own and answers every call badly. How is
+// read from a file at each connection, so one run serves every mode:
+//
+//	garbage  a frame type no agent sends, then random bytes
+//	huge     up to 10 GiB of output (stdout frames to an exec, data frames to
+//	         anything else), as fast as the caller takes it
+//	silent   reads the request and never answers (holds the connection)
+//
+// Build it static (CGO_ENABLED=0): it runs in the busybox template.
+//
+//	hostileagent SOCKET MODEFILE
+package main
+
+import (
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/ctld/ctld/internal/agent/wire"
+)
+
+func main() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: hostileagent SOCKET MODEFILE")
+		os.Exit(2)
+	}
+	sock, modeFile := os.Args[1], os.Args[2]
+	// The real agent still runs, listening on a socket file that is about
+	// to be gone: callers reach this one instead.
+	if err := os.Remove(sock); err != nil && !os.IsNotExist(err) {
+		fmt.Fprintln(os.Stderr, "hostileagent:", err)
+		os.Exit(1)
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hostileagent:", err)
+		os.Exit(1)
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hostileagent:", err)
+			os.Exit(1)
+		}
+		b, _ := os.ReadFile(modeFile)
+		go serve(c, strings.TrimSpace(string(b)))
+	}
+}
+
+func serve(c net.Conn, mode string) {
+	defer c.Close()
+	_, p, err := wire.ReadFrame(c, nil, wire.MaxPayload)
+	if err != nil {
+		return
+	}
+	var req wire.Request
+	_ = wire.Decode(p, &req) // a bad request is answered as badly
+	switch mode {
+	case "huge":
+		t := wire.TData
+		if req.Op == wire.OpExec {
+			t = wire.TStdout
+		}
+		chunk := make([]byte, wire.MaxPayload)
+		for sent := int64(0); sent < 10<<30; sent += int64(len(chunk)) {
+			if wire.WriteFrame(c, t, chunk) != nil {
+				return
+			}
+		}
+	case "silent":
+		io.Copy(io.Discard, c) // until the caller gives up
+	default: // garbage
+		junk := make([]byte, 4096)
+		rand.Read(junk)
+		junk[0] = '?'
+		c.Write(junk)
+	}
+}
