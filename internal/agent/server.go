@@ -217,7 +217,6 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Sys: &syscall.SysProcAttr{Credential: credential(u), Setpgid: true}}
 	var (
 		childFDs  []int // the child's ends, closed once it started
-		slave     *os.File
 		stdin     io.WriteCloser
 		outs      []*os.File // what we read: stdout, stderr (or the PTY master)
 		ptyMaster *os.File
@@ -239,10 +238,10 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 			return
 		}
 		if req.Rows > 0 && req.Cols > 0 {
-			unix.IoctlSetWinsize(int(m.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: req.Rows, Col: req.Cols})
+			setWinsize(m, req.Rows, req.Cols)
 		}
-		ptyMaster, stdin, outs, slave = m, m, []*os.File{m}, sl
-		attr.Files = []uintptr{sl.Fd(), sl.Fd(), sl.Fd()}
+		ptyMaster, stdin, outs, childFDs = m, m, []*os.File{m}, []int{sl}
+		attr.Files = []uintptr{uintptr(sl), uintptr(sl), uintptr(sl)}
 		attr.Sys.Setpgid = false
 		attr.Sys.Setsid, attr.Sys.Setctty, attr.Sys.Ctty = true, true, 0
 	} else {
@@ -260,16 +259,18 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		stdin, outs = ours[0], ours[1:]
 		attr.Files = []uintptr{uintptr(childFDs[0]), uintptr(childFDs[1]), uintptr(childFDs[2])}
 	}
+	// Every path below ends by closing ours: a reader blocked on one
+	// returns (each is on the poller), and no descriptor outlives the call.
+	release := func() {
+		closeAll(outs)
+		if ptyMaster == nil {
+			stdin.Close()
+		}
+	}
 	pid, done, err := s.Reaper.Start(argv0, req.Args, attr)
 	closeFDs(childFDs)
-	if slave != nil {
-		slave.Close()
-	}
 	if err != nil {
-		stdin.Close()
-		if ptyMaster == nil {
-			closeAll(outs)
-		}
+		release()
 		c.failErr("exec "+req.Args[0], err)
 		return
 	}
@@ -287,12 +288,16 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		go func() {
 			defer func() { eof <- struct{}{} }()
 			buf := make([]byte, 32<<10)
+			send := func(p []byte) bool { return c.write(t, p) == nil }
 			for {
 				n, err := f.Read(buf)
-				if n > 0 {
-					if c.write(t, buf[:n]) != nil {
-						return
-					}
+				if n > 0 && !send(buf[:n]) {
+					return
+				}
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					// Cut (see below): what is queued now is the rest.
+					drainQueued(f, buf, send)
+					return
 				}
 				if err != nil {
 					return
@@ -324,7 +329,7 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 			case wire.TResize:
 				var r wire.Resize
 				if ptyMaster != nil && wire.Decode(p, &r) == nil {
-					unix.IoctlSetWinsize(int(ptyMaster.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: r.Rows, Col: r.Cols})
+					setWinsize(ptyMaster, r.Rows, r.Cols)
 				}
 			case wire.TSignal:
 				var sg wire.Signal
@@ -354,12 +359,21 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		killGroup(pid)
 		ws = <-done
 	case <-gone:
+		// Nobody to deliver to: the group, then ours, at once.
 		killGroup(pid)
 		<-done
+		release()
+		for range outs {
+			<-eof
+		}
 		return
 	case <-ctx.Done():
 		killGroup(pid)
 		<-done
+		release()
+		for range outs {
+			<-eof
+		}
 		return
 	}
 	// The command is over: so is its group (a background child would
@@ -368,8 +382,18 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		killGroup(pid)
 	}
 	// The output ends once drained (no holder of the pipes or the PTY's
-	// slave is left): usually at once. A process that left the group
-	// (setsid) may still hold them: after a grace, its output is cut.
+	// slave is left): usually at once. A PTY whose master reports no
+	// hangup will not end by itself: gVisor's master never does (a read
+	// never fails with EIO once no slave is open), and on Linux a process
+	// that left the group still holds the slave. Its output is cut now,
+	// after what is queued: a slave write completes into the master's
+	// queue (in gVisor; on Linux the hangup case, which waits for EIO,
+	// covers the kernel's deferred push), so nothing the command wrote
+	// is lost. A process that left the group (setsid) may still hold the
+	// pipes: after a grace, their output is cut.
+	if ptyMaster != nil && !hungUp(ptyMaster) {
+		ptyMaster.SetReadDeadline(time.Now())
+	}
 	pending := len(outs)
 	for pending > 0 && len(eof) > 0 {
 		<-eof
@@ -388,12 +412,9 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		}
 		grace.Stop()
 	}
-	closeAll(outs)
+	release()
 	for ; pending > 0; pending-- {
 		<-eof
-	}
-	if ptyMaster == nil {
-		stdin.Close()
 	}
 	code, sig := exitOf(ws)
 	c.json(wire.TExit, wire.Exit{Code: code, Signal: sig, TimedOut: timedOut})
@@ -422,28 +443,92 @@ func pipe(parentReads bool) (ours *os.File, child int, err error) {
 	return os.NewFile(uintptr(o), "pipe"), ch, nil
 }
 
-// openPTY opens a new pseudo-terminal pair through /dev/ptmx.
-func openPTY() (master, slave *os.File, err error) {
+// openPTY opens a new pseudo-terminal pair through /dev/ptmx: the master
+// on the poller (non-blocking: a close or a read deadline ends a read in
+// progress; its Fd is never called, which would make it blocking), the
+// slave a plain descriptor for the child (blocking, close-on-exec until
+// ForkExec dups it).
+func openPTY() (master *os.File, slave int, err error) {
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
-		return nil, nil, err
+		return nil, -1, err
 	}
-	fd := int(m.Fd())
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+	// A master off the poller could block its reader for good.
+	if err := m.SetReadDeadline(time.Time{}); err != nil {
 		m.Close()
-		return nil, nil, fmt.Errorf("unlock pty: %w", err)
+		return nil, -1, fmt.Errorf("pty master not pollable: %w", err)
 	}
-	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	var n int
+	err = control(m, func(fd int) error {
+		if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+			return fmt.Errorf("unlock pty: %w", err)
+		}
+		var err error
+		if n, err = unix.IoctlGetInt(fd, unix.TIOCGPTN); err != nil {
+			return fmt.Errorf("pty number: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		m.Close()
-		return nil, nil, fmt.Errorf("pty number: %w", err)
+		return nil, -1, err
 	}
-	sl, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	sl, err := unix.Open(fmt.Sprintf("/dev/pts/%d", n), unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		m.Close()
-		return nil, nil, err
+		return nil, -1, fmt.Errorf("open pty slave %d: %w", n, err)
 	}
 	return m, sl, nil
+}
+
+// control runs fn on f's descriptor without taking it off the poller.
+func control(f *os.File, fn func(fd int) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// setWinsize sets a PTY's size (the child sees it, and SIGWINCH where the
+// kernel sends one).
+func setWinsize(master *os.File, rows, cols uint16) {
+	control(master, func(fd int) error {
+		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	})
+}
+
+// hungUp says whether a PTY master reports that no slave is open (POLLHUP):
+// then a read fails with EIO once the queue is drained.
+func hungUp(master *os.File) bool {
+	hup := false
+	control(master, func(fd int) error {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		hup = err == nil && n > 0 && p[0].Revents&unix.POLLHUP != 0
+		return err
+	})
+	return hup
+}
+
+// drainQueued sends what f's (non-blocking) descriptor holds now, until a
+// read would block or fails (EIO: a PTY master without a slave).
+func drainQueued(f *os.File, buf []byte, send func([]byte) bool) {
+	control(f, func(fd int) error {
+		for {
+			n, err := unix.Read(fd, buf)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if n <= 0 || !send(buf[:n]) {
+				return err
+			}
+		}
+	})
 }
 
 // asUser runs fn on an OS thread whose effective uid/gid are u's and which

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,7 +98,8 @@ func sessionGuest(t *testing.T) (*env, *api.Client) {
 
 // TestSessionsThroughTheAgent drives sessions of the real API against a
 // real guest: stdout and stderr in the order written, stdin, exit codes, a
-// signal, and ctl-manager's exec -i.
+// signal, ctl-manager's exec -i, and PTY sessions (through the API and
+// ctl-manager's exec -t) that end with their command.
 func TestSessionsThroughTheAgent(t *testing.T) {
 	e, c := sessionGuest(t)
 
@@ -134,6 +137,57 @@ func TestSessionsThroughTheAgent(t *testing.T) {
 			}
 		case <-time.After(time.Minute):
 			t.Fatal("the signal did not end the command")
+		}
+	})
+
+	// gVisor's PTY master never reports a hangup: a session on a PTY ends
+	// because its command ended, within ptyEnd.
+	const ptyEnd = time.Minute
+	t.Run("pty", func(t *testing.T) {
+		var out syncBuf
+		resize := make(chan api.TermSize, 1)
+		type end struct {
+			x   api.ExecExit
+			err error
+		}
+		ended := make(chan end, 1)
+		script := `tty; id -u; stty size; echo ready; while [ "$(stty size)" = "24 80" ]; do sleep 0.1; done; stty size; exit 3`
+		go func() {
+			x, err := c.Session(ctx(t, 3*time.Minute), "sess", api.ExecRequest{Args: []string{"/bin/sh", "-c", script}, TTY: true, Rows: 24, Cols: 80},
+				api.Streams{Stdout: &out, Resize: resize})
+			ended <- end{x, err}
+		}()
+		waitOutput(t, &out, "ready", time.Minute)
+		resized := time.Now()
+		resize <- api.TermSize{Rows: 40, Cols: 100}
+		select {
+		case r := <-ended:
+			t.Logf("PTY session ended %v after the resize: %+v %v", time.Since(resized).Round(time.Millisecond), r.x, r.err)
+			if r.err != nil || r.x != (api.ExecExit{ExitCode: 3}) {
+				t.Errorf("PTY session: %+v %v, want exit 3", r.x, r.err)
+			}
+			// A terminal's output: \r\n line ends (ONLCR).
+			if want := regexp.MustCompile(`^/dev/pts/\d+\r\n1000\r\n24 80\r\nready\r\n40 100\r\n$`); !want.MatchString(out.String()) {
+				t.Errorf("PTY session output %q, want tty, uid 1000, 24 80, ready, 40 100", out.String())
+			}
+		case <-time.After(ptyEnd):
+			t.Fatalf("the PTY session did not end within %v of the resize; output %q", ptyEnd, out.String())
+		}
+	})
+
+	t.Run("cli pty", func(t *testing.T) {
+		bin := filepath.Join(filepath.Dir(e.bin), "ctl-manager")
+		cctx, cancel := context.WithTimeout(context.Background(), ptyEnd)
+		defer cancel()
+		// Not a terminal here: the CLI asks for its default 24x80.
+		cmd := exec.CommandContext(cctx, bin, "--socket", filepath.Join(e.runDir, "ctld.sock"), "sandbox", "exec", "-t", "sess", "--", "/bin/sh", "-c", "tty; stty size; exit 4")
+		out, err := cmd.Output()
+		if cctx.Err() != nil {
+			t.Fatalf("ctl-manager sandbox exec -t did not end within %v: %q", ptyEnd, out)
+		}
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 4 || !regexp.MustCompile(`^/dev/pts/\d+\r\n24 80\r\n$`).Match(out) {
+			t.Errorf("ctl-manager sandbox exec -t: %q %v, want tty, 24 80 and exit 4", out, err)
 		}
 	})
 
