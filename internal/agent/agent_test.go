@@ -255,6 +255,28 @@ func TestExecPTY(t *testing.T) {
 	}
 }
 
+// TestExecPTYEndsWhileSlaveHeld: a process that left the exec's group
+// (setsid) keeps the PTY's slave open, so the master reports no hangup and
+// a read never fails with EIO, as under gVisor always. The exec still ends
+// with its command, well before the output grace, with its output.
+func TestExecPTYEndsWhileSlaveHeld(t *testing.T) {
+	a := startAgent(t)
+	start := time.Now()
+	// The shell waits until the sleep is in a session of its own (field 6
+	// of its stat): before that the group kill would still reach it.
+	script := `setsid sleep 20 & p=$!; while [ "$(cut -d' ' -f6 /proc/$p/stat)" = "$$" ]; do :; done; echo $p; echo done; exit 7`
+	out, _, e := run(t, a.c, client.ExecRequest{Args: []string{"sh", "-c", script}, TTY: true}, nil)
+	took := time.Since(start)
+	if f := strings.Fields(out); len(f) > 0 {
+		if pid, err := strconv.Atoi(f[0]); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if !strings.HasSuffix(out, "done\r\n") || e.Code != 7 || took > time.Second {
+		t.Fatalf("PTY exec with the slave still held: %q, %+v after %v; want done, exit 7, under 1s", out, e, took)
+	}
+}
+
 // A caller that goes away mid-command leaves no process behind.
 func TestExecCallerGoneKillsGroup(t *testing.T) {
 	a := startAgent(t)
