@@ -96,7 +96,7 @@ func ReadFrame(r io.Reader, buf []byte, max int) (Type, []byte, error) {
 	}
 	buf = buf[:n]
 	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, fmt.Errorf("read frame %q payload: %w: %v", h[0], ErrFrame, err)
+		return 0, nil, fmt.Errorf("read frame %q payload: %w: %w", h[0], ErrFrame, err)
 	}
 	return Type(h[0]), buf, nil
 }
