@@ -48,8 +48,15 @@ const (
 const (
 	dirtyName = "dirty"
 	indexName = "index"
-	cacheName = "cache"
+	cacheName = "cache" // cache.0 … cache.<cacheFiles-1>
 )
+
+// cacheFiles is the number of files the chunk cache is striped over:
+// chunk i is in cache.<i%cacheFiles> at (i/cacheFiles)*chunk size. A
+// buffered write holds its file's inode lock while it copies (and, on a
+// cold pass, allocates the page cache): one cache file made concurrent
+// fetches wait on, and spin for, each other's cache writes.
+const cacheFiles = 16
 
 // stripes bounds the per-chunk locks: chunk i is guarded by lock i%stripes.
 const stripes = 1024
@@ -71,7 +78,11 @@ type Config struct {
 	// runs requests concurrently). Every fetched chunk is cached either
 	// way (docs/architecture.md, "Block read path").
 	LocalStore bool
-	Logger     *slog.Logger
+	// Readahead is how many chunks past a sequential read are fetched
+	// ahead, in the background, into the cache (default 16, 1 MiB of
+	// 64 KiB chunks; negative: none). See Device.readahead.
+	Readahead int
+	Logger    *slog.Logger
 }
 
 // ErrMismatch: Dir holds the dirty state of another base or geometry.
@@ -86,7 +97,7 @@ type Device struct {
 	cs     int64
 	size   int64
 	dirty  *os.File
-	cache  *os.File
+	cache  [cacheFiles]*os.File
 	locks  [stripes]sync.RWMutex
 	zeroes []byte    // one chunk of zeros, read-only
 	bufs   sync.Pool // chunk buffers (*[]byte) of the read path's fetches
@@ -98,6 +109,16 @@ type Device struct {
 	version uint64 // bumped on every state change
 	// cached[i] changes and is read only under chunk i's stripe lock.
 	cached []bool
+
+	// Readahead: raq holds the chunk indices queued for the prefetch
+	// workers (capacity Config.Readahead: a full queue drops, it never
+	// blocks a read); streams are the recent sequential readers.
+	raq     chan int64
+	raMu    sync.Mutex
+	streams [raStreams]raStream
+	raNext  int
+	raStop  context.CancelFunc
+	raWG    sync.WaitGroup
 
 	syncMu    sync.Mutex // one Sync at a time
 	syncedVer uint64
@@ -116,6 +137,9 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = time.Minute
+	}
+	if cfg.Readahead == 0 {
+		cfg.Readahead = defaultReadahead
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -148,11 +172,31 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		return nil, err
 	}
 	// The cache starts empty: its map is not kept across opens.
-	if d.cache, err = openSized(filepath.Join(cfg.Dir, cacheName), d.size, true); err != nil {
-		_ = d.dirty.Close()
-		return nil, err
+	// (A single "cache" file is the layout of older versions.)
+	d.raStop = func() {}
+	_ = os.Remove(filepath.Join(cfg.Dir, cacheName))
+	per := (int64(n) + cacheFiles - 1) / cacheFiles * d.cs
+	for k := range d.cache {
+		if d.cache[k], err = openSized(filepath.Join(cfg.Dir, fmt.Sprintf("%s.%d", cacheName, k)), per, true); err != nil {
+			_ = d.Close()
+			return nil, err
+		}
+	}
+	if cfg.Readahead > 0 {
+		d.startReadahead(ctx)
 	}
 	return d, nil
+}
+
+// cacheAt is the cache file of chunk i and the chunk's offset in it.
+func (d *Device) cacheAt(i int64) (*os.File, int64) {
+	return d.cache[i%cacheFiles], i / cacheFiles * d.cs
+}
+
+// readCache reads len(p) bytes at offset in of cached chunk i.
+func (d *Device) readCache(i, in int64, p []byte) error {
+	f, at := d.cacheAt(i)
+	return readFull(f, p, at+in)
 }
 
 func openSized(path string, size int64, truncate bool) (*os.File, error) {
@@ -177,7 +221,16 @@ func openSized(path string, size int64, truncate bool) (*os.File, error) {
 func (d *Device) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
-		err = errors.Join(d.dirty.Close(), d.cache.Close())
+		// No prefetch may touch the files once they are closed.
+		d.raStop()
+		d.raWG.Wait()
+		var errs []error
+		for _, f := range append([]*os.File{d.dirty}, d.cache[:]...) {
+			if f != nil {
+				errs = append(errs, f.Close())
+			}
+		}
+		err = errors.Join(errs...)
 	})
 	return err
 }
@@ -227,6 +280,7 @@ func (d *Device) ReadAt(p []byte, off int64) (int, error) {
 	// latency (a remote store's), not their sum. The rest is served
 	// inline. Each chunk keeps its own locking, so this changes nothing
 	// about what a chunk reads as.
+	d.readahead(off, int64(len(p)))
 	multi := !d.cfg.LocalStore && off/d.cs != (off+int64(len(p))-1)/d.cs
 	var g errgroup.Group
 	g.SetLimit(fetchParallel)
@@ -270,7 +324,7 @@ func (d *Device) readChunk(i, in int64, p []byte) error {
 		return nil
 	}
 	if d.cached[i] {
-		err := readFull(d.cache, p, i*d.cs+in)
+		err := d.readCache(i, in, p)
 		mu.RUnlock()
 		return err
 	}
@@ -286,7 +340,7 @@ func (d *Device) readChunk(i, in int64, p []byte) error {
 		clear(p)
 		return nil
 	case d.cached[i]:
-		return readFull(d.cache, p, i*d.cs+in)
+		return d.readCache(i, in, p)
 	}
 	if int64(len(p)) == d.cs {
 		return d.base(i, p) // a whole chunk: fetched straight into p
@@ -310,15 +364,18 @@ func (d *Device) chunkBuf() *[]byte {
 
 // base fills buf with chunk i of the base generation, from the cache or
 // the store (then cached). The caller holds chunk i's write lock.
-func (d *Device) base(i int64, buf []byte) error {
+func (d *Device) base(i int64, buf []byte) error { return d.baseCtx(d.ctx, i, buf) }
+
+// baseCtx is base with the fetch bounded by ctx too.
+func (d *Device) baseCtx(ctx context.Context, i int64, buf []byte) error {
 	if d.cached[i] {
-		return readFull(d.cache, buf, i*d.cs)
+		return d.readCache(i, 0, buf)
 	}
 	if d.im.IsZero(uint64(i)) {
 		clear(buf)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.FetchTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.FetchTimeout)
 	defer cancel()
 	d.stateMu.Lock()
 	d.fetches++
@@ -328,7 +385,8 @@ func (d *Device) base(i int64, buf []byte) error {
 		d.log.Error("fetch chunk", "chunk", i, "err", err)
 		return fmt.Errorf("cowdev: %w", err)
 	}
-	if _, err := d.cache.WriteAt(buf, i*d.cs); err != nil {
+	f, at := d.cacheAt(i)
+	if _, err := f.WriteAt(buf, at); err != nil {
 		// The data is good; only the cache failed.
 		d.log.Warn("cache chunk", "chunk", i, "err", err)
 		return nil

@@ -6,3 +6,11 @@ func (d *Device) Fetches() uint64 {
 	defer d.stateMu.RUnlock()
 	return d.fetches
 }
+
+// Cached says chunk i is in the chunk cache.
+func (d *Device) Cached(i int64) bool {
+	mu := d.lock(i)
+	mu.RLock()
+	defer mu.RUnlock()
+	return d.cached[i]
+}

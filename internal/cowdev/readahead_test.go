@@ -1,0 +1,180 @@
+package cowdev_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/cowdev"
+)
+
+// isData says chunk i of pattern holds data (every third chunk is zeros:
+// no object, nothing to fetch).
+func isData(i int64) bool { return i%3 != 0 }
+
+// waitFetches waits until d has made want store fetches.
+func waitFetches(t *testing.T, d *cowdev.Device, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Fetches() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d fetches after 10 s, want %d", d.Fetches(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// dataIn counts the data chunks in [from, to].
+func dataIn(from, to int64) uint64 {
+	n := uint64(0)
+	for i := from; i <= to; i++ {
+		if isData(i) {
+			n++
+		}
+	}
+	return n
+}
+
+// A sequential reader gets the next Readahead chunks fetched into the
+// cache ahead of it, and not one chunk more: the window is the bound.
+func TestReadaheadIsBoundedByItsWindow(t *testing.T) {
+	const ra = 4
+	f := newFixture(t, 40)
+	d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: t.TempDir(), LocalStore: true, Readahead: ra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p := make([]byte, cs)
+	for c := int64(0); c < 3; c++ {
+		if _, err := d.ReadAt(p, c*cs); err != nil {
+			t.Fatal(err)
+		}
+		same(t, "sequential read", p, f.base[c*cs:(c+1)*cs])
+		// Chunks 0..c were read, c+1..c+ra are the window.
+		waitFetches(t, d, dataIn(0, c+ra))
+		time.Sleep(20 * time.Millisecond) // room for a fetch past the window
+		if got, want := d.Fetches(), dataIn(0, c+ra); got != want {
+			t.Fatalf("after reading chunk %d: %d fetches, want %d (window of %d)", c, got, want, ra)
+		}
+		for i := int64(0); i < 40; i++ {
+			if want := i <= c+ra && isData(i); d.Cached(i) != want {
+				t.Fatalf("after reading chunk %d: chunk %d cached %v, want %v", c, i, d.Cached(i), want)
+			}
+		}
+	}
+	// The prefetched chunks read exactly, with no fetch of their own; the
+	// read (chunks 3..5) moves the window on to chunk 5+ra.
+	buf := make([]byte, 3*cs)
+	if _, err := d.ReadAt(buf, 3*cs); err != nil {
+		t.Fatal(err)
+	}
+	same(t, "prefetched chunks", buf, f.base[3*cs:6*cs])
+	waitFetches(t, d, dataIn(0, 5+ra))
+	// A read at a random offset (chunk 30, a hole) starts no readahead.
+	if _, err := d.ReadAt(p[:512], 30*cs+100); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got, want := d.Fetches(), dataIn(0, 5+ra); got != want {
+		t.Fatalf("%d fetches, want %d", got, want)
+	}
+	if d.Cached(31) || d.Cached(32) {
+		t.Fatal("a read at a random offset prefetched the chunks after it")
+	}
+}
+
+// A prefetch of a tampered object caches nothing: the read that needs the
+// chunk gets ErrCorrupt, never data, and every prefetched chunk was
+// authenticated.
+func TestReadaheadOfTamperedObjectIsReadError(t *testing.T) {
+	f := newFixture(t, 8)
+	var objs []string
+	_ = filepath.WalkDir(f.root, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() && strings.Contains(p, "/chunks/") {
+			objs = append(objs, p)
+		}
+		return nil
+	})
+	if len(objs) == 0 {
+		t.Fatal("no chunk objects")
+	}
+	for _, p := range objs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 1
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: t.TempDir(), LocalStore: true, Readahead: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p := make([]byte, cs)
+	if _, err := d.ReadAt(p, 0); err != nil { // chunk 0 is a hole: no object
+		t.Fatalf("read of a hole: %v", err)
+	}
+	waitFetches(t, d, dataIn(1, 4)) // the prefetches were tried (and failed)
+	for i := int64(1); i <= 4; i++ {
+		if d.Cached(i) {
+			t.Fatalf("chunk %d: a tampered object was cached by readahead", i)
+		}
+		clear(p)
+		_, err := d.ReadAt(p, i*cs)
+		switch {
+		case !isData(i) && err != nil:
+			t.Fatalf("chunk %d (a hole): %v", i, err)
+		case isData(i) && !errors.Is(err, blockstore.ErrCorrupt):
+			t.Fatalf("chunk %d: %v, want ErrCorrupt", i, err)
+		case !bytes.Equal(p, make([]byte, cs)):
+			t.Fatalf("chunk %d: the read filled the buffer with the tampered object's bytes", i)
+		}
+	}
+}
+
+// Close stops the prefetch workers, even with fetches in flight, and
+// waits for them: no goroutine of the device outlives it.
+func TestCloseStopsReadahead(t *testing.T) {
+	st, repo, base, _ := newSlowFixture(t, 40)
+	st.set(20*time.Millisecond, nil)
+	d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: repo, Base: tpl0, Dir: t.TempDir(), Readahead: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := workers(); n == 0 {
+		t.Fatal("no prefetch worker running after Open (the check below would prove nothing)")
+	}
+	p := make([]byte, cs)
+	if _, err := d.ReadAt(p, cs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ReadAt(p, 2*cs); err != nil { // sequential: a window is queued
+		t.Fatal(err)
+	}
+	same(t, "chunk 2", p, base[2*cs:3*cs])
+	waitFetches(t, d, 3) // a prefetch is in flight
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := workers(); n != 0 {
+		t.Fatalf("%d prefetch workers left after Close", n)
+	}
+}
+
+// workers counts the goroutines running a device's prefetch loop.
+func workers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "cowdev.(*Device).startReadahead.func1(")
+}
