@@ -69,10 +69,10 @@ func (d *Device) startReadahead(ctx context.Context) {
 // readahead notes a read of [off, off+n) and, if it is sequential, queues
 // the chunks of its window that need a fetch.
 func (d *Device) readahead(off, n int64) {
-	if d.raq == nil || n <= 0 {
-		return
-	}
 	end := off + n
+	if d.raq == nil || n <= 0 || off < 0 || end > d.size {
+		return // out of range: ReadAt refuses it
+	}
 	last := (end - 1) / d.cs
 	d.raMu.Lock()
 	k := -1

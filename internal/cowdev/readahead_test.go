@@ -89,6 +89,12 @@ func TestReadaheadIsBoundedByItsWindow(t *testing.T) {
 	if d.Cached(31) || d.Cached(32) {
 		t.Fatal("a read at a random offset prefetched the chunks after it")
 	}
+	// Reads out of range fail, "sequential" ones too, and queue nothing.
+	for _, c := range []int64{-20, -19, 40, 41} {
+		if _, err := d.ReadAt(p, c*cs); err == nil {
+			t.Fatalf("read of chunk %d of 40 succeeded", c)
+		}
+	}
 }
 
 // A prefetch of a tampered object caches nothing: the read that needs the
