@@ -76,6 +76,8 @@ func (d *Device) readahead(off, n int64) {
 	last := (end - 1) / d.cs
 	d.raMu.Lock()
 	k := -1
+	// A read at offset 0 starts a stream in an unused slot: a whole-device
+	// reader starts there.
 	for j := range d.streams {
 		if d.streams[j].end == off || (off == 0 && d.streams[j].end == -1) {
 			k = j
