@@ -16,9 +16,10 @@ import (
 	"github.com/ctld/ctld/internal/runsc"
 )
 
-// TestGuestAgentHostileAndPrimaryKilledMidStream: a guest's root replaces
-// its agent's socket with a hostile one (test/e2e/hostileagent) that
-// answers garbage, 10 GiB, or nothing. Every call to that sandbox (exec,
+// TestGuestAgentHostileAndPrimaryKilledMidStream: a guest process
+// (test/e2e/hostileagent, as root) takes its agent's socket (the test
+// frees the name on the host: gVisor does not let the guest unlink it)
+// and answers garbage, 10 GiB, or nothing. Every call to that sandbox (exec,
 // stat, file read and write) fails as unavailable within its bound, while
 // another sandbox's calls go on, ctld stays healthy and its peak RSS
 // barely moves; runsc exec still reaches the guest, and its release is
@@ -63,14 +64,27 @@ func TestGuestAgentHostileAndPrimaryKilledMidStream(t *testing.T) {
 	// Detached as in the failover test: sh forks setsid (not the group
 	// leader), whose shell leaves the agent in a session of its own.
 	sock := runsc.AgentSocketDir + "/" + runsc.AgentSocket
-	start := fmt.Sprintf(`setsid /bin/sh -c '/tmp/hostileagent %s /tmp/mode &' < /dev/null > /dev/null 2>&1; exit $?`, sock)
+	start := fmt.Sprintf(`setsid /bin/sh -c '/tmp/hostileagent %s /tmp/mode &' < /dev/null > /tmp/hostile.log 2>&1; exit $?`, sock)
 	if r, err := c.Exec(cx, "hostile", api.ExecRequest{Args: []string{"/bin/sh", "-c", start}, User: root}); err != nil || r.ExitCode != 0 {
 		t.Fatalf("start the hostile agent: %+v, %v", r, err)
+	}
+	// gVisor refuses the guest an unlink of the agent's socket (a host
+	// file; "operation not permitted"), so the test frees the name on the
+	// host and the guest's process takes it.
+	sb, err := c.Get(cx, "hostile")
+	if err != nil || sb.ContainerID == "" {
+		t.Fatalf("get hostile: %+v, %v", sb, err)
+	}
+	if err := os.Remove(filepath.Join(e.runDir, "agents", sb.ContainerID, "sock", runsc.AgentSocket)); err != nil {
+		t.Fatalf("free the agent's socket name on the host: %v", err)
 	}
 	waitFor(t, time.Minute, "the hostile agent to take the socket", func() bool {
 		_, err := c.StatFile(cx, "hostile", "/", nil)
 		return err != nil
-	}, func() string { return "stat still answered by the real agent" })
+	}, func() string {
+		r, err := c.Exec(cx, "hostile", api.ExecRequest{Args: []string{"/bin/sh", "-c", "cat /tmp/hostile.log; ls -la " + runsc.AgentSocketDir + "; ps"}, User: root})
+		return fmt.Sprintf("stat still answered by the real agent; the guest says: %s%s %v", r.Stdout, r.Stderr, err)
+	})
 
 	pid := e.procs["a"].Process.Pid
 	hwm := vmHWM(t, pid)

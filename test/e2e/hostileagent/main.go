@@ -1,6 +1,6 @@
 // Command hostileagent is an e2e test's stand-in for a guest agent taken
-// over by the guest: run as root inside a runsc guest, it replaces the
-// real agent's socket with its own and answers every call badly. How is
+// over by the guest: run as root inside a runsc guest, it listens on the
+// agent's socket path once the test freed it and answers every call badly. How is
 // read from a file at each connection, so one run serves every mode:
 //
 //	garbage  a frame type no agent sends, then random bytes
@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ctld/ctld/internal/agent/wire"
 )
@@ -30,17 +31,21 @@ func main() {
 		os.Exit(2)
 	}
 	sock, modeFile := os.Args[1], os.Args[2]
-	// The real agent still runs, listening on a socket file that is about
-	// to be gone: callers reach this one instead.
-	if err := os.Remove(sock); err != nil && !os.IsNotExist(err) {
-		fmt.Fprintln(os.Stderr, "hostileagent:", err)
-		os.Exit(1)
+	// The real agent still runs, but gVisor does not let the guest unlink
+	// its socket (a host file): the test removes it on the host, and this
+	// listens as soon as the name is free. Callers reach this one then.
+	var l net.Listener
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if l, err = net.Listen("unix", sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "hostileagent:", err)
+			os.Exit(1)
+		}
 	}
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "hostileagent:", err)
-		os.Exit(1)
-	}
+	fmt.Println("hostileagent: listening on", sock)
 	for {
 		c, err := l.Accept()
 		if err != nil {
