@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,3 +160,103 @@ func BenchmarkExecVsRunsc(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkAgentStart measures a claim's readiness step without ctld: for
+// each of n fresh guests whose init is ctl-agent (workload `sleep`), the
+// time from `runsc start` returning to the agent's first answer to
+// `ready`, polled as ctld polls (2 ms doubling to 50 ms), then a `runsc
+// exec /bin/echo <nonce>` on the same guest (the old readiness step, run
+// right after: still cold). p50/p99 of each and their ratio.
+// CTLD_BENCH_AGENT_ENVS compares variants of the agent's environment in
+// the same run, interleaved guest by guest: variants split by ";", each
+// a space-separated KEY=VALUE list ("" the default), e.g.
+// ";GOMAXPROCS=1;GOGC=off".
+//
+// In the test VM: make bench VM_PKGS=./internal/agent BENCH=AgentStart.
+// On a host where runsc runs as root:
+// go test -run '^$' -bench AgentStart -benchtime 1x ./internal/agent.
+// CTLD_BENCH_STARTS guests per variant (default 5).
+func BenchmarkAgentStart(b *testing.B) {
+	host := !ktest.Asked()
+	bin := benchAgentBinary(b, host)
+	n := 5
+	if v, err := strconv.Atoi(os.Getenv("CTLD_BENCH_STARTS")); err == nil && v > 0 {
+		n = v
+	}
+	variants := strings.Split(os.Getenv("CTLD_BENCH_AGENT_ENVS"), ";")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	toReady, echo := map[string][]time.Duration{}, map[string][]time.Duration{}
+	for i := range n {
+		for vi, v := range variants {
+			nonce := fmt.Sprintf("start-n0nce-%d-%d", i, vi)
+			g := startGuest(b, guestOpts{id: fmt.Sprintf("agent-start-%d-%d", i, vi), nonce: nonce, bin: bin, host: host, env: strings.Fields(v)})
+			wait := 2 * time.Millisecond
+			for {
+				got, err := g.c.Ready(ctx)
+				if err == nil {
+					if got != nonce {
+						b.Fatalf("ready = %q, want %q", got, nonce)
+					}
+					break
+				}
+				if time.Since(g.started) > 2*time.Minute {
+					b.Fatalf("agent never answered: %v", err)
+				}
+				time.Sleep(wait)
+				wait = min(2*wait, 50*time.Millisecond)
+			}
+			toReady[v] = append(toReady[v], time.Since(g.started))
+			var out bytes.Buffer
+			t0 := time.Now()
+			code, err := g.r.Exec(ctx, g.id, runsc.ExecProcess{Args: []string{"/bin/echo", nonce}, UID: 1000, GID: 1000}, nil, &out, io.Discard)
+			echo[v] = append(echo[v], time.Since(t0))
+			if err != nil || code != 0 || out.String() != nonce+"\n" {
+				b.Fatalf("runsc exec echo: %q %d %v", out.String(), code, err)
+			}
+			if err := g.r.Delete(ctx, g.id); err != nil {
+				b.Fatalf("delete guest: %v", err)
+			}
+		}
+	}
+	pc := func(v []time.Duration, p int) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		i := (len(v)*p + 99) / 100
+		if i > 0 {
+			i--
+		}
+		return ms(v[i])
+	}
+	where := "test VM (TCG, ptrace)"
+	if host {
+		where = "host (ptrace, --network=none)"
+	}
+	for _, v := range variants {
+		r, e := toReady[v], echo[v]
+		b.Logf("%s, agent env %q, n=%d guests: runsc start -> agent ready p50 %.0f ms p99 %.0f ms (all %v); runsc exec /bin/echo right after p50 %.0f ms p99 %.0f ms; ratio p50 %.2f p99 %.2f",
+			where, v, n, pc(r, 50), pc(r, 99), r, pc(e, 50), pc(e, 99), pc(r, 50)/pc(e, 50), pc(r, 99)/pc(e, 99))
+	}
+	b.ReportMetric(pc(toReady[variants[0]], 50), "start-to-ready-p50-ms")
+	b.ReportMetric(pc(echo[variants[0]], 50), "runsc-echo-p50-ms")
+}
+
+// benchAgentBinary is the agent the benchmarks run: the VM harness's, or
+// on a host one built static for the run.
+func benchAgentBinary(b *testing.B, host bool) string {
+	if !host {
+		ktest.RequireBinary(b, "runsc")
+		ktest.RequireCgroup2(b, "cpu", "memory", "pids")
+		return agentBinary(b)
+	}
+	if ok, why := hostRunsc(); !ok {
+		b.Skipf("host run needs runsc as root (%s); in the VM: make bench VM_PKGS=./internal/agent", why)
+	}
+	bin := filepath.Join(b.TempDir(), "ctl-agent")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/ctld/ctld/cmd/ctl-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build ctl-agent: %v\n%s", err, out)
+	}
+	return bin
+}

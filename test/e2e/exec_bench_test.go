@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,4 +51,46 @@ func BenchmarkExecAgentVsRunsc(b *testing.B) {
 	b.ReportMetric(a50, "agent-p50-ms")
 	b.ReportMetric(r50, "runsc-p50-ms")
 	b.ReportMetric(ratio(a50, r50), "agent/runsc-p50")
+}
+
+// BenchmarkClaimReadiness measures a claim's readiness step, the guest
+// agent's first answer after `runsc start` (Timings.ProofMS), over
+// CTLD_BENCH_CLAIMS (default 8) claims of the busybox template, one at a
+// time, and after each a `runsc exec /bin/echo` on the same guest through
+// the API (?via=runsc: the old readiness step's command, right after the
+// claim: the guest is still young). It prints p50/p99 of each and
+// readiness/echo (issue 11's goal: <= 0.1 of the old step).
+// Run: make bench VM_PKGS=./test/e2e BENCH=ClaimReadiness
+func BenchmarkClaimReadiness(b *testing.B) {
+	n := envInt("CTLD_BENCH_CLAIMS", 8)
+	e := newEnv(b)
+	e.start("a")
+	e.waitPrimary("a", 2*time.Minute)
+	c := e.client()
+	res := series{}
+	for i := range n {
+		id := fmt.Sprintf("ready-%d", i)
+		r, err := c.Claim(ctx(b, 3*time.Minute), id, claimReq("c-"+id, 1))
+		if err != nil {
+			b.Fatalf("claim %s: %v", id, err)
+		}
+		res.add("proof", r.Sandbox.Timings.ProofMS)
+		res.add("runsc", r.Sandbox.Timings.RunscMS)
+		var out strings.Builder
+		start := time.Now()
+		code, err := c.ExecViaRunsc(ctx(b, time.Minute), id, api.ExecRequest{Args: []string{"/bin/echo", id}}, &out, io.Discard)
+		if err != nil || code != 0 || out.String() != id+"\n" {
+			b.Fatalf("runsc exec echo in %s: %d %v %q", id, code, err, out.String())
+		}
+		res.add("echo", float64(time.Since(start).Microseconds())/1000)
+		if _, err := c.Release(ctx(b, 3*time.Minute), id, api.ReleaseRequest{OperationID: "r-" + id, Generation: 1}); err != nil {
+			b.Fatalf("release %s: %v", id, err)
+		}
+	}
+	p50, p99, e50, e99 := pct(res["proof"], 50), pct(res["proof"], 99), pct(res["echo"], 50), pct(res["echo"], 99)
+	b.Logf("claim readiness (agent ready after runsc start), n=%d busybox claims: p50 %.0f ms p99 %.0f ms (all %v); runsc exec /bin/echo on the same guest after the claim p50 %.0f ms p99 %.0f ms; readiness/echo p50 %.2f p99 %.2f; runsc create+start p50 %.0f ms",
+		n, p50, p99, res["proof"], e50, e99, ratio(p50, e50), ratio(p99, e99), pct(res["runsc"], 50))
+	b.ReportMetric(p50, "proof-p50-ms")
+	b.ReportMetric(p99, "proof-p99-ms")
+	b.ReportMetric(ratio(p50, e50), "proof/echo-p50")
 }
