@@ -4,10 +4,11 @@
 // the workload given after "--" as its child; it exits with the workload.
 // Build it static (CGO_ENABLED=0, `make agent`): it runs in any image.
 //
-//	ctl-agent --socket /.ctl/agent.sock [--file-cap BYTES] [-- workload args...]
+//	ctl-agent --socket /.ctl/agent.sock --nonce-file /.ctl/nonce [--file-cap BYTES] [-- workload args...]
 //
-// The nonce and the workload's uid/gid come in the environment
-// (CTL_AGENT_NONCE, CTL_AGENT_UID, CTL_AGENT_GID), never argv.
+// The workload's uid/gid come in the environment (CTL_AGENT_UID,
+// CTL_AGENT_GID); the nonce in a root-only file the agent removes once
+// read, never env or argv (guest users can read both in /proc).
 package main
 
 import (

@@ -55,10 +55,9 @@ func startAgentUnder(t *testing.T, wrapper []string, extra ...string) *agentProc
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
-	argv := append(append(wrapper[:len(wrapper):len(wrapper)], os.Args[0], "--socket", sock), extra...)
+	argv := append(append(wrapper[:len(wrapper):len(wrapper)], os.Args[0], "--socket", sock, "--nonce-file", writeNonce(t, dir, "nonce-123")), extra...)
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), helperEnv+"=1", agent.EnvNonce+"=nonce-123",
-		fmt.Sprintf("%s=%d", agent.EnvUID, os.Getuid()), fmt.Sprintf("%s=%d", agent.EnvGID, os.Getgid()))
+	cmd.Env = agentEnv()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -83,6 +82,23 @@ func startAgentUnder(t *testing.T, wrapper []string, extra ...string) *agentProc
 		time.Sleep(10 * time.Millisecond)
 	}
 	return &agentProc{cmd: cmd, socket: sock, c: &client.Client{Socket: sock}}
+}
+
+// writeNonce writes the agent's nonce file in dir as ctld does (0400).
+func writeNonce(t *testing.T, dir, nonce string) string {
+	t.Helper()
+	p := filepath.Join(dir, "nonce")
+	if err := os.WriteFile(p, []byte(nonce), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// agentEnv is the agent's environment: the test binary as the agent, the
+// current uid/gid as the workload's.
+func agentEnv() []string {
+	return append(os.Environ(), helperEnv+"=1",
+		fmt.Sprintf("%s=%d", agent.EnvUID, os.Getuid()), fmt.Sprintf("%s=%d", agent.EnvGID, os.Getgid()))
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
@@ -132,17 +148,21 @@ func TestExecAsOtherUserAndNonceHidden(t *testing.T) {
 	if strings.TrimSpace(out) != "65534" {
 		t.Fatalf("id -u as 65534 = %q", out)
 	}
-	// Nobody reads the nonce in the agent's environment: not another user,
-	// not root (the agent re-executed itself without it).
-	p := fmt.Sprintf("/proc/%d/environ", a.cmd.Process.Pid)
+	// Nobody reads the nonce in the agent's environment or argv, nor in
+	// its file, which the agent removed before it listened: not another
+	// user, not root.
+	pid := a.cmd.Process.Pid
+	nonceFile := filepath.Join(filepath.Dir(a.socket), "nonce")
 	for _, u := range []*wire.User{u, {UID: 0, GID: 0}} {
-		out, errOut, e := run(t, a.c, client.ExecRequest{Args: []string{"cat", p}, User: u}, nil)
-		if strings.Contains(out, "nonce-123") {
-			t.Fatalf("uid %d read the nonce in %s: exit %+v, %q %q", u.UID, p, e, out, errOut)
+		for _, p := range []string{fmt.Sprintf("/proc/%d/environ", pid), fmt.Sprintf("/proc/%d/cmdline", pid), nonceFile} {
+			out, errOut, e := run(t, a.c, client.ExecRequest{Args: []string{"cat", p}, User: u}, nil)
+			if strings.Contains(out, "nonce-123") {
+				t.Fatalf("uid %d read the nonce in %s: exit %+v, %q %q", u.UID, p, e, out, errOut)
+			}
 		}
 	}
-	if b, err := os.ReadFile(p); err != nil || strings.Contains(string(b), "nonce-123") || !strings.Contains(string(b), agent.EnvNonceFD) {
-		t.Fatalf("agent environ %q, %v: want no nonce, and the fd it came on", b, err)
+	if _, err := os.Lstat(nonceFile); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("nonce file %s still there after the agent started: %v", nonceFile, err)
 	}
 	// And it still knows it.
 	if n, err := a.c.Ready(ctxT(t, 10*time.Second)); n != "nonce-123" {
@@ -490,27 +510,91 @@ func TestExecEscapedHolderDoesNotHangCall(t *testing.T) {
 	}
 }
 
-// TestWorkloadThatCannotStartNeverAnswers: the workload starts before the
-// socket is made, so a workload that cannot start ends the agent (exit
-// 127) without a socket: the host's readiness proof can never answer for
-// a guest whose workload did not start.
+// TestWorkloadThatCannotStartNeverAnswers: the agent listens while its
+// workload starts, but `ready` waits for that start: a workload that
+// cannot start ends the agent (exit 127, the workload named on stderr)
+// and no ready call ever gets the nonce, so the host's readiness proof
+// fails for it; the socket goes with the agent.
 func TestWorkloadThatCannotStartNeverAnswers(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	cmd := exec.Command(os.Args[0], "--socket", sock, "--", "/nonexistent/workload")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", agent.EnvNonce+"=nonce-123",
-		fmt.Sprintf("%s=%d", agent.EnvUID, os.Getuid()), fmt.Sprintf("%s=%d", agent.EnvGID, os.Getgid()))
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	cmd := exec.Command(os.Args[0], "--socket", sock, "--nonce-file", writeNonce(t, dir, "nonce-123"), "--", "/nonexistent/workload")
+	cmd.Env = agentEnv()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// Ask as the host does, until the agent is gone.
+	c := &client.Client{Socket: sock}
+	var err error
+	for done := false; !done; {
+		select {
+		case err = <-exited:
+			done = true
+		default:
+		}
+		if n, rerr := c.Ready(ctxT(t, 10*time.Second)); rerr == nil {
+			t.Fatalf("ready answered %q although the workload never started", n)
+		} else if we := (*wire.Error)(nil); errors.As(rerr, &we) && (we.Code != wire.CodeNotStarted || !strings.Contains(we.Message, "/nonexistent/workload")) {
+			t.Errorf("ready refused with %v; want %s naming the workload", rerr, wire.CodeNotStarted)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 127 {
 		t.Fatalf("agent with a missing workload: %v, want exit 127; stderr %q", err, stderr.String())
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("socket %s made although the workload never started: %v", sock, err)
+		t.Errorf("socket %s left behind by an agent whose workload never started: %v", sock, err)
 	}
 	if !strings.Contains(stderr.String(), "/nonexistent/workload") {
 		t.Errorf("stderr %q does not name the workload", stderr.String())
+	}
+}
+
+// TestNonceOnlyFromItsFile: the agent refuses a nonce in its environment
+// (every guest user could read it in /proc/1/environ) and a missing,
+// empty or oversized nonce file; the file is removed once read.
+func TestNonceOnlyFromItsFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		nonce []byte // nil: no file
+		env   string
+	}{
+		{"nonce in env", []byte("n"), agent.EnvNonce + "=nonce-123"},
+		{"no file", nil, ""},
+		{"empty file", []byte{}, ""},
+		{"oversized file", bytes.Repeat([]byte("n"), agent.MaxNonce+1), ""},
+	} {
+		p := filepath.Join(dir, "nonce")
+		os.Remove(p)
+		if tc.nonce != nil {
+			if err := os.WriteFile(p, tc.nonce, 0o400); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.Command(os.Args[0], "--socket", filepath.Join(dir, "agent.sock"), "--nonce-file", p)
+		cmd.Env = agentEnv()
+		if tc.env != "" {
+			cmd.Env = append(cmd.Env, tc.env)
+		}
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("%s: %v, %q; want exit 2", tc.name, err, out)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, "agent.sock")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: the agent made its socket: %v", tc.name, err)
+		}
+	}
+	// A good file is read and removed.
+	a := startAgent(t)
+	if _, err := os.Lstat(filepath.Join(filepath.Dir(a.socket), "nonce")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("nonce file kept: %v", err)
 	}
 }
 

@@ -113,8 +113,12 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	}
 	bs := runsc.BundleSpec{
 		ContainerID: o.id, RootPath: rootfs, Hostname: o.id, NetnsPath: "/proc/self/ns/net",
-		Args: []string{"/.ctl-bin/ctl-agent", "--socket", "/.ctl/agent.sock", "--", "sleep", "100000"},
-		Env:  []string{agent.EnvNonce + "=" + o.nonce, agent.EnvUID + "=1000", agent.EnvGID + "=1000"},
+		Args: runsc.AgentArgs([]string{"sleep", "100000"}),
+		Env:  []string{agent.EnvUID + "=1000", agent.EnvGID + "=1000"},
+	}
+	// The nonce as ctld leaves it: a root-only file the agent removes.
+	if err := os.WriteFile(filepath.Join(sockDir, runsc.AgentNonce), []byte(o.nonce), 0o400); err != nil {
+		t.Fatal(err)
 	}
 	bs.Env = append(bs.Env, o.env...)
 	if !o.host {

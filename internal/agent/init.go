@@ -18,11 +18,18 @@ import (
 )
 
 // Environment of the agent, set in the OCI spec's process.env by ctld. They
-// are removed from the workload's environment.
+// are removed from the workload's environment. The nonce is not among
+// them: see ReadNonceFile.
 const (
+	EnvUID = "CTL_AGENT_UID"
+	EnvGID = "CTL_AGENT_GID"
+	// EnvNonce is refused: a process's initial environment stays readable
+	// in /proc/<pid>/environ for as long as it runs, and gVisor serves that
+	// file to every guest user (seen in the VM: uid 1000 read root's
+	// /proc/1/environ, dumpable or not).
 	EnvNonce = "CTL_AGENT_NONCE"
-	EnvUID   = "CTL_AGENT_UID"
-	EnvGID   = "CTL_AGENT_GID"
+	// envPrefix starts every agent setting: none reaches the workload.
+	envPrefix = "CTL_AGENT_"
 )
 
 // Config is what the agent reads from its environment.
@@ -33,20 +40,15 @@ type Config struct {
 	Env []string
 }
 
-// ConfigFromEnv takes the agent's settings out of env.
+// ConfigFromEnv takes the agent's settings out of env. A nonce in env is
+// refused (it would be readable by every guest user for the agent's life).
 func ConfigFromEnv(env []string) (Config, error) {
 	var c Config
 	for _, e := range env {
 		k, v, _ := strings.Cut(e, "=")
 		switch k {
 		case EnvNonce:
-			c.Nonce = v
-		case EnvNonceFD:
-			n, err := readNonceFD(v)
-			if err != nil {
-				return c, err
-			}
-			c.Nonce = n
+			return c, fmt.Errorf("%s in the environment: the nonce comes in a file (--nonce-file), never env", EnvNonce)
 		case EnvUID, EnvGID:
 			n, err := strconv.ParseUint(v, 10, 32)
 			if err != nil {
@@ -58,74 +60,42 @@ func ConfigFromEnv(env []string) (Config, error) {
 				c.User.GID = uint32(n)
 			}
 		default:
-			c.Env = append(c.Env, e)
+			if !strings.HasPrefix(k, envPrefix) {
+				c.Env = append(c.Env, e)
+			}
 		}
 	}
 	return c, nil
 }
 
-// EnvNonceFD names the descriptor the agent passes its nonce on to itself
-// (see HideNonce).
-const EnvNonceFD = "CTL_AGENT_NONCE_FD"
+// MaxNonce bounds the nonce file.
+const MaxNonce = 4096
 
-// HideNonce takes the nonce out of the agent's environment for good. A
-// process's initial environment stays readable in /proc/<pid>/environ for
-// as long as it runs, and gVisor serves that file to every guest user
-// (seen in the VM: uid 1000 read root's /proc/1/environ, dumpable or not).
-// So when the nonce is in env, the agent writes it into a pipe and
-// re-executes itself (same pid: still the init) with the nonce removed and
-// the pipe's read end named by EnvNonceFD; the new image reads it from
-// there. It returns only when there was nothing to hide (or on error).
-func HideNonce(env []string) error {
-	var nonce string
-	var rest []string
-	for _, e := range env {
-		if v, ok := strings.CutPrefix(e, EnvNonce+"="); ok {
-			nonce = v
-			continue
-		}
-		if strings.HasPrefix(e, EnvNonceFD+"=") {
-			continue
-		}
-		rest = append(rest, e)
-	}
-	if nonce == "" {
-		return nil
-	}
-	if len(nonce) > 4096 {
-		return fmt.Errorf("%s: %d bytes", EnvNonce, len(nonce))
-	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], 0); err != nil { // no O_CLOEXEC: the new image inherits it
-		return fmt.Errorf("nonce pipe: %w", err)
-	}
-	if _, err := unix.Write(p[1], []byte(nonce)); err != nil {
-		return fmt.Errorf("write nonce pipe: %w", err)
-	}
-	unix.Close(p[1])
-	rest = append(rest, fmt.Sprintf("%s=%d", EnvNonceFD, p[0]))
-	exe, err := os.Executable()
+// ReadNonceFile reads the generation's nonce from path and removes the
+// file, before the agent starts anything. ctld writes it (mode 0400, root)
+// into the agent's socket directory, which the guest sees at /.ctl (0700,
+// root): no other guest user can reach it, and from here on it is only in
+// the agent's memory. It is never in argv or the environment, which any
+// guest user can read in /proc. (Before, the nonce came in env and the
+// agent re-executed itself to drop it: a second Go start, ~1 s under
+// emulation, on every claim's readiness path.) A file that cannot be
+// removed is an error: the nonce would stay readable to guest root.
+func ReadNonceFile(path string) (string, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		exe = "/proc/self/exe"
-	}
-	return fmt.Errorf("re-exec without the nonce: %w", unix.Exec(exe, os.Args, rest))
-}
-
-// readNonceFD reads the nonce HideNonce passed on, and closes the pipe.
-func readNonceFD(v string) (string, error) {
-	fd, err := strconv.Atoi(v)
-	if err != nil || fd < 3 {
-		return "", fmt.Errorf("%s=%q: not a descriptor", EnvNonceFD, v)
-	}
-	f := os.NewFile(uintptr(fd), "nonce")
-	defer f.Close()
-	b := make([]byte, 4097)
-	n, err := io.ReadFull(f, b)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 		return "", fmt.Errorf("read nonce: %w", err)
 	}
-	if n == 0 || n > 4096 {
-		return "", fmt.Errorf("read nonce: %d bytes", n)
+	b := make([]byte, MaxNonce+1)
+	n, err := io.ReadFull(f, b)
+	f.Close()
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("read nonce %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return "", fmt.Errorf("remove nonce file: %w", err)
+	}
+	if n == 0 || n > MaxNonce {
+		return "", fmt.Errorf("nonce file %s: %d bytes, want 1 to %d", path, n, MaxNonce)
 	}
 	return string(b[:n]), nil
 }

@@ -59,19 +59,17 @@ func TestKernelAgentAsRunscInit(t *testing.T) {
 	var ps bytes.Buffer
 	c.Exec(ctx, client.ExecRequest{Args: []string{"ps", "-o", "pid,ppid,user,args"}, User: &wire.User{}}, client.Streams{Stdout: &ps})
 	t.Logf("guest processes:\n%s", ps.String())
-	// The nonce is not in the agent's environ (gVisor serves
-	// /proc/1/environ to every guest user): the agent re-executed itself
-	// without it.
-	var envOut bytes.Buffer
-	e, err := c.Exec(ctx, client.ExecRequest{Args: []string{"cat", "/proc/1/environ"}}, client.Streams{Stdout: &envOut, Stderr: io.Discard})
-	if err != nil || strings.Contains(envOut.String(), nonce) {
-		t.Errorf("uid 1000 reading /proc/1/environ: %+v, %v, %q; want no nonce", e, err, envOut.String())
-	}
-	// Nor for guest root.
-	envOut.Reset()
-	e, err = c.Exec(ctx, client.ExecRequest{Args: []string{"cat", "/proc/1/environ"}, User: &wire.User{}}, client.Streams{Stdout: &envOut, Stderr: io.Discard})
-	if err != nil || strings.Contains(envOut.String(), nonce) {
-		t.Errorf("guest root reading /proc/1/environ: %+v, %v, %q; want no nonce", e, err, envOut.String())
+	// The nonce is not in the agent's environ or cmdline (gVisor serves
+	// both to every guest user), nor in its file, which the agent removed
+	// before it listened: not for uid 1000, not for guest root.
+	for _, u := range []*wire.User{nil, {}} {
+		for _, p := range []string{"/proc/1/environ", "/proc/1/cmdline", "/.ctl/nonce"} {
+			var out bytes.Buffer
+			e, err := c.Exec(ctx, client.ExecRequest{Args: []string{"cat", p}, User: u}, client.Streams{Stdout: &out, Stderr: io.Discard})
+			if err != nil || strings.Contains(out.String(), nonce) {
+				t.Errorf("%+v reading %s: %+v, %v, %q; want no nonce", u, p, e, err, out.String())
+			}
+		}
 	}
 	// A file written by the host through the agent, as uid 1000, in the
 	// guest's own view (its home is /tmp here: gVisor's own tmpfs).

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/ctld/ctld/internal/logging"
 )
@@ -16,23 +17,28 @@ import (
 // Main is the ctl-agent command (cmd/ctl-agent; tests run it in a process
 // of their own too): flags in args, settings in env, errors to stderr.
 //
-//	ctl-agent --socket PATH [--file-cap BYTES] [-- workload args...]
+//	ctl-agent --socket PATH --nonce-file PATH [--file-cap BYTES] [-- workload args...]
 func Main(args, env []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ctl-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.ctl/agent.sock", "the agent's Unix socket")
+	nonceFile := fs.String("nonce-file", "", "the file the readiness nonce is read from, then removed (required)")
 	fileCap := fs.Int64("file-cap", 1<<30, "the most bytes one file read or write moves")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := logging.New(stderr, slog.LevelInfo).With("component", "ctl-agent")
-	// Before anything else: on success this does not return.
-	if err := HideNonce(env); err != nil {
-		fmt.Fprintln(stderr, "ctl-agent:", err)
-		return 1
-	}
 	cfg, err := ConfigFromEnv(env)
 	if err != nil {
+		fmt.Fprintln(stderr, "ctl-agent:", err)
+		return 2
+	}
+	if *nonceFile == "" {
+		fmt.Fprintln(stderr, "ctl-agent: --nonce-file is required")
+		return 2
+	}
+	// Before anything else runs in the guest.
+	if cfg.Nonce, err = ReadNonceFile(*nonceFile); err != nil {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 		return 2
 	}
@@ -40,31 +46,23 @@ func Main(args, env []string, stderr io.Writer) int {
 		log.Warn("hide agent /proc files", "err", err)
 	}
 	reaper := NewReaper()
-	// The workload starts before the socket exists: an answer to ready
-	// then also says the workload was started, and one that cannot start
-	// ends the guest before anything answers.
-	var w *Workload
-	if fs.NArg() > 0 {
-		if w, err = StartWorkload(reaper, fs.Args(), cfg.Env, cfg.User); err != nil {
-			fmt.Fprintln(stderr, "ctl-agent:", err)
-			return 127
-		}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// The socket comes first and the workload starts while it is served:
+	// the host's first `ready` overlaps the workload's fork+exec. `ready`
+	// is answered only once that start succeeded, and fails with its
+	// error otherwise, so an answer still says the workload started.
 	l, err := Listen(*socket)
 	if err != nil {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
-		if w != nil {
-			cancel()
-			w.Wait(ctx)
-		}
 		return 1
 	}
-	srv := &Server{Nonce: cfg.Nonce, User: cfg.User, FileCap: *fileCap, Reaper: reaper, Logger: log}
+	start := newStartGate()
+	srv := &Server{Nonce: cfg.Nonce, User: cfg.User, FileCap: *fileCap, Reaper: reaper, Logger: log, Started: start.wait}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, l) }()
-	if w == nil {
+	if fs.NArg() == 0 {
+		start.done(nil)
 		// No workload: serve until told to stop.
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -75,6 +73,16 @@ func Main(args, env []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "ctl-agent:", err)
 			return 1
 		}
+	}
+	w, err := StartWorkload(reaper, fs.Args(), cfg.Env, cfg.User)
+	start.done(err)
+	if err != nil {
+		fmt.Fprintln(stderr, "ctl-agent:", err)
+		// A ready call already waiting gets the error; then the guest
+		// ends (its init exits), which the host's wait also notices.
+		srv.Drain(readyDrain)
+		l.Close()
+		return 127
 	}
 	go func() {
 		// Serve ends early only when its listener is gone: say so, the
@@ -88,4 +96,29 @@ func Main(args, env []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 	}
 	return code
+}
+
+// readyDrain bounds how long an agent whose workload could not start
+// waits to give the ready calls already waiting their answer.
+const readyDrain = time.Second
+
+// startGate is the workload's start, decided once: ready calls wait on it.
+type startGate struct {
+	ch  chan struct{}
+	err error
+}
+
+func newStartGate() *startGate { return &startGate{ch: make(chan struct{})} }
+
+// done decides the start (once).
+func (g *startGate) done(err error) { g.err = err; close(g.ch) }
+
+// wait returns the start's error once it is decided, or ctx's.
+func (g *startGate) wait(ctx context.Context) error {
+	select {
+	case <-g.ch:
+		return g.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,9 +33,13 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // Server answers calls. Its fields are fixed before Serve.
 type Server struct {
-	// Nonce is the generation's readiness nonce (from the spec's env, never
-	// argv), the answer to OpReady.
+	// Nonce is the generation's readiness nonce (from a file ctld wrote,
+	// never env or argv), the answer to OpReady.
 	Nonce string
+	// Started, when set, is waited for before OpReady is answered: it
+	// returns once the workload's start is decided, with its error (the
+	// answer is then CodeNotStarted). So an answer says the workload runs.
+	Started func(context.Context) error
 	// User is the workload's uid/gid: a call that names no user runs as it.
 	User wire.User
 	// FileCap bounds a file read or write (bytes); 0: 1 GiB.
@@ -43,6 +48,17 @@ type Server struct {
 	Logger  *slog.Logger
 	// RequestTimeout bounds reading the first frame; 0: 10 s.
 	RequestTimeout time.Duration
+
+	readying atomic.Int32 // OpReady calls not yet answered
+}
+
+// Drain waits, at most d, until no OpReady call is waiting for its answer:
+// an agent that exits because its workload could not start first gives
+// the callers already waiting the reason.
+func (s *Server) Drain(d time.Duration) {
+	for t0 := time.Now(); s.readying.Load() > 0 && time.Since(t0) < d; {
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Logger) }
@@ -154,6 +170,14 @@ func (s *Server) handle(ctx context.Context, nc net.Conn) {
 	}
 	switch req.Op {
 	case wire.OpReady:
+		s.readying.Add(1)
+		defer s.readying.Add(-1)
+		if s.Started != nil {
+			if err := s.Started(ctx); err != nil {
+				c.fail(wire.CodeNotStarted, "the workload did not start: %v", err)
+				return
+			}
+		}
 		c.json(wire.TResult, wire.Ready{Nonce: s.Nonce})
 	case wire.OpExec:
 		s.exec(ctx, c, req, u)

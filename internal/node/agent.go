@@ -29,7 +29,9 @@ import (
 //   - bin/ctl-agent: a hard link of the node's agent binary (a copy where
 //     no link can be made), bound read-only at runsc.AgentBinDir;
 //   - sock/: bound read-write at runsc.AgentSocketDir, where the agent
-//     listens (runsc --host-uds=create lets the host connect).
+//     listens (runsc --host-uds=create lets the host connect); before
+//     start it holds the nonce file (runsc.AgentNonce, 0400), which the
+//     agent reads and removes before it starts anything.
 // Every path derives from the container id, so a new primary reaches the
 // agents of the generations it adopts from the journal alone.
 
@@ -76,7 +78,6 @@ func (n *Node) agentSpec(rec journal.Sandbox) *runsc.Agent {
 	return &runsc.Agent{
 		BinDir: n.agentBinDir(rec.ContainerID), SocketDir: n.agentSockDir(rec.ContainerID),
 		Env: []string{
-			agent.EnvNonce + "=" + rec.Nonce,
 			agent.EnvUID + "=" + strconv.FormatUint(uint64(uid), 10),
 			agent.EnvGID + "=" + strconv.FormatUint(uint64(gid), 10),
 		},
@@ -111,6 +112,28 @@ func (r agentResource) make(_ context.Context, c *claimState) error {
 		if err := copyFile(src, dst, 0o755); err != nil {
 			return fmt.Errorf("place agent binary: %w", err)
 		}
+	}
+	return writeNonce(filepath.Join(r.n.agentSockDir(cid), runsc.AgentNonce), c.rec.Nonce)
+}
+
+// writeNonce writes the generation's nonce where its agent reads it:
+// root-only (0400 in a 0700 directory, which the guest sees as such), not
+// env or argv, which every guest user can read in /proc. A retried make
+// replaces the file of the attempt before.
+func writeNonce(path, nonce string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("write agent nonce: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return fmt.Errorf("write agent nonce: %w", err)
+	}
+	if _, err := f.WriteString(nonce); err != nil {
+		f.Close()
+		return fmt.Errorf("write agent nonce: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write agent nonce: %w", err)
 	}
 	return nil
 }
@@ -151,8 +174,9 @@ func copyFile(src, dst string, mode os.FileMode) error {
 const DefaultReadyTimeout = 2 * time.Minute
 
 // awaitAgent is the readiness proof's wait: it asks the generation's
-// agent for its nonce until it answers, the guest's processes are gone
-// (its init exited: the workload could not start), or the bound passes.
+// agent for its nonce until it answers, refuses (the workload could not
+// start), the guest's processes are gone (its init exited), or the bound
+// passes.
 func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, error) {
 	bound := n.cfg.ReadyTimeout
 	if bound <= 0 {
@@ -169,7 +193,8 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 			return nonce, nil
 		}
 		if we := (*wire.Error)(nil); errors.As(err, &we) {
-			// An agent that answers but refuses will not change its mind.
+			// An agent that answers but refuses (not_started: the workload
+			// could not start) will not change its mind.
 			return "", fmt.Errorf("readiness: the guest agent refused: %w", err)
 		}
 		if last == nil || ctx.Err() == nil {

@@ -98,8 +98,8 @@ func realKernel(t *testing.T) *testKernel {
 				time.Sleep(50 * time.Millisecond)
 			}
 		},
-		// A workload that cannot start: the agent exits before it listens,
-		// so the readiness proof never answers.
+		// A workload that cannot start: the agent refuses ready (or has
+		// exited), so the readiness proof never gets the nonce.
 		failProbe: func(_ testing.TB, req *api.ClaimRequest) { req.Process.Args = []string{"/nonexistent/workload"} },
 		timeout:   3 * time.Minute,
 		showLog:   true, // its step timings are what the VM run measures

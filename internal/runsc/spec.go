@@ -124,13 +124,16 @@ type BundleSpec struct {
 // Agent is how the guest agent (cmd/ctl-agent) runs as a container's init:
 // its binary from a host directory bound read-only at AgentBinDir, its
 // socket in a host directory bound read-write at AgentSocketDir (reached
-// from the host with runsc --host-uds=create), its settings in Env. It
-// runs as guest root with root's capabilities, so it can start the
+// from the host with runsc --host-uds=create), its settings in Env, its
+// nonce in the file AgentNonce of the socket directory. It runs as guest
+// root with root's capabilities, so it can start the
 // workload, and serve calls, as any user.
 type Agent struct {
 	BinDir, SocketDir string
-	// Env is the agent's settings (nonce, the workload's uid and gid):
-	// process.env, never argv, which any guest user can read.
+	// Env is the agent's settings (the workload's uid and gid), in
+	// process.env. Never the nonce: a process's environment, like its
+	// argv, is readable by every guest user in /proc (the agent reads
+	// the nonce from AgentNonce and removes it).
 	Env []string
 }
 
@@ -140,6 +143,9 @@ const (
 	AgentSocketDir = "/.ctl"
 	AgentBinary    = "ctl-agent"
 	AgentSocket    = "agent.sock"
+	// AgentNonce is the nonce file in the socket directory (mode 0400,
+	// written by ctld before start, removed by the agent).
+	AgentNonce = "nonce"
 	// AgentEnvPrefix starts every agent setting: a workload env may not
 	// use it (it would set or hide the agent's own).
 	AgentEnvPrefix = "CTL_AGENT_"
@@ -147,7 +153,8 @@ const (
 
 // AgentArgs is the init command of a guest whose workload is args.
 func AgentArgs(args []string) []string {
-	return append([]string{path.Join(AgentBinDir, AgentBinary), "--socket", path.Join(AgentSocketDir, AgentSocket), "--"}, args...)
+	return append([]string{path.Join(AgentBinDir, AgentBinary), "--socket", path.Join(AgentSocketDir, AgentSocket),
+		"--nonce-file", path.Join(AgentSocketDir, AgentNonce), "--"}, args...)
 }
 
 // BuildSpec describes b as an OCI runtime spec. It has no effects.
@@ -271,8 +278,12 @@ func validate(b BundleSpec) error {
 			}
 		}
 		for _, e := range a.Env {
-			if k, _, ok := strings.Cut(e, "="); !ok || !strings.HasPrefix(k, AgentEnvPrefix) || strings.ContainsRune(e, 0) {
+			k, _, ok := strings.Cut(e, "=")
+			if !ok || !strings.HasPrefix(k, AgentEnvPrefix) || strings.ContainsRune(e, 0) {
 				errs = append(errs, fmt.Errorf("agent env %q: must be %sKEY=VALUE", e, AgentEnvPrefix))
+			}
+			if k == AgentEnvPrefix+"NONCE" {
+				errs = append(errs, fmt.Errorf("agent env %q: the nonce goes in the %s file, never env", k, AgentNonce))
 			}
 		}
 	}

@@ -273,23 +273,23 @@ func TestResolvConf(t *testing.T) {
 
 // TestBuildSpecAgent: with an agent, the agent is the init (the workload
 // its args after "--"), runs as root with root's capabilities, gets its
-// settings in env only, and its two directories are bound at fixed paths
+// settings in env (never the nonce), and its two directories are bound at fixed paths
 // (the binary's read-only); a workload env may not set agent settings.
 func TestBuildSpecAgent(t *testing.T) {
 	b := goodBundle()
 	b.UID, b.GID = 1000, 1001
-	b.Agent = &Agent{BinDir: "/run/ctld/agents/x/bin", SocketDir: "/run/ctld/agents/x/sock", Env: []string{"CTL_AGENT_NONCE=n1", "CTL_AGENT_UID=1000"}}
+	b.Agent = &Agent{BinDir: "/run/ctld/agents/x/bin", SocketDir: "/run/ctld/agents/x/sock", Env: []string{"CTL_AGENT_UID=1000"}}
 	s, err := BuildSpec(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := s.Process
-	want := []string{"/.ctl-bin/ctl-agent", "--socket", "/.ctl/agent.sock", "--", "sleep", "1000"}
+	want := []string{"/.ctl-bin/ctl-agent", "--socket", "/.ctl/agent.sock", "--nonce-file", "/.ctl/nonce", "--", "sleep", "1000"}
 	if !slices.Equal(p.Args, want) || p.User.UID != 0 || p.User.GID != 0 {
 		t.Errorf("process args %q user %+v; want %q as 0:0", p.Args, p.User, want)
 	}
-	if !slices.Contains(p.Env, "CTL_AGENT_NONCE=n1") || !slices.Contains(p.Env, "A=b") || strings.Contains(strings.Join(p.Args, " "), "n1") {
-		t.Errorf("env %q args %q: the nonce belongs in env only", p.Env, p.Args)
+	if !slices.Contains(p.Env, "CTL_AGENT_UID=1000") || !slices.Contains(p.Env, "A=b") {
+		t.Errorf("env %q: want the agent's settings and the workload's", p.Env)
 	}
 	if !slices.Equal(p.Capabilities.Effective, Capabilities) {
 		t.Errorf("agent capabilities %q, want root's %q", p.Capabilities.Effective, Capabilities)
@@ -312,6 +312,7 @@ func TestBuildSpecAgent(t *testing.T) {
 	for _, bad := range []func(*BundleSpec){
 		func(b *BundleSpec) { b.Env = append(b.Env, "CTL_AGENT_NONCE=mine") },
 		func(b *BundleSpec) { b.Agent.Env = []string{"NONCE=x"} },
+		func(b *BundleSpec) { b.Agent.Env = []string{"CTL_AGENT_NONCE=n1"} },
 		func(b *BundleSpec) { b.Agent.BinDir = "rel/bin" },
 		func(b *BundleSpec) { b.Agent.SocketDir = "/a/../b" },
 	} {

@@ -183,6 +183,8 @@ const (
 	CodeExists     = "exists"
 	CodeTooLarge   = "too_large"
 	CodeInternal   = "internal"
+	// CodeNotStarted answers ready when the workload could not start.
+	CodeNotStarted = "not_started"
 )
 
 // Error is a TError payload: the call failed in the guest.

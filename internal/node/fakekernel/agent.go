@@ -17,13 +17,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/ctld/ctld/internal/agent"
 	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/runsc"
 )
 
 // fakeAgent stands in for ctl-agent in a started container whose spec runs
 // it: it listens in the spec's agent socket dir (as runsc --host-uds=create
-// lets the real one) and answers ready with the spec's nonce, exec of the
+// lets the real one) and answers ready with the nonce it reads (and
+// removes) from the socket dir's nonce file, as the real one does, exec of the
 // fake guest's commands (fakeCommand), and the file calls on the
 // container's root dir (os.Root: the guest's view cannot leave it). It
 // ignores users. FailMake(KindExec, id) makes it refuse every call.
@@ -50,11 +52,6 @@ func (k *Kernel) startAgent(c *container) error {
 		return nil
 	}
 	a := &fakeAgent{k: k, id: c.id, root: s.Root.Path}
-	for _, e := range s.Process.Env {
-		if v, ok := strings.CutPrefix(e, "CTL_AGENT_NONCE="); ok {
-			a.nonce = v
-		}
-	}
 	var sockDir string
 	for _, m := range s.Mounts {
 		if m.Destination == runsc.AgentSocketDir {
@@ -63,6 +60,9 @@ func (k *Kernel) startAgent(c *container) error {
 	}
 	if _, err := os.Stat(filepath.Join(sockDir, "..", "bin", runsc.AgentBinary)); err != nil {
 		return fmt.Errorf("agent binary: %w", err)
+	}
+	if a.nonce, err = agent.ReadNonceFile(filepath.Join(sockDir, runsc.AgentNonce)); err != nil {
+		return err
 	}
 	// Bound through the dir's descriptor, as the node dials: the path may
 	// be longer than a socket address.
