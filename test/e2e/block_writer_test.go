@@ -70,7 +70,8 @@ func TestBlockWriterKilledRestarted(t *testing.T) {
 		}
 		return string(r.Stdout)
 	}
-	exec("echo before-kill > /data/hello && sync")
+	// The workload makes /data, maybe not yet: ready means it started.
+	exec("mkdir -p /data && echo before-kill > /data/hello && sync")
 	// Several pages of lines (512 bytes each), so most of the file is
 	// clean pages the read-back below takes from the device.
 	waitLines(t, seqOnHost, 40)
