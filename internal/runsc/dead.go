@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -155,29 +156,56 @@ func readProc(pid int) (procStatus, error) {
 // process whose command line is no runsc of this Root (the pid was reused).
 // why tells what keeps it from being dead.
 func (r *Runtime) pidDead(pid int) (dead bool, why string) {
+	dead, _, why = r.pidState(pid)
+	return dead, why
+}
+
+// pidState is pidDead that also says whether a pid that is not dead yet is
+// on its way out (exiting: its leader or its memory is gone).
+func (r *Runtime) pidState(pid int) (dead, exiting bool, why string) {
 	if pid <= 0 {
-		return true, ""
+		return true, false, ""
 	}
 	st, err := readProc(pid)
 	switch {
 	case err != nil:
-		return false, err.Error()
+		return false, false, err.Error()
 	case !st.exists:
-		return true, ""
+		return true, false, ""
 	case st.zombie && st.threads <= 1:
-		return true, ""
+		return true, false, ""
 	case st.zombie:
-		return false, fmt.Sprintf("pid %d: leader exited, %d threads left", pid, st.threads)
+		return false, true, fmt.Sprintf("pid %d: leader exited, %d threads left", pid, st.threads)
 	case st.kthread:
-		return true, ""
+		return true, false, ""
 	case len(st.argv) == 0:
 		// A user process without a command line is exiting (its memory
 		// is gone): wait for it to be a zombie rather than guess.
-		return false, fmt.Sprintf("pid %d is exiting", pid)
+		return false, true, fmt.Sprintf("pid %d is exiting", pid)
 	case !strings.HasPrefix(filepath.Base(st.argv[0]), "runsc") || !slices.Contains(st.argv, "--root="+r.Root):
-		return true, ""
+		return true, false, ""
 	}
-	return false, fmt.Sprintf("pid %d (%s) runs", pid, st.argv[0])
+	return false, false, fmt.Sprintf("pid %d (%s) runs", pid, st.argv[0])
+}
+
+// exitSettle bounds how long removeDead waits for a pid that is on its way
+// out. A killed lease's cgroup reads empty before the kernel has released
+// all of a process's threads (cgroup_exit comes before the thread's
+// release in do_exit), so right after cgroup.kill the sandbox's leader is
+// often a zombie with threads left for a few milliseconds; seen in CI.
+const exitSettle = time.Second
+
+// pidDeadSettled is pidDead that waits, up to exitSettle, for a pid that is
+// exiting to be dead.
+func (r *Runtime) pidDeadSettled(pid int) (dead bool, why string) {
+	deadline := time.Now().Add(exitSettle)
+	for {
+		dead, exiting, why := r.pidState(pid)
+		if dead || !exiting || time.Now().After(deadline) {
+			return dead, why
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // removeDead removes runsc's state of root container id itself when its
@@ -225,7 +253,7 @@ func (r *Runtime) removeDead(id string) (removed bool, why string, err error) {
 		return false, why, nil
 	}
 	for _, pid := range []int{s.Sandbox.Pid, s.GoferPid} {
-		if dead, why := r.pidDead(pid); !dead {
+		if dead, why := r.pidDeadSettled(pid); !dead {
 			return false, why, nil
 		}
 	}
