@@ -645,3 +645,34 @@ func TestFilesRefuseSpecialFiles(t *testing.T) {
 		t.Errorf("the symlink was replaced: %v %v", fi, err)
 	}
 }
+
+// TestExecJobControlLeavesNoProcess: a shell with job control (an
+// interactive shell on the PTY, `set -m`) puts a background job in a
+// process group of its own, which a group kill misses. The exec's session
+// is killed too: when the command ends and when the caller goes away.
+func TestExecJobControlLeavesNoProcess(t *testing.T) {
+	a := startAgent(t)
+	script := `set -m; sleep 1000 & echo job $(cut -d' ' -f5,6 /proc/$!/stat) $! $$`
+	out, _, e := run(t, a.c, client.ExecRequest{Args: []string{"sh", "-c", script}, TTY: true}, nil)
+	// "job <pgrp> <session> <job pid> <shell pid>"
+	f := strings.Fields(out)
+	if len(f) != 5 || f[0] != "job" || e.Code != 0 {
+		t.Fatalf("out %q, %+v", out, e)
+	}
+	job, _ := strconv.Atoi(f[3])
+	if f[1] != f[3] || f[2] != f[4] {
+		t.Fatalf("job %s: group %s, session %s (shell %s); want a group of its own in the shell's session", f[3], f[1], f[2], f[4])
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", job))
+		if errors.Is(err, os.ErrNotExist) || strings.Contains(string(st), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			syscall.Kill(job, syscall.SIGKILL)
+			t.Fatalf("background job %d still runs after its exec ended: %s", job, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -160,6 +160,18 @@ func TestKernelAgentPTYUnderRunsc(t *testing.T) {
 		t.Errorf("drain: %d bytes (%d not x), %+v; want %d x and exit 5", len(out), len(strings.Trim(out, "x")), e, n)
 	}
 
+	// A shell's job control puts a background job in a group of its
+	// own: the exec's session is killed with it, not only its group.
+	out, e = ptyExec("job control", []string{"sh", "-c", `set -m; sleep 4343 & echo job $(cut -d' ' -f5,6 /proc/$!/stat) $$; exit 6`}, nil)
+	if f := strings.Fields(out); len(f) != 4 || f[0] != "job" || f[1] == f[3] || f[2] != f[3] || e != (wire.Exit{Code: 6}) {
+		t.Errorf("job control: %q, %+v; want \"job <own group> <the shell's session> <shell>\" and exit 6", out, e)
+	}
+	for deadline := time.Now().Add(ptyEnd); strings.Contains(guestRun("ps", "-o", "pid,args"), "sleep 4343"); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the background job of an ended PTY exec still runs:\n%s", guestRun("ps", "-o", "pid,args"))
+		}
+	}
+
 	// A caller that goes away mid-command: its group is killed and the
 	// agent lets go of the PTY.
 	var ab lockedBuf

@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -84,4 +88,98 @@ func killGroup(pgid int) {
 	if pgid > 1 {
 		_ = unix.Kill(-pgid, unix.SIGKILL)
 	}
+}
+
+// killSession kills the process group of leader and then every other
+// process of its session (leader made both: a PTY exec's shell). A shell's
+// job control puts background jobs in groups of their own, which the group
+// kill misses. A process that called setsid itself has left: that is the
+// one deliberate way to outlive an exec. Raw syscalls: under gVisor's
+// ptrace platform each is a trap, and os.Open would add the poller's.
+func killSession(leader int) {
+	if leader <= 1 {
+		return
+	}
+	killGroup(leader)
+	// A member forking while it is killed makes no child (the fork fails
+	// with the kill pending), but a child forked just before is only seen
+	// on the next look: look until none is left alive, boundedly.
+	for range 20 {
+		pids := sessionMembers("/proc", leader)
+		if len(pids) == 0 {
+			return
+		}
+		for _, p := range pids {
+			_ = unix.Kill(p, unix.SIGKILL)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// sessionMembers lists the processes of session sid under procfs root that
+// are not zombies (killed ones wait there for the reaper). A process that
+// cannot be read has gone meanwhile.
+func sessionMembers(root string, sid int) []int {
+	d, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(d)
+	var (
+		pids  []int
+		dents = make([]byte, 8<<10)
+		stat  = make([]byte, 512)
+	)
+	for {
+		n, err := unix.Getdents(d, dents)
+		if err != nil || n <= 0 {
+			return pids
+		}
+		_, _, names := unix.ParseDirent(dents[:n], -1, nil)
+		for _, name := range names {
+			pid, err := strconv.Atoi(name)
+			if err != nil || pid <= 1 {
+				continue
+			}
+			if s, ok := procSession(root+"/"+name+"/stat", stat); ok && s == sid {
+				pids = append(pids, pid)
+			}
+		}
+	}
+}
+
+// procSession reads the session of a live process from its stat file
+// ("pid (comm) state ppid pgrp session ...", comm may hold ") ").
+func procSession(path string, buf []byte) (int, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, false
+	}
+	n, err := unix.Read(fd, buf)
+	unix.Close(fd)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	b := buf[:n]
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	s, err := strconv.Atoi(f[3])
+	return s, err == nil
+}
+
+// killExec ends an exec's processes: its group, and on a PTY its session.
+// Only a PTY exec pays for the look at every process: a shell without a
+// terminal runs jobs in its own group unless told otherwise.
+func killExec(leader int, session bool) {
+	if session {
+		killSession(leader)
+		return
+	}
+	killGroup(leader)
 }

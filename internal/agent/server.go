@@ -218,8 +218,10 @@ func credential(u wire.User) *syscall.Credential {
 	return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}, NoSetGroups: os.Getuid() != 0}
 }
 
-// exec runs one command. Its process group is killed when it exits, when
-// it times out and when the caller goes away: an exec leaves no process.
+// exec runs one command. Its process group (on a PTY: its session, where a
+// shell's job control puts jobs in groups of their own) is killed when it
+// exits, when it times out and when the caller goes away: an exec leaves no
+// process but one that left on purpose (setsid, or `set -m` without a PTY).
 func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.User) {
 	if len(req.Args) == 0 {
 		c.fail(wire.CodeInvalid, "exec: no args")
@@ -298,8 +300,8 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		c.failErr("exec "+req.Args[0], err)
 		return
 	}
-	// pid is the group leader (Setpgid or Setsid); every path below kills
-	// the group once.
+	// pid leads its own group (Setpgid), on a PTY its own session
+	// (Setsid); every path below kills them once (killExec).
 
 	// Output: one goroutine per stream keeps each stream's order; each
 	// says when its stream ended.
@@ -380,11 +382,11 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 	case ws = <-done:
 	case <-timeout:
 		timedOut = true
-		killGroup(pid)
+		killExec(pid, ptyMaster != nil)
 		ws = <-done
 	case <-gone:
 		// Nobody to deliver to: the group, then ours, at once.
-		killGroup(pid)
+		killExec(pid, ptyMaster != nil)
 		<-done
 		release()
 		for range outs {
@@ -392,7 +394,7 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 		}
 		return
 	case <-ctx.Done():
-		killGroup(pid)
+		killExec(pid, ptyMaster != nil)
 		<-done
 		release()
 		for range outs {
@@ -403,7 +405,7 @@ func (s *Server) exec(ctx context.Context, c *conn, req wire.Request, u wire.Use
 	// The command is over: so is its group (a background child would
 	// otherwise hold the output open and outlive the call).
 	if !timedOut {
-		killGroup(pid)
+		killExec(pid, ptyMaster != nil)
 	}
 	// The output ends once drained (no holder of the pipes or the PTY's
 	// slave is left): usually at once. A PTY whose master reports no
