@@ -3,6 +3,7 @@ package blockstore
 import (
 	"crypto/rand"
 	"fmt"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -47,7 +48,16 @@ type codec struct {
 	compress bool
 	enc      *zstd.Encoder
 	dec      *zstd.Decoder
+	// slack recycles the decode buffers (*[]byte) of openTo.
+	slack sync.Pool
 }
+
+// zstdSlack is the spare room past a decode's end that lets the zstd
+// decoder copy in whole 16- and 32-byte blocks: into a buffer sized
+// exactly to the chunk it takes its bounds-exact copies, a third slower
+// on 64 KiB chunks of text (1.3 GB/s against 0.95 in a benchmark), more
+// than the copy out of a buffer with room costs.
+const zstdSlack = 64
 
 func newCodec(compress bool) (*codec, error) {
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
@@ -155,13 +165,34 @@ func (c *codec) openTo(dk *DataKey, kind objKind, key string, blob, dst []byte, 
 		return nil, fmt.Errorf("%w: %s: authentication failed", ErrCorrupt, key)
 	}
 	if flags&flagZstd != 0 {
-		var zdst []byte
-		if dst != nil {
-			zdst = dst[:0]
+		if dst == nil {
+			if payload, err = c.dec.DecodeAll(payload, nil); err != nil {
+				return nil, fmt.Errorf("%w: %s: zstd: %v", ErrCorrupt, key, err)
+			}
+			return payload, nil
 		}
-		if payload, err = c.dec.DecodeAll(payload, zdst); err != nil {
-			return nil, fmt.Errorf("%w: %s: zstd: %v", ErrCorrupt, key, err)
-		}
+		return c.decodeTo(key, payload, dst)
 	}
 	return payload, nil
+}
+
+// decodeTo decodes the zstd payload z into dst's storage (a new slice if
+// it does not fit), through a buffer with zstdSlack bytes of room.
+func (c *codec) decodeTo(key string, z, dst []byte) ([]byte, error) {
+	bp, _ := c.slack.Get().(*[]byte)
+	if bp == nil || cap(*bp) < len(dst)+zstdSlack {
+		b := make([]byte, 0, len(dst)+zstdSlack)
+		bp = &b
+	}
+	defer c.slack.Put(bp)
+	out, err := c.dec.DecodeAll(z, (*bp)[:0])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: zstd: %v", ErrCorrupt, key, err)
+	}
+	if len(out) > len(dst) {
+		// Not a chunk's size (the caller refuses it): a copy, as the
+		// buffer goes back to the pool.
+		return append([]byte(nil), out...), nil
+	}
+	return dst[:copy(dst, out)], nil
 }
