@@ -3,8 +3,9 @@
 // dirty file and a local chunk cache.
 //
 // Reads of a chunk the sandbox wrote come from the dirty file; other chunks
-// come from the cache, or are fetched from the store once (verified by the
-// store's AEAD) and cached; a hole in the manifest chain reads as zeros, and
+// come from the cache, or are fetched from the store (verified by the
+// store's AEAD) and cached (with a local store, only for a partial read:
+// see Config.LocalStore); a hole in the manifest chain reads as zeros, and
 // Extents reports it (and zeroed chunks) to the NBD client's block status.
 // Writes go to the dirty file a whole chunk at a time: a partial write of a clean chunk first copies the chunk's base in. Trim and
 // WriteZeroes mark whole chunks "zero" (a hole in the dirty file) and zero
@@ -75,12 +76,17 @@ type Config struct {
 	// LocalStore says the store is on this host (a dir store): a fetch
 	// is CPU, not latency, so the chunks of one read are fetched inline
 	// instead of concurrently (no goroutine per chunk; the server already
-	// runs requests concurrently). Every fetched chunk is cached either
-	// way (docs/architecture.md, "Block read path").
+	// runs requests concurrently). And a whole-chunk read is not cached:
+	// the object is in the host's page cache already, the cache would
+	// save only its decryption and decoding, and its fresh pages cost a
+	// cold read more than that (docs/architecture.md, "Block read path").
+	// A partial read is cached either way (else every 4 KiB read would
+	// decode its whole chunk), and so is every fetch of a remote store.
 	LocalStore bool
 	// Readahead is how many chunks past a sequential read are fetched
-	// ahead, in the background, into the cache (default 16, 1 MiB of
-	// 64 KiB chunks; negative: none). See Device.readahead.
+	// ahead, in the background (default 16, 1 MiB of 64 KiB chunks;
+	// negative: none): into the cache, or with a LocalStore into a ring
+	// in memory until read. See Device.readahead.
 	Readahead int
 	Logger    *slog.Logger
 }
@@ -119,6 +125,13 @@ type Device struct {
 	raNext  int
 	raStop  context.CancelFunc
 	raWG    sync.WaitGroup
+	// pre is the prefetch ring of a local store's device (nil otherwise):
+	// chunks fetched ahead of a sequential reader, held in memory until
+	// read; guarded by preMu. A chunk enters and leaves it only under its
+	// chunk's lock (eviction aside), and only while the chunk is clean.
+	preMu   sync.Mutex
+	pre     []preSlot
+	preNext int
 
 	syncMu    sync.Mutex // one Sync at a time
 	syncedVer uint64
@@ -252,6 +265,12 @@ func (d *Device) setState(i int64, s uint8) {
 		d.version++
 	}
 	d.stateMu.Unlock()
+	if s != stClean {
+		// The base is hidden for good: a prefetched copy is dead weight.
+		if bp := d.takePrefetched(i); bp != nil {
+			d.bufs.Put(bp)
+		}
+	}
 }
 
 // span calls fn for each chunk of [off, off+n): chunk index, offset in the
@@ -343,7 +362,9 @@ func (d *Device) readChunk(i, in int64, p []byte) error {
 		return d.readCache(i, in, p)
 	}
 	if int64(len(p)) == d.cs {
-		return d.base(i, p) // a whole chunk: fetched straight into p
+		// A whole chunk: fetched straight into p; cached only when the
+		// store is remote (see Config.LocalStore).
+		return d.load(d.ctx, i, p, !d.cfg.LocalStore)
 	}
 	bp := d.chunkBuf()
 	defer d.bufs.Put(bp)
@@ -362,12 +383,14 @@ func (d *Device) chunkBuf() *[]byte {
 	return &b
 }
 
-// base fills buf with chunk i of the base generation, from the cache or
-// the store (then cached). The caller holds chunk i's write lock.
-func (d *Device) base(i int64, buf []byte) error { return d.baseCtx(d.ctx, i, buf) }
+// base fills buf with chunk i of the base generation, from the cache, a
+// prefetched buffer or the store, and caches it. The caller holds chunk
+// i's write lock.
+func (d *Device) base(i int64, buf []byte) error { return d.load(d.ctx, i, buf, true) }
 
-// baseCtx is base with the fetch bounded by ctx too.
-func (d *Device) baseCtx(ctx context.Context, i int64, buf []byte) error {
+// load is base with the fetch bounded by ctx too, and the cache write
+// only if cache is set.
+func (d *Device) load(ctx context.Context, i int64, buf []byte, cache bool) error {
 	if d.cached[i] {
 		return d.readCache(i, 0, buf)
 	}
@@ -375,6 +398,20 @@ func (d *Device) baseCtx(ctx context.Context, i int64, buf []byte) error {
 		clear(buf)
 		return nil
 	}
+	if bp := d.takePrefetched(i); bp != nil {
+		copy(buf, *bp)
+		d.bufs.Put(bp)
+	} else if err := d.fetch(ctx, i, buf); err != nil {
+		return err
+	}
+	if cache {
+		d.cacheChunk(i, buf)
+	}
+	return nil
+}
+
+// fetch reads chunk i from the store into buf.
+func (d *Device) fetch(ctx context.Context, i int64, buf []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.FetchTimeout)
 	defer cancel()
 	d.stateMu.Lock()
@@ -385,14 +422,18 @@ func (d *Device) baseCtx(ctx context.Context, i int64, buf []byte) error {
 		d.log.Error("fetch chunk", "chunk", i, "err", err)
 		return fmt.Errorf("cowdev: %w", err)
 	}
+	return nil
+}
+
+// cacheChunk writes chunk i's base (buf) to the cache. A failure is
+// logged: the data is good, only the cache failed.
+func (d *Device) cacheChunk(i int64, buf []byte) {
 	f, at := d.cacheAt(i)
 	if _, err := f.WriteAt(buf, at); err != nil {
-		// The data is good; only the cache failed.
 		d.log.Warn("cache chunk", "chunk", i, "err", err)
-		return nil
+		return
 	}
 	d.cached[i] = true
-	return nil
 }
 
 var _ nbdsrv.ExtentLister = (*Device)(nil)

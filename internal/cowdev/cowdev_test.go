@@ -407,3 +407,41 @@ func TestOtherBaseRefused(t *testing.T) {
 		t.Fatalf("Open of another base's dirty dir: %v, want ErrMismatch", err)
 	}
 }
+
+// With a local store a whole-chunk read is not cached (a second read
+// fetches again) and a partial read is; with a remote store both are.
+func TestLocalStoreCachesPartialReadsOnly(t *testing.T) {
+	f := newFixture(t, 8)
+	for _, local := range []bool{true, false} {
+		t.Run(fmt.Sprintf("local=%v", local), func(t *testing.T) {
+			d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: t.TempDir(), LocalStore: local, Readahead: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			p := make([]byte, cs)
+			for range 2 {
+				if _, err := d.ReadAt(p, 1*cs); err != nil {
+					t.Fatal(err)
+				}
+				same(t, "whole chunk 1", p, f.base[cs:2*cs])
+			}
+			want := uint64(1)
+			if local {
+				want = 2
+			}
+			if got := d.Fetches(); got != want || d.Cached(1) == local {
+				t.Fatalf("two whole reads of chunk 1: %d fetches, cached %v; want %d, %v", got, d.Cached(1), want, !local)
+			}
+			for range 2 {
+				if _, err := d.ReadAt(p[:100], 2*cs+50); err != nil {
+					t.Fatal(err)
+				}
+				same(t, "part of chunk 2", p[:100], f.base[2*cs+50:2*cs+150])
+			}
+			if got := d.Fetches(); got != want+1 || !d.Cached(2) {
+				t.Fatalf("two partial reads of chunk 2: %d fetches in all, cached %v; want %d, true", got, d.Cached(2), want+1)
+			}
+		})
+	}
+}

@@ -14,3 +14,24 @@ func (d *Device) Cached(i int64) bool {
 	defer mu.RUnlock()
 	return d.cached[i]
 }
+
+// Prefetched says chunk i is in the prefetch ring.
+func (d *Device) Prefetched(i int64) bool {
+	mu := d.lock(i)
+	mu.RLock()
+	defer mu.RUnlock()
+	return d.isPrefetched(i)
+}
+
+// PrefetchedCount is the number of chunks in the prefetch ring.
+func (d *Device) PrefetchedCount() int {
+	d.preMu.Lock()
+	defer d.preMu.Unlock()
+	n := 0
+	for _, s := range d.pre {
+		if s.bp != nil {
+			n++
+		}
+	}
+	return n
+}

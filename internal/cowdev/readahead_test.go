@@ -42,8 +42,9 @@ func dataIn(from, to int64) uint64 {
 	return n
 }
 
-// A sequential reader gets the next Readahead chunks fetched into the
-// cache ahead of it, and not one chunk more: the window is the bound.
+// A sequential reader gets the next Readahead chunks fetched ahead of it
+// (a local store: into the prefetch ring, not the cache), and not one
+// chunk more: the window is the bound.
 func TestReadaheadIsBoundedByItsWindow(t *testing.T) {
 	const ra = 4
 	f := newFixture(t, 40)
@@ -65,8 +66,13 @@ func TestReadaheadIsBoundedByItsWindow(t *testing.T) {
 			t.Fatalf("after reading chunk %d: %d fetches, want %d (window of %d)", c, got, want, ra)
 		}
 		for i := int64(0); i < 40; i++ {
-			if want := i <= c+ra && isData(i); d.Cached(i) != want {
-				t.Fatalf("after reading chunk %d: chunk %d cached %v, want %v", c, i, d.Cached(i), want)
+			// A whole chunk read from a local store is not cached,
+			// and the read took its prefetched copy.
+			if d.Cached(i) {
+				t.Fatalf("after reading chunk %d: chunk %d cached", c, i)
+			}
+			if want := i > c && i <= c+ra && isData(i); d.Prefetched(i) != want {
+				t.Fatalf("after reading chunk %d: chunk %d prefetched %v, want %v", c, i, d.Prefetched(i), want)
 			}
 		}
 	}
@@ -86,7 +92,7 @@ func TestReadaheadIsBoundedByItsWindow(t *testing.T) {
 	if got, want := d.Fetches(), dataIn(0, 5+ra); got != want {
 		t.Fatalf("%d fetches, want %d", got, want)
 	}
-	if d.Cached(31) || d.Cached(32) {
+	if d.Prefetched(31) || d.Prefetched(32) {
 		t.Fatal("a read at a random offset prefetched the chunks after it")
 	}
 	// Reads out of range fail, "sequential" ones too, and queue nothing.
@@ -133,8 +139,8 @@ func TestReadaheadOfTamperedObjectIsReadError(t *testing.T) {
 	}
 	waitFetches(t, d, dataIn(1, 4)) // the prefetches were tried (and failed)
 	for i := int64(1); i <= 4; i++ {
-		if d.Cached(i) {
-			t.Fatalf("chunk %d: a tampered object was cached by readahead", i)
+		if d.Cached(i) || d.Prefetched(i) {
+			t.Fatalf("chunk %d: a tampered object was kept by readahead", i)
 		}
 		clear(p)
 		_, err := d.ReadAt(p, i*cs)
@@ -152,6 +158,14 @@ func TestReadaheadOfTamperedObjectIsReadError(t *testing.T) {
 // Close stops the prefetch workers, even with fetches in flight, and
 // waits for them: no goroutine of the device outlives it.
 func TestCloseStopsReadahead(t *testing.T) {
+	// The workers of an earlier test's device may still be returning
+	// (see below): they would be counted too.
+	for deadline := time.Now().Add(5 * time.Second); workers() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d prefetch workers of earlier devices still running", workers())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	st, repo, base, _ := newSlowFixture(t, 40)
 	st.set(20*time.Millisecond, nil)
 	d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: repo, Base: tpl0, Dir: t.TempDir(), Readahead: 16})
@@ -173,8 +187,13 @@ func TestCloseStopsReadahead(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := workers(); n != 0 {
-		t.Fatalf("%d prefetch workers left after Close", n)
+	// Close returns after every worker's Done, its last act: a worker
+	// may still be returning then (seen runnable at its closing brace).
+	for deadline := time.Now().Add(time.Second); workers() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d prefetch workers left 1 s after Close", workers())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -183,4 +202,78 @@ func workers() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	return strings.Count(string(buf), "cowdev.(*Device).startReadahead.func1(")
+}
+
+// The prefetch ring holds at most two windows: the oldest unread chunk is
+// dropped for a new one. A write over a prefetched chunk drops its copy,
+// so the chunk reads as written, never as the prefetched base.
+func TestPrefetchRingIsBoundedAndDroppedOnWrite(t *testing.T) {
+	const ra = 4
+	f := newFixture(t, 40)
+	d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: t.TempDir(), LocalStore: true, Readahead: ra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p := make([]byte, cs)
+	// Four streams, one after the other (two reads each: the second is
+	// sequential): windows 12..15, 22..25, 32..35 and 38..39 hold 2, 3,
+	// 3 and 1 data chunks, one more than two windows' room.
+	// Each window is in the ring before the next stream starts (a fetch
+	// counts when it starts, so the ring is what is waited for).
+	want := uint64(0)
+	for k, c := range []int64{10, 20, 30, 36} {
+		for _, at := range []int64{c, c + 1} {
+			if _, err := d.ReadAt(p, at*cs); err != nil {
+				t.Fatal(err)
+			}
+			same(t, "stream read", p, f.base[at*cs:(at+1)*cs])
+		}
+		want += dataIn(c, min(c+1+ra, 39))
+		waitFetches(t, d, want)
+		last := min(c+1+ra, 39)
+		for !isData(last) {
+			last--
+		}
+		for deadline := time.Now().Add(10 * time.Second); !d.Prefetched(last) || d.PrefetchedCount() < []int{2, 5, 8, 8}[k]; {
+			if time.Now().After(deadline) {
+				t.Fatalf("stream at chunk %d: %d chunks in the ring after 10 s", c, d.PrefetchedCount())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n := d.PrefetchedCount(); n != 2*ra {
+		t.Fatalf("%d chunks in the prefetch ring, want %d", n, 2*ra)
+	}
+	// The first window's two chunks were fetched in either order.
+	if d.Prefetched(13) == d.Prefetched(14) || !d.Prefetched(38) {
+		t.Fatalf("prefetched 13, 14, 38: %v %v %v, want one of the oldest (13, 14) dropped", d.Prefetched(13), d.Prefetched(14), d.Prefetched(38))
+	}
+	w := bytes.Repeat([]byte{0xa5}, cs)
+	if _, err := d.WriteAt(w, 25*cs); err != nil {
+		t.Fatal(err)
+	}
+	if d.Prefetched(25) {
+		t.Fatal("a written chunk kept its prefetched base")
+	}
+	if _, err := d.ReadAt(p, 25*cs); err != nil {
+		t.Fatal(err)
+	}
+	same(t, "written chunk", p, w)
+	// A partial write of a prefetched chunk copies the prefetched base in.
+	if _, err := d.WriteAt(w[:100], 23*cs+10); err != nil {
+		t.Fatal(err)
+	}
+	if d.Prefetched(23) {
+		t.Fatal("a partly written chunk kept its prefetched base")
+	}
+	wantChunk := append([]byte(nil), f.base[23*cs:24*cs]...)
+	copy(wantChunk[10:], w[:100])
+	if _, err := d.ReadAt(p, 23*cs); err != nil {
+		t.Fatal(err)
+	}
+	same(t, "partly written chunk", p, wantChunk)
+	if got := d.Fetches(); got != want {
+		t.Fatalf("%d fetches, want %d: a prefetched chunk was fetched again", got, want)
+	}
 }
