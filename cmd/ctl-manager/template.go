@@ -25,6 +25,9 @@ type templateFlags struct {
 	keyFile string
 	keyID   string
 	getenv  func(string) string // the S3 credentials' environment
+	// compress: an import zstd-compresses its chunks (--compress). Reads
+	// take what each object says.
+	compress bool
 }
 
 func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
@@ -56,7 +59,7 @@ func (tf *templateFlags) open(ctx context.Context, create bool) (blockstore.Stor
 	if err != nil {
 		return nil, nil, err
 	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: tf.compress})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -72,6 +75,7 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&size, "size", "1Gi", "device size of the image (a multiple of 64Ki)")
 	cmd.Flags().StringVar(&kind, "kind", "", "source kind: dir, tar, docker-archive, oci, oci-archive (default: detect)")
+	cmd.Flags().BoolVar(&tf.compress, "compress", true, "zstd-compress the stored chunks (false: a larger store, reads that cost less CPU)")
 	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent; $TMPDIR for an S3 store)")
 	cmd.RunE = c.action(named("template import"), func(ctx context.Context, args []string) error {
 		n, err := manager.ParseMemory(size)

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +27,14 @@ func TestCLITemplate(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "etc/", Mode: 0o755})
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/motd", Mode: 0o644, Size: 5})
 	tw.Write([]byte("hello"))
+	// Text that zstd shrinks: --compress=false stores it as it is.
+	// (Numbered lines: identical chunks would be stored once either way.)
+	var text []byte
+	for i := range 1 << 15 {
+		text = fmt.Appendf(text, "line %d of a text file in a template\n", i)
+	}
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/text", Mode: 0o644, Size: int64(len(text))})
+	tw.Write(text)
 	tw.Close()
 	src := filepath.Join(dir, "tree.tar")
 	if err := os.WriteFile(src, tb.Bytes(), 0o644); err != nil {
@@ -44,7 +54,7 @@ func TestCLITemplate(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if !strings.Contains(r.stdout, "template base: 2 entries, file data 5, device 16Mi") || !strings.Contains(r.stderr, "unpack:") || !strings.Contains(r.stderr, "stored:") {
+	if !strings.Contains(r.stdout, fmt.Sprintf("template base: 3 entries, file data %d, device 16Mi", 5+len(text))) || !strings.Contains(r.stderr, "unpack:") || !strings.Contains(r.stderr, "stored:") {
 		t.Errorf("import output:\nstdout: %s\nstderr: %s", r.stdout, r.stderr)
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "node.key")); err != nil || fi.Mode().Perm() != 0o600 {
@@ -55,6 +65,17 @@ func TestCLITemplate(t *testing.T) {
 	}
 	if r := tmpl("import", "base", src, "--size", "16Mi"); r.code != exitError || !strings.Contains(r.stderr, "template exists") {
 		t.Errorf("second import: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tmpl("import", "plain", src, "--size", "16Mi", "--compress=false"); r.code != 0 {
+		t.Fatalf("import --compress=false: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	zstd, plain := duBytes(t, filepath.Join(dir, "store", "templates", "base")), duBytes(t, filepath.Join(dir, "store", "templates", "plain"))
+	t.Logf("stored: %d bytes compressed, %d with --compress=false (file data %d)", zstd, plain, 5+len(text))
+	if plain < int64(len(text)) || zstd*4 > plain {
+		t.Errorf("stored bytes: %d compressed, %d with --compress=false; want the file data whole without, a quarter or less with", zstd, plain)
+	}
+	if r := tmpl("rm", "plain"); r.code != 0 {
+		t.Errorf("rm plain: exit %d\n%s", r.code, r.stderr)
 	}
 	if r := tmpl("import", "other", src, "--size", "1000000"); r.code != exitUsage {
 		t.Errorf("import with a size not a multiple of 64Ki: exit %d\n%s", r.code, r.stderr)
@@ -79,6 +100,26 @@ func TestCLITemplate(t *testing.T) {
 	}
 }
 
+// duBytes sums the sizes of the regular files under dir.
+func duBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestCLITemplateS3: import, ls and rm work on an S3 block store
 // (versitygw), credentials from the environment; a wrong secret is
 // refused naming the cause.
@@ -94,6 +135,14 @@ func TestCLITemplateS3(t *testing.T) {
 	tw := tar.NewWriter(&tb)
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "motd", Mode: 0o644, Size: 5})
 	tw.Write([]byte("hello"))
+	// Text that zstd shrinks: --compress=false stores it as it is.
+	// (Numbered lines: identical chunks would be stored once either way.)
+	var text []byte
+	for i := range 1 << 15 {
+		text = fmt.Appendf(text, "line %d of a text file in a template\n", i)
+	}
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/text", Mode: 0o644, Size: int64(len(text))})
+	tw.Write(text)
 	tw.Close()
 	src := filepath.Join(dir, "tree.tar")
 	if err := os.WriteFile(src, tb.Bytes(), 0o644); err != nil {

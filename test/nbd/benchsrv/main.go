@@ -51,13 +51,14 @@ func main() {
 	dir := fl.String("dir", "", "cowdev directory (dirty file, index, cache)")
 	sock := fl.String("socket", "", "Unix socket to serve on")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of serve to this file")
+	compress := fl.Bool("compress", true, "zstd-compress the imported chunks (import)")
 	_ = fl.Parse(os.Args[2:])
 	var err error
 	switch os.Args[1] {
 	case "gen":
 		err = gen(*image, *size)
 	case "import":
-		err = importImage(ctx, *store, *keyFile, *name, *image)
+		err = importImage(ctx, *store, *keyFile, *name, *image, *compress)
 	case "serve":
 		if *cpuProfile != "" {
 			f, perr := os.Create(*cpuProfile)
@@ -134,7 +135,7 @@ func gen(path string, size int64) error {
 	return f.Sync()
 }
 
-func openRepo(store, keyFile string) (*blockstore.Repo, error) {
+func openRepo(store, keyFile string, compress bool) (*blockstore.Repo, error) {
 	if store == "" || keyFile == "" {
 		return nil, errors.New("-store and -key are required")
 	}
@@ -164,12 +165,12 @@ func openRepo(store, keyFile string) (*blockstore.Repo, error) {
 	if err != nil {
 		return nil, err
 	}
-	// As ctl-manager template import stores templates: zstd on.
-	return blockstore.New(st, nk, blockstore.Options{Compress: true})
+	// ctl-manager template import stores templates with zstd on.
+	return blockstore.New(st, nk, blockstore.Options{Compress: compress})
 }
 
-func importImage(ctx context.Context, store, keyFile, name, image string) error {
-	repo, err := openRepo(store, keyFile)
+func importImage(ctx context.Context, store, keyFile, name, image string, compress bool) error {
+	repo, err := openRepo(store, keyFile, compress)
 	if err != nil {
 		return err
 	}
@@ -182,7 +183,7 @@ func importImage(ctx context.Context, store, keyFile, name, image string) error 
 }
 
 func serve(ctx context.Context, store, keyFile, name, dir, sock string) error {
-	repo, err := openRepo(store, keyFile)
+	repo, err := openRepo(store, keyFile, false) // reads take what each object says
 	if err != nil {
 		return err
 	}
