@@ -72,7 +72,7 @@ E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|Test
 # unit stage (template 35 s, cmd/ctld 12 s, blockstore 11 s, ...), and each
 # binary is one build and one copy less.
 VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store internal/cowdev \
-	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld \
+	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
 	internal/manager internal/manager/fakenode internal/node/journal internal/node/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client

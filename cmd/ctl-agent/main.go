@@ -9,6 +9,17 @@
 // The workload's uid/gid come in the environment (CTL_AGENT_UID,
 // CTL_AGENT_GID); the nonce in a root-only file the agent removes once
 // read, never env or argv (guest users can read both in /proc).
+//
+// The Go runtime here does not re-read the CPU count and the container's
+// cgroup limit from sysmon (first at its start, then every second), nor
+// size GOMAXPROCS from the cgroup: in a gVisor guest each of those reads
+// is a series of traps into the sentry, on a claim's readiness path and
+// then for as long as the guest runs (the runtime's own comment names
+// sandboxes as the reason for updatemaxprocs=0). GOMAXPROCS is the guest's
+// CPU count; the runtime still reads the cgroup once at start (a metric).
+//
+//go:debug containermaxprocs=0
+//go:debug updatemaxprocs=0
 package main
 
 import (

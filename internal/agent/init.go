@@ -133,29 +133,32 @@ type Workload struct {
 }
 
 // StartWorkload starts args as the workload (user u, env, its own process
-// group, the agent's working directory: the spec's cwd) and forwards the
-// termination signals the agent gets to it from now on.
+// group, the agent's working directory: the spec's cwd). Wait forwards
+// the termination signals the agent gets to it.
 func StartWorkload(r *Reaper, args, env []string, u wire.User) (*Workload, error) {
 	argv0, err := lookPath(args[0], env)
 	if err != nil {
 		return nil, err
 	}
 	w := &Workload{sigs: make(chan os.Signal, 8)}
-	signal.Notify(w.sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	w.pid, w.done, err = r.Start(argv0, args, &syscall.ProcAttr{
 		Env: env, Files: []uintptr{0, 1, 2},
 		Sys: &syscall.SysProcAttr{Credential: credential(u), Setpgid: true},
 	})
 	if err != nil {
-		signal.Stop(w.sigs)
 		return nil, fmt.Errorf("start workload %s: %w", args[0], err)
 	}
 	return w, nil
 }
 
-// Wait returns the workload's exit code once it ends (128+n when killed
-// by signal n); when ctx ends first it kills the workload's group.
+// Wait forwards the termination signals the agent gets to the workload
+// and returns its exit code once it ends (128+n when killed by signal n);
+// when ctx ends first it kills the workload's group. The forwarding
+// starts here, after the start was decided, so that its signal setup (see
+// Reaper.Run) is off the readiness path; one of these signals that comes
+// before ends the agent, and with it the guest.
 func (w *Workload) Wait(ctx context.Context) (int, error) {
+	signal.Notify(w.sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(w.sigs)
 	for {
 		select {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -63,6 +64,7 @@ func Main(args, env []string, stderr io.Writer) int {
 	go func() { served <- srv.Serve(ctx, l) }()
 	if fs.NArg() == 0 {
 		start.done(nil)
+		reaper.Run()
 		// No workload: serve until told to stop.
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -76,6 +78,10 @@ func Main(args, env []string, stderr io.Writer) int {
 	}
 	w, err := StartWorkload(reaper, fs.Args(), cfg.Env, cfg.User)
 	start.done(err)
+	// The ready call waiting for the start answers first; the signal
+	// setup after it is not on the readiness path (see Reaper.Run).
+	runtime.Gosched()
+	reaper.Run()
 	if err != nil {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 		// A ready call already waiting gets the error; then the guest

@@ -24,17 +24,29 @@ type Reaper struct {
 	waiters map[int]chan syscall.WaitStatus
 }
 
-// NewReaper starts the reaping loop (for the life of the process).
+// NewReaper makes a reaper; children it starts are reaped once Run was
+// called (a child that ends before is reaped then).
 func NewReaper() *Reaper {
-	r := &Reaper{waiters: map[int]chan syscall.WaitStatus{}}
+	return &Reaper{waiters: map[int]chan syscall.WaitStatus{}}
+}
+
+// Run starts the reaping loop (for the life of the process). The agent
+// calls it once the workload's start is decided, not before: os/signal
+// enables each signal through a round trip to a thread of its own (a
+// thread creation, then futex hand-offs and a sigprocmask), and under
+// gVisor's ptrace platform every one of those syscalls and switches is a
+// trap into the sentry; on the readiness path they only delay the answer.
+// Until Run, a SIGCHLD is ignored (the runtime's default for it); the
+// first reap finds the children that ended meanwhile.
+func (r *Reaper) Run() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, syscall.SIGCHLD)
+	r.reap()
 	go func() {
 		for range ch {
 			r.reap()
 		}
 	}()
-	return r
 }
 
 func (r *Reaper) reap() {
