@@ -164,13 +164,16 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // BenchmarkAgentStart measures a claim's readiness step without ctld: for
 // each of n fresh guests whose init is ctl-agent (workload `sleep`), the
 // time from `runsc start` returning to the agent's first answer to
-// `ready`, polled as ctld polls (2 ms doubling to 50 ms), then a `runsc
+// `ready`, polled every 5 ms as ctld polls (internal/node's readyPoll), then a `runsc
 // exec /bin/echo <nonce>` on the same guest (the old readiness step, run
 // right after: still cold). p50/p99 of each and their ratio.
 // CTLD_BENCH_AGENT_ENVS compares variants of the agent's environment in
 // the same run, interleaved guest by guest: variants split by ";", each
 // a space-separated KEY=VALUE list ("" the default), e.g.
-// ";GOMAXPROCS=1;GOGC=off".
+// ";GOMAXPROCS=1;GOGC=off". A BIN=PATH in a variant runs that binary as
+// the init instead of the agent: the floor, e.g. the stubs of
+// testdata/initfloor (a static C and a Go init that answer `ready` only);
+// NOWORKLOAD runs the agent without a workload.
 //
 // In the test VM: make bench VM_PKGS=./internal/agent BENCH=AgentStart.
 // On a host where runsc runs as root:
@@ -186,12 +189,21 @@ func BenchmarkAgentStart(b *testing.B) {
 	variants := strings.Split(os.Getenv("CTLD_BENCH_AGENT_ENVS"), ";")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	toReady, echo := map[string][]time.Duration{}, map[string][]time.Duration{}
+	toReady, echo, cpu := map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}
 	for i := range n {
 		for vi, v := range variants {
 			nonce := fmt.Sprintf("start-n0nce-%d-%d", i, vi)
-			g := startGuest(b, guestOpts{id: fmt.Sprintf("agent-start-%d-%d", i, vi), nonce: nonce, bin: bin, host: host, env: strings.Fields(v)})
-			wait := 2 * time.Millisecond
+			vbin, env, noWork := bin, []string(nil), false
+			for _, kv := range strings.Fields(v) {
+				if p, ok := strings.CutPrefix(kv, "BIN="); ok {
+					vbin = p
+				} else if kv == "NOWORKLOAD" {
+					noWork = true
+				} else {
+					env = append(env, kv)
+				}
+			}
+			g := startGuest(b, guestOpts{id: fmt.Sprintf("agent-start-%d-%d", i, vi), nonce: nonce, bin: vbin, host: host, env: env, noWorkload: noWork})
 			for {
 				got, err := g.c.Ready(ctx)
 				if err == nil {
@@ -203,10 +215,10 @@ func BenchmarkAgentStart(b *testing.B) {
 				if time.Since(g.started) > 2*time.Minute {
 					b.Fatalf("agent never answered: %v", err)
 				}
-				time.Sleep(wait)
-				wait = min(2*wait, 50*time.Millisecond)
+				time.Sleep(5 * time.Millisecond)
 			}
 			toReady[v] = append(toReady[v], time.Since(g.started))
+			cpu[v] = append(cpu[v], g.cpu(b)-g.cpu0)
 			var out bytes.Buffer
 			t0 := time.Now()
 			code, err := g.r.Exec(ctx, g.id, runsc.ExecProcess{Args: []string{"/bin/echo", nonce}, UID: 1000, GID: 1000}, nil, &out, io.Discard)
@@ -234,8 +246,8 @@ func BenchmarkAgentStart(b *testing.B) {
 	}
 	for _, v := range variants {
 		r, e := toReady[v], echo[v]
-		b.Logf("%s, agent env %q, n=%d guests: runsc start -> agent ready p50 %.0f ms p99 %.0f ms (all %v); runsc exec /bin/echo right after p50 %.0f ms p99 %.0f ms; ratio p50 %.2f p99 %.2f",
-			where, v, n, pc(r, 50), pc(r, 99), r, pc(e, 50), pc(e, 99), pc(r, 50)/pc(e, 50), pc(r, 99)/pc(e, 99))
+		b.Logf("%s, agent env %q, n=%d guests: runsc start -> agent ready p50 %.0f ms p99 %.0f ms (all %v); runsc exec /bin/echo right after p50 %.0f ms p99 %.0f ms; ratio p50 %.2f p99 %.2f; the guest's CPU time from start to ready p50 %.0f ms p99 %.0f ms",
+			where, v, n, pc(r, 50), pc(r, 99), r, pc(e, 50), pc(e, 99), pc(r, 50)/pc(e, 50), pc(r, 99)/pc(e, 99), pc(cpu[v], 50), pc(cpu[v], 99))
 	}
 	b.ReportMetric(pc(toReady[variants[0]], 50), "start-to-ready-p50-ms")
 	b.ReportMetric(pc(echo[variants[0]], 50), "runsc-echo-p50-ms")

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +72,33 @@ type guest struct {
 	r       *runsc.Runtime
 	c       *client.Client
 	started time.Time // when `runsc start` returned
+	cgroup  string    // the guest's cgroup directory (VM runs only)
+	cpu0    time.Duration
+}
+
+// cpu is the CPU time the guest's cgroup used so far (sentry, gofer and
+// their threads): what a guest's start costs, less sensitive than wall
+// time to what else the machine runs. 0 where there is no cgroup.
+func (g *guest) cpu(t testing.TB) time.Duration {
+	t.Helper()
+	if g.cgroup == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(g.cgroup, "cpu.stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("cpu.stat: %q: %v", l, err)
+			}
+			return time.Duration(n) * time.Microsecond
+		}
+	}
+	t.Fatalf("cpu.stat without usage_usec: %q", b)
+	return 0
 }
 
 // guestOpts: host is a run on a machine that is not the test VM (no
@@ -78,6 +107,7 @@ type guestOpts struct {
 	id, nonce, bin string
 	host           bool
 	env            []string // more of the agent's environment
+	noWorkload     bool     // the agent alone, no workload after "--"
 }
 
 func startGuest(t testing.TB, o guestOpts) *guest {
@@ -115,6 +145,9 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		ContainerID: o.id, RootPath: rootfs, Hostname: o.id, NetnsPath: "/proc/self/ns/net",
 		Args: runsc.AgentArgs([]string{"sleep", "100000"}),
 		Env:  []string{agent.EnvUID + "=1000", agent.EnvGID + "=1000"},
+	}
+	if o.noWorkload {
+		bs.Args = runsc.AgentArgs(nil)
 	}
 	// The nonce as ctld leaves it: a root-only file the agent removes.
 	if err := os.WriteFile(filepath.Join(sockDir, runsc.AgentNonce), []byte(o.nonce), 0o400); err != nil {
@@ -158,6 +191,9 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		t.Fatal(err)
 	}
 	g := &guest{id: o.id, r: r, c: &client.Client{Socket: filepath.Join(sockDir, "agent.sock")}}
+	if bs.CgroupsPath != "" {
+		g.cgroup = filepath.Join(ktest.CgroupRoot, bs.CgroupsPath)
+	}
 	t.Cleanup(func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
 		defer dcancel()
@@ -178,6 +214,7 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		t.Fatal(err)
 	}
 	g.started = time.Now()
+	g.cpu0 = g.cpu(t)
 	return g
 }
 
