@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/ktest"
 )
 
 // TestBlockClaimRunsNonRoot: a block-mode claim (the root is the ext4 of
@@ -18,15 +15,7 @@ import (
 // the guest's own (owned by uid 1000) and reads back; release is clean.
 func TestBlockClaimRunsNonRoot(t *testing.T) {
 	e := newEnv(t)
-	ktest.RequireNBD(t)
-	wcg := strings.TrimSuffix(e.parent, ".slice") + "-writers.slice"
-	e.args = append(e.args, "--writers-cgroup", wcg)
-	t.Cleanup(func() {
-		e.releaseAll()
-		if err := os.Remove(filepath.Join(ktest.CgroupRoot, wcg)); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove writers cgroup: %v", err)
-		}
-	})
+	e.useBlock()
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
 	c := e.client()

@@ -9,7 +9,6 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore/s3store/s3test"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/template"
 )
 
@@ -23,16 +22,8 @@ import (
 func TestBlockClaimFromS3Template(t *testing.T) {
 	srv := s3test.Start(t) // first: stopped after the releases
 	e := newEnv(t)
-	ktest.RequireNBD(t)
 	bucket := srv.NewBucket(t)
-	wcg := strings.TrimSuffix(e.parent, ".slice") + "-writers.slice"
-	e.args = append(e.args, "--writers-cgroup", wcg, "--block-store", "s3://"+bucket+"/node", "--s3-endpoint", srv.Endpoint)
-	t.Cleanup(func() {
-		e.releaseAll()
-		if err := os.Remove(filepath.Join(ktest.CgroupRoot, wcg)); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove writers cgroup: %v", err)
-		}
-	})
+	e.useBlock("--block-store", "s3://"+bucket+"/node", "--s3-endpoint", srv.Endpoint)
 
 	// A wrong secret: ctld exits at start with the cause.
 	e.start("a", "AWS_ACCESS_KEY_ID="+srv.Access, "AWS_SECRET_ACCESS_KEY=wrong")

@@ -16,7 +16,6 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/ha"
 	"github.com/ctld/ctld/internal/template"
@@ -44,15 +43,7 @@ const tamperBlob = "/tamper/blob"
 // generation 0.
 func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 	e := newEnv(t)
-	ktest.RequireNBD(t)
-	wcg := strings.TrimSuffix(e.parent, ".slice") + "-writers.slice"
-	e.args = append(e.args, "--writers-cgroup", wcg)
-	t.Cleanup(func() {
-		e.releaseAll()
-		if err := os.Remove(filepath.Join(ktest.CgroupRoot, wcg)); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove writers cgroup: %v", err)
-		}
-	})
+	e.useBlock()
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute)
 	c := e.client()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/ha"
 	"github.com/ctld/ctld/internal/writer"
@@ -31,17 +30,7 @@ const blockWriterLoop = `mkdir -p /data; i=0; while :; do i=$((i+1)); echo $i >>
 // clean proof (nbd_quiescent) and no NBD device connected (the leak check).
 func TestBlockClaimSurvivesPrimaryKill(t *testing.T) {
 	e := newEnv(t)
-	ktest.RequireNBD(t)
-	// The writers' cgroup of this env (ctld makes it; the test removes it
-	// once the writers are gone, before the leak check).
-	wcg := strings.TrimSuffix(e.parent, ".slice") + "-writers.slice"
-	e.args = append(e.args, "--writers-cgroup", wcg)
-	t.Cleanup(func() {
-		e.releaseAll() // a failed test's writers first: they run in the cgroup
-		if err := os.Remove(filepath.Join(ktest.CgroupRoot, wcg)); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove writers cgroup: %v", err)
-		}
-	})
+	e.useBlock()
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
 	e.start("b")

@@ -26,17 +26,9 @@ import (
 // ends with nbd_quiescent and the writers' cgroup removed by ctld.
 func TestBlockWriterKilledRestarted(t *testing.T) {
 	e := newEnv(t)
-	ktest.RequireNBD(t)
-	wcg := strings.TrimSuffix(e.parent, ".slice") + "-writers.slice"
 	// A short request timeout: the write in flight when the writer died
 	// is retried after it (6.1), so the guest's pause is that long.
-	e.args = append(e.args, "--writers-cgroup", wcg, "--writer-request-timeout", "10s")
-	t.Cleanup(func() {
-		e.releaseAll()
-		if err := os.Remove(filepath.Join(ktest.CgroupRoot, wcg)); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove writers cgroup: %v", err)
-		}
-	})
+	wcg := e.useBlock("--writer-request-timeout", "10s")
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
 	c := e.client()

@@ -77,6 +77,25 @@ func newEnv(t testing.TB) *env {
 	return e
 }
 
+// useBlock readies e for block-mode claims: it needs NBD, gives ctld a
+// writers' cgroup of this env (ctld makes it) and extra args, and once the
+// test ends releases what is left (a failed test's writers run in that
+// cgroup) and removes the cgroup, before the leak check. It returns the
+// cgroup's name (under the cgroup root).
+func (e *env) useBlock(extra ...string) string {
+	e.t.Helper()
+	ktest.RequireNBD(e.t)
+	wcg := strings.TrimSuffix(e.parent, ".slice") + "-writers.slice"
+	e.args = append(append(e.args, "--writers-cgroup", wcg), extra...)
+	e.t.Cleanup(func() {
+		e.releaseAll()
+		if err := os.Remove(filepath.Join(ktest.CgroupRoot, wcg)); err != nil && !os.IsNotExist(err) {
+			e.t.Errorf("remove writers cgroup: %v", err)
+		}
+	})
+	return wcg
+}
+
 // releaseAll releases whatever a failed test left running, so one failure
 // does not cascade into leaks reported by every later test.
 func (e *env) releaseAll() {
