@@ -368,7 +368,8 @@ func TestFilesStreamed(t *testing.T) {
 	a := startAgent(t, "--file-cap", strconv.Itoa(256<<20))
 	dir := t.TempDir()
 	p := filepath.Join(dir, "big")
-	const size = 200 << 20
+	// Not a whole number of frames or of the agent's reads (fileChunk).
+	const size = 200<<20 + 12345
 	h := sha256.New()
 	n, err := a.c.WriteFile(ctxT(t, 2*time.Minute), p, nil, 0o600, 0, io.TeeReader(&patternReader{n: size}, h))
 	if err != nil || n != size {

@@ -108,6 +108,7 @@ type guestOpts struct {
 	host           bool
 	env            []string // more of the agent's environment
 	noWorkload     bool     // the agent alone, no workload after "--"
+	memory         int64    // the guest's memory limit in the VM (0: 512 MiB)
 }
 
 func startGuest(t testing.TB, o guestOpts) *guest {
@@ -158,6 +159,9 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		bs.NetnsPath = ktest.NewNetns(t).Path
 		bs.CgroupsPath = vmLease(t, fmt.Sprintf("ctld-%s-%d", o.id, os.Getpid()))
 		bs.CPUMillis, bs.MemoryBytes, bs.PIDs = 1000, 512<<20, 256
+		if o.memory > 0 {
+			bs.MemoryBytes = o.memory
+		}
 	}
 	s, err := runsc.BuildSpec(bs)
 	if err != nil {

@@ -7,6 +7,7 @@
 package client
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -79,12 +80,19 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 // deadline) closes the connection, which ends any read or write.
 type call struct {
 	nc   net.Conn
+	r    *bufio.Reader // frames are read through it: several per read when queued
 	stop func() bool
 	ctx  context.Context
 	buf  []byte
 }
 
-func (c *Client) start(ctx context.Context, req wire.Request) (*call, error) {
+// fileBuf is the buffer of a file stream's frames on this side: 4 frames
+// per read or write of the socket.
+const fileBuf = 4 * (wire.HeaderLen + wire.MaxPayload)
+
+// start dials and sends req; the call's reads are buffered by rbuf bytes
+// (0: bufio's default).
+func (c *Client) start(ctx context.Context, req wire.Request, rbuf int) (*call, error) {
 	nc, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -98,7 +106,10 @@ func (c *Client) start(ctx context.Context, req wire.Request) (*call, error) {
 		nc.Close()
 		return nil, c.failed(ctx, "send request", err)
 	}
-	return &call{nc: nc, stop: stop, ctx: ctx}, nil
+	if rbuf <= 0 {
+		rbuf = 4096
+	}
+	return &call{nc: nc, r: bufio.NewReaderSize(nc, rbuf), stop: stop, ctx: ctx}, nil
 }
 
 func (k *call) close() {
@@ -153,7 +164,7 @@ func (c *Client) failed(ctx context.Context, what string, err error) error {
 
 // next reads one frame; frames other than Data/Stdout/Stderr must be small.
 func (k *call) next() (wire.Type, []byte, error) {
-	t, p, err := wire.ReadFrame(k.nc, k.buf, wire.MaxPayload)
+	t, p, err := wire.ReadFrame(k.r, k.buf, wire.MaxPayload)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("connection closed without an answer")
@@ -197,7 +208,7 @@ func (c *Client) quick(ctx context.Context) (context.Context, context.CancelFunc
 func (c *Client) result(ctx context.Context, req wire.Request, v any) error {
 	ctx, cancel := c.quick(ctx)
 	defer cancel()
-	k, err := c.start(ctx, req)
+	k, err := c.start(ctx, req, 0)
 	if err != nil {
 		return err
 	}
@@ -272,7 +283,7 @@ func (c *Client) List(ctx context.Context, path string, u *wire.User) ([]wire.St
 	ctx, cancel := c.quick(ctx)
 	defer cancel()
 	req := wire.Request{Op: wire.OpList, Path: path, User: u}
-	k, err := c.start(ctx, req)
+	k, err := c.start(ctx, req, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +317,7 @@ func (c *Client) List(ctx context.Context, path string, u *wire.User) ([]wire.St
 // ReadFile streams a guest file into w: at most limit bytes (a longer
 // stream fails the call), never buffered whole.
 func (c *Client) ReadFile(ctx context.Context, path string, u *wire.User, limit int64, w io.Writer) (int64, error) {
-	k, err := c.start(ctx, wire.Request{Op: wire.OpRead, Path: path, User: u, Limit: limit})
+	k, err := c.start(ctx, wire.Request{Op: wire.OpRead, Path: path, User: u, Limit: limit}, fileBuf)
 	if err != nil {
 		return 0, err
 	}
@@ -340,7 +351,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, u *wire.User, limit 
 // WriteFile streams r into a guest file (replaced whole once all of it
 // arrived), refusing more than limit bytes.
 func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode uint32, limit int64, r io.Reader) (int64, error) {
-	k, err := c.start(ctx, wire.Request{Op: wire.OpWrite, Path: path, User: u, Mode: mode, Limit: limit})
+	k, err := c.start(ctx, wire.Request{Op: wire.OpWrite, Path: path, User: u, Mode: mode, Limit: limit}, 0)
 	if err != nil {
 		return 0, err
 	}
@@ -367,11 +378,15 @@ func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode 
 			ans <- c.failed(ctx, "write", fmt.Errorf("unexpected frame %q", t))
 		}
 	}()
+	// Full frames, several per write of the socket: the input (an HTTP
+	// body) may come in pieces of any size, and every frame and write costs
+	// the guest syscalls.
 	buf := make([]byte, wire.MaxPayload)
+	w := bufio.NewWriterSize(k.nc, fileBuf)
 	var sent int64
 	var sendErr error
 	for sendErr == nil {
-		n, err := r.Read(buf)
+		n, err := io.ReadFull(r, buf)
 		if n > 0 {
 			sent += int64(n)
 			if limit > 0 && sent > limit {
@@ -380,14 +395,17 @@ func (c *Client) WriteFile(ctx context.Context, path string, u *wire.User, mode 
 				return sent, fmt.Errorf("write %s: more than %d bytes: %w", path, limit, ErrTooLarge)
 			}
 			k.idle(idle, false)
-			if err := wire.WriteFrame(k.nc, wire.TData, buf[:n]); err != nil {
+			if err := wire.WriteFrame(w, wire.TData, buf[:n]); err != nil {
 				sendErr = k.idleErr(err, idle, "taken")
 				break
 			}
 		}
-		if err == io.EOF {
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			k.idle(idle, false)
-			if sendErr = wire.WriteFrame(k.nc, wire.TEnd, nil); sendErr == nil {
+			if sendErr = wire.WriteFrame(w, wire.TEnd, nil); sendErr == nil {
+				sendErr = w.Flush()
+			}
+			if sendErr == nil {
 				// All sent: the answer comes within the bound.
 				k.idle(idle, true)
 			} else {
@@ -450,7 +468,7 @@ type ExecRequest struct {
 func (c *Client) Exec(ctx context.Context, r ExecRequest, s Streams) (wire.Exit, error) {
 	req := wire.Request{Op: wire.OpExec, Args: r.Args, Env: r.Env, Cwd: r.Cwd, User: r.User,
 		TimeoutMS: r.Timeout.Milliseconds(), TTY: r.TTY, Rows: r.Rows, Cols: r.Cols}
-	k, err := c.start(ctx, req)
+	k, err := c.start(ctx, req, 0)
 	if err != nil {
 		return wire.Exit{}, err
 	}

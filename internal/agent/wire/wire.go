@@ -10,12 +10,14 @@
 package wire
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // Type is a frame's kind.
@@ -42,24 +44,47 @@ const (
 // MaxPayload bounds every frame's payload.
 const MaxPayload = 64 << 10
 
-const headerLen = 5
+// HeaderLen is a frame's header: the type byte and the payload length.
+const HeaderLen = 5
 
 // ErrFrame is wrapped by every framing error (oversized, truncated).
 var ErrFrame = errors.New("bad frame")
 
-// WriteFrame writes one frame. p must fit MaxPayload.
+// PutHeader fills h[:HeaderLen] with the header of a frame of type t and
+// an n-byte payload, for writers that lay frames out in a buffer of their
+// own (n must fit MaxPayload).
+func PutHeader(h []byte, t Type, n int) {
+	h[0] = byte(t)
+	binary.BigEndian.PutUint32(h[1:HeaderLen], uint32(n))
+}
+
+// frames are WriteFrame's buffers: a frame is copied behind its header
+// into one of them, so that it is one write, without a new buffer per
+// frame (garbage and fresh pages are what a guest under ptrace pays most
+// for).
+var frames = sync.Pool{New: func() any { b := make([]byte, 0, HeaderLen+MaxPayload); return &b }}
+
+// WriteFrame writes one frame. p must fit MaxPayload. To a *bufio.Writer
+// the header and payload go as they are (it coalesces them, and
+// frames, into its writes); to anything else as one write, so frames of
+// concurrent writers (under the caller's lock) never interleave and a
+// frame is one syscall.
 func WriteFrame(w io.Writer, t Type, p []byte) error {
 	if len(p) > MaxPayload {
 		return fmt.Errorf("write frame %c: %d bytes: %w", t, len(p), ErrFrame)
 	}
-	var b [headerLen]byte
-	b[0] = byte(t)
-	binary.BigEndian.PutUint32(b[1:], uint32(len(p)))
-	// One write per frame, so frames of concurrent writers (under the
-	// caller's lock) never interleave and a frame is one syscall when small.
-	buf := make([]byte, 0, headerLen+len(p))
-	buf = append(append(buf, b[:]...), p...)
+	var h [HeaderLen]byte
+	PutHeader(h[:], t, len(p))
+	if bw, ok := w.(*bufio.Writer); ok {
+		bw.Write(h[:]) // a bufio.Writer's error sticks: the next Write returns it
+		_, err := bw.Write(p)
+		return err
+	}
+	bp := frames.Get().(*[]byte)
+	buf := append(append((*bp)[:0], h[:]...), p...)
 	_, err := w.Write(buf)
+	*bp = buf[:0]
+	frames.Put(bp)
 	return err
 }
 
@@ -80,7 +105,7 @@ func ReadFrame(r io.Reader, buf []byte, max int) (Type, []byte, error) {
 	if max <= 0 || max > MaxPayload {
 		max = MaxPayload
 	}
-	var h [headerLen]byte
+	var h [HeaderLen]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return 0, nil, fmt.Errorf("read frame header: %w: truncated", ErrFrame)

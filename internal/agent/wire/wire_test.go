@@ -1,8 +1,10 @@
 package wire
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"testing"
 )
 
@@ -21,6 +23,41 @@ func TestFrameRoundTripAndLimits(t *testing.T) {
 	WriteFrame(&b, TData, make([]byte, 100))
 	if _, _, err := ReadFrame(&b, nil, 99); !errors.Is(err, ErrFrame) {
 		t.Fatalf("frame over the reader's max: %v", err)
+	}
+}
+
+// TestWriteFrameBuffered: frames written through a bufio.Writer, written
+// one write each, and laid out with PutHeader are the same bytes.
+func TestWriteFrameBuffered(t *testing.T) {
+	payloads := [][]byte{nil, []byte("x"), bytes.Repeat([]byte("y"), MaxPayload), bytes.Repeat([]byte("z"), 3000)}
+	var plain, buffered, laid bytes.Buffer
+	bw := bufio.NewWriterSize(&buffered, 4096)
+	for _, p := range payloads {
+		if err := WriteFrame(&plain, TData, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteFrame(bw, TData, p); err != nil {
+			t.Fatal(err)
+		}
+		h := make([]byte, HeaderLen)
+		PutHeader(h, TData, len(p))
+		laid.Write(append(h, p...))
+	}
+	if err := bw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(plain.Bytes(), buffered.Bytes()) || !bytes.Equal(plain.Bytes(), laid.Bytes()) {
+		t.Fatalf("plain %d bytes, buffered %d, laid out %d: not the same", plain.Len(), buffered.Len(), laid.Len())
+	}
+	br := bufio.NewReader(&plain)
+	for i, want := range payloads {
+		typ, p, err := ReadFrame(br, nil, 0)
+		if err != nil || typ != TData || !bytes.Equal(p, want) {
+			t.Fatalf("frame %d: %q, %d bytes, %v", i, typ, len(p), err)
+		}
+	}
+	if _, _, err := ReadFrame(br, nil, 0); err != io.EOF {
+		t.Fatalf("after the last frame: %v, want EOF", err)
 	}
 }
 
