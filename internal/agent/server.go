@@ -123,6 +123,22 @@ type conn struct {
 // a file call's time.
 const fileChunk = 16 * wire.MaxPayload
 
+// blocking puts the connection's socket in blocking mode for a file
+// stream: a read or write then waits inside the sentry until it can go
+// on, where on a non-blocking socket each wait is EAGAIN, epoll and a
+// futex wake-up, all syscalls that trap (under ptrace the socket's buffer
+// fills several times per MiB). Deadlines no longer apply: a file stream
+// has none here, and it ends when the caller closes the connection.
+func (c *conn) blocking() {
+	sc, ok := c.c.(syscall.Conn)
+	if !ok {
+		return // not a socket (tests): nothing to gain
+	}
+	if rc, err := sc.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.SetNonblock(int(fd), false) })
+	}
+}
+
 func (c *conn) writeRaw(b []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -660,6 +676,7 @@ func (s *Server) read(c *conn, req wire.Request, u wire.User) {
 		c.fail(wire.CodeTooLarge, "read %s: %d bytes, limit %d", req.Path, st.Size(), max)
 		return
 	}
+	c.blocking()
 	var (
 		frames = make([]byte, fileChunk/wire.MaxPayload*slot)
 		iov    = make([][]byte, fileChunk/wire.MaxPayload)
@@ -779,6 +796,7 @@ func (s *Server) write(c *conn, req wire.Request, u wire.User) {
 	}()
 	max := s.limit(req)
 	var total int64
+	c.blocking()
 	// Frames come in reads of up to fileChunk and go to the file in writes
 	// of fileChunk.
 	r := bufio.NewReaderSize(c.r, fileChunk)

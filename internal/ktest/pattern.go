@@ -31,17 +31,34 @@ var patternBase = func() []byte {
 type Pattern struct {
 	N   int64
 	off int64
-	blk [patternBlock]byte
 }
 
-// fill puts the pattern's bytes at offset off into b.
-func (p *Pattern) fill(b []byte, off int64) {
+// fill puts the pattern's bytes at offset off into b: one copy of the
+// base block and the stamp.
+func fill(b []byte, off int64) {
 	for len(b) > 0 {
-		k, in := off/patternBlock, int(off%patternBlock)
-		copy(p.blk[:], patternBase[(k%16)*patternBlock:])
-		binary.BigEndian.PutUint64(p.blk[:8], uint64(k*patternBlock))
-		n := copy(b, p.blk[in:])
+		n := copy(b, block(off))
 		b, off = b[n:], off+int64(n)
+	}
+}
+
+// block is the pattern from off to the end of off's block, but for the
+// stamp, which stamp adds.
+func block(off int64) []byte {
+	k, in := off/patternBlock, off%patternBlock
+	return patternBase[(k%16)*patternBlock+in : (k%16+1)*patternBlock]
+}
+
+// stamp overwrites the stamps of the blocks b (at offset off) holds.
+func stamp(b []byte, off int64) {
+	var st [8]byte
+	for k := off / patternBlock; k*patternBlock < off+int64(len(b)); k++ {
+		binary.BigEndian.PutUint64(st[:], uint64(k*patternBlock))
+		for i := range st {
+			if o := k*patternBlock + int64(i) - off; o >= 0 && o < int64(len(b)) {
+				b[o] = st[i]
+			}
+		}
 	}
 }
 
@@ -51,18 +68,20 @@ func (p *Pattern) Read(b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	b = b[:min(int64(len(b)), p.N-p.off)]
-	p.fill(b, p.off)
+	fill(b, p.off)
+	stamp(b, p.off)
 	p.off += int64(len(b))
 	return len(b), nil
 }
 
-// ReadAt implements io.ReaderAt (not concurrently with itself or Read).
+// ReadAt implements io.ReaderAt.
 func (p *Pattern) ReadAt(b []byte, off int64) (int, error) {
 	if off >= p.N {
 		return 0, io.EOF
 	}
 	n := int(min(int64(len(b)), p.N-off))
-	p.fill(b[:n], off)
+	fill(b[:n], off)
+	stamp(b[:n], off)
 	if n < len(b) {
 		return n, io.EOF
 	}
@@ -75,26 +94,33 @@ func (p *Pattern) ReadAt(b []byte, off int64) (int, error) {
 type PatternCheck struct {
 	N   int64
 	off int64
-	p   Pattern
-	exp []byte
 }
 
-// Write implements io.Writer.
+// Write implements io.Writer: b is compared with the base blocks in
+// place, and the stamps apart (no copy of the pattern is made).
 func (c *PatternCheck) Write(b []byte) (int, error) {
 	if c.off+int64(len(b)) > c.N {
 		return 0, fmt.Errorf("pattern: %d bytes past its %d", c.off+int64(len(b))-c.N, c.N)
 	}
-	if cap(c.exp) < len(b) {
-		c.exp = make([]byte, len(b))
-	}
-	exp := c.exp[:len(b)]
-	c.p.fill(exp, c.off)
-	if !bytes.Equal(b, exp) {
-		i := 0
-		for b[i] == exp[i] {
-			i++
+	var st [8]byte
+	for i := 0; i < len(b); {
+		off := c.off + int64(i)
+		want := block(off)
+		n := min(len(b)-i, len(want))
+		got, want := b[i:i+n], want[:n]
+		if in := off % patternBlock; in < 8 {
+			// The stamp's bytes in this piece.
+			binary.BigEndian.PutUint64(st[:], uint64(off-in))
+			k := min(int(8-in), len(got))
+			if !bytes.Equal(got[:k], st[in:int(in)+k]) {
+				return i, fmt.Errorf("pattern: the stamp at byte %d differs", off)
+			}
+			got, want = got[k:], want[k:]
 		}
-		return i, fmt.Errorf("pattern: byte %d differs", c.off+int64(i))
+		if !bytes.Equal(got, want) {
+			return i, fmt.Errorf("pattern: bytes %d to %d differ", off, off+int64(len(got)))
+		}
+		i += n
 	}
 	c.off += int64(len(b))
 	return len(b), nil

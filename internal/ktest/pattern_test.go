@@ -16,15 +16,20 @@ func TestPatternCheck(t *testing.T) {
 		t.Fatalf("read pattern: %d bytes, %v", all.Len(), err)
 	}
 	check := func(b []byte) error {
-		c := &PatternCheck{N: n}
-		for len(b) > 0 {
-			k := min(len(b), 1000)
-			if _, err := c.Write(b[:k]); err != nil {
+		for _, piece := range []int{1, 1000, 4093, n} {
+			c := &PatternCheck{N: n}
+			for b := b; len(b) > 0; {
+				k := min(len(b), piece)
+				if _, err := c.Write(b[:k]); err != nil {
+					return err
+				}
+				b = b[k:]
+			}
+			if err := c.Err(); err != nil {
 				return err
 			}
-			b = b[k:]
 		}
-		return c.Err()
+		return nil
 	}
 	good := all.Bytes()
 	at := make([]byte, 5000)
@@ -40,7 +45,9 @@ func TestPatternCheck(t *testing.T) {
 	// stamp.
 	moved := bytes.Clone(good)
 	copy(moved[patternBlock:2*patternBlock], good[17*patternBlock:])
-	for name, b := range map[string][]byte{"flipped": flipped, "moved": moved, "short": good[:n-1], "long": append(bytes.Clone(good), 0)} {
+	stamped := bytes.Clone(good)
+	stamped[5*patternBlock+7] ^= 1
+	for name, b := range map[string][]byte{"flipped": flipped, "moved": moved, "stamp": stamped, "short": good[:n-1], "long": append(bytes.Clone(good), 0)} {
 		if check(b) == nil {
 			t.Errorf("%s stream passed the check", name)
 		}
