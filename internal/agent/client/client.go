@@ -87,7 +87,7 @@ type call struct {
 }
 
 // fileBuf is the buffer of a file stream's frames on this side: 4 frames
-// per read or write of the socket.
+// per read or write of the socket; a read's payloads are used in place.
 const fileBuf = 4 * (wire.HeaderLen + wire.MaxPayload)
 
 // start dials and sends req; the call's reads are buffered by rbuf bytes
@@ -163,15 +163,25 @@ func (c *Client) failed(ctx context.Context, what string, err error) error {
 }
 
 // next reads one frame; frames other than Data/Stdout/Stderr must be small.
+// On a call whose read buffer holds a whole frame (a file read) the
+// payload is in that buffer, valid until the next call of next.
 func (k *call) next() (wire.Type, []byte, error) {
-	t, p, err := wire.ReadFrame(k.r, k.buf, wire.MaxPayload)
+	var (
+		t   wire.Type
+		p   []byte
+		err error
+	)
+	if k.r.Size() >= wire.HeaderLen+wire.MaxPayload {
+		t, p, err = wire.NextFrame(k.r, wire.MaxPayload)
+	} else if t, p, err = wire.ReadFrame(k.r, k.buf, wire.MaxPayload); err == nil {
+		k.buf = p[:0]
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("connection closed without an answer")
 		}
 		return 0, nil, err
 	}
-	k.buf = p[:0]
 	switch t {
 	case wire.TData, wire.TStdout, wire.TStderr:
 	case wire.TResult, wire.TExit, wire.TError, wire.TEnd:

@@ -126,6 +126,39 @@ func ReadFrame(r io.Reader, buf []byte, max int) (Type, []byte, error) {
 	return Type(h[0]), buf, nil
 }
 
+// NextFrame reads one frame from br as ReadFrame does (the same bounds,
+// the same errors), but returns its payload inside br's buffer, valid
+// until br's next read: no copy. br must hold a whole frame: Size() at
+// least HeaderLen+max.
+func NextFrame(br *bufio.Reader, max int) (Type, []byte, error) {
+	if max <= 0 || max > MaxPayload {
+		max = MaxPayload
+	}
+	if br.Size() < HeaderLen+max {
+		return 0, nil, fmt.Errorf("read frame: a buffer of %d bytes cannot hold %d: %w", br.Size(), HeaderLen+max, ErrFrame)
+	}
+	h, err := br.Peek(HeaderLen)
+	if err != nil {
+		if len(h) > 0 && errors.Is(err, io.EOF) {
+			return 0, nil, fmt.Errorf("read frame header: %w: truncated", ErrFrame)
+		}
+		return 0, nil, err
+	}
+	t, n := h[0], binary.BigEndian.Uint32(h[1:])
+	if n > uint32(max) {
+		return 0, nil, fmt.Errorf("read frame %q: %d bytes, limit %d: %w", t, n, max, ErrFrame)
+	}
+	f, err := br.Peek(HeaderLen + int(n))
+	if err != nil {
+		if errors.Is(err, io.EOF) && len(f) > HeaderLen {
+			err = io.ErrUnexpectedEOF // as io.ReadFull says it
+		}
+		return 0, nil, fmt.Errorf("read frame %q payload: %w: %w", t, ErrFrame, err)
+	}
+	br.Discard(len(f))
+	return Type(t), f[HeaderLen:], nil
+}
+
 // Decode parses p strictly into v: unknown fields, trailing data and
 // anything but one JSON value are errors.
 func Decode(p []byte, v any) error {

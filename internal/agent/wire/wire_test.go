@@ -78,10 +78,19 @@ func FuzzReadFrame(f *testing.F) {
 	WriteFrame(&b, TResult, []byte(`{"nonce":"x"}`))
 	f.Add(b.Bytes())
 	f.Add([]byte{'r', 0xff, 0xff, 0xff, 0xff})
+	f.Add(append(bytes.Clone(b.Bytes()), 'd', 0, 0, 0, 9, 'x'))
+	f.Add([]byte{'d', 0, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		r := bytes.NewReader(in)
+		// NextFrame on the same bytes agrees frame by frame and error by
+		// error.
+		br := bufio.NewReaderSize(bytes.NewReader(in), HeaderLen+1024)
 		for {
-			_, p, err := ReadFrame(r, nil, 1024)
+			typ, p, err := ReadFrame(r, nil, 1024)
+			btyp, bp, berr := NextFrame(br, 1024)
+			if typ != btyp || !bytes.Equal(p, bp) || (err == nil) != (berr == nil) || errors.Is(err, ErrFrame) != errors.Is(berr, ErrFrame) || errors.Is(err, io.EOF) != errors.Is(berr, io.EOF) {
+				t.Fatalf("ReadFrame %q %q %v, NextFrame %q %q %v", typ, p, err, btyp, bp, berr)
+			}
 			if err != nil {
 				return
 			}
