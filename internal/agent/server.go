@@ -798,12 +798,11 @@ func (s *Server) write(c *conn, req wire.Request, u wire.User) {
 	var total int64
 	c.blocking()
 	// Frames come in reads of up to fileChunk and go to the file in writes
-	// of fileChunk.
+	// of fileChunk, with the payloads used where they were read.
 	r := bufio.NewReaderSize(c.r, fileChunk)
 	w := bufio.NewWriterSize(f, fileChunk)
-	buf := make([]byte, wire.MaxPayload)
 	for {
-		t, p, err := wire.ReadFrame(r, buf, wire.MaxPayload)
+		t, p, err := wire.NextFrame(r, wire.MaxPayload)
 		if err != nil {
 			return // the caller is gone: nothing is replaced
 		}
