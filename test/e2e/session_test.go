@@ -221,8 +221,9 @@ func vmHWM(t *testing.T, pid int) int64 {
 }
 
 // TestFileStreamed writes a file of CTLD_E2E_FILE_BYTES (default 64 MiB;
-// the 1 GiB with CTLD_E2E_FILE_BYTES=1073741824, about 4 minutes
-// of the TCG VM: too long for the e2e job) into a guest through the API
+// the 1 GiB with CTLD_E2E_FILE_BYTES=1073741824 took 10.5 minutes
+// of the TCG VM, with -mem 8192: too long for the e2e job) into a guest
+// through the API
 // and reads it back: byte-identical (compared with the pattern written;
 // the guest's own sha256sum of sampled MiBs agrees with the pattern's),
 // and ctld's peak RSS grows by far less than the file (it streams, it
