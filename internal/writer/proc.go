@@ -38,6 +38,13 @@ func alive(pid int, start uint64) bool {
 	return err == nil && s == start && st != 'Z' && st != 'X'
 }
 
+// dying reports whether pid is exiting: a zombie, or gone (a pid
+// read from /proc/locks a moment ago).
+func dying(pid int) bool {
+	st, _, err := procStat("/proc", pid)
+	return err != nil || st == 'Z' || st == 'X'
+}
+
 // lockHolder returns the pid of the process holding an exclusive flock on
 // path according to /proc/locks (0 if none). Reading /proc/locks, unlike
 // trying the lock, cannot disturb a writer that is just starting.

@@ -46,6 +46,8 @@ const (
 	stopGrace = 45 * time.Second // SIGTERM → exit (disconnect + quiescence inside)
 	killWait  = 10 * time.Second // SIGKILL → gone
 	pollEvery = 20 * time.Millisecond
+	// dyingWait bounds the wait for a dying writer to release its lock.
+	dyingWait = 2 * time.Second
 	logTail   = 2048
 )
 
@@ -75,7 +77,7 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) (State, error) {
 	}
 	// A live writer is refused before anything in its Dir is touched (it
 	// would refuse too, holding the lock).
-	if pid, err := lockHolder(filepath.Join(spec.Dir, LockName)); err != nil {
+	if pid, err := s.settledLockHolder(ctx, filepath.Join(spec.Dir, LockName)); err != nil {
 		return State{}, err
 	} else if pid != 0 {
 		return State{}, fmt.Errorf("start writer %s: %w (pid %d)", spec.Dir, ErrBusy, pid)
@@ -151,6 +153,25 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) (State, error) {
 			_ = s.stopPID(context.Background(), pid, State{PID: pid})
 			return State{}, fmt.Errorf("start writer %s: %w: %s", spec.Dir, ctx.Err(), readTail(logPath, logStart))
 		case <-t.C:
+		}
+	}
+}
+
+// settledLockHolder is lockHolder once a dying holder has let go: a
+// killed writer's leader turns zombie (Check: ErrNotRunning) while its
+// other threads, which share its file table and so its flock, are still
+// on their way out. A holder that is not dying is returned at once.
+func (s *Supervisor) settledLockHolder(ctx context.Context, lock string) (int, error) {
+	deadline := time.Now().Add(dyingWait)
+	for {
+		pid, err := lockHolder(lock)
+		if err != nil || pid == 0 || !dying(pid) || time.Now().After(deadline) {
+			return pid, err
+		}
+		select {
+		case <-ctx.Done():
+			return pid, nil
+		case <-time.After(pollEvery):
 		}
 	}
 }
