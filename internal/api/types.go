@@ -226,6 +226,20 @@ type Sandbox struct {
 	// Writer is a block-mode generation's NBD writer while it holds its
 	// device (absent for overlay mode and once released).
 	Writer *BlockWriter `json:"writer,omitempty"`
+	// Pause is the generation's last pause (absent: never paused). State
+	// "published" is a pause; "abandoned" a pause that did not publish
+	// (the head is unchanged, the guest's writes since the last head are
+	// the running generation's dirty tail); "sealing" one in flight.
+	Pause *PauseStatus `json:"pause,omitempty"`
+}
+
+// PauseStatus is a generation's last pause.
+type PauseStatus struct {
+	State       string     `json:"state"`
+	OperationID string     `json:"operation_id"`
+	Generation  uint64     `json:"generation,omitempty"` // the block generation sealed
+	Head        VolumeHead `json:"head,omitzero"`
+	Error       string     `json:"error,omitempty"`
 }
 
 // BlockWriter is the writer process of a block-mode generation as the

@@ -249,6 +249,11 @@ func (s *Server) Handler() http.Handler {
 	route(http.MethodPost, "/v1/sandboxes/{id}/release", s.handleRelease)
 	route(http.MethodPost, "/v1/sandboxes/{id}/network", s.handleNetwork)
 	route(http.MethodGet, "/v1/sandboxes/{id}/logs", s.handleLogs)
+	route(http.MethodPost, "/v1/sandboxes/{id}/pause", s.handlePause)
+	route(http.MethodPost, "/v1/sandboxes/{id}/snapshot", s.handleSnapshot)
+	route(http.MethodGet, "/v1/sandboxes/{id}/volume", s.handleVolume)
+	route(http.MethodPost, "/v1/sandboxes/{id}/fork", s.handleFork)
+	route(http.MethodPost, "/v1/sandboxes/{id}/restore", s.handleRestore)
 	route(http.MethodGet, "/v1/proofs/{operation_id}", s.handleProof)
 	// A pattern without a method is less specific than the routes above,
 	// so it catches exactly the other methods on the same path; ServeMux's

@@ -35,6 +35,19 @@ type Service interface {
 	// after, as it comes) and says why it ended. req is validated.
 	Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error)
 
+	// Durable block RootFS (issue 10). Pause seals the running generation,
+	// publishes it as the sandbox's head (compare-and-swap; a stale
+	// writer's publish is fenced) and releases the generation. Snapshot
+	// seals it under a name while the guest runs. Volume reports the head,
+	// snapshots and generations. Fork makes id a new identity on another
+	// sandbox's committed generation; Restore moves id's head to one of
+	// its snapshots. Requests are validated.
+	Pause(ctx context.Context, id string, req api.PauseRequest) (api.PauseResponse, error)
+	Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error)
+	Volume(ctx context.Context, id string) (api.VolumeInfo, error)
+	Fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error)
+	Restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error)
+
 	// The calls below go to the guest agent of the sandbox's ready
 	// generation (issue 11). A nil user means the workload's.
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node/journal"
@@ -96,25 +97,67 @@ func (n *Node) hasBlock() bool {
 // block store does not have (not_found), a disk lease other than the
 // template's device size (invalid_argument). It fills in the disk lease:
 // the device size.
-func (n *Node) checkBlock(ctx context.Context, req *api.ClaimRequest) error {
+func (n *Node) checkBlock(ctx context.Context, id string, req *api.ClaimRequest) error {
 	if !n.hasBlock() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", api.RootFSBlock)
 	}
-	_, size, err := n.d.Templates.Template(ctx, req.RootFS.Template)
+	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template)
 	if err != nil {
-		if errdefs.CodeOf(err) == errdefs.CodeNotFound {
-			return err
-		}
-		return errdefs.Errorf(errdefs.CodeUnavailable, "block template %q: %v", req.RootFS.Template, err)
+		return err
 	}
 	switch d := req.Resources.DiskBytes; {
 	case d == 0:
 		req.Resources.DiskBytes = size
 	case d != size:
 		return errdefs.Errorf(errdefs.CodeInvalidArgument,
-			"resources.disk_bytes %d: a block-mode disk lease is the template's device size, %d for %q (leave it out)", d, size, req.RootFS.Template)
+			"resources.disk_bytes %d: a block-mode disk lease is the device size of its base, %d for %s (leave it out)", d, size, base)
 	}
 	return nil
+}
+
+// blockBase is where a new block generation of sandbox id starts: the
+// sandbox volume's head when it has one (a resume: its files as last
+// paused), else template's generation 0.
+func (n *Node) blockBase(ctx context.Context, id, template string) (blockstore.GenRef, journal.VolumeHead, int64, error) {
+	if n.d.Volumes != nil {
+		h, err := n.d.Volumes.Head(ctx, id)
+		if err != nil {
+			return blockstore.GenRef{}, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head of sandbox %s's volume: %v", id, err)
+		}
+		if h.Seq > 0 {
+			base := blockstore.GenRef{Volume: blockstore.Sandbox(id), Generation: h.Generation}
+			size, err := n.d.Volumes.DeviceSize(ctx, id, h.Generation)
+			if err != nil {
+				return base, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head %s of sandbox %s: %v", base, id, err)
+			}
+			return base, journalHead(h), size, nil
+		}
+	}
+	base, size, err := n.d.Templates.Template(ctx, template)
+	if err != nil {
+		if errdefs.CodeOf(err) == errdefs.CodeNotFound {
+			return base, journal.VolumeHead{}, 0, err
+		}
+		return base, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "block template %q: %v", template, err)
+	}
+	return base, journal.VolumeHead{}, size, nil
+}
+
+// baseOf is the generation b's device writes over (records from before
+// pause name none: the template's generation 0).
+func (n *Node) baseOf(ctx context.Context, b journal.BlockDevice) (blockstore.GenRef, error) {
+	if b.BaseVolume == "" {
+		base, _, err := n.d.Templates.Template(ctx, b.Template)
+		if err != nil {
+			return base, fmt.Errorf("template %q: %w", b.Template, err)
+		}
+		return base, nil
+	}
+	v, err := blockstore.ParseVolume(b.BaseVolume)
+	if err != nil {
+		return blockstore.GenRef{}, fmt.Errorf("journaled base: %w", err)
+	}
+	return blockstore.GenRef{Volume: v, Generation: b.BaseGeneration}, nil
 }
 
 // writerDir is the writer dir of rec's generation.
@@ -166,11 +209,14 @@ func (r writerResource) make(ctx context.Context, c *claimState) error {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
 	}
 	rec := c.rec
-	base, _, err := n.d.Templates.Template(ctx, rec.RootFS.Template)
+	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template)
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
 	}
-	b := journal.BlockDevice{Dir: n.writerDir(rec), Template: rec.RootFS.Template, Index: -1}
+	b := journal.BlockDevice{
+		Dir: n.writerDir(rec), Template: rec.RootFS.Template, Index: -1,
+		BaseVolume: base.Volume.String(), BaseGeneration: base.Generation, Head: head,
+	}
 	err = n.putBlock(rec, &b, func(tx *journal.Tx) (err error) {
 		b.WriterEpoch, err = tx.NextWriterEpoch()
 		return err
@@ -355,4 +401,14 @@ func (n *Node) identifyBlock(ctx context.Context, rec journal.Sandbox) (journal.
 	b.Index, b.PID, b.Size = st.Index, st.PID, st.Size
 	rec.Block = &b
 	return rec, true
+}
+
+// journalHead and apiHead convert a volume head between the API and the
+// journal.
+func journalHead(h api.VolumeHead) journal.VolumeHead {
+	return journal.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
+}
+
+func apiHead(h journal.VolumeHead) api.VolumeHead {
+	return api.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
 }

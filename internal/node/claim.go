@@ -136,7 +136,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		}
 	case api.RootFSBlock:
 		// The disk lease is the device size: no project quota.
-		if err := n.checkBlock(ctx, &req); err != nil {
+		if err := n.checkBlock(ctx, id, &req); err != nil {
 			return api.ClaimResponse{}, err
 		}
 	default:

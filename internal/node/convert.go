@@ -17,7 +17,7 @@ func apiSandbox(s journal.Sandbox) api.Sandbox {
 		ID: s.ID, Generation: s.Generation, State: api.SandboxState(s.State), ContainerID: s.ContainerID,
 		LeaseID: s.LeaseID, Resources: apiResources(s.Resources), RootFS: apiRootFS(s.RootFS), Epoch: s.Epoch,
 		CreatedAt: s.CreatedAt, Timings: apiTimings(s.Timings), ReleaseTimings: apiReleaseTimings(s.ReleaseTimings),
-		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s),
+		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s), Pause: apiPause(s),
 	}
 }
 
@@ -91,4 +91,12 @@ func networkRecord(p api.NetworkPolicy) journal.NetworkPolicy {
 		out.Rules = append(out.Rules, journal.NetworkRule{CIDR: r.CIDR, Domain: r.Domain, Protocol: r.Protocol, Ports: append([]string(nil), r.Ports...)})
 	}
 	return out
+}
+
+// apiPause is s's last pause.
+func apiPause(s journal.Sandbox) *api.PauseStatus {
+	if s.Seal == nil {
+		return nil
+	}
+	return &api.PauseStatus{State: string(s.Seal.State), OperationID: s.Seal.OperationID, Generation: s.Seal.Generation, Head: apiHead(s.Seal.Head), Error: s.Seal.Error}
 }

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -216,4 +217,41 @@ type BlockTemplates interface {
 	// over and its device size; a template the store does not have is
 	// errdefs not_found.
 	Template(ctx context.Context, name string) (base blockstore.GenRef, size int64, err error)
+}
+
+// BlockVolumes is the block store's side of durable sandboxes (issue 10):
+// each block-mode sandbox has a volume of committed generations with a
+// published head. A node without it keeps no head: every block claim
+// starts from its template and pause, snapshot, fork and restore are
+// refused.
+type BlockVolumes interface {
+	// Head is the sandbox volume's head (Seq 0: none).
+	Head(ctx context.Context, sandbox string) (api.VolumeHead, error)
+	// Publish makes next the head iff the head is expect and next's
+	// writer epoch is not older than the head's: else errdefs fenced.
+	Publish(ctx context.Context, sandbox string, expect, next api.VolumeHead) (api.VolumeHead, error)
+	// Generations lists the volume's committed generations, ascending.
+	Generations(ctx context.Context, sandbox string) ([]uint64, error)
+	// DeviceSize is the device size of a committed generation.
+	DeviceSize(ctx context.Context, sandbox string, generation uint64) (int64, error)
+	// PutSnapshot names a committed generation (a taken name: conflict).
+	PutSnapshot(ctx context.Context, sandbox, name string, generation uint64) error
+	Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error)
+	// Fork commits dst's generation 0 over src@generation, copying
+	// nothing (a volume that has generations: conflict).
+	Fork(ctx context.Context, src string, generation uint64, dst string) error
+}
+
+// BlockSealer seals a running writer's device (writer.Supervisor.Seal):
+// it commits the device's dirty chunks as generation of the sandbox
+// volume over the device's base, and rebases the device onto it. epoch
+// must be the writer's (a stale caller is refused).
+type BlockSealer interface {
+	Seal(ctx context.Context, dir string, generation, epoch uint64) (api.SealResult, error)
+}
+
+// BlockFreezer freezes a mounted block root (FIFREEZE): the filesystem's
+// dirty data reaches the device and new writes wait until thaw.
+type BlockFreezer interface {
+	Freeze(ctx context.Context, id string) (thaw func() error, err error)
 }

@@ -105,6 +105,12 @@ type Deps struct {
 	Block       BlockDevices   // *writer.Supervisor
 	BlockMounts BlockMounts    // *rootfs.Block
 	Templates   BlockTemplates // the block store
+	// Volumes, Sealer and Freezer make block roots durable (pause,
+	// snapshot, resume, fork); nil: every block claim starts from its
+	// template and those calls are refused.
+	Volumes BlockVolumes
+	Sealer  BlockSealer
+	Freezer BlockFreezer
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr

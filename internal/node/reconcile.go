@@ -64,9 +64,19 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			n.failPending(s.ClaimOp, errdefs.Errorf(errdefs.CodeUnavailable, "claim interrupted by failover of the primary; rolled back, retry with a new operation_id"))
 		case journal.StateReleasing:
 			log.Info("completing a release interrupted by failover")
-			_, err := n.teardown(ctx, s, s.ReleaseOp, journal.StateReleased, "released")
+			reason := "released"
+			if s.Seal != nil && s.Seal.State == journal.SealPublished && s.Seal.OperationID == s.ReleaseOp {
+				reason = "paused"
+			}
+			_, err := n.teardown(ctx, s, s.ReleaseOp, journal.StateReleased, reason)
 			errs = append(errs, err)
 		case journal.StateReady, journal.StateLost:
+			if settled, release := n.settleSeal(ctx, s); release {
+				log.Info("completing a pause interrupted by failover")
+				_, err := n.teardown(ctx, settled, settled.ReleaseOp, journal.StateReleased, "paused")
+				errs = append(errs, err)
+				continue
+			}
 			missing := n.missing(ctx, s, inv)
 			reason := fmt.Sprintf("lost: %v gone", missing)
 			if s.State == journal.StateReady && slices.Equal(missing, []string{"writer"}) {

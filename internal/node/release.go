@@ -182,10 +182,15 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 			return err
 		}
 		op, ok, err := tx.Operation(opID)
-		if err != nil || !ok || op.Kind != journal.OpRelease {
+		if err != nil || !ok || (op.Kind != journal.OpRelease && op.Kind != journal.OpPause) {
 			return err // claim rollbacks store their error in failOp
 		}
-		res, err := json.Marshal(api.ReleaseResponse{Sandbox: apiSandbox(s), Proof: api.CleanupProofOf(p)})
+		var res []byte
+		if op.Kind == journal.OpPause {
+			res, err = pauseResult(s, api.CleanupProofOf(p))
+		} else {
+			res, err = json.Marshal(api.ReleaseResponse{Sandbox: apiSandbox(s), Proof: api.CleanupProofOf(p)})
+		}
 		if err != nil {
 			return err
 		}

@@ -84,8 +84,12 @@ type testKernel struct {
 	block       BlockDevices
 	blockMounts BlockMounts
 	templates   BlockTemplates
-	writersDir  string
-	blockMode   bool
+	// volumes, sealer and freezer make block roots durable (nil: none).
+	volumes    BlockVolumes
+	sealer     BlockSealer
+	freezer    BlockFreezer
+	writersDir string
+	blockMode  bool
 	// blockStore is the node's BlockConfig but WritersDir: the real
 	// kernel's block store (StoreDir, NodeKeyFile, NodeKeyID,
 	// DeadConnTimeout), the fake's writer checks (CheckEvery).
@@ -252,6 +256,7 @@ func (r *rig) boot() (returned bool, err error) {
 		AgentBinary: r.k.agentBinary,
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
+		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,

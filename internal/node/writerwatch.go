@@ -189,9 +189,9 @@ func (n *Node) startNextWriter(ctx context.Context, s journal.Sandbox) (journal.
 	}
 	s.Block = &b
 	n.crash("writer:restarting")
-	base, _, err := n.d.Templates.Template(ctx, b.Template)
+	base, err := n.baseOf(ctx, b)
 	if err != nil {
-		return s, fmt.Errorf("template %q: %w", b.Template, err)
+		return s, err
 	}
 	if err := n.live(); err != nil {
 		return s, err

@@ -30,6 +30,11 @@ import (
 type Node struct {
 	mu sync.Mutex
 
+	// heads are the sandbox volumes' heads Pause published; pauses the
+	// head each pause operation published (a retry answers the same).
+	heads  map[string]api.VolumeHead
+	pauses map[string]api.VolumeHead
+
 	NodeID string
 	// Key is the node's identity key; Signer signs proofs and is Key
 	// unless a test swaps it to forge proofs.

@@ -93,6 +93,8 @@ type Kernel struct {
 	writers     map[string]*blockWriter // writer dir → writer (block.go)
 	nbd         map[int]string          // connected /dev/nbdX → writer dir
 	bmounts     map[string]*blockMount  // container id → block root mount
+	vols        map[string]*fakeVolume  // sandbox id → its volume (volumes.go)
+	frozen      map[string]bool         // container ids whose block root is frozen
 	refuse      map[string]error
 	failMake    map[string]error
 	unbounded   error

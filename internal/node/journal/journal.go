@@ -262,6 +262,8 @@ type Sandbox struct {
 	// writer epoch before the writer starts, completed with the device
 	// once attached (nil: overlay mode, or not started yet).
 	Block *BlockDevice `json:"block,omitempty"`
+	// Seal is the last pause of the generation (absent: never paused).
+	Seal *SealRecord `json:"seal,omitempty"`
 }
 
 // BlockDevice is a block-mode generation's writer process and device.
@@ -281,6 +283,50 @@ type BlockDevice struct {
 	// Restarts counts the writers started on the same device after the
 	// one before died (each with a new epoch).
 	Restarts int `json:"restarts,omitempty"`
+	// BaseVolume and BaseGeneration name the generation the device writes
+	// over: the template's, the sandbox head's on a resume, and after a
+	// seal the sealed one (the writer rebased onto it). A restarted writer
+	// opens over it. Empty (records before pause): the template's
+	// generation 0.
+	BaseVolume     string `json:"base_volume,omitempty"`
+	BaseGeneration uint64 `json:"base_generation,omitempty"`
+	// Head is the sandbox volume's head the claim started from (Seq 0:
+	// none, a fresh sandbox): a pause publishes over exactly it.
+	Head VolumeHead `json:"head,omitzero"`
+}
+
+// VolumeHead is a sandbox volume's published head (blockstore.Head).
+type VolumeHead struct {
+	Seq         uint64 `json:"seq"`
+	Generation  uint64 `json:"generation"`
+	WriterEpoch uint64 `json:"writer_epoch"`
+	Node        string `json:"node,omitempty"`
+}
+
+// SealState is where a pause's seal is.
+type SealState string
+
+// Seal states. A seal is journaled as sealing before the device is frozen;
+// a primary that finds one sealing on takeover marks it abandoned: the
+// head was not moved (a pause publishes only after its seal committed),
+// and whatever the guest wrote since it is the running generation's dirty
+// tail, never a pause.
+const (
+	SealSealing   SealState = "sealing"
+	SealPublished SealState = "published"
+	SealAbandoned SealState = "abandoned"
+)
+
+// SealRecord is the last pause of a generation.
+type SealRecord struct {
+	State       SealState  `json:"state"`
+	OperationID string     `json:"operation_id"`
+	Generation  uint64     `json:"generation,omitempty"` // the block generation sealed
+	Head        VolumeHead `json:"head,omitzero"`        // published
+	// Result is the seal's api.SealResult as JSON (the journal does not
+	// depend on the API's types).
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
 }
 
 // NetworkUpdate is a live policy update in flight.
@@ -307,6 +353,7 @@ type OpKind string
 const (
 	OpClaim   OpKind = "claim"
 	OpRelease OpKind = "release"
+	OpPause   OpKind = "pause"
 )
 
 // OpState is where an operation is.

@@ -1,0 +1,458 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// Durable block roots (issue 10; DESIGN.md "RootFS"). A block-mode
+// sandbox's files are a chain of committed generations in the block store
+// (the sandbox's volume). A seal freezes the mounted root (FIFREEZE: the
+// filesystem's dirty data reaches the device, new writes wait), has the
+// writer commit the device's dirty chunks as the volume's next generation
+// and rebase onto it, and thaws: the freeze is the guest's write barrier,
+// and it lasts as long as the dirty data takes, not the disk size. A pause
+// is a seal, the head's compare-and-swap publish (over the head the claim
+// started from, with the writer's epoch: a stale writer is fenced), then
+// the generation's release with its cleanup proof; the next claim of the
+// sandbox starts from the head (a resume). What the guest writes between
+// the thaw and the release is not part of the pause.
+
+// hasVolumes reports whether this node can seal and publish block roots.
+func (n *Node) hasVolumes() bool {
+	return n.hasBlock() && n.d.Volumes != nil && n.d.Sealer != nil && n.d.Freezer != nil
+}
+
+func (n *Node) needVolumes(call string) error {
+	if !n.hasVolumes() {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "%s: this node has no durable block store (block store, writers and sealing configured)", call)
+	}
+	return nil
+}
+
+// sealable checks that s is a ready block-mode generation.
+func sealable(s journal.Sandbox, call string) error {
+	if rootfsMode(s) != journal.RootFSBlock {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s of sandbox %q: its rootfs mode is %s; only block-mode roots are durable", call, s.ID, rootfsMode(s))
+	}
+	if s.State != journal.StateReady || s.Block == nil {
+		return errdefs.Errorf(errdefs.CodeConflict, "%s of sandbox %q: generation %d is %s, not ready", call, s.ID, s.Generation, s.State)
+	}
+	return nil
+}
+
+// seal freezes rec's root, seals its device as the volume's next
+// generation and thaws it; it journals the device's new base (the writer
+// rebased onto the sealed generation) and returns the seal with rec
+// updated.
+func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (api.SealResult, error) {
+	t0 := time.Now()
+	gens, err := n.d.Volumes.Generations(ctx, rec.ID)
+	if err != nil {
+		return api.SealResult{}, errdefs.Errorf(errdefs.CodeUnavailable, "list the generations of sandbox %s: %v", rec.ID, err)
+	}
+	next := uint64(1)
+	if len(gens) > 0 {
+		next = slices.Max(gens) + 1
+	}
+	if err := n.live(); err != nil {
+		return api.SealResult{}, err
+	}
+	thaw, err := n.d.Freezer.Freeze(ctx, rec.ContainerID)
+	if err != nil {
+		return api.SealResult{}, fmt.Errorf("freeze the root of %s: %w", rec.ContainerID, err)
+	}
+	tf := time.Now()
+	res, serr := n.d.Sealer.Seal(ctx, n.writerDir(*rec), next, rec.Block.WriterEpoch)
+	terr := thaw()
+	res.FreezeMS = ms(time.Since(tf))
+	if serr != nil {
+		return api.SealResult{}, errors.Join(fmt.Errorf("seal the device of %s: %w", rec.ContainerID, serr), terr)
+	}
+	if terr != nil {
+		return api.SealResult{}, fmt.Errorf("thaw the root of %s: %w", rec.ContainerID, terr)
+	}
+	b := *rec.Block
+	b.BaseVolume, b.BaseGeneration = blockstore.Sandbox(rec.ID).String(), res.Generation
+	if err := n.putBlock(*rec, &b, nil); err != nil {
+		return api.SealResult{}, fmt.Errorf("journal the device's new base: %w", err)
+	}
+	rec.Block = &b
+	res.TotalMS = ms(time.Since(t0))
+	n.log.Info("sealed", "sandbox", rec.ID, "generation", rec.Generation, "block_generation", res.Generation,
+		"chunks", res.Chunks, "bytes", res.Bytes, "freeze_ms", res.FreezeMS, "total_ms", res.TotalMS)
+	return res, nil
+}
+
+// Pause implements apiserver.Service.
+func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.PauseResponse, error) {
+	if err := n.needVolumes("pause"); err != nil {
+		return api.PauseResponse{}, err
+	}
+	op := journal.Operation{
+		ID: req.OperationID, Kind: journal.OpPause, SandboxID: id, Generation: req.Generation,
+		RequestHash: requestHash("pause", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
+	}
+	ctx, end, err := n.begin(ctx)
+	if err != nil {
+		return api.PauseResponse{}, err
+	}
+	defer end()
+	unlock := n.lockSandbox(id)
+	var rec journal.Sandbox
+	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+		}
+		if req.Generation != 0 && req.Generation != s.Generation {
+			return errdefs.Errorf(errdefs.CodeFenced, "pause of generation %d refused: current generation is %d", req.Generation, s.Generation)
+		}
+		if err := sealable(s, "pause"); err != nil {
+			return err
+		}
+		s.Seal = &journal.SealRecord{State: journal.SealSealing, OperationID: req.OperationID}
+		rec = s
+		return tx.PutSandbox(s)
+	})
+	if err != nil || !started {
+		unlock()
+		if err != nil {
+			return api.PauseResponse{}, err
+		}
+		return opOutcome[api.PauseResponse](op)
+	}
+	defer n.endOp(op.ID)
+	head, res, err := n.sealAndPublish(ctx, &rec)
+	if err != nil {
+		unlock()
+		n.abandonSeal(rec, op.ID, err)
+		return api.PauseResponse{}, err
+	}
+	err = n.publishedSeal(rec, op.ID, head, res)
+	unlock()
+	if err != nil {
+		// The head moved; the takeover's reconcile finds it and completes
+		// the pause (settleSeal).
+		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
+	}
+	rec.State, rec.ReleaseOp = journal.StateReleasing, op.ID
+	return n.finishPause(rec, op.ID)
+}
+
+// sealAndPublish seals rec's device and publishes it as the volume's head
+// over the head its claim started from.
+func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (api.VolumeHead, api.SealResult, error) {
+	res, err := n.seal(ctx, rec)
+	if err != nil {
+		return api.VolumeHead{}, res, err
+	}
+	n.crash("pause:sealed")
+	if err := n.live(); err != nil {
+		return api.VolumeHead{}, res, err
+	}
+	next := api.VolumeHead{Generation: res.Generation, WriterEpoch: rec.Block.WriterEpoch, Node: n.d.Identity.NodeID}
+	head, err := n.d.Volumes.Publish(ctx, rec.ID, apiHead(rec.Block.Head), next)
+	if err != nil {
+		if errdefs.CodeOf(err) == errdefs.CodeFenced {
+			return head, res, err
+		}
+		return head, res, errdefs.Errorf(errdefs.CodeUnavailable, "publish the head of sandbox %s: %v", rec.ID, err)
+	}
+	n.crash("pause:published")
+	return head, res, nil
+}
+
+// publishedSeal journals a published pause: the generation is releasing
+// under the pause's operation.
+func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head api.VolumeHead, res api.SealResult) error {
+	result, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(rec.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || s.Generation != rec.Generation {
+			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
+		}
+		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: journalHead(head), Result: result}
+		s.State, s.ReleaseOp = journal.StateReleasing, opID
+		return tx.PutSandbox(s)
+	})
+}
+
+// abandonSeal journals a pause that did not publish: the head is as it
+// was, the generation keeps running, and the operation failed with err.
+func (n *Node) abandonSeal(rec journal.Sandbox, opID string, cause error) {
+	code := errdefs.CodeOf(cause)
+	if code == "" {
+		code = errdefs.CodeInternal
+	}
+	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(rec.ID)
+		if err != nil || !ok || s.Generation != rec.Generation {
+			return err
+		}
+		s.Seal = &journal.SealRecord{State: journal.SealAbandoned, OperationID: opID, Error: cause.Error()}
+		if err := tx.PutSandbox(s); err != nil {
+			return err
+		}
+		op, ok, err := tx.Operation(opID)
+		if err != nil || !ok || op.State != journal.OpPending {
+			return err
+		}
+		op.State, op.Error = journal.OpFailed, &journal.OpError{Code: code, Message: cause.Error()}
+		return tx.PutOperation(op)
+	})
+	if err != nil {
+		n.log.Error("journal abandoned seal", "sandbox", rec.ID, "op", opID, "err", err)
+	}
+	n.log.Warn("pause abandoned; the head is unchanged and the generation keeps running", "sandbox", rec.ID, "generation", rec.Generation, "err", cause)
+}
+
+// finishPause releases a published pause's generation (the teardown stores
+// the pause's answer with its proof) and answers it.
+func (n *Node) finishPause(rec journal.Sandbox, opID string) (api.PauseResponse, error) {
+	td, cancel := n.background(2 * time.Minute)
+	defer cancel()
+	_, terr := n.teardown(td, rec, opID, journal.StateReleased, "paused")
+	n.kickCarriers()
+	if errors.Is(terr, ErrTermOver) {
+		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: the head is published; its release was interrupted by the end of this primary's term and the next primary completes it; retry the same operation_id", opID)
+	}
+	if terr != nil {
+		n.log.Warn("pause's release left objects behind; capacity withheld", "sandbox", rec.ID, "generation", rec.Generation, "err", terr)
+	}
+	var done journal.Operation
+	var ok bool
+	if jerr := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		done, ok, err = tx.Operation(opID)
+		return err
+	}); jerr != nil || !ok || done.State != journal.OpDone {
+		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeInternal, "pause of %s: cleanup proof not journaled: %v", rec.ID, errors.Join(jerr, terr))
+	}
+	return opOutcome[api.PauseResponse](done)
+}
+
+// pauseResult is the stored answer of a pause whose teardown signed p.
+func pauseResult(s journal.Sandbox, p api.CleanupProof) (json.RawMessage, error) {
+	out := api.PauseResponse{Sandbox: apiSandbox(s), Proof: p}
+	if s.Seal != nil {
+		out.Head = apiHead(s.Seal.Head)
+		if len(s.Seal.Result) > 0 {
+			if err := json.Unmarshal(s.Seal.Result, &out.Seal); err != nil {
+				return nil, fmt.Errorf("decode journaled seal: %w", err)
+			}
+		}
+	}
+	return json.Marshal(out)
+}
+
+// settleSeal resolves, on takeover, a pause that was sealing when the
+// last primary stopped: if its head was published (the head names this
+// generation's writer epoch and moved past the one the claim started
+// from), the pause completes (the generation is released under it);
+// otherwise it is abandoned and the generation keeps running.
+func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
+	if s.Seal == nil || s.Seal.State != journal.SealSealing || s.Block == nil || n.d.Volumes == nil {
+		return s, false
+	}
+	opID := s.Seal.OperationID
+	h, err := n.d.Volumes.Head(ctx, s.ID)
+	if err == nil && h.Seq > s.Block.Head.Seq && h.WriterEpoch == s.Block.WriterEpoch {
+		res := api.SealResult{Generation: h.Generation}
+		if perr := n.publishedSeal(s, opID, h, res); perr == nil {
+			s.State, s.ReleaseOp = journal.StateReleasing, opID
+			s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: h.Generation, Head: journalHead(h)}
+			n.log.Info("completing a pause interrupted by failover after its head was published", "sandbox", s.ID, "head", h.Seq)
+			return s, true
+		}
+	}
+	cause := errdefs.Errorf(errdefs.CodeUnavailable, "pause interrupted by failover of the primary before its head was published; the head is unchanged and the generation keeps running (its writes since are its dirty tail); retry with a new operation_id")
+	if err != nil {
+		cause = errdefs.Errorf(errdefs.CodeUnavailable, "pause interrupted by failover; the volume's head could not be read (%v), so the pause is abandoned and the generation keeps running", err)
+	}
+	n.abandonSeal(s, opID, cause)
+	s.Seal = &journal.SealRecord{State: journal.SealAbandoned, OperationID: opID, Error: cause.Error()}
+	return s, false
+}
+
+// Snapshot implements apiserver.Service: a seal while the guest runs,
+// named.
+func (n *Node) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
+	if err := n.needVolumes("snapshot"); err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	ctx, end, err := n.begin(ctx)
+	if err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	defer end()
+	unlock := n.lockSandbox(id)
+	defer unlock()
+	rec, err := n.sandbox(id)
+	if err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	if err := sealable(rec, "snapshot"); err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	snaps, err := n.d.Volumes.Snapshots(ctx, id)
+	if err != nil {
+		return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "snapshots of %s: %v", id, err)
+	}
+	for _, s := range snaps {
+		if s.Name == req.Name {
+			return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has a snapshot %q already (generation %d)", id, req.Name, s.Generation)
+		}
+	}
+	res, err := n.seal(ctx, &rec)
+	if err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	if err := n.d.Volumes.PutSnapshot(ctx, id, req.Name, res.Generation); err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	return api.SnapshotResponse{Snapshot: api.Snapshot{Name: req.Name, Generation: res.Generation}, Seal: res}, nil
+}
+
+// Volume implements apiserver.Service.
+func (n *Node) Volume(ctx context.Context, id string) (api.VolumeInfo, error) {
+	if err := n.needVolumes("volume"); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	out := api.VolumeInfo{Sandbox: id, Snapshots: []api.Snapshot{}, Generations: []uint64{}}
+	var err error
+	if out.Head, err = n.d.Volumes.Head(ctx, id); err != nil {
+		return out, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
+	}
+	if out.Snapshots, err = n.d.Volumes.Snapshots(ctx, id); err != nil {
+		return out, errdefs.Errorf(errdefs.CodeUnavailable, "snapshots of %s: %v", id, err)
+	}
+	if out.Generations, err = n.d.Volumes.Generations(ctx, id); err != nil {
+		return out, errdefs.Errorf(errdefs.CodeUnavailable, "generations of %s: %v", id, err)
+	}
+	if out.Head.Seq == 0 && len(out.Generations) == 0 && len(out.Snapshots) == 0 {
+		return out, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q has no volume in the block store (never paused, snapshotted or forked)", id)
+	}
+	return out, nil
+}
+
+// snapshotGen is the generation of src's snapshot name, or of its head
+// without a name.
+func (n *Node) snapshotGen(ctx context.Context, src, name string) (uint64, error) {
+	if name == "" {
+		h, err := n.d.Volumes.Head(ctx, src)
+		if err != nil {
+			return 0, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", src, err)
+		}
+		if h.Seq == 0 {
+			return 0, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q has no head (pause it first, or name a snapshot)", src)
+		}
+		return h.Generation, nil
+	}
+	snaps, err := n.d.Volumes.Snapshots(ctx, src)
+	if err != nil {
+		return 0, errdefs.Errorf(errdefs.CodeUnavailable, "snapshots of %s: %v", src, err)
+	}
+	for _, s := range snaps {
+		if s.Name == name {
+			return s.Generation, nil
+		}
+	}
+	return 0, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q has no snapshot %q", src, name)
+}
+
+// notRunning refuses a call on a sandbox with a live generation.
+func (n *Node) notRunning(id, call string) error {
+	s, err := n.sandbox(id)
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if s.Holds() {
+		return errdefs.Errorf(errdefs.CodeConflict, "%s of sandbox %q: its generation %d is %s; pause or release it first", call, id, s.Generation, s.State)
+	}
+	return nil
+}
+
+// Fork implements apiserver.Service: id's volume becomes a generation 0
+// over the source's committed generation, published as id's first head.
+func (n *Node) Fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error) {
+	if err := n.needVolumes("fork"); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	if req.Source == id {
+		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "fork of %s onto itself: use restore", id)
+	}
+	ctx, end, err := n.begin(ctx)
+	if err != nil {
+		return api.VolumeInfo{}, err
+	}
+	defer end()
+	unlock := n.lockSandbox(id)
+	defer unlock()
+	if err := n.notRunning(id, "fork"); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	gen, err := n.snapshotGen(ctx, req.Source, req.Snapshot)
+	if err != nil {
+		return api.VolumeInfo{}, err
+	}
+	if err := n.d.Volumes.Fork(ctx, req.Source, gen, id); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	if _, err := n.d.Volumes.Publish(ctx, id, api.VolumeHead{}, api.VolumeHead{Generation: 0, Node: n.d.Identity.NodeID}); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	n.log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
+	return n.Volume(ctx, id)
+}
+
+// Restore implements apiserver.Service: id's head moves to its snapshot
+// (compare-and-swap over the head read here).
+func (n *Node) Restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
+	if err := n.needVolumes("restore"); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	ctx, end, err := n.begin(ctx)
+	if err != nil {
+		return api.VolumeInfo{}, err
+	}
+	defer end()
+	unlock := n.lockSandbox(id)
+	defer unlock()
+	if err := n.notRunning(id, "restore"); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	gen, err := n.snapshotGen(ctx, id, req.Snapshot)
+	if err != nil {
+		return api.VolumeInfo{}, err
+	}
+	h, err := n.d.Volumes.Head(ctx, id)
+	if err != nil {
+		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
+	}
+	if _, err := n.d.Volumes.Publish(ctx, id, h, api.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID}); err != nil {
+		return api.VolumeInfo{}, err
+	}
+	n.log.Info("restored", "sandbox", id, "snapshot", req.Snapshot, "generation", gen)
+	return n.Volume(ctx, id)
+}
