@@ -152,11 +152,12 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 
 	sandbox := group("sandbox", "Create, use and destroy sandboxes")
 	sandbox.AddCommand(c.createCommand(), c.execCommand(), c.shellCommand(), c.lsCommand(), c.getCommand(), c.destroyCommand(), c.fileCommand(), c.logsCommand(), c.networkCommand())
+	sandbox.AddCommand(c.volumeCommands()...)
 	node := group("node", "Inspect the node")
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
-	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv))
+	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.snapshotCommand())
 	return root
 }
 

@@ -85,6 +85,17 @@ var migrations = []string{
 	// 2: the network policy in force for a generation (the claim's, then
 	// each live update's).
 	`ALTER TABLE generations ADD COLUMN network TEXT NOT NULL DEFAULT '{}';`,
+	// 3: the head of a block-mode sandbox's volume as its pauses
+	// published it (the node's block store holds the truth; this is the
+	// manager's compare-and-swap mirror).
+	`CREATE TABLE heads (
+		sandbox_id   TEXT PRIMARY KEY REFERENCES sandboxes(id),
+		seq          INTEGER NOT NULL,
+		generation   INTEGER NOT NULL,
+		writer_epoch INTEGER NOT NULL,
+		node_id      TEXT NOT NULL DEFAULT '',
+		updated_at   TEXT NOT NULL
+	);`,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.
@@ -781,4 +792,44 @@ func (s *Store) Proof(ctx context.Context, opID string) (ProofRecord, error) {
 		return r, fmt.Errorf("decode proof %s: %w", opID, err)
 	}
 	return r, nil
+}
+
+// Head returns the sandbox volume's head as recorded (Seq 0: none).
+func (s *Store) Head(ctx context.Context, id string) (api.VolumeHead, error) {
+	var h api.VolumeHead
+	err := s.db.QueryRowContext(ctx, `SELECT seq, generation, writer_epoch, node_id FROM heads WHERE sandbox_id = ?`, id).
+		Scan(&h.Seq, &h.Generation, &h.WriterEpoch, &h.Node)
+	if errors.Is(err, sql.ErrNoRows) {
+		return api.VolumeHead{}, nil
+	}
+	if err != nil {
+		return h, fmt.Errorf("read head of %s: %w", id, err)
+	}
+	return h, nil
+}
+
+// PublishHead records h as the sandbox's head iff it is newer than the
+// recorded one (a higher Seq) and of a writer epoch not older: the node's
+// block store is the compare-and-swap's truth, and this record only ever
+// moves forward, so two managers (or a late answer) cannot move it back.
+// A stale head is fenced and changes nothing.
+func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var cur api.VolumeHead
+		err := tx.QueryRowContext(ctx, `SELECT seq, writer_epoch FROM heads WHERE sandbox_id = ?`, id).Scan(&cur.Seq, &cur.WriterEpoch)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("read head of %s: %w", id, err)
+		}
+		if h.Seq <= cur.Seq || h.WriterEpoch < cur.WriterEpoch {
+			return errdefs.Errorf(errdefs.CodeFenced, "head of %s: recorded %d (writer epoch %d); %d (writer epoch %d) is not newer",
+				id, cur.Seq, cur.WriterEpoch, h.Seq, h.WriterEpoch)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO heads (sandbox_id, seq, generation, writer_epoch, node_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (sandbox_id) DO UPDATE SET seq = excluded.seq, generation = excluded.generation, writer_epoch = excluded.writer_epoch,
+			node_id = excluded.node_id, updated_at = excluded.updated_at`,
+			id, h.Seq, h.Generation, h.WriterEpoch, h.Node, ts(s.now())); err != nil {
+			return fmt.Errorf("record head of %s: %w", id, err)
+		}
+		return nil
+	})
 }

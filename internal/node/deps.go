@@ -254,4 +254,9 @@ type BlockSealer interface {
 // dirty data reaches the device and new writes wait until thaw.
 type BlockFreezer interface {
 	Freeze(ctx context.Context, id string) (thaw func() error, err error)
+	// Thaw thaws id's root if frozen (a primary died between a freeze
+	// and its thaw); not frozen or not mounted is success.
+	Thaw(ctx context.Context, id string) error
 }
+
+var _ BlockFreezer = (*rootfs.Block)(nil)

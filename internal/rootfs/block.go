@@ -105,6 +105,11 @@ func (b *Block) Unmount(ctx context.Context, id string) error {
 	}
 	target := b.Target(id)
 	log := b.logger().With("sandbox", id, "root", target)
+	// A primary that died between a freeze and its thaw left the
+	// filesystem frozen: its unmount would wait for a thaw forever.
+	if err := b.Thaw(ctx, id); err != nil {
+		log.Warn("thaw before unmount", "err", err)
+	}
 	left, err := unmountUnder(ctx, log, b.mountinfo, target)
 	if err != nil {
 		return err

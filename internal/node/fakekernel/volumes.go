@@ -196,3 +196,15 @@ func (f *Freezer) Freeze(ctx context.Context, id string) (func() error, error) {
 		return nil
 	}, nil
 }
+
+// Thaw thaws the root of container id if frozen.
+func (f *Freezer) Thaw(ctx context.Context, id string) error {
+	k := (*Kernel)(f)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.frozen[id] {
+		delete(k.frozen, id)
+		k.call("thaw %s", id)
+	}
+	return nil
+}

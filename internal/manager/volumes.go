@@ -1,0 +1,130 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
+)
+
+// Durable block roots (issue 10) as the manager drives them: a pause is a
+// release (recorded as one, its proof judged) that also publishes the
+// sandbox's head, mirrored in the store; a resume is the next claim with
+// the last claim's spec (the node starts it from the head).
+
+// PauseResult is the outcome of Pause.
+type PauseResult struct {
+	DestroyResult
+	Head api.VolumeHead `json:"head"`
+	Seal api.SealResult `json:"seal"`
+}
+
+// Pause seals the sandbox's running generation as its head on the node,
+// releases it, judges the cleanup proof and records the head.
+func (m *Manager) Pause(ctx context.Context, id string) (PauseResult, error) {
+	if err := names.CheckID("sandbox id", id); err != nil {
+		return PauseResult{}, err
+	}
+	opID, err := m.newOpID()
+	if err != nil {
+		return PauseResult{}, err
+	}
+	op, reused, err := m.Store.BeginRelease(ctx, id, opID)
+	if err != nil {
+		return PauseResult{}, err
+	}
+	sb, err := m.Store.Sandbox(ctx, id)
+	if err != nil {
+		return PauseResult{}, err
+	}
+	log := m.log().With("sandbox", id, "generation", op.Generation, "operation", op.OperationID)
+	res := PauseResult{DestroyResult: DestroyResult{OperationID: op.OperationID, Reused: reused}}
+	resp, err := m.Client.Pause(ctx, id, api.PauseRequest{OperationID: op.OperationID, Generation: op.Generation})
+	if err != nil {
+		if definitive(err) {
+			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
+				return res, errors.Join(err, ferr)
+			}
+			log.Warn("pause failed", "err", err)
+			return res, err
+		}
+		log.Warn("pause outcome unknown; operation stays pending for a retry", "err", err)
+		return res, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	v, err := m.judge(ctx, want{opID: op.OperationID, sandboxID: id, generation: op.Generation, nodeID: sb.NodeID}, resp.Proof)
+	if err != nil {
+		return res, err
+	}
+	v.Source = "node"
+	if err := m.Store.FinishRelease(ctx, op.OperationID, resp.Sandbox, ProofRecord{Proof: resp.Proof, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
+		return res, err
+	}
+	if err := m.Store.PublishHead(ctx, id, resp.Head); err != nil && !(reused && errdefs.CodeOf(err) == errdefs.CodeFenced) {
+		return res, fmt.Errorf("record head: %w", err)
+	}
+	log.Info("sandbox paused", "head", resp.Head.Seq, "block_generation", resp.Head.Generation, "proof_verified", v.Verified)
+	res.Sandbox, res.Verdict, res.Head, res.Seal = resp.Sandbox, v, resp.Head, resp.Seal
+	return res, nil
+}
+
+// Resume claims the sandbox's next generation with its last claim's spec;
+// the node starts it from the sandbox's head.
+func (m *Manager) Resume(ctx context.Context, id string) (CreateResult, error) {
+	if err := names.CheckID("sandbox id", id); err != nil {
+		return CreateResult{}, err
+	}
+	ops, err := m.Store.Operations(ctx, id)
+	if err != nil {
+		return CreateResult{}, err
+	}
+	for i := len(ops) - 1; i >= 0; i-- {
+		op := ops[i]
+		if op.Kind != KindClaim || op.State != OpDone || len(op.Request) == 0 {
+			continue
+		}
+		var spec Spec
+		if err := json.Unmarshal(op.Request, &spec); err != nil {
+			return CreateResult{}, fmt.Errorf("decode the last claim of %s (%s): %w", id, op.OperationID, err)
+		}
+		if spec.RootFS.Mode != api.RootFSBlock {
+			return CreateResult{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "sandbox %s has an %s root: only block-mode roots resume (create it again instead)", id, spec.RootFS.Mode)
+		}
+		return m.Create(ctx, id, spec)
+	}
+	return CreateResult{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s has no completed claim to resume", id)
+}
+
+// Snapshot seals the running generation under name.
+func (m *Manager) Snapshot(ctx context.Context, id, name string) (api.SnapshotResponse, error) {
+	return m.Client.Snapshot(ctx, id, api.SnapshotRequest{Name: name})
+}
+
+// Volume returns the sandbox volume's head, snapshots and generations.
+func (m *Manager) Volume(ctx context.Context, id string) (api.VolumeInfo, error) {
+	return m.Client.Volume(ctx, id)
+}
+
+// Fork makes dst a new identity on src's head or snapshot; `sandbox create
+// DST --mode block` then runs it from there.
+func (m *Manager) Fork(ctx context.Context, src, dst, snapshot string) (api.VolumeInfo, error) {
+	return m.Client.Fork(ctx, dst, api.ForkRequest{Source: src, Snapshot: snapshot})
+}
+
+// Restore moves the sandbox's head to its snapshot and records it.
+func (m *Manager) Restore(ctx context.Context, id, snapshot string) (api.VolumeInfo, error) {
+	v, err := m.Client.Restore(ctx, id, api.RestoreRequest{Snapshot: snapshot})
+	if err != nil {
+		return v, err
+	}
+	if _, serr := m.Store.Sandbox(ctx, id); serr == nil {
+		if err := m.Store.PublishHead(context.WithoutCancel(ctx), id, v.Head); err != nil {
+			return v, fmt.Errorf("record head: %w", err)
+		}
+	}
+	return v, nil
+}
