@@ -8,7 +8,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// An object as stored (chunk or manifest):
+// An object as stored (chunk, manifest, head, snapshot or tombstone):
 //
 //	"CTBO" | version 1 | kind | flags | str dataKeyID | nonce(12) | AES-256-GCM(payload)
 //
@@ -28,8 +28,11 @@ const (
 type objKind uint8
 
 const (
-	kindChunk    objKind = 1
-	kindManifest objKind = 2
+	kindChunk     objKind = 1
+	kindManifest  objKind = 2
+	kindHead      objKind = 3
+	kindSnapshot  objKind = 4
+	kindTombstone objKind = 5
 )
 
 func (k objKind) String() string {
@@ -38,6 +41,12 @@ func (k objKind) String() string {
 		return "chunk"
 	case kindManifest:
 		return "manifest"
+	case kindHead:
+		return "head"
+	case kindSnapshot:
+		return "snapshot"
+	case kindTombstone:
+		return "tombstone"
 	}
 	return fmt.Sprintf("kind %d", uint8(k))
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Store is an object store of immutable objects. Every implementation
@@ -34,6 +35,21 @@ type Store interface {
 	// List returns the keys that start with prefix, sorted. The prefix
 	// is a plain string prefix (as in S3), not only a directory.
 	List(ctx context.Context, prefix string) ([]string, error)
+}
+
+// Lister is an optional Store extension GC needs: ListInfo is List with
+// each object's size and modification time (the time its Put completed,
+// by the store's clock), so GC can leave alone what may be an upload in
+// flight.
+type Lister interface {
+	ListInfo(ctx context.Context, prefix string) ([]ObjectInfo, error)
+}
+
+// ObjectInfo is one object of a ListInfo.
+type ObjectInfo struct {
+	Key     string
+	ModTime time.Time
+	Size    int64
 }
 
 // BufferGetter is an optional Store extension for the chunk read path:

@@ -183,8 +183,45 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 
 // List returns the keys starting with prefix, sorted.
 func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	if err := blockstore.CheckPrefix(prefix); err != nil {
+	var keys []string
+	err := s.walk(ctx, prefix, func(key string, _ fs.DirEntry) error {
+		keys = append(keys, key)
+		return nil
+	})
+	if err != nil {
 		return nil, err
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+var _ blockstore.Lister = (*Store)(nil)
+
+// ListInfo is List with each object's size and modification time.
+func (s *Store) ListInfo(ctx context.Context, prefix string) ([]blockstore.ObjectInfo, error) {
+	var out []blockstore.ObjectInfo
+	err := s.walk(ctx, prefix, func(key string, d fs.DirEntry) error {
+		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // deleted since the directory was read
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, blockstore.ObjectInfo{Key: key, ModTime: fi.ModTime(), Size: fi.Size()})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// walk calls fn for every object whose key starts with prefix.
+func (s *Store) walk(ctx context.Context, prefix string, fn func(key string, d fs.DirEntry) error) error {
+	if err := blockstore.CheckPrefix(prefix); err != nil {
+		return err
 	}
 	// Walk the deepest directory the prefix names in full; a partial last
 	// segment ("gen/00" of "gen/0001") is filtered by string prefix.
@@ -196,7 +233,6 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 	if dir != "" {
 		start = s.path(dir)
 	}
-	var keys []string
 	err := filepath.WalkDir(start, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if p == start && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)) {
@@ -221,15 +257,14 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 			return err
 		}
 		if k := filepath.ToSlash(rel); strings.HasPrefix(k, prefix) {
-			keys = append(keys, k)
+			return fn(k, d)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list %q: %w", prefix, err)
+		return fmt.Errorf("list %q: %w", prefix, err)
 	}
-	sort.Strings(keys)
-	return keys, nil
+	return nil
 }
 
 // Sweep removes temp files older than age that crashed Puts left behind,

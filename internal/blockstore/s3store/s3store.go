@@ -159,10 +159,26 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 
 // List returns the keys starting with prefix, sorted.
 func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	infos, err := s.ListInfo(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(infos))
+	for i, o := range infos {
+		keys[i] = o.Key
+	}
+	return keys, nil
+}
+
+var _ blockstore.Lister = (*Store)(nil)
+
+// ListInfo is List with each object's size and LastModified (the
+// server's clock, to the second).
+func (s *Store) ListInfo(ctx context.Context, prefix string) ([]blockstore.ObjectInfo, error) {
 	if err := blockstore.CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
-	var keys []string
+	var out []blockstore.ObjectInfo
 	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: aws.String(s.prefix + prefix)})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
@@ -173,11 +189,15 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 			if o.Key == nil || len(*o.Key) < len(s.prefix) {
 				continue
 			}
-			keys = append(keys, (*o.Key)[len(s.prefix):])
+			oi := blockstore.ObjectInfo{Key: (*o.Key)[len(s.prefix):], Size: aws.ToInt64(o.Size)}
+			if o.LastModified != nil {
+				oi.ModTime = *o.LastModified
+			}
+			out = append(out, oi)
 		}
 	}
-	sort.Strings(keys)
-	return keys, nil
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
 }
 
 func errorCode(err error) string {

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
 )
@@ -34,6 +35,7 @@ func Run(t *testing.T, newStore func(t *testing.T) blockstore.Store) {
 		{"CancelledContext", testCancelled},
 		{"PutCopiesData", testPutCopies},
 		{"GetBufferAgreesWithGet", testGetBuffer},
+		{"ListInfoAgreesWithList", testListInfo},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -333,5 +335,49 @@ func testGetBuffer(t *testing.T, s blockstore.Store) {
 	}
 	if _, err := bg.GetBuffer(ctx, "../x", big); !errors.Is(err, blockstore.ErrInvalidKey) {
 		t.Errorf("GetBuffer of an invalid key = %v, want ErrInvalidKey", err)
+	}
+}
+
+// testListInfo: a Lister's ListInfo names the same keys as List, with
+// each object's size and a modification time around its Put (stores keep
+// seconds, so a second of slack either side).
+func testListInfo(t *testing.T, s blockstore.Store) {
+	l, ok := s.(blockstore.Lister)
+	if !ok {
+		t.Skip("not a blockstore.Lister")
+	}
+	ctx := context.Background()
+	before := time.Now().Add(-time.Second)
+	sizes := map[string]int{"li/a": 0, "li/b/c": 1, "li/b/d": 70 << 10, "lj/x": 3}
+	for k, n := range sizes {
+		mustPut(t, s, k, random(t, n))
+	}
+	after := time.Now().Add(time.Second)
+	for _, prefix := range []string{"", "li/", "li/b", "nothing/"} {
+		keys, err := s.List(ctx, prefix)
+		if err != nil {
+			t.Fatalf("List(%q): %v", prefix, err)
+		}
+		infos, err := l.ListInfo(ctx, prefix)
+		if err != nil {
+			t.Fatalf("ListInfo(%q): %v", prefix, err)
+		}
+		if len(infos) != len(keys) {
+			t.Fatalf("ListInfo(%q) has %d objects, List %d", prefix, len(infos), len(keys))
+		}
+		for i, o := range infos {
+			if o.Key != keys[i] {
+				t.Errorf("ListInfo(%q)[%d] = %q, List has %q", prefix, i, o.Key, keys[i])
+			}
+			if int64(sizes[o.Key]) != o.Size {
+				t.Errorf("ListInfo(%q): %s has size %d, want %d", prefix, o.Key, o.Size, sizes[o.Key])
+			}
+			if o.ModTime.Before(before) || o.ModTime.After(after) {
+				t.Errorf("ListInfo(%q): %s modified %s, outside [%s, %s]", prefix, o.Key, o.ModTime, before, after)
+			}
+		}
+	}
+	if _, err := l.ListInfo(ctx, "../"); !errors.Is(err, blockstore.ErrInvalidKey) {
+		t.Errorf("ListInfo(\"../\") = %v, want ErrInvalidKey", err)
 	}
 }
