@@ -418,3 +418,45 @@ func TestGCYoungManifestKeepsItsChain(t *testing.T) {
 		}
 	})
 }
+
+// A deleted template that a live sandbox was forked from keeps what the
+// sandbox reads (manifest, chunks, key, tombstone); once the sandbox is
+// deleted too, GC empties the store.
+func TestGCDeletedParentKeptForItsFork(t *testing.T) {
+	onBackends(t, nil, func(t *testing.T, st blockstore.Store, r *blockstore.Repo) {
+		ctx := context.Background()
+		tpl := blockstore.GenRef{Volume: blockstore.Template("base"), Generation: 0}
+		commitRandom(t, r, tpl, nil, 4)
+		sb := blockstore.Sandbox("sb-1")
+		if _, err := r.Fork(ctx, tpl, sb); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Publish(ctx, sb, blockstore.Head{}, blockstore.Head{}); err != nil {
+			t.Fatal(err)
+		}
+		want := readAll(t, r, tpl)
+		if err := r.DeleteVolume(ctx, tpl.Volume); err != nil {
+			t.Fatal(err)
+		}
+		before := listAll(t, st)
+		opts := blockstore.GCOptions{Grace: time.Hour, Now: later}
+		if rep, err := r.GC(ctx, opts); err != nil || len(rep.Deleted) != 0 {
+			t.Fatalf("GC = %v, %v; the fork reaches everything", rep.Deleted, err)
+		}
+		if !reflect.DeepEqual(listAll(t, st), before) {
+			t.Fatal("GC changed the store")
+		}
+		if !bytes.Equal(readAll(t, r, blockstore.GenRef{Volume: sb}), want) {
+			t.Fatal("the fork reads differently")
+		}
+		if err := r.DeleteVolume(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.GC(ctx, opts); err != nil {
+			t.Fatal(err)
+		}
+		if left := listAll(t, st); len(left) != 0 {
+			t.Fatalf("after both volumes are deleted GC left %q", left)
+		}
+	})
+}
