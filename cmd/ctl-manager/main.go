@@ -157,7 +157,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
-	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.snapshotCommand())
+	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
 	return root
 }
 
