@@ -29,6 +29,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -43,6 +44,10 @@ const (
 	stClean uint8 = 0 // the base generation's chunk
 	stData  uint8 = 1 // the dirty file's chunk
 	stZero  uint8 = 2 // zeros (trimmed or zeroed whole), hides the base
+	// stLocal: the base's chunk, with a copy in the dirty file (reads
+	// and writes go there, as for stData): a chunk a seal committed.
+	// Not dirty, so the next seal does not write it again.
+	stLocal uint8 = 3
 )
 
 // File names inside Config.Dir.
@@ -50,6 +55,7 @@ const (
 	dirtyName = "dirty"
 	indexName = "index"
 	cacheName = "cache" // cache.0 … cache.<cacheFiles-1>
+	sealName  = "seal"  // a seal's copies of chunks written during its upload
 )
 
 // cacheFiles is the number of files the chunk cache is striped over:
@@ -96,8 +102,10 @@ var ErrMismatch = errors.New("dirty state belongs to another base")
 
 // Device is the copy-on-write device. Safe for concurrent use.
 type Device struct {
-	ctx    context.Context // bounds store fetches; from Open
-	im     *blockstore.Image
+	ctx context.Context // bounds store fetches; from Open
+	// im is the opened base generation; a seal swaps it for the new
+	// generation (see Seal).
+	im     atomic.Pointer[blockstore.Image]
 	cfg    Config
 	log    *slog.Logger
 	cs     int64
@@ -108,11 +116,13 @@ type Device struct {
 	zeroes []byte    // one chunk of zeros, read-only
 	bufs   sync.Pool // chunk buffers (*[]byte) of the read path's fetches
 
-	// stateMu guards state and version; state[i] changes only under
-	// chunk i's stripe lock too, so a holder of that lock may read it.
+	// stateMu guards state, version and base; state[i] changes only
+	// under chunk i's stripe lock too, so a holder of that lock may read
+	// it.
 	stateMu sync.RWMutex
 	state   []uint8
-	version uint64 // bumped on every state change
+	version uint64            // bumped on every state change
+	baseRef blockstore.GenRef // the generation im is (cfg.Base until a seal)
 	// cached[i] changes and is read only under chunk i's stripe lock.
 	cached []bool
 
@@ -132,6 +142,17 @@ type Device struct {
 	preMu   sync.Mutex
 	pre     []preSlot
 	preNext int
+
+	// wbar is the seal's write barrier: every write, trim and zeroing
+	// holds it shared for its whole request; a seal takes it exclusive
+	// for the instant it copies the states (reads never take it).
+	wbar sync.RWMutex
+	// sealMu: one seal at a time. sealing is the seal in flight (nil
+	// when none): writes consult it (see beforeWrite).
+	sealMu  sync.Mutex
+	sealing atomic.Pointer[sealRun]
+	// sealHook, if set (tests), runs after each chunk a seal uploads.
+	sealHook func(i uint64)
 
 	syncMu    sync.Mutex // one Sync at a time
 	syncedVer uint64
@@ -165,19 +186,20 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cowdev: %w", err)
 	}
+	state, im, err := openIndex(ctx, cfg, im, log)
+	if err != nil {
+		return nil, err
+	}
+	base := im.Manifest().Ref()
 	d := &Device{
-		ctx: ctx, im: im, cfg: cfg, log: log.With("base", cfg.Base.String()),
+		ctx: ctx, cfg: cfg, log: log, baseRef: base,
 		cs: int64(im.ChunkSize()), size: int64(im.DeviceSize()),
 		zeroes: make([]byte, im.ChunkSize()),
 	}
+	d.im.Store(im)
 	n := im.Chunks()
-	hdr := indexHeader{base: cfg.Base.String(), chunkSize: uint32(d.cs), deviceSize: uint64(d.size)}
-	state, err := readIndex(filepath.Join(cfg.Dir, indexName), hdr)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
+	if state == nil {
 		state = make([]uint8, n)
-	case err != nil:
-		return nil, fmt.Errorf("cowdev: %w", err)
 	}
 	d.state = state
 	d.cached = make([]bool, n)
@@ -200,6 +222,65 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	}
 	return d, nil
 }
+
+// openIndex reads the index in cfg.Dir for a device over im (cfg.Base):
+// nil states when there is none yet. An index of another geometry, or of
+// a base other than cfg.Base, is ErrMismatch, with two exceptions that
+// are the crash windows of a seal (see Seal): it commits generation G
+// over base B, then replaces the index (base G) atomically, and only
+// then can the writer's spec (and the primary's journal) name G.
+//
+//   - The index names B and cfg.Base is G, whose parent is B: a crash
+//     after the commit, before the index was replaced. Every chunk G
+//     holds was dirty when the seal began, and the seal synced the index
+//     before its upload, so that index has each of them as data or zero
+//     (a chunk only becomes clean again by a rebase): none reads the
+//     base, and the clean ones read the same in B and G. The states are
+//     taken as they are, over G (the next seal writes those chunks again;
+//     their objects exist already).
+//   - The index names G, whose parent is cfg.Base B: a crash after the
+//     index was replaced, before the spec named G. The device is opened
+//     over G (a chunk the seal zeroed is clean over G, and would read B's
+//     data over B), and Base reports G.
+//
+// Only one step either way: a spec two seals behind is refused.
+func openIndex(ctx context.Context, cfg Config, im *blockstore.Image, log *slog.Logger) ([]uint8, *blockstore.Image, error) {
+	path := filepath.Join(cfg.Dir, indexName)
+	got, state, err := readIndex(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, im, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("cowdev: %w", err)
+	}
+	want := indexHeader{base: cfg.Base.String(), chunkSize: uint32(im.ChunkSize()), deviceSize: im.DeviceSize()}
+	if got.chunkSize != want.chunkSize || got.deviceSize != want.deviceSize {
+		return nil, nil, mismatch(path, got, want)
+	}
+	if got.base == want.base {
+		return state, im, nil
+	}
+	if p := im.Manifest().Parent; p != nil && p.String() == got.base {
+		log.Warn("the dirty state is of the base's parent: a seal committed the base and stopped before its rebase; taking the state over the base",
+			"index_base", got.base)
+		return state, im, nil
+	}
+	ref, err := blockstore.ParseGenRef(got.base)
+	if err != nil {
+		return nil, nil, mismatch(path, got, want)
+	}
+	child, err := cfg.Repo.Open(ctx, ref)
+	if err != nil || child.Manifest().Parent == nil || *child.Manifest().Parent != cfg.Base ||
+		child.ChunkSize() != im.ChunkSize() || child.DeviceSize() != im.DeviceSize() {
+		return nil, nil, mismatch(path, got, want)
+	}
+	log.Warn("the dirty state is of a generation sealed over the base: a seal rebased and the spec does not name it yet; opening over it",
+		"index_base", got.base)
+	return state, child, nil
+}
+
+// img is the base generation's image.
+func (d *Device) img() *blockstore.Image { return d.im.Load() }
 
 // cacheAt is the cache file of chunk i and the chunk's offset in it.
 func (d *Device) cacheAt(i int64) (*os.File, int64) {
@@ -248,8 +329,14 @@ func (d *Device) Close() error {
 	return err
 }
 
-// Base is the generation the device writes over.
-func (d *Device) Base() blockstore.GenRef { return d.cfg.Base }
+// Base is the generation the device writes over: Config.Base, or the
+// generation the last seal committed (or one Open found the dirty state
+// rebased onto; see openIndex).
+func (d *Device) Base() blockstore.GenRef {
+	d.stateMu.RLock()
+	defer d.stateMu.RUnlock()
+	return d.baseRef
+}
 
 // ChunkSize is the chunk size in bytes.
 func (d *Device) ChunkSize() int { return int(d.cs) }
@@ -326,14 +413,14 @@ func (d *Device) needsFetch(i int64) bool {
 	mu.RLock()
 	need := d.state[i] == stClean && !d.cached[i]
 	mu.RUnlock()
-	return need && !d.im.IsZero(uint64(i))
+	return need && !d.img().IsZero(uint64(i))
 }
 
 func (d *Device) readChunk(i, in int64, p []byte) error {
 	mu := d.lock(i)
 	mu.RLock()
 	switch d.state[i] {
-	case stData:
+	case stData, stLocal:
 		err := readFull(d.dirty, p, i*d.cs+in)
 		mu.RUnlock()
 		return err
@@ -353,7 +440,7 @@ func (d *Device) readChunk(i, in int64, p []byte) error {
 	mu.Lock()
 	defer mu.Unlock()
 	switch {
-	case d.state[i] == stData:
+	case d.state[i] == stData || d.state[i] == stLocal:
 		return readFull(d.dirty, p, i*d.cs+in)
 	case d.state[i] == stZero:
 		clear(p)
@@ -394,7 +481,7 @@ func (d *Device) load(ctx context.Context, i int64, buf []byte, cache bool) erro
 	if d.cached[i] {
 		return d.readCache(i, 0, buf)
 	}
-	if d.im.IsZero(uint64(i)) {
+	if d.img().IsZero(uint64(i)) {
 		clear(buf)
 		return nil
 	}
@@ -417,7 +504,7 @@ func (d *Device) fetch(ctx context.Context, i int64, buf []byte) error {
 	d.stateMu.Lock()
 	d.fetches++
 	d.stateMu.Unlock()
-	if err := d.im.ReadChunk(ctx, uint64(i), buf); err != nil {
+	if err := d.img().ReadChunk(ctx, uint64(i), buf); err != nil {
 		// ErrCorrupt and store errors alike reach the client as EIO.
 		d.log.Error("fetch chunk", "chunk", i, "err", err)
 		return fmt.Errorf("cowdev: %w", err)
@@ -456,7 +543,7 @@ func (d *Device) Extents(off, length int64) ([]nbdsrv.Extent, error) {
 		i := at / d.cs
 		l := min((i+1)*d.cs, end) - at
 		st := d.state[i]
-		zero := st == stZero || (st == stClean && d.im.IsZero(uint64(i)))
+		zero := st == stZero || (st == stClean && d.img().IsZero(uint64(i)))
 		if n := len(out); n > 0 && out[n-1].Zero == zero {
 			out[n-1].Length += l
 		} else if n == maxExtents {
@@ -470,6 +557,8 @@ func (d *Device) Extents(off, length int64) ([]nbdsrv.Extent, error) {
 }
 
 func (d *Device) WriteAt(p []byte, off int64) (int, error) {
+	d.wbar.RLock()
+	defer d.wbar.RUnlock()
 	err := d.span(off, int64(len(p)), func(i, in, at, l int64) error {
 		return d.writeChunk(i, in, p[at:at+l])
 	})
@@ -484,8 +573,9 @@ func (d *Device) writeChunk(i, in int64, p []byte) error {
 	mu := d.lock(i)
 	mu.Lock()
 	defer mu.Unlock()
+	d.beforeWrite(i)
 	pos := i*d.cs + in
-	if d.state[i] == stData || int64(len(p)) == d.cs {
+	if st := d.state[i]; st == stData || st == stLocal || int64(len(p)) == d.cs {
 		if p == nil {
 			p = d.zeroes[:0]
 		}
@@ -518,11 +608,14 @@ func (d *Device) Trim(off, length int64) error { return d.zero(off, length) }
 func (d *Device) WriteZeroes(off, length int64, noHole bool) error { return d.zero(off, length) }
 
 func (d *Device) zero(off, length int64) error {
+	d.wbar.RLock()
+	defer d.wbar.RUnlock()
 	return d.span(off, length, func(i, in, at, l int64) error {
 		if l == d.cs {
 			mu := d.lock(i)
 			mu.Lock()
 			defer mu.Unlock()
+			d.beforeWrite(i)
 			d.setState(i, stZero)
 			// Free the space; the state already reads as zeros, and a
 			// data chunk later written partially is rewritten whole.
@@ -549,8 +642,13 @@ func (d *Device) zero(off, length int64) error {
 func (d *Device) Sync() error {
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
+	return d.syncLocked()
+}
+
+// syncLocked is Sync; the caller holds syncMu.
+func (d *Device) syncLocked() error {
 	d.stateMu.RLock()
-	ver := d.version
+	ver, base := d.version, d.baseRef
 	var snap []uint8
 	if ver != d.syncedVer {
 		snap = append([]uint8(nil), d.state...)
@@ -562,7 +660,7 @@ func (d *Device) Sync() error {
 	if snap == nil {
 		return nil
 	}
-	hdr := indexHeader{base: d.cfg.Base.String(), chunkSize: uint32(d.cs), deviceSize: uint64(d.size)}
+	hdr := indexHeader{base: base.String(), chunkSize: uint32(d.cs), deviceSize: uint64(d.size)}
 	if err := writeIndex(filepath.Join(d.cfg.Dir, indexName), hdr, snap); err != nil {
 		return err
 	}
@@ -577,7 +675,7 @@ func (d *Device) Dirty() []uint64 {
 	defer d.stateMu.RUnlock()
 	var out []uint64
 	for i, s := range d.state {
-		if s != stClean {
+		if s == stData || s == stZero {
 			out = append(out, uint64(i))
 		}
 	}

@@ -35,3 +35,7 @@ func (d *Device) PrefetchedCount() int {
 	}
 	return n
 }
+
+// SetSealHook makes every later Seal call fn after each chunk it uploads
+// (in the seal's goroutine, with no lock held).
+func (d *Device) SetSealHook(fn func(i uint64)) { d.sealHook = fn }

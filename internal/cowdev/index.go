@@ -14,6 +14,8 @@ import (
 //
 //	"CTCOWIX1" | u32 chunk size | u64 device size | u16 len | base | state per chunk | crc32c
 //
+// A state is stClean, stData, stZero or stLocal (an older version never
+// wrote stLocal, so its indexes read the same).
 // Big-endian; the CRC covers everything before it. A torn or foreign index
 // is refused (ErrMismatch / a corrupt-index error), never half-trusted.
 const indexMagic = "CTCOWIX1"
@@ -38,41 +40,45 @@ func encodeIndex(h indexHeader, state []uint8) []byte {
 	return b.Bytes()
 }
 
-// readIndex loads the index at path for a device of want's geometry.
-func readIndex(path string, want indexHeader) ([]uint8, error) {
+// readIndex loads the index at path: its header and its states (checked
+// against the header's own geometry; Open compares the header with the
+// device's).
+func readIndex(path string) (indexHeader, []uint8, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return indexHeader{}, nil, err
 	}
 	fixed := len(indexMagic) + 4 + 8 + 2
 	if len(b) < fixed+4 || string(b[:len(indexMagic)]) != indexMagic {
-		return nil, fmt.Errorf("index %s: corrupt (bad magic or short)", path)
+		return indexHeader{}, nil, fmt.Errorf("index %s: corrupt (bad magic or short)", path)
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
 	if crc32.Checksum(body, crcTable) != sum {
-		return nil, fmt.Errorf("index %s: corrupt (checksum)", path)
+		return indexHeader{}, nil, fmt.Errorf("index %s: corrupt (checksum)", path)
 	}
 	p := len(indexMagic)
 	got := indexHeader{chunkSize: binary.BigEndian.Uint32(b[p:]), deviceSize: binary.BigEndian.Uint64(b[p+4:])}
 	bl := int(binary.BigEndian.Uint16(b[p+12:]))
-	if fixed+bl > len(body) {
-		return nil, fmt.Errorf("index %s: corrupt (short)", path)
+	if fixed+bl > len(body) || got.chunkSize == 0 {
+		return indexHeader{}, nil, fmt.Errorf("index %s: corrupt (short)", path)
 	}
 	got.base = string(b[fixed : fixed+bl])
-	if got != want {
-		return nil, fmt.Errorf("%w: index %s is for %s (chunk %d, size %d), not %s (chunk %d, size %d)",
-			ErrMismatch, path, got.base, got.chunkSize, got.deviceSize, want.base, want.chunkSize, want.deviceSize)
-	}
 	state := body[fixed+bl:]
-	if uint64(len(state)) != want.deviceSize/uint64(want.chunkSize) {
-		return nil, fmt.Errorf("index %s: corrupt (%d states)", path, len(state))
+	if uint64(len(state)) != got.deviceSize/uint64(got.chunkSize) {
+		return indexHeader{}, nil, fmt.Errorf("index %s: corrupt (%d states)", path, len(state))
 	}
 	for i, s := range state {
-		if s > stZero {
-			return nil, fmt.Errorf("index %s: corrupt (chunk %d state %d)", path, i, s)
+		if s > stLocal {
+			return indexHeader{}, nil, fmt.Errorf("index %s: corrupt (chunk %d state %d)", path, i, s)
 		}
 	}
-	return state, nil
+	return got, state, nil
+}
+
+// mismatch is the error of an index of another base or geometry.
+func mismatch(path string, got, want indexHeader) error {
+	return fmt.Errorf("%w: index %s is for %s (chunk %d, size %d), not %s (chunk %d, size %d)",
+		ErrMismatch, path, got.base, got.chunkSize, got.deviceSize, want.base, want.chunkSize, want.deviceSize)
 }
 
 // writeIndex replaces the index atomically: temp file, fsync, rename,

@@ -132,7 +132,7 @@ func (d *Device) prefetch(ctx context.Context, i int64) {
 		return
 	}
 	defer mu.Unlock()
-	if d.state[i] != stClean || d.cached[i] || d.im.IsZero(uint64(i)) || d.isPrefetched(i) {
+	if d.state[i] != stClean || d.cached[i] || d.img().IsZero(uint64(i)) || d.isPrefetched(i) {
 		return
 	}
 	bp := d.chunkBuf()

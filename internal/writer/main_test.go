@@ -55,7 +55,7 @@ type store struct {
 	ds           *dirstore.Store
 }
 
-func newStore(t *testing.T) *store {
+func newStore(t testing.TB) *store {
 	t.Helper()
 	root := t.TempDir()
 	nk, raw, err := blockstore.GenerateNodeKey("node-a")
@@ -79,7 +79,7 @@ func newStore(t *testing.T) *store {
 
 // template commits generation 0 of templates/<name>: size bytes, the
 // given chunks (index → 64 KiB) and holes elsewhere.
-func (s *store) template(t *testing.T, name string, size uint64, chunks map[uint64][]byte) blockstore.GenRef {
+func (s *store) template(t testing.TB, name string, size uint64, chunks map[uint64][]byte) blockstore.GenRef {
 	t.Helper()
 	ref := blockstore.GenRef{Volume: blockstore.Template(name), Generation: 0}
 	if _, err := s.repo.Commit(context.Background(), blockstore.CommitSpec{Generation: ref, DeviceSize: size}, chunks); err != nil {

@@ -208,6 +208,15 @@ func Run(ctx context.Context, spec Spec, log *slog.Logger) (err error) {
 		}
 	}()
 
+	// The control socket is up before the state file appears (the
+	// supervisor's Start returns on it), and closed before the device is
+	// shut down: a seal in flight is cancelled first.
+	ctl, err := listenControl(spec, dev, log)
+	if err != nil {
+		return err
+	}
+	defer ctl.stop()
+
 	pid := os.Getpid()
 	_, start, err := procStat("/proc", pid)
 	if err != nil {

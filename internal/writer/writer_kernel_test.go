@@ -25,7 +25,7 @@ type rig struct {
 	sup *writer.Supervisor
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	t.Helper()
 	ktest.RequireNBD(t)
 	ktest.RequireCgroup2(t)
@@ -48,7 +48,7 @@ func newRig(t *testing.T) *rig {
 }
 
 // start starts a writer for spec and stops it at cleanup.
-func (r *rig) start(t *testing.T, spec writer.Spec) writer.State {
+func (r *rig) start(t testing.TB, spec writer.Spec) writer.State {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -64,7 +64,7 @@ func (r *rig) start(t *testing.T, spec writer.Spec) writer.State {
 
 // stop stops the Dir's writer and proves it gone: no process, the device
 // quiescent, no state file.
-func (r *rig) stop(t *testing.T, dir string, index int) {
+func (r *rig) stop(t testing.TB, dir string, index int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
