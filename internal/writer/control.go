@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/cowdev"
 	"github.com/ctld/ctld/internal/logging"
@@ -26,9 +28,25 @@ import (
 // connection (see Supervisor.Seal).
 const CtlName = "ctl.sock"
 
-// maxCtlPath bounds Spec.Dir so that its control socket's path fits a
-// sockaddr_un (108 bytes with the NUL).
+// maxCtlPath is the longest socket path a sockaddr_un holds (108 bytes
+// with the NUL).
 const maxCtlPath = 107
+
+// ctlAddr is the address to bind or dial for dir's control socket: its
+// path, or, when that is too long for a sockaddr_un, the same file named
+// through an O_PATH descriptor of dir (/proc/self/fd/N/ctl.sock), which
+// done closes (once the listener or the dial is done with the name).
+func ctlAddr(dir string) (addr string, done func(), err error) {
+	path := filepath.Join(dir, CtlName)
+	if len(path) <= maxCtlPath {
+		return path, func() {}, nil
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("control socket dir: %w", err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", fd, CtlName), func() { _ = unix.Close(fd) }, nil
+}
 
 // Bounds of one control exchange.
 const (
@@ -128,15 +146,16 @@ func readLine(r io.Reader, limit int) ([]byte, error) {
 
 // control is the writer's control socket server.
 type control struct {
-	spec   Spec
-	dev    *cowdev.Device
-	log    *slog.Logger
-	ln     *net.UnixListener
-	path   string
-	ctx    context.Context // ends when the writer stops: in-flight seals are cancelled
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	specMu sync.Mutex // one spec.json rewrite at a time
+	spec     Spec
+	dev      *cowdev.Device
+	log      *slog.Logger
+	ln       *net.UnixListener
+	path     string
+	ctx      context.Context // ends when the writer stops: in-flight seals are cancelled
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	specMu   sync.Mutex // one spec.json rewrite at a time
+	stopOnce sync.Once
 }
 
 // listenControl serves the control socket in spec.Dir until stop. A stale
@@ -149,13 +168,20 @@ func listenControl(spec Spec, dev *cowdev.Device, log *slog.Logger) (*control, e
 	}
 	// Only the owner may connect: bound under a umask that leaves the
 	// socket 0600 from the start (Dir is 0700 as well).
+	addr, done, err := ctlAddr(spec.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer done() // bound: the name is not needed again
 	old := syscall.Umask(0o177)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	ln.SetUnlinkOnClose(true)
+	// Removed by stop, by its path (the bound name may be a
+	// descriptor's, closed by then).
+	ln.SetUnlinkOnClose(false)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &control{spec: spec, dev: dev, log: logging.OrDiscard(log), ln: ln, path: path, ctx: ctx, cancel: cancel}
 	c.wg.Add(1)
@@ -166,9 +192,12 @@ func listenControl(spec Spec, dev *cowdev.Device, log *slog.Logger) (*control, e
 // stop closes the socket (removing it), cancels the seals in flight and
 // waits for every exchange to end.
 func (c *control) stop() {
-	c.cancel()
-	_ = c.ln.Close()
-	c.wg.Wait()
+	c.stopOnce.Do(func() {
+		c.cancel()
+		_ = c.ln.Close()
+		_ = os.Remove(c.path)
+		c.wg.Wait()
+	})
 }
 
 func (c *control) accept() {
@@ -325,8 +354,13 @@ func (s *Supervisor) Seal(ctx context.Context, dir string, req SealRequest) (Sea
 	if st.Epoch != req.Epoch {
 		return fail(fmt.Errorf("%w: the writer is of epoch %d, the request of %d", ErrStaleEpoch, st.Epoch, req.Epoch))
 	}
+	addr, done, err := ctlAddr(dir)
+	if err != nil {
+		return fail(err)
+	}
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", filepath.Join(dir, CtlName))
+	conn, err := d.DialContext(ctx, "unix", addr)
+	done()
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return fail(fmt.Errorf("%w: %v", ErrNotRunning, err))

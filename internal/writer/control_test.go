@@ -28,7 +28,7 @@ type ctlRig struct {
 	ctl  *control
 }
 
-func newCtlRig(t *testing.T) *ctlRig {
+func newCtlRig(t *testing.T, sub string) *ctlRig {
 	t.Helper()
 	root := t.TempDir()
 	ds, err := dirstore.Open(filepath.Join(root, "store"))
@@ -52,7 +52,7 @@ func newCtlRig(t *testing.T) *ctlRig {
 		t.Fatal(err)
 	}
 	spec := Spec{Sandbox: "sb-1", Generation: 1, Epoch: 3, StoreDir: filepath.Join(root, "store"), NodeKeyFile: keyFile,
-		NodeKeyID: "node-a", Base: tpl, Dir: filepath.Join(root, "w"), Index: -1}
+		NodeKeyID: "node-a", Base: tpl, Dir: filepath.Join(root, sub), Index: -1}
 	if err := spec.Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,12 @@ func newCtlRig(t *testing.T) *ctlRig {
 // exchange sends raw bytes to the control socket and returns the answer.
 func (r *ctlRig) exchange(t *testing.T, req []byte) ctlAnswer {
 	t.Helper()
-	conn, err := net.Dial("unix", filepath.Join(r.spec.Dir, CtlName))
+	addr, done, err := ctlAddr(r.spec.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("unix", addr)
+	done()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +106,7 @@ func (r *ctlRig) exchange(t *testing.T, req []byte) ctlAnswer {
 // invalid; a good seal commits, is recorded in spec.json, and its
 // generation asked for again is "exists". Stop removes the socket.
 func TestControlRequests(t *testing.T) {
-	r := newCtlRig(t)
+	r := newCtlRig(t, "w")
 	path := filepath.Join(r.spec.Dir, CtlName)
 	if fi, err := os.Stat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("control socket: %v, %v; want a socket of mode 0600", fi.Mode(), err)
@@ -189,5 +194,23 @@ func TestSupervisorSealNotRunning(t *testing.T) {
 	s := &Supervisor{Root: root}
 	if _, err := s.Seal(context.Background(), filepath.Join(root, "sb-1"), SealRequest{Generation: 1, Epoch: 1}); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("Seal with no writer: %v, want ErrNotRunning", err)
+	}
+}
+
+// A dir whose control socket's path is too long for a sockaddr_un is
+// served and dialed through a descriptor of the dir; stop removes the
+// socket all the same.
+func TestControlLongDir(t *testing.T) {
+	r := newCtlRig(t, strings.Repeat("d", 120))
+	path := filepath.Join(r.spec.Dir, CtlName)
+	if len(path) <= maxCtlPath {
+		t.Fatalf("path %d bytes: not long enough for this test", len(path))
+	}
+	if a := r.exchange(t, []byte(`{"op":"seal","generation":1,"epoch":3}`+"\n")); a.Seal == nil || a.Seal.Ref.Generation != 1 {
+		t.Fatalf("seal through a long dir's socket: %+v", a)
+	}
+	r.ctl.stop()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("control socket after stop: %v", err)
 	}
 }

@@ -122,8 +122,6 @@ func (s *Spec) Check() error {
 		return bad("node key file %q is not absolute", s.NodeKeyFile)
 	case !filepath.IsAbs(s.Dir) || filepath.Clean(s.Dir) != s.Dir || s.Dir == "/":
 		return bad("dir %q is not a clean absolute path", s.Dir)
-	case len(filepath.Join(s.Dir, CtlName)) > maxCtlPath:
-		return bad("dir %q is too long for its control socket's path (%d bytes at most)", s.Dir, maxCtlPath-len(CtlName)-1)
 	case s.Index < -1:
 		return bad("index %d", s.Index)
 	case s.Reattach && s.Index < 0:

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -39,7 +38,6 @@ func TestSpecCheck(t *testing.T) {
 		"index":             func(s *writer.Spec) { s.Index = -2 },
 		"dead conn timeout": func(s *writer.Spec) { s.DeadConnTimeout = 1500 * time.Millisecond },
 		"request timeout":   func(s *writer.Spec) { s.RequestTimeout = 500 * time.Millisecond },
-		"dir too long":      func(s *writer.Spec) { s.Dir = "/w/" + strings.Repeat("d", 100) },
 		"key id":            func(s *writer.Spec) { s.NodeKeyID = "Bad ID" },
 		"base volume":       func(s *writer.Spec) { s.Base.Volume.ID = "" },
 		"reattach no index": func(s *writer.Spec) { s.Reattach = true },
