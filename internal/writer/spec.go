@@ -43,7 +43,11 @@ type Spec struct {
 	NodeKeyFile string          `json:"node_key_file"`
 	NodeKeyID   string          `json:"node_key_id"`
 	// Base is the generation the device writes over: a template's
-	// generation 0 for a fresh sandbox, later the sandbox's head.
+	// generation 0 for a fresh sandbox, later the sandbox's head. A seal
+	// (Supervisor.Seal) rebases the running device onto the generation it
+	// committed and rewrites Dir/spec.json with it as Base; a restart
+	// should name it too (one seal behind still opens: see cowdev's
+	// openIndex).
 	Base blockstore.GenRef `json:"base"`
 	// Dir holds the dirty file, its index, the chunk cache, the lock and
 	// the state file. It outlives the process: a re-attach of the same
