@@ -156,9 +156,10 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	if sc.IsS3() && sc.CredentialsFile == "" {
 		env = storecfg.Env(getenv)
 	}
-	d.Block = &writer.Supervisor{Binary: exe, Root: writers, Cgroup: filepath.Join(cgroupRoot, o.cgroup), Env: env, Logger: log}
-	d.BlockMounts = &rootfs.Block{Dir: filepath.Join(stateDir, "blockroot"), Logger: log}
-	d.Templates = tpl
+	sup := &writer.Supervisor{Binary: exe, Root: writers, Cgroup: filepath.Join(cgroupRoot, o.cgroup), Env: env, Logger: log}
+	mounts := &rootfs.Block{Dir: filepath.Join(stateDir, "blockroot"), Logger: log}
+	d.Block, d.BlockMounts, d.Templates = sup, mounts, tpl
+	d.Volumes, d.Sealer, d.Freezer = blockVolumes{repo}, blockSealer{sup}, mounts
 	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
 	return cfg, d, nil
 }

@@ -525,6 +525,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		return nil, fmt.Errorf("block mode: %w", err)
 	}
 	cfg.Block, d.Block, d.BlockMounts, d.Templates = bcfg, bd.Block, bd.BlockMounts, bd.Templates
+	d.Volumes, d.Sealer, d.Freezer = bd.Volumes, bd.Sealer, bd.Freezer
 	return node.New(cfg, d), nil
 }
 

@@ -254,6 +254,10 @@ type BlockWriter struct {
 	// Restarts counts the writers started on the device after the one
 	// before died.
 	Restarts int `json:"restarts,omitempty"`
+	// Base is the generation the device writes over: the template's
+	// ("templates/NAME@0"), the head's on a resume, the last seal's after
+	// a snapshot ("sandboxes/ID@N").
+	Base string `json:"base,omitempty"`
 }
 
 // NetworkStatus is a generation's network as the node enforces it: its

@@ -27,6 +27,9 @@ func apiWriter(s journal.Sandbox) *api.BlockWriter {
 		return nil
 	}
 	w := &api.BlockWriter{Epoch: s.Block.WriterEpoch, PID: s.Block.PID, Restarts: s.Block.Restarts}
+	if s.Block.BaseVolume != "" {
+		w.Base = s.Block.BaseVolume + "@" + strconv.FormatUint(s.Block.BaseGeneration, 10)
+	}
 	if s.Block.Index >= 0 {
 		w.Device = "/dev/nbd" + strconv.Itoa(s.Block.Index)
 	}

@@ -52,7 +52,7 @@ func fullRecord() journal.Sandbox {
 		Timings:        journal.Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 7, Steps: steps},
 		ReleaseTimings: &journal.ReleaseTimings{Steps: steps, ProofMS: 1, TotalMS: 2},
 		Reason:         "r", OOMKills: 1,
-		Block: &journal.BlockDevice{WriterEpoch: 5, Dir: "/w/sb-g2", Template: "busybox", Index: 3, PID: 42, Size: 64 << 20, Restarts: 1},
+		Block: &journal.BlockDevice{WriterEpoch: 5, Dir: "/w/sb-g2", Template: "busybox", Index: 3, PID: 42, Size: 64 << 20, Restarts: 1, BaseVolume: "templates/busybox"},
 		Seal:  &journal.SealRecord{State: journal.SealAbandoned, OperationID: "p1", Generation: 3, Head: journal.VolumeHead{Seq: 1, Generation: 3, WriterEpoch: 5, Node: "n"}, Error: "fenced"},
 	}
 }
