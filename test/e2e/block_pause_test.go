@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -34,7 +35,8 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 	req.RootFS.Mode = api.RootFSBlock
 	req.Process = api.Process{Args: []string{"/bin/sh", "-c", blockWriterLoop}}
 	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
-	if _, err := c.Claim(ctx(t, 3*time.Minute), "vol", req); err != nil {
+	fresh, err := c.Claim(ctx(t, 3*time.Minute), "vol", req)
+	if err != nil {
 		t.Fatalf("block claim: %v", err)
 	}
 	guest := func(id, script string) string {
@@ -97,9 +99,18 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 
 	req2 := req
 	req2.OperationID, req2.Generation = "c2", 2
-	if _, err := c.Claim(ctx(t, 3*time.Minute), "vol", req2); err != nil {
+	req2.Process = api.Process{Args: []string{"/bin/sleep", "1000000"}} // the files as paused, untouched
+	resumed, err := c.Claim(ctx(t, 3*time.Minute), "vol", req2)
+	if err != nil {
 		t.Fatalf("resume (claim of generation 2): %v", err)
 	}
+	if resumed.Sandbox.Writer == nil || resumed.Sandbox.Writer.Base != "sandboxes/vol@"+strconv.FormatUint(p.Head.Generation, 10) {
+		t.Errorf("the resumed generation's writer %+v: want its base to be the head, generation %d", resumed.Sandbox.Writer, p.Head.Generation)
+	}
+	logTimings(t, "fresh claim", fresh.Sandbox.Timings)
+	logTimings(t, "resume", resumed.Sandbox.Timings)
+	t.Logf("resume-to-ready vs a fresh claim from the template: %.0f / %.0f ms = %.2fx",
+		resumed.Sandbox.Timings.TotalMS, fresh.Sandbox.Timings.TotalMS, resumed.Sandbox.Timings.TotalMS/fresh.Sandbox.Timings.TotalMS)
 	if got := guest("vol", "cat /data/keep"); got != "kept\n" {
 		t.Errorf("/data/keep after the resume: %q", got)
 	}

@@ -17,8 +17,10 @@ import (
 // loopback). ctld gets the credentials in its environment (the writer in
 // its own, from ctld), ctl-manager from a 0600 file; a template imported
 // into the bucket is claimed in block mode, the guest reads its file and
-// writes and syncs, and release ends with a clean proof. A ctld with a
-// wrong secret refuses to start, naming the cause.
+// writes and syncs, and a pause seals it as the sandbox's head in the
+// bucket; a second node (own state, the same bucket and node key) resumes
+// it from there with the file in place, and its release ends with a clean
+// proof. A ctld with a wrong secret refuses to start, naming the cause.
 func TestBlockClaimFromS3Template(t *testing.T) {
 	srv := s3test.Start(t) // first: stopped after the releases
 	e := newEnv(t)
@@ -73,8 +75,33 @@ func TestBlockClaimFromS3Template(t *testing.T) {
 	if err != nil || r.ExitCode != 0 || string(r.Stdout) != "from s3\nwritten\n" {
 		t.Fatalf("guest on the S3 template: %v, exit %d, %q %q", err, r.ExitCode, r.Stdout, r.Stderr)
 	}
-	rel, err := c.Release(ctx(t, 3*time.Minute), "s3", api.ReleaseRequest{OperationID: "r1", Generation: 1})
+	p, err := c.Pause(ctx(t, 3*time.Minute), "s3", api.PauseRequest{OperationID: "p1", Generation: 1})
+	if err != nil || !p.Proof.Clean || p.Head.Seq != 1 {
+		t.Fatalf("pause: %v, head %+v, proof %+v", err, p.Head, p.Proof.Checks)
+	}
+
+	// A second node (own state dir, cgroup parent, nft table; the same
+	// bucket and node key) resumes the sandbox from its head.
+	e2 := newEnv(t)
+	e2.useBlock("--block-store", "s3://"+bucket+"/node", "--s3-endpoint", srv.Endpoint, "--node-key", filepath.Join(e.stateDir, "blockstore.key"))
+	e2.start("a", "AWS_ACCESS_KEY_ID="+srv.Access, "AWS_SECRET_ACCESS_KEY="+srv.Secret)
+	e2.waitPrimary("a", 2*time.Minute)
+	c2 := e2.client()
+	req2 := req
+	req2.OperationID, req2.Generation = "c2", 2
+	res, err := c2.Claim(ctx(t, 3*time.Minute), "s3", req2)
+	if err != nil {
+		t.Fatalf("resume on the second node: %v", err)
+	}
+	if res.Sandbox.Writer == nil || res.Sandbox.Writer.Base != "sandboxes/s3@1" {
+		t.Errorf("the second node's writer %+v: want base sandboxes/s3@1 (the head)", res.Sandbox.Writer)
+	}
+	r, err = c2.Exec(ctx(t, 2*time.Minute), "s3", api.ExecRequest{Args: []string{"/bin/sh", "-c", "cat /w /motd"}})
+	if err != nil || r.ExitCode != 0 || string(r.Stdout) != "written\nfrom s3\n" {
+		t.Fatalf("guest resumed on the second node: %v, exit %d, %q %q", err, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	rel, err := c2.Release(ctx(t, 3*time.Minute), "s3", api.ReleaseRequest{OperationID: "r2", Generation: 2})
 	if err != nil || !rel.Proof.Clean {
-		t.Fatalf("release: %v, %+v", err, rel.Proof.Checks)
+		t.Fatalf("release on the second node: %v, %+v", err, rel.Proof.Checks)
 	}
 }
