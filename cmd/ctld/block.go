@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node"
@@ -159,7 +160,7 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	sup := &writer.Supervisor{Binary: exe, Root: writers, Cgroup: filepath.Join(cgroupRoot, o.cgroup), Env: env, Logger: log}
 	mounts := &rootfs.Block{Dir: filepath.Join(stateDir, "blockroot"), Logger: log}
 	d.Block, d.BlockMounts, d.Templates = sup, mounts, tpl
-	d.Volumes, d.Sealer, d.Freezer = blockVolumes{repo}, blockSealer{sup}, mounts
+	d.Volumes, d.Sealer, d.Freezer = blockvol.Volumes{Repo: repo}, blockvol.Sealer{Supervisor: sup}, mounts
 	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
 	return cfg, d, nil
 }

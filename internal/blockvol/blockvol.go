@@ -1,0 +1,116 @@
+// Package blockvol is the node's durable block roots over the block
+// store and the writers (node.BlockVolumes and node.BlockSealer): sandbox
+// ids are the sandbox volumes' ids, and the store's and writers' errors
+// become API kinds.
+package blockvol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/writer"
+)
+
+// Volumes is node.BlockVolumes over a block store.
+type Volumes struct{ Repo *blockstore.Repo }
+
+func storeHead(h api.VolumeHead) blockstore.Head {
+	return blockstore.Head{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
+}
+
+func volumeHead(h blockstore.Head) api.VolumeHead {
+	return api.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
+}
+
+// storeErr maps the store's refusals to API kinds; anything else is the
+// store being unavailable.
+func storeErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, blockstore.ErrFenced):
+		return errdefs.Errorf(errdefs.CodeFenced, "%v", err)
+	case errors.Is(err, blockstore.ErrExists), errors.Is(err, blockstore.ErrDeleted):
+		return errdefs.Errorf(errdefs.CodeConflict, "%v", err)
+	case errors.Is(err, blockstore.ErrNotFound):
+		return errdefs.Errorf(errdefs.CodeNotFound, "%v", err)
+	case errors.Is(err, blockstore.ErrInvalidKey):
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%v", err)
+	}
+	return errdefs.Errorf(errdefs.CodeUnavailable, "block store: %v", err)
+}
+
+// Head is the sandbox volume's head (zero: none).
+func (b Volumes) Head(ctx context.Context, sandbox string) (api.VolumeHead, error) {
+	h, err := b.Repo.Head(ctx, blockstore.Sandbox(sandbox))
+	return volumeHead(h), storeErr(err)
+}
+
+// Publish is the head's compare-and-swap (fenced when lost).
+func (b Volumes) Publish(ctx context.Context, sandbox string, expect, next api.VolumeHead) (api.VolumeHead, error) {
+	h, err := b.Repo.Publish(ctx, blockstore.Sandbox(sandbox), storeHead(expect), storeHead(next))
+	return volumeHead(h), storeErr(err)
+}
+
+// Generations lists the volume's committed generations.
+func (b Volumes) Generations(ctx context.Context, sandbox string) ([]uint64, error) {
+	g, err := b.Repo.Generations(ctx, blockstore.Sandbox(sandbox))
+	return g, storeErr(err)
+}
+
+// DeviceSize is a committed generation's device size.
+func (b Volumes) DeviceSize(ctx context.Context, sandbox string, generation uint64) (int64, error) {
+	m, err := b.Repo.Manifest(ctx, blockstore.GenRef{Volume: blockstore.Sandbox(sandbox), Generation: generation})
+	if err != nil {
+		return 0, storeErr(err)
+	}
+	return int64(m.DeviceSize), nil
+}
+
+// PutSnapshot names a committed generation (conflict if taken).
+func (b Volumes) PutSnapshot(ctx context.Context, sandbox, name string, generation uint64) error {
+	return storeErr(b.Repo.PutSnapshot(ctx, blockstore.Sandbox(sandbox), name, generation))
+}
+
+// Snapshots lists the volume's named generations.
+func (b Volumes) Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error) {
+	ss, err := b.Repo.Snapshots(ctx, blockstore.Sandbox(sandbox))
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	out := make([]api.Snapshot, len(ss))
+	for i, s := range ss {
+		out[i] = api.Snapshot{Name: s.Name, Generation: s.Generation}
+	}
+	return out, nil
+}
+
+// Fork commits dst@0 over src@generation (nothing copied).
+func (b Volumes) Fork(ctx context.Context, src string, generation uint64, dst string) error {
+	_, err := b.Repo.Fork(ctx, blockstore.GenRef{Volume: blockstore.Sandbox(src), Generation: generation}, blockstore.Sandbox(dst))
+	return storeErr(err)
+}
+
+// Sealer is node.BlockSealer over the writers' supervisor.
+type Sealer struct{ Supervisor *writer.Supervisor }
+
+// Seal has dir's writer seal its device as the sandbox volume's
+// generation; a stale epoch is fenced.
+func (s Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64) (api.SealResult, error) {
+	r, err := s.Supervisor.Seal(ctx, dir, writer.SealRequest{Generation: generation, Epoch: epoch})
+	if err != nil {
+		if errors.Is(err, writer.ErrStaleEpoch) {
+			return api.SealResult{}, errdefs.Errorf(errdefs.CodeFenced, "%v", err)
+		}
+		return api.SealResult{}, fmt.Errorf("%w", err)
+	}
+	return api.SealResult{
+		Generation: r.Ref.Generation, Parent: r.Parent.String(),
+		Chunks: r.Chunks, DataChunks: r.DataChunks, ZeroChunks: r.ZeroChunks, Bytes: r.Bytes,
+		BarrierMS: float64(r.Barrier.Microseconds()) / 1000, SealMS: float64(r.Took.Microseconds()) / 1000,
+	}, nil
+}
