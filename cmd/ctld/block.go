@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
+	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node"
 	"github.com/ctld/ctld/internal/rootfs"
