@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/ktest"
