@@ -144,7 +144,7 @@ func TestBlockWriterDiedRestartedOnTakeover(t *testing.T) {
 		t.Fatalf("writer after takeover: %+v, %v; journal %+v", st, err, b)
 	}
 	got, err := r.n.Get(context.Background(), sb)
-	if err != nil || got.Writer == nil || *got.Writer != (api.BlockWriter{Epoch: b.WriterEpoch, PID: b.PID, Device: "/dev/nbd" + strconv.Itoa(b.Index), Restarts: 2}) {
+	if err != nil || got.Writer == nil || *got.Writer != (api.BlockWriter{Epoch: b.WriterEpoch, PID: b.PID, Device: "/dev/nbd" + strconv.Itoa(b.Index), Restarts: 2, Base: "templates/busybox@0"}) {
 		t.Fatalf("GET writer %+v, %v; journal %+v", got.Writer, err, b)
 	}
 	r.mustRelease(sb, "r1", 1)

@@ -13,7 +13,7 @@ import (
 
 // Pause implements apiserver.Service.
 func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.PauseResponse, error) {
-	r, err := n.Release(ctx, id, api.ReleaseRequest{OperationID: req.OperationID, Generation: req.Generation})
+	r, err := n.Release(ctx, id, api.ReleaseRequest(req))
 	if err != nil {
 		return api.PauseResponse{}, err
 	}
