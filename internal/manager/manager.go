@@ -377,32 +377,43 @@ func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error)
 	if err != nil {
 		return DestroyResult{}, err
 	}
-	log := m.log().With("sandbox", id, "generation", op.Generation, "operation", op.OperationID)
 	res := DestroyResult{OperationID: op.OperationID, Reused: reused}
-	resp, err := m.Client.Release(ctx, id, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+	res.Sandbox, res.Verdict, err = m.releaseWith(ctx, "release", sb, op, func() (api.Sandbox, api.CleanupProof, error) {
+		resp, err := m.Client.Release(ctx, id, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+		return resp.Sandbox, resp.Proof, err
+	})
+	return res, err
+}
+
+// releaseWith sends op, a release of sb's generation (call: the node's
+// Release or Pause), judges the cleanup proof it answers with and records
+// the release with the proof and verdict. A definitive refusal fails op;
+// an unknown outcome leaves it pending for a retry.
+func (m *Manager) releaseWith(ctx context.Context, what string, sb SandboxRecord, op OperationRecord, call func() (api.Sandbox, api.CleanupProof, error)) (api.Sandbox, Verdict, error) {
+	log := m.log().With("sandbox", sb.ID, "generation", op.Generation, "operation", op.OperationID)
+	out, p, err := call()
 	if err != nil {
 		if definitive(err) {
 			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
-				return res, errors.Join(err, ferr)
+				return out, Verdict{}, errors.Join(err, ferr)
 			}
-			log.Warn("release failed", "err", err)
-			return res, err
+			log.Warn(what+" failed", "err", err)
+			return out, Verdict{}, err
 		}
-		log.Warn("release outcome unknown; operation stays pending for a retry", "err", err)
-		return res, err
+		log.Warn(what+" outcome unknown; operation stays pending for a retry", "err", err)
+		return out, Verdict{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	v, err := m.judge(ctx, want{opID: op.OperationID, sandboxID: id, generation: op.Generation, nodeID: sb.NodeID}, resp.Proof)
+	v, err := m.judge(ctx, want{opID: op.OperationID, sandboxID: sb.ID, generation: op.Generation, nodeID: sb.NodeID}, p)
 	if err != nil {
-		return res, err
+		return out, v, err
 	}
 	v.Source = "node"
-	if err := m.Store.FinishRelease(ctx, op.OperationID, resp.Sandbox, ProofRecord{Proof: resp.Proof, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
-		return res, err
+	if err := m.Store.FinishRelease(ctx, op.OperationID, out, ProofRecord{Proof: p, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
+		return out, v, err
 	}
-	log.Info("sandbox released", "proof_verified", v.Verified, "proof_clean", v.Clean, "reason", v.Reason)
-	res.Sandbox, res.Verdict = resp.Sandbox, v
-	return res, nil
+	log.Info("sandbox "+what+"d", "proof_verified", v.Verified, "proof_clean", v.Clean, "reason", v.Reason)
+	return out, v, nil
 }
 
 // adopt records a sandbox that only the node knows.

@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/ctld/ctld/internal/api"
@@ -41,34 +40,21 @@ func (m *Manager) Pause(ctx context.Context, id string) (PauseResult, error) {
 	if err != nil {
 		return PauseResult{}, err
 	}
-	log := m.log().With("sandbox", id, "generation", op.Generation, "operation", op.OperationID)
 	res := PauseResult{DestroyResult: DestroyResult{OperationID: op.OperationID, Reused: reused}}
-	resp, err := m.Client.Pause(ctx, id, api.PauseRequest{OperationID: op.OperationID, Generation: op.Generation})
-	if err != nil {
-		if definitive(err) {
-			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
-				return res, errors.Join(err, ferr)
-			}
-			log.Warn("pause failed", "err", err)
-			return res, err
-		}
-		log.Warn("pause outcome unknown; operation stays pending for a retry", "err", err)
-		return res, err
-	}
-	ctx = context.WithoutCancel(ctx)
-	v, err := m.judge(ctx, want{opID: op.OperationID, sandboxID: id, generation: op.Generation, nodeID: sb.NodeID}, resp.Proof)
+	var resp api.PauseResponse
+	res.Sandbox, res.Verdict, err = m.releaseWith(ctx, "pause", sb, op, func() (api.Sandbox, api.CleanupProof, error) {
+		var err error
+		resp, err = m.Client.Pause(ctx, id, api.PauseRequest{OperationID: op.OperationID, Generation: op.Generation})
+		return resp.Sandbox, resp.Proof, err
+	})
 	if err != nil {
 		return res, err
 	}
-	v.Source = "node"
-	if err := m.Store.FinishRelease(ctx, op.OperationID, resp.Sandbox, ProofRecord{Proof: resp.Proof, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
-		return res, err
-	}
-	if err := m.Store.PublishHead(ctx, id, resp.Head); err != nil && !(reused && errdefs.CodeOf(err) == errdefs.CodeFenced) {
+	if err := m.Store.PublishHead(context.WithoutCancel(ctx), id, resp.Head); err != nil && !(reused && errdefs.CodeOf(err) == errdefs.CodeFenced) {
 		return res, fmt.Errorf("record head: %w", err)
 	}
-	log.Info("sandbox paused", "head", resp.Head.Seq, "block_generation", resp.Head.Generation, "proof_verified", v.Verified)
-	res.Sandbox, res.Verdict, res.Head, res.Seal = resp.Sandbox, v, resp.Head, resp.Seal
+	m.log().Info("head recorded", "sandbox", id, "head", resp.Head.Seq, "block_generation", resp.Head.Generation)
+	res.Head, res.Seal = resp.Head, resp.Seal
 	return res, nil
 }
 

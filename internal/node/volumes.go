@@ -295,16 +295,10 @@ func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandb
 // Snapshot implements apiserver.Service: a seal while the guest runs,
 // named.
 func (n *Node) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
-	if err := n.needVolumes("snapshot"); err != nil {
-		return api.SnapshotResponse{}, err
-	}
-	ctx, end, err := n.begin(ctx)
-	if err != nil {
-		return api.SnapshotResponse{}, err
-	}
-	defer end()
-	unlock := n.lockSandbox(id)
-	defer unlock()
+	return volumeCall(n, ctx, id, "snapshot", func(ctx context.Context) (api.SnapshotResponse, error) { return n.snapshot(ctx, id, req) })
+}
+
+func (n *Node) snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
 	rec, err := n.sandbox(id)
 	if err != nil {
 		return api.SnapshotResponse{}, err
@@ -378,6 +372,23 @@ func (n *Node) snapshotGen(ctx context.Context, src, name string) (uint64, error
 	return 0, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q has no snapshot %q", src, name)
 }
 
+// volumeCall runs fn as an operation of this term on sandbox id (the
+// sandbox's lock held), if this node has durable block roots.
+func volumeCall[T any](n *Node, ctx context.Context, id, call string, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if err := n.needVolumes(call); err != nil {
+		return zero, err
+	}
+	ctx, end, err := n.begin(ctx)
+	if err != nil {
+		return zero, err
+	}
+	defer end()
+	unlock := n.lockSandbox(id)
+	defer unlock()
+	return fn(ctx)
+}
+
 // notRunning refuses a call on a sandbox with a live generation.
 func (n *Node) notRunning(id, call string) error {
 	s, err := n.sandbox(id)
@@ -396,19 +407,13 @@ func (n *Node) notRunning(id, call string) error {
 // Fork implements apiserver.Service: id's volume becomes a generation 0
 // over the source's committed generation, published as id's first head.
 func (n *Node) Fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error) {
-	if err := n.needVolumes("fork"); err != nil {
-		return api.VolumeInfo{}, err
-	}
 	if req.Source == id {
 		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "fork of %s onto itself: use restore", id)
 	}
-	ctx, end, err := n.begin(ctx)
-	if err != nil {
-		return api.VolumeInfo{}, err
-	}
-	defer end()
-	unlock := n.lockSandbox(id)
-	defer unlock()
+	return volumeCall(n, ctx, id, "fork", func(ctx context.Context) (api.VolumeInfo, error) { return n.fork(ctx, id, req) })
+}
+
+func (n *Node) fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error) {
 	if err := n.notRunning(id, "fork"); err != nil {
 		return api.VolumeInfo{}, err
 	}
@@ -429,16 +434,10 @@ func (n *Node) Fork(ctx context.Context, id string, req api.ForkRequest) (api.Vo
 // Restore implements apiserver.Service: id's head moves to its snapshot
 // (compare-and-swap over the head read here).
 func (n *Node) Restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
-	if err := n.needVolumes("restore"); err != nil {
-		return api.VolumeInfo{}, err
-	}
-	ctx, end, err := n.begin(ctx)
-	if err != nil {
-		return api.VolumeInfo{}, err
-	}
-	defer end()
-	unlock := n.lockSandbox(id)
-	defer unlock()
+	return volumeCall(n, ctx, id, "restore", func(ctx context.Context) (api.VolumeInfo, error) { return n.restore(ctx, id, req) })
+}
+
+func (n *Node) restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
 	if err := n.notRunning(id, "restore"); err != nil {
 		return api.VolumeInfo{}, err
 	}
