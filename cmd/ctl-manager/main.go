@@ -157,7 +157,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
-	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
+	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
 	return root
 }
 
@@ -256,7 +256,7 @@ func splitDash(cmd *cobra.Command, args []string) (before, after []string) {
 func (c *cli) createCommand() *cobra.Command {
 	var cpu, memory, disk, template, mode, cwd string
 	var pids, lifetime int64
-	var env []string
+	var env, vols []string
 	var nf networkFlags
 	cmd := &cobra.Command{
 		Use:   "create ID [flags] [-- CMD ARGS...]",
@@ -278,14 +278,19 @@ func (c *cli) createCommand() *cobra.Command {
 	f.StringArrayVar(&env, "env", nil, "environment of the main process (KEY=VALUE, repeatable)")
 	f.StringVar(&cwd, "cwd", "", "working directory of the main process")
 	f.Int64Var(&lifetime, "max-lifetime", 0, "seconds until the node releases it (0: none)")
+	f.StringArrayVar(&vols, "volume", nil, "attach persistent volume ID at PATH in the guest (ID:/PATH, repeatable; block store volumes, see `volume create`)")
 	nf.register(f, "network", string(api.NetworkDenyAll))
 	cmd.PreRunE = func(*cobra.Command, []string) error {
+		if _, err := parseVolumeMounts(vols); err != nil {
+			return err
+		}
 		_, err := nf.policy()
 		return err
 	}
 	cmd.RunE = c.action(named("create sandbox"), func(ctx context.Context, args []string) error {
 		ids, proc := splitDash(cmd, args)
 		network, _ := nf.policy() // checked by PreRunE
+		mounts, _ := parseVolumeMounts(vols)
 		millis, err := manager.ParseCPU(cpu)
 		if err != nil {
 			return usageError{fmt.Errorf("--cpu: %w", err)}
@@ -311,6 +316,7 @@ func (c *cli) createCommand() *cobra.Command {
 			Network:        network,
 			Process:        api.Process{Args: proc, Env: env, Cwd: cwd},
 			MaxLifetimeSec: lifetime,
+			Volumes:        mounts,
 		})
 		if err != nil {
 			if res.OperationID != "" && !res.Reused && errdefs.CodeOf(err) == errdefs.CodeUnavailable {

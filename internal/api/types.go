@@ -153,7 +153,20 @@ type ClaimRequest struct {
 	Network        NetworkPolicy `json:"network"`
 	Process        Process       `json:"process"`
 	MaxLifetimeSec int64         `json:"max_lifetime_sec,omitempty"`
+	// Volumes are persistent volumes to attach (block store volumes of
+	// their own, kept after the sandbox), each mounted at its Path.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
+
+// VolumeMount attaches persistent volume ID at Path in the guest: an
+// absolute, clean path, not "/" nor under a path the node mounts itself.
+type VolumeMount struct {
+	ID   string `json:"id"`
+	Path string `json:"path"`
+}
+
+// MaxVolumes bounds a claim's volumes.
+const MaxVolumes = 8
 
 // Timings of a claim's steps, in milliseconds.
 type Timings struct {
@@ -231,6 +244,9 @@ type Sandbox struct {
 	// (the head is unchanged, the guest's writes since the last head are
 	// the running generation's dirty tail); "sealing" one in flight.
 	Pause *PauseStatus `json:"pause,omitempty"`
+	// Volumes are the persistent volumes the generation's claim attached
+	// (held until its teardown ends).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // PauseStatus is a generation's last pause.

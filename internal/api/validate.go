@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -161,6 +162,46 @@ func (r ClaimRequest) Validate() error {
 	}
 	if r.MaxLifetimeSec < 0 || r.MaxLifetimeSec > MaxLifetimeSec {
 		return invalid("max_lifetime_sec must be between 0 (none) and %d, got %d", MaxLifetimeSec, r.MaxLifetimeSec)
+	}
+	return validateVolumes(r.Volumes)
+}
+
+// reservedGuestPaths are mounted by the node itself: a volume at or under
+// one would hide or be hidden by it.
+var reservedGuestPaths = []string{"/proc", "/dev", "/sys", "/tmp", "/etc/resolv.conf", "/.ctl-bin", "/.ctl"}
+
+// validateVolumes checks a claim's volume mounts: at most MaxVolumes,
+// valid IDs, each used once, paths absolute and clean, not "/", not
+// reserved, and none inside another (mount order would decide which one
+// the guest sees).
+func validateVolumes(vs []VolumeMount) error {
+	if len(vs) > MaxVolumes {
+		return invalid("%d volumes: at most %d", len(vs), MaxVolumes)
+	}
+	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	for i, v := range vs {
+		if err := names.CheckID(fmt.Sprintf("volumes[%d].id", i), v.ID); err != nil {
+			return err
+		}
+		if why := filePathProblem(v.Path); why != "" {
+			return invalid("invalid volumes[%d].path %s: %s", i, errdefs.Quote(v.Path), why)
+		}
+		if path.Clean(v.Path) != v.Path || v.Path == "/" {
+			return invalid("invalid volumes[%d].path %s: must be clean and not /", i, errdefs.Quote(v.Path))
+		}
+		for _, r := range reservedGuestPaths {
+			if under(v.Path, r) {
+				return invalid("invalid volumes[%d].path %s: %s is the node's", i, errdefs.Quote(v.Path), r)
+			}
+		}
+		for j, w := range vs[:i] {
+			if w.ID == v.ID {
+				return invalid("volumes[%d] and volumes[%d] both attach volume %s", j, i, v.ID)
+			}
+			if under(v.Path, w.Path) || under(w.Path, v.Path) {
+				return invalid("volumes[%d].path %s and volumes[%d].path %s overlap", j, errdefs.Quote(w.Path), i, errdefs.Quote(v.Path))
+			}
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -184,6 +185,46 @@ func TestReleaseValidate(t *testing.T) {
 	} {
 		if err := r.Validate(); err == nil || errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%s: Validate() = %v, want invalid_argument", name, err)
+		}
+	}
+}
+
+// TestClaimVolumesValidate: a claim's volume mounts need valid IDs, each
+// once, clean absolute paths that are not /, not the node's own mounts
+// and not inside one another, and at most MaxVolumes of them.
+func TestClaimVolumesValidate(t *testing.T) {
+	ok := validClaim()
+	ok.Volumes = []VolumeMount{{ID: "data", Path: "/data"}, {ID: "cache", Path: "/var/cache"}, {ID: "d2", Path: "/data2"}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid volumes: %v", err)
+	}
+	many := make([]VolumeMount, MaxVolumes+1)
+	for i := range many {
+		many[i] = VolumeMount{ID: fmt.Sprintf("v%d", i), Path: fmt.Sprintf("/v%d", i)}
+	}
+	for name, c := range map[string]struct {
+		vs   []VolumeMount
+		want string
+	}{
+		"bad id":      {[]VolumeMount{{ID: "A/b", Path: "/a"}}, "volumes[0].id"},
+		"relative":    {[]VolumeMount{{ID: "a", Path: "data"}}, "absolute"},
+		"root":        {[]VolumeMount{{ID: "a", Path: "/"}}, "not /"},
+		"unclean":     {[]VolumeMount{{ID: "a", Path: "/data/"}}, "clean"},
+		"dotdot":      {[]VolumeMount{{ID: "a", Path: "/x/../proc"}}, "clean"},
+		"reserved":    {[]VolumeMount{{ID: "a", Path: "/dev/x"}}, "/dev is the node's"},
+		"agent":       {[]VolumeMount{{ID: "a", Path: "/.ctl"}}, "/.ctl is the node's"},
+		"same id":     {[]VolumeMount{{ID: "a", Path: "/a"}, {ID: "a", Path: "/b"}}, "both attach volume a"},
+		"same path":   {[]VolumeMount{{ID: "a", Path: "/a"}, {ID: "b", Path: "/a"}}, "overlap"},
+		"nested":      {[]VolumeMount{{ID: "a", Path: "/a/b"}, {ID: "b", Path: "/a"}}, "overlap"},
+		"too many":    {many, "at most"},
+		"empty path":  {[]VolumeMount{{ID: "a"}}, "empty"},
+		"nul in path": {[]VolumeMount{{ID: "a", Path: "/a\x00"}}, "NUL"},
+	} {
+		r := validClaim()
+		r.Volumes = c.vs
+		err := r.Validate()
+		if err == nil || errdefs.CodeOf(err) != errdefs.CodeInvalidArgument || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want invalid_argument containing %q", name, err, c.want)
 		}
 	}
 }

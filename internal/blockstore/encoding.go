@@ -4,27 +4,34 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ctld/ctld/internal/names"
 )
 
-// Volume names whose device a set of generations is: a sandbox's RootFS
-// or a template (a template's generation 0 is the parent of the sandboxes
-// made from it). Its String is the key prefix of all its objects, so a
+// Volume names whose device a set of generations is: a sandbox's RootFS,
+// a template (a template's generation 0 is the parent of the sandboxes
+// made from it) or a persistent volume (a device of its own, attached to
+// one sandbox at a time). Its String is the key prefix of all its objects, so a
 // sandbox and a template with the same ID never share objects.
 type Volume struct {
 	Kind VolumeKind
 	ID   string
 }
 
-// VolumeKind is sandbox or template.
+// VolumeKind is sandbox, template or persistent volume.
 type VolumeKind string
 
+// The volume kinds, each the first element of its volumes' keys.
 const (
 	KindSandbox  VolumeKind = "sandboxes"
 	KindTemplate VolumeKind = "templates"
+	KindVolume   VolumeKind = "volumes"
 )
+
+// VolumeKinds lists every volume kind (GC walks them all).
+var VolumeKinds = []VolumeKind{KindSandbox, KindTemplate, KindVolume}
 
 // Sandbox is the volume of sandbox id's RootFS.
 func Sandbox(id string) Volume { return Volume{Kind: KindSandbox, ID: id} }
@@ -32,13 +39,16 @@ func Sandbox(id string) Volume { return Volume{Kind: KindSandbox, ID: id} }
 // Template is the volume of template id.
 func Template(id string) Volume { return Volume{Kind: KindTemplate, ID: id} }
 
+// Vol is persistent volume id: its heads are its roots, as a sandbox's.
+func Vol(id string) Volume { return Volume{Kind: KindVolume, ID: id} }
+
 func (v Volume) String() string { return string(v.Kind) + "/" + v.ID }
 
 // Check validates the volume: a known kind and an ID by the one ID rule
 // (internal/names).
 func (v Volume) Check() error {
-	if v.Kind != KindSandbox && v.Kind != KindTemplate {
-		return fmt.Errorf("%w: volume kind %q is neither %q nor %q", ErrInvalidKey, v.Kind, KindSandbox, KindTemplate)
+	if !slices.Contains(VolumeKinds, v.Kind) {
+		return fmt.Errorf("%w: volume kind %q is none of %q", ErrInvalidKey, v.Kind, VolumeKinds)
 	}
 	if err := names.CheckID("volume id", v.ID); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidKey, err)

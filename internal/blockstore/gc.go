@@ -143,7 +143,7 @@ func (r *Repo) GC(ctx context.Context, opts GCOptions) (GCReport, error) {
 func (g *gcRun) inventory(ctx context.Context) (map[Volume]bool, error) {
 	lister := g.r.store.(Lister)
 	fresh := map[Volume]bool{}
-	for _, kind := range []VolumeKind{KindSandbox, KindTemplate} {
+	for _, kind := range VolumeKinds {
 		infos, err := lister.ListInfo(ctx, string(kind)+"/")
 		if err != nil {
 			return nil, fmt.Errorf("gc: %w", err)

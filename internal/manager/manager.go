@@ -107,6 +107,7 @@ type Spec struct {
 	Network        api.NetworkPolicy `json:"network"`
 	Process        api.Process       `json:"process"`
 	MaxLifetimeSec int64             `json:"max_lifetime_sec,omitempty"`
+	Volumes        []api.VolumeMount `json:"volumes,omitempty"`
 }
 
 func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
@@ -118,6 +119,7 @@ func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
 		Network:        s.Network,
 		Process:        s.Process,
 		MaxLifetimeSec: s.MaxLifetimeSec,
+		Volumes:        s.Volumes,
 	}
 }
 

@@ -123,6 +123,11 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 			return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)
 		}
 	}
+	if len(req.Volumes) > 0 {
+		// Refused, never ignored: a guest that expects its volume at a
+		// path must not start writing to its root there instead.
+		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "persistent volumes: this node does not attach them yet")
+	}
 	var lower string
 	switch req.RootFS.Mode {
 	case api.RootFSOverlay:

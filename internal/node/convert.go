@@ -17,7 +17,7 @@ func apiSandbox(s journal.Sandbox) api.Sandbox {
 		ID: s.ID, Generation: s.Generation, State: api.SandboxState(s.State), ContainerID: s.ContainerID,
 		LeaseID: s.LeaseID, Resources: apiResources(s.Resources), RootFS: apiRootFS(s.RootFS), Epoch: s.Epoch,
 		CreatedAt: s.CreatedAt, Timings: apiTimings(s.Timings), ReleaseTimings: apiReleaseTimings(s.ReleaseTimings),
-		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s), Pause: apiPause(s),
+		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s), Pause: apiPause(s), Volumes: apiVolumes(s),
 	}
 }
 
@@ -66,8 +66,31 @@ func claimRecord(r api.ClaimRequest) journal.ClaimRequest {
 			Args: append([]string(nil), r.Process.Args...), Env: append([]string(nil), r.Process.Env...),
 			Cwd: r.Process.Cwd, UID: r.Process.UID, GID: r.Process.GID,
 		},
-		MaxLifetimeSec: r.MaxLifetimeSec,
+		MaxLifetimeSec: r.MaxLifetimeSec, Volumes: volumeMountsRecord(r.Volumes),
 	}
+}
+
+func volumeMountsRecord(vs []api.VolumeMount) []journal.VolumeMount {
+	if vs == nil {
+		return nil
+	}
+	out := make([]journal.VolumeMount, len(vs))
+	for i, v := range vs {
+		out[i] = journal.VolumeMount(v)
+	}
+	return out
+}
+
+// apiVolumes are the persistent volumes s's claim attaches.
+func apiVolumes(s journal.Sandbox) []api.VolumeMount {
+	if s.Request == nil || s.Request.Volumes == nil {
+		return nil
+	}
+	out := make([]api.VolumeMount, len(s.Request.Volumes))
+	for i, v := range s.Request.Volumes {
+		out[i] = api.VolumeMount(v)
+	}
+	return out
 }
 
 func apiSteps(steps []journal.StepTiming) []api.StepTiming {

@@ -52,8 +52,9 @@ func fullRecord() journal.Sandbox {
 		Timings:        journal.Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 7, Steps: steps},
 		ReleaseTimings: &journal.ReleaseTimings{Steps: steps, ProofMS: 1, TotalMS: 2},
 		Reason:         "r", OOMKills: 1,
-		Block: &journal.BlockDevice{WriterEpoch: 5, Dir: "/w/sb-g2", Template: "busybox", Index: 3, PID: 42, Size: 64 << 20, Restarts: 1, BaseVolume: "templates/busybox"},
-		Seal:  &journal.SealRecord{State: journal.SealAbandoned, OperationID: "p1", Generation: 3, Head: journal.VolumeHead{Seq: 1, Generation: 3, WriterEpoch: 5, Node: "n"}, Error: "fenced"},
+		Block:   &journal.BlockDevice{WriterEpoch: 5, Dir: "/w/sb-g2", Template: "busybox", Index: 3, PID: 42, Size: 64 << 20, Restarts: 1, BaseVolume: "templates/busybox"},
+		Request: &journal.ClaimRequest{Volumes: []journal.VolumeMount{{ID: "data", Path: "/data"}}},
+		Seal:    &journal.SealRecord{State: journal.SealAbandoned, OperationID: "p1", Generation: 3, Head: journal.VolumeHead{Seq: 1, Generation: 3, WriterEpoch: 5, Node: "n"}, Error: "fenced"},
 	}
 }
 
@@ -87,6 +88,7 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 			{CIDR: "203.0.113.0/24", Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}},
 		}},
 		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2}, MaxLifetimeSec: 60,
+		Volumes: []api.VolumeMount{{ID: "data", Path: "/data"}},
 	}
 	if z := zeroFields(reflect.ValueOf(req), "api.ClaimRequest"); len(z) != 0 {
 		t.Fatalf("test request leaves fields zero: %v", z)
@@ -95,8 +97,8 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 	if z := zeroFields(reflect.ValueOf(rec), "journal.ClaimRequest"); len(z) != 0 {
 		t.Fatalf("claimRecord leaves fields zero: %v", z)
 	}
-	req.Process.Args[0] = "changed"
-	if rec.Process.Args[0] != "/bin/sh" {
+	req.Process.Args[0], req.Volumes[0].ID = "changed", "changed"
+	if rec.Process.Args[0] != "/bin/sh" || rec.Volumes[0].ID != "data" {
 		t.Fatal("claimRecord shares the request's slices")
 	}
 }

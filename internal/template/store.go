@@ -35,26 +35,37 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 	if err := vol.Check(); err != nil {
 		return nil, fmt.Errorf("import template %q: %w", name, err)
 	}
-	f, err := os.Open(image)
-	if err != nil {
-		return nil, fmt.Errorf("import template %s: %w", name, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("import template %s: %w", name, err)
-	}
-	const cs = blockstore.DefaultChunkSize
-	size := fi.Size()
-	if !fi.Mode().IsRegular() || size <= 0 || size%cs != 0 {
-		return nil, fmt.Errorf("import template %s: image %s of %d bytes is not a regular file of a positive multiple of %d bytes", name, image, size, cs)
-	}
-	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs})
+	m, err := importImage(ctx, repo, vol, image, progress)
 	if errors.Is(err, blockstore.ErrExists) {
 		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// importImage stores the image file at image as generation 0 of vol (an
+// error wrapping blockstore.ErrExists if it has one).
+func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, image string, progress func(Progress)) (*blockstore.Manifest, error) {
+	name := vol.String()
+	f, err := os.Open(image)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", name, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", name, err)
+	}
+	const cs = blockstore.DefaultChunkSize
+	size := fi.Size()
+	if !fi.Mode().IsRegular() || size <= 0 || size%cs != 0 {
+		return nil, fmt.Errorf("import %s: image %s of %d bytes is not a regular file of a positive multiple of %d bytes", name, image, size, cs)
+	}
+	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs})
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
 	committed := false
 	defer func() {
@@ -70,21 +81,21 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 			break // only a hole from off to the end
 		}
 		if err != nil {
-			return nil, fmt.Errorf("import template %s: seek data: %w", name, err)
+			return nil, fmt.Errorf("import %s: seek data: %w", name, err)
 		}
 		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
 		if err != nil {
-			return nil, fmt.Errorf("import template %s: seek hole: %w", name, err)
+			return nil, fmt.Errorf("import %s: seek hole: %w", name, err)
 		}
 		for c := data / cs * cs; c < hole; c += cs {
 			if err := ctx.Err(); err != nil {
-				return nil, fmt.Errorf("import template %s: %w", name, err)
+				return nil, fmt.Errorf("import %s: %w", name, err)
 			}
 			if _, err := f.ReadAt(buf, c); err != nil && !errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("import template %s: read %s: %w", name, image, err)
+				return nil, fmt.Errorf("import %s: read %s: %w", name, image, err)
 			}
 			if err := w.WriteChunk(ctx, uint64(c/cs), buf); err != nil {
-				return nil, fmt.Errorf("import template %s: %w", name, err)
+				return nil, fmt.Errorf("import %s: %w", name, err)
 			}
 			chunks++
 			if progress != nil {
@@ -95,11 +106,8 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 	}
 	m, err := w.Commit(ctx)
 	committed = true
-	if errors.Is(err, blockstore.ErrExists) {
-		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("import template %s: %w", name, err)
+		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
 	if progress != nil {
 		progress(Progress{Phase: "stored", Entries: chunks, Bytes: size})

@@ -178,6 +178,7 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 		Resources: req.Resources, RootFS: req.RootFS, Epoch: 3, CreatedAt: time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC),
 		Timings: api.Timings{LeaseMS: 1, RootFSMS: 2, NetworkMS: 3, RunscMS: 4, ProofMS: 5, TotalMS: 15},
 		Network: &api.NetworkStatus{Mode: req.Network.EffectiveMode()},
+		Volumes: req.Volumes,
 	}
 	if req.RootFS.Mode == api.RootFSBlock {
 		sb.Writer = &api.BlockWriter{Epoch: req.Generation, PID: 4242, Device: "/dev/nbd0"}

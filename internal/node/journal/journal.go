@@ -171,6 +171,14 @@ type ClaimRequest struct {
 	Network        NetworkPolicy `json:"network"`
 	Process        Process       `json:"process"`
 	MaxLifetimeSec int64         `json:"max_lifetime_sec,omitempty"`
+	Volumes        []VolumeMount `json:"volumes,omitempty"`
+}
+
+// VolumeMount is a claim's persistent volume ID, mounted at Path in the
+// guest.
+type VolumeMount struct {
+	ID   string `json:"id"`
+	Path string `json:"path"`
 }
 
 // Timings of a claim's steps, in milliseconds.

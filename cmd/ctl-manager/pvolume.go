@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// Persistent volumes: block-store volumes of their own (kind volumes),
+// each an ext4 file system that `sandbox create --volume ID:/PATH`
+// attaches to one sandbox at a time and that outlives it.
+
+// parseVolumeMounts parses the --volume ID:/PATH flags (the claim's
+// validation checks IDs and paths).
+func parseVolumeMounts(flags []string) ([]api.VolumeMount, error) {
+	var out []api.VolumeMount
+	for _, f := range flags {
+		id, p, ok := strings.Cut(f, ":")
+		if !ok || id == "" || p == "" {
+			return nil, usageError{fmt.Errorf("--volume %q: want ID:/PATH", f)}
+		}
+		out = append(out, api.VolumeMount{ID: id, Path: p})
+	}
+	return out, nil
+}
+
+func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
+	tf := &templateFlags{getenv: getenv}
+	g := group("volume", "Create, list and remove persistent volumes (in the block store)")
+	pf := g.PersistentFlags()
+	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store: a directory or s3://BUCKET[/PREFIX]")
+	tf.s3.Flags(pf)
+	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; create makes it, mode 0600, if missing)")
+	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+
+	var size, tmp string
+	create := &cobra.Command{Use: "create ID [--size 1Gi]", Short: "Create a persistent volume: an empty ext4 file system of --size", Args: exactArgs(1, "ID")}
+	create.Flags().StringVar(&size, "size", "1Gi", "device size (a multiple of 64Ki)")
+	create.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the image while building (default: the store's parent; $TMPDIR for an S3 store)")
+	create.RunE = c.action(named("volume create"), func(ctx context.Context, args []string) error {
+		n, err := manager.ParseMemory(size)
+		if err != nil {
+			return usageError{fmt.Errorf("--size: %w", err)}
+		}
+		if n <= 0 || n%blockstore.DefaultChunkSize != 0 {
+			return usageError{fmt.Errorf("--size %s: not a positive multiple of 64Ki", size)}
+		}
+		tf.compress = true
+		_, repo, err := tf.open(ctx, true)
+		if err != nil {
+			return err
+		}
+		if tmp == "" && strings.HasPrefix(tf.store, "s3://") {
+			tmp = os.TempDir()
+		} else if tmp == "" {
+			tmp = filepath.Dir(filepath.Clean(tf.store))
+		}
+		h, err := template.CreateVolume(ctx, repo, args[0], n, tmp)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"id": args[0], "device_size": n, "head": h})
+		}
+		fmt.Fprintf(c.stdout, "volume %s: %s, head %d\n", args[0], manager.FormatMemory(n), h.Seq)
+		return nil
+	})
+
+	ls := &cobra.Command{Use: "ls", Short: "List the persistent volumes: size and head", Args: noArgs}
+	ls.RunE = c.action(fixed("volume ls"), func(ctx context.Context, _ []string) error {
+		st, repo, err := tf.open(ctx, false)
+		if err != nil {
+			return err
+		}
+		vs, err := template.ListVolumes(ctx, st, repo)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			if vs == nil {
+				vs = []template.VolumeInfo{}
+			}
+			return c.printJSON(vs)
+		}
+		if len(vs) == 0 {
+			fmt.Fprintln(c.stdout, "no volumes")
+			return nil
+		}
+		w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ID\tSIZE\tHEAD\tGENERATION\tBY")
+		for _, v := range vs {
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", v.ID, manager.FormatMemory(int64(v.DeviceSize)), v.Head.Seq, v.Head.Generation, v.Head.Node)
+		}
+		return w.Flush()
+	})
+
+	rm := &cobra.Command{Use: "rm ID", Short: "Delete a persistent volume no sandbox has attached (its data goes at the next store gc)", Args: exactArgs(1, "ID")}
+	rm.RunE = c.action(named("volume rm"), func(ctx context.Context, args []string) error {
+		id := args[0]
+		if err := blockstore.Vol(id).Check(); err != nil {
+			return usageError{err}
+		}
+		m, done, err := c.manager(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer done()
+		// An attached volume's writer would publish over the deleted
+		// volume (fenced: its data lost): refuse while any generation
+		// that is not released holds it.
+		list, err := m.Client.List(ctx)
+		if err != nil {
+			return fmt.Errorf("ask the node which sandboxes hold volume %s: %w", id, err)
+		}
+		for _, sb := range list.Sandboxes {
+			if sb.State != api.StateReleased && slices.ContainsFunc(sb.Volumes, func(v api.VolumeMount) bool { return v.ID == id }) {
+				return errdefs.Errorf(errdefs.CodeConflict, "volume %s is attached to sandbox %s generation %d (%s); release it first", id, sb.ID, sb.Generation, sb.State)
+			}
+		}
+		_, repo, err := tf.open(ctx, false)
+		if err != nil {
+			return err
+		}
+		if err := template.RemoveVolume(ctx, repo, id); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "removed volume %s; run store gc to free its data\n", id)
+		return nil
+	})
+	g.AddCommand(create, ls, rm)
+	return g
+}
