@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,6 +124,10 @@ type Device struct {
 	state   []uint8
 	version uint64            // bumped on every state change
 	baseRef blockstore.GenRef // the generation im is (cfg.Base until a seal)
+	// dirtySet holds the chunks whose state is dirty (data or zero): a
+	// seal's barrier copies it, in time that follows the dirty chunks,
+	// not the device's size.
+	dirtySet map[int64]struct{}
 	// cached[i] changes and is read only under chunk i's stripe lock.
 	cached []bool
 
@@ -202,6 +207,12 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		state = make([]uint8, n)
 	}
 	d.state = state
+	d.dirtySet = map[int64]struct{}{}
+	for i, s := range state {
+		if isDirty(s) {
+			d.dirtySet[int64(i)] = struct{}{}
+		}
+	}
 	d.cached = make([]bool, n)
 	if d.dirty, err = openSized(filepath.Join(cfg.Dir, dirtyName), d.size, false); err != nil {
 		return nil, err
@@ -347,9 +358,14 @@ func (d *Device) lock(i int64) *sync.RWMutex { return &d.locks[i%stripes] }
 
 func (d *Device) setState(i int64, s uint8) {
 	d.stateMu.Lock()
-	if d.state[i] != s {
+	if old := d.state[i]; old != s {
 		d.state[i] = s
 		d.version++
+		if was, is := isDirty(old), isDirty(s); is && !was {
+			d.dirtySet[i] = struct{}{}
+		} else if was && !is {
+			delete(d.dirtySet, i)
+		}
 	}
 	d.stateMu.Unlock()
 	if s != stClean {
@@ -668,17 +684,20 @@ func (d *Device) syncLocked() error {
 	return nil
 }
 
+// isDirty says a chunk in state s is changed over the base: the next
+// seal writes it.
+func isDirty(s uint8) bool { return s == stData || s == stZero }
+
 // Dirty lists the chunks the device changed over its base (written or
 // zeroed), in increasing order.
 func (d *Device) Dirty() []uint64 {
 	d.stateMu.RLock()
-	defer d.stateMu.RUnlock()
-	var out []uint64
-	for i, s := range d.state {
-		if s == stData || s == stZero {
-			out = append(out, uint64(i))
-		}
+	out := make([]uint64, 0, len(d.dirtySet))
+	for i := range d.dirtySet {
+		out = append(out, uint64(i))
 	}
+	d.stateMu.RUnlock()
+	slices.Sort(out)
 	return out
 }
 

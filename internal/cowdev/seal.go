@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -97,10 +98,11 @@ func (d *Device) saveForSeal(sr *sealRun, i int64) error {
 // the device onto it. The device serves throughout.
 //
 //  1. The write barrier: new writes, trims and zeroings wait, those in
-//     flight finish; the states are copied (which chunks are dirty: the
-//     snapshot) and the barrier is let go. Writes wait for that copy
-//     only, not for the upload, so the barrier does not grow with the
-//     dirty data, only (by a memory scan) with the chunk count.
+//     flight finish; the dirty set is copied (the snapshot: which chunks
+//     are data or zero) and the barrier is let go. Writes wait for that
+//     copy only: a walk of the dirty set in memory, so the barrier grows
+//     with the dirty chunk count (microseconds per thousand), not with
+//     the device's size, and not with the upload.
 //  2. Sync: the dirty file and the index, with every snapshot chunk dirty
 //     in it, are made durable (see openIndex for why that matters).
 //  3. Upload: each snapshot chunk as it was at the barrier (a write that
@@ -147,21 +149,28 @@ func (d *Device) Seal(ctx context.Context, ref blockstore.GenRef) (SealStats, er
 	}
 	defer func() { _ = side.Close(); _ = os.Remove(sidePath) }()
 	sr := &sealRun{flags: make([]uint8, len(d.state)), side: side}
+	// Fault its pages in now, not under the barrier (one page per 4096
+	// chunks: a 16 GiB device's scattered dirty chunks cost a fault each
+	// there otherwise).
+	for i := 0; i < len(sr.flags); i += 4096 {
+		sr.flags[i] = 0
+	}
 
+	// The barrier covers a walk of the dirty set only, not of every
+	// chunk's state.
 	b0 := time.Now()
 	d.wbar.Lock()
-	var list []int64
 	d.stateMu.RLock()
-	for i, s := range d.state {
-		if s == stData || s == stZero {
-			sr.flags[i] = s | fPending
-			list = append(list, int64(i))
-		}
+	list := make([]int64, 0, len(d.dirtySet))
+	for i := range d.dirtySet {
+		sr.flags[i] = d.state[i] | fPending
+		list = append(list, i)
 	}
 	d.stateMu.RUnlock()
 	d.sealing.Store(sr)
 	d.wbar.Unlock()
 	st.Barrier = time.Since(b0)
+	slices.Sort(list) // uploaded in device order
 	defer d.sealing.Store(nil)
 
 	if err := d.Sync(); err != nil {
