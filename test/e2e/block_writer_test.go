@@ -99,8 +99,8 @@ func TestBlockWriterKilledRestarted(t *testing.T) {
 	if err != nil || s.State != api.StateReady {
 		t.Fatalf("after the writer's restart: %s (%s), %v; want ready", s.State, s.Reason, err)
 	}
-	if w := s.Writer; w == nil || *w != (api.BlockWriter{Epoch: after.Epoch, PID: after.PID, Device: before.Device, Restarts: 1}) {
-		t.Errorf("GET writer %+v; want epoch %d, pid %d, %s, 1 restart", w, after.Epoch, after.PID, before.Device)
+	if w := s.Writer; w == nil || *w != (api.BlockWriter{Epoch: after.Epoch, PID: after.PID, Device: before.Device, Restarts: 1, Base: "templates/busybox@0"}) {
+		t.Errorf("GET writer %+v; want epoch %d, pid %d, %s, 1 restart, base templates/busybox@0", w, after.Epoch, after.PID, before.Device)
 	}
 	if errs := exec("cat /data/err 2>/dev/null; true"); errs != "" {
 		t.Errorf("the guest's loop saw I/O errors:\n%s", errs)
