@@ -57,7 +57,7 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 		}
 	}
 	guest("vol", "echo kept > /data/keep && sync")
-	waitLines(t, seqOf("vol", 1), 30)
+	waitLines(t, seqOf("vol", 1), 15)
 
 	snap, err := c.Snapshot(ctx(t, 2*time.Minute), "vol", api.SnapshotRequest{Name: "s1"})
 	if err != nil {
@@ -66,7 +66,7 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 	t.Logf("snapshot s1 = block generation %d: %d chunks (%d bytes) over %s; writes waited %.0f ms (writer barrier %.0f ms), total %.0f ms",
 		snap.Snapshot.Generation, snap.Seal.Chunks, snap.Seal.Bytes, snap.Seal.Parent, snap.Seal.FreezeMS, snap.Seal.BarrierMS, snap.Seal.TotalMS)
 	atSnap := lines(t, seqOf("vol", 1)())
-	waitLines(t, seqOf("vol", 1), atSnap+20) // the guest keeps writing
+	waitLines(t, seqOf("vol", 1), atSnap+10) // the guest keeps writing
 
 	repo := e2eRepo(t, e.stateDir)
 	img := exportGeneration(t, repo, blockstore.GenRef{Volume: blockstore.Sandbox("vol"), Generation: snap.Snapshot.Generation})

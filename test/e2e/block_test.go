@@ -91,14 +91,14 @@ func TestBlockClaimSurvivesPrimaryKill(t *testing.T) {
 		t.Logf("guest mounts: %s", out)
 	}
 	exec("echo before-kill > /data/hello && sync")
-	waitLines(t, seqOnHost, 50)
+	waitLines(t, seqOnHost, 25)
 
 	e.kill9("a")
 	took := time.Now()
 	e.waitPrimary("b", time.Minute)
 	t.Logf("standby primary %v after the kill", time.Since(took).Round(time.Millisecond))
 	n0 := lines(t, seqOnHost())
-	waitLines(t, seqOnHost, n0+50) // the guest keeps writing after the takeover
+	waitLines(t, seqOnHost, n0+25) // the guest keeps writing after the takeover
 
 	s, err := c.Get(ctx(t, time.Minute), "blk")
 	if err != nil || s.State != api.StateReady {
