@@ -56,7 +56,7 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 			return string(b)
 		}
 	}
-	guest("vol", "echo kept > /data/keep && sync")
+	guest("vol", "mkdir -p /data && echo kept > /data/keep && sync") // the loop may not have made /data yet
 	waitLines(t, seqOf("vol", 1), 15)
 
 	snap, err := c.Snapshot(ctx(t, 2*time.Minute), "vol", api.SnapshotRequest{Name: "s1"})
