@@ -216,6 +216,14 @@ func Run(ctx context.Context, spec Spec, log *slog.Logger) (err error) {
 		return err
 	}
 	defer ctl.stop()
+	if b := dev.Base(); b != spec.Base {
+		// The dirty state was rebased onto a generation sealed over the
+		// spec's base (cowdev's openIndex): name it in spec.json, so the
+		// spec never falls further behind.
+		if err := ctl.recordBase(b); err != nil {
+			log.Warn("record the device's base in the spec", "base", b.String(), "err", err)
+		}
+	}
 
 	pid := os.Getpid()
 	_, start, err := procStat("/proc", pid)

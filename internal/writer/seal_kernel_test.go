@@ -111,9 +111,10 @@ func sameBytes(t testing.TB, what string, got, want []byte) {
 // model of what was written); a second seal over the first holds the next
 // writes; a seal with nothing written commits an empty generation; a seal
 // of another epoch is ErrStaleEpoch and commits nothing. After a kill -9
-// of the writer, the primary's restart (Reattach, the next epoch, the
-// last sealed generation as its base) serves the same data, and a fourth
-// seal works.
+// of the writer, the primary's restart (Reattach, the next epoch) naming
+// the generation before the last seal opens over the last one all the
+// same (and names it in spec.json), and after a second kill -9 a restart
+// naming the last seal does too; both serve the same data and seal on.
 func TestKernelWriterSeal(t *testing.T) {
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
 	r := newRig(t)
@@ -175,27 +176,47 @@ func TestKernelWriterSeal(t *testing.T) {
 		t.Fatalf("spec.json after the third seal: base %s (%v), want %s", onDisk.Base, err, gen(3))
 	}
 
-	// Acknowledged writes after the last seal, then kill -9.
-	writeDev(t, st.Device, model, randBytes(300<<10), 40<<20)
-	if err := unix.Kill(st.PID, unix.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := r.sup.Check(ctx, dir); errors.Is(err, writer.ErrNotRunning) {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("Check after kill -9: %v, want ErrNotRunning", err)
+	// Acknowledged writes after the last seal, then kill -9; the restart
+	// names generation 2 (a primary that died before it recorded the
+	// third seal): the writer opens over 3 all the same, and says so in
+	// spec.json.
+	kill := func(pid int) {
+		t.Helper()
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := r.sup.Check(ctx, dir); errors.Is(err, writer.ErrNotRunning) {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("Check after kill -9: %v, want ErrNotRunning", err)
+			}
 		}
 	}
+	writeDev(t, st.Device, model, randBytes(300<<10), 40<<20)
+	kill(st.PID)
 	if _, err := r.sup.Seal(ctx, dir, writer.SealRequest{Generation: 4, Epoch: 1}); !errors.Is(err, writer.ErrNotRunning) {
 		t.Fatalf("Seal with the writer dead: %v, want ErrNotRunning", err)
 	}
 	restart := spec
-	restart.Epoch, restart.Reattach, restart.Index, restart.Base = 2, true, st.Index, gen(3)
+	restart.Epoch, restart.Reattach, restart.Index, restart.Base = 2, true, st.Index, gen(2)
 	st = r.start(t, restart)
+	if b, err := os.ReadFile(filepath.Join(dir, writer.SpecName)); err != nil || json.Unmarshal(b, &onDisk) != nil || onDisk.Base != gen(3) || onDisk.Epoch != 2 {
+		t.Fatalf("spec.json of the restart over generation 2: base %s epoch %d (%v), want %s, epoch 2", onDisk.Base, onDisk.Epoch, err, gen(3))
+	}
 	sameBytes(t, "the device after the restart", readDirect(t, st.Device, size), model)
 	if res := seal(4, 2, gen(3)); res.Chunks != 5 {
 		t.Fatalf("seal after the restart: %d chunks, want the 5 written after the last seal", res.Chunks)
+	}
+
+	// Again, the restart naming the last seal, as a primary does.
+	writeDev(t, st.Device, model, randBytes(64<<10), 50<<20)
+	kill(st.PID)
+	restart.Epoch, restart.Base = 3, gen(4)
+	st = r.start(t, restart)
+	sameBytes(t, "the device after the second restart", readDirect(t, st.Device, size), model)
+	if res := seal(5, 3, gen(4)); res.Chunks != 1 {
+		t.Fatalf("seal after the second restart: %d chunks, want 1", res.Chunks)
 	}
 }
 
