@@ -161,6 +161,10 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	mounts := &rootfs.Block{Dir: filepath.Join(stateDir, "blockroot"), Logger: log}
 	d.Block, d.BlockMounts, d.Templates = sup, mounts, tpl
 	d.Volumes, d.Sealer, d.Freezer = blockvol.Volumes{Repo: repo}, blockvol.Sealer{Supervisor: sup}, mounts
+	// Persistent volumes: mounted beside the roots, in a dir of their own
+	// (keyed by volume id), so neither sweep takes the other's mounts.
+	vmounts := &rootfs.Block{Dir: filepath.Join(stateDir, "volmounts"), Logger: log}
+	d.PVolumes, d.VolumeMounts, d.VolumeFreezer = blockvol.Volumes{Repo: repo, Kind: blockstore.KindVolume}, vmounts, vmounts
 	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
 	return cfg, d, nil
 }

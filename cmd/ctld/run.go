@@ -526,6 +526,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	cfg.Block, d.Block, d.BlockMounts, d.Templates = bcfg, bd.Block, bd.BlockMounts, bd.Templates
 	d.Volumes, d.Sealer, d.Freezer = bd.Volumes, bd.Sealer, bd.Freezer
+	d.PVolumes, d.VolumeMounts, d.VolumeFreezer = bd.PVolumes, bd.VolumeMounts, bd.VolumeFreezer
 	return node.New(cfg, d), nil
 }
 

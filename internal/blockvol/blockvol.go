@@ -15,8 +15,21 @@ import (
 	"github.com/ctld/ctld/internal/writer"
 )
 
-// Volumes is node.BlockVolumes over a block store.
-type Volumes struct{ Repo *blockstore.Repo }
+// Volumes is node.BlockVolumes over a block store: the volumes of Kind
+// (zero: sandboxes; blockstore.KindVolume for persistent volumes) named
+// by their ids.
+type Volumes struct {
+	Repo *blockstore.Repo
+	Kind blockstore.VolumeKind
+}
+
+// vol is the volume id names.
+func (b Volumes) vol(id string) blockstore.Volume {
+	if b.Kind == "" {
+		return blockstore.Sandbox(id)
+	}
+	return blockstore.Volume{Kind: b.Kind, ID: id}
+}
 
 func storeHead(h api.VolumeHead) blockstore.Head {
 	return blockstore.Head{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
@@ -46,25 +59,25 @@ func storeErr(err error) error {
 
 // Head is the sandbox volume's head (zero: none).
 func (b Volumes) Head(ctx context.Context, sandbox string) (api.VolumeHead, error) {
-	h, err := b.Repo.Head(ctx, blockstore.Sandbox(sandbox))
+	h, err := b.Repo.Head(ctx, b.vol(sandbox))
 	return volumeHead(h), storeErr(err)
 }
 
 // Publish is the head's compare-and-swap (fenced when lost).
 func (b Volumes) Publish(ctx context.Context, sandbox string, expect, next api.VolumeHead) (api.VolumeHead, error) {
-	h, err := b.Repo.Publish(ctx, blockstore.Sandbox(sandbox), storeHead(expect), storeHead(next))
+	h, err := b.Repo.Publish(ctx, b.vol(sandbox), storeHead(expect), storeHead(next))
 	return volumeHead(h), storeErr(err)
 }
 
 // Generations lists the volume's committed generations.
 func (b Volumes) Generations(ctx context.Context, sandbox string) ([]uint64, error) {
-	g, err := b.Repo.Generations(ctx, blockstore.Sandbox(sandbox))
+	g, err := b.Repo.Generations(ctx, b.vol(sandbox))
 	return g, storeErr(err)
 }
 
 // DeviceSize is a committed generation's device size.
 func (b Volumes) DeviceSize(ctx context.Context, sandbox string, generation uint64) (int64, error) {
-	m, err := b.Repo.Manifest(ctx, blockstore.GenRef{Volume: blockstore.Sandbox(sandbox), Generation: generation})
+	m, err := b.Repo.Manifest(ctx, blockstore.GenRef{Volume: b.vol(sandbox), Generation: generation})
 	if err != nil {
 		return 0, storeErr(err)
 	}
@@ -73,12 +86,12 @@ func (b Volumes) DeviceSize(ctx context.Context, sandbox string, generation uint
 
 // PutSnapshot names a committed generation (conflict if taken).
 func (b Volumes) PutSnapshot(ctx context.Context, sandbox, name string, generation uint64) error {
-	return storeErr(b.Repo.PutSnapshot(ctx, blockstore.Sandbox(sandbox), name, generation))
+	return storeErr(b.Repo.PutSnapshot(ctx, b.vol(sandbox), name, generation))
 }
 
 // Snapshots lists the volume's named generations.
 func (b Volumes) Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error) {
-	ss, err := b.Repo.Snapshots(ctx, blockstore.Sandbox(sandbox))
+	ss, err := b.Repo.Snapshots(ctx, b.vol(sandbox))
 	if err != nil {
 		return nil, storeErr(err)
 	}
@@ -91,7 +104,7 @@ func (b Volumes) Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot,
 
 // Fork commits dst@0 over src@generation (nothing copied).
 func (b Volumes) Fork(ctx context.Context, src string, generation uint64, dst string) error {
-	_, err := b.Repo.Fork(ctx, blockstore.GenRef{Volume: blockstore.Sandbox(src), Generation: generation}, blockstore.Sandbox(dst))
+	_, err := b.Repo.Fork(ctx, blockstore.GenRef{Volume: b.vol(src), Generation: generation}, b.vol(dst))
 	return storeErr(err)
 }
 

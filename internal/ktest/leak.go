@@ -69,7 +69,7 @@ func GenerationFiles(runDir, stateDir string) []string {
 		dirs = append(dirs, filepath.Join(runDir, "bundles"), filepath.Join(runDir, "runsc.logs"), filepath.Join(runDir, "agents"))
 	}
 	if stateDir != "" {
-		dirs = append(dirs, filepath.Join(stateDir, "scratch"), filepath.Join(stateDir, "writers"), filepath.Join(stateDir, "blockroot"))
+		dirs = append(dirs, filepath.Join(stateDir, "scratch"), filepath.Join(stateDir, "writers"), filepath.Join(stateDir, "writers", "vol"), filepath.Join(stateDir, "blockroot"))
 	}
 	var out []string
 	for _, d := range dirs {

@@ -37,7 +37,8 @@ func TestBlockClaimRefusedBeforeJournal(t *testing.T) {
 		{"unknown template", func(r *api.ClaimRequest) { r.RootFS.Template = "nosuch" }, false, errdefs.CodeNotFound, `block template "nosuch" not found`},
 		{"disk bytes not the device size", func(r *api.ClaimRequest) { r.Resources.DiskBytes = 16 << 20 }, false, errdefs.CodeInvalidArgument, "device size"},
 		{"no block subsystems", func(*api.ClaimRequest) {}, true, errdefs.CodeUnavailable, "no block store"},
-		{"persistent volumes", func(r *api.ClaimRequest) { r.Volumes = []api.VolumeMount{{ID: "data", Path: "/data"}} }, false, errdefs.CodeUnavailable, "persistent volumes"},
+		{"unknown volume", func(r *api.ClaimRequest) { r.Volumes = []api.VolumeMount{{ID: "data", Path: "/data"}} }, false, errdefs.CodeNotFound, `volume "data" not found`},
+		{"volumes without block subsystems", func(r *api.ClaimRequest) { r.Volumes = []api.VolumeMount{{ID: "data", Path: "/data"}} }, true, errdefs.CodeUnavailable, "persistent volumes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -123,10 +123,8 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 			return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)
 		}
 	}
-	if len(req.Volumes) > 0 {
-		// Refused, never ignored: a guest that expects its volume at a
-		// path must not start writing to its root there instead.
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "persistent volumes: this node does not attach them yet")
+	if err := n.checkVolumes(ctx, req); err != nil {
+		return api.ClaimResponse{}, err
 	}
 	var lower string
 	switch req.RootFS.Mode {
@@ -275,6 +273,9 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
 		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
 	}
+	if err := admitVolumes(all, rec); err != nil {
+		return err
+	}
 	return tx.PutSandbox(rec)
 }
 
@@ -337,7 +338,7 @@ func claimPhases(t *journal.Timings) map[journal.Kind]*float64 {
 	return map[journal.Kind]*float64{
 		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
 		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
-		journal.KindWriter: &t.RootFSMS, journal.KindBlockMount: &t.RootFSMS,
+		journal.KindWriter: &t.RootFSMS, journal.KindBlockMount: &t.RootFSMS, journal.KindVolumes: &t.RootFSMS,
 		journal.KindNetns: &t.NetworkMS, journal.KindLinks: &t.NetworkMS, journal.KindConntrack: &t.NetworkMS,
 		journal.KindNft: &t.NetworkMS, journal.KindDNS: &t.NetworkMS,
 		journal.KindAgent: &t.RunscMS, journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,

@@ -48,6 +48,7 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 		timeout: 10 * time.Second,
 		block:   k.Blocks(), blockMounts: k.BlockMounts(), templates: k.Templates(), writersDir: k.WritersDir(),
 		volumes: k.Volumes(), sealer: k.Sealer(), freezer: k.Freezer(),
+		pvolumes: k.PVolumes(), volumeMounts: k.VolumeMounts(), volumeFreezer: k.VolumeMounts(),
 		// The fake's dead writers are seen at once.
 		blockStore: BlockConfig{CheckEvery: 10 * time.Millisecond},
 	}, k

@@ -111,6 +111,14 @@ type Deps struct {
 	Volumes BlockVolumes
 	Sealer  BlockSealer
 	Freezer BlockFreezer
+	// PVolumes, VolumeMounts and VolumeFreezer attach persistent volumes
+	// (pvolumes.go): the store's volumes of kind volumes, and the host
+	// mounts of their devices (a mount dir of their own, keyed by volume
+	// id: a volume is attached to one generation at a time). nil: claims
+	// naming volumes are refused.
+	PVolumes      BlockVolumes
+	VolumeMounts  BlockMounts
+	VolumeFreezer BlockFreezer
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr

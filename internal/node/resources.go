@@ -54,10 +54,11 @@ type resource interface {
 // and what earlier entries made for later ones.
 type claimState struct {
 	rec    journal.Sandbox
-	lower  string // the template directory
-	root   string // the RootFS mount point (mount)
-	nsPath string // the netns path (netns)
-	device string // the attached /dev/nbdX (writer, block mode)
+	lower  string       // the template directory
+	root   string       // the RootFS mount point (mount)
+	nsPath string       // the netns path (netns)
+	device string       // the attached /dev/nbdX (writer, block mode)
+	binds  []runsc.Bind // the persistent volumes' host mounts (volumes)
 }
 
 // newTable is the resource table, in claim order.
@@ -69,6 +70,7 @@ func newTable(n *Node) []resource {
 		mountResource{n},
 		writerResource{n},     // block mode: the writer and its /dev/nbdX
 		blockMountResource{n}, // block mode: the device's filesystem as the root
+		volumesResource{n},    // persistent volumes: writers and host mounts, bound by the bundle
 		netnsResource{n},
 		linksResource{n},        // needs the netns path
 		conntrackResource{n: n}, // flushed once the nft objects that mark flows are gone
@@ -332,6 +334,7 @@ func (r bundleResource) make(_ context.Context, c *claimState) error {
 		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
 		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj, ResolvConf: resolv, Agent: r.n.agentSpec(rec),
+		Binds: c.binds,
 	})
 	if err != nil {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)

@@ -85,11 +85,16 @@ type testKernel struct {
 	blockMounts BlockMounts
 	templates   BlockTemplates
 	// volumes, sealer and freezer make block roots durable (nil: none).
-	volumes    BlockVolumes
-	sealer     BlockSealer
-	freezer    BlockFreezer
-	writersDir string
-	blockMode  bool
+	volumes BlockVolumes
+	sealer  BlockSealer
+	freezer BlockFreezer
+	// pvolumes, volumeMounts and volumeFreezer attach persistent volumes
+	// (nil: none).
+	pvolumes      BlockVolumes
+	volumeMounts  BlockMounts
+	volumeFreezer BlockFreezer
+	writersDir    string
+	blockMode     bool
 	// blockStore is the node's BlockConfig but WritersDir: the real
 	// kernel's block store (StoreDir, NodeKeyFile, NodeKeyID,
 	// DeadConnTimeout), the fake's writer checks (CheckEvery).
@@ -257,6 +262,7 @@ func (r *rig) boot() (returned bool, err error) {
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,
+		PVolumes: r.k.pvolumes, VolumeMounts: r.k.volumeMounts, VolumeFreezer: r.k.volumeFreezer,
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,

@@ -119,7 +119,13 @@ type BundleSpec struct {
 	// Agent); Args, Env, UID and GID are then the workload's, which the
 	// agent starts as its child.
 	Agent *Agent
+	// Binds are host directories bound read-write into the guest (the
+	// persistent volumes' mounts), after every other mount.
+	Binds []Bind
 }
+
+// Bind binds host directory Source at Destination in the guest.
+type Bind struct{ Source, Destination string }
 
 // Agent is how the guest agent (cmd/ctl-agent) runs as a container's init:
 // its binary from a host directory bound read-only at AgentBinDir, its
@@ -188,6 +194,9 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 			specs.Mount{Destination: AgentSocketDir, Type: "bind", Source: a.SocketDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		)
 	}
+	for _, b := range b.Binds {
+		ms = append(ms, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+	}
 	s := &specs.Spec{
 		Version:  OCIVersion,
 		Hostname: b.Hostname,
@@ -244,6 +253,11 @@ func validate(b BundleSpec) error {
 	}
 	if b.ResolvConf != "" && (!filepath.IsAbs(b.ResolvConf) || filepath.Clean(b.ResolvConf) != b.ResolvConf) {
 		errs = append(errs, fmt.Errorf("resolv.conf path %q: must be absolute and clean", b.ResolvConf))
+	}
+	for _, m := range b.Binds {
+		if !filepath.IsAbs(m.Source) || filepath.Clean(m.Source) != m.Source || !path.IsAbs(m.Destination) || path.Clean(m.Destination) != m.Destination || m.Destination == "/" {
+			errs = append(errs, fmt.Errorf("bind %q at %q: both must be absolute and clean, not /", m.Source, m.Destination))
+		}
 	}
 	if b.CPUMillis < 0 || b.MemoryBytes < 0 || b.PIDs < 0 {
 		errs = append(errs, fmt.Errorf("resources cpu=%dm memory=%d pids=%d: must not be negative", b.CPUMillis, b.MemoryBytes, b.PIDs))

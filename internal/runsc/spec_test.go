@@ -186,6 +186,9 @@ func TestBuildSpecBadInput(t *testing.T) {
 		"oom above max":    func(b *BundleSpec) { b.OOMScoreAdj = 1001 },
 		"relative resolv":  func(b *BundleSpec) { b.ResolvConf = "resolv.conf" },
 		"unclean resolv":   func(b *BundleSpec) { b.ResolvConf = "/run/ctld/../resolv.conf" },
+		"relative bind":    func(b *BundleSpec) { b.Binds = []Bind{{Source: "vol", Destination: "/data"}} },
+		"bind at root":     func(b *BundleSpec) { b.Binds = []Bind{{Source: "/v/data", Destination: "/"}} },
+		"unclean bind":     func(b *BundleSpec) { b.Binds = []Bind{{Source: "/v/data", Destination: "/data/../etc"}} },
 	} {
 		b := goodBundle()
 		mut(&b)
@@ -322,5 +325,21 @@ func TestBuildSpecAgent(t *testing.T) {
 		if _, err := BuildSpec(c); err == nil {
 			t.Errorf("BuildSpec(%+v, agent %+v) accepted", c.Env, c.Agent)
 		}
+	}
+}
+
+// TestBuildSpecBinds: a volume's bind is a read-write rbind, nosuid and
+// nodev, after the node's own mounts (so nothing of theirs covers it).
+func TestBuildSpecBinds(t *testing.T) {
+	b := goodBundle()
+	b.Binds = []Bind{{Source: "/var/lib/ctld/volmounts/data", Destination: "/data"}}
+	s, err := BuildSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := s.Mounts[len(s.Mounts)-1]
+	if last.Destination != "/data" || last.Source != "/var/lib/ctld/volmounts/data" || last.Type != "bind" ||
+		strings.Join(last.Options, ",") != "rbind,rw,nosuid,nodev" {
+		t.Errorf("last mount %+v, want the volume's rw bind at /data", last)
 	}
 }

@@ -56,7 +56,7 @@ const (
 )
 
 // SealRequest asks the running writer to seal its device as generation
-// Generation of the sandbox's volume (blockstore.Sandbox(Spec.Sandbox)),
+// Generation of the device's volume (Spec.SealVolume: the sandbox's),
 // over the device's base. Epoch must be the writer's: a writer of an
 // older attach refuses (ErrStaleEpoch).
 type SealRequest struct {
@@ -272,7 +272,7 @@ func (c *control) seal(ctx context.Context, req SealRequest) ctlAnswer {
 	if req.Epoch != c.spec.Epoch {
 		return ctlAnswer{Error: fmt.Sprintf("%v: the writer is of epoch %d, the request of %d", ErrStaleEpoch, c.spec.Epoch, req.Epoch), Code: codeStale}
 	}
-	ref := blockstore.GenRef{Volume: blockstore.Sandbox(c.spec.Sandbox), Generation: req.Generation}
+	ref := blockstore.GenRef{Volume: c.spec.SealVolume(), Generation: req.Generation}
 	if err := ref.Volume.Check(); err != nil {
 		return ctlAnswer{Error: err.Error(), Code: codeInvalid}
 	}

@@ -49,6 +49,10 @@ type Spec struct {
 	// should name it too (one seal behind still opens: see cowdev's
 	// openIndex).
 	Base blockstore.GenRef `json:"base"`
+	// Volume is the volume a seal commits to: zero for the sandbox's own
+	// (blockstore.Sandbox(Sandbox)), a persistent volume's
+	// (blockstore.Vol) for a device attached beside the root.
+	Volume blockstore.Volume `json:"volume,omitzero"`
 	// Dir holds the dirty file, its index, the chunk cache, the lock and
 	// the state file. It outlives the process: a re-attach of the same
 	// generation over the same Base finds what the last flush acknowledged.
@@ -146,5 +150,16 @@ func (s *Spec) Check() error {
 	if err := s.Base.Volume.Check(); err != nil {
 		return bad("base: %v", err)
 	}
+	if err := s.SealVolume().Check(); err != nil {
+		return bad("volume: %v", err)
+	}
 	return nil
+}
+
+// SealVolume is the volume a seal of the device commits to.
+func (s *Spec) SealVolume() blockstore.Volume {
+	if s.Volume != (blockstore.Volume{}) {
+		return s.Volume
+	}
+	return blockstore.Sandbox(s.Sandbox)
 }

@@ -39,6 +39,7 @@ type blockWriter struct {
 	device     string
 	sandbox    string
 	generation uint64
+	volume     string // the fake volume a seal commits to ("" : sandbox's)
 }
 
 type blockMount struct {
@@ -77,6 +78,10 @@ type Blocks Kernel
 func (b *Blocks) k() *Kernel { return (*Kernel)(b) }
 
 func (b *Blocks) inRoot(dir string) error {
+	// A persistent volume's writer: <writers>/vol/<container>/<volume>.
+	if gen := filepath.Dir(dir); filepath.Dir(gen) == filepath.Join(b.k().WritersDir(), "vol") && validID(filepath.Base(gen)) == nil && validID(filepath.Base(dir)) == nil {
+		return nil
+	}
 	if filepath.Dir(dir) != b.k().WritersDir() || validID(filepath.Base(dir)) != nil {
 		return fmt.Errorf("%w: dir %q is not under the writers' root %q", writer.ErrInvalidSpec, dir, b.k().WritersDir())
 	}
@@ -123,6 +128,9 @@ func (b *Blocks) Start(ctx context.Context, spec writer.Spec) (writer.State, err
 	}
 	w := &blockWriter{dir: spec.Dir, epoch: spec.Epoch, index: idx, pid: int(k.next), alive: true, size: TemplateSize,
 		device: "/dev/nbd" + strconv.Itoa(idx), sandbox: spec.Sandbox, generation: spec.Generation}
+	if spec.Volume.Kind == blockstore.KindVolume {
+		w.volume = pvolKey(spec.Volume.ID)
+	}
 	k.next++
 	k.writers[spec.Dir] = w
 	k.nbd[idx] = spec.Dir
@@ -192,12 +200,21 @@ func (b *Blocks) CheckGone(ctx context.Context, dir string, index int) (bool, st
 	return true, fmt.Sprintf("no writer; nbd%d quiescent", index)
 }
 
-// List returns the dirs with a writer (alive or killed), sorted.
+// List returns the dirs with a writer (alive or killed) directly under
+// the writers' root, sorted (as writer.Supervisor.List: a persistent
+// volume's writer, deeper, is its generation's volumes entry's).
 func (b *Blocks) List(ctx context.Context) ([]string, error) {
 	k := b.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return slices.Sorted(maps.Keys(k.writers)), nil
+	var out []string
+	for dir := range k.writers {
+		if filepath.Dir(dir) == k.WritersDir() {
+			out = append(out, dir)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // BlockMounts fakes rootfs.Block.
@@ -332,5 +349,8 @@ func (k *Kernel) renderBlockLocked(add func(string, ...any)) {
 	}
 	for _, bm := range k.bmounts {
 		add("blockmount %s from %s", bm.id, bm.device)
+	}
+	for _, vm := range k.vmounts {
+		add("volume mount %s from %s", vm.id, vm.device)
 	}
 }

@@ -93,6 +93,7 @@ type Kernel struct {
 	writers     map[string]*blockWriter // writer dir → writer (block.go)
 	nbd         map[int]string          // connected /dev/nbdX → writer dir
 	bmounts     map[string]*blockMount  // container id → block root mount
+	vmounts     map[string]*blockMount  // volume id → persistent volume mount
 	vols        map[string]*fakeVolume  // sandbox id → its volume (volumes.go)
 	frozen      map[string]bool         // container ids whose block root is frozen
 	refuse      map[string]error
@@ -141,7 +142,7 @@ func New(dir string) (*Kernel, error) {
 		projects: map[uint32]*project{}, refuse: map[string]error{}, failMake: map[string]error{},
 		links: map[string]*link{}, chains: map[string]*fwChain{}, fwd: map[string]string{},
 		flows: map[netpolicy.Slot][]Flow{}, dns: map[netpolicy.Slot]dnsEntry{},
-		writers: map[string]*blockWriter{}, nbd: map[int]string{}, bmounts: map[string]*blockMount{},
+		writers: map[string]*blockWriter{}, nbd: map[int]string{}, bmounts: map[string]*blockMount{}, vmounts: map[string]*blockMount{},
 	}
 	for _, d := range []string{k.RunDir(), k.LogRoot(), k.scratch(), filepath.Join(k.TemplatesDir(), "busybox", "bin")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -350,7 +351,7 @@ func (k *Kernel) String() string {
 	}
 	for _, d := range []struct{ what, dir string }{
 		{"bundle", filepath.Join(k.RunDir(), "bundles")}, {"logs", k.LogRoot()}, {"scratch", k.scratch()},
-		{"writer dir", k.WritersDir()}, {"block root", k.BlockRootDir()},
+		{"writer dir", k.WritersDir()}, {"block root", k.BlockRootDir()}, {"volume mount point", k.VolumeMountDir()},
 		{"agent", filepath.Join(k.RunDir(), "agents")},
 	} {
 		ents, _ := os.ReadDir(d.dir)

@@ -160,7 +160,11 @@ func (s *Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64)
 	if w.epoch != epoch {
 		return api.SealResult{}, fmt.Errorf("seal %s: writer epoch %d, asked for %d: stale", dir, w.epoch, epoch)
 	}
-	vol := k.vol(w.sandbox)
+	key := w.sandbox
+	if w.volume != "" {
+		key = w.volume
+	}
+	vol := k.vol(key)
 	if _, ok := vol.gens[generation]; ok {
 		return api.SealResult{}, fmt.Errorf("seal %s: generation %d exists", dir, generation)
 	}

@@ -63,6 +63,10 @@ const (
 	// holding the agent binary (bound read-only into the guest) and the
 	// socket directory (bound read-write; the agent listens there).
 	KindAgent Kind = "agent"
+	// KindVolumes are the generation's persistent volumes: per volume a
+	// writer process with its /dev/nbdX and the device's filesystem
+	// mounted on the host, bound into the guest (Sandbox.Volumes).
+	KindVolumes Kind = "volumes"
 )
 
 // EffectState is where an effect is in its life.
@@ -272,6 +276,34 @@ type Sandbox struct {
 	Block *BlockDevice `json:"block,omitempty"`
 	// Seal is the last pause of the generation (absent: never paused).
 	Seal *SealRecord `json:"seal,omitempty"`
+	// Volumes are the persistent volumes the generation attached, each
+	// journaled with its writer epoch before its writer starts.
+	Volumes []AttachedVolume `json:"volumes,omitempty"`
+}
+
+// AttachedVolume is a persistent volume attached to a generation: its
+// writer and device (as BlockDevice), the host mount of its filesystem,
+// and what its detach published.
+type AttachedVolume struct {
+	ID   string `json:"id"`
+	Path string `json:"path"` // in the guest
+	// WriterEpoch, Dir, Index, PID and Size as BlockDevice's.
+	WriterEpoch uint64 `json:"writer_epoch"`
+	Dir         string `json:"dir"`
+	Index       int    `json:"index"`
+	PID         int    `json:"pid,omitempty"`
+	Size        int64  `json:"size,omitempty"`
+	// Head is the volume's head the attach started from (the device
+	// writes over its generation): the detach publishes over exactly it.
+	Head VolumeHead `json:"head"`
+	// Mount is the host mount point, RootDev its superblock's device.
+	Mount   string `json:"mount,omitempty"`
+	RootDev string `json:"root_dev,omitempty"`
+	// Published is the head the detach published; PublishError why it
+	// published none (fenced, or the writer was gone): the attach's
+	// writes are then not in the volume, and the proof says so.
+	Published    *VolumeHead `json:"published,omitempty"`
+	PublishError string      `json:"publish_error,omitempty"`
 }
 
 // BlockDevice is a block-mode generation's writer process and device.

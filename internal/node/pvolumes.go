@@ -1,0 +1,488 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/writer"
+)
+
+// Persistent volumes (issue 10 item 6): a block-store volume of its own
+// (blockstore.KindVolume) attached to one generation at a time, in either
+// RootFS mode. Per volume the claim takes a writer epoch (journaled before
+// the writer starts), starts a writer over the volume's head (its dir
+// <writers>/vol/<container>/<volume>), mounts the device's ext4 on the
+// host (VolumeMounts, keyed by volume id) and binds the mount into the OCI
+// spec at the volume's path. The teardown, after the guest is gone, seals
+// the device (freeze, seal, thaw) and publishes it as the volume's head
+// over the head the attach started from, then unmounts and stops the
+// writer: the volume's data outlives the sandbox. A publish that loses
+// its compare-and-swap (another writer moved the head, or the volume was
+// deleted) is journaled on the attach and reported in the proof's check,
+// never dropped silently; a seal or publish that fails for any other
+// reason fails the teardown (withheld, retried), the writer and its dirty
+// data kept.
+//
+// One entry of the resource table for all of a generation's volumes: its
+// object is the generation's dir <writers>/vol/<container>, which holds
+// one writer dir per volume and is removed last, so a teardown (or the
+// orphan sweep) finds every volume of a generation from its container id.
+
+// volumesRoot holds the volume writers' dirs, one dir per generation.
+func (n *Node) volumesRoot() string { return filepath.Join(n.cfg.Block.WritersDir, "vol") }
+
+// volumesDir is the dir of cid's volume writers.
+func (n *Node) volumesDir(cid string) string { return filepath.Join(n.volumesRoot(), cid) }
+
+func (n *Node) hasPVolumes() bool {
+	return n.d.Block != nil && n.d.Sealer != nil && n.d.PVolumes != nil && n.d.VolumeMounts != nil && n.d.VolumeFreezer != nil && n.cfg.Block.WritersDir != ""
+}
+
+// checkVolumes refuses, before anything is journaled, a claim naming
+// volumes this node cannot attach (unavailable) or that do not exist
+// (not_found).
+func (n *Node) checkVolumes(ctx context.Context, req api.ClaimRequest) error {
+	if len(req.Volumes) == 0 {
+		return nil
+	}
+	if !n.hasPVolumes() {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "persistent volumes: this node has no block store, writers and volume mounts configured")
+	}
+	for _, v := range req.Volumes {
+		h, err := n.d.PVolumes.Head(ctx, v.ID)
+		if err != nil {
+			return errdefs.Errorf(errdefs.CodeUnavailable, "head of volume %s: %v", v.ID, err)
+		}
+		if h.Seq == 0 {
+			return errdefs.Errorf(errdefs.CodeNotFound, "volume %q not found (ctl-manager volume create)", v.ID)
+		}
+	}
+	return nil
+}
+
+// admitVolumes refuses, inside the claim's admitting transaction, a
+// volume another generation holds: the single writer of a volume on this
+// node. (Across nodes the head's compare-and-swap at detach fences the
+// stale writer.)
+func admitVolumes(live []journal.Sandbox, rec journal.Sandbox) error {
+	if rec.Request == nil {
+		return nil
+	}
+	for _, v := range rec.Request.Volumes {
+		for _, s := range live {
+			if s.ID == rec.ID && s.Generation == rec.Generation {
+				continue
+			}
+			if !s.Holds() && !s.Withheld {
+				continue
+			}
+			if s.Request != nil && slices.ContainsFunc(s.Request.Volumes, func(w journal.VolumeMount) bool { return w.ID == v.ID }) {
+				return errdefs.Errorf(errdefs.CodeConflict, "volume %s is attached to sandbox %s generation %d (%s)", v.ID, s.ID, s.Generation, s.State)
+			}
+		}
+	}
+	return nil
+}
+
+// putVolume journals av as the generation's attach of av.ID; also runs
+// first in the same transaction and may fill in *av (the epoch).
+func (n *Node) putVolume(rec journal.Sandbox, av *journal.AttachedVolume, also func(*journal.Tx) error) error {
+	return n.d.Journal.Update(func(tx *journal.Tx) error {
+		s, ok, err := tx.Sandbox(rec.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || s.Generation != rec.Generation {
+			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
+		}
+		if also != nil {
+			if err := also(tx); err != nil {
+				return err
+			}
+		}
+		i := slices.IndexFunc(s.Volumes, func(v journal.AttachedVolume) bool { return v.ID == av.ID })
+		if i < 0 {
+			s.Volumes = append(s.Volumes, *av)
+		} else {
+			s.Volumes[i] = *av
+		}
+		return tx.PutSandbox(s)
+	})
+}
+
+// setVolume sets av in rec's Volumes (memory), as putVolume journaled it.
+func setVolume(rec *journal.Sandbox, av journal.AttachedVolume) {
+	i := slices.IndexFunc(rec.Volumes, func(v journal.AttachedVolume) bool { return v.ID == av.ID })
+	if i < 0 {
+		rec.Volumes = append(rec.Volumes, av)
+		return
+	}
+	vs := slices.Clone(rec.Volumes)
+	vs[i] = av
+	rec.Volumes = vs
+}
+
+// volumesResource is the persistent volumes of a generation.
+type volumesResource struct{ n *Node }
+
+func (volumesResource) kind() journal.Kind { return journal.KindVolumes }
+func (r volumesResource) sweeps() bool     { return r.n.hasPVolumes() }
+
+// wanted are the volumes rec's claim attaches.
+func wanted(rec journal.Sandbox) []journal.VolumeMount {
+	if rec.Request == nil {
+		return nil
+	}
+	return rec.Request.Volumes
+}
+
+// make attaches each of the claim's volumes: epoch journaled, writer
+// started over the volume's head, device mounted on the host; the mounts
+// become the bundle's binds.
+func (r volumesResource) make(ctx context.Context, c *claimState) error {
+	n := r.n
+	vs := wanted(c.rec)
+	if len(vs) == 0 {
+		return nil
+	}
+	if !n.hasPVolumes() {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "attach volumes: this node has no persistent volumes configured")
+	}
+	for _, v := range vs {
+		mnt, err := r.attach(ctx, c, v)
+		if err != nil {
+			return fmt.Errorf("attach volume %s: %w", v.ID, err)
+		}
+		c.binds = append(c.binds, runsc.Bind{Source: mnt, Destination: v.Path})
+	}
+	return nil
+}
+
+func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.VolumeMount) (string, error) {
+	n := r.n
+	rec := c.rec
+	h, err := n.d.PVolumes.Head(ctx, v.ID)
+	if err != nil {
+		return "", errdefs.Errorf(errdefs.CodeUnavailable, "head: %v", err)
+	}
+	if h.Seq == 0 {
+		return "", errdefs.Errorf(errdefs.CodeNotFound, "volume %q has no head (deleted?)", v.ID)
+	}
+	av := journal.AttachedVolume{ID: v.ID, Path: v.Path, Dir: filepath.Join(n.volumesDir(rec.ContainerID), v.ID), Index: -1, Head: journalHead(h)}
+	err = n.putVolume(rec, &av, func(tx *journal.Tx) (err error) {
+		av.WriterEpoch, err = tx.NextWriterEpoch()
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("journal writer epoch: %w", err)
+	}
+	setVolume(&c.rec, av)
+	if err := n.live(); err != nil {
+		return "", err
+	}
+	vol := blockstore.Vol(v.ID)
+	st, err := n.d.Block.Start(ctx, writer.Spec{
+		Sandbox: rec.ID, Generation: rec.Generation, Epoch: av.WriterEpoch,
+		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID,
+		Base: blockstore.GenRef{Volume: vol, Generation: h.Generation}, Volume: vol, Dir: av.Dir, Index: -1,
+		DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
+	})
+	if err != nil {
+		return "", fmt.Errorf("start writer: %w", err)
+	}
+	av.Index, av.PID, av.Size = st.Index, st.PID, st.Size
+	if err := n.putVolume(rec, &av, nil); err != nil {
+		return "", fmt.Errorf("journal writer device: %w", err)
+	}
+	setVolume(&c.rec, av)
+	mnt, err := n.d.VolumeMounts.Mount(ctx, v.ID, st.Device)
+	if err != nil {
+		return "", fmt.Errorf("mount: %w", err)
+	}
+	av.Mount = mnt
+	if dev, err := n.d.VolumeMounts.Superblock(v.ID); err == nil {
+		av.RootDev = dev
+	}
+	if err := n.putVolume(rec, &av, nil); err != nil {
+		return "", fmt.Errorf("journal mount: %w", err)
+	}
+	setVolume(&c.rec, av)
+	return mnt, nil
+}
+
+// remove detaches every volume of rec: each journaled attach is sealed
+// and published (once), unmounted and its writer stopped; writer dirs the
+// journal does not name (an attach cut short before its record, or a
+// record that moved on) are stopped without a seal. The generation's dir
+// goes last.
+func (r volumesResource) remove(ctx context.Context, rec journal.Sandbox) error {
+	n := r.n
+	dir := n.volumesDir(rec.ContainerID)
+	if !n.hasPVolumes() {
+		if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) && len(rec.Volumes) == 0 {
+			return nil
+		}
+		return errors.New("this node has no persistent volumes configured")
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for _, av := range rec.Volumes {
+		seen[av.ID] = true
+		if err := r.detach(ctx, &rec, av); err != nil {
+			errs = append(errs, fmt.Errorf("detach volume %s: %w", av.ID, err))
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("list volume writers of %s: %w", rec.ContainerID, err))
+	}
+	for _, e := range ents {
+		if seen[e.Name()] {
+			continue
+		}
+		n.log.Warn("stopping a volume writer no attach record names: its writes are not sealed", "container", rec.ContainerID, "volume", e.Name())
+		if err := r.stop(ctx, e.Name(), filepath.Join(dir, e.Name()), rec); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove volume writers dir: %w", err)
+	}
+	// The shared parent goes when empty (another attach's MkdirAll makes
+	// it again), so no dir of ctld's outlives its last volume.
+	if err := os.Remove(n.volumesRoot()); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		return fmt.Errorf("remove volume writers root: %w", err)
+	}
+	return nil
+}
+
+// detach seals and publishes av (unless done), then stops it.
+func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av journal.AttachedVolume) error {
+	n := r.n
+	if av.Published == nil && av.PublishError == "" {
+		var err error
+		if av, err = r.sealAndPublish(ctx, *rec, av); err != nil {
+			return err
+		}
+		if err := n.putVolume(*rec, &av, nil); err != nil {
+			return fmt.Errorf("journal publish: %w", err)
+		}
+		setVolume(rec, av)
+	}
+	return r.stop(ctx, av.ID, av.Dir, *rec)
+}
+
+// sealAndPublish seals av's device and publishes it over av.Head. A lost
+// compare-and-swap, or a writer that is not av's, is recorded on the
+// returned attach (the proof reports it); any other failure is an error.
+func (r volumesResource) sealAndPublish(ctx context.Context, rec journal.Sandbox, av journal.AttachedVolume) (journal.AttachedVolume, error) {
+	n := r.n
+	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "writer_epoch", av.WriterEpoch)
+	st, err := n.d.Block.Check(ctx, av.Dir)
+	if err != nil || st.Epoch != av.WriterEpoch || av.Index < 0 {
+		av.PublishError = fmt.Sprintf("not sealed: the attach's writer (epoch %d) is not running; its writes are not in the volume", av.WriterEpoch)
+		log.Error("volume detached without a seal", "err", av.PublishError)
+		return av, nil
+	}
+	gens, err := n.d.PVolumes.Generations(ctx, av.ID)
+	if err != nil {
+		return av, fmt.Errorf("list generations: %w", err)
+	}
+	next := uint64(1)
+	if len(gens) > 0 {
+		next = slices.Max(gens) + 1
+	}
+	if err := n.live(); err != nil {
+		return av, err
+	}
+	thaw, err := n.d.VolumeFreezer.Freeze(ctx, av.ID)
+	if err != nil {
+		return av, fmt.Errorf("freeze: %w", err)
+	}
+	res, serr := n.d.Sealer.Seal(ctx, av.Dir, next, av.WriterEpoch)
+	if terr := thaw(); serr != nil || terr != nil {
+		return av, errors.Join(serr, terr)
+	}
+	n.crash("volumes:sealed")
+	cur := apiHead(av.Head)
+	h, err := n.d.PVolumes.Publish(ctx, av.ID, cur, api.VolumeHead{Generation: res.Generation, WriterEpoch: av.WriterEpoch, Node: n.d.Identity.NodeID})
+	switch {
+	case err == nil:
+	case errdefs.CodeOf(err) == errdefs.CodeFenced:
+		// Our own publish of an earlier try (its journal record lost)?
+		if now, herr := n.d.PVolumes.Head(ctx, av.ID); herr == nil && now.Seq > cur.Seq && now.WriterEpoch == av.WriterEpoch {
+			h = now
+			break
+		}
+		av.PublishError = "not published: " + err.Error()
+		log.Error("volume's seal not published: its head moved or the volume was deleted; this attach's writes are not in the volume", "sealed_generation", res.Generation, "err", err)
+		return av, nil
+	default:
+		return av, fmt.Errorf("publish: %w", err)
+	}
+	jh := journalHead(h)
+	av.Published = &jh
+	log.Info("volume sealed and published", "head", h.Seq, "block_generation", h.Generation, "bytes", res.Bytes)
+	return av, nil
+}
+
+// stop unmounts volume id (unless another generation holds it) and stops
+// the writer of dir, removing dir.
+func (r volumesResource) stop(ctx context.Context, id, dir string, rec journal.Sandbox) error {
+	n := r.n
+	held, err := n.volumeHeldElsewhere(id, rec)
+	if err != nil {
+		return err
+	}
+	if !held {
+		if err := n.d.VolumeMounts.Unmount(ctx, id); err != nil {
+			return fmt.Errorf("unmount volume %s: %w", id, err)
+		}
+	}
+	if err := n.d.Block.Stop(ctx, dir); err != nil {
+		return fmt.Errorf("stop writer of volume %s: %w", id, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove writer dir of volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// volumeHeldElsewhere reports whether a generation other than rec's
+// holds volume id (its mount is then that generation's).
+func (n *Node) volumeHeldElsewhere(id string, rec journal.Sandbox) (bool, error) {
+	held := false
+	err := n.d.Journal.View(func(tx *journal.Tx) error {
+		live, err := tx.LiveSandboxes()
+		if err != nil {
+			return err
+		}
+		for _, s := range live {
+			if s.ID == rec.ID && s.Generation == rec.Generation {
+				continue
+			}
+			if (s.Holds() || s.Withheld) && slices.ContainsFunc(wanted(s), func(v journal.VolumeMount) bool { return v.ID == id }) {
+				held = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("read journal: %w", err)
+	}
+	return held, nil
+}
+
+// gone: every attach's writer gone and its device quiescent, its mount
+// gone, the generation's dir gone. The detail names each volume's
+// published head, or why none was published.
+func (r volumesResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	n := r.n
+	dir := n.volumesDir(rec.ContainerID)
+	// The teardown journaled each detach's outcome after rec was read.
+	if s, err := n.sandbox(rec.ID); err == nil && s.Generation == rec.Generation {
+		rec.Volumes = s.Volumes
+	}
+	if len(rec.Volumes) == 0 && len(wanted(rec)) == 0 {
+		if n.cfg.Block.WritersDir == "" {
+			return check("volumes_detached", true, "no volumes")
+		}
+		ok, d := pathAbsent(dir)
+		return check("volumes_detached", ok, "no volumes; "+d)
+	}
+	if !n.hasPVolumes() {
+		return check("volumes_detached", false, "this node has no persistent volumes configured")
+	}
+	ok := true
+	var parts []string
+	for _, av := range rec.Volumes {
+		wok, wd := n.d.Block.CheckGone(ctx, av.Dir, av.Index)
+		mok, md := n.d.VolumeMounts.CheckGone(ctx, av.ID, av.RootDev)
+		if held, err := n.volumeHeldElsewhere(av.ID, rec); err != nil {
+			mok, md = false, err.Error()
+		} else if held {
+			// Its mount is the holder's now; this attach's device is what
+			// the writer check proves gone.
+			mok, md = true, "mount held by a later generation"
+		}
+		ok = ok && wok && mok
+		state := "not attached"
+		switch {
+		case av.Published != nil:
+			state = fmt.Sprintf("published head %d (generation %d)", av.Published.Seq, av.Published.Generation)
+		case av.PublishError != "":
+			state = av.PublishError
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s; %s; %s", av.ID, state, wd, md))
+	}
+	dok, dd := pathAbsent(dir)
+	ok = ok && dok
+	parts = append(parts, dd)
+	return check("volumes_detached", ok, strings.Join(parts, "; "))
+}
+
+// pathAbsent says whether p does not exist.
+func pathAbsent(p string) (bool, string) {
+	_, err := os.Lstat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return true, p + " absent"
+	case err != nil:
+		return false, err.Error()
+	}
+	return false, p + " exists"
+}
+
+// list names the generations (container ids) with a volume writers dir.
+func (r volumesResource) list(context.Context) ([]string, error) {
+	if r.n.cfg.Block.WritersDir == "" {
+		return nil, nil
+	}
+	return entryNames(r.n.volumesRoot())
+}
+
+func (volumesResource) name(rec journal.Sandbox) string {
+	if len(wanted(rec)) == 0 && len(rec.Volumes) == 0 {
+		return ""
+	}
+	return nameOf(rec)
+}
+
+// removeOrphan stops what a generation no record owns left: without its
+// attach records there is no head to publish over, so nothing is sealed.
+func (r volumesResource) removeOrphan(ctx context.Context, cid string) error {
+	return r.remove(ctx, journal.Sandbox{ContainerID: cid})
+}
+
+// missing: a ready generation's volume writers must run, of their epochs.
+func (r volumesResource) missing(ctx context.Context, rec journal.Sandbox, _ kernelInventory) string {
+	if len(rec.Volumes) == 0 {
+		return ""
+	}
+	if r.n.d.Block == nil {
+		return "volume writer"
+	}
+	for _, av := range rec.Volumes {
+		st, err := r.n.d.Block.Check(ctx, av.Dir)
+		if err != nil || st.Epoch != av.WriterEpoch {
+			return "volume writer " + av.ID
+		}
+	}
+	return ""
+}
