@@ -60,8 +60,10 @@ test-vm-split:
 # of the next CI log. Then the e2e VM gained TestBlockClaimRunsNonRoot,
 # TestSessionsThroughTheAgent and TestFileStreamed, the packages' VM block
 # mode's crash points (~110 s): TestBlockTamperedObjectIsReadErrorInGuest
-# (~120 s) moves too.
-E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|TestCrashDuringReleaseCompletedByStandby|TestConcurrencyLimitsAndExecCharge|TestWatchdogKillsPrimaryThatCannotServe|TestClaimExecFilesRelease|TestGuestIdentityAndFileKinds|TestBlockTamperedObjectIsReadErrorInGuest)$$
+# (~120 s) moves too. Issue 10 (CI at 33afca8, a loaded host): e2e VM 1894 s
+# guest, packages' VM 1563 s + systemd 163 s: TestBlockClaimFromS3Template
+# (~90 s) moves.
+E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|TestCrashDuringReleaseCompletedByStandby|TestConcurrencyLimitsAndExecCharge|TestWatchdogKillsPrimaryThatCannotServe|TestClaimExecFilesRelease|TestGuestIdentityAndFileKinds|TestBlockTamperedObjectIsReadErrorInGuest|TestBlockClaimFromS3Template)$$
 
 # VM_HOST_ONLY: tests that need nothing of the VM (the fake kernel, `go
 # list`, flock between processes, userspace NBD and S3 clients): the unit
