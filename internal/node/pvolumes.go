@@ -272,10 +272,27 @@ func (r volumesResource) remove(ctx context.Context, rec journal.Sandbox) error 
 	return nil
 }
 
-// detach seals and publishes av (unless done), then stops it.
+// detach seals and publishes av (unless done), then stops it. A dead
+// writer is restarted first (writerwatch.go).
 func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av journal.AttachedVolume) error {
 	n := r.n
 	if av.Published == nil && av.PublishError == "" {
+		if err := n.writerRuns(ctx, *rec, av.ID); errors.Is(err, writer.ErrNotRunning) && av.Index >= 0 {
+			// Its writer died before the watch restarted it: the next one
+			// re-attaches the device over the same dirty file, so the
+			// seal still has every write a flush acknowledged.
+			rs, rerr := n.restartWriter(ctx, *rec, av.ID, err)
+			if rerr != nil && n.live() != nil {
+				return rerr
+			}
+			if rerr != nil {
+				n.log.Error("volume writer not restarted for its detach", "sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "err", rerr)
+			}
+			*rec = rs
+			if i := slices.IndexFunc(rs.Volumes, func(v journal.AttachedVolume) bool { return v.ID == av.ID }); i >= 0 {
+				av = rs.Volumes[i]
+			}
+		}
 		var err error
 		if av, err = r.sealAndPublish(ctx, *rec, av); err != nil {
 			return err

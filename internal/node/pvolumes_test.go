@@ -1,14 +1,18 @@
 package node
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -173,3 +177,74 @@ func TestVolumeSealFailureWithholds(t *testing.T) {
 }
 
 var errSealTest = errdefs.Errorf(errdefs.CodeUnavailable, "block store unreachable")
+
+// TestVolumeWriterRestarted: a volume's writer that dies is restarted on
+// the same device with a new journaled epoch over the attach's head, like
+// the root's: by the writers' watch, by a takeover's reconcile, and by
+// the detach if neither got to it. The generation stays ready and each
+// release seals and publishes the volume's next head (no "not sealed").
+func TestVolumeWriterRestarted(t *testing.T) {
+	for _, mode := range kernelModes {
+		t.Run(mode.name, func(t *testing.T) {
+			tk, k := mode.make(t)
+			k.CreateVolume("data")
+			r := newRig(t, tk)
+			r.mustBoot()
+			ctx, cancel := context.WithCancel(context.Background())
+			watched := make(chan struct{})
+			go func() { defer close(watched); r.n.WatchWriters(ctx) }()
+
+			// The watch.
+			r.mustClaim(sb, volumeReq("c1", 1, "data", "/data"))
+			before := r.sandbox(sb).Volumes[0]
+			k.KillWriter(before.Dir)
+			var s journal.Sandbox
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if s = r.sandbox(sb); s.Volumes[0].WriterEpoch > before.WriterEpoch && s.Volumes[0].PID != before.PID {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("volume writer not restarted 5 s after its kill: %+v", s.Volumes)
+				}
+			}
+			av := s.Volumes[0]
+			if s.State != journal.StateReady || av.Index != before.Index || av.Restarts != 1 || av.Head != before.Head {
+				t.Fatalf("after the watch's restart: %s (%s), attach %+v, before %+v", s.State, s.Reason, av, before)
+			}
+			if st, err := k.Blocks().Check(context.Background(), av.Dir); err != nil || st.Epoch != av.WriterEpoch || st.Index != av.Index {
+				t.Fatalf("volume writer after the restart: %+v, %v; journal %+v", st, err, av)
+			}
+			if spec, _ := k.WriterSpec(av.Dir); spec.Base != (blockstore.GenRef{Volume: blockstore.Vol("data"), Generation: av.Head.Generation}) || spec.Volume != blockstore.Vol("data") || !spec.Reattach {
+				t.Errorf("restarted volume writer's spec %+v: want a re-attach over the attach's head", spec)
+			}
+			cancel()
+			<-watched
+
+			// The takeover.
+			k.KillWriter(av.Dir)
+			r.mustBoot()
+			s = r.sandbox(sb)
+			if s.State != journal.StateReady || s.Volumes[0].WriterEpoch <= av.WriterEpoch || s.Volumes[0].Restarts != 2 || s.Volumes[0].Index != av.Index {
+				t.Fatalf("after the takeover: %s (%s), attach %+v", s.State, s.Reason, s.Volumes[0])
+			}
+			r.mustRelease(sb, "r1", 1)
+			if d := volumeCheck(t, r, "r1"); !strings.Contains(d, "data: published head 2") {
+				t.Errorf("volumes_detached after two restarts: %s", d)
+			}
+			if h := k.VolumeHead("data"); h.Seq != 2 || h.WriterEpoch != r.sandbox(sb).Volumes[0].WriterEpoch {
+				t.Errorf("head %+v: want head 2 by the restarted writer's epoch", h)
+			}
+			r.checkClean("after the release")
+
+			// The detach, with no watch running.
+			r.mustClaim(sb, volumeReq("c2", 2, "data", "/data"))
+			k.KillWriter(r.sandbox(sb).Volumes[0].Dir)
+			r.mustRelease(sb, "r2", 2)
+			if d := volumeCheck(t, r, "r2"); !strings.Contains(d, "data: published head 3") {
+				t.Errorf("volumes_detached of a writer dead at the detach: %s", d)
+			}
+			r.checkClean("after the second release")
+			checkUnjournaled(r, crashCase{})
+		})
+	}
+}

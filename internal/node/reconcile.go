@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -16,8 +17,8 @@ import (
 //   - claims that were half done are rolled back (cleanup proof, operation failed);
 //   - releases that were half done are completed (cleanup proof, operation done);
 //   - ready generations whose container still runs are re-adopted as they are;
-//     a block generation whose writer alone died gets its next writer on the
-//     same device (restartWriter); those whose container, lease, mount or
+//     a generation whose writers alone died (its block root's, a volume's)
+//     gets their next writers on the same devices (restartWriter); those whose container, lease, mount or
 //     netns is gone (or whose writer could not be restarted) are marked lost
 //     and cleaned up;
 //   - effect records no live generation owns are finished (the object
@@ -85,12 +86,20 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			}
 			missing := n.missing(ctx, s, inv)
 			reason := fmt.Sprintf("lost: %v gone", missing)
-			if s.State == journal.StateReady && slices.Equal(missing, []string{"writer"}) {
-				// Only the writer died: the next one re-attaches its device
-				// (writerwatch.go) and the guest sees no error.
-				rs, err := n.restartWriter(ctx, s, errors.New("writer found dead on takeover"))
+			if s.State == journal.StateReady && len(missing) > 0 && !slices.ContainsFunc(missing, notWriter) {
+				// Only writers died (the root's, a volume's): the next ones
+				// re-attach their devices (writerwatch.go) and the guest
+				// sees no error.
+				var err error
+				for _, vol := range n.deadWriters(ctx, s) {
+					var rs journal.Sandbox
+					if rs, err = n.restartWriter(ctx, s, vol, errors.New("writer found dead on takeover")); err != nil {
+						break
+					}
+					s = rs
+				}
 				if err == nil {
-					s, missing = rs, nil
+					missing = nil
 				} else if n.live() != nil {
 					errs = append(errs, err)
 					continue // the next primary decides
@@ -131,6 +140,12 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
 		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)
+}
+
+// notWriter: a missing object (Node.missing) that is not a writer, so a
+// writer's restart does not save the generation.
+func notWriter(missing string) bool {
+	return missing != "writer" && !strings.HasPrefix(missing, "volume writer ")
 }
 
 func (n *Node) failPending(opID string, cause *errdefs.Error) {

@@ -40,6 +40,7 @@ type blockWriter struct {
 	sandbox    string
 	generation uint64
 	volume     string // the fake volume a seal commits to ("" : sandbox's)
+	spec       writer.Spec
 }
 
 type blockMount struct {
@@ -61,6 +62,17 @@ func (k *Kernel) KillWriter(dir string) {
 		w.alive = false
 	}
 	k.call("kill-writer %s", filepath.Base(dir))
+}
+
+// WriterSpec is the spec the last writer of dir was started with.
+func (k *Kernel) WriterSpec(dir string) (writer.Spec, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	w, ok := k.writers[dir]
+	if !ok {
+		return writer.Spec{}, false
+	}
+	return w.spec, true
 }
 
 // Blocks is the fake's node.BlockDevices.
@@ -127,7 +139,7 @@ func (b *Blocks) Start(ctx context.Context, spec writer.Spec) (writer.State, err
 		idx = old.index
 	}
 	w := &blockWriter{dir: spec.Dir, epoch: spec.Epoch, index: idx, pid: int(k.next), alive: true, size: TemplateSize,
-		device: "/dev/nbd" + strconv.Itoa(idx), sandbox: spec.Sandbox, generation: spec.Generation}
+		device: "/dev/nbd" + strconv.Itoa(idx), sandbox: spec.Sandbox, generation: spec.Generation, spec: spec}
 	if spec.Volume.Kind == blockstore.KindVolume {
 		w.volume = pvolKey(spec.Volume.ID)
 	}

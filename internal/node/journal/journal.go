@@ -293,6 +293,9 @@ type AttachedVolume struct {
 	Index       int    `json:"index"`
 	PID         int    `json:"pid,omitempty"`
 	Size        int64  `json:"size,omitempty"`
+	// Restarts counts the writers started on the device after the one
+	// before died (each with a new epoch), as BlockDevice's.
+	Restarts int `json:"restarts,omitempty"`
 	// Head is the volume's head the attach started from (the device
 	// writes over its generation): the detach publishes over exactly it.
 	Head VolumeHead `json:"head"`
