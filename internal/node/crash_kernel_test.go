@@ -16,6 +16,8 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -218,6 +220,15 @@ func realText(k *testKernel) string {
 		list("blockmount", ids, err)
 		dirs = append(dirs, struct{ what, dir string }{"writer dir", k.writersDir})
 	}
+	if k.volumeMounts != nil {
+		ids, err = k.volumeMounts.List(ctx)
+		list("volume mount", ids, err)
+		if ents, _ := os.ReadDir(filepath.Join(k.writersDir, "vol")); len(ents) > 0 {
+			for _, e := range ents {
+				lines = append(lines, "volume writer dir "+e.Name())
+			}
+		}
+	}
 	for _, d := range dirs {
 		ents, _ := os.ReadDir(d.dir)
 		for _, e := range ents {
@@ -232,7 +243,7 @@ func realText(k *testKernel) string {
 
 // TestKernelCrashPoints crashes at every crash point once on the real
 // kernel, as TestCrashPoints and TestCrashChains do on the fake one, in
-// both RootFS modes: each of a claim's points in a claim of its own, a
+// both RootFS modes (every point in at least one): each of a claim's points in a claim of its own, a
 // teardown's points in turn in the recoveries of one release, the sweep's
 // in those of one sweep (a guest costs seconds under TCG). Block mode's
 // generations run real `ctld writer` processes on /dev/nbdX over a block
@@ -242,12 +253,15 @@ func realText(k *testKernel) string {
 // Block mode runs the points of blockRootKinds; its other entries are
 // overlay mode's code on the same objects, run there (each costs seconds
 // under TCG: all 67 in block mode took 4.6 min in one VM run, these 25
-// 1.2 min in another).
+// 1.2 min in another). The volumes entry's points run in block mode with
+// a real persistent volume attached (block-volume): its writer, host
+// mount, seal and publish.
 func TestKernelCrashPoints(t *testing.T) {
 	ktest.Require(t)
 	start := time.Now()
 	store := newRealBlockStore(t)
 	modes := []struct {
+		name string
 		mode journal.RootFSMode
 		// chains is a kernel of the mode for crashChains (it builds
 		// nothing in the kernel).
@@ -256,23 +270,32 @@ func TestKernelCrashPoints(t *testing.T) {
 		// runs says which of the mode's points run in it.
 		runs func(point string) bool
 	}{
-		{journal.RootFSOverlay, realNet, realKernel, func(string) bool { return true }},
-		{journal.RootFSBlock, func() *testKernel {
+		{"overlay", journal.RootFSOverlay, realNet, realKernel, func(p string) bool { return !isVolumePoint(p) }},
+		{"block", journal.RootFSBlock, func() *testKernel {
 			k := realNet()
 			k.block, k.blockMounts, k.blockMode = (*writer.Supervisor)(nil), (*rootfs.Block)(nil), true
 			return k
 		}, func(t *testing.T) *testKernel { return realBlockKernel(t, store) }, onBlockRoot},
+		// The volumes entry's points on block roots with a real persistent
+		// volume attached (a new one per case: each checks its heads).
+		{"block-volume", journal.RootFSBlock, func() *testKernel {
+			k := realNet()
+			k.block, k.blockMounts, k.blockMode = (*writer.Supervisor)(nil), (*rootfs.Block)(nil), true
+			k.sealer, k.pvolumes, k.volumeMounts, k.volumeFreezer = blockvol.Sealer{}, blockvol.Volumes{}, (*rootfs.Block)(nil), (*rootfs.Block)(nil)
+			k.writersDir = "writers"
+			return k
+		}, func(t *testing.T) *testKernel { return realVolumeKernel(t, store) }, isVolumePoint},
 	}
-	done := map[journal.RootFSMode]map[string]bool{}
+	done := map[string]map[string]bool{}
 	for _, m := range modes {
 		t0 := time.Now()
-		done[m.mode] = map[string]bool{}
+		done[m.name] = map[string]bool{}
 		for _, point := range testCrashPoints() {
 			if !isClaimPoint(point) || !pointApplies(point, m.mode) || !m.runs(point) {
 				continue
 			}
-			done[m.mode][point] = true
-			t.Run(string(m.mode)+"/"+subtestName(point)+"/claim", func(t *testing.T) {
+			done[m.name][point] = true
+			t.Run(m.name+"/"+subtestName(point)+"/claim", func(t *testing.T) {
 				k := m.make(t)
 				k.noReuse = true // the fake kernel runs it; here it would double the time
 				if !runCrashCase(t, k, crashCaseNamed("claim"), point, 1) {
@@ -286,19 +309,19 @@ func TestKernelCrashPoints(t *testing.T) {
 				continue
 			}
 			for _, p := range c.points {
-				done[m.mode][p] = true
+				done[m.name][p] = true
 			}
-			t.Run(string(m.mode)+"/"+c.c.name+"-chain", func(t *testing.T) {
+			t.Run(m.name+"/"+c.c.name+"-chain", func(t *testing.T) {
 				k := m.make(t)
 				k.noReuse = true
 				runCrashChain(t, k, c.c, c.points)
 			})
 		}
-		t.Logf("%s mode: %d crash points in %v", m.mode, len(done[m.mode]), time.Since(t0).Round(time.Second))
+		t.Logf("%s mode: %d crash points in %v", m.name, len(done[m.name]), time.Since(t0).Round(time.Second))
 	}
 	// A live update does not depend on the RootFS mode: overlay claims.
 	for _, point := range updateCrashPoints {
-		done[journal.RootFSOverlay][point], done[journal.RootFSBlock][point] = true, true
+		done["overlay"][point] = true
 		t.Run(subtestName(point)+"/update", func(t *testing.T) {
 			k := realKernel(t)
 			k.noReuse = true
@@ -308,21 +331,46 @@ func TestKernelCrashPoints(t *testing.T) {
 		})
 	}
 	for _, m := range modes {
-		var overlays []string
+		var elsewhere []string
 		for _, p := range testCrashPoints() {
-			switch {
-			case !pointApplies(p, m.mode) || done[m.mode][p]:
-			case !m.runs(p) && done[journal.RootFSOverlay][p]:
-				overlays = append(overlays, p)
-			default:
-				t.Errorf("crash point %s is not run on the real kernel in %s mode", p, m.mode)
+			if pointApplies(p, m.mode) && !done[m.name][p] {
+				elsewhere = append(elsewhere, p)
 			}
 		}
-		if len(overlays) > 0 {
-			t.Logf("%s mode: crash points %v run in overlay mode only (the same entries)", m.mode, overlays)
+		t.Logf("%s mode: crash points %v run in another mode only (the same entries)", m.name, elsewhere)
+	}
+	for _, p := range testCrashPoints() {
+		ran := false
+		for _, m := range modes {
+			ran = ran || done[m.name][p]
+		}
+		if !ran {
+			t.Errorf("crash point %s is not run on the real kernel", p)
 		}
 	}
-	t.Logf("crash points in both modes in %v", time.Since(start).Round(time.Second))
+	t.Logf("crash points in all modes in %v", time.Since(start).Round(time.Second))
+}
+
+// realVolumeKernel is realBlockKernel whose claims attach a new
+// persistent volume (16 MiB of ext4) of store at /data: the node's
+// sealer, volumes and volume mounts (<state>/volmounts) as ctld's
+// buildBlock makes them.
+func realVolumeKernel(t *testing.T, store *realBlockStore) *testKernel {
+	t.Helper()
+	k := realBlockKernel(t, store)
+	state := filepath.Dir(k.writersDir)
+	id := "v" + randHex(4)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := template.CreateVolume(ctx, store.templates.repo, id, 16<<20, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	vm := &rootfs.Block{Dir: filepath.Join(state, "volmounts")}
+	k.sealer = blockvol.Sealer{Supervisor: k.block.(*writer.Supervisor)}
+	k.pvolumes = blockvol.Volumes{Repo: store.templates.repo, Kind: blockstore.KindVolume}
+	k.volumeMounts, k.volumeFreezer = vm, vm
+	k.volume = id
+	return k
 }
 
 // blockRootKinds are the entries whose crash points the real kernel's

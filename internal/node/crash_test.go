@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +72,8 @@ var kernelModes = []struct {
 // passes it: the operation dies at the point, the next term reconciles,
 // and the outcome must be the same as if nothing had crashed (a claim
 // rolled back with a clean proof, a release completed with a clean proof,
-// orphans gone), with the kernel empty and the capacity back. Each case
+// orphans gone), with the kernel empty and the capacity back. The
+// volumes entry's points run with a persistent volume attached. Each case
 // also crashes a second time at the same point during the recovery.
 func TestCrashPoints(t *testing.T) {
 	covered, ran := map[string]bool{}, map[string]bool{}
@@ -88,7 +90,11 @@ func TestCrashPoints(t *testing.T) {
 					}
 					t.Run(name, func(t *testing.T) {
 						ran[point] = true
-						k, _ := mode.make(t)
+						k, fk := mode.make(t)
+						if isVolumePoint(point) {
+							fk.CreateVolume("data")
+							k.volume = "data"
+						}
 						if runCrashCase(t, k, c, point, crashes) {
 							covered[point] = true
 							t.Logf("crashed at %s in case %s", point, c.name)
@@ -109,15 +115,32 @@ func TestCrashPoints(t *testing.T) {
 
 // TestCrashChains: a crash at each point of a teardown (or of a sweep),
 // one after the other in the recoveries of one release (or sweep), still
-// ends clean. The VM covers those points this way.
+// ends clean, also with a persistent volume attached (the volumes
+// entry's points are no-ops without one). The VM covers those points
+// this way.
 func TestCrashChains(t *testing.T) {
 	for _, mode := range kernelModes {
 		full, _ := mode.make(t)
 		for _, c := range crashChains(full) {
-			t.Run(mode.name+"/"+c.c.name, func(t *testing.T) {
-				k, _ := mode.make(t)
-				runCrashChain(t, k, c.c, c.points)
-			})
+			for _, vol := range []bool{false, true} {
+				name, points := mode.name+"/"+c.c.name, c.points
+				if vol {
+					if !slices.ContainsFunc(points, isVolumePoint) {
+						continue
+					}
+					name += "/volume"
+				} else {
+					points = slices.DeleteFunc(slices.Clone(points), isVolumePoint)
+				}
+				t.Run(name, func(t *testing.T) {
+					k, fk := mode.make(t)
+					if vol {
+						fk.CreateVolume("data")
+						k.volume = "data"
+					}
+					runCrashChain(t, k, c.c, points)
+				})
+			}
 		}
 	}
 }

@@ -95,13 +95,21 @@ func CrashPoints() []string {
 	}
 	out = append(out, updateCrashPoints...)
 	for _, r := range slices.Backward(t) {
-		out = append(out, string(r.kind())+":removing", string(r.kind())+":removed")
+		out = append(out, string(r.kind())+":removing")
+		out = append(out, removeCrashPoints[r.kind()]...)
+		out = append(out, string(r.kind())+":removed")
 	}
 	out = append(out, "proof:signed")
 	for _, r := range slices.Backward(t) {
 		out = append(out, "orphan:"+string(r.kind()))
 	}
 	return out
+}
+
+// removeCrashPoints are the crash points inside an entry's remove,
+// between its removing and removed points.
+var removeCrashPoints = map[journal.Kind][]string{
+	journal.KindVolumes: {"volumes:sealed"}, // sealed, not yet published
 }
 
 // nameOf is the common name of a generation's objects: its container id.

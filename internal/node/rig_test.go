@@ -95,6 +95,9 @@ type testKernel struct {
 	volumeFreezer BlockFreezer
 	writersDir    string
 	blockMode     bool
+	// volume, when set, is a persistent volume every claim that names
+	// none attaches at /data (the crash tests of the volumes entry).
+	volume string
 	// blockStore is the node's BlockConfig but WritersDir: the real
 	// kernel's block store (StoreDir, NodeKeyFile, NodeKeyID,
 	// DeadConnTimeout), the fake's writer checks (CheckEvery).
@@ -351,6 +354,9 @@ func (r *rig) claim(id string, req api.ClaimRequest) (resp api.ClaimResponse, er
 	if r.k.blockMode {
 		req.RootFS.Mode, req.Resources.DiskBytes = api.RootFSBlock, 0
 	}
+	if r.k.volume != "" && len(req.Volumes) == 0 {
+		req.Volumes = []api.VolumeMount{{ID: r.k.volume, Path: "/data"}}
+	}
 	returned = r.do(func() { resp, err = r.n.Claim(ctx, id, req) })
 	return resp, err, returned
 }
@@ -545,8 +551,25 @@ func isClaimPoint(p string) bool {
 }
 
 func isTeardownPoint(p string) bool {
-	_, step, _ := strings.Cut(p, ":")
-	return step == "removing" || step == "removed" || p == "proof:signed"
+	kind, step, _ := strings.Cut(p, ":")
+	return step == "removing" || step == "removed" || p == "proof:signed" || slices.Contains(removeCrashPoints[journal.Kind(kind)], p)
+}
+
+// isVolumePoint is a point of the volumes entry: passed only by a
+// generation with a persistent volume (testKernel.volume).
+func isVolumePoint(p string) bool {
+	kind, _, _ := strings.Cut(strings.TrimPrefix(p, "orphan:"), ":")
+	return journal.Kind(kind) == journal.KindVolumes
+}
+
+// volumeHead is the head of the kernel's test volume.
+func (r *rig) volumeHead() api.VolumeHead {
+	r.t.Helper()
+	h, err := r.k.pvolumes.Head(context.Background(), r.k.volume)
+	if err != nil {
+		r.t.Fatalf("head of volume %s: %v", r.k.volume, err)
+	}
+	return h
 }
 
 func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
@@ -563,10 +586,14 @@ func isSweepPoint(k *testKernel, p string) bool {
 	}
 	n := &Node{}
 	if k != nil {
-		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool, Block: k.block, BlockMounts: k.blockMounts}
+		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool, Block: k.block, BlockMounts: k.blockMounts,
+			Sealer: k.sealer, PVolumes: k.pvolumes, VolumeMounts: k.volumeMounts, VolumeFreezer: k.volumeFreezer}
+		n.cfg.Block.WritersDir = k.writersDir
 	} else {
 		n.d = Deps{Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil),
-			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil)}
+			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil),
+			Sealer: (*fakekernel.Sealer)(nil), PVolumes: (*fakekernel.PVolumes)(nil), VolumeMounts: (*fakekernel.VolumeMounts)(nil), VolumeFreezer: (*fakekernel.VolumeMounts)(nil)}
+		n.cfg.Block.WritersDir = "writers"
 	}
 	n.table = newTable(n)
 	r := n.resource(journal.Kind(kind))
@@ -620,6 +647,13 @@ var crashCases = []crashCase{
 			} else {
 				claimFailed(r, claimReq("c1", 1), errdefs.CodeUnavailable)
 			}
+			if r.k.volume != "" {
+				// The release, or the rollback of an attach whose writer
+				// ran, published the volume's next head once; nothing else.
+				if h := r.volumeHead(); h.Seq > 2 || !crashed && h.Seq != 2 {
+					r.t.Errorf("volume head %+v after the claim (crashed %v): want head 2, or 1 for a rollback", h, crashed)
+				}
+			}
 			r.checkClean("after the claim")
 			reuse(r, 2)
 		},
@@ -641,6 +675,15 @@ var crashCases = []crashCase{
 				r.t.Errorf("sandbox %s is %s (withheld %v, %s), want released", sb, s.State, s.Withheld, s.Reason)
 			}
 			p := r.checkProof("r1")
+			if r.k.volume != "" {
+				// Published once, whole: the attach's head 1, then the
+				// release's seal as head 2 (a seal cut short before its
+				// publish is sealed again, never published half).
+				av := r.sandbox(sb).Volumes
+				if h := r.volumeHead(); h.Seq != 2 || len(av) != 1 || av[0].Published == nil || av[0].Published.Seq != 2 || av[0].Published.Generation != h.Generation {
+					r.t.Errorf("volume head %+v, journaled attach %+v: want head 2, the release's publish", h, av)
+				}
+			}
 			for range 2 {
 				resp, err, _ := r.release(sb, "r1", 1)
 				if err != nil || !reflect.DeepEqual(resp.Proof, p) || resp.Sandbox.State != api.StateReleased {
