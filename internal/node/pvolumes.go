@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/proof"
 	"github.com/ctld/ctld/internal/runsc"
@@ -225,9 +227,10 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 
 // remove detaches every volume of rec: each journaled attach is sealed
 // and published (once), unmounted and its writer stopped; writer dirs the
-// journal does not name (an attach cut short before its record, or a
-// record that moved on) are stopped without a seal. The generation's dir
-// goes last.
+// journal does not name (a generation this journal does not know, or a
+// record that moved on) are sealed and published if their spec proves
+// which attach they are (sealUnrecorded), and stopped. The generation's
+// dir goes last.
 func (r volumesResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	n := r.n
 	dir := n.volumesDir(rec.ContainerID)
@@ -253,7 +256,7 @@ func (r volumesResource) remove(ctx context.Context, rec journal.Sandbox) error 
 		if seen[e.Name()] {
 			continue
 		}
-		n.log.Warn("stopping a volume writer no attach record names: its writes are not sealed", "container", rec.ContainerID, "volume", e.Name())
+		r.sealUnrecorded(ctx, rec.ContainerID, e.Name(), filepath.Join(dir, e.Name()))
 		if err := r.stop(ctx, e.Name(), filepath.Join(dir, e.Name()), rec); err != nil {
 			errs = append(errs, err)
 		}
@@ -270,6 +273,64 @@ func (r volumesResource) remove(ctx context.Context, rec journal.Sandbox) error 
 		return fmt.Errorf("remove volume writers root: %w", err)
 	}
 	return nil
+}
+
+// sealUnrecorded seals and publishes the volume writer of dir (volume
+// id, generation cid) that no attach record names (the generation's
+// record is not in this journal, or moved on), when what its spec.json
+// and the store say proves which attach it is and that its head has not
+// moved since: the spec names cid's sandbox and generation and volume
+// id, the writer runs with the spec's epoch (its dirty data is that
+// attach's), no journaled generation holds the volume (its host mount is
+// the orphan's), and the volume's head is still at the spec's base
+// generation (every publish of a volume commits a new generation, so
+// none happened since the attach) with an epoch not newer than the
+// spec's. The publish is then the compare-and-swap over that head.
+// Otherwise, or if the seal or publish fails, the writer is stopped
+// without a seal (logged), as a sweep cannot be withheld: best effort.
+func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string) {
+	n := r.n
+	log := n.log.With("container", cid, "volume", id, "dir", dir)
+	why := func() string {
+		b, err := os.ReadFile(filepath.Join(dir, writer.SpecName))
+		if err != nil {
+			return err.Error()
+		}
+		var spec writer.Spec
+		if err := json.Unmarshal(b, &spec); err != nil {
+			return "spec: " + err.Error()
+		}
+		sbx, gen, ok := names.ParseGeneration(cid)
+		vol := blockstore.Vol(id)
+		if !ok || spec.Sandbox != sbx || spec.Generation != gen || spec.Volume != vol || spec.Base.Volume != vol {
+			return fmt.Sprintf("its spec (sandbox %s generation %d, volume %s over %s) is not this dir's attach", spec.Sandbox, spec.Generation, spec.Volume, spec.Base.Volume)
+		}
+		st, err := n.d.Block.Check(ctx, dir)
+		if err != nil || st.Epoch != spec.Epoch {
+			return fmt.Sprintf("no writer of the spec's epoch %d runs (%v)", spec.Epoch, err)
+		}
+		rec := journal.Sandbox{ID: sbx, Generation: gen, ContainerID: cid}
+		if held, err := n.volumeHeldElsewhere(id, rec); err != nil || held {
+			return fmt.Sprintf("the volume is held by a journaled generation (%v)", err)
+		}
+		h, err := n.d.PVolumes.Head(ctx, id)
+		if err != nil || h.Seq == 0 || h.Generation != spec.Base.Generation || h.WriterEpoch > spec.Epoch {
+			return fmt.Sprintf("the head %+v (%v) is not the attach's base generation %d", h, err, spec.Base.Generation)
+		}
+		av := journal.AttachedVolume{ID: id, Dir: dir, Index: st.Index, WriterEpoch: spec.Epoch, Head: journalHead(h)}
+		av, err = r.sealAndPublish(ctx, rec, av)
+		switch {
+		case err != nil:
+			return err.Error()
+		case av.Published == nil:
+			return av.PublishError
+		}
+		log.Warn("sealed and published a volume writer no attach record names", "head", av.Published.Seq, "block_generation", av.Published.Generation, "writer_epoch", spec.Epoch)
+		return ""
+	}()
+	if why != "" {
+		log.Warn("stopping a volume writer no attach record names without a seal: its writes are not in the volume", "why", why)
+	}
 }
 
 // detach seals and publishes av (unless done), then stops it. A dead
@@ -481,8 +542,9 @@ func (volumesResource) name(rec journal.Sandbox) string {
 	return nameOf(rec)
 }
 
-// removeOrphan stops what a generation no record owns left: without its
-// attach records there is no head to publish over, so nothing is sealed.
+// removeOrphan stops what a generation no record owns left, each volume
+// writer sealed and published first if its spec proves its attach
+// (sealUnrecorded).
 func (r volumesResource) removeOrphan(ctx context.Context, cid string) error {
 	return r.remove(ctx, journal.Sandbox{ContainerID: cid})
 }

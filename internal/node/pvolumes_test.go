@@ -248,3 +248,37 @@ func TestVolumeWriterRestarted(t *testing.T) {
 		})
 	}
 }
+
+// TestVolumeUnrecordedWriterSealed: a volume writer no attach record
+// names (its generation is another journal's) is sealed and published by
+// the orphan sweep when its spec proves its attach and the head has not
+// moved since; one whose volume's head moved is only stopped. Both leave
+// nothing.
+func TestVolumeUnrecordedWriterSealed(t *testing.T) {
+	tk, k := fakeKernel(t)
+	k.CreateVolume("data")
+	orphan := func(id string) journal.AttachedVolume {
+		other := newRig(t, tk)
+		other.mustBoot()
+		other.mustClaim(id, volumeReq("o1", 1, "data", "/data"))
+		av := other.sandbox(id).Volumes[0]
+		other.end()
+		other.n.Close()
+		return av
+	}
+	r := newRig(t, tk)
+	av := orphan("orph")
+	r.mustBoot()
+	if h := k.VolumeHead("data"); h.Seq != 2 || h.WriterEpoch != av.WriterEpoch || h.Node != r.n.d.Identity.NodeID {
+		t.Errorf("head %+v after the sweep: want head 2 by the orphan's writer (epoch %d)", h, av.WriterEpoch)
+	}
+	r.checkClean("after the sweep")
+
+	orphan("orph2")
+	k.MoveVolumeHead("data", 1<<40)
+	r.mustBoot()
+	if h := k.VolumeHead("data"); h.Seq != 3 || h.Node != "elsewhere" {
+		t.Errorf("head %+v: a sweep published over a head that moved", h)
+	}
+	r.checkClean("after the second sweep")
+}

@@ -2,6 +2,7 @@ package fakekernel
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -129,6 +130,12 @@ func (b *Blocks) Start(ctx context.Context, spec writer.Spec) (writer.State, err
 		return writer.State{}, fmt.Errorf("start writer %s: %w (nbd%d)", spec.Dir, writer.ErrNoReattach, spec.Index)
 	}
 	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return writer.State{}, err
+	}
+	// As the Supervisor does: the orphan sweep reads it.
+	if b, err := json.Marshal(spec); err != nil {
+		return writer.State{}, err
+	} else if err := os.WriteFile(filepath.Join(spec.Dir, writer.SpecName), b, 0o600); err != nil {
 		return writer.State{}, err
 	}
 	idx := 0
