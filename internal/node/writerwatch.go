@@ -229,11 +229,12 @@ func (n *Node) writerRuns(ctx context.Context, s journal.Sandbox, vol string) er
 	return nil
 }
 
-// deadWriters are the writers of ready generation s that are known dead.
+// deadWriters are the writers of ready generation s that a takeover
+// finds not running with their journaled epochs (Node.missing's test).
 func (n *Node) deadWriters(ctx context.Context, s journal.Sandbox) []string {
 	var dead []string
 	for _, vol := range n.writersOf(s) {
-		if errors.Is(n.writerRuns(ctx, s, vol), writer.ErrNotRunning) {
+		if n.writerRuns(ctx, s, vol) != nil {
 			dead = append(dead, vol)
 		}
 	}
