@@ -2,19 +2,26 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/writer"
 )
 
 // TestPersistentVolumeMoves: a persistent volume created in the node's
 // block store is attached to sandbox A at /data; a file A writes there is
 // sealed and published as the volume's head when A is released (clean
-// proof); a claim naming the volume while A holds it is refused; a later
+// proof), also after a kill -9 of the volume's writer (ctld's watch
+// restarts it on the same device, the guest's next write and sync see no
+// error); a claim naming the volume while A holds it is refused; a later
 // sandbox B attaches the same volume at another path and reads the file.
 // No leak (mounts, NBD devices, writers) is left.
 func TestPersistentVolumeMoves(t *testing.T) {
@@ -49,6 +56,32 @@ func TestPersistentVolumeMoves(t *testing.T) {
 	}
 	guest("va", "echo moved > /data/f && sync")
 
+	// kill -9 of the volume's writer: ctld's watch starts the next one on
+	// the same device; the guest's next write and sync see no error.
+	stateFile := filepath.Join(e.stateDir, "writers", "vol", names.Generation("va", 1), "data", writer.StateName)
+	before := readWriterState(t, stateFile)
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 volume writer %d: %v", before.PID, err)
+	}
+	killed := time.Now()
+	guest("va", "echo after-kill >> /data/f && sync")
+	var after writer.State
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if b, err := os.ReadFile(stateFile); err == nil && strings.Contains(string(b), `"epoch"`) {
+			if after = readWriterState(t, stateFile); after.PID != before.PID && after.Epoch > before.Epoch {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new volume writer a minute after the kill -9; state %+v", after)
+		}
+	}
+	if after.Index != before.Index {
+		t.Fatalf("restarted volume writer on %s, want the same device %s", after.Device, before.Device)
+	}
+	t.Logf("volume writer pid %d epoch %d killed; pid %d epoch %d serves %s; the guest's write and sync returned %v after the kill",
+		before.PID, before.Epoch, after.PID, after.Epoch, after.Device, time.Since(killed).Round(time.Millisecond))
+
 	b := claimReq("b1", 1)
 	b.Process = a.Process
 	b.Volumes = []api.VolumeMount{{ID: "data", Path: "/mnt/v"}}
@@ -77,7 +110,7 @@ func TestPersistentVolumeMoves(t *testing.T) {
 	if _, err := c.Claim(ctx(t, 3*time.Minute), "vb", b); err != nil {
 		t.Fatalf("claim B with the volume after A: %v", err)
 	}
-	if got := guest("vb", "cat /mnt/v/f"); got != "moved\n" {
+	if got := guest("vb", "cat /mnt/v/f"); got != "moved\nafter-kill\n" {
 		t.Errorf("B reads %q from the volume, want A's file", got)
 	}
 	rel, err = c.Release(ctx(t, 3*time.Minute), "vb", api.ReleaseRequest{OperationID: "rb", Generation: 1})
