@@ -24,6 +24,10 @@ func TestKernelVolumeWriterRestart(t *testing.T) {
 	store := newRealBlockStore(t)
 	k := realVolumeKernel(t, store)
 	k.noReuse = true
+	// The write in flight when the writer died is retried on the restarted
+	// writer after the kernel's request timeout: short here, as in the
+	// writer's own tests (the default is 2 min).
+	k.blockStore.RequestTimeout = 10 * time.Second
 	r := newRig(t, k)
 	r.mustBoot()
 	r.mustClaim(sb, claimReq("c1", 1))
