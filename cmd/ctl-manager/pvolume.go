@@ -57,7 +57,7 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 		if n <= 0 || n%blockstore.DefaultChunkSize != 0 {
 			return usageError{fmt.Errorf("--size %s: not a positive multiple of 64Ki", size)}
 		}
-		tf.compress = true
+		tf.compress = blockstore.CompressS2
 		_, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err

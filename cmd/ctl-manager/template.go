@@ -25,9 +25,10 @@ type templateFlags struct {
 	keyFile string
 	keyID   string
 	getenv  func(string) string // the S3 credentials' environment
-	// compress: an import zstd-compresses its chunks (--compress). Reads
-	// take what each object says.
-	compress bool
+	// compress: what an import compresses its chunks with (--compress);
+	// "" (none) for the commands that only read and delete. Reads take
+	// what each object says.
+	compress blockstore.Compression
 }
 
 func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
@@ -59,7 +60,7 @@ func (tf *templateFlags) open(ctx context.Context, create bool) (blockstore.Stor
 	if err != nil {
 		return nil, nil, err
 	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: tf.compress})
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compression: tf.compress})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -67,7 +68,7 @@ func (tf *templateFlags) open(ctx context.Context, create bool) (blockstore.Stor
 }
 
 func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
-	var size, kind, tmp string
+	var size, kind, tmp, compress string
 	cmd := &cobra.Command{
 		Use:   "import NAME SOURCE",
 		Short: "Build an ext4 image from a directory, tarball, docker-archive, OCI layout or oci-archive and store it as a template",
@@ -75,7 +76,7 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&size, "size", "1Gi", "device size of the image (a multiple of 64Ki)")
 	cmd.Flags().StringVar(&kind, "kind", "", "source kind: dir, tar, docker-archive, oci, oci-archive (default: detect)")
-	cmd.Flags().BoolVar(&tf.compress, "compress", true, "zstd-compress the stored chunks (false: a larger store, reads that cost less CPU)")
+	cmd.Flags().StringVar(&compress, "compress", string(blockstore.CompressS2), "compression of the stored chunks: s2 (fast reads), zstd (the smallest store, reads that cost more CPU) or none (the largest store, the cheapest reads)")
 	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent; $TMPDIR for an S3 store)")
 	cmd.RunE = c.action(named("template import"), func(ctx context.Context, args []string) error {
 		n, err := manager.ParseMemory(size)
@@ -84,6 +85,9 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		}
 		if n%blockstore.DefaultChunkSize != 0 {
 			return usageError{fmt.Errorf("--size %s: not a multiple of 64Ki", size)}
+		}
+		if tf.compress, err = blockstore.ParseCompression(compress); err != nil {
+			return usageError{fmt.Errorf("--compress: %w", err)}
 		}
 		_, repo, err := tf.open(ctx, true)
 		if err != nil {

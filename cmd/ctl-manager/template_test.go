@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +28,7 @@ func TestCLITemplate(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "etc/", Mode: 0o755})
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/motd", Mode: 0o644, Size: 5})
 	tw.Write([]byte("hello"))
-	// Text that zstd shrinks: --compress=false stores it as it is.
+	// Text that S2 and zstd shrink: --compress=none stores it as it is.
 	// (Numbered lines: identical chunks would be stored once either way.)
 	var text []byte
 	for i := range 1 << 15 {
@@ -50,6 +51,19 @@ func TestCLITemplate(t *testing.T) {
 	if r := tmpl("ls"); r.code == 0 {
 		t.Fatalf("ls before any import (no key, no store): exit 0: %s", r.stdout)
 	}
+	// A bad --compress is refused before anything is made (node key, store).
+	for _, bad := range []string{"false", "lz4", "S2"} {
+		r := tmpl("import", "base", src, "--size", "16Mi", "--compress="+bad)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "want s2, zstd or none") {
+			t.Errorf("import --compress=%q: exit %d, want %d and the choices\n%s", bad, r.code, exitUsage, r.stderr)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "node.key")); err == nil {
+			t.Fatalf("import --compress=%q made the node key", bad)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "store")); err == nil {
+			t.Fatalf("import --compress=%q made the store", bad)
+		}
+	}
 	r := tmpl("import", "base", src, "--size", "16Mi")
 	if r.code != 0 {
 		t.Fatalf("import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -66,16 +80,31 @@ func TestCLITemplate(t *testing.T) {
 	if r := tmpl("import", "base", src, "--size", "16Mi"); r.code != exitError || !strings.Contains(r.stderr, "template exists") {
 		t.Errorf("second import: exit %d\n%s", r.code, r.stderr)
 	}
-	if r := tmpl("import", "plain", src, "--size", "16Mi", "--compress=false"); r.code != 0 {
-		t.Fatalf("import --compress=false: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	for _, c := range []string{"none", "zstd", "s2"} {
+		if r := tmpl("import", "c-"+c, src, "--size", "16Mi", "--compress="+c); r.code != 0 {
+			t.Fatalf("import --compress=%s: exit %d\n%s%s", c, r.code, r.stdout, r.stderr)
+		}
 	}
-	zstd, plain := duBytes(t, filepath.Join(dir, "store", "templates", "base")), duBytes(t, filepath.Join(dir, "store", "templates", "plain"))
-	t.Logf("stored: %d bytes compressed, %d with --compress=false (file data %d)", zstd, plain, 5+len(text))
-	if plain < int64(len(text)) || zstd*4 > plain {
-		t.Errorf("stored bytes: %d compressed, %d with --compress=false; want the file data whole without, a quarter or less with", zstd, plain)
+	// The default is S2: what each flag stored says so in its chunk
+	// objects' headers (flags: 0 raw, 1 zstd, 2 S2).
+	byFlags := map[string]map[byte]int{}
+	for _, name := range []string{"base", "c-none", "c-zstd", "c-s2"} {
+		byFlags[name] = chunkFlags(t, filepath.Join(dir, "store", "templates", name, "chunks"))
 	}
-	if r := tmpl("rm", "plain"); r.code != 0 {
-		t.Errorf("rm plain: exit %d\n%s", r.code, r.stderr)
+	if !maps.Equal(byFlags["base"], byFlags["c-s2"]) || byFlags["base"][2] == 0 || byFlags["base"][1] != 0 ||
+		byFlags["c-none"][0] == 0 || len(byFlags["c-none"]) != 1 || byFlags["c-zstd"][1] == 0 || byFlags["c-zstd"][2] != 0 {
+		t.Errorf("chunk objects by flags: %v; want S2 (2) by default and for s2, zstd (1) for zstd, raw (0) only for none", byFlags)
+	}
+	size := func(name string) int64 { return duBytes(t, filepath.Join(dir, "store", "templates", name)) }
+	plain, s2, zstd := size("c-none"), size("base"), size("c-zstd")
+	t.Logf("stored: %d bytes with S2, %d with zstd, %d with --compress=none (file data %d)", s2, zstd, plain, 5+len(text))
+	if plain < int64(len(text)) || s2*4 > plain || zstd > s2 {
+		t.Errorf("stored bytes: %d S2, %d zstd, %d none; want the file data whole without, a quarter or less with S2, zstd no larger", s2, zstd, plain)
+	}
+	for _, name := range []string{"c-none", "c-zstd", "c-s2"} {
+		if r := tmpl("rm", name); r.code != 0 {
+			t.Errorf("rm %s: exit %d\n%s", name, r.code, r.stderr)
+		}
 	}
 	if r := tmpl("import", "other", src, "--size", "1000000"); r.code != exitUsage {
 		t.Errorf("import with a size not a multiple of 64Ki: exit %d\n%s", r.code, r.stderr)
@@ -98,6 +127,27 @@ func TestCLITemplate(t *testing.T) {
 	if strings.Join(names, " ") != "node.key store tree.tar" {
 		t.Errorf("left in the work dir: %v", names)
 	}
+}
+
+// chunkFlags counts the chunk objects under dir by their header's flags
+// byte ("CTBO", version, kind, flags).
+func chunkFlags(t *testing.T, dir string) map[byte]int {
+	t.Helper()
+	n := map[byte]int{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err == nil && len(b) > 6 {
+			n[b[6]]++
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // duBytes sums the sizes of the regular files under dir.

@@ -137,7 +137,7 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	if err != nil {
 		return node.BlockConfig{}, d, err
 	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compression: blockstore.CompressS2})
 	if err != nil {
 		return node.BlockConfig{}, d, err
 	}

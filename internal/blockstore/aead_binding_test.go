@@ -23,7 +23,7 @@ import (
 // the template's, even with the same content), or a manifest's name.
 func TestChunkReadsNeedTheObjectSealedForTheirName(t *testing.T) {
 	ctx := context.Background()
-	// Text compresses (zstd object), random data does not: both kinds.
+	// Text compresses (an S2 object, the default), random data does not: both kinds.
 	text := func(seed byte) []byte {
 		b := make([]byte, cs)
 		for i := range b {
@@ -39,7 +39,7 @@ func TestChunkReadsNeedTheObjectSealedForTheirName(t *testing.T) {
 		want map[blockstore.GenRef]map[uint64][]byte
 	}
 	setup := func(t *testing.T) world {
-		f := newFixture(t, blockstore.Options{Compress: true})
+		f := newFixture(t, blockstore.Options{Compression: blockstore.CompressS2})
 		commit := func(spec blockstore.CommitSpec, chunks map[uint64][]byte) {
 			t.Helper()
 			if _, err := f.repo.Commit(ctx, spec, chunks); err != nil {
@@ -127,7 +127,7 @@ func TestChunkReadsNeedTheObjectSealedForTheirName(t *testing.T) {
 	}
 
 	t.Run("every byte flipped, every truncation, appended bytes", func(t *testing.T) {
-		// Chunk 0 of sb-1 (random: stored raw) and chunk 2 (text: zstd).
+		// Chunk 0 of sb-1 (random: stored raw) and chunk 2 (text: S2).
 		for _, i := range []uint64{0, 2} {
 			w := setup(t)
 			key := objectOf(t, w, sb1, i)

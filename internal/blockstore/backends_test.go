@@ -39,7 +39,7 @@ func onBackends(t *testing.T, wrap func(blockstore.Store) blockstore.Store, fn f
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+			r, err := blockstore.New(st, nk, blockstore.Options{Compression: blockstore.CompressS2})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,13 +26,13 @@ func benchData(b *testing.B) []byte {
 	return data
 }
 
-func benchRepo(b *testing.B, compress bool) *blockstore.Repo {
+func benchRepo(b *testing.B, compress blockstore.Compression) *blockstore.Repo {
 	ds, err := dirstore.Open(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
 	nk, _, _ := blockstore.GenerateNodeKey("node-a")
-	r, err := blockstore.New(ds, nk, blockstore.Options{Compress: compress})
+	r, err := blockstore.New(ds, nk, blockstore.Options{Compression: compress})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,8 +81,8 @@ func BenchmarkPlainFileRead(b *testing.B) {
 }
 
 func BenchmarkCommit(b *testing.B) {
-	for _, compress := range []bool{false, true} {
-		b.Run(fmt.Sprintf("zstd=%v", compress), func(b *testing.B) {
+	for _, compress := range []blockstore.Compression{blockstore.CompressNone, blockstore.CompressS2, blockstore.CompressZstd} {
+		b.Run(string(compress), func(b *testing.B) {
 			data := benchData(b)
 			r := benchRepo(b, compress)
 			ctx := context.Background()
@@ -110,8 +110,8 @@ func BenchmarkCommit(b *testing.B) {
 }
 
 func BenchmarkReadChunk(b *testing.B) {
-	for _, compress := range []bool{false, true} {
-		b.Run(fmt.Sprintf("zstd=%v", compress), func(b *testing.B) {
+	for _, compress := range []blockstore.Compression{blockstore.CompressNone, blockstore.CompressS2, blockstore.CompressZstd} {
+		b.Run(string(compress), func(b *testing.B) {
 			data := benchData(b)
 			r := benchRepo(b, compress)
 			ctx := context.Background()

@@ -16,7 +16,7 @@ func BenchmarkForkDeviceSize(b *testing.B) {
 	for _, size := range []uint64{1 << 30, 16 << 30} {
 		b.Run(fmt.Sprintf("%dGiB", size>>30), func(b *testing.B) {
 			ctx := context.Background()
-			r := benchRepo(b, false)
+			r := benchRepo(b, blockstore.CompressNone)
 			src := blockstore.GenRef{Volume: blockstore.Sandbox("src"), Generation: 1}
 			chunks := map[uint64][]byte{}
 			data := benchData(b)[:4<<20]

@@ -29,16 +29,16 @@ type Repo struct {
 
 // Options tune a Repo.
 type Options struct {
-	// Compress zstd-compresses objects before sealing (kept only when
-	// smaller).
-	Compress bool
+	// Compression of what the repo seals (each object's kept only when
+	// smaller); "" is CompressNone. Reads take what each object says.
+	Compression Compression
 	// Uploads bounds a commit's parallel object writes (default 8).
 	Uploads int
 }
 
 // New returns a repo over store whose data keys node wraps.
 func New(store Store, node *NodeKey, opts Options) (*Repo, error) {
-	c, err := newCodec(opts.Compress)
+	c, err := newCodec(opts.Compression)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +38,20 @@ func (m *memStore) Get(_ context.Context, key string) ([]byte, error) {
 		return nil, ErrNotFound
 	}
 	return bytes.Clone(b), nil
+}
+
+// pooledMemStore is a memStore with GetBuffer: the pooled read path
+// (objects read into recycled buffers, decrypted in place).
+type pooledMemStore struct{ *memStore }
+
+func (m pooledMemStore) GetBuffer(_ context.Context, key string, buf []byte) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.objs[key]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return append(buf[:0], b...), nil
 }
 
 func (m *memStore) Delete(_ context.Context, key string) error {
@@ -120,51 +135,64 @@ func TestChunkKeyFormat(t *testing.T) {
 	}
 }
 
-// A compressed chunk object decodes through a buffer of its own (room for
-// the decoder's block copies) and is copied out only when it is a chunk's
-// size: one that decodes shorter or longer (sealable only with the data
-// key) is ErrCorrupt, the buffer all zeros and nothing past it written.
+// A compressed chunk object decodes through a buffer of its own (zstd:
+// room for the decoder's block copies) or straight into the caller's (S2)
+// and is taken only when it is a chunk's size: one that decodes shorter or
+// longer (sealable only with the data key) is ErrCorrupt, the buffer all
+// zeros and nothing past it written.
 func TestCompressedChunkOfWrongSizeIsCorrupt(t *testing.T) {
-	ctx := context.Background()
-	ms := &memStore{objs: map[string][]byte{}}
-	nk, _, _ := GenerateNodeKey("node-a")
-	r, err := New(ms, nk, Options{Compress: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := GenRef{Volume: Template("t"), Generation: 0}
-	text := func(n int) []byte {
-		return bytes.Repeat([]byte("/usr/lib/x86_64-linux-gnu/libc.so.6 0644\n"), n/41+1)[:n]
-	}
-	c := text(MinChunkSize)
-	if _, err := r.Commit(ctx, CommitSpec{Generation: ref, DeviceSize: MinChunkSize, ChunkSize: MinChunkSize}, map[uint64][]byte{0: c}); err != nil {
-		t.Fatal(err)
-	}
-	dk, _ := r.keys.Get(ctx, ref.Volume)
-	key := chunkKey(ref.Volume, dk.sum(c))
-	im, err := r.Open(ctx, ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range []int{MinChunkSize, MinChunkSize - 1, 100, MinChunkSize + 1, 3 * MinChunkSize} {
-		obj, err := r.codec.seal(dk, kindChunk, key, text(n))
-		if err != nil || obj[len(objMagic)+2]&flagZstd == 0 {
-			t.Fatalf("seal of %d bytes of text: %v, or not compressed", n, err)
-		}
-		ms.objs[key] = obj
-		// The chunk's buffer, then bytes the caller owns.
-		back := bytes.Repeat([]byte{0xee}, 2*MinChunkSize)
-		buf := back[:MinChunkSize]
-		err = im.ReadChunk(ctx, 0, buf)
-		switch {
-		case n == MinChunkSize && (err != nil || !bytes.Equal(buf, c)):
-			t.Fatalf("a chunk-sized object: %v, or other bytes", err)
-		case n != MinChunkSize && !errors.Is(err, ErrCorrupt):
-			t.Fatalf("an object of %d bytes: %v, want ErrCorrupt", n, err)
-		case n != MinChunkSize && !bytes.Equal(buf, make([]byte, MinChunkSize)):
-			t.Fatalf("an object of %d bytes left its bytes in the buffer", n)
-		case !bytes.Equal(back[MinChunkSize:], bytes.Repeat([]byte{0xee}, MinChunkSize)):
-			t.Fatalf("an object of %d bytes: bytes past the buffer written", n)
-		}
+	for _, tc := range []struct {
+		compress Compression
+		flag     uint8
+		pooled   bool
+	}{{CompressZstd, flagZstd, false}, {CompressZstd, flagZstd, true}, {CompressS2, flagS2, false}, {CompressS2, flagS2, true}} {
+		t.Run(fmt.Sprintf("%s pooled=%v", tc.compress, tc.pooled), func(t *testing.T) {
+			ctx := context.Background()
+			ms := &memStore{objs: map[string][]byte{}}
+			var st Store = ms
+			if tc.pooled {
+				st = pooledMemStore{ms}
+			}
+			nk, _, _ := GenerateNodeKey("node-a")
+			r, err := New(st, nk, Options{Compression: tc.compress})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := GenRef{Volume: Template("t"), Generation: 0}
+			text := func(n int) []byte {
+				return bytes.Repeat([]byte("/usr/lib/x86_64-linux-gnu/libc.so.6 0644\n"), n/41+1)[:n]
+			}
+			c := text(MinChunkSize)
+			if _, err := r.Commit(ctx, CommitSpec{Generation: ref, DeviceSize: MinChunkSize, ChunkSize: MinChunkSize}, map[uint64][]byte{0: c}); err != nil {
+				t.Fatal(err)
+			}
+			dk, _ := r.keys.Get(ctx, ref.Volume)
+			key := chunkKey(ref.Volume, dk.sum(c))
+			im, err := r.Open(ctx, ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []int{MinChunkSize, MinChunkSize - 1, 100, MinChunkSize + 1, 3 * MinChunkSize} {
+				obj, err := r.codec.seal(dk, kindChunk, key, text(n))
+				if err != nil || obj[len(objMagic)+2] != tc.flag {
+					t.Fatalf("seal of %d bytes of text: %v, or not compressed with %s", n, err, tc.compress)
+				}
+				ms.objs[key] = obj
+				// The chunk's buffer, then bytes the caller owns.
+				back := bytes.Repeat([]byte{0xee}, 2*MinChunkSize)
+				buf := back[:MinChunkSize]
+				err = im.ReadChunk(ctx, 0, buf)
+				switch {
+				case n == MinChunkSize && (err != nil || !bytes.Equal(buf, c)):
+					t.Fatalf("a chunk-sized object: %v, or other bytes", err)
+				case n != MinChunkSize && !errors.Is(err, ErrCorrupt):
+					t.Fatalf("an object of %d bytes: %v, want ErrCorrupt", n, err)
+				case n != MinChunkSize && !bytes.Equal(buf, make([]byte, MinChunkSize)):
+					t.Fatalf("an object of %d bytes left its bytes in the buffer", n)
+				case !bytes.Equal(back[MinChunkSize:], bytes.Repeat([]byte{0xee}, MinChunkSize)):
+					t.Fatalf("an object of %d bytes: bytes past the buffer written", n)
+				}
+			}
+		})
 	}
 }

@@ -18,6 +18,9 @@ import (
 
 const cs = 16 << 10 // small chunks keep the tests quick
 
+// compressions are the settings a repo takes.
+var compressions = []blockstore.Compression{blockstore.CompressNone, blockstore.CompressS2, blockstore.CompressZstd}
+
 type fixture struct {
 	dir   *dirstore.Store
 	store blockstore.Store
@@ -76,8 +79,8 @@ var (
 // each reads as the device written so far, zero chunks are holes (no
 // object), a trimmed chunk reads as zeros, not as the base.
 func TestCommitAndReadChain(t *testing.T) {
-	for _, compress := range []bool{false, true} {
-		f := newFixture(t, blockstore.Options{Compress: compress})
+	for _, compress := range compressions {
+		f := newFixture(t, blockstore.Options{Compression: compress})
 		ctx := context.Background()
 		const n = 8
 		want := make([]byte, n*cs)
@@ -159,6 +162,74 @@ func listChunks(t *testing.T, s blockstore.Store, v blockstore.Volume) []string 
 		t.Fatal(err)
 	}
 	return keys
+}
+
+// Reads take what each object says, not the repo's setting: a chain
+// written by three repos over one store (the template with zstd, a
+// sandbox generation with S2, the next without compression) reads back
+// exact through a repo set to each of none, S2 and zstd.
+func TestReadsTakeWhatEachObjectSays(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, blockstore.Options{})
+	repo := func(c blockstore.Compression) *blockstore.Repo {
+		r, err := blockstore.New(f.store, f.node, blockstore.Options{Compression: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	text := func(seed int) []byte {
+		var b []byte
+		for i := 0; len(b) < cs; i++ {
+			b = fmt.Appendf(b, "line %d of chunk %d\n", i, seed)
+		}
+		return b[:cs]
+	}
+	const n = 4
+	want := map[blockstore.GenRef][]byte{}
+	dev := make([]byte, n*cs)
+	for _, g := range []struct {
+		ref    blockstore.GenRef
+		parent *blockstore.GenRef
+		by     blockstore.Compression
+		chunks map[uint64][]byte
+	}{
+		{tpl0, nil, blockstore.CompressZstd, map[uint64][]byte{0: text(0), 1: text(1), 3: randChunk(t)}},
+		{sb1, &tpl0, blockstore.CompressS2, map[uint64][]byte{1: text(2), 2: text(3)}},
+		{sb2, &sb1, blockstore.CompressNone, map[uint64][]byte{2: text(4)}},
+	} {
+		if _, err := repo(g.by).Commit(ctx, blockstore.CommitSpec{Generation: g.ref, Parent: g.parent, DeviceSize: n * cs, ChunkSize: cs}, g.chunks); err != nil {
+			t.Fatal(err)
+		}
+		dev = bytes.Clone(dev)
+		for i, c := range g.chunks {
+			copy(dev[i*cs:], c)
+		}
+		want[g.ref] = dev
+	}
+	// The flags byte of each chunk object: the writers' settings took.
+	flags := map[blockstore.Volume]map[byte]int{}
+	for _, v := range []blockstore.Volume{tpl0.Volume, sb1.Volume} {
+		flags[v] = map[byte]int{}
+		for _, k := range listChunks(t, f.store, v) {
+			b, err := os.ReadFile(objFile(f, k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			flags[v][b[6]]++
+		}
+	}
+	if fmt.Sprint(flags[tpl0.Volume]) != "map[0:1 1:2]" || fmt.Sprint(flags[sb1.Volume]) != "map[0:1 2:2]" {
+		t.Fatalf("chunk objects' flags: template %v, sandbox %v; want zstd (1) twice and one raw (0), S2 (2) twice and one raw", flags[tpl0.Volume], flags[sb1.Volume])
+	}
+	for _, c := range compressions {
+		r := repo(c)
+		for _, ref := range []blockstore.GenRef{tpl0, sb1, sb2} {
+			if got := readAll(t, r, ref); !bytes.Equal(got, want[ref]) {
+				t.Fatalf("%s read by a repo set to %s: other bytes", ref, c)
+			}
+		}
+	}
 }
 
 // Identical chunks are one object (named by the keyed checksum).
@@ -293,7 +364,7 @@ func rewrite(t *testing.T, path string, edit func([]byte) []byte) {
 func TestTamperedObjectsAreReadErrors(t *testing.T) {
 	ctx := context.Background()
 	setup := func(t *testing.T) (*fixture, []string, map[uint64][]byte) {
-		f := newFixture(t, blockstore.Options{Compress: true})
+		f := newFixture(t, blockstore.Options{Compression: blockstore.CompressS2})
 		chunks := map[uint64][]byte{0: randChunk(t), 1: randChunk(t)}
 		if _, err := f.repo.Commit(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 2 * cs, ChunkSize: cs}, nil); err != nil {
 			t.Fatal(err)
@@ -567,7 +638,7 @@ func TestManifestWrittenAfterAllChunks(t *testing.T) {
 // An Image serves concurrent readers (the NBD server reads in parallel);
 // run with -race.
 func TestImageConcurrentReads(t *testing.T) {
-	f := newFixture(t, blockstore.Options{Compress: true})
+	f := newFixture(t, blockstore.Options{Compression: blockstore.CompressS2})
 	ctx := context.Background()
 	chunks := map[uint64][]byte{}
 	for i := range uint64(16) {
@@ -612,22 +683,28 @@ func TestImageConcurrentReads(t *testing.T) {
 }
 
 // The read path decrypts into the caller's buffer and reuses its object
-// buffers (dirstore's GetBuffer): a compressed chunk flipped anywhere is
-// still ErrCorrupt with a zeroed buffer, reads of intact chunks around it
-// (through the same recycled buffers) stay exact, and a read of the
-// damaged chunk never leaks a neighbour's bytes.
+// buffers (dirstore's GetBuffer): a compressed chunk (S2 or zstd) flipped
+// anywhere is still ErrCorrupt with a zeroed buffer, reads of intact
+// chunks around it (through the same recycled buffers) stay exact, and a
+// read of the damaged chunk never leaks a neighbour's bytes.
 func TestPooledReadPathTamperedCompressedChunk(t *testing.T) {
+	for _, c := range []blockstore.Compression{blockstore.CompressS2, blockstore.CompressZstd} {
+		t.Run(string(c), func(t *testing.T) { testPooledReadPathTampered(t, c) })
+	}
+}
+
+func testPooledReadPathTampered(t *testing.T, c blockstore.Compression) {
 	ctx := context.Background()
 	text := func(seed byte) []byte {
 		b := make([]byte, cs)
 		for i := range b {
-			b[i] = "abcdefgh"[i%8] + seed // compressible: stored zstd
+			b[i] = "abcdefgh"[i%8] + seed // compressible: stored compressed
 		}
 		return b
 	}
 	chunks := map[uint64][]byte{0: text(0), 1: text(1), 2: randChunk(t)}
 	for _, off := range []int{0, 5, 40, 60, -20, -1} {
-		f := newFixture(t, blockstore.Options{Compress: true})
+		f := newFixture(t, blockstore.Options{Compression: c})
 		if _, err := f.repo.Commit(ctx, blockstore.CommitSpec{Generation: tpl0, DeviceSize: 3 * cs, ChunkSize: cs}, chunks); err != nil {
 			t.Fatal(err)
 		}
@@ -680,11 +757,17 @@ func TestPooledReadPathTamperedCompressedChunk(t *testing.T) {
 
 // A chunk read writes only its buffer: a caller reading chunks into
 // adjacent parts of one buffer (concurrently, as cowdev does) never finds
-// bytes past it touched, also by a zstd decode that could use spare
+// bytes past it touched, also by a zstd or S2 decode that could use spare
 // capacity as scratch.
 func TestReadChunkWritesOnlyBuf(t *testing.T) {
+	for _, c := range []blockstore.Compression{blockstore.CompressS2, blockstore.CompressZstd} {
+		t.Run(string(c), func(t *testing.T) { testReadChunkWritesOnlyBuf(t, c) })
+	}
+}
+
+func testReadChunkWritesOnlyBuf(t *testing.T, c blockstore.Compression) {
 	ctx := context.Background()
-	f := newFixture(t, blockstore.Options{Compress: true})
+	f := newFixture(t, blockstore.Options{Compression: c})
 	chunks := map[uint64][]byte{}
 	for i := range uint64(4) {
 		b := make([]byte, cs)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -15,13 +16,15 @@ import (
 // The AAD is a domain tag, the object's key in the store and the header
 // (magic through key ID): an object moved to another key, read as the other
 // kind, or sealed under another volume's key fails authentication. The
-// payload is zstd-compressed when flagZstd is set (only when that made it
-// smaller). Nonces are random (96 bits): per data key that is safe for
+// payload is zstd-compressed when flags is flagZstd, S2-compressed (a
+// block) when it is flagS2 (either only when that made it smaller); any
+// other non-zero flags is ErrCorrupt. Nonces are random (96 bits): per data key that is safe for
 // 2^32 objects, 256 TiB of 64 KiB chunks.
 const (
 	objMagic   = "CTBO"
 	objVersion = 1
 	flagZstd   = 1
+	flagS2     = 2
 	aadTag     = "ctld-blockstore/v1 object\x00"
 )
 
@@ -51,10 +54,38 @@ func (k objKind) String() string {
 	return fmt.Sprintf("kind %d", uint8(k))
 }
 
+// Compression names how a repo compresses what it seals. Reading does
+// not depend on it: each object's flags say how it was compressed.
+type Compression string
+
+const (
+	// CompressNone stores payloads as they are (the zero value too).
+	CompressNone Compression = "none"
+	// CompressS2 compresses chunks with S2 (klauspost/compress/s2) and the
+	// other objects with zstd: S2 decodes about three times as fast as
+	// zstd (the read path's main cost after the AEAD), for a larger store
+	// (a 64 KiB chunk of text: 12.9 KiB against 7.5 KiB). The default.
+	CompressS2 Compression = "s2"
+	// CompressZstd compresses every object with zstd: the smallest store,
+	// the slowest cold reads.
+	CompressZstd Compression = "zstd"
+)
+
+// ParseCompression checks s, a flag's value; "" is the default, S2.
+func ParseCompression(s string) (Compression, error) {
+	switch c := Compression(s); c {
+	case "":
+		return CompressS2, nil
+	case CompressNone, CompressS2, CompressZstd:
+		return c, nil
+	}
+	return "", fmt.Errorf("compression %q: want s2, zstd or none", s)
+}
+
 // codec seals and opens objects; it holds the zstd coders (safe for
 // concurrent EncodeAll/DecodeAll).
 type codec struct {
-	compress bool
+	compress Compression
 	enc      *zstd.Encoder
 	dec      *zstd.Decoder
 	// slack recycles the decode buffers (*[]byte) of openTo.
@@ -68,7 +99,14 @@ type codec struct {
 // than the copy out of a buffer with room costs.
 const zstdSlack = 64
 
-func newCodec(compress bool) (*codec, error) {
+func newCodec(compress Compression) (*codec, error) {
+	switch compress {
+	case "":
+		compress = CompressNone
+	case CompressNone, CompressS2, CompressZstd:
+	default:
+		return nil, fmt.Errorf("compression %q: want s2, zstd or none", compress)
+	}
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		return nil, fmt.Errorf("zstd encoder: %w", err)
@@ -103,11 +141,21 @@ func appendAAD(a []byte, key string, hdr []byte) []byte {
 
 func (c *codec) seal(dk *DataKey, kind objKind, key string, payload []byte) ([]byte, error) {
 	flags := uint8(0)
-	if c.compress {
+	switch {
+	case c.compress == CompressS2 && kind == kindChunk:
+		if z := s2.EncodeBetter(nil, payload); len(z) < len(payload) {
+			payload, flags = z, flagS2
+		}
+	case c.compress != CompressNone:
 		if z := c.enc.EncodeAll(payload, nil); len(z) < len(payload) {
 			payload, flags = z, flagZstd
 		}
 	}
+	return sealRaw(dk, kind, key, flags, payload)
+}
+
+// sealRaw seals payload as it is, with flags in the header.
+func sealRaw(dk *DataKey, kind objKind, key string, flags uint8, payload []byte) ([]byte, error) {
 	var e encoder
 	e.raw([]byte(objMagic))
 	e.u8(objVersion)
@@ -153,7 +201,7 @@ func (c *codec) openTo(dk *DataKey, kind objKind, key string, blob, dst []byte, 
 	if id != dk.id {
 		return nil, fmt.Errorf("%w: %s: sealed under key %q, the volume's key is %q", ErrCorrupt, key, id, dk.id)
 	}
-	if flags&^flagZstd != 0 {
+	if flags != 0 && flags != flagZstd && flags != flagS2 {
 		return nil, fmt.Errorf("%w: %s: unknown flags %#x", ErrCorrupt, key, flags)
 	}
 	// Capacity cut to dst's length: decoders use spare capacity as
@@ -163,9 +211,9 @@ func (c *codec) openTo(dk *DataKey, kind objKind, key string, blob, dst []byte, 
 	ct := blob[d.off:]
 	var out []byte
 	switch {
-	case flags&flagZstd == 0 && dst != nil:
+	case flags == 0 && dst != nil:
 		out = dst[:0]
-	case flags&flagZstd != 0 && inPlace:
+	case flags != 0 && inPlace:
 		out = ct[:0] // exact overlap, as cipher.AEAD allows
 	}
 	var ab [256]byte // the AAD on the stack for the usual key and header
@@ -173,7 +221,10 @@ func (c *codec) openTo(dk *DataKey, kind objKind, key string, blob, dst []byte, 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: authentication failed", ErrCorrupt, key)
 	}
-	if flags&flagZstd != 0 {
+	if flags == flagS2 {
+		return s2To(key, payload, dst)
+	}
+	if flags == flagZstd {
 		if dst == nil {
 			if payload, err = c.dec.DecodeAll(payload, nil); err != nil {
 				return nil, fmt.Errorf("%w: %s: zstd: %v", ErrCorrupt, key, err)
@@ -183,6 +234,29 @@ func (c *codec) openTo(dk *DataKey, kind objKind, key string, blob, dst []byte, 
 		return c.decodeTo(key, payload, dst)
 	}
 	return payload, nil
+}
+
+// s2To decodes the S2 block z straight into dst's storage when it fits
+// (a new slice if not, or dst is nil). The decoded length, the block's
+// first varint, is checked against maxPayload before anything is
+// allocated.
+func s2To(key string, z, dst []byte) ([]byte, error) {
+	n, err := s2.DecodedLen(z)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: s2: %v", ErrCorrupt, key, err)
+	}
+	if n > maxPayload {
+		return nil, fmt.Errorf("%w: %s: s2: %d bytes decoded, more than %d", ErrCorrupt, key, n, maxPayload)
+	}
+	var into []byte // nil: Decode allocates (not a chunk's size: the caller refuses it)
+	if n <= len(dst) {
+		into = dst[:n:n]
+	}
+	out, err := s2.Decode(into, z)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: s2: %v", ErrCorrupt, key, err)
+	}
+	return out, nil
 }
 
 // decodeTo decodes the zstd payload z into dst's storage (a new slice if

@@ -168,10 +168,16 @@ func TestConcurrentFetchErrorsDoNotPoison(t *testing.T) {
 	}
 }
 
-// Compressed chunks fetched concurrently into adjacent parts of one read's
-// buffer come back exact (a decoder writing past its chunk would clobber
-// a neighbour's bytes or fail its checksum).
+// Compressed chunks (S2 and zstd) fetched concurrently into adjacent
+// parts of one read's buffer come back exact (a decoder writing past its
+// chunk would clobber a neighbour's bytes or fail its checksum).
 func TestConcurrentFetchCompressedChunksExact(t *testing.T) {
+	for _, c := range []blockstore.Compression{blockstore.CompressS2, blockstore.CompressZstd} {
+		t.Run(string(c), func(t *testing.T) { testConcurrentFetchCompressed(t, c) })
+	}
+}
+
+func testConcurrentFetchCompressed(t *testing.T, c blockstore.Compression) {
 	ds, err := dirstore.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +186,7 @@ func TestConcurrentFetchCompressedChunksExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo, err := blockstore.New(ds, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(ds, nk, blockstore.Options{Compression: c})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func newRealBlockStore(t *testing.T) *realBlockStore {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compression: blockstore.CompressS2})
 	if err != nil {
 		t.Fatal(err)
 	}

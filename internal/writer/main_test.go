@@ -70,7 +70,7 @@ func newStore(t testing.TB) *store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo, err := blockstore.New(ds, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(ds, nk, blockstore.Options{Compression: blockstore.CompressS2})
 	if err != nil {
 		t.Fatal(err)
 	}

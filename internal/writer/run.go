@@ -505,6 +505,6 @@ func OpenRepo(ctx context.Context, spec Spec, nk *blockstore.NodeKey, getenv fun
 	if err != nil {
 		return nil, false, err
 	}
-	repo, err = blockstore.New(st, nk, blockstore.Options{Compress: true})
+	repo, err = blockstore.New(st, nk, blockstore.Options{Compression: blockstore.CompressS2})
 	return repo, !sc.IsS3(), err
 }

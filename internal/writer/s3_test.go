@@ -35,7 +35,7 @@ func TestOpenRepoS3(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := srv.NewStore(t, "store")
-	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compression: blockstore.CompressS2})
 	if err != nil {
 		t.Fatal(err)
 	}

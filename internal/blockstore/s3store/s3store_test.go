@@ -78,7 +78,7 @@ func TestRepoOverS3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{Compress: true})
+	repo, err := blockstore.New(st, nk, blockstore.Options{Compression: blockstore.CompressS2})
 	if err != nil {
 		t.Fatal(err)
 	}

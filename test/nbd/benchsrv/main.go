@@ -51,7 +51,7 @@ func main() {
 	dir := fl.String("dir", "", "cowdev directory (dirty file, index, cache)")
 	sock := fl.String("socket", "", "Unix socket to serve on")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of serve to this file")
-	compress := fl.Bool("compress", true, "zstd-compress the imported chunks (import)")
+	compress := fl.String("compress", "s2", "compression of the imported chunks: s2, zstd or none (import)")
 	_ = fl.Parse(os.Args[2:])
 	var err error
 	switch os.Args[1] {
@@ -135,7 +135,7 @@ func gen(path string, size int64) error {
 	return f.Sync()
 }
 
-func openRepo(store, keyFile string, compress bool) (*blockstore.Repo, error) {
+func openRepo(store, keyFile string, compress blockstore.Compression) (*blockstore.Repo, error) {
 	if store == "" || keyFile == "" {
 		return nil, errors.New("-store and -key are required")
 	}
@@ -165,12 +165,15 @@ func openRepo(store, keyFile string, compress bool) (*blockstore.Repo, error) {
 	if err != nil {
 		return nil, err
 	}
-	// ctl-manager template import stores templates with zstd on.
-	return blockstore.New(st, nk, blockstore.Options{Compress: compress})
+	return blockstore.New(st, nk, blockstore.Options{Compression: compress})
 }
 
-func importImage(ctx context.Context, store, keyFile, name, image string, compress bool) error {
-	repo, err := openRepo(store, keyFile, compress)
+func importImage(ctx context.Context, store, keyFile, name, image, compress string) error {
+	c, err := blockstore.ParseCompression(compress)
+	if err != nil {
+		return err
+	}
+	repo, err := openRepo(store, keyFile, c)
 	if err != nil {
 		return err
 	}
@@ -183,7 +186,7 @@ func importImage(ctx context.Context, store, keyFile, name, image string, compre
 }
 
 func serve(ctx context.Context, store, keyFile, name, dir, sock string) error {
-	repo, err := openRepo(store, keyFile, false) // reads take what each object says
+	repo, err := openRepo(store, keyFile, blockstore.CompressNone) // reads take what each object says
 	if err != nil {
 		return err
 	}
