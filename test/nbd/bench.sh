@@ -13,7 +13,8 @@
 # Prints each round and the medians (BENCH_ROUNDS, default 3).
 # Env: BENCH_SIZE (bytes, default 1 GiB), BENCH_FIO_SECONDS (default 10),
 # BENCH_DIR (work directory, default a fresh one under /var/tmp, removed),
-# BENCH_COMPRESS (1, the default, imports with zstd as templates are; 0 without).
+# BENCH_COMPRESS (the chunks' compression at import: s2, the default as for
+# templates, zstd or none).
 set -euo pipefail
 
 size=${BENCH_SIZE:-$((1 << 30))}
@@ -42,7 +43,7 @@ trap cleanup EXIT
 
 go build -o "$w/benchsrv" ./test/nbd/benchsrv
 "$w/benchsrv" gen -image "$w/base.raw" -size "$size"
-"$w/benchsrv" import -compress="$([ "${BENCH_COMPRESS:-1}" = 0 ] && echo false || echo true)" \
+"$w/benchsrv" import -compress="${BENCH_COMPRESS:-s2}" \
 	-store "$w/store" -key "$w/node.key" -name bench -image "$w/base.raw"
 qemu-img create -q -f qcow2 -b "$w/base.raw" -F raw "$w/overlay.qcow2"
 echo "base: $(du -h --apparent-size "$w/base.raw" | cut -f1) apparent, $(du -h "$w/base.raw" | cut -f1) allocated; store $(du -sh "$w/store" | cut -f1)"
