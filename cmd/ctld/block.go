@@ -30,6 +30,7 @@ type blockOpts struct {
 	keyID        string
 	deadConn     time.Duration
 	reqTimeout   time.Duration
+	baseCache    string // the node's base cache dir, "off" for none
 	cgroup       string // the writers' cgroup, under --cgroup-root
 	busyboxBytes int64  // device size of the imported busybox template
 }
@@ -41,6 +42,7 @@ func (b *blockOpts) flags(f *pflag.FlagSet) {
 	f.StringVar(&b.keyID, "node-key-id", "node", "node key ID of the block store")
 	f.DurationVar(&b.deadConn, "writer-dead-conn-timeout", 2*time.Minute, "how long the kernel holds a block device's I/O for a reconnect after its writer's socket died")
 	f.DurationVar(&b.reqTimeout, "writer-request-timeout", writer.DefaultRequestTimeout, "the kernel's per-request timeout of a block device (whole seconds); a write in flight when its writer died is retried on the restarted writer after it")
+	f.StringVar(&b.baseCache, "block-base-cache", "", "the node's cache of template chunks, decrypted and decoded, shared by all writers (cleared at each boot; \"off\" for none; default <state-dir>/basecache)")
 	f.StringVar(&b.cgroup, "writers-cgroup", "ctld-writers.slice", "ctld-owned cgroup (under --cgroup-root; not a lease) the block-mode writer processes run in")
 	f.Int64Var(&b.busyboxBytes, "busybox-block-bytes", 64<<20, "device size of the busybox template imported into the block store (a multiple of 64 KiB)")
 }
@@ -59,6 +61,9 @@ func (b *blockOpts) check() error {
 	}
 	if b.deadConn%time.Second != 0 {
 		return fmt.Errorf("--writer-dead-conn-timeout must be whole seconds, got %v", b.deadConn)
+	}
+	if b.baseCache != "" && b.baseCache != "off" && !filepath.IsAbs(b.baseCache) {
+		return fmt.Errorf("--block-base-cache must be an absolute path or \"off\", got %q", b.baseCache)
 	}
 	if b.busyboxBytes <= 0 || b.busyboxBytes%blockstore.DefaultChunkSize != 0 {
 		return fmt.Errorf("--busybox-block-bytes must be a positive multiple of %d, got %d", blockstore.DefaultChunkSize, b.busyboxBytes)
@@ -95,6 +100,12 @@ func (b blockOpts) withDefaults(stateDir string) blockOpts {
 	}
 	if b.keyFile == "" {
 		b.keyFile = filepath.Join(stateDir, "blockstore.key")
+	}
+	switch b.baseCache {
+	case "":
+		b.baseCache = filepath.Join(stateDir, "basecache")
+	case "off":
+		b.baseCache = ""
 	}
 	return b
 }
@@ -165,7 +176,7 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	// (keyed by volume id), so neither sweep takes the other's mounts.
 	vmounts := &rootfs.Block{Dir: filepath.Join(stateDir, "volmounts"), Logger: log}
 	d.PVolumes, d.VolumeMounts, d.VolumeFreezer = blockvol.Volumes{Repo: repo, Kind: blockstore.KindVolume}, vmounts, vmounts
-	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
+	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, BaseCache: o.baseCache, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
 	return cfg, d, nil
 }
 

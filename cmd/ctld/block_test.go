@@ -57,12 +57,24 @@ func TestBlockOptsCheck(t *testing.T) {
 	if err := ok.check(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
+	// The base cache: under the state dir by default, "off" for none.
+	for in, want := range map[string]string{"": "/s/basecache", "off": "", "/c": "/c"} {
+		o := ok
+		o.baseCache = in
+		if err := o.check(); err != nil {
+			t.Errorf("--block-base-cache %q: %v", in, err)
+		}
+		if got := o.withDefaults("/s").baseCache; got != want {
+			t.Errorf("--block-base-cache %q: %q, want %q", in, got, want)
+		}
+	}
 	for name, mut := range map[string]func(*blockOpts){
 		"dead conn too short":     func(o *blockOpts) { o.deadConn = 5 * time.Second },
 		"dead conn not whole":     func(o *blockOpts) { o.deadConn = 10500 * time.Millisecond },
 		"request timeout zero":    func(o *blockOpts) { o.reqTimeout = 0 },
 		"request timeout partial": func(o *blockOpts) { o.reqTimeout = 1500 * time.Millisecond },
 		"cgroup outside the root": func(o *blockOpts) { o.cgroup = "../w" },
+		"relative base cache":     func(o *blockOpts) { o.baseCache = "cache" },
 	} {
 		o := ok
 		mut(&o)

@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
+	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/nbdsrv"
 )
@@ -95,7 +96,15 @@ type Config struct {
 	// negative: none): into the cache, or with a LocalStore into a ring
 	// in memory until read. See Device.readahead.
 	Readahead int
-	Logger    *slog.Logger
+	// Shared, if set, is the node's base cache, used when the device's
+	// base is a template's generation (read by many devices; a
+	// sandbox's or volume's own generation is read by one): chunks this
+	// device fetches from the store go there, and those other devices
+	// put there are read from it. Not used after a Seal (the new base is
+	// the sandbox's). A cache that cannot be opened is logged and not
+	// used.
+	Shared *basecache.Cache
+	Logger *slog.Logger
 }
 
 // ErrMismatch: Dir holds the dirty state of another base or geometry.
@@ -130,6 +139,11 @@ type Device struct {
 	dirtySet map[int64]struct{}
 	// cached[i] changes and is read only under chunk i's stripe lock.
 	cached []bool
+	// shared is the base's generation in Config.Shared while the base is
+	// that generation; a seal clears it before it rebases (see Seal).
+	// sharedGen is the same, kept to be closed.
+	shared    atomic.Pointer[basecache.Gen]
+	sharedGen *basecache.Gen
 
 	// Readahead: raq holds the chunk indices queued for the prefetch
 	// workers (capacity Config.Readahead: a full queue drops, it never
@@ -202,6 +216,15 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		zeroes: make([]byte, im.ChunkSize()),
 	}
 	d.im.Store(im)
+	if cfg.Shared != nil && base.Volume.Kind == blockstore.KindTemplate {
+		g, err := cfg.Shared.Generation(base, d.cs, int64(im.Chunks()))
+		if err != nil {
+			log.Warn("base cache not used", "base", base.String(), "err", err)
+		} else {
+			d.sharedGen = g
+			d.shared.Store(g)
+		}
+	}
 	n := im.Chunks()
 	if state == nil {
 		state = make([]uint8, n)
@@ -335,6 +358,12 @@ func (d *Device) Close() error {
 				errs = append(errs, f.Close())
 			}
 		}
+		// Unmapped: no read may run now (the caller's contract, as for
+		// the files).
+		d.shared.Store(nil)
+		if d.sharedGen != nil {
+			errs = append(errs, d.sharedGen.Close())
+		}
 		err = errors.Join(errs...)
 	})
 	return err
@@ -429,7 +458,7 @@ func (d *Device) needsFetch(i int64) bool {
 	mu.RLock()
 	need := d.state[i] == stClean && !d.cached[i]
 	mu.RUnlock()
-	return need && !d.img().IsZero(uint64(i))
+	return need && !d.img().IsZero(uint64(i)) && !d.sharedHas(i)
 }
 
 func (d *Device) readChunk(i, in int64, p []byte) error {
@@ -447,6 +476,11 @@ func (d *Device) readChunk(i, in int64, p []byte) error {
 	}
 	if d.cached[i] {
 		err := d.readCache(i, in, p)
+		mu.RUnlock()
+		return err
+	}
+	if g := d.shared.Load(); g != nil && g.Has(int64(i)) {
+		err := g.ReadAt(p, i, in)
 		mu.RUnlock()
 		return err
 	}
@@ -492,7 +526,8 @@ func (d *Device) chunkBuf() *[]byte {
 func (d *Device) base(i int64, buf []byte) error { return d.load(d.ctx, i, buf, true) }
 
 // load is base with the fetch bounded by ctx too, and the cache write
-// only if cache is set.
+// only if cache is set. With a shared cache, a fetched chunk goes there
+// instead of the device's own (a prefetched one is there already).
 func (d *Device) load(ctx context.Context, i int64, buf []byte, cache bool) error {
 	if d.cached[i] {
 		return d.readCache(i, 0, buf)
@@ -501,16 +536,28 @@ func (d *Device) load(ctx context.Context, i int64, buf []byte, cache bool) erro
 		clear(buf)
 		return nil
 	}
+	g := d.shared.Load()
 	if bp := d.takePrefetched(i); bp != nil {
 		copy(buf, *bp)
 		d.bufs.Put(bp)
+	} else if g != nil && g.Has(i) {
+		return g.ReadAt(buf, i, 0)
 	} else if err := d.fetch(ctx, i, buf); err != nil {
 		return err
 	}
-	if cache {
+	switch {
+	case g != nil:
+		g.Put(i, buf) // a no-op if the prefetch put it
+	case cache:
 		d.cacheChunk(i, buf)
 	}
 	return nil
+}
+
+// sharedHas says chunk i is in the shared cache of the device's base.
+func (d *Device) sharedHas(i int64) bool {
+	g := d.shared.Load()
+	return g != nil && g.Has(i)
 }
 
 // fetch reads chunk i from the store into buf.

@@ -132,7 +132,7 @@ func (d *Device) prefetch(ctx context.Context, i int64) {
 		return
 	}
 	defer mu.Unlock()
-	if d.state[i] != stClean || d.cached[i] || d.img().IsZero(uint64(i)) || d.isPrefetched(i) {
+	if d.state[i] != stClean || d.cached[i] || d.img().IsZero(uint64(i)) || d.isPrefetched(i) || d.sharedHas(i) {
 		return
 	}
 	bp := d.chunkBuf()
@@ -147,6 +147,9 @@ func (d *Device) prefetch(ctx context.Context, i int64) {
 	if err := d.fetch(ctx, i, *bp); err != nil {
 		d.bufs.Put(bp)
 		return
+	}
+	if g := d.shared.Load(); g != nil {
+		g.Put(i, *bp)
 	}
 	d.putPrefetched(i, bp)
 }

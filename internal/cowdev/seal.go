@@ -122,6 +122,10 @@ func (d *Device) saveForSeal(sr *sealRun, i int64) error {
 func (d *Device) Seal(ctx context.Context, ref blockstore.GenRef) (SealStats, error) {
 	d.sealMu.Lock()
 	defer d.sealMu.Unlock()
+	// The shared cache holds the old base's chunks, and the rebase below
+	// turns chunks clean that the new base holds: from here on the store
+	// (or the device's own cache) serves the base.
+	d.shared.Store(nil)
 	start := time.Now()
 	parent := d.Base()
 	st := SealStats{Ref: ref, Parent: parent}

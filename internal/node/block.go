@@ -40,6 +40,9 @@ type BlockConfig struct {
 	Store       storecfg.Config
 	NodeKeyFile string
 	NodeKeyID   string
+	// BaseCache is the node's base cache directory, handed to every
+	// writer (writer.Spec.BaseCache); empty for none.
+	BaseCache string
 	// DeadConnTimeout is how long the kernel holds a device's I/O for a
 	// reconnect after its writer's socket died: a dead writer is
 	// restarted within it (writerwatch.go).
@@ -230,7 +233,7 @@ func (r writerResource) make(ctx context.Context, c *claimState) error {
 	}
 	st, err := n.d.Block.Start(ctx, writer.Spec{
 		Sandbox: rec.ID, Generation: rec.Generation, Epoch: b.WriterEpoch,
-		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID,
+		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID, BaseCache: n.cfg.Block.BaseCache,
 		Base: base, Dir: b.Dir, Index: -1, DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
 	})
 	if err != nil {

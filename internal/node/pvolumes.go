@@ -198,7 +198,7 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	vol := blockstore.Vol(v.ID)
 	st, err := n.d.Block.Start(ctx, writer.Spec{
 		Sandbox: rec.ID, Generation: rec.Generation, Epoch: av.WriterEpoch,
-		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID,
+		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID, BaseCache: n.cfg.Block.BaseCache,
 		Base: blockstore.GenRef{Volume: vol, Generation: h.Generation}, Volume: vol, Dir: av.Dir, Index: -1,
 		DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
 	})

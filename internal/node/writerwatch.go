@@ -150,7 +150,7 @@ func (n *Node) putWriter(s journal.Sandbox, w *aWriter, also func(*journal.Tx) e
 func (n *Node) writerSpec(ctx context.Context, s journal.Sandbox, w aWriter) (writer.Spec, error) {
 	spec := writer.Spec{
 		Sandbox: s.ID, Generation: s.Generation, Epoch: w.Epoch,
-		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID,
+		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID, BaseCache: n.cfg.Block.BaseCache,
 		Dir: w.Dir, Index: w.Index, Reattach: true,
 		DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
 	}

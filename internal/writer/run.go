@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/cowdev"
@@ -124,7 +125,14 @@ func Run(ctx context.Context, spec Spec, log *slog.Logger) (err error) {
 	// SIGTERM ctx, so the final in-flight reads still complete.
 	devCtx, devCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer devCancel()
-	dev, err := cowdev.Open(devCtx, cowdev.Config{Repo: repo, Base: spec.Base, Dir: spec.Dir, LocalStore: local, Logger: log})
+	var shared *basecache.Cache
+	if spec.BaseCache != "" {
+		// A cache that cannot be opened costs speed, not the device.
+		if shared, err = basecache.Open(spec.BaseCache, basecache.Options{Logger: log}); err != nil {
+			log.Warn("base cache not used", "err", err)
+		}
+	}
+	dev, err := cowdev.Open(devCtx, cowdev.Config{Repo: repo, Base: spec.Base, Dir: spec.Dir, LocalStore: local, Shared: shared, Logger: log})
 	if err != nil {
 		return err
 	}

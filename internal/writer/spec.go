@@ -57,6 +57,10 @@ type Spec struct {
 	// the state file. It outlives the process: a re-attach of the same
 	// generation over the same Base finds what the last flush acknowledged.
 	Dir string `json:"dir"`
+	// BaseCache is the node's base cache (internal/basecache), shared by
+	// the writers of every device over a template generation; empty for
+	// none.
+	BaseCache string `json:"base_cache,omitempty"`
 	// Index is the /dev/nbdX to attach, or -1 for any free device.
 	Index int `json:"index"`
 	// DeadConnTimeout is how long the kernel holds I/O for a reconnect

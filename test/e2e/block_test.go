@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/ha"
 	"github.com/ctld/ctld/internal/writer"
@@ -148,6 +151,25 @@ func TestBlockClaimSurvivesPrimaryKill(t *testing.T) {
 	if rs := rel.Sandbox.ReleaseTimings; rs != nil {
 		t.Logf("block release: total %.1f ms, steps %+v", rs.TotalMS, rs.Steps)
 	}
+	// The writer left the template's chunks it read in the node's base
+	// cache (this boot's), for the next claim's writer to read.
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.stateDir, "basecache", strings.TrimSpace(string(boot)), string(blockstore.KindTemplate), "busybox", "0-65536x1024")
+	var blocks int64
+	for k := range 16 {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(dir, "data."+strconv.Itoa(k)), &st); err != nil {
+			t.Fatalf("base cache: %v", err)
+		}
+		blocks += st.Blocks
+	}
+	if blocks == 0 {
+		t.Errorf("base cache %s holds nothing; want the chunks the guest read", dir)
+	}
+	t.Logf("base cache of template busybox: %d KiB", blocks/2)
 }
 
 func logTimings(t *testing.T, what string, tm api.Timings) {

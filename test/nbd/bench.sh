@@ -5,14 +5,19 @@
 # both on a Unix socket, back to back in one run:
 #   - nbdcopy sequential read of the whole device to null: (goal >= 1.0x)
 #   - fio randread 4 KiB, iodepth 16, fixed time, nbd engine (goal >= 0.8x)
-# Ours is measured cold (fresh cowdev: every chunk fetched from the store,
-# authenticated, decrypted, cached) and warm (second pass, from the cache).
+# Ours is measured cold (fresh cowdev and an empty node base cache: every
+# chunk fetched from the store, authenticated, decoded, and left in the
+# base cache), node-warm (a fresh cowdev over the base cache the cold pass
+# filled: the next sandbox of the template on this node) and warm (the
+# cold device's second pass).
 # Both servers read their base through the page cache (the base image and
 # the store are written just before; nothing is dropped).
 #   make bench-nbd     (root: test/nbd/setup.sh --bench installs fio etc.)
 # Prints each round and the medians (BENCH_ROUNDS, default 3).
 # Env: BENCH_SIZE (bytes, default 1 GiB), BENCH_FIO_SECONDS (default 10),
 # BENCH_DIR (work directory, default a fresh one under /var/tmp, removed),
+# BENCH_BASE_CACHE (1, the default, serves with a node base cache as ctld's
+# writers do; 0 without: node-warm is then a second cold pass),
 # BENCH_COMPRESS (the chunks' compression at import: s2, the default as for
 # templates, zstd or none).
 set -euo pipefail
@@ -58,9 +63,13 @@ start_qemu() {
 	pids+=($!); qpid=$!
 	wait_sock "$w/q.sock"
 }
+bc=()
+if [ "${BENCH_BASE_CACHE:-1}" != 0 ]; then bc=(-base-cache "$w/basecache"); fi
+# start_ours [fresh]: a fresh device; "fresh" empties the node base cache too.
 start_ours() {
 	rm -rf "$w/dev" "$w/o.sock"
-	"$w/benchsrv" serve -store "$w/store" -key "$w/node.key" -name bench -dir "$w/dev" -socket "$w/o.sock" >/dev/null &
+	if [ "${1:-}" = fresh ]; then rm -rf "$w/basecache"; fi
+	"$w/benchsrv" serve -store "$w/store" -key "$w/node.key" -name bench -dir "$w/dev" -socket "$w/o.sock" "${bc[@]}" >/dev/null &
 	pids+=($!); opid=$!
 	wait_sock "$w/o.sock"
 }
@@ -93,7 +102,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1
 # A failed copy or fio run (an I/O error: wrong data is never counted)
 # ends the run: plain assignments, so set -e sees the failure.
 # Rounds alternate the servers so drift in the host's load hits both.
-qc=(); oc=(); ow=(); qi=(); oic=(); oiw=(); qcpu=(); occpu=(); owcpu=()
+qc=(); oc=(); on=(); ow=(); qi=(); oic=(); oin=(); oiw=(); qcpu=(); occpu=(); oncpu=(); owcpu=()
 for r in $(seq "$rounds"); do
 	start_qemu
 	c0=$(cpu "$qpid")
@@ -101,7 +110,7 @@ for r in $(seq "$rounds"); do
 	qcpu+=("$(echo "$(cpu "$qpid") - $c0" | bc)")
 	t=$(fio_iops "$w/q.sock"); qi+=("$t")
 	stop "$qpid"
-	start_ours
+	start_ours fresh
 	c0=$(cpu "$opid")
 	t=$(nbdcopy_secs "$w/o.sock"); oc+=("$t")
 	c1=$(cpu "$opid")
@@ -111,20 +120,27 @@ for r in $(seq "$rounds"); do
 	t=$(fio_iops "$w/o.sock"); oiw+=("$t")
 	stop "$opid"
 	start_ours
+	c0=$(cpu "$opid")
+	t=$(nbdcopy_secs "$w/o.sock"); on+=("$t")
+	oncpu+=("$(echo "$(cpu "$opid") - $c0" | bc)")
+	t=$(fio_iops "$w/o.sock"); oin+=("$t")
+	stop "$opid"
+	start_ours fresh
 	t=$(fio_iops "$w/o.sock"); oic+=("$t")
 	stop "$opid"
-	printf 'round %d: nbdcopy s: qemu %.2f ours cold %.2f warm %.2f (server CPU s: %.2f, %.2f, %.2f) | fio IOPS: qemu %d ours cold %d warm %d\n' \
-		"$r" "${qc[-1]}" "${oc[-1]}" "${ow[-1]}" "${qcpu[-1]}" "${occpu[-1]}" "${owcpu[-1]}" "${qi[-1]}" "${oic[-1]}" "${oiw[-1]}"
+	printf 'round %d: nbdcopy s: qemu %.2f ours cold %.2f node-warm %.2f warm %.2f (server CPU s: %.2f, %.2f, %.2f, %.2f) | fio IOPS: qemu %d ours cold %d node-warm %d warm %d\n' \
+		"$r" "${qc[-1]}" "${oc[-1]}" "${on[-1]}" "${ow[-1]}" "${qcpu[-1]}" "${occpu[-1]}" "${oncpu[-1]}" "${owcpu[-1]}" "${qi[-1]}" "${oic[-1]}" "${oin[-1]}" "${oiw[-1]}"
 done
-q_copy=$(median "${qc[@]}"); o_copy_cold=$(median "${oc[@]}"); o_copy_warm=$(median "${ow[@]}")
-q_iops=$(median "${qi[@]}"); o_iops_cold=$(median "${oic[@]}"); o_iops_warm=$(median "${oiw[@]}")
+q_copy=$(median "${qc[@]}"); o_copy_cold=$(median "${oc[@]}"); o_copy_node=$(median "${on[@]}"); o_copy_warm=$(median "${ow[@]}")
+q_iops=$(median "${qi[@]}"); o_iops_cold=$(median "${oic[@]}"); o_iops_node=$(median "${oin[@]}"); o_iops_warm=$(median "${oiw[@]}")
 
 mib=$((size >> 20))
-echo "medians of $rounds rounds:"
-printf 'nbdcopy seq read %d MiB   qemu-nbd qcow2 %6.2fs %5d MiB/s | ours cold %6.2fs %5d MiB/s (%sx) | warm %6.2fs %5d MiB/s (%sx)  goal >= 1.0x\n' \
+echo "medians of $rounds rounds (base cache: $([ ${#bc[@]} -gt 0 ] && echo on || echo off)):"
+printf 'nbdcopy seq read %d MiB   qemu-nbd qcow2 %6.2fs %5d MiB/s | ours cold %6.2fs %5d MiB/s (%sx) | node-warm %6.2fs %5d MiB/s (%sx) | warm %6.2fs %5d MiB/s (%sx)  goal >= 1.0x\n' \
 	"$mib" "$q_copy" "$(mibs "$q_copy")" "$o_copy_cold" "$(mibs "$o_copy_cold")" "$(ratio "$q_copy" "$o_copy_cold")" \
+	"$o_copy_node" "$(mibs "$o_copy_node")" "$(ratio "$q_copy" "$o_copy_node")" \
 	"$o_copy_warm" "$(mibs "$o_copy_warm")" "$(ratio "$q_copy" "$o_copy_warm")"
-printf 'fio randread 4k qd16 %ds   qemu-nbd qcow2 %6d IOPS | ours cold %6d IOPS (%sx) | warm %6d IOPS (%sx)  goal >= 0.8x\n' \
-	"$secs" "$q_iops" "$o_iops_cold" "$(ratio "$o_iops_cold" "$q_iops")" "$o_iops_warm" "$(ratio "$o_iops_warm" "$q_iops")"
-printf 'server CPU per nbdcopy pass  qemu-nbd %.2fs | ours cold %.2fs | warm %.2fs\n' \
-	"$(median "${qcpu[@]}")" "$(median "${occpu[@]}")" "$(median "${owcpu[@]}")"
+printf 'fio randread 4k qd16 %ds   qemu-nbd qcow2 %6d IOPS | ours cold %6d IOPS (%sx) | node-warm %6d IOPS (%sx) | warm %6d IOPS (%sx)  goal >= 0.8x\n' \
+	"$secs" "$q_iops" "$o_iops_cold" "$(ratio "$o_iops_cold" "$q_iops")" "$o_iops_node" "$(ratio "$o_iops_node" "$q_iops")" "$o_iops_warm" "$(ratio "$o_iops_warm" "$q_iops")"
+printf 'server CPU per nbdcopy pass  qemu-nbd %.2fs | ours cold %.2fs | node-warm %.2fs | warm %.2fs\n' \
+	"$(median "${qcpu[@]}")" "$(median "${occpu[@]}")" "$(median "${oncpu[@]}")" "$(median "${owcpu[@]}")"

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/cowdev"
@@ -51,6 +52,7 @@ func main() {
 	dir := fl.String("dir", "", "cowdev directory (dirty file, index, cache)")
 	sock := fl.String("socket", "", "Unix socket to serve on")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of serve to this file")
+	baseCache := fl.String("base-cache", "", "the node's base cache directory, as ctld hands its writers (serve; empty: none)")
 	compress := fl.String("compress", "s2", "compression of the imported chunks: s2, zstd or none (import)")
 	_ = fl.Parse(os.Args[2:])
 	var err error
@@ -71,7 +73,7 @@ func main() {
 			}
 			defer pprof.StopCPUProfile()
 		}
-		err = serve(ctx, *store, *keyFile, *name, *dir, *sock)
+		err = serve(ctx, *store, *keyFile, *name, *dir, *sock, *baseCache)
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -185,7 +187,7 @@ func importImage(ctx context.Context, store, keyFile, name, image, compress stri
 	return nil
 }
 
-func serve(ctx context.Context, store, keyFile, name, dir, sock string) error {
+func serve(ctx context.Context, store, keyFile, name, dir, sock, baseCache string) error {
 	repo, err := openRepo(store, keyFile, blockstore.CompressNone) // reads take what each object says
 	if err != nil {
 		return err
@@ -194,7 +196,13 @@ func serve(ctx context.Context, store, keyFile, name, dir, sock string) error {
 		return errors.New("serve: -dir and -socket are required")
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dev, err := cowdev.Open(ctx, cowdev.Config{Repo: repo, Base: blockstore.GenRef{Volume: blockstore.Template(name)}, Dir: dir, LocalStore: true, Logger: log})
+	var shared *basecache.Cache
+	if baseCache != "" {
+		if shared, err = basecache.Open(baseCache, basecache.Options{Logger: log}); err != nil {
+			return err
+		}
+	}
+	dev, err := cowdev.Open(ctx, cowdev.Config{Repo: repo, Base: blockstore.GenRef{Volume: blockstore.Template(name)}, Dir: dir, LocalStore: true, Shared: shared, Logger: log})
 	if err != nil {
 		return err
 	}
