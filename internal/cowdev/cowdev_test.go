@@ -91,6 +91,37 @@ func open(t testing.TB, f *fixture, base blockstore.GenRef, dir string) *cowdev.
 	return d
 }
 
+// chunkObjects lists the chunk objects' files under the dirstore root.
+func chunkObjects(t testing.TB, root string) []string {
+	t.Helper()
+	var objs []string
+	_ = filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() && strings.Contains(p, "/chunks/") {
+			objs = append(objs, p)
+		}
+		return nil
+	})
+	if len(objs) == 0 {
+		t.Fatal("no chunk objects")
+	}
+	return objs
+}
+
+// tamper flips a bit in the middle of each file.
+func tamper(t testing.TB, files ...string) {
+	t.Helper()
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 1
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func readAll(t testing.TB, d *cowdev.Device) []byte {
 	t.Helper()
 	size, _ := d.Size()
@@ -306,26 +337,7 @@ func TestReopenWithoutSyncShowsLastSync(t *testing.T) {
 // fails too instead of copying garbage in.
 func TestTamperedChunkIsReadError(t *testing.T) {
 	f := newFixture(t, 4)
-	var objs []string
-	_ = filepath.WalkDir(f.root, func(p string, e os.DirEntry, err error) error {
-		if err == nil && !e.IsDir() && strings.Contains(p, "/chunks/") {
-			objs = append(objs, p)
-		}
-		return nil
-	})
-	if len(objs) == 0 {
-		t.Fatal("no chunk objects")
-	}
-	for _, p := range objs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b[len(b)/2] ^= 1
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tamper(t, chunkObjects(t, f.root)...)
 	d := open(t, f, tpl0, t.TempDir())
 	p := make([]byte, cs)
 	_, err := d.ReadAt(p, cs) // chunk 1 holds data

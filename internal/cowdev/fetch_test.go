@@ -3,8 +3,6 @@ package cowdev_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -122,26 +120,11 @@ func TestConcurrentFetchErrorsDoNotPoison(t *testing.T) {
 
 	// A fresh device over the same base; flip a byte in every chunk object
 	// but one, so the read's concurrent fetches hit tampered objects.
-	var objs []string
-	_ = filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
-		if err == nil && e.Type().IsRegular() && strings.Contains(p, "/chunks/") {
-			objs = append(objs, p)
-		}
-		return nil
-	})
+	objs := chunkObjects(t, root)
 	if len(objs) < 2 {
 		t.Fatalf("%d chunk objects", len(objs))
 	}
-	for _, p := range objs[1:] {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b[len(b)/2] ^= 1
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tamper(t, objs[1:]...)
 	d2, err := cowdev.Open(context.Background(), cowdev.Config{Repo: repo, Base: tpl0, Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

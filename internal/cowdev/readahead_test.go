@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -108,26 +106,7 @@ func TestReadaheadIsBoundedByItsWindow(t *testing.T) {
 // authenticated.
 func TestReadaheadOfTamperedObjectIsReadError(t *testing.T) {
 	f := newFixture(t, 8)
-	var objs []string
-	_ = filepath.WalkDir(f.root, func(p string, e os.DirEntry, err error) error {
-		if err == nil && e.Type().IsRegular() && strings.Contains(p, "/chunks/") {
-			objs = append(objs, p)
-		}
-		return nil
-	})
-	if len(objs) == 0 {
-		t.Fatal("no chunk objects")
-	}
-	for _, p := range objs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b[len(b)/2] ^= 1
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tamper(t, chunkObjects(t, f.root)...)
 	d, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: t.TempDir(), LocalStore: true, Readahead: 4})
 	if err != nil {
 		t.Fatal(err)
