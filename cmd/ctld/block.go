@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/blockvol"
@@ -154,6 +155,9 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	}
 	tpl := blockTemplates{repo}
 	importBusybox(ctx, repo, tpl, busyboxDir, stateDir, o.busyboxBytes, log)
+	if o.baseCache != "" {
+		pruneBaseCache(ctx, o.baseCache, repo, log)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return node.BlockConfig{}, d, fmt.Errorf("find own binary for the writers: %w", err)
@@ -178,6 +182,32 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	d.PVolumes, d.VolumeMounts, d.VolumeFreezer = blockvol.Volumes{Repo: repo, Kind: blockstore.KindVolume}, vmounts, vmounts
 	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, BaseCache: o.baseCache, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
 	return cfg, d, nil
+}
+
+// pruneBaseCache, at a takeover, clears earlier boots' base caches and
+// removes this boot's caches of template generations the store no longer
+// has (a `template rm`): the cache would otherwise keep them until the
+// next boot. A failure costs disk space, not correctness: it is logged.
+func pruneBaseCache(ctx context.Context, dir string, repo *blockstore.Repo, log *slog.Logger) {
+	c, err := basecache.Open(dir, basecache.Options{Logger: log})
+	if err != nil {
+		log.Warn("base cache not pruned", "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	n, err := c.Prune(ctx, func(ctx context.Context, ref blockstore.GenRef) (bool, error) {
+		_, err := repo.Manifest(ctx, ref)
+		if errors.Is(err, blockstore.ErrNotFound) {
+			return false, nil
+		}
+		return true, err
+	})
+	if err != nil {
+		log.Warn("base cache prune", "removed", n, "err", err)
+	} else if n > 0 {
+		log.Info("base cache pruned", "removed", n)
+	}
 }
 
 // importBusybox imports the busybox template dir as the block store's

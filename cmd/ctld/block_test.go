@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/basecache"
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/s3store/s3test"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
@@ -19,7 +21,8 @@ import (
 
 // TestBusyboxImportedOnce: buildBlock imports the busybox template dir
 // into the block store as template "busybox" (its device size the
-// flag's), and a second start finds it and imports nothing.
+// flag's), and a second start finds it and imports nothing, and prunes
+// the base cache of a template the store no longer has.
 func TestBusyboxImportedOnce(t *testing.T) {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		t.Skip("no /bin/busybox on this machine")
@@ -43,11 +46,33 @@ func TestBusyboxImportedOnce(t *testing.T) {
 	if _, _, err := d.Templates.Template(ctx, "nosuch"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Errorf("unknown template: %v, want not_found", err)
 	}
+	// The base cache of a template the store has is kept by the next
+	// start, that of one it has not (removed since) is pruned.
+	bc, err := basecache.Open(filepath.Join(state, "basecache"), basecache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, gone := blockstore.GenRef{Volume: blockstore.Template("busybox")}, blockstore.GenRef{Volume: blockstore.Template("removed")}
+	for _, r := range []blockstore.GenRef{kept, gone} {
+		g, err := bc.Generation(r, blockstore.DefaultChunkSize, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Put(0, make([]byte, blockstore.DefaultChunkSize))
+		_ = g.Close()
+	}
 	t0 = time.Now()
 	if _, _, err := buildBlock(ctx, state, t.TempDir(), bb, o, logging.OrDiscard(nil)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("first start (import) %v, second start %v", first, time.Since(t0))
+	tdir := filepath.Join(bc.Dir(), string(blockstore.KindTemplate))
+	if _, err := os.Stat(filepath.Join(tdir, "removed")); !os.IsNotExist(err) {
+		t.Errorf("base cache of a removed template: %v, want pruned", err)
+	}
+	if _, err := os.Stat(filepath.Join(tdir, "busybox")); err != nil {
+		t.Errorf("base cache of busybox: %v, want kept", err)
+	}
 }
 
 // TestBlockOptsCheck: the writers' timeouts are whole seconds, the

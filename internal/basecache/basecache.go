@@ -31,6 +31,7 @@
 package basecache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -308,4 +309,68 @@ func (g *Gen) stop(what string, err error) {
 // Close unmaps the map and closes the data files.
 func (g *Gen) Close() error {
 	return errors.Join(unix.Munmap(g.bits), g.closeFiles())
+}
+
+// Prune removes this boot's caches of generations keep says are gone (a
+// removed template's), and returns how many it removed. keep is asked
+// once per cached generation; an error from it keeps that cache (in
+// doubt, nothing is removed) and is returned with the others. A writer
+// that has a removed cache open keeps reading its open files.
+func (c *Cache) Prune(ctx context.Context, keep func(context.Context, blockstore.GenRef) (bool, error)) (int, error) {
+	removed := 0
+	var errs []error
+	kinds, err := os.ReadDir(c.dir)
+	if err != nil {
+		return 0, fmt.Errorf("base cache prune: %w", err)
+	}
+	for _, k := range kinds {
+		ids, err := os.ReadDir(filepath.Join(c.dir, k.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, id := range ids {
+			vol, err := blockstore.ParseVolume(k.Name() + "/" + id.Name())
+			if err != nil {
+				continue // not a cache of ours: left alone
+			}
+			dir := filepath.Join(c.dir, k.Name(), id.Name())
+			gens, err := os.ReadDir(dir)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			left := len(gens)
+			for _, g := range gens {
+				n, _, ok := strings.Cut(g.Name(), "-")
+				gen, perr := strconv.ParseUint(n, 10, 64)
+				if !ok || perr != nil {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					return removed, errors.Join(append(errs, err)...)
+				}
+				ref := blockstore.GenRef{Volume: vol, Generation: gen}
+				k, err := keep(ctx, ref)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("base cache prune %s: %w", ref, err))
+					continue
+				}
+				if k {
+					continue
+				}
+				if err := os.RemoveAll(filepath.Join(dir, g.Name())); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				removed++
+				left--
+				c.log.Info("base cache of a removed generation pruned", "generation", ref.String())
+			}
+			if left == 0 {
+				_ = os.Remove(dir) // empty; a new cache may race it: then it stays
+			}
+		}
+	}
+	return removed, errors.Join(errs...)
 }

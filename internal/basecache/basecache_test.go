@@ -2,6 +2,8 @@ package basecache
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +27,12 @@ func openCache(t *testing.T, root, boot string, opts Options) *Cache {
 
 func openGen(t *testing.T, c *Cache, cs, chunks int64) *Gen {
 	t.Helper()
-	g, err := c.Generation(ref, cs, chunks)
+	return openGenOf(t, c, ref, cs, chunks)
+}
+
+func openGenOf(t *testing.T, c *Cache, r blockstore.GenRef, cs, chunks int64) *Gen {
+	t.Helper()
+	g, err := c.Generation(r, cs, chunks)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,5 +167,55 @@ func TestNothingCachedBelowMinFree(t *testing.T) {
 	}
 	if boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id"); filepath.Base(c.Dir()) != strings.TrimSpace(string(boot)) {
 		t.Fatalf("cache dir %s is not named by the boot id %s", c.Dir(), boot)
+	}
+}
+
+// Prune removes the caches of generations that are gone, keeps the
+// others and, when keep cannot tell, keeps them too; names it does not
+// know are left alone.
+func TestPrune(t *testing.T) {
+	root := t.TempDir()
+	c := openCache(t, root, "b", Options{})
+	gone := blockstore.GenRef{Volume: blockstore.Template("old"), Generation: 0}
+	unsure := blockstore.GenRef{Volume: blockstore.Template("flaky"), Generation: 2}
+	for _, r := range []blockstore.GenRef{ref, gone, unsure} {
+		g, err := c.Generation(r, 4096, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Put(1, chunkOf(1, 4096))
+		_ = g.Close()
+	}
+	stray := filepath.Join(c.Dir(), "notakind", "x")
+	if err := os.MkdirAll(stray, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	asked := map[string]bool{}
+	n, err := c.Prune(context.Background(), func(_ context.Context, r blockstore.GenRef) (bool, error) {
+		asked[r.String()] = true
+		switch r {
+		case gone:
+			return false, nil
+		case unsure:
+			return false, errors.New("store unreachable")
+		}
+		return true, nil
+	})
+	if n != 1 || err == nil || !strings.Contains(err.Error(), "store unreachable") {
+		t.Fatalf("Prune = %d, %v; want 1 removed and the keep error", n, err)
+	}
+	if len(asked) != 3 {
+		t.Fatalf("keep asked for %v, want the three generations", asked)
+	}
+	if _, err := os.Stat(filepath.Join(c.Dir(), string(blockstore.KindTemplate), "old")); !os.IsNotExist(err) {
+		t.Fatalf("the gone template's cache dir: %v, want removed", err)
+	}
+	for _, r := range []blockstore.GenRef{ref, unsure} {
+		if !openGenOf(t, c, r, 4096, 4).Has(1) {
+			t.Fatalf("%s lost its cache", r)
+		}
+	}
+	if _, err := os.Stat(stray); err != nil {
+		t.Fatalf("a stray dir was touched: %v", err)
 	}
 }
