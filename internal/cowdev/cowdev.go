@@ -216,15 +216,6 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		zeroes: make([]byte, im.ChunkSize()),
 	}
 	d.im.Store(im)
-	if cfg.Shared != nil && base.Volume.Kind == blockstore.KindTemplate {
-		g, err := cfg.Shared.Generation(base, d.cs, int64(im.Chunks()))
-		if err != nil {
-			log.Warn("base cache not used", "base", base.String(), "err", err)
-		} else {
-			d.sharedGen = g
-			d.shared.Store(g)
-		}
-	}
 	n := im.Chunks()
 	if state == nil {
 		state = make([]uint8, n)
@@ -249,6 +240,17 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		if d.cache[k], err = openSized(filepath.Join(cfg.Dir, fmt.Sprintf("%s.%d", cacheName, k)), per, true); err != nil {
 			_ = d.Close()
 			return nil, err
+		}
+	}
+	// Last: an error above returns without closing what Open made
+	// before the cache files.
+	if cfg.Shared != nil && base.Volume.Kind == blockstore.KindTemplate {
+		g, err := cfg.Shared.Generation(base, d.cs, int64(n))
+		if err != nil {
+			log.Warn("base cache not used", "base", base.String(), "err", err)
+		} else {
+			d.sharedGen = g
+			d.shared.Store(g)
 		}
 	}
 	if cfg.Readahead > 0 {
