@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
@@ -241,68 +239,23 @@ type BlockMounts Kernel
 
 func (m *BlockMounts) k() *Kernel { return (*Kernel)(m) }
 
-func (m *BlockMounts) target(id string) string { return filepath.Join(m.k().BlockRootDir(), id) }
+// set is the block roots' mount table.
+func (m *BlockMounts) set() *mountSet {
+	k := m.k()
+	return &mountSet{k: k, kind: KindBlockMount, dir: k.BlockRootDir(), mounts: k.bmounts, verb: "block", nbdOnly: true}
+}
 
 // Mount mounts a connected device at id's mount point.
 func (m *BlockMounts) Mount(ctx context.Context, id, device string) (string, error) {
-	if err := validID(id); err != nil {
-		return "", err
-	}
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if err := k.makeFails(KindBlockMount, id); err != nil {
-		return "", err
-	}
-	idx, err := strconv.Atoi(strings.TrimPrefix(device, "/dev/nbd"))
-	if err != nil || !strings.HasPrefix(device, "/dev/nbd") {
-		return "", errdefs.Errorf(errdefs.CodeInvalidArgument, "block device %q is not an NBD device", device)
-	}
-	if k.nbd[idx] == "" {
-		return "", fmt.Errorf("mount %s: no such device (not connected)", device)
-	}
-	target := m.target(id)
-	if bm, ok := k.bmounts[id]; ok {
-		if bm.device != device {
-			return "", errdefs.Errorf(errdefs.CodeConflict, "%s is already mounted from %s, want %s", target, bm.device, device)
-		}
-		return target, nil
-	}
-	if err := os.MkdirAll(target, 0o700); err != nil {
-		return "", err
-	}
-	k.bmounts[id] = &blockMount{id: id, device: device, dev: fmt.Sprintf("43:%d", idx*32)}
-	k.call("blockmount %s %s", id, device)
-	return target, nil
+	return m.set().mount(id, device)
 }
 
 // Unmount unmounts id's root and removes its mount point.
-func (m *BlockMounts) Unmount(ctx context.Context, id string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if _, ok := k.bmounts[id]; ok {
-		if err := k.refused(KindBlockMount, id); err != nil {
-			return fmt.Errorf("unmount %s: %w", m.target(id), err)
-		}
-		delete(k.bmounts, id)
-		k.call("blockunmount %s", id)
-	}
-	if err := os.Remove(m.target(id)); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
-}
+func (m *BlockMounts) Unmount(ctx context.Context, id string) error { return m.set().unmount(id) }
 
 // List names the mount points and mounts.
 func (m *BlockMounts) List(ctx context.Context) ([]string, error) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	ids, err := listIDs(k.BlockRootDir(), maps.Keys(k.bmounts))
+	ids, err := m.set().list()
 	if err != nil {
 		return nil, fmt.Errorf("list block mount dir: %w", err)
 	}
@@ -310,37 +263,14 @@ func (m *BlockMounts) List(ctx context.Context) ([]string, error) {
 }
 
 // Mounted names the mounted roots.
-func (m *BlockMounts) Mounted(ctx context.Context) ([]string, error) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return slices.Sorted(maps.Keys(k.bmounts)), nil
-}
+func (m *BlockMounts) Mounted(ctx context.Context) ([]string, error) { return m.set().mounted(), nil }
 
 // Superblock is the mounted root's device.
-func (m *BlockMounts) Superblock(id string) (string, error) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	bm, ok := k.bmounts[id]
-	if !ok {
-		return "", fmt.Errorf("nothing mounted at %s", m.target(id))
-	}
-	return bm.dev, nil
-}
+func (m *BlockMounts) Superblock(id string) (string, error) { return m.set().superblock(id) }
 
 // CheckGone: not mounted, mount point gone.
 func (m *BlockMounts) CheckGone(ctx context.Context, id, dev string) (bool, string) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if bm, ok := k.bmounts[id]; ok {
-		return false, fmt.Sprintf("1 mount left at %s (ext4 from %s)", m.target(id), bm.device)
-	}
-	if _, err := os.Lstat(m.target(id)); err == nil {
-		return false, fmt.Sprintf("nothing mounted at %s but the mount point exists", m.target(id))
-	}
-	return true, fmt.Sprintf("nothing mounted at %s and it is gone", m.target(id))
+	return m.set().checkGone(id)
 }
 
 // Templates fakes the block store's templates.

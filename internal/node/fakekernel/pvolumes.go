@@ -3,15 +3,9 @@ package fakekernel
 import (
 	"context"
 	"fmt"
-	"maps"
-	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // Persistent volumes (node.Deps PVolumes, VolumeMounts, VolumeFreezer):
@@ -107,99 +101,32 @@ type VolumeMounts Kernel
 
 func (m *VolumeMounts) k() *Kernel { return (*Kernel)(m) }
 
-func (m *VolumeMounts) target(id string) string { return filepath.Join(m.k().VolumeMountDir(), id) }
+// set is the volumes' mount table.
+func (m *VolumeMounts) set() *mountSet {
+	k := m.k()
+	return &mountSet{k: k, kind: KindVolumeMount, dir: k.VolumeMountDir(), mounts: k.vmounts, verb: "vol"}
+}
 
 // Mount mounts a connected device at volume id's mount point.
 func (m *VolumeMounts) Mount(ctx context.Context, id, device string) (string, error) {
-	if err := validID(id); err != nil {
-		return "", err
-	}
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if err := k.makeFails(KindVolumeMount, id); err != nil {
-		return "", err
-	}
-	idx, err := strconv.Atoi(strings.TrimPrefix(device, "/dev/nbd"))
-	if err != nil || !strings.HasPrefix(device, "/dev/nbd") || k.nbd[idx] == "" {
-		return "", fmt.Errorf("mount %s: no such device (not connected)", device)
-	}
-	target := m.target(id)
-	if vm, ok := k.vmounts[id]; ok {
-		if vm.device != device {
-			return "", errdefs.Errorf(errdefs.CodeConflict, "%s is already mounted from %s, want %s", target, vm.device, device)
-		}
-		return target, nil
-	}
-	if err := os.MkdirAll(target, 0o700); err != nil {
-		return "", err
-	}
-	k.vmounts[id] = &blockMount{id: id, device: device, dev: fmt.Sprintf("43:%d", idx*32)}
-	k.call("volmount %s %s", id, device)
-	return target, nil
+	return m.set().mount(id, device)
 }
 
 // Unmount unmounts volume id and removes its mount point.
-func (m *VolumeMounts) Unmount(ctx context.Context, id string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if _, ok := k.vmounts[id]; ok {
-		if err := k.refused(KindVolumeMount, id); err != nil {
-			return fmt.Errorf("unmount %s: %w", m.target(id), err)
-		}
-		delete(k.vmounts, id)
-		k.call("volunmount %s", id)
-	}
-	if err := os.Remove(m.target(id)); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
-}
+func (m *VolumeMounts) Unmount(ctx context.Context, id string) error { return m.set().unmount(id) }
 
 // List names the mount points and mounts.
-func (m *VolumeMounts) List(ctx context.Context) ([]string, error) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return listIDs(k.VolumeMountDir(), maps.Keys(k.vmounts))
-}
+func (m *VolumeMounts) List(ctx context.Context) ([]string, error) { return m.set().list() }
 
 // Mounted names the mounted volumes.
-func (m *VolumeMounts) Mounted(ctx context.Context) ([]string, error) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return slices.Sorted(maps.Keys(k.vmounts)), nil
-}
+func (m *VolumeMounts) Mounted(ctx context.Context) ([]string, error) { return m.set().mounted(), nil }
 
 // Superblock is the mounted volume's device.
-func (m *VolumeMounts) Superblock(id string) (string, error) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	vm, ok := k.vmounts[id]
-	if !ok {
-		return "", fmt.Errorf("nothing mounted at %s", m.target(id))
-	}
-	return vm.dev, nil
-}
+func (m *VolumeMounts) Superblock(id string) (string, error) { return m.set().superblock(id) }
 
 // CheckGone: not mounted, mount point gone.
 func (m *VolumeMounts) CheckGone(ctx context.Context, id, dev string) (bool, string) {
-	k := m.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if vm, ok := k.vmounts[id]; ok {
-		return false, fmt.Sprintf("1 mount left at %s (ext4 from %s)", m.target(id), vm.device)
-	}
-	if _, err := os.Lstat(m.target(id)); err == nil {
-		return false, fmt.Sprintf("nothing mounted at %s but the mount point exists", m.target(id))
-	}
-	return true, fmt.Sprintf("nothing mounted at %s and it is gone", m.target(id))
+	return m.set().checkGone(id)
 }
 
 // Freeze freezes the mounted volume id until thaw.
