@@ -174,6 +174,16 @@ func (n *Node) writerDir(rec journal.Sandbox) string {
 // putBlock journals rec's writer record (*b) on its sandbox record; also
 // runs first in the same transaction and may fill in *b (the epoch).
 func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*journal.Tx) error) error {
+	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
+		cp := *b
+		s.Block = &cp
+	})
+}
+
+// putGeneration rewrites rec's generation's sandbox record in one
+// transaction: also (if any) first, since it may fill in what set then
+// records (putBlock's and putVolume's epochs).
+func (n *Node) putGeneration(rec journal.Sandbox, also func(*journal.Tx) error, set func(*journal.Sandbox)) error {
 	return n.d.Journal.Update(func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(rec.ID)
 		if err != nil {
@@ -187,8 +197,7 @@ func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*
 				return err
 			}
 		}
-		cp := *b
-		s.Block = &cp
+		set(&s)
 		return tx.PutSandbox(s)
 	})
 }

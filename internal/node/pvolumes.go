@@ -102,26 +102,13 @@ func admitVolumes(live []journal.Sandbox, rec journal.Sandbox) error {
 // putVolume journals av as the generation's attach of av.ID; also runs
 // first in the same transaction and may fill in *av (the epoch).
 func (n *Node) putVolume(rec journal.Sandbox, av *journal.AttachedVolume, also func(*journal.Tx) error) error {
-	return n.d.Journal.Update(func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(rec.ID)
-		if err != nil {
-			return err
-		}
-		if !ok || s.Generation != rec.Generation {
-			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
-		}
-		if also != nil {
-			if err := also(tx); err != nil {
-				return err
-			}
-		}
+	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
 		i := slices.IndexFunc(s.Volumes, func(v journal.AttachedVolume) bool { return v.ID == av.ID })
 		if i < 0 {
 			s.Volumes = append(s.Volumes, *av)
 		} else {
 			s.Volumes[i] = *av
 		}
-		return tx.PutSandbox(s)
 	})
 }
 
