@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -79,31 +78,8 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 	})
 
 	ls := &cobra.Command{Use: "ls", Short: "List the persistent volumes: size and head", Args: noArgs}
-	ls.RunE = c.action(fixed("volume ls"), func(ctx context.Context, _ []string) error {
-		st, repo, err := tf.open(ctx, false)
-		if err != nil {
-			return err
-		}
-		vs, err := template.ListVolumes(ctx, st, repo)
-		if err != nil {
-			return err
-		}
-		if c.json {
-			if vs == nil {
-				vs = []template.VolumeInfo{}
-			}
-			return c.printJSON(vs)
-		}
-		if len(vs) == 0 {
-			fmt.Fprintln(c.stdout, "no volumes")
-			return nil
-		}
-		w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tSIZE\tHEAD\tGENERATION\tBY")
-		for _, v := range vs {
-			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", v.ID, manager.FormatMemory(int64(v.DeviceSize)), v.Head.Seq, v.Head.Generation, v.Head.Node)
-		}
-		return w.Flush()
+	ls.RunE = storeLs(c, tf, "volume ls", template.ListVolumes, "no volumes", "ID\tSIZE\tHEAD\tGENERATION\tBY", func(v template.VolumeInfo) string {
+		return fmt.Sprintf("%s\t%s\t%d\t%d\t%s", v.ID, manager.FormatMemory(int64(v.DeviceSize)), v.Head.Seq, v.Head.Generation, v.Head.Node)
 	})
 
 	rm := &cobra.Command{Use: "rm ID", Short: "Delete a persistent volume no sandbox has attached (its data goes at the next store gc)", Args: exactArgs(1, "ID")}

@@ -138,33 +138,44 @@ func (c *cli) progressPrinter() func(template.Progress) {
 
 func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store", Args: noArgs}
-	cmd.RunE = c.action(fixed("template ls"), func(ctx context.Context, _ []string) error {
+	cmd.RunE = storeLs(c, tf, "template ls", template.List, "no templates", "NAME\tSIZE\tDATA CHUNKS", func(i template.Info) string {
+		return fmt.Sprintf("%s\t%s\t%d", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks)
+	})
+	return cmd
+}
+
+// storeLs is the action of a block-store listing (`template ls`, `volume
+// ls`): list's items, with --json as they are (an empty list, not null),
+// else none when there are none, else a table of header and a row(item)
+// line each.
+func storeLs[T any](c *cli, tf *templateFlags, name string, list func(context.Context, blockstore.Store, *blockstore.Repo) ([]T, error),
+	none, header string, row func(T) string) func(*cobra.Command, []string) error {
+	return c.action(fixed(name), func(ctx context.Context, _ []string) error {
 		st, repo, err := tf.open(ctx, false)
 		if err != nil {
 			return err
 		}
-		infos, err := template.List(ctx, st, repo)
+		items, err := list(ctx, st, repo)
 		if err != nil {
 			return err
 		}
 		if c.json {
-			if infos == nil {
-				infos = []template.Info{}
+			if items == nil {
+				items = []T{}
 			}
-			return c.printJSON(infos)
+			return c.printJSON(items)
 		}
-		if len(infos) == 0 {
-			fmt.Fprintln(c.stdout, "no templates")
+		if len(items) == 0 {
+			fmt.Fprintln(c.stdout, none)
 			return nil
 		}
 		w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "NAME\tSIZE\tDATA CHUNKS")
-		for _, i := range infos {
-			fmt.Fprintf(w, "%s\t%s\t%d\n", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks)
+		fmt.Fprintln(w, header)
+		for _, it := range items {
+			fmt.Fprintln(w, row(it))
 		}
 		return w.Flush()
 	})
-	return cmd
 }
 
 func (c *cli) templateRmCommand(tf *templateFlags) *cobra.Command {
