@@ -181,8 +181,8 @@ func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*
 }
 
 // putGeneration rewrites rec's generation's sandbox record in one
-// transaction: also (if any) first, since it may fill in what set then
-// records (putBlock's and putVolume's epochs).
+// transaction (putBlock, putVolume, publishedSeal): also (if any) first,
+// since it may fill in what set then records (the epochs).
 func (n *Node) putGeneration(rec journal.Sandbox, also func(*journal.Tx) error, set func(*journal.Sandbox)) error {
 	return n.d.Journal.Update(func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(rec.ID)

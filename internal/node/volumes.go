@@ -182,17 +182,9 @@ func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head api.VolumeHe
 	if err != nil {
 		return err
 	}
-	return n.d.Journal.Update(func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(rec.ID)
-		if err != nil {
-			return err
-		}
-		if !ok || s.Generation != rec.Generation {
-			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
-		}
+	return n.putGeneration(rec, nil, func(s *journal.Sandbox) {
 		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: journalHead(head), Result: result}
 		s.State, s.ReleaseOp = journal.StateReleasing, opID
-		return tx.PutSandbox(s)
 	})
 }
 
