@@ -225,6 +225,19 @@ func (c *cli) manager(ctx context.Context, withStore bool) (*manager.Manager, fu
 	return m, func() { st.Close() }, nil
 }
 
+// managerAction is an action over a Manager (c.manager's, withStore
+// saying whether with the database): opened before fn, closed after it.
+func (c *cli) managerAction(what func([]string) string, withStore bool, fn func(ctx context.Context, m *manager.Manager, args []string) error) func(*cobra.Command, []string) error {
+	return c.action(what, func(ctx context.Context, args []string) error {
+		m, done, err := c.manager(ctx, withStore)
+		if err != nil {
+			return err
+		}
+		defer done()
+		return fn(ctx, m, args)
+	})
+}
+
 func (c *cli) printJSON(v any) error {
 	enc := json.NewEncoder(c.stdout)
 	enc.SetIndent("", "  ")
@@ -362,12 +375,7 @@ func parseUser(s string) (*api.User, error) {
 
 func (c *cli) lsCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "ls", Short: "List sandboxes (manager's record merged with the node's)", Args: noArgs}
-	cmd.RunE = c.action(fixed("list sandboxes"), func(ctx context.Context, _ []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	cmd.RunE = c.managerAction(fixed("list sandboxes"), true, func(ctx context.Context, m *manager.Manager, _ []string) error {
 		l, err := m.Ls(ctx)
 		if err != nil {
 			return err
@@ -417,12 +425,7 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 
 func (c *cli) getCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "get ID", Short: "Show one sandbox: record, generations, operations, node view", Args: exactArgs(1, "ID")}
-	cmd.RunE = c.action(named("get sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	cmd.RunE = c.managerAction(named("get sandbox"), true, func(ctx context.Context, m *manager.Manager, args []string) error {
 		d, err := m.Get(ctx, args[0])
 		if err != nil {
 			return err
@@ -496,34 +499,38 @@ var errProofNotAccepted = errors.New("cleanup proof not accepted")
 
 func (c *cli) destroyCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "destroy ID", Short: "Release a sandbox and verify its cleanup proof", Args: exactArgs(1, "ID")}
-	cmd.RunE = c.action(named("destroy sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	cmd.RunE = c.managerAction(named("destroy sandbox"), true, func(ctx context.Context, m *manager.Manager, args []string) error {
 		res, err := m.Destroy(ctx, args[0])
 		if err != nil {
 			return err
 		}
-		if c.json {
-			if err := c.printJSON(res); err != nil {
-				return err
-			}
-		} else {
+		return c.printRelease(res, res.Verdict, func() {
 			note := ""
 			if res.AlreadyReleased {
 				note = " (already)"
 			}
 			fmt.Fprintf(c.stdout, "sandbox %s generation %d released%s, operation %s\n", res.Sandbox.ID, res.Sandbox.Generation, note, res.OperationID)
-			fmt.Fprintln(c.stdout, res.Verdict.String())
-		}
-		if !res.Verdict.OK() {
-			return fmt.Errorf("%w: %s", errProofNotAccepted, verdictReason(res.Verdict))
-		}
-		return nil
+		})
 	})
 	return cmd
+}
+
+// printRelease prints the answer res of a release (destroy, pause): as
+// JSON, or lines() then the verdict; a proof the verdict does not accept
+// fails the command after it is printed.
+func (c *cli) printRelease(res any, v manager.Verdict, lines func()) error {
+	if c.json {
+		if err := c.printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		lines()
+		fmt.Fprintln(c.stdout, v.String())
+	}
+	if !v.OK() {
+		return fmt.Errorf("%w: %s", errProofNotAccepted, verdictReason(v))
+	}
+	return nil
 }
 
 func verdictReason(v manager.Verdict) string {
@@ -592,12 +599,7 @@ func (c *cli) logsCommand() *cobra.Command {
 
 func (c *cli) nodeStatusCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "status", Short: "Show the node's identity, role and capacity", Args: noArgs}
-	cmd.RunE = c.action(fixed("node status"), func(ctx context.Context, _ []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	cmd.RunE = c.managerAction(fixed("node status"), true, func(ctx context.Context, m *manager.Manager, _ []string) error {
 		st, err := m.NodeStatus(ctx)
 		if err != nil {
 			return err
@@ -639,12 +641,7 @@ func (c *cli) nodeStatusCommand() *cobra.Command {
 // only asks the node (no manager database).
 func (c *cli) nodeWithheldCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "withheld", Short: "List withheld generations (unproven cleanup) with their failed checks", Args: noArgs}
-	cmd.RunE = c.action(fixed("node withheld"), func(ctx context.Context, _ []string) error {
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
+	cmd.RunE = c.managerAction(fixed("node withheld"), false, func(ctx context.Context, m *manager.Manager, _ []string) error {
 		n, err := m.Client.Node(ctx)
 		if err != nil {
 			return err
@@ -685,12 +682,7 @@ func (c *cli) nodeWithheldCommand() *cobra.Command {
 
 func (c *cli) proofVerifyCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "verify OPERATION_ID", Short: "Verify the cleanup proof of a release", Args: exactArgs(1, "OPERATION_ID")}
-	cmd.RunE = c.action(named("verify proof"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	cmd.RunE = c.managerAction(named("verify proof"), true, func(ctx context.Context, m *manager.Manager, args []string) error {
 		v, err := m.VerifyProof(ctx, args[0])
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/manager"
 )
 
 // The durable block root commands (issue 10): sandbox pause|resume|
@@ -15,42 +16,23 @@ import (
 
 func (c *cli) volumeCommands() []*cobra.Command {
 	pause := &cobra.Command{Use: "pause ID", Short: "Seal a block-mode sandbox's files as its head and release its compute (verifies the cleanup proof)", Args: exactArgs(1, "ID")}
-	pause.RunE = c.action(named("pause sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	pause.RunE = c.managerAction(named("pause sandbox"), true, func(ctx context.Context, m *manager.Manager, args []string) error {
 		fmt.Fprintf(c.stderr, "pausing %s: freeze, seal, publish the head, release...\n", args[0])
 		res, err := m.Pause(ctx, args[0])
 		if err != nil {
 			return err
 		}
-		if c.json {
-			if err := c.printJSON(res); err != nil {
-				return err
-			}
-		} else {
+		return c.printRelease(res, res.Verdict, func() {
 			s := res.Seal
 			fmt.Fprintf(c.stdout, "sandbox %s generation %d paused, operation %s\n", res.Sandbox.ID, res.Sandbox.Generation, res.OperationID)
 			fmt.Fprintf(c.stdout, "head %d: block generation %d (writer epoch %d)\n", res.Head.Seq, res.Head.Generation, res.Head.WriterEpoch)
 			fmt.Fprintf(c.stdout, "seal: %d chunks (%d data, %d zero, %d bytes) over %s; frozen %.0f ms, total %.0f ms\n",
 				s.Chunks, s.DataChunks, s.ZeroChunks, s.Bytes, s.Parent, s.FreezeMS, s.TotalMS)
-			fmt.Fprintln(c.stdout, res.Verdict.String())
-		}
-		if !res.Verdict.OK() {
-			return fmt.Errorf("%w: %s", errProofNotAccepted, verdictReason(res.Verdict))
-		}
-		return nil
+		})
 	})
 
 	resume := &cobra.Command{Use: "resume ID", Short: "Run a paused sandbox again from its head (its last claim's spec)", Args: exactArgs(1, "ID")}
-	resume.RunE = c.action(named("resume sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	resume.RunE = c.managerAction(named("resume sandbox"), true, func(ctx context.Context, m *manager.Manager, args []string) error {
 		res, err := m.Resume(ctx, args[0])
 		if err != nil {
 			return err
@@ -64,12 +46,7 @@ func (c *cli) volumeCommands() []*cobra.Command {
 	})
 
 	snapshot := &cobra.Command{Use: "snapshot ID NAME", Short: "Seal a running block-mode sandbox's files under a name; the guest keeps running", Args: exactArgs(2, "ID and NAME")}
-	snapshot.RunE = c.action(named("snapshot sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
+	snapshot.RunE = c.managerAction(named("snapshot sandbox"), false, func(ctx context.Context, m *manager.Manager, args []string) error {
 		res, err := m.Snapshot(ctx, args[0], args[1])
 		if err != nil {
 			return err
@@ -86,12 +63,7 @@ func (c *cli) volumeCommands() []*cobra.Command {
 	var fromSnap string
 	fork := &cobra.Command{Use: "fork SOURCE NEW [--snapshot NAME]", Short: "Make NEW a sandbox identity on SOURCE's head (or snapshot), copying nothing; `sandbox create NEW --mode block` runs it", Args: exactArgs(2, "SOURCE and NEW")}
 	fork.Flags().StringVar(&fromSnap, "snapshot", "", "the source's snapshot (default: its head)")
-	fork.RunE = c.action(named("fork sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
+	fork.RunE = c.managerAction(named("fork sandbox"), false, func(ctx context.Context, m *manager.Manager, args []string) error {
 		v, err := m.Fork(ctx, args[0], args[1], fromSnap)
 		if err != nil {
 			return err
@@ -100,12 +72,7 @@ func (c *cli) volumeCommands() []*cobra.Command {
 	})
 
 	restore := &cobra.Command{Use: "restore ID SNAPSHOT", Short: "Move a stopped sandbox's head to one of its snapshots", Args: exactArgs(2, "ID and SNAPSHOT")}
-	restore.RunE = c.action(named("restore sandbox"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, true)
-		if err != nil {
-			return err
-		}
-		defer done()
+	restore.RunE = c.managerAction(named("restore sandbox"), true, func(ctx context.Context, m *manager.Manager, args []string) error {
 		v, err := m.Restore(ctx, args[0], args[1])
 		if err != nil {
 			return err
@@ -118,12 +85,7 @@ func (c *cli) volumeCommands() []*cobra.Command {
 func (c *cli) snapshotCommand() *cobra.Command {
 	g := group("snapshot", "List a sandbox volume's snapshots")
 	ls := &cobra.Command{Use: "ls ID", Short: "Show a sandbox volume's head, snapshots and committed generations", Args: exactArgs(1, "ID")}
-	ls.RunE = c.action(named("list snapshots of"), func(ctx context.Context, args []string) error {
-		m, done, err := c.manager(ctx, false)
-		if err != nil {
-			return err
-		}
-		defer done()
+	ls.RunE = c.managerAction(named("list snapshots of"), false, func(ctx context.Context, m *manager.Manager, args []string) error {
 		v, err := m.Volume(ctx, args[0])
 		if err != nil {
 			return err
