@@ -38,11 +38,7 @@ func parseVolumeMounts(flags []string) ([]api.VolumeMount, error) {
 func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 	tf := &templateFlags{getenv: getenv}
 	g := group("volume", "Create, list and remove persistent volumes (in the block store)")
-	pf := g.PersistentFlags()
-	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store: a directory or s3://BUCKET[/PREFIX]")
-	tf.s3.Flags(pf)
-	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; create makes it, mode 0600, if missing)")
-	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+	tf.register(g.PersistentFlags(), "create makes it")
 
 	var size, tmp string
 	create := &cobra.Command{Use: "create ID [--size 1Gi]", Short: "Create a persistent volume: an empty ext4 file system of --size", Args: exactArgs(1, "ID")}

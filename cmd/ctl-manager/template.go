@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
@@ -31,14 +32,19 @@ type templateFlags struct {
 	compress blockstore.Compression
 }
 
+// register adds the block store's flags (template and volume commands);
+// creates says which command makes a missing node key.
+func (tf *templateFlags) register(pf *pflag.FlagSet, creates string) {
+	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store: a directory or s3://BUCKET[/PREFIX]")
+	tf.s3.Flags(pf)
+	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; "+creates+", mode 0600, if missing)")
+	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+}
+
 func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
 	tf := &templateFlags{getenv: getenv}
 	g := group("template", "Import, list and remove block-mode RootFS templates (in the local block store)")
-	pf := g.PersistentFlags()
-	pf.StringVar(&tf.store, "store", "/var/lib/ctld/blockstore", "block store: a directory or s3://BUCKET[/PREFIX]")
-	tf.s3.Flags(pf)
-	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; import creates it, mode 0600, if missing)")
-	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+	tf.register(g.PersistentFlags(), "import creates it")
 	g.AddCommand(c.templateImportCommand(tf), c.templateLsCommand(tf), c.templateRmCommand(tf))
 	return g
 }
