@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -57,12 +55,7 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if tmp == "" && strings.HasPrefix(tf.store, "s3://") {
-			tmp = os.TempDir()
-		} else if tmp == "" {
-			tmp = filepath.Dir(filepath.Clean(tf.store))
-		}
-		h, err := template.CreateVolume(ctx, repo, args[0], n, tmp)
+		h, err := template.CreateVolume(ctx, repo, args[0], n, tf.tmpDir(tmp))
 		if err != nil {
 			return err
 		}

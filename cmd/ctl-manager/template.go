@@ -41,6 +41,18 @@ func (tf *templateFlags) register(pf *pflag.FlagSet, creates string) {
 	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
 }
 
+// tmpDir is the build directory: tmp (--tmp-dir) if set, else the
+// store's parent, or $TMPDIR for an S3 store (it has no local parent).
+func (tf *templateFlags) tmpDir(tmp string) string {
+	if tmp != "" {
+		return tmp
+	}
+	if strings.HasPrefix(tf.store, "s3://") {
+		return os.TempDir()
+	}
+	return filepath.Dir(filepath.Clean(tf.store))
+}
+
 func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
 	tf := &templateFlags{getenv: getenv}
 	g := group("template", "Import, list and remove block-mode RootFS templates (in the local block store)")
@@ -99,14 +111,9 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if tmp == "" && strings.HasPrefix(tf.store, "s3://") {
-			tmp = os.TempDir()
-		} else if tmp == "" {
-			tmp = filepath.Dir(filepath.Clean(tf.store))
-		}
 		start := time.Now()
 		m, res, err := template.ImportSource(ctx, repo, args[0], template.Source{Kind: template.Kind(kind), Path: args[1]},
-			template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tmp)
+			template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tf.tmpDir(tmp))
 		if err != nil {
 			return err
 		}
