@@ -55,7 +55,7 @@ const DefaultMinFree = 0.10
 // Options tune a Cache.
 type Options struct {
 	// MinFree (0 to 1) is the share of the filesystem that must stay
-	// free: below it nothing more is cached (reads go to the store, as
+	// free: at or below it nothing more is cached (reads go to the store, as
 	// without a cache). 0 means DefaultMinFree.
 	MinFree float64
 	Logger  *slog.Logger
@@ -293,7 +293,7 @@ func (g *Gen) checkFree() {
 		g.stop("statfs", err)
 		return
 	}
-	if st.Blocks > 0 && float64(st.Bavail) < g.c.opts.MinFree*float64(st.Blocks) {
+	if st.Blocks > 0 && float64(st.Bavail) <= g.c.opts.MinFree*float64(st.Blocks) {
 		g.stop("free space", fmt.Errorf("%d of %d blocks free, below %.0f%%", st.Bavail, st.Blocks, 100*g.c.opts.MinFree))
 	}
 }

@@ -32,7 +32,7 @@ const tamperBlob = "/tamper/blob"
 // block store; a block-mode guest reads the file intact. Then one byte of
 // the object of one chunk that holds only that file's bytes is flipped.
 // A fresh claim (a new writer, so no chunk cache; a new mount, so no page
-// cache) reads the file: the read fails with an I/O error, and what it
+// cache; the node's base cache of the template emptied) reads the file: the read fails with an I/O error, and what it
 // returned before failing is the file's own prefix, none of the tampered
 // chunk; the bytes before and after that chunk still read right, and the
 // guest still writes and syncs. ctld stays healthy, the generation ready,
@@ -97,6 +97,21 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 		t.Fatalf("the intact file in the guest: exit %d, %q %q; want sha256 %x", r.ExitCode, r.Stdout, r.Stderr, want)
 	}
 	release("intact", "r-intact")
+	// The first claim left the chunks it read, verified, in the node's
+	// base cache, where the next writer would read them instead of the
+	// store (so the tampered object would never be read). Emptied: the
+	// next claim reads as on a node that has not read this template.
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := filepath.Join(e.stateDir, "basecache", strings.TrimSpace(string(boot)), string(blockstore.KindTemplate), "tamper")
+	if _, err := os.Stat(cached); err != nil {
+		t.Fatalf("the first claim's base cache: %v", err)
+	}
+	if err := os.RemoveAll(cached); err != nil {
+		t.Fatal(err)
+	}
 
 	off, obj := blobChunkObject(t, storeDir, keyFile, "tamper", blob)
 	b, err := os.ReadFile(obj)
