@@ -226,6 +226,10 @@ func (g *Gen) word(i int64) (*uint32, uint32) {
 	return (*uint32)(unsafe.Pointer(&g.bits[i/32*4])), 1 << (i % 32)
 }
 
+// File is where cached chunk i lies: the open data file's descriptor and
+// the chunk's offset in it (for sendfile). Valid until Close.
+func (g *Gen) File(i int64) (fd int, off int64) { return g.at(i) }
+
 // Has says chunk i is cached.
 func (g *Gen) Has(i int64) bool {
 	if i < 0 || i >= g.chunks {

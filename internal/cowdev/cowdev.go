@@ -556,6 +556,42 @@ func (d *Device) load(ctx context.Context, i int64, buf []byte, cache bool) erro
 	return nil
 }
 
+var _ nbdsrv.FileReader = (*Device)(nil)
+
+// ReadFiles answers a read from the shared base cache's files when every
+// chunk of it is clean and cached there (nbdsrv sends them with
+// sendfile): the read path of a device over a template a node has read
+// before, with one copy of the data instead of two. Anything else (a
+// written, zeroed or uncached chunk, a hole) is read with ReadAt. The
+// base cache's chunks never change, and its files stay open until Close.
+func (d *Device) ReadFiles(segs []nbdsrv.FileSegment, off int64, n int) ([]nbdsrv.FileSegment, bool) {
+	g := d.shared.Load()
+	if g == nil || off < 0 || n <= 0 || off+int64(n) > d.size {
+		return segs, false
+	}
+	ok := true
+	_ = d.span(off, int64(n), func(i, in, _, l int64) error {
+		// The cache is looked at again under the chunk's lock: a seal
+		// clears it before its rebase changes any chunk's state, so a
+		// state seen with the cache still set is the old base's.
+		mu := d.lock(i)
+		mu.RLock()
+		clean := d.state[i] == stClean && d.shared.Load() == g
+		mu.RUnlock()
+		if !clean || !g.Has(i) {
+			ok = false
+			return errStop
+		}
+		fd, at := g.File(i)
+		segs = append(segs, nbdsrv.FileSegment{Fd: fd, Off: at + in, Len: int(l)})
+		return nil
+	})
+	return segs, ok
+}
+
+// errStop ends a span early.
+var errStop = errors.New("stop")
+
 // sharedHas says chunk i is in the shared cache of the device's base.
 func (d *Device) sharedHas(i int64) bool {
 	g := d.shared.Load()

@@ -185,3 +185,41 @@ func TestSharedCacheOnlyForTemplates(t *testing.T) {
 	}
 	same(t, "a device whose cache failed", readAll(t, openShared(t, f, tpl0, c, true, -1)), f.base)
 }
+
+// A device over a base the node has cached offers its clean cached chunks
+// as file segments (nbdsrv sends them with sendfile); a hole, a written
+// chunk, or any chunk after a seal is read with ReadAt. Served over NBD,
+// nbdcopy reads the mix back byte-identical.
+func TestSharedCacheSentFromFiles(t *testing.T) {
+	needPeers(t, "nbdcopy")
+	const chunks = 30
+	f := newFixture(t, chunks)
+	root := t.TempDir()
+	readAll(t, openShared(t, f, tpl0, sharedCache(t, root), true, -1))
+	d := openShared(t, f, tpl0, sharedCache(t, root), true, -1)
+	if segs, ok := d.ReadFiles(nil, cs+100, 2*cs-200); !ok || len(segs) != 2 || segs[0].Len != cs-100 || segs[1].Len != cs-100 {
+		t.Fatalf("ReadFiles of cached chunks 1-2: %+v, %v", segs, ok)
+	}
+	if _, ok := d.ReadFiles(nil, 0, cs); ok {
+		t.Fatal("ReadFiles of a hole (chunk 0): ok")
+	}
+	want := append([]byte(nil), f.base...)
+	w := []byte(strings.Repeat("w", 500))
+	if _, err := d.WriteAt(w, 2*cs+9); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[2*cs+9:], w)
+	if _, ok := d.ReadFiles(nil, cs, 2*cs); ok {
+		t.Fatal("ReadFiles over a written chunk: ok")
+	}
+	out := filepath.Join(t.TempDir(), "copy")
+	peer(t, "nbdcopy", serve(t, d), out)
+	sameFile(t, out, want)
+	if n := d.Fetches(); n != 0 {
+		t.Fatalf("%d store fetches; want every base chunk from the node's cache", n)
+	}
+	seal(t, d, sbGen(1))
+	if _, ok := d.ReadFiles(nil, cs, cs); ok {
+		t.Fatal("ReadFiles after a seal: ok")
+	}
+}

@@ -32,6 +32,27 @@ type Backend interface {
 	WriteZeroes(off, length int64, noHole bool) error
 }
 
+// FileSegment is a run of a read's bytes in a file: Len bytes at Off of
+// the open file descriptor Fd.
+type FileSegment struct {
+	Fd  int
+	Off int64
+	Len int
+}
+
+// FileReader is an optional Backend extension: a read whose bytes all lie
+// in files the backend holds open is answered with sendfile(2) from
+// them, one copy (page cache to socket) instead of a read into a buffer
+// and a write from it. The server uses it only on a socket it can get
+// the descriptor of.
+type FileReader interface {
+	// ReadFiles appends the segments of [off, off+n), in order, to segs;
+	// ok false says some part is not in a file (the server then calls
+	// ReadAt). The files must stay open, and their bytes in those ranges
+	// unchanged, while the backend is served.
+	ReadFiles(segs []FileSegment, off int64, n int) (_ []FileSegment, ok bool)
+}
+
 // Extent is a run of a device's bytes of one allocation status.
 type Extent struct {
 	Length int64

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ctld/ctld/internal/logging"
@@ -145,6 +146,11 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 		return fmt.Errorf("nbd export size %d", size)
 	}
 	c := &conn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), size: uint64(size)}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.raw = rc
+		}
+	}
 	// ctx ends: no new request is read; replies get ShutdownGrace.
 	stop := context.AfterFunc(ctx, func() {
 		_ = nc.SetReadDeadline(time.Now())
@@ -199,6 +205,9 @@ type conn struct {
 
 	wmu  sync.Mutex // one reply at a time on the wire
 	werr error      // first write error; later replies are dropped
+	// raw is the socket's descriptor, for replies sent with sendfile
+	// (FileReader); nil when the connection has none (a net.Pipe).
+	raw syscall.RawConn
 }
 
 var errProtocol = errors.New("nbd protocol violation")

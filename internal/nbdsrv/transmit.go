@@ -172,6 +172,12 @@ func (c *conn) serve(req request, buf []byte) {
 	var err error
 	switch req.typ {
 	case cmdRead:
+		if fr, ok := b.(FileReader); ok && c.raw != nil {
+			if segs, ok := fr.ReadFiles(nil, off, int(n)); ok {
+				c.replyFiles(req, segs)
+				return
+			}
+		}
 		_, err = b.ReadAt(buf, off)
 		if err == nil {
 			c.reply(req, 0, buf)
@@ -288,6 +294,66 @@ func (c *conn) reply(req request, errno uint32, data []byte) {
 			_ = c.nc.Close()
 		}
 	}
+}
+
+// replyFiles answers a read from file segments: the reply's header, then
+// each segment sent with sendfile(2). A failure after the header cannot be
+// told to the client: the connection is closed (the kernel's client
+// reconnects or fails the request).
+func (c *conn) replyFiles(req request, segs []FileSegment) {
+	var hdr [structuredHeaderLen + 8]byte
+	head := hdr[:replyHeaderLen]
+	if c.structured {
+		putChunkHeader(hdr[:], replyFlagDone, replyTypeOffsetData, req.handle, uint32(8+req.length))
+		binary.BigEndian.PutUint64(hdr[20:28], req.offset)
+		head = hdr[:28]
+	} else {
+		putReplyHeader(hdr[:], 0, req.handle)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return
+	}
+	_, err := c.nc.Write(head)
+	for _, sg := range segs {
+		if err != nil {
+			break
+		}
+		err = c.sendfile(sg)
+	}
+	if err != nil {
+		c.werr = fmt.Errorf("write nbd reply: %w", err)
+		_ = c.nc.Close()
+	}
+}
+
+// sendfile sends segment sg on the connection's socket, waiting for room
+// in it as a write would (deadlines included).
+func (c *conn) sendfile(sg FileSegment) error {
+	off, left := sg.Off, sg.Len
+	var serr error
+	err := c.raw.Write(func(fd uintptr) bool {
+		for left > 0 {
+			n, err := unix.Sendfile(int(fd), sg.Fd, &off, left)
+			if n > 0 {
+				left -= n
+			}
+			switch {
+			case err == unix.EAGAIN:
+				return false // wait until the socket is writable
+			case err == unix.EINTR:
+			case err != nil:
+				serr = fmt.Errorf("sendfile: %w", err)
+				return true
+			case n == 0:
+				serr = fmt.Errorf("sendfile: %w", io.ErrUnexpectedEOF)
+				return true
+			}
+		}
+		return true
+	})
+	return errors.Join(err, serr)
 }
 
 // bufPool recycles payload buffers by power-of-two size class.
