@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -228,24 +229,25 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 			return fmt.Errorf("apply nft dispatch element: %w", err)
 		}
 	}
-	for _, d := range []struct {
-		set     string
-		key     []byte
-		gateway netip.Addr
-	}{{SetDNS4, g.DNS4, o.Block.Gateway4}, {SetDNS6, g.DNS6, o.Block.Gateway6}} {
-		s := &nftables.Set{Table: t, Name: d.set}
+	for _, k := range linkKeys(o.Block) {
+		s := &nftables.Set{Table: t, Name: k.Set, IsMap: k.Set == MapSrc4 || k.Set == MapSrc6}
+		i := slices.IndexFunc(g.Elements, func(e Element) bool { return e.Set == k.Set })
 		switch {
-		case d.key != nil:
-			if err := c.SetAddElements(s, []nftables.SetElement{{Key: d.key}}); err != nil {
-				return fmt.Errorf("apply nft %s element: %w", d.set, err)
+		case i >= 0:
+			e := g.Elements[i]
+			if err := c.SetAddElements(s, []nftables.SetElement{{Key: e.Key, Val: e.Val}}); err != nil {
+				return fmt.Errorf("apply nft %s element: %w", k.Set, err)
 			}
-		case exists && d.gateway.IsValid():
-			// The new policy has no DNS proxy: remove an element the
-			// old one had. Add, then delete, so a missing element does
-			// not fail the transaction.
-			e := []nftables.SetElement{{Key: append(ifname(g.Link), d.gateway.AsSlice()...)}}
+		case exists:
+			// The new policy has no DNS proxy in this family: remove an
+			// element the old one had. Add, then delete, so a missing
+			// element does not fail the transaction.
+			e := []nftables.SetElement{{Key: k.key(g.Link)}}
+			if s.IsMap {
+				e[0].Val = binaryutil.NativeEndian.PutUint32(g.Mark)
+			}
 			if err := errors.Join(c.SetAddElements(s, e), c.SetDeleteElements(s, e)); err != nil {
-				return fmt.Errorf("apply nft %s element: %w", d.set, err)
+				return fmt.Errorf("apply nft %s element: %w", k.Set, err)
 			}
 		}
 	}
@@ -281,12 +283,12 @@ func setsOfRules(rules []*nftables.Rule) map[string]string {
 // inventory is what the table holds, read in one pass.
 type inventory struct {
 	chains, sets, counters []string
-	fwd                    map[string]string // link → chain it dispatches to
-	dns                    map[string][][]byte
+	fwd                    map[string]string   // link → chain it dispatches to
+	linked                 map[string][][]byte // base set → keys that start with a link (linkKeys)
 }
 
 func (f *Firewall) inventory(c *nftables.Conn) (inventory, error) {
-	inv := inventory{fwd: map[string]string{}, dns: map[string][][]byte{}}
+	inv := inventory{fwd: map[string]string{}, linked: map[string][][]byte{}}
 	t := f.table()
 	ok, err := f.tableExists(c)
 	if err != nil || !ok {
@@ -317,7 +319,7 @@ func (f *Firewall) inventory(c *nftables.Conn) (inventory, error) {
 			inv.counters = append(inv.counters, co.Name)
 		}
 	}
-	for _, name := range []string{MapDispatch, SetDNS4, SetDNS6} {
+	for _, name := range append([]string{MapDispatch}, linkedSets()...) {
 		if !slices.Contains(inv.sets, name) {
 			continue
 		}
@@ -330,7 +332,7 @@ func (f *Firewall) inventory(c *nftables.Conn) (inventory, error) {
 			if name == MapDispatch {
 				inv.fwd[link] = verdictChain(e.Val)
 			} else {
-				inv.dns[name] = append(inv.dns[name], e.Key)
+				inv.linked[name] = append(inv.linked[name], e.Key)
 			}
 		}
 	}
@@ -354,13 +356,14 @@ func verdictChain(b []byte) string {
 }
 
 // owned is what of inv belongs to chain: its chain, the sets and counters
-// named after it, the dispatch elements that go to it, and the dns
-// elements of those links (and of link, unless another chain owns it).
+// named after it, the dispatch elements that go to it, and the elements
+// of those links in the link-keyed base sets (and of link, unless another
+// chain owns it).
 type owned struct {
 	chain           bool
 	sets, counters  []string
-	fwd             []string // links
-	dns4, dns6      [][]byte
+	fwd             []string  // links
+	linked          []Element // in linkedSets (keys only)
 	foreignFwdLinks []string
 }
 
@@ -392,21 +395,18 @@ func (inv inventory) owned(chain, link string) owned {
 			links[link] = true
 		}
 	}
-	for _, k := range inv.dns[SetDNS4] {
-		if links[linkOfKey(k)] {
-			w.dns4 = append(w.dns4, k)
-		}
-	}
-	for _, k := range inv.dns[SetDNS6] {
-		if links[linkOfKey(k)] {
-			w.dns6 = append(w.dns6, k)
+	for _, set := range linkedSets() {
+		for _, k := range inv.linked[set] {
+			if links[linkOfKey(k)] {
+				w.linked = append(w.linked, Element{Set: set, Key: k})
+			}
 		}
 	}
 	return w
 }
 
 func (w owned) empty() bool {
-	return !w.chain && len(w.sets)+len(w.counters)+len(w.fwd)+len(w.dns4)+len(w.dns6) == 0
+	return !w.chain && len(w.sets)+len(w.counters)+len(w.fwd)+len(w.linked) == 0
 }
 
 func (w owned) String() string {
@@ -422,15 +422,14 @@ func (w owned) String() string {
 	add("sets", w.sets)
 	add("counters", w.counters)
 	add("dispatch elements", w.fwd)
-	for _, d := range []struct {
-		what string
-		keys [][]byte
-	}{{"dns4 elements", w.dns4}, {"dns6 elements", w.dns6}} {
+	for _, set := range linkedSets() {
 		var xs []string
-		for _, k := range d.keys {
-			xs = append(xs, linkOfKey(k))
+		for _, e := range w.linked {
+			if e.Set == set {
+				xs = append(xs, linkOfKey(e.Key))
+			}
 		}
-		add(d.what, xs)
+		add(set+" elements", xs)
 	}
 	return strings.Join(parts, "; ")
 }
@@ -480,21 +479,17 @@ func (f *Firewall) ownedByName(o netpolicy.Owner) (owned, error) {
 		w.foreignFwdLinks = append(w.foreignFwdLinks, link+" → "+target)
 		link = ""
 	}
-	for _, d := range []struct {
-		set     string
-		gateway netip.Addr
-		keys    *[][]byte
-	}{{SetDNS4, o.Block.Gateway4, &w.dns4}, {SetDNS6, o.Block.Gateway6, &w.dns6}} {
-		if link == "" || !d.gateway.IsValid() {
-			continue
+	for _, k := range linkKeys(o.Block) {
+		if link == "" {
+			break
 		}
-		key := append(ifname(link), d.gateway.AsSlice()...)
-		ok, _, err := f.element(d.set, key)
+		key := k.key(link)
+		ok, _, err := f.element(k.Set, key)
 		if err != nil {
 			return w, err
 		}
 		if ok {
-			*d.keys = append(*d.keys, key)
+			w.linked = append(w.linked, Element{Set: k.Set, Key: key})
 		}
 	}
 	for _, s := range []string{suffixTx, suffixDrop} {
@@ -574,19 +569,18 @@ func (f *Firewall) delete(c *nftables.Conn, chain string, w owned) error {
 			return fmt.Errorf("remove nft dispatch elements of %s: %w", chain, err)
 		}
 	}
-	for _, d := range []struct {
-		set  string
-		keys [][]byte
-	}{{SetDNS4, w.dns4}, {SetDNS6, w.dns6}} {
-		if len(d.keys) == 0 {
+	for _, set := range linkedSets() {
+		var els []nftables.SetElement
+		for _, e := range w.linked {
+			if e.Set == set {
+				els = append(els, nftables.SetElement{Key: e.Key})
+			}
+		}
+		if len(els) == 0 {
 			continue
 		}
-		var els []nftables.SetElement
-		for _, k := range d.keys {
-			els = append(els, nftables.SetElement{Key: k})
-		}
-		if err := c.SetDeleteElements(&nftables.Set{Table: t, Name: d.set}, els); err != nil {
-			return fmt.Errorf("remove nft %s elements of %s: %w", d.set, chain, err)
+		if err := c.SetDeleteElements(&nftables.Set{Table: t, Name: set}, els); err != nil {
+			return fmt.Errorf("remove nft %s elements of %s: %w", set, chain, err)
 		}
 	}
 	if w.chain {

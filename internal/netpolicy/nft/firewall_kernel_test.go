@@ -255,6 +255,25 @@ func (s *sandbox) dialTo(dst netip.AddrPort, src netip.Addr) (net.Conn, error) {
 	return c, err
 }
 
+// addSpoof adds addr to the sandbox's own link, and a route back to it
+// on the node, so only the firewall stands between a packet from addr and
+// its destination.
+func (s *sandbox) addSpoof(addr netip.Addr) {
+	t := s.n.t
+	t.Helper()
+	h, l := linkIn(t, s.ns.Handle, "eth0")
+	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	hostLink, err := netlink.LinkByName(s.owner.Link())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Dst: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (s *sandbox) canConnect(port int) bool {
 	return s.canConnectTo(netip.AddrPortFrom(serverAddr, uint16(port)))
 }
@@ -341,20 +360,7 @@ func TestKernelApplyEnforcesPolicy(t *testing.T) {
 	// A spoofed source (an address the sandbox adds to its own link)
 	// is dropped even to an allowed destination.
 	spoof := netip.MustParseAddr("10.200.0.99")
-	h, l := linkIn(t, sb.ns.Handle, "eth0")
-	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
-		t.Fatal(err)
-	}
-	// The node routes the spoofed address back to the sandbox, so only
-	// the firewall stands between it and the server.
-	hostLink, err := netlink.LinkByName(sb.owner.Link())
-	if err != nil {
-		t.Fatal(err)
-	}
-	back32 := &netlink.Route{LinkIndex: hostLink.Attrs().Index, Dst: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	if err := netlink.RouteAdd(back32); err != nil {
-		t.Fatal(err)
-	}
+	sb.addSpoof(spoof)
 	if c, err := sb.dial(8080, spoof); err == nil {
 		c.Close()
 		t.Error("a spoofed source connected")
@@ -664,6 +670,14 @@ func TestKernelDNSRedirect(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s: got through %v, want %v", c.name, c.got, c.want)
 		}
+	}
+	// The proxy takes a sandbox's DNS only from its own address: the
+	// input rule's key is link . source.
+	spoof := netip.MustParseAddr("10.200.0.98")
+	sb.addSpoof(spoof)
+	if c, err := sb.dialTo(netip.AddrPortFrom(gw, 53), spoof); err == nil {
+		c.Close()
+		t.Error("tcp gateway:53 from a spoofed source connected")
 	}
 	// The DNS-proxy flows (input path) carry the slot in their mark like
 	// the forwarded ones, so a flush by mark (the release's conntrack

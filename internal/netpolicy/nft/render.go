@@ -28,7 +28,7 @@ const (
 // BaseVersion is the layout version of the base chains. It is part of the
 // comment on the first rule of each base chain; Ensure replaces the base
 // rules when the comment differs (a new layout or a new configuration).
-const BaseVersion = 3 // 2: DNS-proxy flows go through the generation's chain (marked); 3: in one input rule
+const BaseVersion = 4 // 2: DNS-proxy flows go through the generation's chain (marked); 3: in one input rule; 4: marked from the src maps
 
 // Names of the base objects.
 const (
@@ -39,6 +39,8 @@ const (
 	MapDispatch  = "dispatch"
 	SetDNS4      = "dns4"
 	SetDNS6      = "dns6"
+	MapSrc4      = "src4"
+	MapSrc6      = "src6"
 )
 
 // Config is the node's firewall configuration.
@@ -110,7 +112,7 @@ type Rule struct {
 
 // Base is the table's base objects.
 type Base struct {
-	Sets   []Set // dispatch, dns4, dns6 (empty)
+	Sets   []Set // dispatch, dns4, dns6, src4, src6 (empty)
 	Chains []Chain
 	// Version is the comment on the first rule of each base chain.
 	Version string
@@ -122,6 +124,7 @@ const (
 	regVerdict = 0
 	reg1       = 1
 	reg32      = 8 // NFT_REG32_00
+	regMark    = reg32 + 8
 )
 
 // Protocol numbers.
@@ -147,6 +150,8 @@ func RenderBase(c Config) Base {
 		{Spec: nftables.Set{Name: MapDispatch, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}},
 		{Spec: nftables.Set{Name: SetDNS4, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)}},
 		{Spec: nftables.Set{Name: SetDNS6, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIP6Addr)}},
+		{Spec: nftables.Set{Name: MapSrc4, IsMap: true, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr), DataType: nftables.TypeMark}},
+		{Spec: nftables.Set{Name: MapSrc6, IsMap: true, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIP6Addr), DataType: nftables.TypeMark}},
 	}
 	accept := nftables.ChainPolicyAccept
 	port := binaryutil.BigEndian.PutUint16(c.DNSPort)
@@ -185,21 +190,31 @@ func RenderBase(c Config) Base {
 				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{255}},
 			}, verdict(expr.VerdictAccept))},
 	}
-	// A new flow to the proxy goes to the generation's chain, as in
-	// forward: it marks the flow with the slot (so the release's flush and
-	// conntrack_gone cover DNS-proxy flows too) and accepts it. A link
-	// without a dispatch element (a carrier) falls through to the drop.
-	// One rule for udp and tcp, with no protocol match (the chain accepts
-	// only udp and tcp to the proxy and drops the rest; a packet without a
-	// transport header does not match th dport): every commit that adds a
-	// rule makes the kernel validate each chain the dispatch map reaches
-	// once per rule that looks the map up, so each such rule costs a walk
-	// of every generation's chain.
-	input = append(input, Rule{Exprs: concat(dport(c.DNSPort), ctDNAT(),
-		[]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-			&expr.Lookup{SourceRegister: reg1, SetName: MapDispatch, DestRegister: regVerdict, IsDestRegSet: true},
-		})})
+	// A new flow to the proxy is accepted when its link and source
+	// address are a generation's (anti-spoofing by the key; a carrier or
+	// a deny_all generation has no element and falls through to the
+	// drop), and marked with that generation's slot (so the release's
+	// flush and conntrack_gone cover DNS-proxy flows too). A data map and
+	// not the dispatch verdict map: the kernel validates, on every commit
+	// that adds a rule, each chain a verdict map reaches once per rule
+	// that looks it up, so each such rule would cost a walk of every
+	// generation's chain on every apply. The map's value is the whole
+	// mark: a flow that ends in ctld's own proxy keeps no other bits.
+	for _, fam := range []struct {
+		nfproto byte
+		set     string
+		saddr   expr.Payload
+	}{
+		{unix.NFPROTO_IPV4, MapSrc4, saddr4(reg32 + 4)},
+		{unix.NFPROTO_IPV6, MapSrc6, saddr6(reg32 + 4)},
+	} {
+		input = append(input, Rule{Exprs: concat(nfproto(fam.nfproto), dport(c.DNSPort), ctDNAT(),
+			[]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, &fam.saddr,
+				&expr.Lookup{SourceRegister: reg1, SetName: fam.set, DestRegister: regMark, IsDestRegSet: true},
+				&expr.Ct{Key: expr.CtKeyMARK, Register: regMark, SourceRegister: true},
+			}, verdict(expr.VerdictAccept))})
+	}
 	input = append(input, Rule{Exprs: concat([]expr.Any{&expr.Counter{}}, verdict(expr.VerdictDrop))})
 
 	// forward: a sandbox's own traffic goes to its generation's chain
@@ -241,11 +256,43 @@ type Generation struct {
 	Link     string   // the dispatch element's key: the host end of the veth
 	Counters []string // named counters: tx, drop
 	Sets     []Set
-	// DNS4 and DNS6 are the keys of the generation's dns4/dns6 elements
-	// (link . gateway); nil when it has no DNS proxy in that family.
-	DNS4, DNS6 []byte
-	Mark       uint32
+	// Elements are the generation's elements in the base sets keyed by
+	// its link (linkKeys): none for deny_all.
+	Elements []Element
+	Mark     uint32
 }
+
+// Element is an element of a base set or map: Val is a map's data.
+type Element struct {
+	Set      string
+	Key, Val []byte
+}
+
+// LinkKey is where a generation has an element in a base set: the key
+// is its link . Addr, an address of its slot's block.
+type LinkKey struct {
+	Set  string
+	Addr netip.Addr
+}
+
+// linkKeys are the base sets keyed by a link and an address of b: the DNS
+// proxy's redirect (link . gateway) and its input rule (link . the
+// sandbox's address → mark). A family b has no address in is left out.
+func linkKeys(b netpolicy.Block) []LinkKey {
+	var out []LinkKey
+	for _, k := range []LinkKey{{SetDNS4, b.Gateway4}, {MapSrc4, b.Addr4}, {SetDNS6, b.Gateway6}, {MapSrc6, b.Addr6}} {
+		if k.Addr.IsValid() {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// linkedSets names the base sets keyed by a link (linkKeys).
+func linkedSets() []string { return []string{SetDNS4, MapSrc4, SetDNS6, MapSrc6} }
+
+// key is the element key of link in k's set.
+func (k LinkKey) key(link string) []byte { return append(ifname(link), k.Addr.AsSlice()...) }
 
 // Counter and set suffixes (netpolicy.SetName).
 const (
@@ -326,17 +373,6 @@ func RenderGeneration(c Config, o netpolicy.Owner, eff netpolicy.Effective) (Gen
 			Mask: binaryutil.NativeEndian.PutUint32(^c.markMask()), Xor: binaryutil.NativeEndian.PutUint32(g.Mark)},
 		&expr.Ct{Key: expr.CtKeyMARK, Register: reg1, SourceRegister: true},
 	})
-	// The DNS proxy (the input chain sends its new flows here, marked
-	// above): redirected to the proxy's port on this node. Forwarded
-	// traffic never has a local destination.
-	for _, proto := range []byte{protoUDP, protoTCP} {
-		add("", l4proto(proto), dport(c.DNSPort), ctDNAT(), []expr.Any{
-			&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
-			tx,
-		}, verdict(expr.VerdictAccept))
-	}
-
 	// Reserved ranges before the allow and domain sets.
 	for _, f := range []struct {
 		v6      bool
@@ -412,11 +448,19 @@ func RenderGeneration(c Config, o netpolicy.Owner, eff netpolicy.Effective) (Gen
 	// (accept): the last rule drops explicitly.
 	add("", dropAll)
 
-	if eff.DNS4.Is4() {
-		g.DNS4 = append(ifname(g.Link), eff.DNS4.AsSlice()...)
-	}
-	if v6 && eff.DNS6.Is6() {
-		g.DNS6 = append(ifname(g.Link), eff.DNS6.AsSlice()...)
+	// The DNS proxy: redirected to (pre) and accepted, marked (input),
+	// in each family the policy gives it.
+	mark := binaryutil.NativeEndian.PutUint32(g.Mark)
+	for _, f := range []struct {
+		dns, src     netip.Addr
+		redir, input string
+	}{{eff.DNS4, eff.Source4, SetDNS4, MapSrc4}, {eff.DNS6, eff.Source6, SetDNS6, MapSrc6}} {
+		if !f.dns.IsValid() || !f.src.IsValid() || f.dns.Is4() != f.src.Is4() {
+			continue
+		}
+		g.Elements = append(g.Elements,
+			Element{Set: f.redir, Key: LinkKey{f.redir, f.dns}.key(g.Link)},
+			Element{Set: f.input, Key: LinkKey{f.input, f.src}.key(g.Link), Val: mark})
 	}
 	return g, nil
 }

@@ -8,9 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -112,35 +110,40 @@ func TestRenderRestricted(t *testing.T) {
 		t.Errorf("d0-4 %+v", d0)
 	}
 
-	// DNS elements: link . gateway.
-	if !bytes.Equal(g.DNS4, append(ifname("ctl-0001a"), o.Block.Gateway4.AsSlice()...)) || len(g.DNS4) != 20 {
-		t.Errorf("dns4 key %v", g.DNS4)
+	// The DNS proxy's elements: link . gateway (redirect), link . source
+	// → the slot (input, marked), in each family.
+	link := ifname("ctl-0001a")
+	wantEls := []Element{
+		{Set: SetDNS4, Key: append(slices.Clone(link), o.Block.Gateway4.AsSlice()...)},
+		{Set: MapSrc4, Key: append(slices.Clone(link), o.Block.Addr4.AsSlice()...), Val: []byte{26, 0, 0, 0}},
+		{Set: SetDNS6, Key: append(slices.Clone(link), o.Block.Gateway6.AsSlice()...)},
+		{Set: MapSrc6, Key: append(slices.Clone(link), o.Block.Addr6.AsSlice()...), Val: []byte{26, 0, 0, 0}},
 	}
-	if len(g.DNS6) != 32 {
-		t.Errorf("dns6 key %v", g.DNS6)
+	if !slices.EqualFunc(g.Elements, wantEls, func(a, b Element) bool {
+		return a.Set == b.Set && bytes.Equal(a.Key, b.Key) && bytes.Equal(a.Val, b.Val)
+	}) {
+		t.Errorf("elements %v, want %v", g.Elements, wantEls)
+	}
+	for i, k := range linkKeys(o.Block) {
+		if e := g.Elements[i]; e.Set != k.Set || !bytes.Equal(k.key(g.Link), e.Key) {
+			t.Errorf("linkKeys[%d] = %v does not find element %v", i, k, e)
+		}
 	}
 
-	// Rule order: anti-spoofing v4 and v6, established, mark, the DNS
-	// proxy (udp, tcp), x4, x6, a4, a6, the domain rules, the final drop.
+	// Rule order: anti-spoofing v4 and v6, established, mark, x4, x6,
+	// a4, a6, the domain rules, the final drop. The DNS proxy's flows
+	// never come here (input accepts them by the src maps).
 	rules := g.Chain.Rules
-	if n := len(rules); n != 13 {
-		t.Fatalf("%d rules, want 13", n)
+	if n := len(rules); n != 11 {
+		t.Fatalf("%d rules, want 11", n)
 	}
-	for _, i := range []int{4, 5} {
-		var fib bool
-		var local []byte
-		for j, e := range rules[i].Exprs {
-			if f, ok := e.(*expr.Fib); ok && f.FlagDADDR && f.ResultADDRTYPE && j+1 < len(rules[i].Exprs) {
-				fib = true
-				local = cmpData(rules[i].Exprs[j+1:], expr.CmpOpEq)
+	for i, r := range rules {
+		for _, e := range r.Exprs {
+			if _, ok := e.(*expr.Fib); ok {
+				t.Errorf("rule %d matches a local destination: %v", i, r.Exprs)
 			}
 		}
-		if v := last(rules[i].Exprs); !fib || !bytes.Equal(local, binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)) || v == nil || v.Kind != expr.VerdictAccept {
-			t.Errorf("rule %d is not the DNS proxy's (to a local address): %v", i, rules[i].Exprs)
-		}
 	}
-	// Past the DNS proxy's two rules, the rest as before.
-	rules = slices.Delete(slices.Clone(rules), 4, 6)
 	if c := cmpData(rules[0].Exprs, expr.CmpOpNeq); !bytes.Equal(c, o.Block.Addr4.AsSlice()) {
 		t.Errorf("rule 0 is not v4 anti-spoofing: %v", c)
 	}
@@ -203,8 +206,8 @@ func TestRenderNoIPv6DropsIt(t *testing.T) {
 			t.Errorf("IPv6 set %s without IPv6", s.Spec.Name)
 		}
 	}
-	if g.DNS6 != nil {
-		t.Errorf("dns6 element without IPv6")
+	if len(g.Elements) != 2 || g.Elements[0].Set != SetDNS4 || g.Elements[1].Set != MapSrc4 {
+		t.Errorf("elements without IPv6: %v", g.Elements)
 	}
 	// Rule 1 drops all IPv6: nfproto ipv6, then the counted drop.
 	if c := cmpData(g.Chain.Rules[1].Exprs, expr.CmpOpEq); !bytes.Equal(c, []byte{10}) || last(g.Chain.Rules[1].Exprs).Kind != expr.VerdictDrop {
@@ -218,8 +221,8 @@ func TestRenderDenyAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(g.Sets) != 0 || g.DNS4 != nil || g.DNS6 != nil || len(g.Counters) != 2 {
-		t.Errorf("deny_all has sets %v, dns %v %v, counters %v", g.Sets, g.DNS4, g.DNS6, g.Counters)
+	if len(g.Sets) != 0 || g.Elements != nil || len(g.Counters) != 2 {
+		t.Errorf("deny_all has sets %v, elements %v, counters %v", g.Sets, g.Elements, g.Counters)
 	}
 	if len(g.Chain.Rules) != 1 || len(g.Chain.Rules[0].Exprs) != 2 || last(g.Chain.Rules[0].Exprs).Kind != expr.VerdictDrop {
 		t.Errorf("deny_all rules %v", g.Chain.Rules)
@@ -261,7 +264,7 @@ func TestRenderRefusesBadInput(t *testing.T) {
 
 func TestRenderBase(t *testing.T) {
 	b := RenderBase(Config{DNSPort: 5353, Pool: unitPool})
-	if b.Version != "ctld base v3 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
+	if b.Version != "ctld base v4 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
 		t.Errorf("version %q", b.Version)
 	}
 	var chains []string
@@ -282,19 +285,26 @@ func TestRenderBase(t *testing.T) {
 	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapDispatch || !l.IsDestRegSet || l.DestRegister != 0 {
 		t.Errorf("forward rule 0 is not the dispatch: %v", fwd)
 	}
-	// input: a new flow to the proxy goes to the generation's chain.
-	var toDispatch int
+	// input: a new flow to the proxy is accepted and marked by the src
+	// map of its family (link . source → mark).
+	var toProxy []string
 	for _, r := range b.Chains[1].Rules {
-		if l, ok := r.Exprs[len(r.Exprs)-1].(*expr.Lookup); ok && l.SetName == MapDispatch && l.IsDestRegSet {
-			toDispatch++
+		for k, e := range r.Exprs {
+			l, ok := e.(*expr.Lookup)
+			if !ok || !l.IsDestRegSet || k+1 >= len(r.Exprs) {
+				continue
+			}
+			if ct, ok := r.Exprs[k+1].(*expr.Ct); ok && ct.Key == expr.CtKeyMARK && ct.SourceRegister && ct.Register == l.DestRegister {
+				toProxy = append(toProxy, l.SetName)
+			}
 		}
 	}
-	if toDispatch != 1 {
-		t.Errorf("input has %d dispatch rules, want 1 (udp and tcp to the proxy)", toDispatch)
+	if !slices.Equal(toProxy, []string{MapSrc4, MapSrc6}) {
+		t.Errorf("input marks DNS-proxy flows from %v, want the src maps", toProxy)
 	}
 	// The kernel walks every generation's chain once per rule that looks
 	// the dispatch map up, at each commit that adds a rule: the whole
-	// table looks it up twice (forward, input), whatever the number of
+	// table looks it up once (forward), whatever the number of
 	// generations.
 	var lookups int
 	for _, c := range b.Chains {
@@ -306,8 +316,13 @@ func TestRenderBase(t *testing.T) {
 			}
 		}
 	}
-	if lookups != 2 {
-		t.Errorf("the base chains look the dispatch map up %d times, want 2", lookups)
+	if lookups != 1 {
+		t.Errorf("the base chains look the dispatch map up %d times, want 1", lookups)
+	}
+	for _, s := range b.Sets[3:] {
+		if !s.Spec.IsMap || s.Spec.DataType != nftables.TypeMark || !s.Spec.Concatenation {
+			t.Errorf("%s is not a concatenated map to a mark: %+v", s.Spec.Name, s.Spec)
+		}
 	}
 	// pre: 4 redirects (v4 and v6, udp and tcp) to the proxy port.
 	if n := len(b.Chains[0].Rules); n != 4 {
