@@ -74,6 +74,10 @@ func (f *Firewall) Ensure(ctx context.Context) error {
 	if current {
 		return nil
 	}
+	srcEls, err := f.srcElements(c)
+	if err != nil {
+		return err
+	}
 	t := f.table()
 	c.AddTable(t)
 	for _, s := range base.Sets {
@@ -94,11 +98,62 @@ func (f *Firewall) Ensure(ctx context.Context) error {
 			c.AddRule(&nftables.Rule{Table: t, Chain: &spec, Exprs: r.Exprs, UserData: comment(r.Comment)})
 		}
 	}
+	migrated := 0
+	for set, els := range srcEls {
+		if err := c.SetAddElements(&nftables.Set{Table: t, Name: set, IsMap: true}, els); err != nil {
+			return fmt.Errorf("ensure nft %s elements: %w", set, err)
+		}
+		migrated += len(els)
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("ensure nft table %s: %w", t.Name, err)
 	}
-	f.log.Info("nft table ensured", "table", t.Name, "version", base.Version)
+	f.log.Info("nft table ensured", "table", t.Name, "version", base.Version, "src elements added", migrated)
 	return nil
+}
+
+// srcElements are the src4/src6 elements of every generation that has a
+// dns4/dns6 element: a table made before base v4 has none, and without
+// them the new input rule would drop those sandboxes' DNS. The key and
+// the mark follow from the link's slot and the pool; Ensure adds them in
+// its transaction (adding an element that is there already is not an
+// error). Nothing when the table or the dns sets do not exist yet.
+func (f *Firewall) srcElements(c *nftables.Conn) (map[string][]nftables.SetElement, error) {
+	t := f.table()
+	if ok, err := f.tableExists(c); err != nil || !ok {
+		return nil, err
+	}
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return nil, fmt.Errorf("list nft sets of %s: %w", t.Name, err)
+	}
+	out := map[string][]nftables.SetElement{}
+	for _, m := range []struct{ dns, src string }{{SetDNS4, MapSrc4}, {SetDNS6, MapSrc6}} {
+		if !slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == m.dns }) {
+			continue
+		}
+		els, err := c.GetSetElements(&nftables.Set{Table: t, Name: m.dns})
+		if err != nil {
+			return nil, fmt.Errorf("list nft %s elements: %w", m.dns, err)
+		}
+		for _, e := range els {
+			link := linkOfKey(e.Key)
+			slot, ok := netpolicy.ParseLinkName(link)
+			if !ok {
+				continue
+			}
+			b, err := f.cfg.Pool.Block(slot)
+			if err != nil {
+				continue // outside this pool: not a generation of ours
+			}
+			for _, k := range linkKeys(b) {
+				if k.Set == m.src {
+					out[m.src] = append(out[m.src], nftables.SetElement{Key: k.key(link), Val: binaryutil.NativeEndian.PutUint32(uint32(slot))})
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // baseCurrent reports whether the table has every base set and chain, and

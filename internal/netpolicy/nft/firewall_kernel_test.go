@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/ti-mo/conntrack"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -452,6 +453,44 @@ func TestKernelEnsureIsIdempotent(t *testing.T) {
 	}
 	if !sb.canConnect(8080) {
 		t.Error("the generation lost its policy when the base chains were replaced")
+	}
+
+	// A table made before base v4 has no src elements: a new base adds
+	// one for each dns element, so its sandboxes' DNS goes on.
+	gw := netip.AddrPortFrom(sb.owner.Block.Gateway4, 53)
+	proxy := netip.AddrPortFrom(netip.IPv6Unspecified(), testPort+1).String()
+	n.tcpEcho(inRoot, proxy)
+	if !sb.canConnectTo(gw) {
+		t.Fatal("tcp gateway:53 did not reach the proxy")
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src4 := &nftables.Set{Table: n.fw.table(), Name: MapSrc4, IsMap: true}
+	key := append(ifname(sb.owner.Link()), sb.owner.Block.Addr4.AsSlice()...)
+	if err := c.SetDeleteElements(src4, []nftables.SetElement{{Key: key}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if sb.canConnectTo(gw) {
+		t.Fatal("tcp gateway:53 reached the proxy without a src4 element")
+	}
+	if err := n.fw.Ensure(ctx); err != nil { // the first configuration: another base
+		t.Fatal(err)
+	}
+	els, err := c.GetSetElements(src4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(els) != 1 || !bytes.Equal(els[0].Key, key) || !bytes.Equal(els[0].Val, binaryutil.NativeEndian.PutUint32(uint32(sb.owner.Block.Slot))) {
+		t.Errorf("src4 after Ensure: %+v", els)
+	}
+	n.tcpEcho(inRoot, netip.AddrPortFrom(netip.IPv6Unspecified(), testPort).String())
+	if !sb.canConnectTo(gw) {
+		t.Error("tcp gateway:53 did not reach the proxy after Ensure added the src4 element")
 	}
 }
 
