@@ -352,13 +352,25 @@ func newDNSSetup(t *testing.T) dnsSetup {
 		map[string]netip.Addr{"cdn.e2e.test": s.CDN})
 	// Positive controls: the node itself reaches every destination, and
 	// the server answers.
-	for _, a := range []netip.Addr{s.API, s.CDN, s.Evil, s.Bare, host.Addr4} {
+	controls := []netip.Addr{s.API, s.CDN, s.Evil, s.Bare, host.Addr4}
+	for _, a := range controls {
 		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(a, 8080).String(), 3*time.Second)
 		if err != nil {
 			t.Fatalf("the node itself cannot reach %v:8080: %v", a, err)
 		}
 		conn.Close()
 	}
+	// The host records a connection when its server accepts it, which
+	// can come after the dial returned: a test's count taken after this
+	// (a guest must add nothing to the denied address's) holds them all.
+	waitFor(t, 30*time.Second, "the test host to record the node's control connections", func() bool {
+		for _, a := range controls {
+			if hostHits(host, a) < 1 {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("hits %v", host.Hits()) })
 	m := new(dns.Msg)
 	m.SetQuestion("x.cdn.e2e.test.", dns.TypeA)
 	r, err := dns.Exchange(m, s.DNS.Addr.String())
