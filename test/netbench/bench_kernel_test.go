@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	vnl "github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -195,14 +196,18 @@ func quantile(xs []float64, k, n int) float64 {
 // netns to a test host, through a generation's Links and Firewall (a
 // restricted policy allowing the test host's ports; the table also
 // masquerades the pool) versus through a bare veth pair with plain
-// forwarding and no ctld table. The guest is single-threaded TCG on a
-// host it shares with other VMs, whose load swings by several times
-// within seconds, so the measurements are short and paired: each of
-// CTLD_BENCH_ROUNDS (default 16) rounds measures both paths back to back
-// (bare first in even rounds, policy first in odd ones; the table is
-// deleted and made again between them). Printed: the medians and their
-// ratio policy/bare, and the median and quartiles of the rounds' own
-// ratios (goal >= 0.9).
+// forwarding and no ctld table, and versus the same bare veth with only
+// the node's masquerade (a table of its own with one masquerade rule:
+// conntrack and NAT, no policy), which every node pays whatever the
+// policy. The guest is single-threaded TCG on a host it shares with other
+// VMs, whose load swings by several times within seconds, so the
+// measurements are short and paired: each of CTLD_BENCH_ROUNDS (default
+// 16) rounds measures the three paths back to back, in an order that
+// rotates and reverses from round to round (the tables are deleted and
+// made again between them). Printed: the medians and their ratio
+// policy/bare, and the median and quartiles of the rounds' own ratios
+// policy/bare (goal >= 0.9), policy/masquerade (the policy's own cost)
+// and masquerade/bare.
 func BenchmarkPacketPath(b *testing.B) {
 	r := newRig(b, true)
 	sizeMB := envInt("CTLD_BENCH_BULK_MB", 4)
@@ -236,9 +241,13 @@ func BenchmarkPacketPath(b *testing.B) {
 		b.Fatalf("bare client's route: %v", err)
 	}
 
+	masq := &nftables.Table{Name: "nbmasq", Family: nftables.TableFamilyINet}
+	b.Cleanup(func() { r.dropTable(masq) })
 	paths := []netPath{
-		{"bare", bare, func() { r.deleteTable() }},
+		{"bare", bare, func() { r.deleteTable(); r.dropTable(masq) }},
+		{"masq", bare, func() { r.deleteTable(); r.masquerade(masq, netip.MustParseAddr("10.241.0.1")) }},
 		{"policy", g.netns(), func() {
+			r.dropTable(masq)
 			if err := r.fw.Ensure(r.ctx); err != nil {
 				b.Fatal(err)
 			}
@@ -251,9 +260,9 @@ func BenchmarkPacketPath(b *testing.B) {
 	cps := map[string][]float64{}
 	b.ResetTimer()
 	for round := range rounds {
-		order := paths
+		order := []netPath{paths[round%3], paths[(round+1)%3], paths[(round+2)%3]}
 		if round%2 == 1 {
-			order = []netPath{paths[1], paths[0]}
+			slices.Reverse(order)
 		}
 		for _, pa := range order {
 			pa.before()
@@ -278,22 +287,36 @@ func BenchmarkPacketPath(b *testing.B) {
 	// Prove the policy path was the filtered one: with the policy
 	// applied (odd rounds end bare, with no table) a port it does not
 	// name is closed.
-	paths[1].before()
+	paths[2].before()
 	if c, err := r.dialTCP(g, 8081, 500*time.Millisecond); err == nil {
 		c.Close()
 		b.Fatal("the policy client reached port 8081: the firewall was not in the path")
 	}
-	paired := func(m map[string][]float64) (q1, q2, q3 float64) {
+	// paired: the quartiles of the rounds' ratios a/z.
+	paired := func(m map[string][]float64, a, z string) (q1, q2, q3 float64) {
 		var rs []float64
-		for i := range m["bare"] {
-			rs = append(rs, m["policy"][i]/m["bare"][i])
+		for i := range m[z] {
+			rs = append(rs, m[a][i]/m[z][i])
 		}
 		return quantile(rs, 1, 4), quantile(rs, 2, 4), quantile(rs, 3, 4)
 	}
 	tp, tb := median(mbps["policy"]), median(mbps["bare"])
 	cp, cb := median(cps["policy"]), median(cps["bare"])
-	t1, t2, t3 := paired(mbps)
-	c1, c2, c3 := paired(cps)
+	t1, t2, t3 := paired(mbps, "policy", "bare")
+	c1, c2, c3 := paired(cps, "policy", "bare")
+	for _, x := range []struct{ a, z, what string }{
+		{"policy", "masq", "policy/masquerade (the policy's own cost)"},
+		{"masq", "bare", "masquerade/bare (conntrack and NAT)"},
+	} {
+		m1, m2, m3 := paired(mbps, x.a, x.z)
+		n1, n2, n3 := paired(cps, x.a, x.z)
+		b.Logf("packet path, %d rounds, %s: rounds' ratios median throughput %.3f (quartiles %.3f..%.3f), connection rate %.3f (%.3f..%.3f)",
+			rounds, x.what, m2, m1, m3, n2, n1, n3)
+		if x.a == "policy" {
+			b.ReportMetric(m2, "throughput-vs-masq-paired-ratio")
+			b.ReportMetric(n2, "connrate-vs-masq-paired-ratio")
+		}
+	}
 	b.Logf("packet path, %d rounds: throughput (%d MB copy) median bare %.1f MB/s, policy %.1f MB/s: ratio %.3f; rounds' ratios median %.3f (quartiles %.3f..%.3f) (goal >= 0.9)",
 		rounds, sizeMB, tb, tp, tp/tb, t2, t1, t3)
 	b.Logf("packet path, %d rounds: connection rate (%d connects) median bare %.1f/s, policy %.1f/s: ratio %.3f; rounds' ratios median %.3f (quartiles %.3f..%.3f) (goal >= 0.9)",

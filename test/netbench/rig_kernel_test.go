@@ -21,9 +21,11 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/ti-mo/conntrack"
 	vnl "github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -118,6 +120,49 @@ func (r *rig) deleteTable() {
 	c.DelTable(&nftables.Table{Name: table, Family: nftables.TableFamilyINet})
 	if err := c.Flush(); err != nil {
 		r.tb.Errorf("delete table %s: %v", table, err)
+	}
+}
+
+// dropTable deletes t if it exists.
+func (r *rig) dropTable(t *nftables.Table) {
+	c, err := nftables.New()
+	if err != nil {
+		r.tb.Fatal(err)
+	}
+	tables, err := c.ListTablesOfFamily(t.Family)
+	if err != nil {
+		r.tb.Fatal(err)
+	}
+	if !slices.ContainsFunc(tables, func(x *nftables.Table) bool { return x.Name == t.Name }) {
+		return
+	}
+	c.DelTable(t)
+	if err := c.Flush(); err != nil {
+		r.tb.Fatalf("delete table %s: %v", t.Name, err)
+	}
+}
+
+// masquerade makes t (deleted first if it exists) with one postrouting
+// rule: src masqueraded, the node's NAT for one client and nothing else.
+func (r *rig) masquerade(t *nftables.Table, src netip.Addr) {
+	r.dropTable(t)
+	c, err := nftables.New()
+	if err != nil {
+		r.tb.Fatal(err)
+	}
+	c.AddTable(t)
+	accept := nftables.ChainPolicyAccept
+	ch := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
+		&expr.Masq{},
+	}})
+	if err := c.Flush(); err != nil {
+		r.tb.Fatalf("make table %s: %v", t.Name, err)
 	}
 }
 
