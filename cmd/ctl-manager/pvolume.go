@@ -50,6 +50,20 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 		if n <= 0 || n%blockstore.DefaultChunkSize != 0 {
 			return usageError{fmt.Errorf("--size %s: not a positive multiple of 64Ki", size)}
 		}
+		if err := blockstore.Vol(args[0]).Check(); err != nil {
+			return usageError{err}
+		}
+		m, done, err := c.manager(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer done()
+		// The bucket's tombstone may be gone: the manager remembers.
+		if _, deleted, err := m.Store.VolumeMark(ctx, args[0]); err != nil {
+			return err
+		} else if deleted {
+			return errdefs.Errorf(errdefs.CodeConflict, "volume %s was deleted; its ID is not reused (pick another)", args[0])
+		}
 		tf.compress = blockstore.CompressS2
 		_, repo, err := tf.open(ctx, true)
 		if err != nil {
@@ -57,6 +71,9 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 		}
 		h, err := template.CreateVolume(ctx, repo, args[0], n, tf.tmpDir(tmp))
 		if err != nil {
+			return err
+		}
+		if err := m.Store.RaiseVolumeMark(ctx, args[0], api.VolumeHead{Seq: h.Seq, Generation: h.Generation}); err != nil {
 			return err
 		}
 		if c.json {
@@ -77,7 +94,7 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 		if err := blockstore.Vol(id).Check(); err != nil {
 			return usageError{err}
 		}
-		m, done, err := c.manager(ctx, false)
+		m, done, err := c.manager(ctx, true)
 		if err != nil {
 			return err
 		}
@@ -96,6 +113,11 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 		}
 		_, repo, err := tf.open(ctx, false)
 		if err != nil {
+			return err
+		}
+		// Remembered first (fail closed): the bucket's tombstone is not
+		// trusted to stay, and a volume that comes back is refused.
+		if err := m.Store.MarkVolumeDeleted(ctx, id); err != nil {
 			return err
 		}
 		if err := template.RemoveVolume(ctx, repo, id); err != nil {

@@ -109,6 +109,12 @@ type RootFSMode string
 type RootFS struct {
 	Mode     RootFSMode `json:"mode"`
 	Template string     `json:"template"` // template name
+	// ExpectHead (block mode) is the lowest head of the sandbox's volume
+	// the claim may start from, as the manager last recorded it: a head
+	// below it (a lower Seq, or the same Seq over another generation) is
+	// a rolled-back bucket and the claim is refused (conflict). Zero: the
+	// node's own high-water mark alone bounds it.
+	ExpectHead VolumeHead `json:"expect_head,omitzero"`
 }
 
 // NetworkPolicy of a sandbox: its egress, enforced on the node's side of
@@ -163,6 +169,12 @@ type ClaimRequest struct {
 type VolumeMount struct {
 	ID   string `json:"id"`
 	Path string `json:"path"`
+	// ExpectHead is the lowest head the attach may start from (as
+	// RootFS.ExpectHead).
+	ExpectHead VolumeHead `json:"expect_head,omitzero"`
+	// Head (in a Sandbox, never in a claim) is the head the attach
+	// published at its detach, else the head it started from.
+	Head *VolumeHead `json:"head,omitempty"`
 }
 
 // MaxVolumes bounds a claim's volumes.

@@ -180,6 +180,9 @@ func validateVolumes(vs []VolumeMount) error {
 	}
 	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 	for i, v := range vs {
+		if v.Head != nil {
+			return invalid("volumes[%d].head is the node's answer, not a claim's (expect_head bounds the head)", i)
+		}
 		if err := names.CheckID(fmt.Sprintf("volumes[%d].id", i), v.ID); err != nil {
 			return err
 		}

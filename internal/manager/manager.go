@@ -160,6 +160,9 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	if err := spec.claim(opID, 1).Validate(); err != nil {
 		return CreateResult{}, err
 	}
+	if spec, err = m.expectHeads(ctx, id, spec); err != nil {
+		return CreateResult{}, err
+	}
 	node, err := m.contact(ctx)
 	if err != nil {
 		return CreateResult{}, err
@@ -214,6 +217,9 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	}
 	// Record even if the caller gave up meanwhile: the node did the work.
 	if err := m.Store.FinishClaim(context.WithoutCancel(ctx), op.OperationID, resp.Sandbox); err != nil {
+		return res, err
+	}
+	if err := m.raiseVolumeMarks(context.WithoutCancel(ctx), resp.Sandbox); err != nil {
 		return res, err
 	}
 	log.Info("sandbox ready", "container", resp.Sandbox.ContainerID, "total_ms", resp.Sandbox.Timings.TotalMS)
@@ -412,6 +418,9 @@ func (m *Manager) releaseWith(ctx context.Context, what string, sb SandboxRecord
 	}
 	v.Source = "node"
 	if err := m.Store.FinishRelease(ctx, op.OperationID, out, ProofRecord{Proof: p, Verified: v.Verified, VerifyError: v.Reason}); err != nil {
+		return out, v, err
+	}
+	if err := m.raiseVolumeMarks(ctx, out); err != nil {
 		return out, v, err
 	}
 	log.Info("sandbox "+what+"d", "proof_verified", v.Verified, "proof_clean", v.Clean, "reason", v.Reason)

@@ -96,6 +96,17 @@ var migrations = []string{
 		node_id      TEXT NOT NULL DEFAULT '',
 		updated_at   TEXT NOT NULL
 	);`,
+	// 4: the highest head of each persistent volume the manager has seen
+	// (volume create, each detach) and whether it deleted the volume: the
+	// expected head its claims carry, so a bucket that rolled a head back
+	// or lost a tombstone cannot bring an older disk back (issue 21).
+	`CREATE TABLE volume_marks (
+		volume_id  TEXT PRIMARY KEY,
+		seq        INTEGER NOT NULL,
+		generation INTEGER NOT NULL,
+		deleted    INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1)),
+		updated_at TEXT NOT NULL
+	);`,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.
@@ -832,4 +843,43 @@ func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) er
 		}
 		return nil
 	})
+}
+
+// VolumeMark returns the highest head of persistent volume id the manager
+// has seen (Seq 0: none) and whether it deleted the volume.
+func (s *Store) VolumeMark(ctx context.Context, id string) (api.VolumeHead, bool, error) {
+	var h api.VolumeHead
+	var deleted bool
+	err := s.db.QueryRowContext(ctx, `SELECT seq, generation, deleted FROM volume_marks WHERE volume_id = ?`, id).Scan(&h.Seq, &h.Generation, &deleted)
+	if errors.Is(err, sql.ErrNoRows) {
+		return api.VolumeHead{}, false, nil
+	}
+	if err != nil {
+		return h, false, fmt.Errorf("read head mark of volume %s: %w", id, err)
+	}
+	return h, deleted, nil
+}
+
+// RaiseVolumeMark moves volume id's mark up to h (a lower or equal Seq
+// changes nothing: the mark never moves back).
+func (s *Store) RaiseVolumeMark(ctx context.Context, id string, h api.VolumeHead) error {
+	if h.Seq == 0 {
+		return nil
+	}
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO volume_marks (volume_id, seq, generation, updated_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (volume_id) DO UPDATE SET seq = excluded.seq, generation = excluded.generation, updated_at = excluded.updated_at
+		WHERE excluded.seq > volume_marks.seq`, id, h.Seq, h.Generation, ts(s.now())); err != nil {
+		return fmt.Errorf("record head mark of volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// MarkVolumeDeleted remembers that volume id was deleted: the bucket's
+// tombstone is not trusted to stay, so claims naming it are refused here.
+func (s *Store) MarkVolumeDeleted(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO volume_marks (volume_id, seq, generation, deleted, updated_at) VALUES (?, 0, 0, 1, ?)
+		ON CONFLICT (volume_id) DO UPDATE SET deleted = 1, updated_at = excluded.updated_at`, id, ts(s.now())); err != nil {
+		return fmt.Errorf("record the deletion of volume %s: %w", id, err)
+	}
+	return nil
 }

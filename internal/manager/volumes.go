@@ -114,3 +114,48 @@ func (m *Manager) Restore(ctx context.Context, id, snapshot string) (api.VolumeI
 	}
 	return v, nil
 }
+
+// expectHeads sets the heads spec's claim expects at least (issue 21):
+// the sandbox volume's recorded head (block mode) and each persistent
+// volume's mark. The node refuses a head below them, so a bucket that
+// lost or rolled back a head cannot start an older disk; a volume the
+// manager deleted is refused here, whatever the bucket's tombstone says.
+// A resume's spec (the last claim's) gets today's heads.
+func (m *Manager) expectHeads(ctx context.Context, id string, spec Spec) (Spec, error) {
+	spec.RootFS.ExpectHead = api.VolumeHead{}
+	if spec.RootFS.Mode == api.RootFSBlock {
+		h, err := m.Store.Head(ctx, id)
+		if err != nil {
+			return spec, err
+		}
+		spec.RootFS.ExpectHead = api.VolumeHead{Seq: h.Seq, Generation: h.Generation}
+	}
+	vs := make([]api.VolumeMount, len(spec.Volumes))
+	for i, v := range spec.Volumes {
+		h, deleted, err := m.Store.VolumeMark(ctx, v.ID)
+		if err != nil {
+			return spec, err
+		}
+		if deleted {
+			return spec, errdefs.Errorf(errdefs.CodeConflict, "volume %s was deleted (volume rm); its ID is not reused", v.ID)
+		}
+		vs[i] = api.VolumeMount{ID: v.ID, Path: v.Path, ExpectHead: h}
+	}
+	if spec.Volumes != nil {
+		spec.Volumes = vs
+	}
+	return spec, nil
+}
+
+// raiseVolumeMarks records the heads sb's volumes attached or published.
+func (m *Manager) raiseVolumeMarks(ctx context.Context, sb api.Sandbox) error {
+	for _, v := range sb.Volumes {
+		if v.Head == nil {
+			continue
+		}
+		if err := m.Store.RaiseVolumeMark(ctx, v.ID, api.VolumeHead{Seq: v.Head.Seq, Generation: v.Head.Generation}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/ctld/ctld/internal/api"
@@ -56,5 +57,68 @@ func TestPauseResume(t *testing.T) {
 	}
 	if _, err := m.Resume(ctx, "ov"); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Errorf("resume of an overlay sandbox: %v, want invalid_argument", err)
+	}
+}
+
+// TestClaimsCarryExpectedHeads (issue 21): every claim carries the heads
+// the manager has seen as its lower bound (the node refuses a head below
+// it): a resume the sandbox volume's recorded head (today's, not the
+// last claim's), an attach the volume's mark, which only moves up. A
+// volume the manager deleted is refused before the node is asked,
+// whatever the bucket's tombstone says.
+func TestClaimsCarryExpectedHeads(t *testing.T) {
+	ctx := context.Background()
+	m, n := setup(t)
+	var sent []api.ClaimRequest
+	n.FailClaim = func(req api.ClaimRequest) error { sent = append(sent, req); return nil }
+	spec := testSpec()
+	spec.RootFS = api.RootFS{Mode: api.RootFSBlock, Template: "busybox"}
+	if _, err := m.Create(ctx, "sb1", spec); err != nil {
+		t.Fatal(err)
+	}
+	if got := sent[len(sent)-1].RootFS.ExpectHead; got != (api.VolumeHead{}) {
+		t.Fatalf("first claim expects head %+v, want none", got)
+	}
+	for want := uint64(1); want <= 2; want++ {
+		p, err := m.Pause(ctx, "sb1")
+		if err != nil || p.Head.Seq != want {
+			t.Fatalf("pause %d: %+v, %v", want, p.Head, err)
+		}
+		if _, err := m.Resume(ctx, "sb1"); err != nil {
+			t.Fatal(err)
+		}
+		if got := sent[len(sent)-1].RootFS.ExpectHead; got.Seq != want || got.Generation != p.Head.Generation {
+			t.Fatalf("resume after pause %d expects head %+v, want %+v", want, got, p.Head)
+		}
+	}
+
+	if err := m.Store.RaiseVolumeMark(ctx, "data", api.VolumeHead{Seq: 3, Generation: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Store.RaiseVolumeMark(ctx, "data", api.VolumeHead{Seq: 2, Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	vspec := testSpec()
+	vspec.Volumes = []api.VolumeMount{{ID: "data", Path: "/data"}}
+	if _, err := m.Create(ctx, "sb2", vspec); err != nil {
+		t.Fatal(err)
+	}
+	if got := sent[len(sent)-1].Volumes[0].ExpectHead; got != (api.VolumeHead{Seq: 3, Generation: 2}) {
+		t.Fatalf("attach expects head %+v, want the mark 3 (generation 2)", got)
+	}
+	if _, err := m.Destroy(ctx, "sb2"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := m.Store.MarkVolumeDeleted(ctx, "data"); err != nil {
+		t.Fatal(err)
+	}
+	claims := len(sent)
+	_, err := m.Create(ctx, "sb3", vspec)
+	if errdefs.CodeOf(err) != errdefs.CodeConflict || !strings.Contains(err.Error(), "volume data was deleted") {
+		t.Fatalf("claim of a deleted volume: %v, want conflict", err)
+	}
+	if len(sent) != claims {
+		t.Fatal("the claim of a deleted volume reached the node")
 	}
 }

@@ -104,7 +104,7 @@ func (n *Node) checkBlock(ctx context.Context, id string, req *api.ClaimRequest)
 	if !n.hasBlock() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", api.RootFSBlock)
 	}
-	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template)
+	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template, req.RootFS.ExpectHead)
 	if err != nil {
 		return err
 	}
@@ -120,12 +120,16 @@ func (n *Node) checkBlock(ctx context.Context, id string, req *api.ClaimRequest)
 
 // blockBase is where a new block generation of sandbox id starts: the
 // sandbox volume's head when it has one (a resume: its files as last
-// paused), else template's generation 0.
-func (n *Node) blockBase(ctx context.Context, id, template string) (blockstore.GenRef, journal.VolumeHead, int64, error) {
+// paused), else template's generation 0. A head below the volume's
+// floor (the node's mark, the claim's expect) is a conflict (headmark.go).
+func (n *Node) blockBase(ctx context.Context, id, template string, expect api.VolumeHead) (blockstore.GenRef, journal.VolumeHead, int64, error) {
 	if n.d.Volumes != nil {
 		h, err := n.d.Volumes.Head(ctx, id)
 		if err != nil {
 			return blockstore.GenRef{}, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head of sandbox %s's volume: %v", id, err)
+		}
+		if err := n.floorHead(sandboxVolume(id), h, expect); err != nil {
+			return blockstore.GenRef{}, journal.VolumeHead{}, 0, err
 		}
 		if h.Seq > 0 {
 			base := blockstore.GenRef{Volume: blockstore.Sandbox(id), Generation: h.Generation}
@@ -221,7 +225,7 @@ func (r writerResource) make(ctx context.Context, c *claimState) error {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
 	}
 	rec := c.rec
-	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template)
+	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template, apiHead(rec.RootFS.ExpectHead))
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
 	}

@@ -45,11 +45,11 @@ func resourcesRecord(r api.Resources) journal.Resources {
 }
 
 func apiRootFS(r journal.RootFS) api.RootFS {
-	return api.RootFS{Mode: api.RootFSMode(r.Mode), Template: r.Template}
+	return api.RootFS{Mode: api.RootFSMode(r.Mode), Template: r.Template, ExpectHead: apiHead(r.ExpectHead)}
 }
 
 func rootFSRecord(r api.RootFS) journal.RootFS {
-	return journal.RootFS{Mode: journal.RootFSMode(r.Mode), Template: r.Template}
+	return journal.RootFS{Mode: journal.RootFSMode(r.Mode), Template: r.Template, ExpectHead: journalHead(r.ExpectHead)}
 }
 
 func apiTimings(t journal.Timings) api.Timings {
@@ -76,19 +76,33 @@ func volumeMountsRecord(vs []api.VolumeMount) []journal.VolumeMount {
 	}
 	out := make([]journal.VolumeMount, len(vs))
 	for i, v := range vs {
-		out[i] = journal.VolumeMount(v)
+		out[i] = journal.VolumeMount{ID: v.ID, Path: v.Path, ExpectHead: journalHead(v.ExpectHead)}
 	}
 	return out
 }
 
-// apiVolumes are the persistent volumes s's claim attaches.
+// apiVolumes are the persistent volumes s's claim attaches, each with
+// the head its detach published (else the head its attach started from),
+// which the manager keeps as its next claim's expected head.
 func apiVolumes(s journal.Sandbox) []api.VolumeMount {
 	if s.Request == nil || s.Request.Volumes == nil {
 		return nil
 	}
 	out := make([]api.VolumeMount, len(s.Request.Volumes))
 	for i, v := range s.Request.Volumes {
-		out[i] = api.VolumeMount(v)
+		out[i] = api.VolumeMount{ID: v.ID, Path: v.Path, ExpectHead: apiHead(v.ExpectHead)}
+		for _, av := range s.Volumes {
+			if av.ID != v.ID {
+				continue
+			}
+			h := apiHead(av.Head)
+			if av.Published != nil {
+				h = apiHead(*av.Published)
+			}
+			if h.Seq > 0 {
+				out[i].Head = &h
+			}
+		}
 	}
 	return out
 }

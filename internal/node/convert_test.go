@@ -48,12 +48,13 @@ func fullRecord() journal.Sandbox {
 	return journal.Sandbox{
 		ID: "sb", Generation: 2, State: journal.StateReady, ContainerID: "sb-g2", LeaseID: "sb-g2",
 		Resources: journal.Resources{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, Cpuset: "0", DiskBytes: 4},
-		RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox"}, Epoch: 3, CreatedAt: at,
+		RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox", ExpectHead: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}}, Epoch: 3, CreatedAt: at,
 		Timings:        journal.Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 7, Steps: steps},
 		ReleaseTimings: &journal.ReleaseTimings{Steps: steps, ProofMS: 1, TotalMS: 2},
 		Reason:         "r", OOMKills: 1,
 		Block:   &journal.BlockDevice{WriterEpoch: 5, Dir: "/w/sb-g2", Template: "busybox", Index: 3, PID: 42, Size: 64 << 20, Restarts: 1, BaseVolume: "templates/busybox"},
-		Request: &journal.ClaimRequest{Volumes: []journal.VolumeMount{{ID: "data", Path: "/data"}}},
+		Request: &journal.ClaimRequest{Volumes: []journal.VolumeMount{{ID: "data", Path: "/data", ExpectHead: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}}}},
+		Volumes: []journal.AttachedVolume{{ID: "data", Head: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "n"}}},
 		Seal:    &journal.SealRecord{State: journal.SealAbandoned, OperationID: "p1", Generation: 3, Head: journal.VolumeHead{Seq: 1, Generation: 3, WriterEpoch: 5, Node: "n"}, Error: "fenced"},
 	}
 }
@@ -82,13 +83,15 @@ func TestAPISandboxCarriesEveryField(t *testing.T) {
 // The journal keeps every field of an admitted claim, and owns its copy.
 func TestClaimRecordCarriesEveryField(t *testing.T) {
 	req := api.ClaimRequest{
-		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"},
+		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}},
 		Resources: api.Resources{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, Cpuset: "0", DiskBytes: 4},
 		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
 			{CIDR: "203.0.113.0/24", Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}},
 		}},
 		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2}, MaxLifetimeSec: 60,
-		Volumes: []api.VolumeMount{{ID: "data", Path: "/data"}},
+		// Head is the node's answer (a claim with it is invalid): set
+		// only so every field of the request is seen.
+		Volumes: []api.VolumeMount{{ID: "data", Path: "/data", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}, Head: &api.VolumeHead{Seq: 1, Generation: 1, WriterEpoch: 1, Node: "n"}}},
 	}
 	if z := zeroFields(reflect.ValueOf(req), "api.ClaimRequest"); len(z) != 0 {
 		t.Fatalf("test request leaves fields zero: %v", z)

@@ -68,6 +68,9 @@ func (n *Node) checkVolumes(ctx context.Context, req api.ClaimRequest) error {
 		if err != nil {
 			return errdefs.Errorf(errdefs.CodeUnavailable, "head of volume %s: %v", v.ID, err)
 		}
+		if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
+			return err
+		}
 		if h.Seq == 0 {
 			return errdefs.Errorf(errdefs.CodeNotFound, "volume %q not found (ctl-manager volume create)", v.ID)
 		}
@@ -166,6 +169,9 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	h, err := n.d.PVolumes.Head(ctx, v.ID)
 	if err != nil {
 		return "", errdefs.Errorf(errdefs.CodeUnavailable, "head: %v", err)
+	}
+	if err := n.floorHead(persistentVolume(v.ID), h, apiHead(v.ExpectHead)); err != nil {
+		return "", err
 	}
 	if h.Seq == 0 {
 		return "", errdefs.Errorf(errdefs.CodeNotFound, "volume %q has no head (deleted?)", v.ID)
@@ -312,6 +318,9 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 		case av.Published == nil:
 			return av.PublishError
 		}
+		if err := n.noteHead(persistentVolume(id), apiHead(*av.Published)); err != nil {
+			return "published, but its head mark not journaled: " + err.Error()
+		}
 		log.Warn("sealed and published a volume writer no attach record names", "head", av.Published.Seq, "block_generation", av.Published.Generation, "writer_epoch", spec.Epoch)
 		return ""
 	}()
@@ -345,7 +354,7 @@ func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av jo
 		if av, err = r.sealAndPublish(ctx, *rec, av); err != nil {
 			return err
 		}
-		if err := n.putVolume(*rec, &av, nil); err != nil {
+		if err := n.putVolume(*rec, &av, publishedMark(av)); err != nil {
 			return fmt.Errorf("journal publish: %w", err)
 		}
 		setVolume(rec, av)
@@ -405,6 +414,17 @@ func (r volumesResource) sealAndPublish(ctx context.Context, rec journal.Sandbox
 	av.Published = &jh
 	log.Info("volume sealed and published", "head", h.Seq, "block_generation", h.Generation, "bytes", res.Bytes)
 	return av, nil
+}
+
+// publishedMark raises av's volume's head mark to its published head
+// (if any), in the transaction that journals the publish.
+func publishedMark(av journal.AttachedVolume) func(*journal.Tx) error {
+	return func(tx *journal.Tx) error {
+		if av.Published == nil {
+			return nil
+		}
+		return raiseMark(tx, persistentVolume(av.ID), apiHead(*av.Published))
+	}
 }
 
 // stop unmounts volume id (unless another generation holds it) and stops

@@ -61,7 +61,7 @@ func TestVolumeAttachDetach(t *testing.T) {
 	if av.ID != "data" || av.WriterEpoch == 0 || av.Index < 0 || av.Head.Seq != 1 || av.Mount != filepath.Join(k.VolumeMountDir(), "data") || av.RootDev == "" {
 		t.Errorf("attach %+v: want data with an epoch, a device, head 1 and its mount", av)
 	}
-	if len(resp.Sandbox.Volumes) != 1 || resp.Sandbox.Volumes[0] != (api.VolumeMount{ID: "data", Path: "/data"}) {
+	if v := resp.Sandbox.Volumes; len(v) != 1 || v[0].ID != "data" || v[0].Path != "/data" || v[0].Head == nil || v[0].Head.Seq != 1 {
 		t.Errorf("the claim's sandbox shows volumes %+v", resp.Sandbox.Volumes)
 	}
 	b, err := os.ReadFile(filepath.Join(r.n.bundleDir(s.ContainerID), "config.json"))

@@ -182,7 +182,8 @@ func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head api.VolumeHe
 	if err != nil {
 		return err
 	}
-	return n.putGeneration(rec, nil, func(s *journal.Sandbox) {
+	also := func(tx *journal.Tx) error { return raiseMark(tx, sandboxVolume(rec.ID), head) }
+	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
 		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: journalHead(head), Result: result}
 		s.State, s.ReleaseOp = journal.StateReleasing, opID
 	})
@@ -416,8 +417,12 @@ func (n *Node) fork(ctx context.Context, id string, req api.ForkRequest) (api.Vo
 	if err := n.d.Volumes.Fork(ctx, req.Source, gen, id); err != nil {
 		return api.VolumeInfo{}, err
 	}
-	if _, err := n.d.Volumes.Publish(ctx, id, api.VolumeHead{}, api.VolumeHead{Generation: 0, Node: n.d.Identity.NodeID}); err != nil {
+	h, err := n.d.Volumes.Publish(ctx, id, api.VolumeHead{}, api.VolumeHead{Generation: 0, Node: n.d.Identity.NodeID})
+	if err != nil {
 		return api.VolumeInfo{}, err
+	}
+	if err := n.noteHead(sandboxVolume(id), h); err != nil {
+		return api.VolumeInfo{}, journalErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
 	return n.Volume(ctx, id)
@@ -441,8 +446,15 @@ func (n *Node) restore(ctx context.Context, id string, req api.RestoreRequest) (
 	if err != nil {
 		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
 	}
-	if _, err := n.d.Volumes.Publish(ctx, id, h, api.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID}); err != nil {
+	if err := n.floorHead(sandboxVolume(id), h, api.VolumeHead{}); err != nil {
 		return api.VolumeInfo{}, err
+	}
+	nh, err := n.d.Volumes.Publish(ctx, id, h, api.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID})
+	if err != nil {
+		return api.VolumeInfo{}, err
+	}
+	if err := n.noteHead(sandboxVolume(id), nh); err != nil {
+		return api.VolumeInfo{}, journalErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("restored", "sandbox", id, "snapshot", req.Snapshot, "generation", gen)
 	return n.Volume(ctx, id)

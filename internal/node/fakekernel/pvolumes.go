@@ -148,3 +148,11 @@ func (m *VolumeMounts) Freeze(ctx context.Context, id string) (func() error, err
 
 // Thaw is success: the fake keeps no frozen volume across a crash.
 func (m *VolumeMounts) Thaw(ctx context.Context, id string) error { return nil }
+
+// SetVolumeHead sets persistent volume id's head as a hostile bucket can
+// (SetHead).
+func (k *Kernel) SetVolumeHead(id string, h api.VolumeHead) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.vol(pvolKey(id)).head = h
+}

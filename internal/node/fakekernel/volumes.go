@@ -212,3 +212,12 @@ func (f *Freezer) Thaw(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// SetHead sets sandbox's head as a hostile bucket can: deleting the
+// newest head object, or putting back a saved older one (Seq 0: every
+// head gone).
+func (k *Kernel) SetHead(sandbox string, h api.VolumeHead) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.vol(sandbox).head = h
+}

@@ -136,6 +136,8 @@ const (
 type RootFS struct {
 	Mode     RootFSMode `json:"mode"`
 	Template string     `json:"template"`
+	// ExpectHead is the claim's lower bound on the sandbox volume's head.
+	ExpectHead VolumeHead `json:"expect_head,omitzero"`
 }
 
 // NetworkMode is a generation's network mode.
@@ -183,6 +185,8 @@ type ClaimRequest struct {
 type VolumeMount struct {
 	ID   string `json:"id"`
 	Path string `json:"path"`
+	// ExpectHead is the claim's lower bound on the volume's head.
+	ExpectHead VolumeHead `json:"expect_head,omitzero"`
 }
 
 // Timings of a claim's steps, in milliseconds.

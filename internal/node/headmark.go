@@ -1,0 +1,82 @@
+package node
+
+import (
+	"fmt"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/node/journal"
+)
+
+// Rollback by the bucket (issue 21): the store's head of a volume is the
+// highest head object it lists, and whoever controls the bucket can
+// delete the newest one or put back a saved older one (it authenticates:
+// same name, same key). So a resume and an attach take the store's head
+// only if it is not below a floor: the node's own high-water mark of the
+// volume (journal.HeadMark: every head it read or published) and the
+// head the claim expects (the manager's record). Below is a conflict and
+// nothing is started; at or above, the mark moves up to it.
+
+// sandboxVolume and persistentVolume are the store's names of the marks.
+func sandboxVolume(id string) string    { return blockstore.Sandbox(id).String() }
+func persistentVolume(id string) string { return blockstore.Vol(id).String() }
+
+// belowFloor says whether got is below floor: a lower Seq, or the same
+// Seq over another generation (a zero floor bounds nothing).
+func belowFloor(got, floor api.VolumeHead) bool {
+	return floor.Seq > 0 && (got.Seq < floor.Seq || got.Seq == floor.Seq && got.Generation != floor.Generation)
+}
+
+// checkHeadFloor is the floor check as plain data: nil, or a conflict
+// that names the store's head and the floor it is below.
+func checkHeadFloor(vol string, got api.VolumeHead, mark journal.HeadMark, expect api.VolumeHead) error {
+	for _, f := range []struct {
+		who   string
+		floor api.VolumeHead
+	}{
+		{"this node's journal", api.VolumeHead{Seq: mark.Seq, Generation: mark.Generation}},
+		{"the claim", expect},
+	} {
+		if belowFloor(got, f.floor) {
+			return errdefs.Errorf(errdefs.CodeConflict,
+				"head of %s: the block store has head %d (generation %d), below head %d (generation %d) that %s has seen: the store lost or rolled back its newest head (or the volume was deleted); refusing to run an older disk",
+				vol, got.Seq, got.Generation, f.floor.Seq, f.floor.Generation, f.who)
+		}
+	}
+	return nil
+}
+
+// floorHead checks got, the store's head of vol, against the node's mark
+// and expect, and raises the mark to it.
+func (n *Node) floorHead(vol string, got, expect api.VolumeHead) error {
+	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		mark, err := tx.HeadMark(vol)
+		if err != nil {
+			return fmt.Errorf("read head mark: %w", err)
+		}
+		if err := checkHeadFloor(vol, got, mark, expect); err != nil {
+			return err
+		}
+		_, err = tx.RaiseHeadMark(vol, got.Seq, got.Generation)
+		return err
+	})
+	if err != nil {
+		n.log.Error("head of a volume not taken", "volume", vol, "err", err)
+		return journalErr("journal head mark of "+vol, err)
+	}
+	return nil
+}
+
+// noteHead raises vol's mark to h, a head this node published.
+func (n *Node) noteHead(vol string, h api.VolumeHead) error {
+	return n.d.Journal.Update(func(tx *journal.Tx) error { return raiseMark(tx, vol, h) })
+}
+
+// raiseMark raises vol's mark to h inside tx (a publish's journal write).
+func raiseMark(tx *journal.Tx, vol string, h api.VolumeHead) error {
+	if _, err := tx.RaiseHeadMark(vol, h.Seq, h.Generation); err != nil {
+		return fmt.Errorf("raise head mark of %s: %w", vol, err)
+	}
+	return nil
+}
