@@ -71,7 +71,47 @@ var (
 	// truncated, swapped, or sealed under another key). Its bytes are
 	// never returned as data.
 	ErrCorrupt = errors.New("corrupt object")
+	// ErrTooLarge: an object is larger than MaxObjectSize of its key (a
+	// tampered object or a hostile server); nothing of it is returned.
+	ErrTooLarge = errors.New("object too large")
 )
+
+// Object size limits by kind (issue 21): a Store reads at most
+// MaxObjectSize(key) bytes of an object, checked against the size the
+// backend announces and enforced while reading, so a tampered object or a
+// hostile server cannot make a reader allocate without bound before the
+// object is authenticated.
+const (
+	// MaxChunkObject is a sealed chunk: at most MaxChunkSize of payload
+	// (compression is kept only when it shrinks) plus the header, nonce
+	// and tag.
+	MaxChunkObject = MaxChunkSize + 4<<10
+	// MaxManifestObject is a sealed manifest: 41 bytes per written chunk,
+	// about 3.2 million chunks (200 GiB written at 64 KiB chunks). Also
+	// the bound of a key of no known kind.
+	MaxManifestObject = 128 << 20
+	// MaxSmallObject is a head, snapshot, tombstone or wrapped data key.
+	MaxSmallObject = 64 << 10
+)
+
+// MaxObjectSize is the size limit of the object at key, by its kind
+// (<volume kind>/<id>/chunks/..., /gen/..., /head/..., /snap/...,
+// /deleted, /key).
+func MaxObjectSize(key string) int64 {
+	parts := strings.SplitN(key, "/", 4)
+	if len(parts) < 3 {
+		return MaxManifestObject
+	}
+	switch parts[2] {
+	case "chunks":
+		return MaxChunkObject
+	case "gen":
+		return MaxManifestObject
+	case "head", "snap", "deleted", "key":
+		return MaxSmallObject
+	}
+	return MaxManifestObject
+}
 
 // MaxKeyLen bounds a key; S3 allows 1024 bytes, a path component 255.
 const MaxKeyLen = 512

@@ -83,19 +83,8 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	if err := blockstore.CheckKey(key); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("get %s: %w", key, err)
-	}
-	b, err := os.ReadFile(s.path(key))
-	if err != nil {
-		// ENOTDIR: a path component is an object, so this key is not one.
-		// EISDIR: the key names a directory of other keys, not an object.
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) {
-			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
-		}
-		return nil, fmt.Errorf("get %s: %w", key, err)
-	}
-	return b, nil
+	// GetBuffer reads what fstat says, within the key's size limit.
+	return s.GetBuffer(ctx, key, nil)
 }
 
 var _ blockstore.BufferGetter = (*Store)(nil)
@@ -130,6 +119,9 @@ func (s *Store) GetBuffer(ctx context.Context, key string, buf []byte) ([]byte, 
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
+	}
+	if limit := blockstore.MaxObjectSize(key); st.Size > limit {
+		return nil, fmt.Errorf("get %s: %w: %d bytes, at most %d for this kind of object", key, blockstore.ErrTooLarge, st.Size, limit)
 	}
 	n := int(st.Size)
 	if cap(buf) < n {

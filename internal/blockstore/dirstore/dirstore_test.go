@@ -119,3 +119,30 @@ func TestGetBuffer(t *testing.T) {
 		}
 	}
 }
+
+// TestGetBounded (issue 21): an object file larger than its key's kind
+// allows (a tampered store) is ErrTooLarge from Get and GetBuffer, and
+// nothing of it is read.
+func TestGetBounded(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := "sandboxes/sb/head/00000000000000000001"
+	if err := s.Put(ctx, key, []byte("small")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := s.Get(ctx, key); err != nil || string(b) != "small" {
+		t.Fatalf("get of a small head: %q, %v", b, err)
+	}
+	if err := os.Truncate(filepath.Join(s.Root(), key), blockstore.MaxSmallObject+1); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := s.Get(ctx, key); !errors.Is(err, blockstore.ErrTooLarge) || b != nil {
+		t.Fatalf("get of an oversized head: %d bytes, %v; want ErrTooLarge", len(b), err)
+	}
+	if b, err := s.GetBuffer(ctx, key, nil); !errors.Is(err, blockstore.ErrTooLarge) || b != nil {
+		t.Fatalf("GetBuffer of an oversized head: %d bytes, %v; want ErrTooLarge", len(b), err)
+	}
+}

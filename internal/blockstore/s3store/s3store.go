@@ -134,9 +134,19 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
 	defer out.Body.Close()
-	b, err := io.ReadAll(out.Body)
+	// Bounded before the object is authenticated: the announced length
+	// first, then the body itself (a server may send no length, or more
+	// than it announced).
+	limit := blockstore.MaxObjectSize(key)
+	if out.ContentLength != nil && *out.ContentLength > limit {
+		return nil, fmt.Errorf("get %s: %w: Content-Length %d, at most %d for this kind of object", key, blockstore.ErrTooLarge, *out.ContentLength, limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(out.Body, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("get %s: read body: %w", key, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("get %s: %w: body over %d bytes, at most %d for this kind of object", key, blockstore.ErrTooLarge, limit, limit)
 	}
 	// A cut connection must not pass for a short object.
 	if out.ContentLength != nil && int64(len(b)) != *out.ContentLength {
