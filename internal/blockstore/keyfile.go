@@ -2,9 +2,7 @@ package blockstore
 
 import (
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,12 +11,17 @@ import (
 )
 
 // LoadNodeKeyFile reads the node key id from a key file: 64 hex digits
-// (surrounding white space ignored).
+// (surrounding white space ignored), in a file of mode 0600
+// (fsutil.ReadPrivate: a key others can read unwraps every data key).
 func LoadNodeKeyFile(path, id string) (*NodeKey, error) {
-	b, err := os.ReadFile(path)
+	b, err := fsutil.ReadPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("node key: %w", err)
 	}
+	return parseNodeKey(path, id, b)
+}
+
+func parseNodeKey(path, id string, b []byte) (*NodeKey, error) {
 	raw, err := hex.DecodeString(strings.TrimSpace(string(b)))
 	if err != nil {
 		return nil, fmt.Errorf("node key %s: not hex: %w", path, err)
@@ -27,41 +30,23 @@ func LoadNodeKeyFile(path, id string) (*NodeKey, error) {
 }
 
 // LoadOrCreateNodeKeyFile reads the node key file, or makes it when
-// missing: a new random key, 0600, O_EXCL (another process that made it
-// first wins and its key is read), fsynced with its directory. The key is
-// never logged.
+// missing: a new random key, written complete or not at all (temp file,
+// fsync, link into place, fsync the dir: fsutil.LoadOrCreate, as the
+// proof key), mode 0600; another process that made it first wins and its
+// key is read. The key is never logged.
 func LoadOrCreateNodeKeyFile(path, id string) (*NodeKey, error) {
-	nk, err := LoadNodeKeyFile(path, id)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) {
-		return nk, err
-	}
-	nk, raw, err := GenerateNodeKey(id)
-	if err != nil {
-		return nil, err
-	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("node key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return LoadNodeKeyFile(path, id)
-	}
+	b, err := fsutil.LoadOrCreate(path, 0o600, fsutil.ReadPrivate, func() ([]byte, error) {
+		_, raw, err := GenerateNodeKey(id)
+		if err != nil {
+			return nil, err
+		}
+		return []byte(hex.EncodeToString(raw) + "\n"), nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("node key: %w", err)
 	}
-	_, err = f.WriteString(hex.EncodeToString(raw) + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = fsutil.SyncDir(filepath.Dir(path))
-	}
-	if err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("node key %s: %w", path, err)
-	}
-	return nk, nil
+	return parseNodeKey(path, id, b)
 }

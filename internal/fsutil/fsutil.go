@@ -7,6 +7,7 @@ package fsutil
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -112,4 +113,54 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("close dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// LoadOrCreate reads path, or, when it is missing, creates it once with
+// gen's data (CreateFileOnce: a crash leaves it complete or absent, and
+// of racing creators one wins and the others read its file). read reads
+// the file (os.ReadFile, or ReadPrivate for a key).
+func LoadOrCreate(path string, perm os.FileMode, read func(string) ([]byte, error), gen func() ([]byte, error)) ([]byte, error) {
+	b, err := read(path)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return b, err
+	}
+	data, err := gen()
+	if err != nil {
+		return nil, fmt.Errorf("generate %s: %w", path, err)
+	}
+	if err := CreateFileOnce(path, data, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	return read(path)
+}
+
+// MaxPrivateFile bounds a key file ReadPrivate reads.
+const MaxPrivateFile = 64 << 10
+
+// ReadPrivate reads a secret (a key file): a regular file that neither
+// group nor others can access (a key others can read can sign or
+// decrypt in the node's name), of at most MaxPrivateFile bytes. The mode
+// is checked on the open file, so a swap after the check is read as
+// what it is.
+func ReadPrivate(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("read %s: mode %v, want a regular file of mode 0600 (chmod 600 it)", path, st.Mode())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxPrivateFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > MaxPrivateFile {
+		return nil, fmt.Errorf("read %s: over %d bytes", path, MaxPrivateFile)
+	}
+	return b, nil
 }

@@ -19,7 +19,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -63,7 +62,7 @@ func loadOrCreateIdentity(stateDir, bootIDPath string) (Identity, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Identity{}, fmt.Errorf("create identity dir: %w", err)
 	}
-	idBytes, err := loadOrCreate(filepath.Join(dir, nodeIDName), 0o644, func() ([]byte, error) {
+	idBytes, err := fsutil.LoadOrCreate(filepath.Join(dir, nodeIDName), 0o644, os.ReadFile, func() ([]byte, error) {
 		b := make([]byte, 16)
 		if _, err := rand.Read(b); err != nil {
 			return nil, err
@@ -78,7 +77,9 @@ func loadOrCreateIdentity(stateDir, bootIDPath string) (Identity, error) {
 		return Identity{}, fmt.Errorf("parse node id %q: want 32 lowercase hex digits", nodeID)
 	}
 	keyPath := filepath.Join(dir, keyName)
-	keyPEM, err := loadOrCreate(keyPath, 0o600, func() ([]byte, error) {
+	// ReadPrivate refuses a key others could read: it can sign proofs in
+	// our name.
+	keyPEM, err := fsutil.LoadOrCreate(keyPath, 0o600, fsutil.ReadPrivate, func() ([]byte, error) {
 		_, priv, err := ed25519.GenerateKey(rand.Reader)
 		if err != nil {
 			return nil, err
@@ -91,14 +92,6 @@ func loadOrCreateIdentity(stateDir, bootIDPath string) (Identity, error) {
 	})
 	if err != nil {
 		return Identity{}, err
-	}
-	// A key others could read can sign proofs in our name.
-	st, err := os.Stat(keyPath)
-	if err != nil {
-		return Identity{}, fmt.Errorf("stat node key: %w", err)
-	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return Identity{}, fmt.Errorf("load node key: %s has mode %v, want 0600", keyPath, st.Mode().Perm())
 	}
 	key, err := parseKey(keyPEM)
 	if err != nil {
@@ -117,28 +110,6 @@ func loadOrCreateIdentity(stateDir, bootIDPath string) (Identity, error) {
 
 // loadOrCreate returns the content of path, first creating it from gen if it
 // does not exist. A lost creation race reads the winner's content.
-func loadOrCreate(path string, perm os.FileMode, gen func() ([]byte, error)) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err == nil {
-		return b, nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	data, err := gen()
-	if err != nil {
-		return nil, fmt.Errorf("generate %s: %w", path, err)
-	}
-	if err := fsutil.CreateFileOnce(path, data, perm); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("create %s: %w", path, err)
-	}
-	b, err = os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	return b, nil
-}
-
 func parseKey(b []byte) (ed25519.PrivateKey, error) {
 	blk, _ := pem.Decode(b)
 	if blk == nil || blk.Type != "PRIVATE KEY" {
