@@ -2,10 +2,14 @@ package main
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"os/signal"
+	"path/filepath"
 	"syscall"
+	"time"
 
+	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/writer"
 	"github.com/spf13/cobra"
@@ -36,7 +40,7 @@ func writerCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			log := logging.New(cmd.ErrOrStderr(), slog.LevelInfo).With("component", "writer")
+			log := writerLogger(cmd.ErrOrStderr(), spec, time.Now)
 			err := writer.RunFile(ctx, spec, log)
 			if err != nil {
 				log.Error("writer failed", "err", err)
@@ -49,6 +53,15 @@ func writerCmd() *cobra.Command {
 	}
 	c.Flags().StringVar(&spec, "spec", "", "the writer's spec (JSON, written by the primary)")
 	return c
+}
+
+// writerLogger is the writer's logger: text lines on stderr, which is its
+// log file in its dir beside the spec, bounded (writer.LogMax) and rate
+// limited per kind of line (writer.LogBurst per writer.LogEvery).
+func writerLogger(stderr io.Writer, spec string, now func() time.Time) *slog.Logger {
+	out := &guestlog.CappedFile{W: stderr, Path: filepath.Join(filepath.Dir(spec), writer.LogName), Max: writer.LogMax}
+	h := logging.Limit(logging.New(out, slog.LevelInfo).Handler(), writer.LogBurst, writer.LogEvery, now)
+	return slog.New(h).With("component", "writer")
 }
 
 // asExitCode returns the exit code an error asks for, if any.

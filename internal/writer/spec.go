@@ -106,7 +106,18 @@ const (
 	SpecName  = "spec.json"  // the spec the primary wrote for the last Start
 	StateName = "state.json" // the running writer's State
 	LockName  = "lock"       // flocked by the writer for its whole life
-	LogName   = "writer.log" // the writer's stderr (slog JSON), appended
+	LogName   = "writer.log" // the writer's stderr (slog text), appended
+)
+
+// The writer's log is bounded (issue 21): a guest's failing I/O or a
+// broken bucket makes a line per request, so lines of one kind pass at
+// most LogBurst times per LogEvery (then one "suppressed similar lines"
+// summary), and the file is capped at LogMax (its older half in
+// writer.log.1), like the guests' logs.
+const (
+	LogMax   = 1 << 20
+	LogBurst = 20
+	LogEvery = time.Minute
 )
 
 // DefaultRequestTimeout is the kernel's per-request timeout when the spec
