@@ -44,8 +44,8 @@ func TestCLIVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := sb.Volumes; len(v) != 1 || v[0].ID != "data" || v[0].Path != "/data" {
-		t.Errorf("the node's sandbox has volumes %+v, want data at /data", v)
+	if v := sb.Volumes; len(v) != 1 || v[0].ID != "data" || v[0].Path != "/data" || v[0].ExpectHead.Seq != 1 {
+		t.Errorf("the node's sandbox has volumes %+v, want data at /data, expecting head 1 (volume create's)", v)
 	}
 	if r := vol("rm", "data"); r.code != exitError || !strings.Contains(r.stderr, "attached to sandbox sb") {
 		t.Errorf("rm while attached: exit %d\n%s", r.code, r.stderr)
@@ -59,5 +59,13 @@ func TestCLIVolume(t *testing.T) {
 	}
 	if r := vol("rm", "data"); r.code != exitError || !strings.Contains(r.stderr, "volume not found") {
 		t.Errorf("second rm: exit %d\n%s", r.code, r.stderr)
+	}
+	// The manager remembers the deletion (the bucket's tombstone may go):
+	// the ID is not reused, and a claim naming it never reaches the node.
+	if r := vol("create", "data", "--size", "8Mi"); r.code != exitError || !strings.Contains(r.stderr, "was deleted") {
+		t.Errorf("create of a deleted volume's ID: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := e.run("", "sandbox", "create", "sb2", "--volume", "data:/data"); r.code != exitError || !strings.Contains(r.stderr, "volume data was deleted") {
+		t.Errorf("claim of a deleted volume: exit %d\n%s", r.code, r.stderr)
 	}
 }
