@@ -56,6 +56,17 @@ type Role string
 // RolePrimary is the role of the instance that serves the API.
 const RolePrimary Role = "primary"
 
+// KeyRotation is a signed move of a node's proof key (proof.Rotation).
+type KeyRotation struct {
+	NodeID       string    `json:"node_id"`
+	OldKey       []byte    `json:"old_key"`
+	NewKey       []byte    `json:"new_key"`
+	IssuedAt     time.Time `json:"issued_at"`
+	OldSignature []byte    `json:"old_signature"`
+	NewSignature []byte    `json:"new_signature"`
+	Version      int       `json:"version"`
+}
+
 // Node is the answer to GET /v1/node.
 type Node struct {
 	NodeID string `json:"node_id"`
@@ -65,9 +76,12 @@ type Node struct {
 	Epoch  uint64 `json:"epoch"`
 	// NodeKey is the ed25519 public key that signs this node's cleanup
 	// proofs; a manager pins it on first contact.
-	NodeKey  []byte       `json:"node_key"`
-	Versions Versions     `json:"versions"`
-	Capacity NodeCapacity `json:"capacity"`
+	NodeKey []byte `json:"node_key"`
+	// KeyRotation, while the node rotates its key, moves a manager's
+	// pinned key to NodeKey: signed by the previous key and by NodeKey.
+	KeyRotation *KeyRotation `json:"key_rotation,omitempty"`
+	Versions    Versions     `json:"versions"`
+	Capacity    NodeCapacity `json:"capacity"`
 	// Withheld lists the generations whose cleanup could not be proven.
 	Withheld []WithheldLease `json:"withheld_leases,omitempty"`
 }

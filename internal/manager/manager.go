@@ -43,6 +43,9 @@ type Manager struct {
 	BusyRetries int
 	// Wait sleeps for a retry hint; nil means a timer that ctx cancels.
 	Wait func(ctx context.Context, d time.Duration) error
+	// KeyOverlap is how long a node's key stays trusted for proofs after
+	// a signed rotation replaced it (0: DefaultKeyOverlap).
+	KeyOverlap time.Duration
 }
 
 // whileBusy calls fn again while the node answers busy, after the node's
@@ -242,9 +245,12 @@ func (m *Manager) contact(ctx context.Context) (NodeStatus, error) {
 		return NodeStatus{}, err
 	}
 	// Fail closed: a node that now presents another key than the pinned one
-	// is not the node whose proofs this store trusts.
+	// is not the node whose proofs this store trusts, unless the pinned
+	// key signed the move (proof.Rotation).
 	if key != nil && rec.PublicKey != nil && !bytes.Equal(rec.PublicKey, key) {
-		return NodeStatus{}, errdefs.Errorf(errdefs.CodeConflict, "node %s presents key %x, not its pinned key %x", n.NodeID, key, rec.PublicKey)
+		if rec, err = m.rotate(ctx, n, rec); err != nil {
+			return NodeStatus{}, err
+		}
 	}
 	return NodeStatus{Node: n, Record: rec}, nil
 }
@@ -340,9 +346,16 @@ func (m *Manager) judge(ctx context.Context, w want, p api.CleanupProof) (Verdic
 		m.log().Info("pinned node key on first use", "node", p.NodeID, "key", hex.EncodeToString(node.PublicKey))
 	}
 	// The record is the exact payload the node signed, whatever the
-	// API's JSON of it looks like.
-	if err := proof.Verify(p.Record(), ed25519.PublicKey(node.PublicKey)); err != nil {
-		v.Reason = fmt.Sprintf("not signed by the pinned key of node %s: %v", p.NodeID, err)
+	// API's JSON of it looks like. The key before a rotation signs too
+	// during its overlap (proofs made before the rotation).
+	var verr error
+	for _, k := range node.TrustedKeys(m.Store.now()) {
+		if verr = proof.Verify(p.Record(), ed25519.PublicKey(k)); verr == nil {
+			break
+		}
+	}
+	if verr != nil {
+		v.Reason = fmt.Sprintf("not signed by the pinned key of node %s: %v", p.NodeID, verr)
 		return v, nil
 	}
 	v.Verified = true
@@ -732,4 +745,36 @@ type NodeStatus struct {
 // NodeStatus asks the node for its status and records the contact.
 func (m *Manager) NodeStatus(ctx context.Context) (NodeStatus, error) {
 	return m.contact(ctx)
+}
+
+// DefaultKeyOverlap is how long a node's key stays trusted for proofs
+// after a signed rotation moved the pin (Manager.KeyOverlap).
+const DefaultKeyOverlap = 24 * time.Hour
+
+// rotate moves rec's pinned key to the key node n presents, iff n carries
+// a rotation the pinned key (and the new key) signed; else the node is
+// refused as before: conflict.
+func (m *Manager) rotate(ctx context.Context, n api.Node, rec NodeRecord) (NodeRecord, error) {
+	if n.KeyRotation == nil {
+		return rec, errdefs.Errorf(errdefs.CodeConflict, "node %s presents key %x, not its pinned key %x, and no rotation signed by it", n.NodeID, n.NodeKey, rec.PublicKey)
+	}
+	kr := n.KeyRotation
+	r := proof.Rotation{Version: kr.Version, NodeID: kr.NodeID, OldKey: kr.OldKey, NewKey: kr.NewKey, IssuedAt: kr.IssuedAt, OldSignature: kr.OldSignature, NewSignature: kr.NewSignature}
+	if !bytes.Equal(r.NewKey, n.NodeKey) {
+		return rec, errdefs.Errorf(errdefs.CodeConflict, "node %s presents key %x, but its rotation is to %x", n.NodeID, n.NodeKey, kr.NewKey)
+	}
+	if err := proof.VerifyRotation(r, n.NodeID, rec.PublicKey); err != nil {
+		m.log().Error("node key rotation refused", "node", n.NodeID, "err", err)
+		return rec, errdefs.Errorf(errdefs.CodeConflict, "node %s presents key %x, not its pinned key %x: %v", n.NodeID, n.NodeKey, rec.PublicKey, err)
+	}
+	overlap := m.KeyOverlap
+	if overlap == 0 {
+		overlap = DefaultKeyOverlap
+	}
+	out, err := m.Store.RotateNodeKey(ctx, n.NodeID, rec.PublicKey, r.NewKey, m.Store.now().Add(overlap))
+	if err != nil {
+		return rec, err
+	}
+	m.log().Info("node key rotated", "node", n.NodeID, "old_key", hex.EncodeToString(rec.PublicKey), "new_key", hex.EncodeToString(r.NewKey), "old_trusted_until", out.PreviousUntil)
+	return out, nil
 }

@@ -107,6 +107,10 @@ var migrations = []string{
 		deleted    INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1)),
 		updated_at TEXT NOT NULL
 	);`,
+	// 5, 6: a node's key before its last signed rotation, trusted for
+	// proofs until previous_until (the overlap).
+	`ALTER TABLE nodes ADD COLUMN previous_key BLOB;`,
+	`ALTER TABLE nodes ADD COLUMN previous_until TEXT NOT NULL DEFAULT '';`,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.
@@ -196,13 +200,17 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 // Records as stored.
 
 // NodeRecord is a ctld node the manager has talked to. PublicKey is pinned
-// on first use and never replaced.
+// on first use and replaced only by a rotation the pinned key signed.
 type NodeRecord struct {
-	NodeID    string    `json:"node_id"`
-	PublicKey []byte    `json:"public_key,omitempty"`
-	Socket    string    `json:"socket"`
-	FirstSeen time.Time `json:"first_seen"`
-	LastSeen  time.Time `json:"last_seen"`
+	NodeID    string `json:"node_id"`
+	PublicKey []byte `json:"public_key,omitempty"`
+	// PreviousKey is the key before the last signed rotation (RotateNodeKey),
+	// still trusted for proofs until PreviousUntil.
+	PreviousKey   []byte    `json:"previous_key,omitempty"`
+	PreviousUntil time.Time `json:"previous_until,omitzero"`
+	Socket        string    `json:"socket"`
+	FirstSeen     time.Time `json:"first_seen"`
+	LastSeen      time.Time `json:"last_seen"`
 }
 
 // SandboxRecord is a sandbox identity.
@@ -315,14 +323,14 @@ func (s *Store) PinNode(ctx context.Context, nodeID, socket string, key []byte) 
 	return rec, err
 }
 
-const nodeSelect = `SELECT node_id, public_key, socket, first_seen, last_seen FROM nodes`
+const nodeSelect = `SELECT node_id, public_key, socket, first_seen, last_seen, previous_key, previous_until FROM nodes`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
 func scanNode(row rowScanner) (NodeRecord, error) {
 	var r NodeRecord
-	var first, last string
-	if err := row.Scan(&r.NodeID, &r.PublicKey, &r.Socket, &first, &last); err != nil {
+	var first, last, until string
+	if err := row.Scan(&r.NodeID, &r.PublicKey, &r.Socket, &first, &last, &r.PreviousKey, &until); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, notFound("node not known to the manager")
 		}
@@ -331,6 +339,11 @@ func scanNode(row rowScanner) (NodeRecord, error) {
 	var err error
 	if r.FirstSeen, err = parseTS(first); err != nil {
 		return r, err
+	}
+	if until != "" {
+		if r.PreviousUntil, err = parseTS(until); err != nil {
+			return r, err
+		}
 	}
 	r.LastSeen, err = parseTS(last)
 	return r, err
@@ -882,4 +895,38 @@ func (s *Store) MarkVolumeDeleted(ctx context.Context, id string) error {
 		return fmt.Errorf("record the deletion of volume %s: %w", id, err)
 	}
 	return nil
+}
+
+// RotateNodeKey moves node nodeID's pinned key from old to next iff old is
+// still the pinned key (the caller verified the rotation old signed);
+// old stays trusted for proofs until until. Anything else is a conflict
+// and changes nothing.
+func (s *Store) RotateNodeKey(ctx context.Context, nodeID string, old, next []byte, until time.Time) (NodeRecord, error) {
+	var rec NodeRecord
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE nodes SET public_key = ?, previous_key = ?, previous_until = ? WHERE node_id = ? AND public_key = ?`,
+			next, old, ts(until), nodeID, old)
+		if err != nil {
+			return fmt.Errorf("rotate key of node %s: %w", nodeID, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return errdefs.Errorf(errdefs.CodeConflict, "rotate key of node %s: the pinned key is no longer %x (%v)", nodeID, old, err)
+		}
+		rec, err = scanNode(tx.QueryRowContext(ctx, nodeSelect+` WHERE node_id = ?`, nodeID))
+		return err
+	})
+	return rec, err
+}
+
+// TrustedKeys are the keys rec's proofs may be signed with at now: the
+// pinned key, and the previous one during its overlap.
+func (rec NodeRecord) TrustedKeys(now time.Time) [][]byte {
+	var out [][]byte
+	if len(rec.PublicKey) > 0 {
+		out = append(out, rec.PublicKey)
+	}
+	if len(rec.PreviousKey) > 0 && now.Before(rec.PreviousUntil) {
+		out = append(out, rec.PreviousKey)
+	}
+	return out
 }

@@ -40,6 +40,8 @@ type Node struct {
 	// unless a test swaps it to forge proofs.
 	Key    ed25519.PrivateKey
 	Signer ed25519.PrivateKey
+	// Rotation, when set, is presented with the key (GET /v1/node).
+	Rotation *api.KeyRotation
 	// FailRelease is FailClaim for releases.
 	FailRelease func(req api.ReleaseRequest) error
 	// Tamper, when set, edits each proof after it is signed.
@@ -144,7 +146,7 @@ func (n *Node) Node(context.Context) (api.Node, error) {
 	}
 	total := api.Capacity{CPUMillis: 2000, MemoryBytes: 4 << 30, PIDs: 4096, NBDDevices: 16, Addresses: 250, DiskBytes: 10 << 30}
 	return api.Node{
-		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3, NodeKey: n.Key.Public().(ed25519.PublicKey),
+		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3, NodeKey: n.Key.Public().(ed25519.PublicKey), KeyRotation: n.Rotation,
 		Versions: api.Versions{Ctld: "test", Kernel: "6.1.0", Runsc: "20221219", Nft: "1.0.6"},
 		Capacity: api.NodeCapacity{Total: total, Allocatable: total, Leased: leased},
 		Withheld: n.Withheld,
