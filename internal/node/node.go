@@ -236,6 +236,10 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 	}
 	if n.d.Identity.Key != nil {
 		out.NodeKey = n.d.Identity.PublicKey()
+		if r := n.d.Identity.Rotation; r != nil {
+			out.KeyRotation = &api.KeyRotation{Version: r.Version, NodeID: r.NodeID, OldKey: r.OldKey, NewKey: r.NewKey,
+				IssuedAt: r.IssuedAt, OldSignature: r.OldSignature, NewSignature: r.NewSignature}
+		}
 	}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		ss, err := tx.LiveSandboxes()

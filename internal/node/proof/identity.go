@@ -43,6 +43,10 @@ var nodeIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 type Identity struct {
 	NodeID, BootID string
 	Key            ed25519.PrivateKey
+	// Rotation is the signed record of the rotation that made Key the
+	// node's key (RotateIdentity), presented to managers that pinned the
+	// key before it; nil if Key was never rotated to.
+	Rotation *Rotation
 }
 
 // PublicKey is the key a verifier trusts for this node.
@@ -105,11 +109,14 @@ func loadOrCreateIdentity(stateDir, bootIDPath string) (Identity, error) {
 	if bootID == "" {
 		return Identity{}, fmt.Errorf("read boot id: %s is empty", bootIDPath)
 	}
-	return Identity{NodeID: nodeID, BootID: bootID, Key: key}, nil
+	id := Identity{NodeID: nodeID, BootID: bootID, Key: key}
+	id.Rotation, err = loadRotation(dir, id)
+	if err != nil {
+		return Identity{}, err
+	}
+	return id, nil
 }
 
-// loadOrCreate returns the content of path, first creating it from gen if it
-// does not exist. A lost creation race reads the winner's content.
 func parseKey(b []byte) (ed25519.PrivateKey, error) {
 	blk, _ := pem.Decode(b)
 	if blk == nil || blk.Type != "PRIVATE KEY" {

@@ -26,15 +26,15 @@ var ErrRotation = errors.New("key rotation refused")
 
 // Rotation moves node NodeID's proof key from OldKey to NewKey.
 type Rotation struct {
-	Version  int
-	NodeID   string
-	OldKey   ed25519.PublicKey
-	NewKey   ed25519.PublicKey
-	IssuedAt time.Time
+	Version  int               `json:"version"`
+	NodeID   string            `json:"node_id"`
+	OldKey   ed25519.PublicKey `json:"old_key"`
+	NewKey   ed25519.PublicKey `json:"new_key"`
+	IssuedAt time.Time         `json:"issued_at"`
 	// OldSignature and NewSignature sign RotationBytes with the old and
 	// the new key.
-	OldSignature []byte
-	NewSignature []byte
+	OldSignature []byte `json:"old_signature"`
+	NewSignature []byte `json:"new_signature"`
 }
 
 const rotationDomain = "ctld key rotation\x00"
