@@ -96,6 +96,10 @@ var migrations = []string{
 		node_id      TEXT NOT NULL DEFAULT '',
 		updated_at   TEXT NOT NULL
 	);`,
+	// 4: the service (ctl-manager serve): owners with quotas, API keys
+	// (hashes only), sandboxes of an owner (the quota reservation), the
+	// create log of the rate quota, idempotency records and timers.
+	serviceMigration,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.
