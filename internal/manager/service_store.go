@@ -216,7 +216,9 @@ func ownerTx(ctx context.Context, q querier, name string) (Owner, error) {
 }
 
 // Owner returns an owner.
-func (s *Store) Owner(ctx context.Context, name string) (Owner, error) { return ownerTx(ctx, s.db, name) }
+func (s *Store) Owner(ctx context.Context, name string) (Owner, error) {
+	return ownerTx(ctx, s.db, name)
+}
 
 // SetQuota replaces an owner's quota (creating the owner if needed). A
 // lower quota does not evict what the owner holds; it refuses creates
@@ -242,7 +244,9 @@ func (s *Store) SetQuota(ctx context.Context, owner string, q Quota) (Owner, err
 }
 
 // Usage returns what the owner's active sandboxes reserve.
-func (s *Store) Usage(ctx context.Context, owner string) (Usage, error) { return usageTx(ctx, s.db, owner) }
+func (s *Store) Usage(ctx context.Context, owner string) (Usage, error) {
+	return usageTx(ctx, s.db, owner)
+}
 
 func usageTx(ctx context.Context, q querier, owner string) (Usage, error) {
 	var u Usage
