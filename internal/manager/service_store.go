@@ -735,3 +735,8 @@ func (s *Store) FinishTimer(ctx context.Context, id, opID string) error {
 		return nil
 	})
 }
+
+// Timer returns a sandbox's timeout timer.
+func (s *Store) Timer(ctx context.Context, id string) (Timer, error) {
+	return scanTimer(s.db.QueryRowContext(ctx, timerSelect+` WHERE t.sandbox_id = ? AND t.kind = 'timeout'`, id))
+}
