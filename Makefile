@@ -142,6 +142,7 @@ install:
 	install -D -m 0755 bin/ctl-agent $(DESTDIR)$(PREFIX)/bin/ctl-agent
 	install -D -m 0644 systemd/ctld@.service $(DESTDIR)/etc/systemd/system/ctld@.service
 	install -D -m 0644 systemd/ctld.target $(DESTDIR)/etc/systemd/system/ctld.target
+	install -D -m 0644 systemd/ctl-manager.service $(DESTDIR)/etc/systemd/system/ctl-manager.service
 	install -D -m 0644 systemd/ctld.tmpfiles.conf $(DESTDIR)/etc/tmpfiles.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modules-load.conf $(DESTDIR)/etc/modules-load.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modprobe.conf $(DESTDIR)/etc/modprobe.d/ctld.conf
