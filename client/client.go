@@ -336,3 +336,10 @@ func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
 	defer resp.Body.Close()
 	return io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 }
+
+// UpdateNetwork replaces a running sandbox's egress policy.
+func (c *Client) UpdateNetwork(ctx context.Context, id string, n Network, opts ...Option) (Network, error) {
+	var out Network
+	err := c.call(ctx, http.MethodPut, sandboxPath(id, "/network"), nil, n, &out, opts...)
+	return out, err
+}

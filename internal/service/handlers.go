@@ -124,10 +124,7 @@ func (s *Server) specOf(req client.CreateRequest) (manager.Spec, error) {
 		spec.Process.UID, spec.Process.GID = req.User.UID, req.User.GID
 	}
 	if req.Network != nil {
-		spec.Network.Mode = api.NetworkMode(req.Network.Mode)
-		for _, r := range req.Network.Rules {
-			spec.Network.Rules = append(spec.Network.Rules, api.NetworkRule{CIDR: r.CIDR, Domain: r.Domain, Protocol: r.Protocol, Ports: r.Ports})
-		}
+		spec.Network = policyOf(*req.Network)
 	}
 	if err := spec.Validate(); err != nil {
 		return manager.Spec{}, err
@@ -196,7 +193,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		}()
 		return s.answer(w, r, owner, id, http.StatusAccepted)
 	}
-	if err := s.claim(r.Context(), id, spec); err != nil {
+	// A caller that goes away does not abandon the claim: it runs to its
+	// end (bounded by CreateTimeout) and GET shows the outcome.
+	if err := s.claim(context.WithoutCancel(r.Context()), id, spec); err != nil {
 		return err
 	}
 	return s.answer(w, r, owner, id, http.StatusCreated)
@@ -716,3 +715,36 @@ func (s *Server) templates(w http.ResponseWriter, _ *http.Request, _ string) err
 }
 
 var _ io.Writer = (*capped)(nil)
+
+func policyOf(n client.Network) api.NetworkPolicy {
+	p := api.NetworkPolicy{Mode: api.NetworkMode(n.Mode)}
+	for _, r := range n.Rules {
+		p.Rules = append(p.Rules, api.NetworkRule{CIDR: r.CIDR, Domain: r.Domain, Protocol: r.Protocol, Ports: r.Ports})
+	}
+	return p
+}
+
+// setNetwork replaces the running sandbox's egress policy (a live update
+// on the node) and answers the policy now in force.
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, owner string) error {
+	o, err := s.owned(r, owner)
+	if err != nil {
+		return err
+	}
+	var req client.Network
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	p := policyOf(req)
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if _, err := s.Manager.UpdateNetwork(r.Context(), o.ID, p); err != nil {
+		return err
+	}
+	if req.Rules == nil {
+		req.Rules = []client.NetworkRule{}
+	}
+	writeJSON(w, http.StatusOK, req)
+	return nil
+}

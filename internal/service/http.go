@@ -41,6 +41,7 @@ func (s *Server) routes() []route {
 		{"/v1/sandboxes/{id}/timeout", map[string]handlerFunc{http.MethodPost: s.setTimeout}},
 		{"/v1/sandboxes/{id}/pause", map[string]handlerFunc{http.MethodPost: s.pause}},
 		{"/v1/sandboxes/{id}/resume", map[string]handlerFunc{http.MethodPost: s.resume}},
+		{"/v1/sandboxes/{id}/network", map[string]handlerFunc{http.MethodPut: s.setNetwork}},
 		{"/v1/templates", map[string]handlerFunc{http.MethodGet: s.templates}},
 	}
 }

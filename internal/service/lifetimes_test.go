@@ -21,6 +21,23 @@ func (e *env) timer(id string) manager.Timer {
 	return tm
 }
 
+// waitTimerDone waits until the sandbox's timeout is recorded done (the
+// sandbox shows destroyed a moment before: the release is recorded first).
+func (e *env) waitTimerDone(id string) manager.Timer {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tm := e.timer(id)
+		if tm.State == "done" {
+			return tm
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timer of %s: %+v, want done", id, tm)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestTimeoutFiresAndExtends(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -36,7 +53,9 @@ func TestTimeoutFiresAndExtends(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.advance(61 * time.Second)
-	got := waitState(t, e.a, short.ID, client.StateDestroyed)
+	waitState(t, e.a, short.ID, client.StateDestroyed)
+	e.waitTimerDone(short.ID)
+	got, _ := e.a.Get(ctx, short.ID)
 	if got.Reason != "timeout" || e.nodeState(short.ID) != api.StateReleased {
 		t.Fatalf("after its timeout: %+v, node %s", got, e.nodeState(short.ID))
 	}
@@ -53,6 +72,7 @@ func TestTimeoutFiresAndExtends(t *testing.T) {
 	}
 	e.clock.advance(120 * time.Second)
 	waitState(t, e.a, long.ID, client.StateDestroyed)
+	e.waitTimerDone(long.ID)
 	if _, err := e.a.SetTimeout(ctx, long.ID, 60); errCode(err) != client.CodeConflict {
 		t.Fatalf("extending an ended sandbox: %v", err)
 	}
@@ -106,6 +126,7 @@ func TestTimeoutCompletedOnceAfterCrash(t *testing.T) {
 	}
 	e.restart(nil)
 	waitState(t, e.a, sb.ID, client.StateDestroyed)
+	e.waitTimerDone(sb.ID)
 	time.Sleep(100 * time.Millisecond) // a few more ticks: nothing fires again
 	tm := e.timer(sb.ID)
 	if tm.State != "done" || len(e.node.ReleaseOps) != 1 || e.node.ReleaseOps[0] != tm.OperationID {
@@ -149,6 +170,7 @@ func TestTimeoutReleaseOutcomeUnknownThenRestart(t *testing.T) {
 	e.node.Unlock()
 	e.restart(nil)
 	waitState(t, e.a, sb.ID, client.StateDestroyed)
+	e.waitTimerDone(sb.ID)
 	e.node.Lock()
 	ops := append([]string(nil), e.node.ReleaseOps...)
 	e.node.Unlock()

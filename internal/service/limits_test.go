@@ -240,3 +240,29 @@ func TestKeyNeverLogged(t *testing.T) {
 		t.Fatal("Authorization header in the log")
 	}
 }
+
+// TestCreateOutlivesItsCaller: a caller that gives up while the claim
+// runs does not leave it pending: the claim completes and GET shows it
+// ready.
+func TestCreateOutlivesItsCaller(t *testing.T) {
+	e := newEnv(t, nil)
+	e.node.Lock()
+	e.node.FailClaim = func(api.ClaimRequest) error { time.Sleep(300 * time.Millisecond); return nil }
+	e.node.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "gone"}}); err == nil {
+		t.Fatal("the caller's deadline did not cut its call")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err := e.a.List(context.Background(), client.ListOptions{Labels: map[string]string{"k": "gone"}})
+		if err == nil && len(l.Sandboxes) == 1 && l.Sandboxes[0].State == client.StateReady {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("abandoned create: %+v, %v; want ready", l, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -87,6 +87,18 @@ func TestAllEndpointsContract(t *testing.T) {
 		t.Fatalf("stat after remove: %v", err)
 	}
 
+	// network: a live update answers the policy in force.
+	pol := client.Network{Mode: "restricted", Rules: []client.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+	if got, err := e.a.UpdateNetwork(ctx, sb.ID, pol); err != nil || got.Mode != "restricted" || len(got.Rules) != 1 {
+		t.Fatalf("network update = %+v, %v", got, err)
+	}
+	if p, ok := e.node.Policy(sb.ID); !ok || p.Mode != "restricted" {
+		t.Fatalf("node policy = %+v", p)
+	}
+	if _, err := e.a.UpdateNetwork(invalid(ctx), sb.ID, client.Network{Mode: "restricted", Rules: []client.NetworkRule{{CIDR: "not-a-cidr"}}}); errCode(err) != client.CodeInvalidArgument {
+		t.Fatalf("bad rule: %v", err)
+	}
+
 	// timeout: extend moves the deadline.
 	ext, err := e.a.SetTimeout(ctx, sb.ID, 3600)
 	if err != nil || ext.EndsAt == nil || !ext.EndsAt.After(*sb.EndsAt) {
@@ -196,6 +208,10 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 		"timeout": func(c *client.Client) error { _, err := c.SetTimeout(ctx, sb.ID, 5); return err },
 		"pause":   func(c *client.Client) error { _, err := c.Pause(ctx, sb.ID); return err },
 		"resume":  func(c *client.Client) error { _, err := c.Resume(ctx, sb.ID); return err },
+		"network": func(c *client.Client) error {
+			_, err := c.UpdateNetwork(ctx, sb.ID, client.Network{Mode: "open"})
+			return err
+		},
 	}
 	for name, call := range calls {
 		if err := call(e.b); errCode(err) != client.CodeNotFound {
