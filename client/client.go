@@ -343,3 +343,48 @@ func (c *Client) UpdateNetwork(ctx context.Context, id string, n Network, opts .
 	err := c.call(ctx, http.MethodPut, sandboxPath(id, "/network"), nil, n, &out, opts...)
 	return out, err
 }
+
+// Events follows the caller's sandbox events (sandbox: only that one's;
+// "" for all) and calls fn with each until fn returns an error, ctx ends
+// or the stream does. A stream cut for falling behind ends with an *Error.
+func (c *Client) Events(ctx context.Context, sandbox string, fn func(Event) error) error {
+	q := url.Values{}
+	if sandbox != "" {
+		q.Set("sandbox", sandbox)
+	}
+	resp, err := c.Do(ctx, http.MethodGet, "/v1/events", q, nil, "", func(r *http.Request) { r.Header.Set("Accept", "text/event-stream") })
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 4<<10), 1<<20)
+	var name, data string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event:"):
+			name = strings.TrimSpace(line[len("event:"):])
+		case strings.HasPrefix(line, "data:"):
+			data += strings.TrimSpace(line[len("data:"):])
+		case line == "" && name != "":
+			if name == EventError {
+				var b ErrorBody
+				_ = json.Unmarshal([]byte(data), &b)
+				return &Error{Status: http.StatusOK, Code: b.Error.Code, Message: b.Error.Message}
+			}
+			var ev Event
+			if err := json.Unmarshal([]byte(data), &ev); err != nil {
+				return fmt.Errorf("decode %s event: %w", name, err)
+			}
+			if err := fn(ev); err != nil {
+				return err
+			}
+			name, data = "", ""
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("read events: %w", err)
+	}
+	return ctx.Err()
+}

@@ -190,6 +190,24 @@ const (
 	EventError  = "error"
 )
 
+// Event types of GET /v1/events (each event's data is an Event).
+const (
+	EventCreated   = "created"
+	EventReady     = "ready"
+	EventFailed    = "failed"
+	EventPaused    = "paused"
+	EventResumed   = "resumed"
+	EventDestroyed = "destroyed"
+)
+
+// Event is something that happened to one of the caller's sandboxes.
+type Event struct {
+	Type      string    `json:"type"`
+	SandboxID string    `json:"sandbox_id"`
+	Reason    string    `json:"reason,omitempty"`
+	Time      time.Time `json:"time"`
+}
+
 // ExecExit is the data of the exit event.
 type ExecExit struct {
 	ExitCode int `json:"exit_code"`

@@ -61,7 +61,10 @@ func classify(err error) (code, msg string, retryAfter time.Duration) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &ae):
-		return ae.code, ae.message, 0
+		if ae.code == client.CodeUnavailable {
+			retryAfter = time.Second
+		}
+		return ae.code, ae.message, retryAfter
 	case errors.As(err, &qe):
 		return client.CodeQuotaExceeded, qe.Error(), qe.RetryAfter
 	case errors.As(err, &mbe):

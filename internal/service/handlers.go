@@ -185,17 +185,18 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
 		return err
 	}
+	s.emit(owner, id, client.EventCreated, "")
 	if !wait {
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
-			s.claim(context.WithoutCancel(s.baseCtx), id, spec)
+			s.claim(context.WithoutCancel(s.baseCtx), owner, id, spec)
 		}()
 		return s.answer(w, r, owner, id, http.StatusAccepted)
 	}
 	// A caller that goes away does not abandon the claim: it runs to its
 	// end (bounded by CreateTimeout) and GET shows the outcome.
-	if err := s.claim(context.WithoutCancel(r.Context()), id, spec); err != nil {
+	if err := s.claim(context.WithoutCancel(r.Context()), owner, id, spec); err != nil {
 		return err
 	}
 	return s.answer(w, r, owner, id, http.StatusCreated)
@@ -205,11 +206,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 // failed for good (the manager recorded it failed, or it never reached
 // the node) gives the owner's share back; one whose outcome is unknown
 // keeps it until it is settled.
-func (s *Server) claim(ctx context.Context, id string, spec manager.Spec) error {
+func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec) error {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(s.CreateTimeout, DefaultCreateTimeout))
 	defer cancel()
 	_, err := s.Manager.Create(ctx, id, spec)
 	if err == nil {
+		s.emit(owner, id, client.EventReady, "")
 		return nil
 	}
 	s.log().Warn("create failed", "sandbox", id, "err", err)
@@ -220,6 +222,7 @@ func (s *Server) claim(ctx context.Context, id string, spec manager.Spec) error 
 		if eerr := s.Store.EndOwnedSandbox(sctx, id, "create failed: "+msg); eerr != nil {
 			return errors.Join(err, eerr)
 		}
+		s.emit(owner, id, client.EventFailed, "create failed: "+msg)
 	}
 	return err
 }
@@ -390,6 +393,9 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request, owner string) e
 	if err := s.Store.EndOwnedSandbox(ctx, o.ID, "destroyed"); err != nil {
 		return err
 	}
+	if o.Active {
+		s.emit(owner, o.ID, client.EventDestroyed, "destroyed")
+	}
 	if o, err = s.Store.OwnedSandbox(ctx, owner, o.ID); err != nil {
 		return err
 	}
@@ -460,6 +466,15 @@ type sse struct {
 	mu sync.Mutex
 	w  http.ResponseWriter
 	rc *http.ResponseController
+}
+
+func (e *sse) comment(text string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := fmt.Fprintf(e.w, ": %s\n\n", text); err != nil {
+		return err
+	}
+	return e.rc.Flush()
 }
 
 func (e *sse) event(name string, data []byte) error {
@@ -688,6 +703,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) err
 	if err := s.Store.SetPaused(context.WithoutCancel(r.Context()), o.ID, true); err != nil {
 		return err
 	}
+	s.emit(owner, o.ID, client.EventPaused, "")
 	return s.answer(w, r, owner, o.ID, http.StatusOK)
 }
 
@@ -705,6 +721,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) er
 	if err := s.Store.SetPaused(context.WithoutCancel(r.Context()), o.ID, false); err != nil {
 		return err
 	}
+	s.emit(owner, o.ID, client.EventResumed, "")
 	return s.answer(w, r, owner, o.ID, http.StatusOK)
 }
 

@@ -43,6 +43,7 @@ func (s *Server) routes() []route {
 		{"/v1/sandboxes/{id}/resume", map[string]handlerFunc{http.MethodPost: s.resume}},
 		{"/v1/sandboxes/{id}/network", map[string]handlerFunc{http.MethodPut: s.setNetwork}},
 		{"/v1/templates", map[string]handlerFunc{http.MethodGet: s.templates}},
+		{"/v1/events", map[string]handlerFunc{http.MethodGet: s.followEvents}},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/manager"
 )
 
@@ -69,6 +70,7 @@ func (s *Server) fire(ctx context.Context, t manager.Timer) error {
 	if err := s.Store.FinishTimer(context.WithoutCancel(ctx), t.SandboxID, res.OperationID); err != nil {
 		return err
 	}
+	s.emit(t.Owner, t.SandboxID, client.EventDestroyed, "timeout")
 	log.Info("timeout fired: sandbox destroyed", "operation", res.OperationID, "proof_verified", res.Verdict.Verified, "proof_clean", res.Verdict.Clean, "already_released", res.AlreadyReleased)
 	return nil
 }

@@ -71,6 +71,9 @@ type Server struct {
 	IdleTimeout       time.Duration
 	ShutdownGrace     time.Duration
 
+	// MaxFollowers bounds the event streams open at once.
+	MaxFollowers int
+
 	// AfterMarkFiring, when set, runs after a timeout timer is marked
 	// firing and before its release is sent; an error stops the firing
 	// there (tests use it to stand for a manager that dies at that point).
@@ -78,6 +81,7 @@ type Server struct {
 
 	bg      sync.WaitGroup
 	baseCtx context.Context
+	events  broker
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Log) }
