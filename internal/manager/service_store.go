@@ -99,6 +99,7 @@ type ServiceStore interface {
 	AdmitCreate(ctx context.Context, in Admission) error
 	OwnedSandbox(ctx context.Context, owner, id string) (OwnedSandbox, error)
 	OwnedSandboxes(ctx context.Context, owner, after string, limit int) ([]OwnedSandbox, error)
+	UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error)
 	EndOwnedSandbox(ctx context.Context, id, reason string) error
 	SetPaused(ctx context.Context, id string, paused bool) error
 
@@ -739,4 +740,24 @@ func (s *Store) FinishTimer(ctx context.Context, id, opID string) error {
 // Timer returns a sandbox's timeout timer.
 func (s *Store) Timer(ctx context.Context, id string) (Timer, error) {
 	return scanTimer(s.db.QueryRowContext(ctx, timerSelect+` WHERE t.sandbox_id = ? AND t.kind = 'timeout'`, id))
+}
+
+// UnsettledCreates returns the active sandboxes whose create never
+// settled: no claim recorded, or one still pending (its server stopped
+// before the answer). A starting server completes them.
+func (s *Store) UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error) {
+	rows, err := s.db.QueryContext(ctx, ownedSelect+` WHERE o.active = 1 AND (s.state IS NULL OR s.state = ?) ORDER BY o.created_at`, "claiming")
+	if err != nil {
+		return nil, fmt.Errorf("list unsettled creates: %w", err)
+	}
+	defer rows.Close()
+	var out []OwnedSandbox
+	for rows.Next() {
+		r, err := scanOwned(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }

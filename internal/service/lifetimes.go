@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/ctld/ctld/client"
@@ -72,5 +74,28 @@ func (s *Server) fire(ctx context.Context, t manager.Timer) error {
 	}
 	s.emit(t.Owner, t.SandboxID, client.EventDestroyed, "timeout")
 	log.Info("timeout fired: sandbox destroyed", "operation", res.OperationID, "proof_verified", res.Verdict.Verified, "proof_clean", res.Verdict.Clean, "already_released", res.AlreadyReleased)
+	return nil
+}
+
+// settleCreates completes, in the background, the creates a previous
+// server left unsettled: the manager reuses a pending claim's operation id
+// (the node answers it idempotently) or claims afresh if none was sent.
+func (s *Server) settleCreates(ctx context.Context) error {
+	pending, err := s.Store.UnsettledCreates(ctx)
+	if err != nil {
+		return err
+	}
+	for _, o := range pending {
+		var rec record
+		if err := json.Unmarshal(o.Spec, &rec); err != nil {
+			return fmt.Errorf("decode the spec of %s: %w", o.ID, err)
+		}
+		s.log().Info("completing a create the previous server left unsettled", "sandbox", o.ID, "owner", o.Owner)
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.claim(ctx, o.Owner, o.ID, rec.Spec)
+		}()
+	}
 	return nil
 }

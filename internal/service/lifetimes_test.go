@@ -184,3 +184,38 @@ func TestTimeoutReleaseOutcomeUnknownThenRestart(t *testing.T) {
 	}
 	t.Logf("release tried %d times before the restart, %d in all, one operation id", len(tried), len(ops))
 }
+
+// TestUnsettledCreateCompletedAfterRestart: the node's answer to a claim
+// is lost (unavailable: outcome unknown) and the server stops; the
+// sandbox keeps its quota share and shows creating. The restarted server
+// completes the claim with the same operation id.
+func TestUnsettledCreateCompletedAfterRestart(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.node.Lock()
+	e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
+	e.node.Unlock()
+	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "lost"}}); errCode(err) != client.CodeUnavailable {
+		t.Fatalf("create with a lost answer: %v", err)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: map[string]string{"k": "lost"}})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].State != client.StateCreating {
+		t.Fatalf("after the lost answer: %+v, %v", l, err)
+	}
+	if u, _ := e.store.Usage(ctx, "team-a"); u.Sandboxes != 1 {
+		t.Fatalf("usage %+v: an unsettled create keeps its share", u)
+	}
+	e.shutdown()
+	e.node.Lock()
+	e.node.FailClaim = nil
+	first := e.node.ClaimOps[0]
+	e.node.Unlock()
+	e.restart(nil)
+	waitState(t, e.a, l.Sandboxes[0].ID, client.StateReady)
+	e.node.Lock()
+	ops := append([]string(nil), e.node.ClaimOps...)
+	e.node.Unlock()
+	if len(ops) != 2 || ops[1] != first {
+		t.Fatalf("node claims %v: want the first operation id again", ops)
+	}
+}

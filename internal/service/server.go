@@ -124,6 +124,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.log().Warn("forgot idempotency keys of calls that were running when the previous server stopped", "count", n)
 	}
 	s.baseCtx = ctx
+	if err := s.settleCreates(ctx); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	hs := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: orDefault(s.ReadHeaderTimeout, DefaultReadHeaderTimeout),
