@@ -79,6 +79,10 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner stri
 		if err := checkID(sandbox); err != nil {
 			return err
 		}
+		// Another owner's sandbox is not_found, as everywhere.
+		if _, err := s.Store.OwnedSandbox(r.Context(), owner, sandbox); err != nil {
+			return err
+		}
 	}
 	f := s.events.subscribe(owner, sandbox, int(orDefault(int64(s.MaxFollowers), DefaultMaxFollowers)))
 	if f == nil {

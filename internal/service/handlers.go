@@ -697,6 +697,13 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) err
 	if err != nil {
 		return err
 	}
+	var rec record
+	if err := json.Unmarshal(o.Spec, &rec); err != nil {
+		return fmt.Errorf("decode the spec of %s: %w", o.ID, err)
+	}
+	if rec.Spec.RootFS.Mode != api.RootFSBlock {
+		return invalidf("sandbox %s has an %s root: only block-mode roots pause (their files are kept); destroy it instead", o.ID, rec.Spec.RootFS.Mode)
+	}
 	if _, err := s.Manager.Pause(r.Context(), o.ID); err != nil {
 		return err
 	}

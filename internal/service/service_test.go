@@ -130,7 +130,10 @@ func TestAllEndpointsContract(t *testing.T) {
 	}
 	waitState(t, e.a, nw.ID, client.StateReady)
 
-	// pause and resume (block mode).
+	// pause and resume (block mode only).
+	if _, err := e.a.Pause(ctx, sb.ID); errCode(err) != client.CodeInvalidArgument {
+		t.Fatalf("pause of an overlay sandbox: %v", err)
+	}
 	blk, err := e.a.Create(ctx, client.CreateRequest{Template: "debian"})
 	if err != nil {
 		t.Fatal(err)
@@ -208,6 +211,9 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 		"timeout": func(c *client.Client) error { _, err := c.SetTimeout(ctx, sb.ID, 5); return err },
 		"pause":   func(c *client.Client) error { _, err := c.Pause(ctx, sb.ID); return err },
 		"resume":  func(c *client.Client) error { _, err := c.Resume(ctx, sb.ID); return err },
+		"events": func(c *client.Client) error {
+			return c.Events(ctx, sb.ID, func(client.Event) error { return nil })
+		},
 		"network": func(c *client.Client) error {
 			_, err := c.UpdateNetwork(ctx, sb.ID, client.Network{Mode: "open"})
 			return err
