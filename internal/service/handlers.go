@@ -584,6 +584,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, owner string)
 	case r.ContentLength > limit:
 		return errorf(client.CodePayloadTooLarge, fmt.Sprintf("file larger than %d bytes", limit))
 	}
+	s.bodyDeadline(w, orDefault(s.BodyTimeout, DefaultBodyTimeout)+time.Duration(r.ContentLength/minUploadRate)*time.Second)
 	body := http.MaxBytesReader(w, r.Body, limit)
 	if err := s.Manager.WriteFileFrom(r.Context(), id, p, nil, 0o644, body, r.ContentLength); err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -161,12 +162,17 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 		}
 	}
 	body := http.MaxBytesReader(w, r.Body, orDefault(s.MaxBodyBytes, DefaultMaxBodyBytes))
+	s.bodyDeadline(w, orDefault(s.BodyTimeout, DefaultBodyTimeout))
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
+		var ne net.Error
 		if errors.As(err, &mbe) {
 			return err
+		}
+		if errors.As(err, &ne) && ne.Timeout() {
+			return invalidf("request body did not arrive within %v", orDefault(s.BodyTimeout, DefaultBodyTimeout))
 		}
 		return errorf(client.CodeInvalidArgument, "decode request body: "+err.Error())
 	}
@@ -174,6 +180,15 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 		return errorf(client.CodeInvalidArgument, "request body has data after its JSON value")
 	}
 	return nil
+}
+
+// bodyDeadline bounds the time the rest of the request body may take; a
+// connection past it is cut (the server's ReadTimeout cannot be used: it
+// would also cut long uploads and streams).
+func (s *Server) bodyDeadline(w http.ResponseWriter, d time.Duration) {
+	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(d)); err != nil {
+		s.log().Warn("set body deadline", "err", err)
+	}
 }
 
 // Idempotency-Key: the first call with a key runs and its answer is kept

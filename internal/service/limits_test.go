@@ -177,7 +177,7 @@ func TestBadInput(t *testing.T) {
 // ReadHeaderTimeout is disconnected, and the server answers others
 // meanwhile.
 func TestSlowLorisCutOff(t *testing.T) {
-	e := newEnv(t, func(s *Server) { s.ReadHeaderTimeout = 300 * time.Millisecond })
+	e := newEnv(t, func(s *Server) { s.ReadHeaderTimeout = 300 * time.Millisecond; s.BodyTimeout = 500 * time.Millisecond })
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -212,6 +212,29 @@ func TestSlowLorisCutOff(t *testing.T) {
 		t.Fatalf("slow client still connected after %v (read %q)", time.Since(start), b)
 	}
 	t.Logf("slow-loris client cut off after %v", d.Round(time.Millisecond))
+
+	// A slow body: headers in time, then a byte every 100 ms.
+	conn2, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	start = time.Now()
+	fmt.Fprintf(conn2, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{", e.keyA)
+	go func() {
+		for range 100 {
+			time.Sleep(100 * time.Millisecond)
+			if _, err := io.WriteString(conn2, " "); err != nil {
+				return
+			}
+		}
+	}()
+	conn2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, _ = io.ReadAll(conn2)
+	if !strings.Contains(string(b), "400 Bad Request") || !strings.Contains(string(b), "did not arrive") || time.Since(start) > 5*time.Second {
+		t.Fatalf("slow body: after %v read %q", time.Since(start), b)
+	}
+	t.Logf("slow body answered and cut after %v", time.Since(start).Round(time.Millisecond))
 }
 
 // TestKeyNeverLogged: the access log names owner, method, path and

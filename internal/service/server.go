@@ -41,6 +41,10 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultShutdownGrace     = 10 * time.Second
+	DefaultBodyTimeout       = 30 * time.Second
+	// minUploadRate is the slowest file upload allowed (bytes/s): its
+	// deadline is BodyTimeout plus its size at this rate.
+	minUploadRate = 1 << 20
 	maxExecTimeout           = time.Hour
 )
 
@@ -68,6 +72,8 @@ type Server struct {
 	MaxReplayBytes    int64
 	TimerInterval     time.Duration
 	ReadHeaderTimeout time.Duration
+	// BodyTimeout bounds the arrival of a JSON body (a slow-loris body).
+	BodyTimeout time.Duration
 	IdleTimeout       time.Duration
 	ShutdownGrace     time.Duration
 
