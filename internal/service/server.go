@@ -44,8 +44,8 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	// minUploadRate is the slowest file upload allowed (bytes/s): its
 	// deadline is BodyTimeout plus its size at this rate.
-	minUploadRate = 1 << 20
-	maxExecTimeout           = time.Hour
+	minUploadRate  = 1 << 20
+	maxExecTimeout = time.Hour
 )
 
 // Server serves the API. Set the fields, then call Serve.
@@ -73,9 +73,9 @@ type Server struct {
 	TimerInterval     time.Duration
 	ReadHeaderTimeout time.Duration
 	// BodyTimeout bounds the arrival of a JSON body (a slow-loris body).
-	BodyTimeout time.Duration
-	IdleTimeout       time.Duration
-	ShutdownGrace     time.Duration
+	BodyTimeout   time.Duration
+	IdleTimeout   time.Duration
+	ShutdownGrace time.Duration
 
 	// MaxFollowers bounds the event streams open at once.
 	MaxFollowers int
