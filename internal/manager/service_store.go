@@ -107,6 +107,7 @@ type ServiceStore interface {
 	FinishIdempotent(ctx context.Context, owner, key string, rec IdempotencyRecord) error
 	AbandonIdempotent(ctx context.Context, owner, key string) error
 	AbandonPendingIdempotent(ctx context.Context) (int, error)
+	PruneIdempotent(ctx context.Context, before time.Time) (int, error)
 
 	ExtendTimer(ctx context.Context, id string, deadline time.Time) (time.Time, error)
 	DueTimers(ctx context.Context, now time.Time, limit int) ([]Timer, error)
@@ -760,4 +761,19 @@ func (s *Store) UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error) {
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// PruneIdempotent forgets the answers kept before before: a retry with a
+// key older than that runs as a new call.
+func (s *Store) PruneIdempotent(ctx context.Context, before time.Time) (int, error) {
+	var n int64
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM idempotency WHERE state = 'done' AND created_at < ?`, ts(before))
+		if err != nil {
+			return fmt.Errorf("prune idempotency keys: %w", err)
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return int(n), err
 }

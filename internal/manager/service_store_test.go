@@ -250,4 +250,13 @@ func TestIdempotencyRecords(t *testing.T) {
 	if n, err := s.AbandonPendingIdempotent(ctx); err != nil || n != 1 {
 		t.Fatalf("abandon pending = %d, %v (want u/k1 only)", n, err)
 	}
+	if n, err := s.PruneIdempotent(ctx, s.now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("prune of nothing old = %d, %v", n, err)
+	}
+	if n, err := s.PruneIdempotent(ctx, s.now().Add(time.Second)); err != nil || n != 1 {
+		t.Fatalf("prune = %d, %v", n, err)
+	}
+	if _, created, _ := s.BeginIdempotent(ctx, "t", "k1"); !created {
+		t.Fatal("a pruned key is still kept")
+	}
 }

@@ -25,8 +25,17 @@ const timersPerTick = 32
 func (s *Server) runTimers(ctx context.Context) {
 	t := time.NewTicker(orDefault(s.TimerInterval, DefaultTimerInterval))
 	defer t.Stop()
+	var pruned time.Time
 	for {
 		s.fireDue(ctx)
+		if now := s.now(); now.Sub(pruned) >= time.Minute {
+			pruned = now
+			if n, err := s.Store.PruneIdempotent(ctx, now.Add(-orDefault(s.IdempotencyTTL, DefaultIdempotencyTTL))); err != nil && ctx.Err() == nil {
+				s.log().Error("prune idempotency keys", "err", err)
+			} else if n > 0 {
+				s.log().Info("forgot old idempotency keys", "count", n)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -42,6 +42,8 @@ const (
 	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultShutdownGrace     = 10 * time.Second
 	DefaultBodyTimeout       = 30 * time.Second
+	// DefaultIdempotencyTTL is how long answers are kept for replays.
+	DefaultIdempotencyTTL = 24 * time.Hour
 	// minUploadRate is the slowest file upload allowed (bytes/s): its
 	// deadline is BodyTimeout plus its size at this rate.
 	minUploadRate  = 1 << 20
@@ -77,6 +79,8 @@ type Server struct {
 	IdleTimeout   time.Duration
 	ShutdownGrace time.Duration
 
+	// IdempotencyTTL is how long an Idempotency-Key's answer is kept.
+	IdempotencyTTL time.Duration
 	// MaxFollowers bounds the event streams open at once.
 	MaxFollowers int
 

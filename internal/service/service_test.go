@@ -349,4 +349,16 @@ func TestIdempotencyKey(t *testing.T) {
 	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"}, client.IdempotencyKey("q-1")); err != nil {
 		t.Fatalf("retry after the quota freed up: %v", err)
 	}
+	// Answers are kept for IdempotencyTTL (24 h): after it, the key is new.
+	e.clock.advance(25 * time.Hour)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, created, _ := e.store.BeginIdempotent(ctx, "team-a", "k-1"); created {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("k-1 still kept after 25 h")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
