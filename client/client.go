@@ -388,3 +388,72 @@ func (c *Client) Events(ctx context.Context, sandbox string, fn func(Event) erro
 	}
 	return ctx.Err()
 }
+
+// LogsOptions shape GET .../logs.
+type LogsOptions struct {
+	Tail    int   // last lines only (0: all)
+	Follow  bool  // stream new output until the end
+	IdleSec int64 // a follow ends after this long without output (0: the server's default)
+}
+
+// Logs copies the sandbox's main-process output to w and returns why it
+// ended.
+func (c *Client) Logs(ctx context.Context, id string, o LogsOptions, w io.Writer) (string, error) {
+	q := url.Values{}
+	if o.Tail > 0 {
+		q.Set("tail", strconv.Itoa(o.Tail))
+	}
+	if o.IdleSec > 0 {
+		q.Set("idle_sec", strconv.FormatInt(o.IdleSec, 10))
+	}
+	if !o.Follow {
+		var r LogsResult
+		if err := c.call(ctx, http.MethodGet, sandboxPath(id, "/logs"), q, nil, &r); err != nil {
+			return "", err
+		}
+		_, err := w.Write(r.Log)
+		return r.Reason, err
+	}
+	q.Set("follow", "true")
+	resp, err := c.Do(ctx, http.MethodGet, sandboxPath(id, "/logs"), q, nil, "", func(r *http.Request) { r.Header.Set("Accept", "text/event-stream") })
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	var name, data string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event:"):
+			name = strings.TrimSpace(line[len("event:"):])
+		case strings.HasPrefix(line, "data:"):
+			data += strings.TrimSpace(line[len("data:"):])
+		case line == "" && name != "":
+			switch name {
+			case EventLog:
+				b, err := base64.StdEncoding.DecodeString(data)
+				if err != nil {
+					return "", fmt.Errorf("decode log event: %w", err)
+				}
+				if _, err := w.Write(b); err != nil {
+					return "", err
+				}
+			case EventEnd:
+				var end LogsEnd
+				err := json.Unmarshal([]byte(data), &end)
+				return end.Reason, err
+			case EventError:
+				var b ErrorBody
+				_ = json.Unmarshal([]byte(data), &b)
+				return "", &Error{Status: http.StatusOK, Code: b.Error.Code, Message: b.Error.Message}
+			}
+			name, data = "", ""
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read logs: %w", err)
+	}
+	return "", errors.New("log stream ended without an end event")
+}

@@ -208,6 +208,25 @@ type Event struct {
 	Time      time.Time `json:"time"`
 }
 
+// LogsResult answers GET .../logs without follow.
+type LogsResult struct {
+	Log       []byte `json:"log"`
+	Truncated bool   `json:"truncated,omitempty"`
+	Reason    string `json:"reason"`
+}
+
+// Log stream events (GET .../logs?follow=true): "log" (data: base64 of a
+// chunk), then "end" (data: LogsEnd JSON) or "error".
+const (
+	EventLog = "log"
+	EventEnd = "end"
+)
+
+// LogsEnd says why a log follow ended.
+type LogsEnd struct {
+	Reason string `json:"reason"`
+}
+
 // ExecExit is the data of the exit event.
 type ExecExit struct {
 	ExitCode int `json:"exit_code"`

@@ -773,3 +773,69 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, owner string
 	writeJSON(w, http.StatusOK, req)
 	return nil
 }
+
+// logs answers the main process's output: the whole (or its last tail
+// lines) as JSON, or with follow=true an event stream of "log" events
+// (base64 chunks) as output comes, then "end" (the reason) or "error".
+func (s *Server) logs(w http.ResponseWriter, r *http.Request, owner string) error {
+	o, err := s.owned(r, owner)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	var req api.LogsRequest
+	for _, p := range []struct {
+		name string
+		dst  *int64
+	}{{"tail", nil}, {"idle_sec", &req.IdleSec}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return invalidf("%s must be a number", p.name)
+		}
+		if p.dst == nil {
+			if n < 0 || n > api.MaxLogTailLines {
+				return invalidf("tail must be between 0 (all) and %d lines", api.MaxLogTailLines)
+			}
+			req.Tail = int(n)
+		} else {
+			*p.dst = n
+		}
+	}
+	switch q.Get("follow") {
+	case "", "false":
+	case "true":
+		req.Follow = true
+	default:
+		return invalidf("follow must be true or false")
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if !req.Follow {
+		buf := &capped{limit: orDefault(s.MaxBodyBytes, DefaultMaxBodyBytes)}
+		end, err := s.Manager.Logs(r.Context(), o.ID, req, buf)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, client.LogsResult{Log: buf.b, Truncated: buf.cut, Reason: end.Reason})
+		return nil
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	e := &sse{w: w, rc: http.NewResponseController(w)}
+	end, err := s.Manager.Logs(r.Context(), o.ID, req, sseStream{e, client.EventLog})
+	if err != nil {
+		c, msg, _ := classify(err)
+		b, _ := json.Marshal(client.ErrorBody{Error: client.ErrorDetail{Code: c, Message: msg}})
+		e.event(client.EventError, b)
+		return nil
+	}
+	b, _ := json.Marshal(client.LogsEnd{Reason: end.Reason})
+	e.event(client.EventEnd, b)
+	return nil
+}

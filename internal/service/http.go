@@ -45,6 +45,7 @@ func (s *Server) routes() []route {
 		{"/v1/sandboxes/{id}/network", map[string]handlerFunc{http.MethodPut: s.setNetwork}},
 		{"/v1/templates", map[string]handlerFunc{http.MethodGet: s.templates}},
 		{"/v1/events", map[string]handlerFunc{http.MethodGet: s.followEvents}},
+		{"/v1/sandboxes/{id}/logs", map[string]handlerFunc{http.MethodGet: s.logs}},
 	}
 }
 

@@ -157,6 +157,9 @@ func TestBadInput(t *testing.T) {
 		{"exec timeout", "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"args":["true"],"timeout_sec":-4}`, json, client.CodeInvalidArgument},
 		{"zero timeout", "POST", "/v1/sandboxes/" + sb.ID + "/timeout", `{"timeout_sec":0}`, json, client.CodeInvalidArgument},
 		{"bad idempotency key", "POST", "/v1/sandboxes/" + sb.ID + "/timeout", `{"timeout_sec":5}`, map[string]string{"Content-Type": "application/json", "Idempotency-Key": strings.Repeat("k", 300)}, client.CodeInvalidArgument},
+		{"bad tail", "GET", "/v1/sandboxes/" + sb.ID + "/logs?tail=-1", "", nil, client.CodeInvalidArgument},
+		{"bad idle", "GET", "/v1/sandboxes/" + sb.ID + "/logs?follow=true&idle_sec=999999", "", nil, client.CodeInvalidArgument},
+		{"bad follow", "GET", "/v1/sandboxes/" + sb.ID + "/logs?follow=yes", "", nil, client.CodeInvalidArgument},
 		{"no route", "GET", "/v1/nothing", "", nil, client.CodeNotFound},
 		{"wrong method", "PATCH", "/v1/sandboxes/" + sb.ID, "", nil, client.CodeMethodNotAllowed},
 	}

@@ -87,6 +87,26 @@ func TestAllEndpointsContract(t *testing.T) {
 		t.Fatalf("stat after remove: %v", err)
 	}
 
+	// logs: the whole, the tail, and a follow that ends when idle.
+	e.node.Lock()
+	e.node.GuestLog[sb.ID] = "one\ntwo\nthree\n"
+	e.node.Unlock()
+	var logb bytes.Buffer
+	if reason, err := e.a.Logs(ctx, sb.ID, client.LogsOptions{Tail: 2}, &logb); err != nil || logb.String() != "two\nthree\n" || reason == "" {
+		t.Fatalf("logs tail 2 = %q %q, %v", logb.String(), reason, err)
+	}
+	logb.Reset()
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		e.node.Lock()
+		e.node.GuestLog[sb.ID] += "four\n"
+		e.node.Unlock()
+	}()
+	reason, err := e.a.Logs(ctx, sb.ID, client.LogsOptions{Follow: true, IdleSec: 1}, &logb)
+	if err != nil || logb.String() != "one\ntwo\nthree\nfour\n" || !strings.Contains(reason, "no output") {
+		t.Fatalf("logs follow = %q %q, %v", logb.String(), reason, err)
+	}
+
 	// network: a live update answers the policy in force.
 	pol := client.Network{Mode: "restricted", Rules: []client.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
 	if got, err := e.a.UpdateNetwork(ctx, sb.ID, pol); err != nil || got.Mode != "restricted" || len(got.Rules) != 1 {
@@ -211,6 +231,14 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 		"timeout": func(c *client.Client) error { _, err := c.SetTimeout(ctx, sb.ID, 5); return err },
 		"pause":   func(c *client.Client) error { _, err := c.Pause(ctx, sb.ID); return err },
 		"resume":  func(c *client.Client) error { _, err := c.Resume(ctx, sb.ID); return err },
+		"logs": func(c *client.Client) error {
+			_, err := c.Logs(ctx, sb.ID, client.LogsOptions{}, &bytes.Buffer{})
+			return err
+		},
+		"logs follow": func(c *client.Client) error {
+			_, err := c.Logs(ctx, sb.ID, client.LogsOptions{Follow: true, IdleSec: 1}, &bytes.Buffer{})
+			return err
+		},
 		"events": func(c *client.Client) error {
 			return c.Events(ctx, sb.ID, func(client.Event) error { return nil })
 		},
