@@ -5,6 +5,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -388,5 +391,27 @@ func TestIdempotencyKey(t *testing.T) {
 			t.Fatal("k-1 still kept after 25 h")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPythonSDK runs sdk/python's suite against this server.
+func TestPythonSDK(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
+	}
+	e := newEnv(t, nil)
+	sdk, err := filepath.Abs("../../sdk/python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, "-m", "unittest", "-v", "tests.test_sdk")
+	cmd.Dir = sdk
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+sdk, "PYTHONDONTWRITEBYTECODE=1", "CTLD_SDK_URL="+e.url, "CTLD_SDK_KEY="+e.keyA,
+		"CTLD_SDK_OTHER_KEY="+e.keyB, "CTLD_SDK_TEMPLATE=busybox", "CTLD_SDK_BLOCK_TEMPLATE=debian")
+	out, err := cmd.CombinedOutput()
+	t.Logf("python3 -m unittest:\n%s", out)
+	if err != nil {
+		t.Fatalf("the Python SDK's suite failed: %v", err)
 	}
 }
