@@ -112,7 +112,7 @@ type ServiceStore interface {
 	ExtendTimer(ctx context.Context, id string, deadline time.Time) (time.Time, error)
 	DueTimers(ctx context.Context, now time.Time, limit int) ([]Timer, error)
 	MarkFiring(ctx context.Context, id string) (Timer, bool, error)
-	FinishTimer(ctx context.Context, id, opID string) error
+	FinishTimer(ctx context.Context, id, opID string, end bool) error
 }
 
 var _ ServiceStore = (*Store)(nil)
@@ -721,14 +721,18 @@ func (s *Store) MarkFiring(ctx context.Context, id string) (Timer, bool, error) 
 }
 
 // FinishTimer records that a firing timer's release is done (opID is the
-// release operation) and ends the sandbox's reservation, in one
-// transaction.
-func (s *Store) FinishTimer(ctx context.Context, id, opID string) error {
+// release operation) and, if end, ends the sandbox's reservation, in one
+// transaction (end is false when the cleanup is unproven: the share stays
+// taken).
+func (s *Store) FinishTimer(ctx context.Context, id, opID string, end bool) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		now := ts(s.now())
 		if _, err := tx.ExecContext(ctx, `UPDATE timers SET state = 'done', operation_id = ?, finished_at = ? WHERE sandbox_id = ? AND kind = 'timeout' AND state = 'firing'`,
 			opID, now, id); err != nil {
 			return fmt.Errorf("finish timeout of %s: %w", id, err)
+		}
+		if !end {
+			return nil
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE owned_sandboxes SET active = 0, reason = CASE WHEN reason = '' THEN 'timeout' ELSE reason END, ended_at = ? WHERE id = ? AND active = 1`,
 			now, id); err != nil {

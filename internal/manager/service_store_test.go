@@ -213,7 +213,7 @@ func TestTimersFireOnceAndSurviveRestart(t *testing.T) {
 	if due, _ := s.DueTimers(ctx, clk.now(), 10); len(due) != 1 || due[0].State != "firing" {
 		t.Fatalf("firing timer not due again: %+v", due)
 	}
-	if err := s.FinishTimer(ctx, "x", "op-1"); err != nil {
+	if err := s.FinishTimer(ctx, "x", "op-1", true); err != nil {
 		t.Fatal(err)
 	}
 	// ...and a done one never again.

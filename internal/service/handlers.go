@@ -390,11 +390,18 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request, owner string) e
 		return err
 	}
 	ctx := context.WithoutCancel(r.Context())
-	if err := s.Store.EndOwnedSandbox(ctx, o.ID, "destroyed"); err != nil {
-		return err
-	}
-	if o.Active {
-		s.emit(owner, o.ID, client.EventDestroyed, "destroyed")
+	// Fail closed: the owner's share comes back only with a verified,
+	// clean proof; an unproven cleanup keeps it taken (the answer carries
+	// the verdict).
+	if res.Verdict.OK() {
+		if err := s.Store.EndOwnedSandbox(ctx, o.ID, "destroyed"); err != nil {
+			return err
+		}
+		if o.Active {
+			s.emit(owner, o.ID, client.EventDestroyed, "destroyed")
+		}
+	} else {
+		s.log().Warn("sandbox released but its cleanup is unproven: its quota share stays taken", "sandbox", o.ID, "reason", res.Verdict.Reason, "failed_checks", res.Verdict.FailedChecks)
 	}
 	if o, err = s.Store.OwnedSandbox(ctx, owner, o.ID); err != nil {
 		return err

@@ -78,8 +78,11 @@ func (s *Server) fire(ctx context.Context, t manager.Timer) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Store.FinishTimer(context.WithoutCancel(ctx), t.SandboxID, res.OperationID); err != nil {
+	if err := s.Store.FinishTimer(context.WithoutCancel(ctx), t.SandboxID, res.OperationID, res.Verdict.OK()); err != nil {
 		return err
+	}
+	if !res.Verdict.OK() {
+		log.Warn("timeout released the sandbox but its cleanup is unproven: its quota share stays taken", "reason", res.Verdict.Reason, "failed_checks", res.Verdict.FailedChecks)
 	}
 	s.emit(t.Owner, t.SandboxID, client.EventDestroyed, "timeout")
 	log.Info("timeout fired: sandbox destroyed", "operation", res.OperationID, "proof_verified", res.Verdict.Verified, "proof_clean", res.Verdict.Clean, "already_released", res.AlreadyReleased)

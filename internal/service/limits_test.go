@@ -292,3 +292,27 @@ func TestCreateOutlivesItsCaller(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestUnprovenCleanupKeepsQuota: a release whose proof is not clean does
+// not give the owner's share back; a clean one does.
+func TestUnprovenCleanupKeepsQuota(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	if _, err := e.store.SetQuota(ctx, "team-a", quotaOf(1)); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.node.Lock()
+	e.node.Unclean = []string{"cgroup_removed"}
+	e.node.Unlock()
+	d, err := e.a.Destroy(ctx, sb.ID)
+	if err != nil || d.Proof.Clean || len(d.Proof.FailedChecks) != 1 {
+		t.Fatalf("destroy with an unclean proof = %+v, %v", d.Proof, err)
+	}
+	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"}); errCode(err) != client.CodeQuotaExceeded {
+		t.Fatalf("create after an unproven cleanup: %v, want quota_exceeded (the share stays taken)", err)
+	}
+}
