@@ -113,6 +113,7 @@ type ServiceStore interface {
 	DueTimers(ctx context.Context, now time.Time, limit int) ([]Timer, error)
 	MarkFiring(ctx context.Context, id string) (Timer, bool, error)
 	FinishTimer(ctx context.Context, id, opID string, end bool) error
+	Timer(ctx context.Context, id string) (Timer, error)
 }
 
 var _ ServiceStore = (*Store)(nil)
