@@ -77,7 +77,7 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
 	internal/manager internal/manager/fakenode internal/node/journal internal/node/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
-	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client
+	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/node/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)'
 
@@ -142,6 +142,7 @@ install:
 	install -D -m 0755 bin/ctl-agent $(DESTDIR)$(PREFIX)/bin/ctl-agent
 	install -D -m 0644 systemd/ctld@.service $(DESTDIR)/etc/systemd/system/ctld@.service
 	install -D -m 0644 systemd/ctld.target $(DESTDIR)/etc/systemd/system/ctld.target
+	install -D -m 0644 systemd/ctl-manager.service $(DESTDIR)/etc/systemd/system/ctl-manager.service
 	install -D -m 0644 systemd/ctld.tmpfiles.conf $(DESTDIR)/etc/tmpfiles.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modules-load.conf $(DESTDIR)/etc/modules-load.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modprobe.conf $(DESTDIR)/etc/modprobe.d/ctld.conf

@@ -143,6 +143,25 @@ echo "destroyed: release operation $op"
 ctl-manager proof verify "$op"
 ctl-manager sandbox ls
 
+step "the service: ctl-manager serve, an API key, the sandbox API with curl"
+ctl-manager serve --listen 127.0.0.1:8090 >"$LOGS/serve.log" 2>&1 & pids+=("$!")
+KEY=$(ctl-manager key create --owner demo-team 2>/dev/null)
+echo "API key for owner demo-team: ${KEY:0:16}... (shown once; the database keeps its hash)"
+ctl-manager owner quota set demo-team --sandboxes 2 --cpu 1 --memory 1Gi --creates-per-min 10
+API=http://127.0.0.1:8090/v1
+api() { curl -sS --fail-with-body -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+wait_for 30 "ctl-manager serve to answer" api "$API/templates"
+SB=$(api -d '{"template":"busybox","resources":{"cpu":"500m","memory":"256Mi"},"labels":{"demo":"yes"},"timeout_sec":600}' "$API/sandboxes" | jq -r .id)
+echo "POST /v1/sandboxes: $SB ready"
+echo "exec, streamed (text/event-stream; data is base64):"
+api -H 'Accept: text/event-stream' -d '{"args":["/bin/sh","-c","echo streamed from $(hostname); echo to stderr >&2"]}' "$API/sandboxes/$SB/exec"
+echo "hello over HTTP" | api -X PUT -H 'Content-Type: application/octet-stream' --data-binary @- "$API/sandboxes/$SB/files?path=/root/api.txt"
+echo "GET .../files?path=/root/api.txt: $(api "$API/sandboxes/$SB/files?path=/root/api.txt")"
+api -d '{"timeout_sec":1200}' "$API/sandboxes/$SB/timeout" | jq -c '{id, state, ends_at}'
+echo "a wrong key gets HTTP $(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer ctl_wrong' "$API/sandboxes/$SB")"
+echo "DELETE /v1/sandboxes/$SB, its cleanup proof:"
+api -X DELETE "$API/sandboxes/$SB" | jq -c '.proof | {operation_id, verified, clean, checks: [.checks[].name]}'
+
 step "nothing left: runsc containers, lease cgroups, netns"
 echo "runsc containers: $(runsc --root /run/ctld/runsc list -quiet | wc -l)"
 echo "lease cgroups:    $(find /sys/fs/cgroup/ctld.slice -mindepth 1 -type d | wc -l)"

@@ -158,6 +158,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
 	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
+	root.AddCommand(c.serviceCommands()...)
 	return root
 }
 

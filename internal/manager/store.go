@@ -111,6 +111,10 @@ var migrations = []string{
 	// proofs until previous_until (the overlap).
 	`ALTER TABLE nodes ADD COLUMN previous_key BLOB;`,
 	`ALTER TABLE nodes ADD COLUMN previous_until TEXT NOT NULL DEFAULT '';`,
+	// 7: the service (ctl-manager serve): owners with quotas, API keys
+	// (hashes only), sandboxes of an owner (the quota reservation), the
+	// create log of the rate quota, idempotency records and timers.
+	serviceMigration,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.

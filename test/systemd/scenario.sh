@@ -166,4 +166,20 @@ check "no ctld netns left" sh -c "! ip netns list | grep -q '^ctld-'"
 check "no overlay left" sh -c "! findmnt -l -n -t overlay -o TARGET | grep -q /var/lib/ctld/scratch"
 check "no lease cgroup left" test -z "$(find /sys/fs/cgroup/ctld.slice -mindepth 1 -type d)"
 check "no runsc container left" test -z "$(runsc --root /run/ctld/runsc list -quiet)"
+
+step "the service: ctl-manager.service (serve) used with curl and an API key"
+check "/etc/systemd/system/ctl-manager.service is systemd/ctl-manager.service" cmp /etc/systemd/system/ctl-manager.service "$REPO/systemd/ctl-manager.service"
+systemctl start ctl-manager || fatal "systemctl start ctl-manager"
+KEY=$(ctl-manager key create --owner ci 2>/dev/null)
+API=http://127.0.0.1:8080/v1
+api() { curl -sS -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+for _ in $(seq 1 100); do api -f "$API/templates" >/dev/null 2>&1 && break; sleep 0.1; done
+SB=$(api -X POST -d '{"template":"busybox","timeout_sec":600,"labels":{"run":"scenario"}}' "$API/sandboxes" | jq -r 'select(.state == "ready") | .id')
+check "create through the service: ready" test -n "$SB"
+check "exec through the service" test "$(api -X POST -d '{"args":["/bin/echo","hi"]}' "$API/sandboxes/$SB/exec" | jq -r .stdout | base64 -d)" = hi
+check "a wrong key is 401" test "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer ctl_wrong' "$API/sandboxes")" = 401
+check "destroy through the service answers a verified, clean proof" test "$(api -X DELETE "$API/sandboxes/$SB" | jq -r '.proof.verified and .proof.clean')" = true
+check "the key is not in the service's journal" sh -c "! journalctl -u ctl-manager --no-pager | grep -qF '$KEY'"
+journalctl --no-pager -o short-monotonic -u ctl-manager | tail -n 20
+systemctl stop ctl-manager
 finish

@@ -1,0 +1,253 @@
+// Package servicestoretest is the contract of manager.ServiceStore: the
+// same suite runs against every backend (SQLite now; PostgreSQL next).
+package servicestoretest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/manager"
+)
+
+// Opener opens a fresh, empty store whose recorded times come from now.
+type Opener func(t *testing.T, now func() time.Time) manager.ServiceStore
+
+// Run runs the whole contract against open's stores.
+func Run(t *testing.T, open Opener) {
+	for _, c := range []struct {
+		name string
+		fn   func(*testing.T, Opener)
+	}{
+		{"Keys", keys},
+		{"AdmitConcurrentNeverExceedsQuota", admitConcurrent},
+		{"AdmitQuotaAndRate", admitQuotaAndRate},
+		{"TimersFireOnce", timersFireOnce},
+		{"IdempotencyRecords", idempotencyRecords},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
+	}
+}
+
+// Clock is a settable clock for the stores under test.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *Clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *Clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newStore(t *testing.T, open Opener) (manager.ServiceStore, *Clock) {
+	clk := &Clock{t: time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)}
+	return open(t, clk.now), clk
+}
+
+func keys(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, _ := newStore(t, open)
+	if _, _, err := s.CreateKey(ctx, "nobody"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("key for an unknown owner: %v, want not_found", err)
+	}
+	if _, err := s.CreateOwner(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	key, rec, err := s.CreateKey(ctx, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner, err := s.Authenticate(ctx, key); err != nil || owner != "team-a" {
+		t.Fatalf("Authenticate = %q, %v", owner, err)
+	}
+	last := byte('A')
+	if key[len(key)-1] == 'A' {
+		last = 'B'
+	}
+	for _, bad := range []string{"", "ctl_", key[:len(key)-1] + string(last), key + "x"} {
+		if _, err := s.Authenticate(ctx, bad); !errors.Is(err, manager.ErrUnauthenticated) {
+			t.Errorf("Authenticate(%q) = %v, want unauthenticated", bad, err)
+		}
+	}
+	if err := s.RevokeKey(ctx, rec.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, key); !errors.Is(err, manager.ErrUnauthenticated) {
+		t.Fatalf("revoked key: %v", err)
+	}
+	ks, err := s.Keys(ctx, "team-a")
+	if err != nil || len(ks) != 1 || ks[0].RevokedAt == nil {
+		t.Fatalf("Keys = %+v, %v", ks, err)
+	}
+}
+
+// admitConcurrent races 200 admissions of one
+// owner against a quota of 7 sandboxes: exactly 7 are recorded.
+func admitConcurrent(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, _ := newStore(t, open)
+	if _, err := s.SetQuota(ctx, "team-a", manager.Quota{Sandboxes: 7, CPUMillis: 100000, MemoryBytes: 1 << 40, DiskBytes: 1 << 40, CreatesPerMin: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok, quota int
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.AdmitCreate(ctx, manager.Admission{Owner: "team-a", ID: fmt.Sprintf("sb-%03d", i), Spec: []byte("{}"), CPUMillis: 100, Memory: 1 << 20})
+			var qe *manager.QuotaError
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.As(err, &qe):
+				quota++
+			default:
+				t.Errorf("admit: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	u, err := s.Usage(ctx, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok != 7 || quota != 193 || u.Sandboxes != 7 || u.CPUMillis != 700 {
+		t.Fatalf("admitted %d, refused %d, usage %+v; want 7, 193, 7 sandboxes of 700m", ok, quota, u)
+	}
+}
+
+func admitQuotaAndRate(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	if _, err := s.SetQuota(ctx, "t", manager.Quota{Sandboxes: 10, CPUMillis: 1000, MemoryBytes: 1 << 30, DiskBytes: 1 << 30, CreatesPerMin: 3}); err != nil {
+		t.Fatal(err)
+	}
+	admit := func(id string, cpu int64) error {
+		return s.AdmitCreate(ctx, manager.Admission{Owner: "t", ID: id, Spec: []byte("{}"), CPUMillis: cpu, Memory: 1 << 20})
+	}
+	var qe *manager.QuotaError
+	if err := admit("a", 1001); !errors.As(err, &qe) || qe.Resource != "cpu_millis" {
+		t.Fatalf("over cpu: %v", err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if err := admit(id, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admit("d", 100); !errors.As(err, &qe) || qe.Resource != "creates per minute" || qe.RetryAfter <= 0 {
+		t.Fatalf("over rate: %v", err)
+	}
+	clk.add(61 * time.Second)
+	if err := admit("d", 100); err != nil {
+		t.Fatalf("after a minute: %v", err)
+	}
+	// Ending returns the share.
+	if err := s.EndOwnedSandbox(ctx, "a", "destroyed"); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := s.Usage(ctx, "t"); u.Sandboxes != 3 || u.CPUMillis != 300 {
+		t.Fatalf("usage after end: %+v", u)
+	}
+	if _, err := s.OwnedSandbox(ctx, "other", "b"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("another owner's sandbox: %v, want not_found", err)
+	}
+}
+
+func timersFireOnce(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	if _, err := s.CreateOwner(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	now := clk.now()
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "t", ID: "x", Spec: []byte("{}"), Deadline: now.Add(10 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if due, _ := s.DueTimers(ctx, clk.now(), 10); len(due) != 0 {
+		t.Fatalf("due before the deadline: %+v", due)
+	}
+	if _, err := s.ExtendTimer(ctx, "x", now.Add(20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(15 * time.Second)
+	if due, _ := s.DueTimers(ctx, clk.now(), 10); len(due) != 0 {
+		t.Fatalf("due before the extended deadline: %+v", due)
+	}
+	clk.add(10 * time.Second)
+	due, err := s.DueTimers(ctx, clk.now(), 10)
+	if err != nil || len(due) != 1 {
+		t.Fatalf("due = %+v, %v", due, err)
+	}
+	if _, ok, err := s.MarkFiring(ctx, "x"); err != nil || !ok {
+		t.Fatalf("MarkFiring = %v, %v", ok, err)
+	}
+	if _, err := s.ExtendTimer(ctx, "x", clk.now().Add(time.Hour)); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Fatalf("extending a firing timer: %v, want conflict", err)
+	}
+	// A firing timer is due again (a restarted manager completes it)...
+	if due, _ := s.DueTimers(ctx, clk.now(), 10); len(due) != 1 || due[0].State != "firing" {
+		t.Fatalf("firing timer not due again: %+v", due)
+	}
+	if err := s.FinishTimer(ctx, "x", "op-1", true); err != nil {
+		t.Fatal(err)
+	}
+	// ...and a done one never again.
+	if due, _ := s.DueTimers(ctx, clk.now(), 10); len(due) != 0 {
+		t.Fatalf("done timer due: %+v", due)
+	}
+	if _, ok, _ := s.MarkFiring(ctx, "x"); ok {
+		t.Fatal("a done timer was marked firing")
+	}
+	sb, err := s.OwnedSandbox(ctx, "t", "x")
+	if err != nil || sb.Active || sb.Reason != "timeout" {
+		t.Fatalf("sandbox after its timeout: %+v, %v", sb, err)
+	}
+}
+
+func idempotencyRecords(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	if _, created, err := s.BeginIdempotent(ctx, "t", "k1"); err != nil || !created {
+		t.Fatalf("first: %v %v", created, err)
+	}
+	if rec, created, _ := s.BeginIdempotent(ctx, "t", "k1"); created || rec.State != "pending" {
+		t.Fatalf("second while pending: %v %+v", created, rec)
+	}
+	if _, created, _ := s.BeginIdempotent(ctx, "u", "k1"); !created {
+		t.Fatal("another owner's same key is not its own")
+	}
+	if err := s.FinishIdempotent(ctx, "t", "k1", manager.IdempotencyRecord{RequestHash: "h", Status: 201, ContentType: "application/json", Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, created, _ := s.BeginIdempotent(ctx, "t", "k1"); created || rec.State != "done" || rec.Status != 201 || rec.RequestHash != "h" {
+		t.Fatalf("after finish: %v %+v", created, rec)
+	}
+	if n, err := s.AbandonPendingIdempotent(ctx); err != nil || n != 1 {
+		t.Fatalf("abandon pending = %d, %v (want u/k1 only)", n, err)
+	}
+	if n, err := s.PruneIdempotent(ctx, clk.now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("prune of nothing old = %d, %v", n, err)
+	}
+	if n, err := s.PruneIdempotent(ctx, clk.now().Add(time.Second)); err != nil || n != 1 {
+		t.Fatalf("prune = %d, %v", n, err)
+	}
+	if _, created, _ := s.BeginIdempotent(ctx, "t", "k1"); !created {
+		t.Fatal("a pruned key is still kept")
+	}
+}
