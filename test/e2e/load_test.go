@@ -19,10 +19,14 @@ import (
 // does: all must become ready. Before the boot CPU allowance, one claim in
 // five failed here: the boot (sentry, gofer, agent) ran throttled to the
 // workload's share (35m) and missed the readiness bound or died.
-// CTLD_LOAD_GUESTS changes the count.
+// CTLD_LOAD_GUESTS changes the count; CTLD_LOAD_BOOT_CPU sets ctld's
+// --boot-cpu-millis (0 shows the failure without the allowance).
 func TestClaimManySmallGuests(t *testing.T) {
 	guests := envInt("CTLD_LOAD_GUESTS", 50)
 	e := newEnv(t)
+	if v := os.Getenv("CTLD_LOAD_BOOT_CPU"); v != "" {
+		e.args = append(e.args, "--boot-cpu-millis", v)
+	}
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute)
 	c := e.client()
