@@ -52,6 +52,10 @@ type runOpts struct {
 	agentBinary string
 	// agentStreamIdle bounds each wait of a file stream on a guest agent.
 	agentStreamIdle time.Duration
+	// readyTimeout bounds a new guest's readiness proof; bootCPU is its
+	// CPU allowance until then (node.Config).
+	readyTimeout time.Duration
+	bootCPU      int64
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
@@ -83,6 +87,12 @@ func runCmd(g *globalOpts) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.slot != "a" && o.slot != "b" {
 				return usagef("--slot must be a or b, got %q", o.slot)
+			}
+			if o.bootCPU != 0 && (o.bootCPU < lease.MinCPUMillis || o.bootCPU > lease.MaxCPUMillis) {
+				return usagef("--boot-cpu-millis must be 0 or between %d and %d, got %d", lease.MinCPUMillis, lease.MaxCPUMillis, o.bootCPU)
+			}
+			if o.readyTimeout <= 0 {
+				return usagef("--ready-timeout must be positive, got %v", o.readyTimeout)
 			}
 			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
 				return usagef("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
@@ -141,6 +151,8 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "the static ctl-agent every guest runs as its init (default: ctl-agent beside the ctld executable)")
 	f.DurationVar(&o.agentStreamIdle, "agent-stream-idle", client.DefaultStreamIdle, "how long a file read or write through a guest agent may stall (no next frame, no intake, no answer once sent) before it fails")
+	f.DurationVar(&o.readyTimeout, "ready-timeout", node.DefaultReadyTimeout, "how long a new guest's agent has to answer the readiness proof after runsc start before the claim is rolled back")
+	f.Int64Var(&o.bootCPU, "boot-cpu-millis", 1000, "a new guest's CPU limit (cpu.max) from its lease until its readiness proof, when its claim asks for less: runsc's boot is not the workload's (0: boot inside the claim's share)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
 	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
@@ -506,6 +518,8 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Carriers:         o.net.carriers,
 		AgentBinary:      agentBin,
 		AgentStreamIdle:  o.agentStreamIdle,
+		ReadyTimeout:     o.readyTimeout,
+		BootCPUMillis:    o.bootCPU,
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ctld/ctld/internal/agent"
@@ -212,7 +213,7 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 		// Every 20 tries (~100 ms): a guest whose init exited never answers.
 		if i%20 == 19 {
 			if alive, perr := n.d.Leases.Populated(ctx, rec.LeaseID); perr == nil && !alive {
-				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s: %w", n.initTail(rec), last)
+				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s%s: %w", n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
 			}
 		}
 		select {
@@ -220,7 +221,31 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 		case <-time.After(readyPoll):
 		}
 	}
-	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), last)
+	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
+}
+
+// bootState says how a guest that never became ready fared in its lease
+// (OOM kills, memory peak, CPU used and throttling) and what runsc's log
+// said last (a sentry's panic or fatal error is there, not in the init's
+// output), for a readiness failure's message.
+func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
+	var parts []string
+	if st, err := n.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
+		if st.OOMKills > 0 {
+			parts = append(parts, fmt.Sprintf("OOM-killed %d time(s) at memory.max %d bytes", st.OOMKills, rec.Resources.MemoryBytes))
+		}
+		parts = append(parts, fmt.Sprintf("lease: %d processes, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
+			st.Procs, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))
+	}
+	if b, err := guestlog.Tail(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.RunscName, 2048); err == nil {
+		if b = bytes.TrimSpace(guestlog.LastLines(b, 3)); len(b) > 0 {
+			parts = append(parts, fmt.Sprintf("runsc log: %q", b))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // initTail is the end of the guest's init output (the agent's and the

@@ -67,6 +67,11 @@ type Config struct {
 	// ReadyTimeout bounds the wait for a new guest's agent to answer the
 	// readiness proof (0: DefaultReadyTimeout).
 	ReadyTimeout time.Duration
+	// BootCPUMillis is a new generation's cpu.max from its lease until its
+	// readiness proof, when the claim asks for less (lease.Spec): the boot
+	// is ctld's and runsc's work, not the workload's. 0: boots run inside
+	// the claim's share.
+	BootCPUMillis int64
 	// AgentCallTimeout bounds an agent call that is not a stream (ready,
 	// stat, list, mkdir, remove, rename; 0: the client's 10 s).
 	AgentCallTimeout time.Duration
