@@ -65,7 +65,7 @@ func (a *agentCall) fail(what string, err error) error {
 			code = errdefs.CodeConflict
 		}
 		return errdefs.Errorf(code, "%s in sandbox %s: %s", what, id, we.Message)
-	case errors.Is(err, client.ErrTooLarge):
+	case errors.Is(err, client.ErrTooLarge), errors.Is(err, client.ErrListTooLarge):
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s in sandbox %s: %v", what, id, err)
 	case a.ctx.Err() != nil:
 		return errdefs.Errorf(errdefs.CodeUnavailable, "%s in sandbox %s: cancelled: %v", what, id, context.Cause(a.ctx))
@@ -230,7 +230,8 @@ func (n *Node) StatFile(ctx context.Context, id, p string, user *api.User) (api.
 	return apiFileInfo(st), nil
 }
 
-// ListDir implements apiserver.Service (at most client.MaxList entries).
+// ListDir implements apiserver.Service (at most client.MaxList entries
+// and the client's byte budget).
 func (n *Node) ListDir(ctx context.Context, id, p string, user *api.User) ([]api.FileInfo, error) {
 	var sts []wire.Stat
 	err := n.onAgent(ctx, id, "list "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {

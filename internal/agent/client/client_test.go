@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -225,5 +227,96 @@ func TestStreamIdleBound(t *testing.T) {
 	_, err = (&Client{Dial: stalled(func(net.Conn) {}).Dial, StreamIdle: time.Hour}).ReadFile(cctx, "/f", nil, 1<<20, io.Discard)
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "nothing arrived") {
 		t.Errorf("read under the caller's shorter deadline: %v, want the caller's deadline", err)
+	}
+}
+
+// symlinks answers a listing with n entries of 255-byte names and 4 KiB
+// link targets (what a guest can really make), in full frames, counting
+// the bytes it sent.
+func symlinks(n int, sent *int64) func(net.Conn) {
+	return func(c net.Conn) {
+		e := wire.Stat{Name: strings.Repeat("n", MaxName), Link: strings.Repeat("l", MaxLink), Mode: 0o777}
+		var batch []wire.Stat
+		for i := 0; i < n; i++ {
+			batch = append(batch, e)
+			if len(batch) == 14 || i == n-1 { // 14 × ~4.4 KiB fits a frame
+				p, _ := json.Marshal(batch)
+				if wire.WriteFrame(c, wire.TData, p) != nil {
+					return
+				}
+				*sent += int64(len(p))
+				batch = batch[:0]
+			}
+		}
+		wire.WriteFrame(c, wire.TEnd, nil)
+	}
+}
+
+// A listing is bounded by bytes, not only entries: 20k symlinks with 4 KiB
+// targets (under MaxList; ~87 MB on the wire) fail as too large once the
+// budget is spent, and the client allocates a small multiple of its
+// budget, not of the answer.
+func TestHostileListByteBudget(t *testing.T) {
+	var sent int64
+	c := hostile(t, symlinks(20000, &sent))
+	c.CallTimeout = 20 * time.Second
+	const budget = 1 << 20
+	c.ListBudget = budget
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	es, err := c.List(context.Background(), "/d", nil)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrListTooLarge) || errors.Is(err, ErrAgent) {
+		t.Fatalf("list = %d entries, %v; want ErrListTooLarge", len(es), err)
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("agent sent %d bytes before the client stopped; client allocated %d bytes (budget %d)", sent, alloc, budget)
+	if alloc > 8*budget {
+		t.Fatalf("allocated %d bytes for a listing with a budget of %d", alloc, budget)
+	}
+	// The default budget admits a big directory of ordinary names.
+	sent = 0
+	c = hostile(t, func(c net.Conn) {
+		var batch []wire.Stat
+		for i := 0; i < MaxList; i++ {
+			batch = append(batch, wire.Stat{Name: fmt.Sprintf("file-%06d", i)})
+			if len(batch) == 500 || i == MaxList-1 {
+				p, _ := json.Marshal(batch)
+				wire.WriteFrame(c, wire.TData, p)
+				batch = batch[:0]
+			}
+		}
+		wire.WriteFrame(c, wire.TEnd, nil)
+	})
+	c.CallTimeout = 20 * time.Second
+	if es, err := c.List(context.Background(), "/d", nil); err != nil || len(es) != MaxList {
+		t.Fatalf("list of %d short names: %d, %v", MaxList, len(es), err)
+	}
+}
+
+// Names and link targets past NAME_MAX and PATH_MAX (or with a NUL) are a
+// hostile agent's, in a listing and in a stat.
+func TestHostileEntryLengths(t *testing.T) {
+	for _, st := range []wire.Stat{
+		{Name: strings.Repeat("n", MaxName+1)},
+		{Name: "a", Link: strings.Repeat("l", MaxLink+1)},
+		{Name: "a\x00b"},
+		{Name: "a", Size: -1},
+	} {
+		c := hostile(t, func(c net.Conn) { wire.WriteJSON(c, wire.TData, []wire.Stat{st}); wire.WriteFrame(c, wire.TEnd, nil) })
+		if _, err := c.List(context.Background(), "/", nil); !errors.Is(err, ErrAgent) {
+			t.Errorf("list with %d-byte name, %d-byte link: %v; want ErrAgent", len(st.Name), len(st.Link), err)
+		}
+		c = hostile(t, func(c net.Conn) { wire.WriteJSON(c, wire.TResult, st) })
+		if _, err := c.Stat(context.Background(), "/", nil); !errors.Is(err, ErrAgent) {
+			t.Errorf("stat with %d-byte name, %d-byte link: %v; want ErrAgent", len(st.Name), len(st.Link), err)
+		}
+	}
+	// At the limits: accepted.
+	ok := wire.Stat{Name: strings.Repeat("n", MaxName), Link: strings.Repeat("l", MaxLink)}
+	c := hostile(t, func(c net.Conn) { wire.WriteJSON(c, wire.TResult, ok) })
+	if _, err := c.Stat(context.Background(), "/", nil); err != nil {
+		t.Errorf("stat at the limits: %v", err)
 	}
 }
