@@ -518,6 +518,10 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
 		Netns:  ns, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
+		// Each generation's agent socket dir: a small tmpfs, its peer
+		// checked against the lease cgroup (docs/operations.md, "Guest
+		// agent boundary").
+		AgentDirs: node.TmpfsAgentDirs{}, AgentPeers: node.ProcPeers{},
 	}
 	sn.deps(&d)
 	bcfg, bd, err := buildBlock(term, g.stateDir, o.cgroupRoot, filepath.Join(templates, "busybox"), o.block, log)

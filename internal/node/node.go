@@ -122,7 +122,11 @@ type Deps struct {
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr
-	Logger    *slog.Logger
+	// AgentDirs and AgentPeers confine each generation's agent socket
+	// dir and check its peer (agentsock.go); nil: neither (fake kernel).
+	AgentDirs  AgentDirs
+	AgentPeers AgentPeers
+	Logger     *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
 	// Term is the primary's term: cancelled when it ends, after which the
