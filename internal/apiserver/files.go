@@ -80,6 +80,11 @@ func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	limit := s.maxStreamFile()
 	out := &lazyBody{w: w, limit: limit}
 	n, err := s.Service.ReadFileTo(r.Context(), id, p, u, limit, out)
@@ -165,6 +170,11 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > limit {
 		return invalid("file exceeds %d bytes", limit)
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	body := &bodyReader{r: http.MaxBytesReader(w, r.Body, limit)}
 	_, err = s.Service.WriteFileFrom(r.Context(), id, p, u, mode, limit, body)
 	if body.err != nil {
@@ -219,6 +229,11 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	es, err := s.Service.ListDir(r.Context(), id, p, u)
 	if err != nil {
 		return err

@@ -73,6 +73,10 @@ type Config struct {
 	// AgentStreamIdle bounds each wait of a file stream through an agent
 	// (0: client.DefaultStreamIdle).
 	AgentStreamIdle time.Duration
+	// ExecTimeoutDefault is the timeout of an exec or session that names
+	// none (0: none); ExecIdle ends a non-TTY exec or session after that
+	// long with no output and no input (0: none). See agentcalls.go.
+	ExecTimeoutDefault, ExecIdle time.Duration
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made

@@ -94,7 +94,7 @@ for s in a b; do
 	check "ctld@$s oom_score_adj is -900" test "$(cat /proc/"$pid"/oom_score_adj)" = -900
 	cg=/sys/fs/cgroup/system.slice/system-ctld.slice/ctld@$s.service
 	check "ctld@$s memory is bounded: memory.high $(cat $cg/memory.high) memory.max $(cat $cg/memory.max)" \
-		test "$(cat $cg/memory.high) $(cat $cg/memory.max)" = "$((1536 << 20)) $((2 << 30))"
+		test "$(cat $cg/memory.high) $(cat $cg/memory.max)" = "$((3 << 30)) $((4 << 30))"
 	check "ctld@$s may open /dev/nbd0 (no device allow-list)" sh -c "echo \$\$ > /sys/fs/cgroup/system.slice/system-ctld.slice/ctld@$s.service/cgroup.procs && exec 3<>/dev/nbd0"
 done
 check "ctld status shows each unit's main PID" sh -c "ctld status --json | jq -e '[.slots[] | .status.pid] == [$(mainpid a), $(mainpid b)]' >/dev/null"

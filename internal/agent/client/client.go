@@ -534,7 +534,15 @@ type ExecRequest struct {
 	Timeout    time.Duration // the agent kills the group after it (0: none)
 	TTY        bool
 	Rows, Cols uint16
+	// Idle, when positive, ends the call when for that long no output
+	// arrived and no input was sent (a silent agent or command): the
+	// connection is closed, so the agent kills the command's group. The
+	// error wraps ErrIdle.
+	Idle time.Duration
 }
+
+// ErrIdle: an exec passed its idle bound (ExecRequest.Idle).
+var ErrIdle = errors.New("exec idle")
 
 // Exec runs a command and streams its output in order per stream. The
 // context's end closes the connection, and the agent then kills the
@@ -549,11 +557,20 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest, s Streams) (wire.Exit,
 	defer k.close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The idle bound is the read deadline, moved on by every frame either
+	// way (input counts: a command being fed is not idle).
+	active := func() {
+		if r.Idle > 0 {
+			k.idle(r.Idle, true)
+		}
+	}
+	active()
 	// Input: frames written under a lock (stdin, resize, signal).
 	var wmu chanMutex = make(chan struct{}, 1)
 	send := func(t wire.Type, v any, raw []byte) error {
 		wmu.lock()
 		defer wmu.unlock()
+		active()
 		if v != nil {
 			return wire.WriteJSON(k.nc, t, v)
 		}
@@ -601,8 +618,14 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest, s Streams) (wire.Exit,
 	for {
 		t, p, err := k.next()
 		if err != nil {
+			if r.Idle > 0 {
+				if ie := k.idleErr(err, r.Idle, "arrived or was sent"); errors.Is(ie, errIdle) {
+					return wire.Exit{}, fmt.Errorf("exec ended: %w: no output and no input for %v", ErrIdle, r.Idle)
+				}
+			}
 			return wire.Exit{}, c.failed(ctx, "exec", err)
 		}
+		active()
 		switch t {
 		case wire.TStdout, wire.TStderr:
 			w := s.Stdout

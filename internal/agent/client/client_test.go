@@ -320,3 +320,43 @@ func TestHostileEntryLengths(t *testing.T) {
 		t.Errorf("stat at the limits: %v", err)
 	}
 }
+
+// A silent exec (an agent that says nothing, or a command that prints
+// nothing and is fed nothing) ends at its idle bound with ErrIdle; output
+// or input keeps it going.
+func TestExecIdleBound(t *testing.T) {
+	ctx := context.Background()
+	c := hostile(t, func(c net.Conn) { time.Sleep(time.Hour) })
+	start := time.Now()
+	_, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}, Idle: 200 * time.Millisecond}, Streams{})
+	if !errors.Is(err, ErrIdle) || time.Since(start) > 5*time.Second {
+		t.Fatalf("silent agent: %v after %v; want ErrIdle after ~200ms", err, time.Since(start))
+	}
+	// Output every 100 ms for 600 ms, then the exit: never idle.
+	c = hostile(t, func(c net.Conn) {
+		for range 6 {
+			time.Sleep(100 * time.Millisecond)
+			wire.WriteFrame(c, wire.TStdout, []byte("."))
+		}
+		wire.WriteJSON(c, wire.TExit, wire.Exit{Code: 3})
+	})
+	if e, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}, Idle: 250 * time.Millisecond}, Streams{}); err != nil || e.Code != 3 {
+		t.Fatalf("chatty exec: %+v, %v", e, err)
+	}
+	// Input every 100 ms counts too.
+	c = hostile(t, func(c net.Conn) {
+		time.Sleep(600 * time.Millisecond)
+		wire.WriteJSON(c, wire.TExit, wire.Exit{Code: 4})
+	})
+	pr, pw := io.Pipe()
+	go func() {
+		for range 7 {
+			time.Sleep(100 * time.Millisecond)
+			pw.Write([]byte("x"))
+		}
+		pw.Close()
+	}()
+	if e, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}, Idle: 250 * time.Millisecond}, Streams{Stdin: pr}); err != nil || e.Code != 4 {
+		t.Fatalf("fed exec: %+v, %v", e, err)
+	}
+}
