@@ -360,3 +360,51 @@ func TestExecIdleBound(t *testing.T) {
 		t.Fatalf("fed exec: %+v, %v", e, err)
 	}
 }
+
+// The budget bounds the heap under concurrency too: 32 hostile listings
+// at once (the node's --max-concurrent-streams default) each against a
+// budget of 1 MiB keep the live heap within a small multiple of 32 MiB
+// (docs/operations.md sizes ctld's MemoryMax from this).
+func TestHostileListsConcurrentHeap(t *testing.T) {
+	const n, budget = 32, 1 << 20
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	stop := make(chan struct{})
+	peak := make(chan uint64)
+	go func() {
+		var m runtime.MemStats
+		var p uint64
+		for {
+			select {
+			case <-stop:
+				peak <- p
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			runtime.ReadMemStats(&m)
+			p = max(p, m.HeapInuse)
+		}
+	}()
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			var sent int64
+			c := hostile(t, symlinks(20000, &sent))
+			c.CallTimeout, c.ListBudget = 30*time.Second, budget
+			_, err := c.List(context.Background(), "/d", nil)
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; !errors.Is(err, ErrListTooLarge) {
+			t.Errorf("list: %v; want ErrListTooLarge", err)
+		}
+	}
+	close(stop)
+	grew := int64(<-peak) - int64(base.HeapInuse)
+	t.Logf("%d concurrent hostile listings, budget %d each: live heap grew by at most %d bytes", n, budget, grew)
+	if grew > 4*n*budget {
+		t.Fatalf("live heap grew by %d bytes, over 4 x %d budgets", grew, n)
+	}
+}
