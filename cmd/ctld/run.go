@@ -59,7 +59,10 @@ type runOpts struct {
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
-	logMax              int64
+	// Per-sandbox and stream bounds, and the node's exec bounds (issue 21).
+	maxSandboxExecs, maxStreams, maxSandboxStreams int
+	execTimeoutDefault, execIdle                   time.Duration
+	logMax                                         int64
 	// journalTimeout bounds the wait for the journal's flock on takeover.
 	journalTimeout time.Duration
 	// takeoverLimit bounds a takeover (journal, reconcile) before the
@@ -99,6 +102,13 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if o.maxClaims < 1 || o.maxExecs < 1 {
 				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
+			}
+			if o.maxSandboxExecs < 1 || o.maxStreams < 1 || o.maxSandboxStreams < 1 {
+				return usagef("--max-execs-per-sandbox, --max-concurrent-streams and --max-streams-per-sandbox must be at least 1, got %d, %d and %d",
+					o.maxSandboxExecs, o.maxStreams, o.maxSandboxStreams)
+			}
+			if o.execTimeoutDefault < time.Second || o.execIdle < time.Second {
+				return usagef("--exec-timeout-default and --exec-idle-timeout must be at least 1s, got %v and %v", o.execTimeoutDefault, o.execIdle)
 			}
 			if o.maxFileBytes < 1 {
 				return usagef("--max-file-bytes must be at least 1, got %d", o.maxFileBytes)
@@ -156,6 +166,11 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
 	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
+	f.IntVar(&o.maxSandboxExecs, "max-execs-per-sandbox", 8, "execs and sessions running at once in one sandbox; beyond it unavailable with a retry hint")
+	f.IntVar(&o.maxStreams, "max-concurrent-streams", 32, "log follows, file reads and writes and directory listings open at once on the node; beyond it unavailable with a retry hint")
+	f.IntVar(&o.maxSandboxStreams, "max-streams-per-sandbox", 8, "log follows, file reads and writes and directory listings open at once per sandbox; beyond it unavailable with a retry hint")
+	f.DurationVar(&o.execTimeoutDefault, "exec-timeout-default", time.Hour, "timeout of an exec or session that gives none (timeout_sec 0)")
+	f.DurationVar(&o.execIdle, "exec-idle-timeout", 10*time.Minute, "a non-TTY exec or session with no output and no input for this long is ended")
 	f.Int64Var(&o.maxFileBytes, "max-file-bytes", apiserver.DefaultMaxStreamFileBytes, "largest file the API reads or writes in a sandbox (streamed, never held whole)")
 	f.DurationVar(&o.retention.MaxAge, "journal-retention", 24*time.Hour,
 		"how long finished generations, operation results and cleanup proofs stay in the journal: the idempotency window of an operation_id")
@@ -365,8 +380,11 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
 		Service: n, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
-		Claims: apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
-		Execs:  apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
+		Claims:         apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
+		Execs:          apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
+		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),
+		Streams:        apiserver.NewLimiter("streams", "--max-concurrent-streams", o.maxStreams, 5*time.Second),
+		SandboxStreams: apiserver.NewKeyedLimiter("streams", "--max-streams-per-sandbox", o.maxSandboxStreams, 5*time.Second),
 	}
 	err = srv.Serve(termCtx, apiLn)
 	cause := context.Cause(termCtx)
@@ -512,14 +530,15 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
 		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
-		DefaultDiskBytes: o.defaultDisk,
-		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
-		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
-		Carriers:         o.net.carriers,
-		AgentBinary:      agentBin,
-		AgentStreamIdle:  o.agentStreamIdle,
-		ReadyTimeout:     o.readyTimeout,
-		BootCPUMillis:    o.bootCPU,
+		DefaultDiskBytes:   o.defaultDisk,
+		DiskProjects:       node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
+		NetLimits:          netpolicy.Limits{MaxRules: o.net.maxRules},
+		Carriers:           o.net.carriers,
+		AgentBinary:        agentBin,
+		AgentStreamIdle:    o.agentStreamIdle,
+		ExecTimeoutDefault: o.execTimeoutDefault, ExecIdle: o.execIdle,
+		ReadyTimeout:  o.readyTimeout,
+		BootCPUMillis: o.bootCPU,
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.
@@ -532,6 +551,10 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
 		Netns:  ns, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
+		// Each generation's agent socket dir: a small tmpfs, its peer
+		// checked against the lease cgroup (docs/operations.md, "Guest
+		// agent boundary").
+		AgentDirs: node.TmpfsAgentDirs{}, AgentPeers: node.ProcPeers{},
 	}
 	sn.deps(&d)
 	bcfg, bd, err := buildBlock(term, g.stateDir, o.cgroupRoot, filepath.Join(templates, "busybox"), o.block, log)

@@ -78,6 +78,10 @@ type Config struct {
 	// AgentStreamIdle bounds each wait of a file stream through an agent
 	// (0: client.DefaultStreamIdle).
 	AgentStreamIdle time.Duration
+	// ExecTimeoutDefault is the timeout of an exec or session that names
+	// none (0: none); ExecIdle ends a non-TTY exec or session after that
+	// long with no output and no input (0: none). See agentcalls.go.
+	ExecTimeoutDefault, ExecIdle time.Duration
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
@@ -127,7 +131,11 @@ type Deps struct {
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr
-	Logger    *slog.Logger
+	// AgentDirs and AgentPeers confine each generation's agent socket
+	// dir and check its peer (agentsock.go); nil: neither (fake kernel).
+	AgentDirs  AgentDirs
+	AgentPeers AgentPeers
+	Logger     *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
 	// Term is the primary's term: cancelled when it ends, after which the

@@ -38,6 +38,9 @@ type testKernel struct {
 	rootfs  RootFS
 	netns   Netns
 	runtime Runtime
+	// The agent socket dirs' tmpfs and peer check (nil: none).
+	agentDirs  AgentDirs
+	agentPeers AgentPeers
 	// The sandbox network (nil: the node makes none).
 	links    Links
 	firewall Firewall
@@ -271,8 +274,8 @@ func (r *rig) boot() (returned bool, err error) {
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
-		NodeAddrs: testNodeAddrs,
-		Total:     testTotal, Term: term, Crash: r.crash, Logger: r.log,
+		NodeAddrs: testNodeAddrs, AgentDirs: r.k.agentDirs, AgentPeers: r.k.agentPeers,
+		Total: testTotal, Term: term, Crash: r.crash, Logger: r.log,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), r.k.timeout)
 	defer cancel()
