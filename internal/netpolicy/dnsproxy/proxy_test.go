@@ -87,6 +87,10 @@ var zone = map[string][]string{
 		"rebind.example.com. 300 IN AAAA ::ffff:169.254.169.254",
 		"rebind.example.com. 300 IN AAAA fd00:c71d::9",
 		"rebind.example.com. 300 IN AAAA fe80::1",
+		"rebind.example.com. 300 IN AAAA 64:ff9b::a9fe:a9fe",   // metadata through DNS64/NAT64
+		"rebind.example.com. 300 IN AAAA 64:ff9b::a00:1",       // RFC 1918 through NAT64
+		"rebind.example.com. 300 IN AAAA 64:ff9b:1::a9fe:a9fe", // local-use NAT64 prefix
+		"rebind.example.com. 300 IN AAAA 2002:a9fe:a9fe::1",    // 6to4
 		"rebind.example.com. 300 IN AAAA 2001:db8::40",
 	},
 	"metadata.example.com. A": {"metadata.example.com. 300 IN A 169.254.169.254"},

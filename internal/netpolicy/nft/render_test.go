@@ -105,6 +105,20 @@ func TestRenderRestricted(t *testing.T) {
 		t.Errorf("x4 first range %v rendered as %v..%v", first, x4.Elements[0].Key, x4.Elements[1].Key)
 	}
 
+	// IPv4 inside IPv6 (NAT64, 6to4, mapped) is in x6: a guest cannot
+	// reach metadata or RFC 1918 as 64:ff9b::a9fe:a9fe.
+	x6, _ := setByName(g, "sb-web-1-g3.x6")
+	for _, a := range []string{"64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b:1::a9fe:a9fe", "2002:a9fe:a9fe::1", "::ffff:169.254.169.254", "fd00:ec2::254"} {
+		if !inIntervals(x6.Elements, netip.MustParseAddr(a)) {
+			t.Errorf("x6 does not hold %s", a)
+		}
+	}
+	for _, a := range []string{"2001:db8::1", "64:ff9b::1:0:0", "2003::1"} {
+		if inIntervals(x6.Elements, netip.MustParseAddr(a)) {
+			t.Errorf("x6 holds %s", a)
+		}
+	}
+
 	d0, _ := setByName(g, "sb-web-1-g3.d0-4")
 	if !d0.Spec.HasTimeout || d0.Spec.Interval || len(d0.Elements) != 0 {
 		t.Errorf("d0-4 %+v", d0)
@@ -385,4 +399,22 @@ func findBitwise(es []expr.Any) *expr.Bitwise {
 		}
 	}
 	return nil
+}
+
+// inIntervals looks a up in a single-field interval set's elements as the
+// kernel's rbtree does: the greatest key not above a decides (a start
+// element: inside).
+func inIntervals(els []nftables.SetElement, a netip.Addr) bool {
+	var best *nftables.SetElement
+	for i, e := range els {
+		k, _ := netip.AddrFromSlice(e.Key)
+		if k.Compare(a) <= 0 {
+			if best == nil {
+				best = &els[i]
+			} else if b, _ := netip.AddrFromSlice(best.Key); k.Compare(b) >= 0 {
+				best = &els[i]
+			}
+		}
+	}
+	return best != nil && !best.IntervalEnd
 }
