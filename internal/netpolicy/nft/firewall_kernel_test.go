@@ -872,7 +872,7 @@ func TestKernelApplyIsAllOrNothing(t *testing.T) {
 // opens it, which shows the route works and the refusal is the policy's.
 func TestKernelIPv4InIPv6Refused(t *testing.T) {
 	n := newNode(t)
-	nat64 := netip.MustParseAddr("64:ff9b::a9fe:a9fe")     // 169.254.169.254 through NAT64
+	nat64 := netip.MustParseAddr("64:ff9b::a9fe:a9fe")    // 169.254.169.254 through NAT64
 	sixToFour := netip.MustParseAddr("2002:a9fe:a9fe::1") // 169.254.169.254 through 6to4
 	for _, a := range []netip.Addr{nat64, sixToFour} {
 		addAddr6(t, n.server.Handle, "eth0", netip.PrefixFrom(a, 128))
