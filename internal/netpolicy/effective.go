@@ -133,6 +133,13 @@ type DomainSet struct {
 	Ports []PortRange
 }
 
+// DomainSetSize is the most addresses one domain set holds: the nft set's
+// size, and the default of the DNS proxy's cap on the distinct addresses
+// it keeps for one generation. Names under an allowed wildcard are the
+// guest's to invent, so without it each answer (up to 32 addresses, for
+// up to an hour) would grow kernel memory without bound.
+const DomainSetSize = 1024
+
 // Effective is what the firewall enforces for one generation.
 type Effective struct {
 	Mode Mode

@@ -120,7 +120,7 @@ func TestRenderRestricted(t *testing.T) {
 	}
 
 	d0, _ := setByName(g, "sb-web-1-g3.d0-4")
-	if !d0.Spec.HasTimeout || d0.Spec.Interval || len(d0.Elements) != 0 {
+	if !d0.Spec.HasTimeout || d0.Spec.Interval || len(d0.Elements) != 0 || d0.Spec.Size != netpolicy.DomainSetSize {
 		t.Errorf("d0-4 %+v", d0)
 	}
 
@@ -278,7 +278,7 @@ func TestRenderRefusesBadInput(t *testing.T) {
 
 func TestRenderBase(t *testing.T) {
 	b := RenderBase(Config{DNSPort: 5353, Pool: unitPool})
-	if b.Version != "ctld base v4 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
+	if b.Version != "ctld base v5 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
 		t.Errorf("version %q", b.Version)
 	}
 	var chains []string
@@ -298,6 +298,35 @@ func TestRenderBase(t *testing.T) {
 	fwd := b.Chains[2].Rules[0].Exprs
 	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapDispatch || !l.IsDestRegSet || l.DestRegister != 0 {
 		t.Errorf("forward rule 0 is not the dispatch: %v", fwd)
+	}
+	// input: first, the proxy's port (udp and tcp) is dropped from any
+	// link but the sandboxes' and loopback, before the rule that lets
+	// other links' traffic go.
+	in := b.Chains[1].Rules
+	for i, proto := range []byte{protoUDP, protoTCP} {
+		var ifs []string
+		var port, l4, dropped bool
+		for _, e := range in[i].Exprs {
+			switch e := e.(type) {
+			case *expr.Cmp:
+				switch {
+				case e.Op == expr.CmpOpNeq && (string(e.Data) == netpolicy.LinkPrefix || bytes.Equal(e.Data, ifname("lo"))):
+					ifs = append(ifs, strings.TrimRight(string(e.Data), "\x00"))
+				case bytes.Equal(e.Data, []byte{proto}):
+					l4 = true
+				case bytes.Equal(e.Data, []byte{0x14, 0xe9}): // 5353
+					port = true
+				}
+			case *expr.Verdict:
+				dropped = e.Kind == expr.VerdictDrop
+			}
+		}
+		if !slices.Equal(ifs, []string{netpolicy.LinkPrefix, "lo"}) || !l4 || !port || !dropped {
+			t.Errorf("input rule %d does not drop proto %d to the proxy port from other links: links %q l4 %v port %v drop %v", i, proto, ifs, l4, port, dropped)
+		}
+	}
+	if v, ok := in[2].Exprs[len(in[2].Exprs)-1].(*expr.Verdict); !ok || v.Kind != expr.VerdictReturn {
+		t.Errorf("input rule 2 is not the return of other links: %v", in[2].Exprs)
 	}
 	// input: a new flow to the proxy is accepted and marked by the src
 	// map of its family (link . source → mark).
