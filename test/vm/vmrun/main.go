@@ -276,7 +276,7 @@ func buildTests(ctx context.Context, c config, outDir string) ([]Job, error) {
 				argv = append(argv, "-test.skip", skip)
 			}
 		}
-		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", Timeout: int(c.jobTime.Seconds()) + 30,
+		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", IsBench: c.bench != "", Timeout: int(c.jobTime.Seconds()) + 30,
 			Stage: shareBinDir + "/" + filepath.Base(bin)})
 	}
 	return jobs, nil
@@ -560,6 +560,36 @@ func countResults(log string) pkgCount {
 	return pc
 }
 
+// benchResultRE is a benchmark's result line (`BenchmarkX-2  1  5 ns/op`).
+var benchResultRE = regexp.MustCompile(`^Benchmark\S+\s+\d+\s+\S+ ns/op`)
+
+// benchCount counts a `go test -v -bench` log: benchmarks that reported a
+// result, and those that failed or skipped (their --- lines).
+func benchCount(log string) (ran int, pc pkgCount) {
+	pc = countResults(log)
+	for _, l := range strings.Split(log, "\n") {
+		if benchResultRE.MatchString(l) {
+			ran++
+		}
+	}
+	return ran, pc
+}
+
+// benchProblems is why a benchmark job whose binary exited rc failed
+// although its exit status may be 0: like a test job, a run where no
+// benchmark matched or one skipped measured nothing it was asked for.
+func benchProblems(name, log string, rc int) []string {
+	ran, pc := benchCount(log)
+	var out []string
+	if ran == 0 && pc.fail == 0 && rc == 0 {
+		out = append(out, name+": no benchmark ran (check -bench)")
+	}
+	if pc.skip > 0 {
+		out = append(out, fmt.Sprintf("%s: %d benchmark(s) skipped in the VM; benchmarks must run", name, pc.skip))
+	}
+	return out
+}
+
 // topLevelRE is a top-level test's result line (not a subtest's) and its
 // duration.
 var topLevelRE = regexp.MustCompile(`^--- (?:PASS|FAIL|SKIP): (\S+) \(([0-9.]+)s\)`)
@@ -646,6 +676,14 @@ func report(jobs []Job, share string, res bootResult) error {
 			total.fail += pc.fail
 			total.skip += pc.skip
 			fmt.Printf("  %s %-50s passed %3d  failed %3d  skipped %3d\n", status, j.Name, pc.pass, pc.fail, pc.skip)
+		} else if j.IsBench {
+			ps := benchProblems(j.Name, string(logb), rc)
+			if len(ps) > 0 {
+				status = "FAIL"
+			}
+			problems = append(problems, ps...)
+			ran, pc := benchCount(string(logb))
+			fmt.Printf("  %s %-50s benchmarks ran %3d  failed %3d  skipped %3d\n", status, j.Name, ran, pc.fail, pc.skip)
 		} else {
 			fmt.Printf("  %s %s (exit %d)\n", status, j.Name, rc)
 		}

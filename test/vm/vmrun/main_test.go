@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -119,5 +121,53 @@ func TestGuestScriptRunsBinariesFromTmpfs(t *testing.T) {
 	}
 	if i, j := strings.Index(s, "cp -a /ctld-vm/bin/cmd"), strings.Index(s, "=== vm job 0"); i < 0 || i > j {
 		t.Errorf("the commands are not copied before the first job")
+	}
+}
+
+// TestBenchProblems: a bench job passes only when a benchmark reported a
+// result and none skipped; no match or a skip fails it like a test job.
+func TestBenchProblems(t *testing.T) {
+	ok := "goos: linux\nBenchmarkQuery\nBenchmarkQuery/proxy-2   \t       1\t   1064303 ns/op\t 940.0 queries/s\nPASS\n"
+	if p := benchProblems("p", ok, 0); len(p) != 0 {
+		t.Errorf("a benchmark that ran: %v", p)
+	}
+	if p := benchProblems("p", "PASS\n", 0); len(p) != 1 || !strings.Contains(p[0], "no benchmark ran") {
+		t.Errorf("none matched: %v", p)
+	}
+	skipped := "BenchmarkA\n--- SKIP: BenchmarkA\n    a_test.go:41: host run needs runsc\nPASS\n"
+	if p := benchProblems("p", skipped, 0); len(p) != 2 || !strings.Contains(p[1], "1 benchmark(s) skipped") {
+		t.Errorf("one skipped: %v", p)
+	}
+	partly := ok + "--- SKIP: BenchmarkB\n"
+	if p := benchProblems("p", partly, 0); len(p) != 1 || !strings.Contains(p[0], "skipped") {
+		t.Errorf("one ran, one skipped: %v", p)
+	}
+	failed := "--- FAIL: BenchmarkC\n    c_test.go:3: boom\nFAIL\n"
+	if p := benchProblems("p", failed, 1); len(p) != 0 {
+		t.Errorf("a failed benchmark is the exit status' problem, not another: %v", p)
+	}
+}
+
+// TestReportFailsBenchThatMeasuredNothing: the run's report fails a bench
+// job whose binary exited 0 with no benchmark matched, or one skipped.
+func TestReportFailsBenchThatMeasuredNothing(t *testing.T) {
+	for name, log := range map[string]string{
+		"none matched": "PASS\n",
+		"skipped":      "BenchmarkA\n--- SKIP: BenchmarkA\n    a_test.go:41: host run needs runsc\nPASS\n",
+		"ran":          "BenchmarkA-2 \t 1\t 5 ns/op\nPASS\n",
+	} {
+		share := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(share, "out"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, b := range map[string]string{"done": "", "out/0.rc": "0\n", "out/0.log": log} {
+			if err := os.WriteFile(filepath.Join(share, f), []byte(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := report([]Job{{Name: "./p", IsBench: true}}, share, bootResult{})
+		if (err == nil) != (name == "ran") {
+			t.Errorf("%s: report = %v", name, err)
+		}
 	}
 }
