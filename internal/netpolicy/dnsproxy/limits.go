@@ -31,9 +31,26 @@ type usage struct {
 	tokens float64
 	last   time.Time
 	addrs  map[netip.Addr]time.Time // in the sets until (the latest expiry)
-	// full and limited remember that a refusal was logged, so a flood
-	// logs once per episode, not once a query.
-	full, limited bool
+	// rateLog and capLog are when a refusal was last logged, rateN and
+	// capN the refusals since: a flood logs once a minute, not once a
+	// query (or once a token).
+	rateLog, capLog time.Time
+	rateN, capN     int
+}
+
+// logEvery is how often a sandbox's refusals of one kind are logged.
+const logEvery = time.Minute
+
+// logDue counts a refusal and reports whether to log now, with the
+// refusals since the last log (this one included).
+func logDue(last *time.Time, n *int, now time.Time) (bool, int) {
+	*n++
+	if !last.IsZero() && now.Sub(*last) < logEvery {
+		return false, *n
+	}
+	k := *n
+	*last, *n = now, 0
+	return true, k
 }
 
 func newUsage(burst int, now time.Time) *usage {
@@ -41,9 +58,9 @@ func newUsage(burst int, now time.Time) *usage {
 }
 
 // take spends a token of a bucket of rate tokens a second holding at most
-// burst; false: none left. first is true when this refusal starts an
-// episode (log it).
-func (u *usage) take(now time.Time, rate float64, burst int) (ok, first bool) {
+// burst; false: none left, and then log says to log the refusal (refused:
+// how many since the last log).
+func (u *usage) take(now time.Time, rate float64, burst int) (ok, log bool, refused int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if d := now.Sub(u.last); d > 0 {
@@ -52,18 +69,17 @@ func (u *usage) take(now time.Time, rate float64, burst int) (ok, first bool) {
 	}
 	if u.tokens >= 1 {
 		u.tokens--
-		u.limited = false
-		return true, false
+		return true, false, 0
 	}
-	first, u.limited = !u.limited, true
-	return false, first
+	log, refused = logDue(&u.rateLog, &u.rateN, now)
+	return false, log, refused
 }
 
 // reserve accounts addrs as kept until until, if the distinct addresses
 // not yet expired stay within limit; otherwise it changes nothing and
-// says how many are kept (first: this refusal starts an episode). An
-// address already kept only has its expiry moved later.
-func (u *usage) reserve(addrs []netip.Addr, until, now time.Time, limit int) (ok bool, kept int, first bool) {
+// says how many are kept (log, refused: as take's). An address already
+// kept only has its expiry moved later.
+func (u *usage) reserve(addrs []netip.Addr, until, now time.Time, limit int) (ok bool, kept int, log bool, refused int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	grow := 0
@@ -85,15 +101,14 @@ func (u *usage) reserve(addrs []netip.Addr, until, now time.Time, limit int) (ok
 			}
 		}
 		if len(u.addrs)+grow > limit {
-			first, u.full = !u.full, true
-			return false, len(u.addrs), first
+			log, refused = logDue(&u.capLog, &u.capN, now)
+			return false, len(u.addrs), log, refused
 		}
 	}
-	u.full = false
 	for _, a := range addrs {
 		if until.After(u.addrs[a]) {
 			u.addrs[a] = until
 		}
 	}
-	return true, len(u.addrs), false
+	return true, len(u.addrs), false, 0
 }

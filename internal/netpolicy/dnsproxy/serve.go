@@ -26,10 +26,10 @@ func (p *Proxy) serveDNS(ctx context.Context, w dns.ResponseWriter, req *dns.Msg
 	}
 	e := p.lookup(src)
 	if e != nil {
-		if ok, first := e.use.take(p.cfg.Now(), p.cfg.QueryRate, p.cfg.QueryBurst); !ok {
-			if first {
+		if ok, log, refused := e.use.take(p.cfg.Now(), p.cfg.QueryRate, p.cfg.QueryBurst); !ok {
+			if log {
 				p.log.Warn("dns proxy: sandbox over its query rate, refusing until it slows down", "sandbox", e.owner.ID,
-					"generation", e.owner.Generation, "rate", p.cfg.QueryRate, "burst", p.cfg.QueryBurst)
+					"generation", e.owner.Generation, "rate", p.cfg.QueryRate, "burst", p.cfg.QueryBurst, "refused", refused)
 			}
 			resp := reply(req, dns.RcodeRefused)
 			addEDE(req, resp, dns.ExtendedErrorCodeOther, BlockedText+": "+RateLimitedText)
@@ -159,11 +159,11 @@ func (p *Proxy) answer(ctx context.Context, e *entry, req *dns.Msg) *dns.Msg {
 	ttl := p.elementTTL(c.ttl)
 	if len(addrs) > 0 && len(sets) > 0 {
 		now := p.cfg.Now()
-		ok, kept, first := e.use.reserve(addrs, now.Add(ttl), now, p.cfg.MaxAddrsPerSandbox)
+		ok, kept, logNow, refused := e.use.reserve(addrs, now.Add(ttl), now, p.cfg.MaxAddrsPerSandbox)
 		if !ok {
-			if first {
+			if logNow {
 				log.Warn("dns proxy: sandbox at its cap of resolved addresses, refusing new ones until some expire",
-					"cap", p.cfg.MaxAddrsPerSandbox, "kept", kept)
+					"cap", p.cfg.MaxAddrsPerSandbox, "kept", kept, "refused", refused)
 			}
 			resp := reply(req, dns.RcodeServerFailure)
 			addEDE(req, resp, dns.ExtendedErrorCodeOther, fmt.Sprintf("%s: %s (%d)", BlockedText, AddrCapText, p.cfg.MaxAddrsPerSandbox))
