@@ -41,7 +41,7 @@ test-unit:
 	set -o pipefail; $(GO) test -count=1 -json $(PKGS) | bin/unitcheck -allow '$(UNIT_ALLOWED_SKIP)'
 
 # Kernel tests as root in the VM: nothing may skip there.
-# One package/test: make test-vm VM_PKGS=./internal/node/lease RUN=TestCreate
+# One package/test: make test-vm VM_PKGS=./internal/lease RUN=TestCreate
 test-vm:
 	$(VMRUN) $(if $(RUN),-run '$(RUN)') $(VM_PKGS)
 
@@ -79,10 +79,10 @@ E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|Test
 # binary is one build and one copy less.
 VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store internal/cowdev \
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
-	internal/manager internal/manager/fakenode internal/node/journal internal/node/proof \
+	internal/manager internal/manager/fakenode internal/journal internal/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck
-VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/node/ha=^TestFailoverRandomized$$' \
+VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)'
 
 test-vm-e2e:

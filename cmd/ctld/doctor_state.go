@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/ctld/ctld/internal/diskquota"
-	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/ha"
 )
 
 // stateChecks are the requirements on the state dir's filesystems: a local

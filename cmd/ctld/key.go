@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 	"github.com/spf13/cobra"
 )
 

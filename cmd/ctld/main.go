@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/logging"
-	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/ha"
 	"github.com/spf13/cobra"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ctld/ctld/internal/node/ha"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // shortDir keeps socket paths under the 108-byte sun_path limit.

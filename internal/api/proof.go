@@ -1,6 +1,6 @@
 package api
 
-import "github.com/ctld/ctld/internal/node/proof"
+import "github.com/ctld/ctld/internal/proof"
 
 // CleanupProofOf is the wire form of a proof record. It carries every field,
 // so Record rebuilds the record the signature was made over.

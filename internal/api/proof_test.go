@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 func fieldNames(t reflect.Type) []string {

@@ -10,7 +10,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/lease"
 )
 
 // IDs of sandboxes, leases and templates become cgroup names, directory

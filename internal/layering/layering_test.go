@@ -34,7 +34,7 @@ func deps(t *testing.T, pkg string) []string {
 // stack. The guest agent (in every guest) and ctld's client of it speak
 // their own framing, not HTTP.
 func TestKernelPackagesDoNotLinkTheWireLayer(t *testing.T) {
-	for _, pkg := range []string{"internal/rootfs", "internal/netpolicy", "internal/node/journal", "internal/node/proof", "internal/errdefs", "internal/names", "internal/agent", "internal/agent/wire", "internal/agent/client", "cmd/ctl-agent"} {
+	for _, pkg := range []string{"internal/rootfs", "internal/netpolicy", "internal/journal", "internal/proof", "internal/errdefs", "internal/names", "internal/agent", "internal/agent/wire", "internal/agent/client", "cmd/ctl-agent"} {
 		d := deps(t, pkg)
 		if len(d) == 0 {
 			t.Fatalf("go list -deps %s listed nothing", pkg)
@@ -53,6 +53,34 @@ func TestClientsDoNotLinkTheServer(t *testing.T) {
 	for _, pkg := range []string{"internal/api", "internal/manager", "cmd/ctl-manager"} {
 		if slices.Contains(deps(t, pkg), module+"internal/apiserver") {
 			t.Errorf("%s links internal/apiserver", pkg)
+		}
+	}
+}
+
+// The wire layer sits above the node: internal/api carries the node's
+// records (proofs, lease names) through the packages of their own
+// (internal/proof, internal/lease, ...), never through internal/node.
+func TestAPIDoesNotLinkTheNode(t *testing.T) {
+	for _, d := range deps(t, "internal/api") {
+		if d == module+"internal/node" || strings.HasPrefix(d, module+"internal/node/") {
+			t.Errorf("internal/api links %s", d)
+		}
+	}
+}
+
+// A package under internal/node is a part the node orchestrates: it never
+// reaches back up into internal/node.
+func TestNodePartsDoNotLinkTheNode(t *testing.T) {
+	out, err := exec.Command("go", "list", module+"internal/node/...").Output()
+	if err != nil {
+		t.Fatalf("go list internal/node/...: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if pkg == module+"internal/node" {
+			continue
+		}
+		if slices.Contains(deps(t, strings.TrimPrefix(pkg, module)), module+"internal/node") {
+			t.Errorf("%s links internal/node", pkg)
 		}
 	}
 }

@@ -23,7 +23,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // DefaultSocket is recorded for a node reached through the client's default

@@ -18,8 +18,8 @@ import (
 	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

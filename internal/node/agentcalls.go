@@ -12,7 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // The calls of apiserver.Service that go to the guest agent of a sandbox's

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // The node's agent calls against the fake kernel's in-process agent: the

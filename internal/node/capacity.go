@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 	"golang.org/x/sys/unix"
 )
 

@@ -7,7 +7,7 @@ package node
 
 import (
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 	"strconv"
 )
 

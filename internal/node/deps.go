@@ -14,7 +14,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/netpolicy/nft"
-	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/writer"

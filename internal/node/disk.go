@@ -3,7 +3,7 @@ package node
 import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // The disk lease of a generation: resources.disk_bytes (or the node's

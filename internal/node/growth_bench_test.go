@@ -12,9 +12,9 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/journal/journaltest"
-	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/journal/journaltest"
+	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 )

@@ -6,7 +6,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // Rollback by the bucket (issue 21): the store's head of a volume is the

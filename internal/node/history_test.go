@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/journal/journaltest"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/journal/journaltest"
 	bolt "go.etcd.io/bbolt"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // identify reads from the kernel the identities of rec's overlay

@@ -7,8 +7,8 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // The sandbox network of a generation (docs/network-design.md §5): an

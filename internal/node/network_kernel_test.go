@@ -9,7 +9,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // guestDial runs busybox nc in the guest to dst and reports whether the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

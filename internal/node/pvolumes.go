@@ -16,8 +16,8 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/writer"
 )

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // TestKernelVolumeWriterRestart: on the real kernel, kill -9 of a

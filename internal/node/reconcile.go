@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // Reconcile runs once on taking over, before the API is served. It replays

@@ -11,8 +11,8 @@ import (
 	"syscall"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // TestTableKindsCoveredEverywhere: every entry of the resource table has a

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // pruneBatch bounds one pruning transaction: claims wait for the journal's

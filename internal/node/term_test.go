@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 func termNode(t *testing.T) (*Node, context.CancelFunc) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 func (r *rig) pauseSandbox(id, op string) (resp api.PauseResponse, err error, returned bool) {

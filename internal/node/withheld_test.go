@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // Retries back off by doubling from the base up to the cap, so one

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/writer"
 )
 

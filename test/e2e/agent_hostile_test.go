@@ -12,7 +12,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/ha"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

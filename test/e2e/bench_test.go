@@ -17,9 +17,9 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/ha"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/journal/journaltest"
+	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/journal/journaltest"
 	"golang.org/x/sys/unix"
 )
 

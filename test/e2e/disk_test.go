@@ -14,7 +14,7 @@ import (
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // diskSlack is how far below its lease a guest's file may stop: the

@@ -13,7 +13,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // TestClaimExecFilesRelease is one sandbox end to end on one instance,

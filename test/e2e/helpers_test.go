@@ -21,7 +21,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/ha"
 )
 
 // env is one node: a state dir and run dir shared by slots a and b.

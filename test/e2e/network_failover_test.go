@@ -20,7 +20,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
-	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/ha"
 )
 
 // nftVolatile are the keys of `nft -j` output that change without a

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/node/ha"
+	"github.com/ctld/ctld/internal/ha"
 )
 
 // watchdog stands in for systemd's watchdog (WatchdogSec) for one

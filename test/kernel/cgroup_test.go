@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/lease"
 )
 
 // TestCgroupLeaseIsReal is the regression test for "kernel tests must run

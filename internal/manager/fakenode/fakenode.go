@@ -23,7 +23,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/names"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // Node is the fake. Set the exported knobs before serving or under Lock.

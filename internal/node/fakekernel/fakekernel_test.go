@@ -13,7 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/lease"
+	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

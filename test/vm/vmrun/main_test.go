@@ -57,7 +57,7 @@ func TestTestFilter(t *testing.T) {
 	const e2e = "github.com/ctld/ctld/test/e2e"
 	const node = "github.com/ctld/ctld/internal/node"
 	c := config{pkgRun: multiFlag{"./test/e2e=TestA|TestB"}, pkgSkip: multiFlag{"test/e2e=TestA|TestB"}}
-	hostOnly := config{pkgSkip: multiFlag{"internal/node=^TestCrashPoints$", "internal/node/ha=^TestFailoverRandomized$"}}
+	hostOnly := config{pkgSkip: multiFlag{"internal/node=^TestCrashPoints$", "internal/ha=^TestFailoverRandomized$"}}
 	for _, tc := range []struct {
 		c         config
 		pkg       string

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/journal"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // The failover test re-executes this test binary as ctld-like instances:

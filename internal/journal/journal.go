@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 	bolt "go.etcd.io/bbolt"
 )
 

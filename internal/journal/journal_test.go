@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // SeedFinished writes n released generations (sandbox record, claim and

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/proof"
 	bolt "go.etcd.io/bbolt"
 )
 

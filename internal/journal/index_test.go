@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/node/journal"
-	"github.com/ctld/ctld/internal/node/journal/journaltest"
-	"github.com/ctld/ctld/internal/node/proof"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/journal/journaltest"
+	"github.com/ctld/ctld/internal/proof"
 	bolt "go.etcd.io/bbolt"
 )
 
