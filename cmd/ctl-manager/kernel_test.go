@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ha"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/manager"
-	"github.com/ctld/ctld/internal/ha"
 )
 
 // startCtld runs the real `ctld run --slot a` built by the VM harness and

@@ -15,8 +15,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/spf13/cobra"
 )
 

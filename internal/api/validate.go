@@ -8,9 +8,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/lease"
 )
 
 // IDs of sandboxes, leases and templates become cgroup names, directory

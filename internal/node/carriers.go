@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/netpolicy"
 )
 
 // Warm network carriers (docs/network-design.md §8): a pool of ready

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
-	"github.com/ctld/ctld/internal/journal"
 )
 
 // carrierRig is a fake-kernel rig whose node keeps size warm carriers.

@@ -15,9 +15,9 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

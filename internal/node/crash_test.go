@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
-	"github.com/ctld/ctld/internal/journal"
 )
 
 // The fake kernel is what the interfaces say.

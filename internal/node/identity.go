@@ -3,8 +3,8 @@ package node
 import (
 	"context"
 
-	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/netpolicy"
 )
 
 // identify reads from the kernel the identities of rec's overlay

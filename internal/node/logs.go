@@ -9,8 +9,8 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
-	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // A generation's log files (the guest's init output through a bounded log

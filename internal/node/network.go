@@ -6,8 +6,8 @@ import (
 	"net/netip"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/proof"
 )
 

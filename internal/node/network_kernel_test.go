@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/ktest"
 )
 
 // guestDial runs busybox nc in the guest to dst and reports whether the

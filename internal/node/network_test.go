@@ -16,9 +16,9 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
-	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
 )
 

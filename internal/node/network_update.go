@@ -8,8 +8,8 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/netpolicy"
 )
 
 // updateCrashPoints are a live update's crash points, in order.

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/ktest"
 )
 
 // TestKernelVolumeWriterRestart: on the real kernel, kill -9 of a

@@ -7,8 +7,8 @@ import (
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockvol"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/writer"
 )

@@ -16,10 +16,10 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/ha"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/journal/journaltest"
+	"github.com/ctld/ctld/internal/ktest"
 	"golang.org/x/sys/unix"
 )
 

@@ -16,8 +16,8 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
-	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/template"
 	"github.com/ctld/ctld/internal/writer"
 )

@@ -13,8 +13,8 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/writer"
 )
 

@@ -20,8 +20,8 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/ktest"
 )
 
 // env is one node: a state dir and run dir shared by slots a and b.

@@ -19,8 +19,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 )
 
 // nftVolatile are the keys of `nft -j` output that change without a

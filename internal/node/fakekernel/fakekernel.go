@@ -46,9 +46,9 @@ import (
 
 	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 )
