@@ -76,8 +76,8 @@ func TestTestFilter(t *testing.T) {
 		// The Makefile's VM_HOST_ONLY: each -pkg-skip names one package, not
 		// the packages below it.
 		{c: hostOnly, pkg: node, skip: "^TestCrashPoints$"},
-		{c: hostOnly, pkg: node + "/ha", skip: "^TestFailoverRandomized$"},
-		{c: hostOnly, pkg: node + "/lease"},
+		{c: hostOnly, pkg: "github.com/ctld/ctld/internal/ha", skip: "^TestFailoverRandomized$"},
+		{c: hostOnly, pkg: node + "/fakekernel"},
 	} {
 		run, skip, err := testFilter(tc.c, tc.pkg)
 		if (err != nil) != tc.wantErr || run != tc.run || skip != tc.skip {
