@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/config"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/manager"
@@ -43,6 +44,7 @@ const (
 // cli holds the global flags and the process's streams; commands read
 // everything from here, so tests run the whole CLI in-process.
 type cli struct {
+	config      string // ctld's configuration file (--config)
 	socket      string
 	db          string
 	json        bool
@@ -143,6 +145,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 		db = manager.DefaultDBPath
 	}
 	pf := root.PersistentFlags()
+	pf.StringVar(&c.config, "config", config.DefaultPath, "ctld's configuration file: the block store commands read the block store's settings from it")
 	pf.StringVar(&c.socket, "socket", api.DefaultSocketPath, "ctld API socket")
 	pf.StringVar(&c.db, "db", db, "manager database (env CTL_MANAGER_DB)")
 	pf.BoolVar(&c.json, "json", false, "print JSON")
