@@ -34,11 +34,14 @@ func main() {
 	os.Exit(code)
 }
 
-// Exit codes.
+// Exit codes. A failed call exits 125, a code no command run by exec
+// returns of itself (as in docker run and git bisect), so a guest's own
+// exit 1 is never taken for a failure of ctl-manager or the node. exec and
+// shell exit with the command's code (exec.go).
 const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	exitOK     = 0
+	exitUsage  = 2
+	exitFailed = 125
 )
 
 // cli holds the global flags and the process's streams; commands read
@@ -54,6 +57,7 @@ type cli struct {
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	getenv         func(string) string
 	// term is the local terminal of exec -t (nil: the process's own).
 	term terminal
 
@@ -111,6 +115,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // runCLI runs the command line with c's streams (and terminal).
 func runCLI(ctx context.Context, c *cli, args []string, getenv func(string) string) int {
 	stdin, stdout, stderr := c.stdin, c.stdout, c.stderr
+	c.getenv = getenv
 	root := c.rootCommand(getenv)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -129,7 +134,7 @@ func runCLI(ctx context.Context, c *cli, args []string, getenv func(string) stri
 		return exitUsage
 	}
 	fmt.Fprintln(stderr, errorLine(err))
-	return exitError
+	return exitFailed
 }
 
 func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
@@ -162,7 +167,19 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	proof.AddCommand(c.proofVerifyCommand())
 	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
 	root.AddCommand(c.serviceCommands()...)
+	root.AddCommand(c.versionCommand())
+	c.completeSandboxIDs(sandbox, c.findCommand(root, "snapshot"))
 	return root
+}
+
+// findCommand is root's subcommand named name.
+func (c *cli) findCommand(root *cobra.Command, name string) *cobra.Command {
+	for _, cmd := range root.Commands() {
+		if cmd.Name() == name {
+			return cmd
+		}
+	}
+	return &cobra.Command{}
 }
 
 // group is a command that only holds subcommands. Cobra would print help
@@ -497,7 +514,7 @@ func dash(s string) string {
 	return s
 }
 
-// errProofNotAccepted makes destroy and proof verify exit 1 after printing
+// errProofNotAccepted makes destroy and proof verify fail (exit 125) after printing
 // the verdict: the release happened, but its cleanup is not proven.
 var errProofNotAccepted = errors.New("cleanup proof not accepted")
 
