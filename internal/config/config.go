@@ -282,6 +282,9 @@ func WriteDefault(w io.Writer, header string, fs *pflag.FlagSet) error {
 // defaultLiteral is a flag's default as a TOML value of the type Apply
 // takes for it.
 func defaultLiteral(fl *pflag.Flag) (string, error) {
+	if _, ok := fl.Value.(pflag.SliceValue); !ok && (strings.HasSuffix(fl.Value.Type(), "Slice") || strings.HasSuffix(fl.Value.Type(), "Array")) {
+		return "", fmt.Errorf("flag --%s: list type %s cannot be read back", fl.Name, fl.Value.Type())
+	}
 	typ := fl.Value.Type()
 	quote := func(s string) string { return strconv.Quote(s) }
 	lit := func(elem, s string) string {
@@ -299,8 +302,6 @@ func defaultLiteral(fl *pflag.Flag) (string, error) {
 		}
 		return "[" + strings.Join(parts, ", ") + "]", nil
 	}
-	if strings.Contains(typ, "Slice") || strings.Contains(typ, "Array") || strings.Contains(typ, "To") {
-		return "", fmt.Errorf("flag --%s: type %s has no configuration form", fl.Name, typ)
-	}
+	// Other types (ip, ipNet, bytes, ...) take their flag text as a string.
 	return lit(typ, fl.DefValue), nil
 }
