@@ -31,10 +31,14 @@ vet:
 # Unit tests on the host: kernel tests skip here with a visible reason.
 # test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive;
 # test/s3/setup.sh the S3 server (versitygw) internal/blockstore/s3store's.
+# test/unitcheck prints the package lines and failed tests' output, and
+# fails the stage on any skip but the kernel tests' own (ktest.Require).
+UNIT_ALLOWED_SKIP ?= kernel test: needs root in the test VM
 test-unit:
 	@test/nbd/setup.sh
 	@test/s3/setup.sh >/dev/null
-	$(GO) test -count=1 $(PKGS)
+	@$(GO) build -o bin/unitcheck ./test/unitcheck
+	set -o pipefail; $(GO) test -count=1 -json $(PKGS) | bin/unitcheck -allow '$(UNIT_ALLOWED_SKIP)'
 
 # Kernel tests as root in the VM: nothing may skip there.
 # One package/test: make test-vm VM_PKGS=./internal/node/lease RUN=TestCreate
@@ -77,7 +81,7 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
 	internal/manager internal/manager/fakenode internal/node/journal internal/node/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
-	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service
+	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/node/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)'
 

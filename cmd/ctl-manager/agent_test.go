@@ -219,3 +219,46 @@ func TestCLIFileCommands(t *testing.T) {
 		t.Errorf("rm -r /: %+v", r)
 	}
 }
+
+// TestCLIEscapesGuestTextOnATerminal: a file name with escape sequences,
+// a carriage return and a C1 CSI (the guest's to choose) is printed
+// escaped when stdout is a terminal, and exact when it is not (a pipe)
+// or with --json; an error message carrying such a name is escaped on a
+// terminal's stderr.
+func TestCLIEscapesGuestTextOnATerminal(t *testing.T) {
+	e := newEnv(t)
+	e.ok("sandbox", "create", "sb1")
+	const evil = "/tmp/\x1b]0;owned\x07\x1b[2Jname\r\u009b"
+	local := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(local, []byte("x"), 0o600)
+	e.ok("sandbox", "file", "put", "sb1", evil, local)
+	onTerm := func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		c := &cli{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, ttyOut: true, ttyErr: true}
+		code := runCLI(context.Background(), c, append([]string{"--socket", e.socket, "--db", e.db}, args...), func(string) string { return "" })
+		return out.String(), errb.String(), code
+	}
+	const escaped = `\x1b]0;owned\a\x1b[2Jname\r\u009b`
+	out, _, _ := onTerm("sandbox", "file", "ls", "sb1", "/tmp")
+	if !strings.Contains(out, escaped) || strings.ContainsAny(out, "\x1b\x07\r") {
+		t.Errorf("ls on a terminal: %q; want the name as %s", out, escaped)
+	}
+	out, _, _ = onTerm("sandbox", "file", "stat", "sb1", evil)
+	if !strings.Contains(out, escaped) || strings.ContainsAny(out, "\x1b\x07\r") {
+		t.Errorf("stat on a terminal: %q", out)
+	}
+	// Not a terminal, or --json: exact.
+	if out := e.ok("sandbox", "file", "ls", "sb1", "/tmp"); !strings.Contains(out, evil[len("/tmp/"):]) {
+		t.Errorf("ls to a pipe: %q; want the name exact", out)
+	}
+	out, _, _ = onTerm("--json", "sandbox", "file", "stat", "sb1", evil)
+	var fi api.FileInfo
+	if err := json.Unmarshal([]byte(out), &fi); err != nil || fi.Name != evil[len("/tmp/"):] {
+		t.Errorf("stat --json on a terminal: %q (%v); want the exact name", fi.Name, err)
+	}
+	// An error naming the path, on a terminal's stderr.
+	_, errOut, code := onTerm("sandbox", "file", "ls", "sb1", evil+"/nope")
+	if code != exitFailed || strings.ContainsAny(errOut, "\x1b\x07\r") || !strings.Contains(errOut, `\x1b`) {
+		t.Errorf("error on a terminal: %d %q; want it escaped", code, errOut)
+	}
+}

@@ -131,7 +131,7 @@ func (c *cli) fileCommand() *cobra.Command {
 		}
 		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 		for _, e := range es {
-			fmt.Fprintln(tw, fileLine(e))
+			fmt.Fprintln(tw, fileLine(e, c.outText))
 		}
 		return tw.Flush()
 	})
@@ -150,7 +150,7 @@ func (c *cli) fileCommand() *cobra.Command {
 		if c.json {
 			return c.printJSON(fi)
 		}
-		fmt.Fprintln(c.stdout, fileLine(fi))
+		fmt.Fprintln(c.stdout, fileLine(fi, c.outText))
 		return nil
 	})
 
@@ -199,10 +199,12 @@ func (c *cli) fileCommand() *cobra.Command {
 
 // fileLine is one file as ls -l shows it: mode, owner, size, time, name
 // (and a symlink's target).
-func fileLine(e api.FileInfo) string {
-	name := e.Name
+// fileLine is an ls/stat line; esc prints the guest's name and link
+// target (escaped on a terminal).
+func fileLine(e api.FileInfo, esc func(string) string) string {
+	name := esc(e.Name)
 	if e.Link != "" {
-		name += " -> " + e.Link
+		name += " -> " + esc(e.Link)
 	}
 	return fmt.Sprintf("%s\t%d:%d\t%d\t%s\t%s", fs.FileMode(e.Mode), e.UID, e.GID, e.Size,
 		time.Unix(e.ModUnix, 0).UTC().Format("2006-01-02 15:04"), name)

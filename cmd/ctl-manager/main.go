@@ -58,6 +58,9 @@ type cli struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// ttyOut and ttyErr: stdout and stderr are terminals, where guest text
+	// is printed with its control characters escaped (escape.go).
+	ttyOut, ttyErr bool
 	// term is the local terminal of exec -t (nil: the process's own).
 	term terminal
 
@@ -109,7 +112,7 @@ func errorLine(err error) string {
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	return runCLI(ctx, &cli{stdin: stdin, stdout: stdout, stderr: stderr}, args, getenv)
+	return runCLI(ctx, &cli{stdin: stdin, stdout: stdout, stderr: stderr, ttyOut: isTerminal(stdout), ttyErr: isTerminal(stderr)}, args, getenv)
 }
 
 // runCLI runs the command line with c's streams (and terminal).
@@ -130,10 +133,10 @@ func runCLI(ctx context.Context, c *cli, args []string, getenv func(string) stri
 	case errors.As(err, &ec):
 		return int(ec)
 	case errors.As(err, &ue) || !c.ran:
-		fmt.Fprintf(stderr, "ctl-manager: %s\nRun 'ctl-manager --help' for usage.\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "ctl-manager: %s\nRun 'ctl-manager --help' for usage.\n", c.errText(oneLine(err.Error())))
 		return exitUsage
 	}
-	fmt.Fprintln(stderr, errorLine(err))
+	fmt.Fprintln(stderr, c.errText(errorLine(err)))
 	return exitFailed
 }
 

@@ -53,10 +53,17 @@ type runOpts struct {
 	agentBinary string
 	// agentStreamIdle bounds each wait of a file stream on a guest agent.
 	agentStreamIdle time.Duration
+	// readyTimeout bounds a new guest's readiness proof; bootCPU is its
+	// CPU allowance until then (node.Config).
+	readyTimeout time.Duration
+	bootCPU      int64
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
-	logMax              int64
+	// Per-sandbox and stream bounds, and the node's exec bounds (issue 21).
+	maxSandboxExecs, maxStreams, maxSandboxStreams int
+	execTimeoutDefault, execIdle                   time.Duration
+	logMax                                         int64
 	// journalTimeout bounds the wait for the journal's flock on takeover.
 	journalTimeout time.Duration
 	// takeoverLimit bounds a takeover (journal, reconcile) before the
@@ -87,11 +94,24 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if o.slot != "a" && o.slot != "b" {
 				return usagef("--slot must be a or b, got %q", o.slot)
 			}
+			if o.bootCPU != 0 && (o.bootCPU < lease.MinCPUMillis || o.bootCPU > lease.MaxCPUMillis) {
+				return usagef("--boot-cpu-millis must be 0 or between %d and %d, got %d", lease.MinCPUMillis, lease.MaxCPUMillis, o.bootCPU)
+			}
+			if o.readyTimeout <= 0 {
+				return usagef("--ready-timeout must be positive, got %v", o.readyTimeout)
+			}
 			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
 				return usagef("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
 			}
 			if o.maxClaims < 1 || o.maxExecs < 1 {
 				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
+			}
+			if o.maxSandboxExecs < 1 || o.maxStreams < 1 || o.maxSandboxStreams < 1 {
+				return usagef("--max-execs-per-sandbox, --max-concurrent-streams and --max-streams-per-sandbox must be at least 1, got %d, %d and %d",
+					o.maxSandboxExecs, o.maxStreams, o.maxSandboxStreams)
+			}
+			if o.execTimeoutDefault < time.Second || o.execIdle < time.Second {
+				return usagef("--exec-timeout-default and --exec-idle-timeout must be at least 1s, got %v and %v", o.execTimeoutDefault, o.execIdle)
 			}
 			if o.maxFileBytes < 1 {
 				return usagef("--max-file-bytes must be at least 1, got %d", o.maxFileBytes)
@@ -148,9 +168,16 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "the static ctl-agent every guest runs as its init (default: ctl-agent beside the ctld executable)")
 	f.DurationVar(&o.agentStreamIdle, "agent-stream-idle", client.DefaultStreamIdle, "how long a file read or write through a guest agent may stall (no next frame, no intake, no answer once sent) before it fails")
+	f.DurationVar(&o.readyTimeout, "ready-timeout", node.DefaultReadyTimeout, "how long a new guest's agent has to answer the readiness proof after runsc start before the claim is rolled back")
+	f.Int64Var(&o.bootCPU, "boot-cpu-millis", 1000, "a new guest's CPU limit (cpu.max) from its lease until its readiness proof, when its claim asks for less: runsc's boot is not the workload's (0: boot inside the claim's share)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
 	f.IntVar(&o.maxExecs, "max-concurrent-execs", 32, "execs running at once; beyond it an exec is answered unavailable with a retry hint")
+	f.IntVar(&o.maxSandboxExecs, "max-execs-per-sandbox", 8, "execs and sessions running at once in one sandbox; beyond it unavailable with a retry hint")
+	f.IntVar(&o.maxStreams, "max-concurrent-streams", 32, "log follows, file reads and writes and directory listings open at once on the node; beyond it unavailable with a retry hint")
+	f.IntVar(&o.maxSandboxStreams, "max-streams-per-sandbox", 8, "log follows, file reads and writes and directory listings open at once per sandbox; beyond it unavailable with a retry hint")
+	f.DurationVar(&o.execTimeoutDefault, "exec-timeout-default", time.Hour, "timeout of an exec or session that gives none (timeout_sec 0)")
+	f.DurationVar(&o.execIdle, "exec-idle-timeout", 10*time.Minute, "a non-TTY exec or session with no output and no input for this long is ended")
 	f.Int64Var(&o.maxFileBytes, "max-file-bytes", apiserver.DefaultMaxStreamFileBytes, "largest file the API reads or writes in a sandbox (streamed, never held whole)")
 	f.DurationVar(&o.retention.MaxAge, "journal-retention", 24*time.Hour,
 		"how long finished generations, operation results and cleanup proofs stay in the journal: the idempotency window of an operation_id")
@@ -361,8 +388,11 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
 		Service: n, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
-		Claims: apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
-		Execs:  apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
+		Claims:         apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
+		Execs:          apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
+		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),
+		Streams:        apiserver.NewLimiter("streams", "--max-concurrent-streams", o.maxStreams, 5*time.Second),
+		SandboxStreams: apiserver.NewKeyedLimiter("streams", "--max-streams-per-sandbox", o.maxSandboxStreams, 5*time.Second),
 	}
 	err = srv.Serve(termCtx, apiLn)
 	cause := context.Cause(termCtx)
@@ -508,12 +538,15 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
 		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
-		DefaultDiskBytes: o.defaultDisk,
-		DiskProjects:     node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
-		NetLimits:        netpolicy.Limits{MaxRules: o.net.maxRules},
-		Carriers:         o.net.carriers,
-		AgentBinary:      agentBin,
-		AgentStreamIdle:  o.agentStreamIdle,
+		DefaultDiskBytes:   o.defaultDisk,
+		DiskProjects:       node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
+		NetLimits:          netpolicy.Limits{MaxRules: o.net.maxRules},
+		Carriers:           o.net.carriers,
+		AgentBinary:        agentBin,
+		AgentStreamIdle:    o.agentStreamIdle,
+		ExecTimeoutDefault: o.execTimeoutDefault, ExecIdle: o.execIdle,
+		ReadyTimeout:  o.readyTimeout,
+		BootCPUMillis: o.bootCPU,
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.
@@ -526,6 +559,10 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
 		Netns:  ns, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
+		// Each generation's agent socket dir: a small tmpfs, its peer
+		// checked against the lease cgroup (docs/operations.md, "Guest
+		// agent boundary").
+		AgentDirs: node.TmpfsAgentDirs{}, AgentPeers: node.ProcPeers{},
 	}
 	sn.deps(&d)
 	bcfg, bd, err := buildBlock(term, g.stateDir, o.cgroupRoot, filepath.Join(templates, "busybox"), o.block, log)

@@ -28,7 +28,7 @@ import (
 func TestExecSyscallBudget(t *testing.T) {
 	st, err := exec.LookPath("strace")
 	if err != nil {
-		t.Skip("no strace on this host")
+		t.Skip("no strace on this host (test/vm/setup.sh installs it)")
 	}
 	out := filepath.Join(t.TempDir(), "strace.out")
 	a := startAgentUnder(t, []string{st, "-f", "-qq", "-o", out, "-e", "trace=pipe2,fcntl,epoll_ctl,kill,clone,clone3"})

@@ -45,9 +45,9 @@ const (
 	MaxExecTimeoutSec = 7 * 24 * 3600
 )
 
-// Supported modes. Block RootFS and the open and restricted network modes
-// are defined in DESIGN.md but not implemented yet; they are refused here
-// so a claim fails before it reaches the node.
+// Supported modes: every one is implemented. A node without the
+// subsystem a mode needs (no NBD block store, no network) refuses that
+// mode with unavailable when the claim reaches it (fail closed).
 const (
 	RootFSOverlay RootFSMode = "overlay"
 	RootFSBlock   RootFSMode = "block"

@@ -1,6 +1,8 @@
 package apiserver
 
 import (
+	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -78,6 +80,11 @@ func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	limit := s.maxStreamFile()
 	out := &lazyBody{w: w, limit: limit}
 	n, err := s.Service.ReadFileTo(r.Context(), id, p, u, limit, out)
@@ -163,6 +170,11 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > limit {
 		return invalid("file exceeds %d bytes", limit)
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	body := &bodyReader{r: http.MaxBytesReader(w, r.Body, limit)}
 	_, err = s.Service.WriteFileFrom(r.Context(), id, p, u, mode, limit, body)
 	if body.err != nil {
@@ -217,15 +229,43 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	es, err := s.Service.ListDir(r.Context(), id, p, u)
 	if err != nil {
 		return err
 	}
-	if es == nil {
-		es = []api.FileInfo{}
-	}
-	writeJSON(w, http.StatusOK, api.DirListing{Path: p, Entries: es})
+	writeListing(w, api.DirListing{Path: p, Entries: es})
 	return nil
+}
+
+// writeListing sends l as writeJSON would, but encodes it an entry at a
+// time through a small buffer: a listing may be the client's whole byte
+// budget, and a second copy of it as one JSON value would double that.
+// Chunked: the length is not known before the end.
+func writeListing(w http.ResponseWriter, l api.DirListing) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	enc := json.NewEncoder(bw) // Encode adds a newline after each value: valid JSON whitespace
+	bw.WriteString(`{"path":`)
+	enc.Encode(l.Path)
+	bw.WriteString(`,"entries":[`)
+	for i, e := range l.Entries {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		if enc.Encode(e) != nil {
+			return // the client is gone (a FileInfo always encodes)
+		}
+	}
+	bw.WriteString("]}\n")
+	_ = bw.Flush() // the client is gone if this fails; nothing to tell it
 }
 
 func (s *Server) handleMakeDir(w http.ResponseWriter, r *http.Request) error {

@@ -73,3 +73,76 @@ func (l *Limiter) InUse() int {
 	}
 	return len(l.slots)
 }
+
+// KeyedLimiter bounds how many requests of one kind run at once per key
+// (a sandbox), so one sandbox's callers cannot take all of a node-wide
+// limit. Beyond it a request is refused at once as Limiter does, with the
+// same retry hint. A nil *KeyedLimiter admits everything.
+type KeyedLimiter struct {
+	kind, flag string
+	n          int
+
+	mu    sync.Mutex
+	inUse map[string]int
+	avg   time.Duration
+}
+
+// NewKeyedLimiter admits at most n concurrent requests of kind per key;
+// n < 1 means no limit (nil).
+func NewKeyedLimiter(kind, flag string, n int, guess time.Duration) *KeyedLimiter {
+	if n < 1 {
+		return nil
+	}
+	return &KeyedLimiter{kind: kind, flag: flag, n: n, inUse: map[string]int{}, avg: guess}
+}
+
+// Acquire takes a slot of key or returns a busy error; the caller calls
+// the returned release exactly once.
+func (l *KeyedLimiter) Acquire(key string) (release func(), err error) {
+	if l == nil {
+		return func() {}, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inUse[key] >= l.n {
+		return nil, errdefs.Busy(min(max(l.avg, time.Second), time.Minute), "%d %s already running in sandbox %s (limit %s=%d); retry later",
+			l.n, l.kind, key, l.flag, l.n)
+	}
+	l.inUse[key]++
+	start := time.Now()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.inUse[key]--; l.inUse[key] == 0 {
+				delete(l.inUse, key) // the map holds only keys in use
+			}
+			l.avg += (time.Since(start) - l.avg) / 4
+		})
+	}, nil
+}
+
+// InUse reports key's slots taken (tests, status).
+func (l *KeyedLimiter) InUse(key string) int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inUse[key]
+}
+
+// acquireBoth takes a slot of key in per and one in node, or neither.
+func acquireBoth(per *KeyedLimiter, key string, node *Limiter) (func(), error) {
+	r1, err := per.Acquire(key)
+	if err != nil {
+		return nil, err
+	}
+	r2, err := node.Acquire()
+	if err != nil {
+		r1()
+		return nil, err
+	}
+	return func() { r2(); r1() }, nil
+}

@@ -32,6 +32,11 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
 		_, _ = w.Write(data) // the client is gone if this fails
 		return nil
 	}
+	release, err := acquireBoth(s.SandboxStreams, id, s.Streams)
+	if err != nil {
+		return err
+	}
+	defer release()
 	sw := newSSEWriter(w)
 	end, err := s.Service.Logs(r.Context(), id, req, sw.stream(api.EventLog))
 	if err != nil && !sw.hasStarted() {

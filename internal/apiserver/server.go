@@ -60,6 +60,15 @@ type Server struct {
 	// no bound). Beyond them a request is answered unavailable with a
 	// retry hint at once, before it reaches the Service.
 	Claims, Execs *Limiter
+	// SandboxExecs bounds the execs and sessions running at once in one
+	// sandbox (nil: no bound), refused as Execs is.
+	SandboxExecs *KeyedLimiter
+	// Streams and SandboxStreams bound the streams open at once on the
+	// node and per sandbox (nil: no bound): log follows, file reads and
+	// writes, directory listings (each up to the agent client's byte
+	// budget in memory). Refused as Execs is.
+	Streams        *Limiter
+	SandboxStreams *KeyedLimiter
 }
 
 // PeerCred is the identity of the process at the other end of the socket.
@@ -620,7 +629,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if via == api.ExecViaRunsc {
 		exec = s.Service.ExecViaRunsc
 	}
-	done, err := s.Execs.Acquire()
+	done, err := acquireBoth(s.SandboxExecs, id, s.Execs)
 	if err != nil {
 		return err
 	}

@@ -455,3 +455,65 @@ func TestExecSlotFreeWhenCallerHearsTheEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestPerSandboxLimits: execs and sessions are bounded per sandbox as
+// well as per node, and log follows, file streams and listings are
+// bounded per sandbox and per node; beyond a bound a request is refused at
+// once (unavailable, retry hint, the setting named), other sandboxes go
+// on, and slots come back when requests end.
+func TestPerSandboxLimits(t *testing.T) {
+	fake := &fakeService{slow: make(chan struct{}), file: []byte("x")}
+	gate := make(chan struct{})
+	fake.logs = func(ctx context.Context, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
+		w.Write([]byte("line\n"))
+		<-gate
+		return api.LogsEnd{Reason: "end"}, nil
+	}
+	s := &Server{
+		Service: fake, AllowedGID: -1,
+		Execs:          NewLimiter("execs", "--max-concurrent-execs", 10, time.Second),
+		SandboxExecs:   NewKeyedLimiter("execs", "--max-execs-per-sandbox", 1, 3*time.Second),
+		Streams:        NewLimiter("streams", "--max-concurrent-streams", 2, time.Second),
+		SandboxStreams: NewKeyedLimiter("streams", "--max-streams-per-sandbox", 1, 2*time.Second),
+	}
+	srv := startServer(t, s)
+	c := &api.Client{SocketPath: srv.sock}
+	ctx := context.Background()
+	errs := make(chan error, 4)
+	go func() { _, err := c.Exec(ctx, "sb-0", api.ExecRequest{Args: []string{"/bin/sleep", "9"}}); errs <- err }()
+	follow := func(id string) {
+		_, err := c.Logs(ctx, id, api.LogsRequest{Follow: true}, io.Discard)
+		errs <- err
+	}
+	go follow("sb-0")
+	go follow("sb-1")
+	waitFor(t, func() bool { return s.SandboxExecs.InUse("sb-0") == 1 && s.Streams.InUse() == 2 })
+	busy := func(what string, err error, flag string, after time.Duration) {
+		t.Helper()
+		if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) != after || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v (retry after %v); want unavailable naming %s, retry after %v", what, err, errdefs.RetryAfterOf(err), flag, after)
+		}
+	}
+	_, err := c.Exec(ctx, "sb-0", api.ExecRequest{Args: []string{"/bin/true"}})
+	busy("second exec in sb-0", err, "--max-execs-per-sandbox=1", 3*time.Second)
+	_, err = c.ReadFile(ctx, "sb-0", "/f")
+	busy("file read in sb-0 while it follows a log", err, "--max-streams-per-sandbox=1", 2*time.Second)
+	_, err = c.ListDir(ctx, "sb-2", "/", nil)
+	busy("listing in sb-2 with the node's streams taken", err, "--max-concurrent-streams=2", time.Second)
+	_, err = c.Logs(ctx, "sb-1", api.LogsRequest{Follow: true}, io.Discard)
+	busy("second follower of sb-1", err, "--max-streams-per-sandbox=1", 2*time.Second)
+	// Another sandbox's exec is admitted (the node-wide bound is 10).
+	go func() { _, err := c.Exec(ctx, "sb-1", api.ExecRequest{Args: []string{"/bin/true"}}); errs <- err }()
+	waitFor(t, func() bool { return s.SandboxExecs.InUse("sb-1") == 1 })
+	close(fake.slow)
+	close(gate)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("admitted request: %v", err)
+		}
+	}
+	waitFor(t, func() bool { return s.Streams.InUse() == 0 && s.SandboxExecs.InUse("sb-0") == 0 })
+	if _, err := c.ReadFile(ctx, "sb-0", "/f"); err != nil {
+		t.Fatalf("read after the slots freed: %v", err)
+	}
+}

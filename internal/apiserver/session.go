@@ -49,7 +49,7 @@ func (s *Server) handleSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	release, err := s.Execs.Acquire()
+	release, err := acquireBoth(s.SandboxExecs, id, s.Execs)
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,17 @@ var fixedReserved = []Reserved{
 	{netip.MustParsePrefix("ff00::/8"), TierNever, "multicast"},
 	{netip.MustParsePrefix("169.254.0.0/16"), TierNamed, "link-local and metadata"},
 	{netip.MustParsePrefix("fd00:ec2::254/128"), TierNamed, "metadata"},
+	// IPv4 inside IPv6: through a NAT64 gateway (DNS64 answers), a 6to4
+	// relay or a stack that maps, these reach every IPv4 address, the
+	// reserved ones included (64:ff9b::a9fe:a9fe is 169.254.169.254).
+	// Closed as a whole: checking the embedded address against the IPv4
+	// deny set would need a translator's view of the prefix (RFC 6052
+	// allows other lengths and operator prefixes), and a guest that needs
+	// one names it.
+	{netip.MustParsePrefix("::ffff:0:0/96"), TierNamed, "IPv4-mapped"},
+	{netip.MustParsePrefix("64:ff9b::/96"), TierNamed, "NAT64 well-known prefix"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), TierNamed, "NAT64 local-use prefix"},
+	{netip.MustParsePrefix("2002::/16"), TierNamed, "6to4"},
 	{netip.MustParsePrefix("10.0.0.0/8"), TierPrivate, "RFC 1918"},
 	{netip.MustParsePrefix("172.16.0.0/12"), TierPrivate, "RFC 1918"},
 	{netip.MustParsePrefix("192.168.0.0/16"), TierPrivate, "RFC 1918"},
@@ -121,6 +132,13 @@ type DomainSet struct {
 	Proto Proto    // tcp or udp
 	Ports []PortRange
 }
+
+// DomainSetSize is the most addresses one domain set holds: the nft set's
+// size, and the default of the DNS proxy's cap on the distinct addresses
+// it keeps for one generation. Names under an allowed wildcard are the
+// guest's to invent, so without it each answer (up to 32 addresses, for
+// up to an hour) would grow kernel memory without bound.
+const DomainSetSize = 1024
 
 // Effective is what the firewall enforces for one generation.
 type Effective struct {

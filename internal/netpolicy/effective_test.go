@@ -111,7 +111,11 @@ deny 192.168.0.0/16
 deny 198.51.100.10
 deny 224.0.0.0/3
 deny ::/127
+deny ::ffff:0.0.0.0/96
+deny 64:ff9b::/96
+deny 64:ff9b:1::/48
 deny 2001:db8::10
+deny 2002::/16
 deny fc00::/7
 deny fe80::/10
 deny ff00::/8
@@ -151,6 +155,9 @@ func TestResolveNeverReachable(t *testing.T) {
 		"10.200.0.2", "10.200.0.5", "fd00:c71d::9", // gateways and other sandboxes
 		"10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", "fd12::1", // private
 		"224.0.0.1", "255.255.255.255", "ff02::1", "0.0.0.1", "::",
+		// IPv4 inside IPv6: metadata and RFC 1918 through NAT64, 6to4, mapped.
+		"64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b:1::a9fe:a9fe", "64:ff9b:1:ffff::1",
+		"2002:a9fe:a9fe::1", "2002::1", "::ffff:169.254.169.254", "::ffff:8.8.8.8",
 	}
 	for _, d := range closedDst {
 		for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
@@ -172,9 +179,9 @@ func TestResolveNeverReachable(t *testing.T) {
 	// stays closed even inside an opened private range.
 	named := Resolve(mustParse(t, Spec{Mode: "open", Rules: []RuleSpec{
 		{CIDR: "10.0.0.0/8"}, {CIDR: "169.254.169.254"}, {CIDR: "10.200.0.5"}, {CIDR: "fd00:ec2::254"},
-		{CIDR: "198.51.100.10"}, {CIDR: "127.0.0.0/8"},
+		{CIDR: "198.51.100.10"}, {CIDR: "127.0.0.0/8"}, {CIDR: "64:ff9b::808:808/128"},
 	}}), f)
-	for _, d := range []string{"10.1.2.3", "10.0.0.4", "169.254.169.254", "10.200.0.5", "fd00:ec2::254"} {
+	for _, d := range []string{"10.1.2.3", "10.0.0.4", "169.254.169.254", "10.200.0.5", "fd00:ec2::254", "64:ff9b::808:808"} {
 		if !allows(named, ip(d), ProtoTCP, 80) {
 			t.Errorf("named rule does not open %s", d)
 		}
@@ -182,14 +189,14 @@ func TestResolveNeverReachable(t *testing.T) {
 	if fmt.Sprint(named.Ignored) != "[127.0.0.0/8 198.51.100.10/32]" {
 		t.Errorf("ignored = %v, want the loopback and node address rules", named.Ignored)
 	}
-	for _, d := range []string{"10.0.0.5", "198.51.100.10", "127.0.0.1", "10.200.0.7", "169.254.169.253", "fd00:ec2::253", "fd00:c71d::6"} {
+	for _, d := range []string{"10.0.0.5", "198.51.100.10", "127.0.0.1", "10.200.0.7", "169.254.169.253", "fd00:ec2::253", "fd00:c71d::6", "64:ff9b::a9fe:a9fe"} {
 		if allows(named, ip(d), ProtoTCP, 80) {
 			t.Errorf("opens %s, which no rule names (or is the node)", d)
 		}
 	}
 	// A wider rule does not open the ranges inside it.
-	wide := Resolve(mustParse(t, Spec{Mode: "restricted", Rules: []RuleSpec{{CIDR: "169.254.0.0/15"}, {CIDR: "fc00::/6"}}}), f)
-	for _, d := range []string{"169.254.169.254", "fd00:ec2::254", "fd12::1"} {
+	wide := Resolve(mustParse(t, Spec{Mode: "restricted", Rules: []RuleSpec{{CIDR: "169.254.0.0/15"}, {CIDR: "fc00::/6"}, {CIDR: "::/1"}}}), f)
+	for _, d := range []string{"169.254.169.254", "fd00:ec2::254", "fd12::1", "64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::1"} {
 		if allows(wide, ip(d), ProtoTCP, 80) {
 			t.Errorf("a wider rule opens %s", d)
 		}
@@ -297,7 +304,8 @@ func reference(p Policy, f Facts, reserved []Reserved, dst netip.Addr, proto Pro
 func TestResolveMatchesReference(t *testing.T) {
 	cidrs := []string{"0.0.0.0/0", "10.0.0.0/8", "10.0.0.0/16", "10.200.0.0/24", "10.200.0.5/32", "169.254.0.0/16", "169.254.169.254/32",
 		"203.0.113.0/24", "203.0.113.128/25", "198.51.100.0/24", "100.64.0.0/10", "172.16.0.0/12", "::/0", "fc00::/7", "fd00:ec2::254/128",
-		"2001:db8::/32", "2001:db8::10/128", "fd00:c71d::/64", "fd00:c71d::8/126", "128.0.0.0/1"}
+		"2001:db8::/32", "2001:db8::10/128", "fd00:c71d::/64", "fd00:c71d::8/126", "128.0.0.0/1",
+		"64:ff9b::/96", "64:ff9b::a9fe:a9fe/128", "2002::/16", "2000::/3"}
 	portSets := [][]string{nil, {"53"}, {"443"}, {"80-90", "443"}, {"1-1000"}, {"853"}}
 	modes := []string{"open", "restricted"}
 	seed := uint32(7)

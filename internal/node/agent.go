@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ctld/ctld/internal/agent"
@@ -20,7 +21,6 @@ import (
 	"github.com/ctld/ctld/internal/node/journal"
 	"github.com/ctld/ctld/internal/node/proof"
 	"github.com/ctld/ctld/internal/runsc"
-	"golang.org/x/sys/unix"
 )
 
 // The guest agent (cmd/ctl-agent, docs/architecture.md "Guest agent") is
@@ -28,7 +28,8 @@ import (
 // <RunDir>/agents/<container id>, root-only:
 //   - bin/ctl-agent: a hard link of the node's agent binary (a copy where
 //     no link can be made), bound read-only at runsc.AgentBinDir;
-//   - sock/: bound read-write at runsc.AgentSocketDir, where the agent
+//   - sock/: a small tmpfs of its own (Deps.AgentDirs, agentsock.go),
+//     bound read-write at runsc.AgentSocketDir, where the agent
 //     listens (runsc --host-uds=create lets the host connect); before
 //     start it holds the nonce file (runsc.AgentNonce, 0400), which the
 //     agent reads and removes before it starts anything.
@@ -55,21 +56,22 @@ func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
 	dir := n.agentSockDir(rec.ContainerID)
 	return &client.Client{
 		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout, StreamIdle: n.cfg.AgentStreamIdle,
-		Dial: func(ctx context.Context) (net.Conn, error) { return DialInDir(ctx, dir, runsc.AgentSocket) },
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			c, err := DialInDir(ctx, dir, runsc.AgentSocket)
+			if err != nil || n.d.AgentPeers == nil {
+				return c, err
+			}
+			pid, err := peerPID(c)
+			if err == nil {
+				err = n.d.AgentPeers.CheckPeer(pid, n.d.Leases.CgroupsPath(rec.LeaseID))
+			}
+			if err != nil {
+				c.Close()
+				return nil, fmt.Errorf("agent of %s generation %d: %w", rec.ID, rec.Generation, err)
+			}
+			return c, nil
+		},
 	}
-}
-
-// DialInDir connects to the Unix socket name in dir through the
-// directory's descriptor: a socket path is limited to 107 bytes, and a
-// generation's (run dir, a container id of up to 84 bytes) may be longer.
-func DialInDir(ctx context.Context, dir, name string) (net.Conn, error) {
-	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
-	}
-	defer unix.Close(fd)
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd)+"/"+name)
 }
 
 // agentSpec is what the OCI spec of rec's generation needs of its agent.
@@ -100,6 +102,11 @@ func (r agentResource) make(_ context.Context, c *claimState) error {
 	for _, d := range []string{r.n.agentsDir(), r.n.agentDir(cid), r.n.agentBinDir(cid), r.n.agentSockDir(cid)} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("make agent dir: %w", err)
+		}
+	}
+	if r.n.d.AgentDirs != nil {
+		if err := r.n.d.AgentDirs.Mount(r.n.agentSockDir(cid)); err != nil {
+			return err
 		}
 	}
 	dst := filepath.Join(r.n.agentBinDir(cid), runsc.AgentBinary)
@@ -138,7 +145,17 @@ func writeNonce(path, nonce string) error {
 	return nil
 }
 func (r agentResource) remove(_ context.Context, rec journal.Sandbox) error {
-	return os.RemoveAll(r.n.agentDir(rec.ContainerID))
+	return r.n.removeAgentDir(rec.ContainerID)
+}
+
+// removeAgentDir unmounts the socket dir's tmpfs, then removes it all.
+func (n *Node) removeAgentDir(cid string) error {
+	if n.d.AgentDirs != nil {
+		if err := n.d.AgentDirs.Unmount(n.agentSockDir(cid)); err != nil {
+			return err
+		}
+	}
+	return os.RemoveAll(n.agentDir(cid))
 }
 func (r agentResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	return pathGone("agent_dir_removed", r.n.agentDir(rec.ContainerID))
@@ -148,7 +165,7 @@ func (r agentResource) list(context.Context) ([]string, error) {
 }
 func (agentResource) name(rec journal.Sandbox) string { return nameOf(rec) }
 func (r agentResource) removeOrphan(_ context.Context, name string) error {
-	return os.RemoveAll(r.n.agentDir(name))
+	return r.n.removeAgentDir(name)
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {
@@ -212,7 +229,7 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 		// Every 20 tries (~100 ms): a guest whose init exited never answers.
 		if i%20 == 19 {
 			if alive, perr := n.d.Leases.Populated(ctx, rec.LeaseID); perr == nil && !alive {
-				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s: %w", n.initTail(rec), last)
+				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s%s: %w", n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
 			}
 		}
 		select {
@@ -220,7 +237,31 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 		case <-time.After(readyPoll):
 		}
 	}
-	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), last)
+	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
+}
+
+// bootState says how a guest that never became ready fared in its lease
+// (OOM kills, memory peak, CPU used and throttling) and what runsc's log
+// said last (a sentry's panic or fatal error is there, not in the init's
+// output), for a readiness failure's message.
+func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
+	var parts []string
+	if st, err := n.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
+		if st.OOMKills > 0 {
+			parts = append(parts, fmt.Sprintf("OOM-killed %d time(s) at memory.max %d bytes", st.OOMKills, rec.Resources.MemoryBytes))
+		}
+		parts = append(parts, fmt.Sprintf("lease: %d processes, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
+			st.Procs, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))
+	}
+	if b, err := guestlog.Tail(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.RunscName, 2048); err == nil {
+		if b = bytes.TrimSpace(guestlog.LastLines(b, 3)); len(b) > 0 {
+			parts = append(parts, fmt.Sprintf("runsc log: %q", b))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // initTail is the end of the guest's init output (the agent's and the

@@ -2,11 +2,19 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/runsc"
+	"golang.org/x/sys/unix"
 )
 
 // TestKernelAgentInGeneration: on the real kernel, every generation's init
@@ -80,4 +88,126 @@ func TestKernelAgentInGeneration(t *testing.T) {
 	r.checkProof("r2")
 	r.checkClean("after release")
 	checkUnjournaled(r, crashCase{})
+}
+
+// TestKernelAgentSocketDirHostile: the agent socket dir a guest can write
+// is a small tmpfs of its own (the guest filling it gets ENOSPC there,
+// bytes and inodes, not in the host's /run); a symlink placed at
+// agent.sock pointing at a host socket is refused and that socket never
+// dialled; a socket served from outside the generation (the host side:
+// this test process) is refused by the peer check; the real socket, put
+// back, answers; release unmounts it (CheckLeaks, the proof).
+func TestKernelAgentSocketDirHostile(t *testing.T) {
+	ktest.Require(t)
+	k := realKernel(t)
+	r := newRig(t, k)
+	r.mustBoot()
+	ctx := context.Background()
+	const id = "agent-sockdir"
+	r.mustClaim(id, claimReq("c1", 1))
+	root := &api.User{}
+	exec := func(script string) (string, error) {
+		var out, errb strings.Builder
+		code, err := r.n.Exec(ctx, id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}, User: root}, &out, &errb)
+		if err == nil && code != 0 {
+			err = fmt.Errorf("exit %d, stderr %q", code, errb.String())
+		}
+		return strings.TrimSpace(out.String()), err
+	}
+	rec, err := r.n.ready(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := r.n.agentSockDir(rec.ContainerID)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if mp, err := isMountPoint(dir); !mp || sfs.Type != unix.TMPFS_MAGIC || sfs.Blocks*uint64(sfs.Bsize) != DefaultAgentDirBytes || sfs.Files != DefaultAgentDirInodes {
+		t.Fatalf("agent socket dir: mount point %v (%v), fs type %#x, %d bytes, %d inodes; want a tmpfs of its own of %d bytes and %d inodes",
+			mp, err, sfs.Type, sfs.Blocks*uint64(sfs.Bsize), sfs.Files, DefaultAgentDirBytes, DefaultAgentDirInodes)
+	}
+	// The guest fills it: bytes, then inodes (each loop bounded).
+	out, err := exec("dd if=/dev/zero of=/.ctl/fill bs=4096 count=1000 2>&1; echo rc=$?")
+	if err != nil || !strings.Contains(out, "rc=1") || !strings.Contains(strings.ToLower(out), "no space") {
+		t.Errorf("guest filling /.ctl: %q, %v; want ENOSPC", out, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "fill")); err != nil || fi.Size() > DefaultAgentDirBytes {
+		t.Errorf("the fill on the host: %v, %v; want at most %d bytes", fi, err, DefaultAgentDirBytes)
+	}
+	out, err = exec("rm /.ctl/fill; i=0; while [ $i -lt 1000 ] && touch /.ctl/f$i 2>/dev/null; do i=$((i+1)); done; echo $i; rm -f /.ctl/f*")
+	if n, _ := strconv.Atoi(out); err != nil || n < 1 || n >= DefaultAgentDirInodes {
+		t.Errorf("guest making files in /.ctl: made %q, %v; want ENOSPC before %d", out, err, DefaultAgentDirInodes)
+	}
+	t.Logf("guest filled /.ctl: %d bytes of %d, %s files", sfs.Blocks*uint64(sfs.Bsize), DefaultAgentDirBytes, out)
+
+	// agent.sock replaced by a symlink to a host socket.
+	sock := filepath.Join(dir, runsc.AgentSocket)
+	real := filepath.Join(dir, "real.sock")
+	if err := os.Rename(sock, real); err != nil {
+		t.Fatal(err)
+	}
+	hostSock := filepath.Join(t.TempDir(), "host.sock")
+	hl, err := net.Listen("unix", hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	var dialled atomic.Int32
+	go func() {
+		for {
+			c, err := hl.Accept()
+			if err != nil {
+				return
+			}
+			dialled.Add(1)
+			c.Close()
+		}
+	}()
+	if err := os.Symlink(hostSock, sock); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec("true"); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("exec through a symlinked agent.sock: %v; want refused, not a socket", err)
+	}
+	if n := dialled.Load(); n != 0 {
+		t.Errorf("the host socket behind the symlink was dialled %d times", n)
+	}
+	// A socket served from outside the generation.
+	os.Remove(sock)
+	short := filepath.Join(t.TempDir(), "d") // a socket path has 107 bytes
+	if err := os.Symlink(dir, short); err != nil {
+		t.Fatal(err)
+	}
+	fl, err := net.Listen("unix", filepath.Join(short, runsc.AgentSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := fl.Accept()
+			if err != nil {
+				return
+			}
+			dialled.Add(1)
+			c.Close()
+		}
+	}()
+	if _, err := exec("true"); err == nil || !strings.Contains(err.Error(), "not in the generation's") {
+		t.Errorf("exec through a socket served by the host: %v; want refused by the peer check", err)
+	}
+	fl.Close()
+	os.Remove(sock)
+	if err := os.Rename(real, sock); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec("echo back"); err != nil || out != "back" {
+		t.Errorf("exec through the real socket, put back: %q, %v", out, err)
+	}
+	r.mustRelease(id, "r1", 1)
+	r.checkProof("r1")
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Errorf("agent socket dir after release: %v", err)
+	}
+	r.checkClean("after release")
 }

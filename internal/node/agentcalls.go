@@ -65,7 +65,9 @@ func (a *agentCall) fail(what string, err error) error {
 			code = errdefs.CodeConflict
 		}
 		return errdefs.Errorf(code, "%s in sandbox %s: %s", what, id, we.Message)
-	case errors.Is(err, client.ErrTooLarge):
+	case errors.Is(err, client.ErrIdle):
+		return errdefs.Errorf(errdefs.CodeUnavailable, "%s in sandbox %s: %v (the node's --exec-idle-timeout)", what, id, err)
+	case errors.Is(err, client.ErrTooLarge), errors.Is(err, client.ErrListTooLarge):
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s in sandbox %s: %v", what, id, err)
 	case a.ctx.Err() != nil:
 		return errdefs.Errorf(errdefs.CodeUnavailable, "%s in sandbox %s: cancelled: %v", what, id, context.Cause(a.ctx))
@@ -107,10 +109,26 @@ func execRequest(req api.ExecRequest) client.ExecRequest {
 	}
 }
 
-// exec runs req through the agent with streams s.
-func (a *agentCall) exec(req api.ExecRequest, s client.Streams) (wire.Exit, error) {
+// execBounds are the node's bounds of an exec: the timeout of one that
+// names none, and the idle bound of one without a TTY (0: none).
+type execBounds struct {
+	timeout, idle time.Duration
+}
+
+func (n *Node) execBounds() execBounds {
+	return execBounds{timeout: n.cfg.ExecTimeoutDefault, idle: n.cfg.ExecIdle}
+}
+
+// exec runs req through the agent with streams s, within the node's
+// bounds b: an exec without a timeout gets the node's default, so a
+// silent agent cannot hold a node-wide exec slot for as long as its
+// caller waits.
+func (a *agentCall) exec(req api.ExecRequest, s client.Streams, b execBounds) (wire.Exit, error) {
 	if len(req.Args) == 0 {
 		return wire.Exit{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "exec: no args")
+	}
+	if req.TimeoutSec == 0 && b.timeout > 0 {
+		req.TimeoutSec = int64((b.timeout + time.Second - 1) / time.Second)
 	}
 	ctx := a.ctx
 	if req.TimeoutSec > 0 {
@@ -118,7 +136,11 @@ func (a *agentCall) exec(req api.ExecRequest, s client.Streams) (wire.Exit, erro
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutSec)*time.Second+execTimeoutGrace)
 		defer cancel()
 	}
-	e, err := a.c.Exec(ctx, execRequest(req), s)
+	cr := execRequest(req)
+	if !req.TTY {
+		cr.Idle = b.idle
+	}
+	e, err := a.c.Exec(ctx, cr, s)
 	if err != nil {
 		return e, a.fail("exec", err)
 	}
@@ -139,12 +161,17 @@ func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout,
 		s.Stdin = bytes.NewReader(req.Stdin)
 	}
 	req.TTY = false // a TTY needs a session's streams
-	e, err := a.exec(req, s)
+	b := n.execBounds()
+	e, err := a.exec(req, s, b)
 	if err != nil {
 		return -1, err
 	}
 	if e.TimedOut {
-		return -1, errdefs.Errorf(errdefs.CodeUnavailable, "exec in %s: timed out after %ds", id, req.TimeoutSec)
+		t := time.Duration(req.TimeoutSec) * time.Second
+		if req.TimeoutSec == 0 {
+			t = b.timeout
+		}
+		return -1, errdefs.Errorf(errdefs.CodeUnavailable, "exec in %s: timed out after %v", id, t)
 	}
 	if e.Signal > 0 {
 		return 128 + e.Signal, nil
@@ -185,7 +212,7 @@ func (n *Node) Session(ctx context.Context, id string, req api.ExecRequest, s ap
 			}
 		}()
 	}
-	e, err := a.exec(req, cs)
+	e, err := a.exec(req, cs, n.execBounds())
 	if err != nil {
 		return api.ExecExit{ExitCode: -1}, err
 	}
@@ -230,7 +257,8 @@ func (n *Node) StatFile(ctx context.Context, id, p string, user *api.User) (api.
 	return apiFileInfo(st), nil
 }
 
-// ListDir implements apiserver.Service (at most client.MaxList entries).
+// ListDir implements apiserver.Service (at most client.MaxList entries
+// and the client's byte budget).
 func (n *Node) ListDir(ctx context.Context, id, p string, user *api.User) ([]api.FileInfo, error) {
 	var sts []wire.Stat
 	err := n.onAgent(ctx, id, "list "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
@@ -124,5 +125,43 @@ func TestClaimRefusesAgentEnv(t *testing.T) {
 	}
 	if s := r.k.text(); slices.ContainsFunc(strings.Split(s, "\n"), func(l string) bool { return l != "" }) {
 		t.Errorf("a refused claim left kernel state:\n%s", s)
+	}
+}
+
+// TestExecNodeBounds: an exec that names no timeout gets the node's
+// default (the agent is asked to enforce it); a silent agent or command
+// ends a non-TTY exec or session at the node's idle bound with a clear
+// reason instead of holding its slot for as long as the caller waits.
+func TestExecNodeBounds(t *testing.T) {
+	tk, _ := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	n, ctx := r.n, context.Background()
+	n.cfg.ExecTimeoutDefault, n.cfg.ExecIdle = 90*time.Second, 300*time.Millisecond
+	var out bytes.Buffer
+	if _, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"timeout-ms"}}, &out, &out); err != nil || out.String() != "90000" {
+		t.Errorf("exec without a timeout: agent asked for %q ms (%v); want the node default 90000", out.String(), err)
+	}
+	out.Reset()
+	if _, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"timeout-ms"}, TimeoutSec: 5}, &out, &out); err != nil || out.String() != "5000" {
+		t.Errorf("exec with its own timeout: agent asked for %q ms (%v); want 5000", out.String(), err)
+	}
+	start := time.Now()
+	_, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"silent"}}, &out, &out)
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "no output and no input for 300ms") || time.Since(start) > 5*time.Second {
+		t.Errorf("silent exec: %v after %v; want unavailable at the idle bound", err, time.Since(start))
+	}
+	_, err = n.Session(ctx, sb, api.ExecRequest{Args: []string{"silent"}}, api.Streams{Stdout: &out})
+	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "no output and no input") {
+		t.Errorf("silent non-TTY session: %v; want unavailable at the idle bound", err)
+	}
+	// A TTY session has no idle bound (a shell waits for its user): the
+	// caller's context ends it.
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = n.Session(cctx, sb, api.ExecRequest{Args: []string{"silent"}, TTY: true}, api.Streams{Stdout: &out})
+	if err == nil || strings.Contains(err.Error(), "no output and no input") {
+		t.Errorf("silent TTY session: %v; want the caller's end, not the idle bound", err)
 	}
 }

@@ -108,7 +108,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if err := names.CheckGeneration(id, req.Generation); err != nil {
 		return api.ClaimResponse{}, err
 	}
-	if err := leaseSpec(cid, resourcesRecord(req.Resources)).Validate(); err != nil {
+	if err := leaseSpec(cid, resourcesRecord(req.Resources), n.cfg.BootCPUMillis).Validate(); err != nil {
 		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
 	pol, err := n.parsePolicy(networkRecord(req.Network))
@@ -327,8 +327,12 @@ func (n *Node) effect(kind journal.Kind, name string, rec journal.Sandbox, make 
 	return nil
 }
 
-func leaseSpec(cid string, r journal.Resources) lease.Spec {
-	return lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset}
+func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
+	s := lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset}
+	if bootCPU > r.CPUMillis {
+		s.BootCPUMillis = bootCPU
+	}
+	return s
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -372,6 +376,14 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	nonce, err := n.awaitAgent(ctx, rec)
 	if err != nil {
 		return api.ClaimResponse{}, err
+	}
+	// The boot allowance ends before the generation is published: a ready
+	// generation always runs at its claim's share. (A takeover rolls back
+	// a claim still at its allowance.)
+	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis); spec.BootCPUMillis > 0 {
+		if err := n.d.Leases.SetCPUMax(ctx, rec.LeaseID, spec.CPUMillis); err != nil {
+			return api.ClaimResponse{}, fmt.Errorf("end the boot CPU allowance: %w", err)
+		}
 	}
 	ready, err := n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: cid, Nonce: nonce}, func(s *journal.Sandbox) {
 		t.ProofMS = ms(time.Since(step))

@@ -80,6 +80,8 @@ func realKernel(t *testing.T) *testKernel {
 		runtime:      &runsc.Runtime{Binary: bin, Root: runscRoot, SharedRoot: true, HostUDS: "create"},
 		runDir:       run,
 		agentBinary:  agentBinary(t),
+		agentDirs:    TmpfsAgentDirs{},
+		agentPeers:   ProcPeers{},
 		templatesDir: templates,
 		// A project range of this test's own: the sweep clears ctld's
 		// range, and other tests run beside this one.

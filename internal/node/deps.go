@@ -42,6 +42,7 @@ var _ Firewall = (*nft.Firewall)(nil)
 // Leases makes and removes the cgroup leases of generations.
 type Leases interface {
 	Create(ctx context.Context, s lease.Spec) error
+	SetCPUMax(ctx context.Context, id string, millis int64) error
 	Remove(ctx context.Context, id string) error
 	Kill(ctx context.Context, id string) error
 	Populated(ctx context.Context, id string) (bool, error)

@@ -67,12 +67,21 @@ type Config struct {
 	// ReadyTimeout bounds the wait for a new guest's agent to answer the
 	// readiness proof (0: DefaultReadyTimeout).
 	ReadyTimeout time.Duration
+	// BootCPUMillis is a new generation's cpu.max from its lease until its
+	// readiness proof, when the claim asks for less (lease.Spec): the boot
+	// is ctld's and runsc's work, not the workload's. 0: boots run inside
+	// the claim's share.
+	BootCPUMillis int64
 	// AgentCallTimeout bounds an agent call that is not a stream (ready,
 	// stat, list, mkdir, remove, rename; 0: the client's 10 s).
 	AgentCallTimeout time.Duration
 	// AgentStreamIdle bounds each wait of a file stream through an agent
 	// (0: client.DefaultStreamIdle).
 	AgentStreamIdle time.Duration
+	// ExecTimeoutDefault is the timeout of an exec or session that names
+	// none (0: none); ExecIdle ends a non-TTY exec or session after that
+	// long with no output and no input (0: none). See agentcalls.go.
+	ExecTimeoutDefault, ExecIdle time.Duration
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
@@ -122,7 +131,11 @@ type Deps struct {
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr
-	Logger    *slog.Logger
+	// AgentDirs and AgentPeers confine each generation's agent socket
+	// dir and check its peer (agentsock.go); nil: neither (fake kernel).
+	AgentDirs  AgentDirs
+	AgentPeers AgentPeers
+	Logger     *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total api.Capacity
 	// Term is the primary's term: cancelled when it ends, after which the

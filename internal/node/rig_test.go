@@ -38,6 +38,9 @@ type testKernel struct {
 	rootfs  RootFS
 	netns   Netns
 	runtime Runtime
+	// The agent socket dirs' tmpfs and peer check (nil: none).
+	agentDirs  AgentDirs
+	agentPeers AgentPeers
 	// The sandbox network (nil: the node makes none).
 	links    Links
 	firewall Firewall
@@ -79,6 +82,8 @@ type testKernel struct {
 	// resources, when set, replace every claim's (the VM's guests need
 	// more CPU than a lease of 0.2 CPU to boot in seconds under TCG).
 	resources *api.Resources
+	// bootCPU is Config.BootCPUMillis.
+	bootCPU int64
 	// Block mode (nil: the node has none); blockMode makes every claim a
 	// block-mode one (its disk lease the template's device size).
 	block       BlockDevices
@@ -261,7 +266,7 @@ func (r *rig) boot() (returned bool, err error) {
 		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
 		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
 		Block:       r.k.blockConfig(),
-		AgentBinary: r.k.agentBinary,
+		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU,
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,
@@ -269,8 +274,8 @@ func (r *rig) boot() (returned bool, err error) {
 		Journal: j, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
-		NodeAddrs: testNodeAddrs,
-		Total:     testTotal, Term: term, Crash: r.crash, Logger: r.log,
+		NodeAddrs: testNodeAddrs, AgentDirs: r.k.agentDirs, AgentPeers: r.k.agentPeers,
+		Total: testTotal, Term: term, Crash: r.crash, Logger: r.log,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), r.k.timeout)
 	defer cancel()

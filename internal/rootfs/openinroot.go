@@ -22,9 +22,11 @@ const openRetries = 16
 // OpenInRoot opens path as if root were "/": "..", absolute paths and
 // symlinks (absolute or relative) are all resolved inside root and can
 // never leave it, and magic links (/proc/self/fd/N) are refused. flag and
-// perm are those of os.OpenFile. It is how a user path from the file API
-// reaches a guest's files, which the guest may have replaced by symlinks
-// at any time.
+// perm are those of os.OpenFile. For a path a guest controls: it may
+// have replaced any component by a symlink at any time. ctld itself no
+// longer calls it: the files API reaches a guest's files through the
+// guest agent (internal/node/agentcalls.go), as the workload's user. The
+// host-side tests that look into a root (overlay_kernel_test.go) use it.
 func OpenInRoot(root, path string, flag int, perm os.FileMode) (*os.File, error) {
 	dfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {

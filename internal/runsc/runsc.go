@@ -78,6 +78,8 @@ type Runtime struct {
 	// directory that a host process can connect to (the guest agent's
 	// socket). It counts per container, at `runsc start`.
 	HostUDS string
+	// Env is every runsc command's whole environment; nil: MinimalEnv.
+	Env []string
 	// Debug adds runsc debug logs under LogDir/<id>.debug/.
 	Debug bool
 	// SharedRoot passes --file-access=shared: the sentry revalidates the
@@ -196,8 +198,20 @@ func (r *Runtime) GlobalArgs(id string) []string {
 	return args
 }
 
+// MinimalEnv is runsc's environment unless Runtime.Env says otherwise:
+// a PATH and nothing of ctld's own (its AWS_* credentials for the block
+// store, its test hooks), which runsc would pass on to the sandbox and
+// gofer processes it starts.
+var MinimalEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C"}
+
 func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, r.binary(), append(r.GlobalArgs(id), args...)...)
+	cmd := exec.CommandContext(ctx, r.binary(), append(r.GlobalArgs(id), args...)...)
+	// Set explicitly: a nil Env would inherit ctld's whole environment.
+	cmd.Env = MinimalEnv
+	if r.Env != nil {
+		cmd.Env = r.Env
+	}
+	return cmd
 }
 
 // run runs a runsc command that prints a result (or nothing) and exits.

@@ -58,7 +58,9 @@ func newFake(t *testing.T) (*Runtime, string) {
 	}
 	t.Setenv("FAKE_DIR", dir)
 	root := filepath.Join(dir, "root")
-	return &Runtime{Binary: bin, Root: root, LogDir: filepath.Join(dir, "logs")}, dir
+	// The fake reads its settings from the environment, which runsc no
+	// longer inherits: pass it on (tests that change it set Env again).
+	return &Runtime{Binary: bin, Root: root, LogDir: filepath.Join(dir, "logs"), Env: os.Environ()}, dir
 }
 
 func calls(t *testing.T, dir string) []string {
@@ -124,11 +126,13 @@ func TestRunscLifecycleFake(t *testing.T) {
 		t.Errorf("exec stdin = %q", b)
 	}
 	t.Setenv("FAKE_EXEC_CODE", "3")
+	r.Env = os.Environ()
 	if code, err := r.Exec(ctx, "c1", ExecProcess{Args: []string{"false"}}, nil, &out, &errb); err != nil || code != 3 {
 		t.Errorf("exec exit 3: code %d err %v", code, err)
 	}
 	// 128 from a container that is there is the guest's code.
 	t.Setenv("FAKE_EXEC_CODE", "128")
+	r.Env = os.Environ()
 	if code, err := r.Exec(ctx, "c1", ExecProcess{Args: []string{"x"}}, nil, &out, &errb); err != nil || code != 128 {
 		t.Errorf("exec exit 128: code %d err %v", code, err)
 	}
@@ -382,7 +386,7 @@ func TestCreateGivesStdoutAndStderrTheirOwnDescriptions(t *testing.T) {
 	out := filepath.Join(dir, "out")
 	t.Setenv(helperEnv, "stdio-descriptions")
 	t.Setenv("HELPER_OUT", out)
-	r := &Runtime{Binary: self, Root: filepath.Join(dir, "root"), LogDir: filepath.Join(dir, "logs")}
+	r := &Runtime{Binary: self, Root: filepath.Join(dir, "root"), LogDir: filepath.Join(dir, "logs"), Env: os.Environ()}
 	pipe := func(string) (*os.File, func(context.Context) error, error) {
 		pr, pw, err := os.Pipe()
 		if err != nil {
@@ -399,5 +403,31 @@ func TestCreateGivesStdoutAndStderrTheirOwnDescriptions(t *testing.T) {
 		if b, err := os.ReadFile(out); err != nil || string(b) != "stderr-nonblock=false" {
 			t.Fatalf("%s: %q, %v: stdout and stderr share one open file description", name, b, err)
 		}
+	}
+}
+
+// runsc does not inherit ctld's environment: its AWS_* credentials (the
+// block store's) and anything else stay out of runsc and the sandbox and
+// gofer processes it starts.
+func TestCommandEnvIsMinimal(t *testing.T) {
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_ACCESS_KEY_ID", "id")
+	t.Setenv("CTLD_SOMETHING", "x")
+	r := &Runtime{Root: "/r"}
+	cmd := r.command(context.Background(), "c1", "state", "c1")
+	if cmd.Env == nil {
+		t.Fatal("runsc's Env is nil: it inherits ctld's environment")
+	}
+	for _, e := range cmd.Env {
+		if strings.HasPrefix(e, "AWS_") || strings.HasPrefix(e, "CTLD_") {
+			t.Errorf("runsc's env has %q", e)
+		}
+	}
+	if !hasEnv(cmd.Env, "PATH") {
+		t.Errorf("runsc's env %q lacks PATH", cmd.Env)
+	}
+	r.Env = []string{"PATH=/x"}
+	if got := r.command(context.Background(), "c1", "state", "c1").Env; !slices.Equal(got, []string{"PATH=/x"}) {
+		t.Errorf("Runtime.Env: runsc's env %q", got)
 	}
 }

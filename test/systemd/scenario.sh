@@ -104,6 +104,9 @@ for s in a b; do
 	pid=$(mainpid $s)
 	check "ctld@$s (pid $pid) sees PID 1's mount namespace" test "$(readlink /proc/"$pid"/ns/mnt)" = "$(readlink /proc/1/ns/mnt)"
 	check "ctld@$s oom_score_adj is -900" test "$(cat /proc/"$pid"/oom_score_adj)" = -900
+	cg=/sys/fs/cgroup/system.slice/system-ctld.slice/ctld@$s.service
+	check "ctld@$s memory is bounded: memory.high $(cat $cg/memory.high) memory.max $(cat $cg/memory.max)" \
+		test "$(cat $cg/memory.high) $(cat $cg/memory.max)" = "$((3 << 30)) $((4 << 30))"
 	check "ctld@$s may open /dev/nbd0 (no device allow-list)" sh -c "echo \$\$ > /sys/fs/cgroup/system.slice/system-ctld.slice/ctld@$s.service/cgroup.procs && exec 3<>/dev/nbd0"
 done
 check "ctld status shows each unit's main PID" sh -c "ctld status --json | jq -e '[.slots[] | .status.pid] == [$(mainpid a), $(mainpid b)]' >/dev/null"

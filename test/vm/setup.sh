@@ -8,7 +8,8 @@
 set -euo pipefail
 
 CACHE=${CTLD_VM_CACHE:-/var/cache/ctld-vm}
-PKGS=(qemu-system-x86 busybox-static kmod cpio runsc nftables xfsprogs e2fsprogs iproute2 util-linux nbd-client)
+# strace: internal/agent's TestExecSyscallBudget counts the agent's syscalls with it.
+PKGS=(qemu-system-x86 busybox-static kmod cpio runsc nftables xfsprogs e2fsprogs iproute2 util-linux nbd-client strace)
 
 log() { echo "setup: $*" >&2; }
 

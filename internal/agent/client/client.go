@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ctld/ctld/internal/agent/wire"
@@ -28,6 +29,22 @@ const maxSmall = 8 << 10
 
 // MaxList bounds the entries of a directory listing the client accepts.
 const MaxList = 100000
+
+// Bounds of what one entry of the guest's file system may carry: a name
+// (NAME_MAX) and a symlink target (PATH_MAX). Longer is a hostile agent.
+const (
+	MaxName = 255
+	MaxLink = 4096
+)
+
+// DefaultListBudget is Client.ListBudget's default: a listing costs each
+// entry's name and link target plus entryOverhead bytes; 100k entries with
+// short names fit, 100k symlinks with 4 KiB targets (400 MiB) do not.
+const DefaultListBudget = 16 << 20
+
+// entryOverhead is what an entry costs ctld beyond its strings (the
+// struct, its copy in the API's answer, the JSON around it), rounded up.
+const entryOverhead = 128
 
 // Client calls one agent. The zero value with Socket set is usable.
 type Client struct {
@@ -46,6 +63,9 @@ type Client struct {
 	// Execs have no such bound: a command may be silent for as long as
 	// it runs (its timeout bounds it).
 	StreamIdle time.Duration
+	// ListBudget bounds the bytes a directory listing may cost (names,
+	// link targets and entryOverhead per entry); 0: DefaultListBudget.
+	ListBudget int64
 }
 
 // DefaultStreamIdle is Client.StreamIdle's default: generous, as a busy
@@ -269,9 +289,41 @@ func (c *Client) Ready(ctx context.Context) (string, error) {
 // Stat describes a path (not following a final symlink).
 func (c *Client) Stat(ctx context.Context, path string, u *wire.User) (wire.Stat, error) {
 	var st wire.Stat
-	err := c.result(ctx, wire.Request{Op: wire.OpStat, Path: path, User: u}, &st)
-	return st, err
+	if err := c.result(ctx, wire.Request{Op: wire.OpStat, Path: path, User: u}, &st); err != nil {
+		return wire.Stat{}, err
+	}
+	if err := checkStat(st); err != nil {
+		return wire.Stat{}, c.failed(ctx, "stat", err)
+	}
+	return st, nil
 }
+
+// checkStat refuses an entry no Linux file system has: a name longer than
+// NAME_MAX (or with a NUL) and a link target longer than PATH_MAX.
+func checkStat(st wire.Stat) error {
+	if len(st.Name) > MaxName || strings.IndexByte(st.Name, 0) >= 0 {
+		return fmt.Errorf("entry name of %d bytes (limit %d, no NUL)", len(st.Name), MaxName)
+	}
+	if len(st.Link) > MaxLink || strings.IndexByte(st.Link, 0) >= 0 {
+		return fmt.Errorf("link target of %d bytes (limit %d, no NUL)", len(st.Link), MaxLink)
+	}
+	if st.Size < 0 {
+		return fmt.Errorf("negative size %d", st.Size)
+	}
+	return nil
+}
+
+func (c *Client) listBudget() int64 {
+	if c.ListBudget > 0 {
+		return c.ListBudget
+	}
+	return DefaultListBudget
+}
+
+// ErrListTooLarge: a directory listing passed the entry or byte budget.
+// The agent is not at fault (a guest may make such a directory), so it
+// does not wrap ErrAgent.
+var ErrListTooLarge = errors.New("directory listing too large")
 
 // Mkdir makes a directory (with its parents when recursive).
 func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, recursive bool, u *wire.User) error {
@@ -288,7 +340,9 @@ func (c *Client) Rename(ctx context.Context, from, to string, u *wire.User) erro
 	return c.result(ctx, wire.Request{Op: wire.OpRename, Path: from, NewPath: to, User: u}, nil)
 }
 
-// List lists a directory: at most MaxList entries, each a strict Stat.
+// List lists a directory: at most MaxList entries and ListBudget bytes,
+// each a strict Stat; past either the call fails with ErrListTooLarge at
+// once, having held at most the budget.
 func (c *Client) List(ctx context.Context, path string, u *wire.User) ([]wire.Stat, error) {
 	ctx, cancel := c.quick(ctx)
 	defer cancel()
@@ -299,6 +353,7 @@ func (c *Client) List(ctx context.Context, path string, u *wire.User) ([]wire.St
 	}
 	defer k.close()
 	var out []wire.Stat
+	budget, cost := c.listBudget(), int64(0)
 	for {
 		t, p, err := k.next()
 		if err != nil {
@@ -311,7 +366,16 @@ func (c *Client) List(ctx context.Context, path string, u *wire.User) ([]wire.St
 				return nil, c.failed(ctx, "list", fmt.Errorf("entries: %v", err))
 			}
 			if len(out)+len(batch) > MaxList {
-				return nil, c.failed(ctx, "list", fmt.Errorf("more than %d entries", MaxList))
+				return nil, fmt.Errorf("list %s: more than %d entries: %w", path, MaxList, ErrListTooLarge)
+			}
+			for _, st := range batch {
+				if err := checkStat(st); err != nil {
+					return nil, c.failed(ctx, "list", err)
+				}
+				cost += int64(len(st.Name)+len(st.Link)) + entryOverhead
+			}
+			if cost > budget {
+				return nil, fmt.Errorf("list %s: more than %d bytes of entries: %w", path, budget, ErrListTooLarge)
 			}
 			out = append(out, batch...)
 		case wire.TEnd:
@@ -470,7 +534,15 @@ type ExecRequest struct {
 	Timeout    time.Duration // the agent kills the group after it (0: none)
 	TTY        bool
 	Rows, Cols uint16
+	// Idle, when positive, ends the call when for that long no output
+	// arrived and no input was sent (a silent agent or command): the
+	// connection is closed, so the agent kills the command's group. The
+	// error wraps ErrIdle.
+	Idle time.Duration
 }
+
+// ErrIdle: an exec passed its idle bound (ExecRequest.Idle).
+var ErrIdle = errors.New("exec idle")
 
 // Exec runs a command and streams its output in order per stream. The
 // context's end closes the connection, and the agent then kills the
@@ -485,11 +557,20 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest, s Streams) (wire.Exit,
 	defer k.close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The idle bound is the read deadline, moved on by every frame either
+	// way (input counts: a command being fed is not idle).
+	active := func() {
+		if r.Idle > 0 {
+			k.idle(r.Idle, true)
+		}
+	}
+	active()
 	// Input: frames written under a lock (stdin, resize, signal).
 	var wmu chanMutex = make(chan struct{}, 1)
 	send := func(t wire.Type, v any, raw []byte) error {
 		wmu.lock()
 		defer wmu.unlock()
+		active()
 		if v != nil {
 			return wire.WriteJSON(k.nc, t, v)
 		}
@@ -537,8 +618,14 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest, s Streams) (wire.Exit,
 	for {
 		t, p, err := k.next()
 		if err != nil {
+			if r.Idle > 0 {
+				if ie := k.idleErr(err, r.Idle, "arrived or was sent"); errors.Is(ie, errIdle) {
+					return wire.Exit{}, fmt.Errorf("exec ended: %w: no output and no input for %v", ErrIdle, r.Idle)
+				}
+			}
 			return wire.Exit{}, c.failed(ctx, "exec", err)
 		}
+		active()
 		switch t {
 		case wire.TStdout, wire.TStderr:
 			w := s.Stdout

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -225,5 +227,184 @@ func TestStreamIdleBound(t *testing.T) {
 	_, err = (&Client{Dial: stalled(func(net.Conn) {}).Dial, StreamIdle: time.Hour}).ReadFile(cctx, "/f", nil, 1<<20, io.Discard)
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "nothing arrived") {
 		t.Errorf("read under the caller's shorter deadline: %v, want the caller's deadline", err)
+	}
+}
+
+// symlinks answers a listing with n entries of 255-byte names and 4 KiB
+// link targets (what a guest can really make), in full frames, counting
+// the bytes it sent.
+func symlinks(n int, sent *int64) func(net.Conn) {
+	return func(c net.Conn) {
+		e := wire.Stat{Name: strings.Repeat("n", MaxName), Link: strings.Repeat("l", MaxLink), Mode: 0o777}
+		var batch []wire.Stat
+		for i := 0; i < n; i++ {
+			batch = append(batch, e)
+			if len(batch) == 14 || i == n-1 { // 14 × ~4.4 KiB fits a frame
+				p, _ := json.Marshal(batch)
+				if wire.WriteFrame(c, wire.TData, p) != nil {
+					return
+				}
+				*sent += int64(len(p))
+				batch = batch[:0]
+			}
+		}
+		wire.WriteFrame(c, wire.TEnd, nil)
+	}
+}
+
+// A listing is bounded by bytes, not only entries: 20k symlinks with 4 KiB
+// targets (under MaxList; ~87 MB on the wire) fail as too large once the
+// budget is spent, and the client allocates a small multiple of its
+// budget, not of the answer.
+func TestHostileListByteBudget(t *testing.T) {
+	var sent int64
+	c := hostile(t, symlinks(20000, &sent))
+	c.CallTimeout = 20 * time.Second
+	const budget = 1 << 20
+	c.ListBudget = budget
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	es, err := c.List(context.Background(), "/d", nil)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrListTooLarge) || errors.Is(err, ErrAgent) {
+		t.Fatalf("list = %d entries, %v; want ErrListTooLarge", len(es), err)
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("agent sent %d bytes before the client stopped; client allocated %d bytes (budget %d)", sent, alloc, budget)
+	if alloc > 8*budget {
+		t.Fatalf("allocated %d bytes for a listing with a budget of %d", alloc, budget)
+	}
+	// The default budget admits a big directory of ordinary names.
+	sent = 0
+	c = hostile(t, func(c net.Conn) {
+		var batch []wire.Stat
+		for i := 0; i < MaxList; i++ {
+			batch = append(batch, wire.Stat{Name: fmt.Sprintf("file-%06d", i)})
+			if len(batch) == 500 || i == MaxList-1 {
+				p, _ := json.Marshal(batch)
+				wire.WriteFrame(c, wire.TData, p)
+				batch = batch[:0]
+			}
+		}
+		wire.WriteFrame(c, wire.TEnd, nil)
+	})
+	c.CallTimeout = 20 * time.Second
+	if es, err := c.List(context.Background(), "/d", nil); err != nil || len(es) != MaxList {
+		t.Fatalf("list of %d short names: %d, %v", MaxList, len(es), err)
+	}
+}
+
+// Names and link targets past NAME_MAX and PATH_MAX (or with a NUL) are a
+// hostile agent's, in a listing and in a stat.
+func TestHostileEntryLengths(t *testing.T) {
+	for _, st := range []wire.Stat{
+		{Name: strings.Repeat("n", MaxName+1)},
+		{Name: "a", Link: strings.Repeat("l", MaxLink+1)},
+		{Name: "a\x00b"},
+		{Name: "a", Size: -1},
+	} {
+		c := hostile(t, func(c net.Conn) { wire.WriteJSON(c, wire.TData, []wire.Stat{st}); wire.WriteFrame(c, wire.TEnd, nil) })
+		if _, err := c.List(context.Background(), "/", nil); !errors.Is(err, ErrAgent) {
+			t.Errorf("list with %d-byte name, %d-byte link: %v; want ErrAgent", len(st.Name), len(st.Link), err)
+		}
+		c = hostile(t, func(c net.Conn) { wire.WriteJSON(c, wire.TResult, st) })
+		if _, err := c.Stat(context.Background(), "/", nil); !errors.Is(err, ErrAgent) {
+			t.Errorf("stat with %d-byte name, %d-byte link: %v; want ErrAgent", len(st.Name), len(st.Link), err)
+		}
+	}
+	// At the limits: accepted.
+	ok := wire.Stat{Name: strings.Repeat("n", MaxName), Link: strings.Repeat("l", MaxLink)}
+	c := hostile(t, func(c net.Conn) { wire.WriteJSON(c, wire.TResult, ok) })
+	if _, err := c.Stat(context.Background(), "/", nil); err != nil {
+		t.Errorf("stat at the limits: %v", err)
+	}
+}
+
+// A silent exec (an agent that says nothing, or a command that prints
+// nothing and is fed nothing) ends at its idle bound with ErrIdle; output
+// or input keeps it going.
+func TestExecIdleBound(t *testing.T) {
+	ctx := context.Background()
+	c := hostile(t, func(c net.Conn) { time.Sleep(time.Hour) })
+	start := time.Now()
+	_, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}, Idle: 200 * time.Millisecond}, Streams{})
+	if !errors.Is(err, ErrIdle) || time.Since(start) > 5*time.Second {
+		t.Fatalf("silent agent: %v after %v; want ErrIdle after ~200ms", err, time.Since(start))
+	}
+	// Output every 100 ms for 600 ms, then the exit: never idle.
+	c = hostile(t, func(c net.Conn) {
+		for range 6 {
+			time.Sleep(100 * time.Millisecond)
+			wire.WriteFrame(c, wire.TStdout, []byte("."))
+		}
+		wire.WriteJSON(c, wire.TExit, wire.Exit{Code: 3})
+	})
+	if e, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}, Idle: 250 * time.Millisecond}, Streams{}); err != nil || e.Code != 3 {
+		t.Fatalf("chatty exec: %+v, %v", e, err)
+	}
+	// Input every 100 ms counts too.
+	c = hostile(t, func(c net.Conn) {
+		time.Sleep(600 * time.Millisecond)
+		wire.WriteJSON(c, wire.TExit, wire.Exit{Code: 4})
+	})
+	pr, pw := io.Pipe()
+	go func() {
+		for range 7 {
+			time.Sleep(100 * time.Millisecond)
+			pw.Write([]byte("x"))
+		}
+		pw.Close()
+	}()
+	if e, err := c.Exec(ctx, ExecRequest{Args: []string{"x"}, Idle: 250 * time.Millisecond}, Streams{Stdin: pr}); err != nil || e.Code != 4 {
+		t.Fatalf("fed exec: %+v, %v", e, err)
+	}
+}
+
+// The budget bounds the heap under concurrency too: 32 hostile listings
+// at once (the node's --max-concurrent-streams default) each against a
+// budget of 1 MiB keep the live heap within a small multiple of 32 MiB
+// (docs/operations.md sizes ctld's MemoryMax from this).
+func TestHostileListsConcurrentHeap(t *testing.T) {
+	const n, budget = 32, 1 << 20
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	stop := make(chan struct{})
+	peak := make(chan uint64)
+	go func() {
+		var m runtime.MemStats
+		var p uint64
+		for {
+			select {
+			case <-stop:
+				peak <- p
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			runtime.ReadMemStats(&m)
+			p = max(p, m.HeapInuse)
+		}
+	}()
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			var sent int64
+			c := hostile(t, symlinks(20000, &sent))
+			c.CallTimeout, c.ListBudget = 30*time.Second, budget
+			_, err := c.List(context.Background(), "/d", nil)
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; !errors.Is(err, ErrListTooLarge) {
+			t.Errorf("list: %v; want ErrListTooLarge", err)
+		}
+	}
+	close(stop)
+	grew := int64(<-peak) - int64(base.HeapInuse)
+	t.Logf("%d concurrent hostile listings, budget %d each: live heap grew by at most %d bytes", n, budget, grew)
+	if grew > 4*n*budget {
+		t.Fatalf("live heap grew by %d bytes, over 4 x %d budgets", grew, n)
 	}
 }

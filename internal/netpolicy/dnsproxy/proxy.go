@@ -40,6 +40,14 @@ const (
 	DefaultQueryTimeout    = 4 * time.Second
 	DefaultMaxInFlight     = 256
 	DefaultMaxPerSandbox   = 32
+	// DefaultQueryRate and DefaultQueryBurst are a sandbox's query rate
+	// (queries a second) and burst: a package install's lookups fit, a
+	// flood of invented names is refused.
+	DefaultQueryRate  = 50
+	DefaultQueryBurst = 200
+	// DefaultMaxAddrsPerSandbox is Config.MaxAddrsPerSandbox's default:
+	// the size of one domain set.
+	DefaultMaxAddrsPerSandbox = netpolicy.DomainSetSize
 	// DefaultElementMinTTL and DefaultElementGrace are the defaults of
 	// Config.ElementMinTTL and Config.ElementGrace.
 	DefaultElementMinTTL = 5 * time.Second
@@ -64,6 +72,11 @@ const (
 	EDNSSize = 1232
 	// BlockedText is the Extended DNS Error text of a refused name.
 	BlockedText = "ctld network policy"
+	// RateLimitedText and AddrCapText follow BlockedText in the Extended
+	// DNS Error (code 0, Other: RFC 8914 has no code for either) of a
+	// query over the sandbox's rate and of an answer past its address cap.
+	RateLimitedText = "query rate limit"
+	AddrCapText     = "cap of resolved addresses reached"
 )
 
 // Config configures a Proxy.
@@ -95,6 +108,22 @@ type Config struct {
 	// guest's resolver retries).
 	MaxInFlight   int
 	MaxPerSandbox int
+	// QueryRate (queries a second) and QueryBurst are a token bucket per
+	// sandbox: a query beyond it is answered REFUSED with an Extended
+	// DNS Error, without asking an upstream. Zero: DefaultQueryRate,
+	// DefaultQueryBurst.
+	QueryRate  float64
+	QueryBurst int
+	// MaxAddrsPerSandbox caps the distinct addresses the proxy keeps in
+	// one generation's domain sets (all sets, both families) until they
+	// expire; an answer that would pass it is refused with SERVFAIL and
+	// adds nothing (limits.go says why refuse, not evict). Zero:
+	// DefaultMaxAddrsPerSandbox. Set it at most the firewall's domain
+	// set size, or the kernel refuses first (the answer fails the same).
+	MaxAddrsPerSandbox int
+	// Now is the clock of the rate limit and the address cap (nil:
+	// time.Now).
+	Now func() time.Time
 	// A set element lives min(max(TTL, ElementMinTTL), MaxTTL) +
 	// ElementGrace. The floor keeps a destination open across a failover
 	// and a slow guest's next lookup even for TTL 0 answers; the grace
@@ -130,6 +159,7 @@ type entry struct {
 	owner netpolicy.Owner
 	eff   netpolicy.Effective
 	sets  []matcher // per Effective.Domains
+	use   *usage    // the generation's rate and address account
 
 	// mu is held for reading across a query's Allower calls and taken
 	// for writing when the entry is replaced or removed (retired), so
@@ -180,6 +210,24 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.MaxPerSandbox <= 0 {
 		cfg.MaxPerSandbox = DefaultMaxPerSandbox
+	}
+	if cfg.QueryRate < 0 || cfg.QueryBurst < 0 || cfg.MaxAddrsPerSandbox < 0 {
+		return nil, bad("negative query rate %v, burst %d or address cap %d", cfg.QueryRate, cfg.QueryBurst, cfg.MaxAddrsPerSandbox)
+	}
+	if cfg.QueryRate == 0 {
+		cfg.QueryRate = DefaultQueryRate
+	}
+	if cfg.QueryBurst == 0 {
+		cfg.QueryBurst = DefaultQueryBurst
+	}
+	if cfg.MaxAddrsPerSandbox == 0 {
+		cfg.MaxAddrsPerSandbox = DefaultMaxAddrsPerSandbox
+	}
+	if cfg.MaxAddrsPerSandbox < MaxAddrs {
+		return nil, bad("address cap %d: want at least %d (one answer)", cfg.MaxAddrsPerSandbox, MaxAddrs)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.ElementMinTTL < 0 || cfg.ElementMinTTL > MaxTTL {
 		return nil, bad("element TTL floor %v: want at most %v", cfg.ElementMinTTL, MaxTTL)
@@ -259,6 +307,14 @@ func (p *Proxy) Register(o netpolicy.Owner, eff netpolicy.Effective) {
 	}
 	p.mu.Lock()
 	old := p.entries[o.Block.Slot]
+	// A live update keeps the generation's account (its sets keep their
+	// elements or lose them: counting them on is the safe side); a new
+	// generation starts with empty sets and a full bucket.
+	if old != nil && old.owner == o {
+		e.use = old.use
+	} else {
+		e.use = newUsage(p.cfg.QueryBurst, p.cfg.Now())
+	}
 	p.entries[o.Block.Slot] = e
 	p.mu.Unlock()
 	old.retire()

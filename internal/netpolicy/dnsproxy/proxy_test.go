@@ -87,6 +87,10 @@ var zone = map[string][]string{
 		"rebind.example.com. 300 IN AAAA ::ffff:169.254.169.254",
 		"rebind.example.com. 300 IN AAAA fd00:c71d::9",
 		"rebind.example.com. 300 IN AAAA fe80::1",
+		"rebind.example.com. 300 IN AAAA 64:ff9b::a9fe:a9fe",   // metadata through DNS64/NAT64
+		"rebind.example.com. 300 IN AAAA 64:ff9b::a00:1",       // RFC 1918 through NAT64
+		"rebind.example.com. 300 IN AAAA 64:ff9b:1::a9fe:a9fe", // local-use NAT64 prefix
+		"rebind.example.com. 300 IN AAAA 2002:a9fe:a9fe::1",    // 6to4
 		"rebind.example.com. 300 IN AAAA 2001:db8::40",
 	},
 	"metadata.example.com. A": {"metadata.example.com. 300 IN A 169.254.169.254"},
@@ -1117,4 +1121,105 @@ func TestServeListenerFails(t *testing.T) {
 	} else {
 		l.Close()
 	}
+}
+
+// clock is a settable Config.Now.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// TestQueryRateLimit: a sandbox's flood beyond its burst is answered
+// REFUSED with an Extended DNS Error and asks no upstream; another
+// sandbox is not affected; the bucket refills with time.
+func TestQueryRateLimit(t *testing.T) {
+	clk := &clock{t: time.Unix(1_000_000, 0)}
+	h := start(t, func(c *Config) { c.QueryRate = 1; c.QueryBurst = 5; c.Now = clk.now })
+	o, eff := sandbox(t, "other", 2, testPolicy, true)
+	h.p.Register(o, eff)
+	const limited = `REFUSED | ede 0 "ctld network policy: query rate limit"`
+	var got []string
+	for range 20 {
+		got = append(got, show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)))
+	}
+	ok := "NOERROR | www.example.com. 300 A 203.0.113.10 | www.example.com. 300 A 203.0.113.11"
+	want := slices.Repeat([]string{ok}, 5)
+	want = append(want, slices.Repeat([]string{limited}, 15)...)
+	checkList(t, "flood", got, want)
+	if n := len(h.up.queries()); n != 5 {
+		t.Errorf("the upstream saw %d queries, want the 5 within the burst", n)
+	}
+	check(t, "other sandbox", show(h.query(t, "udp", src2, "www.example.com.", dns.TypeA)), ok)
+	check(t, "tcp too", show(h.query(t, "tcp", src1, "www.example.com.", dns.TypeA)), limited)
+	clk.add(2 * time.Second)
+	check(t, "refilled 1", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)), ok)
+	check(t, "refilled 2", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)), ok)
+	check(t, "empty again", show(h.query(t, "udp", src1, "www.example.com.", dns.TypeA)), limited)
+}
+
+// TestAddressCapFlood: random names under an allowed wildcard, each
+// answering 32 new addresses, fill the sandbox's cap; past it an answer
+// is SERVFAIL and the set writer gets nothing more, while names whose
+// addresses are kept still resolve, another sandbox is not affected, and
+// expired addresses make room again.
+func TestAddressCapFlood(t *testing.T) {
+	clk := &clock{t: time.Unix(1_000_000, 0)}
+	h := start(t, func(c *Config) { c.MaxAddrsPerSandbox = 64; c.QueryBurst = 1000; c.Now = clk.now })
+	h.up.mu.Lock()
+	for i := range 40 {
+		var rrs []string
+		for j := range MaxAddrs {
+			rrs = append(rrs, fmt.Sprintf("r%d.example.com. 300 IN A 198.18.%d.%d", i, i, j+1))
+		}
+		h.up.zone[fmt.Sprintf("r%d.example.com. A", i)] = rrs
+	}
+	h.up.mu.Unlock()
+	const capped = `SERVFAIL | ede 0 "ctld network policy: cap of resolved addresses reached (64)"`
+	rcodes := map[string]int{}
+	for i := range 40 {
+		r := h.query(t, "udp", src1, fmt.Sprintf("r%d.example.com.", i), dns.TypeA)
+		rcodes[dns.RcodeToString[r.Rcode]]++
+		if i >= 2 {
+			check(t, fmt.Sprintf("r%d", i), show(r), capped)
+		}
+	}
+	if rcodes["NOERROR"] != 2 || rcodes["SERVFAIL"] != 38 {
+		t.Errorf("rcodes %v, want 2 NOERROR (64 addresses), 38 SERVFAIL", rcodes)
+	}
+	h.allow.mu.Lock()
+	calls := h.allow.calls
+	h.allow.calls = nil
+	h.allow.mu.Unlock()
+	added := map[netip.Addr]bool{}
+	for _, c := range calls {
+		for _, a := range c.addrs {
+			added[a] = true
+		}
+	}
+	if len(added) != 64 || len(calls) != 2 {
+		t.Errorf("the set writer got %d calls, %d addresses; want 2 calls, 64", len(calls), len(added))
+	}
+	// A minute later, a name whose addresses are kept refreshes them.
+	clk.add(time.Minute)
+	if r := h.query(t, "udp", src1, "r0.example.com.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != MaxAddrs {
+		t.Errorf("kept name: %s", show(r))
+	}
+	if n := len(h.allow.take()); n != 1 {
+		t.Errorf("refresh of kept addresses: %d set writer calls, want 1", n)
+	}
+	o, eff := sandbox(t, "other", 2, testPolicy, true)
+	h.p.Register(o, eff)
+	if r := h.query(t, "udp", src2, "r5.example.com.", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Errorf("other sandbox: %s", show(r))
+	}
+	// r1's elements expire 5m30s after their answer; r0's were renewed
+	// a minute later and stay: room for one more answer.
+	clk.add(4*time.Minute + 31*time.Second)
+	if r := h.query(t, "udp", src1, "r9.example.com.", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Errorf("after expiry: %s", show(r))
+	}
+	check(t, "full again", show(h.query(t, "udp", src1, "r10.example.com.", dns.TypeA)), capped)
 }

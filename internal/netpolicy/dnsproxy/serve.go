@@ -26,6 +26,16 @@ func (p *Proxy) serveDNS(ctx context.Context, w dns.ResponseWriter, req *dns.Msg
 	}
 	e := p.lookup(src)
 	if e != nil {
+		if ok, log, refused := e.use.take(p.cfg.Now(), p.cfg.QueryRate, p.cfg.QueryBurst); !ok {
+			if log {
+				p.log.Warn("dns proxy: sandbox over its query rate, refusing until it slows down", "sandbox", e.owner.ID,
+					"generation", e.owner.Generation, "rate", p.cfg.QueryRate, "burst", p.cfg.QueryBurst, "refused", refused)
+			}
+			resp := reply(req, dns.RcodeRefused)
+			addEDE(req, resp, dns.ExtendedErrorCodeOther, BlockedText+": "+RateLimitedText)
+			p.write(w, req, resp, src)
+			return
+		}
 		slot := e.owner.Block.Slot
 		if !p.enter(slot) {
 			p.drop(w, e.owner.Alias(), src)
@@ -35,8 +45,11 @@ func (p *Proxy) serveDNS(ctx context.Context, w dns.ResponseWriter, req *dns.Msg
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.QueryTimeout)
 	defer cancel()
-	resp := p.answer(ctx, e, req)
+	p.write(w, req, p.answer(ctx, e, req), src)
+}
 
+// write fits resp to the transport and sends it.
+func (p *Proxy) write(w dns.ResponseWriter, req, resp *dns.Msg, src netip.Addr) {
 	size := dns.MaxMsgSize
 	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
 		size = dns.MinMsgSize
@@ -144,7 +157,18 @@ func (p *Proxy) answer(ctx context.Context, e *entry, req *dns.Msg) *dns.Msg {
 		log.Warn("dns proxy: dropped answers in denied ranges", "answered", len(c.addrs), "kept", len(rrs))
 	}
 	ttl := p.elementTTL(c.ttl)
-	if len(addrs) > 0 {
+	if len(addrs) > 0 && len(sets) > 0 {
+		now := p.cfg.Now()
+		ok, kept, logNow, refused := e.use.reserve(addrs, now.Add(ttl), now, p.cfg.MaxAddrsPerSandbox)
+		if !ok {
+			if logNow {
+				log.Warn("dns proxy: sandbox at its cap of resolved addresses, refusing new ones until some expire",
+					"cap", p.cfg.MaxAddrsPerSandbox, "kept", kept, "refused", refused)
+			}
+			resp := reply(req, dns.RcodeServerFailure)
+			addEDE(req, resp, dns.ExtendedErrorCodeOther, fmt.Sprintf("%s: %s (%d)", BlockedText, AddrCapText, p.cfg.MaxAddrsPerSandbox))
+			return resp
+		}
 		for _, i := range sets {
 			if err := p.cfg.Allower.AllowResolved(ctx, e.owner, i, addrs, ttl); err != nil {
 				// Fail closed: an answer the firewall does not know of

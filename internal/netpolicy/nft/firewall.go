@@ -793,6 +793,10 @@ func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int
 		}
 	}
 	if err := c.Flush(); err != nil {
+		if errors.Is(err, unix.ENFILE) {
+			// The kernel's word for a set at its size.
+			return fmt.Errorf("allow resolved addresses for %s set %d: the domain set is full (size %d): %w", o.Chain(), set, f.cfg.domainSetSize(), err)
+		}
 		return fmt.Errorf("allow resolved addresses for %s set %d: %w", o.Chain(), set, err)
 	}
 	return nil

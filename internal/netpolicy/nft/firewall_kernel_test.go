@@ -864,3 +864,48 @@ func TestKernelApplyIsAllOrNothing(t *testing.T) {
 		t.Error("the link's owner lost its policy")
 	}
 }
+
+// TestKernelIPv4InIPv6Refused: with an IPv6 pool behind a NAT64 (or 6to4)
+// path, a guest in open mode must not reach the metadata service as
+// 64:ff9b::a9fe:a9fe or 2002:a9fe:a9fe::1. The server netns holds those
+// addresses (it plays the translator's far side); a rule naming one
+// opens it, which shows the route works and the refusal is the policy's.
+func TestKernelIPv4InIPv6Refused(t *testing.T) {
+	n := newNode(t)
+	nat64 := netip.MustParseAddr("64:ff9b::a9fe:a9fe")    // 169.254.169.254 through NAT64
+	sixToFour := netip.MustParseAddr("2002:a9fe:a9fe::1") // 169.254.169.254 through 6to4
+	for _, a := range []netip.Addr{nat64, sixToFour} {
+		addAddr6(t, n.server.Handle, "eth0", netip.PrefixFrom(a, 128))
+		n.tcpEcho(n.server.Do, netip.AddrPortFrom(a, 8080).String())
+	}
+	n.tcpEcho(n.server.Do, netip.AddrPortFrom(serverAddr6, 8080).String())
+	srv, err := netlink.LinkByName("kt-srv0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []string{"64:ff9b::/96", "2002::/16"} {
+		_, ipn, _ := net.ParseCIDR(dst)
+		r := &netlink.Route{LinkIndex: srv.Attrs().Index, Dst: ipn, Gw: net.IP(serverAddr6.AsSlice())}
+		if err := netlink.RouteAdd(r); err != nil {
+			t.Fatalf("route %s: %v", dst, err)
+		}
+		t.Cleanup(func() { _ = netlink.RouteDel(r) })
+	}
+	sb := n.applied(14, policy(t, netpolicy.ModeOpen))
+	if !sb.canConnectTo(netip.AddrPortFrom(serverAddr6, 8080)) {
+		t.Fatal("open mode does not reach a public v6 address")
+	}
+	for _, a := range []netip.Addr{nat64, sixToFour} {
+		if sb.canConnectTo(netip.AddrPortFrom(a, 8080)) {
+			t.Errorf("open mode reached %v (metadata inside IPv6)", a)
+		}
+	}
+	// Named explicitly, like any reserved range: reachable.
+	sb.apply(policy(t, netpolicy.ModeOpen, cidr(nat64.String()+"/128", "tcp", "8080")))
+	if !sb.canConnectTo(netip.AddrPortFrom(nat64, 8080)) {
+		t.Errorf("a rule naming %v does not open it", nat64)
+	}
+	if sb.canConnectTo(netip.AddrPortFrom(sixToFour, 8080)) {
+		t.Errorf("a rule naming %v opened %v", nat64, sixToFour)
+	}
+}

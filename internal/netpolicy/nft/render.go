@@ -28,7 +28,7 @@ const (
 // BaseVersion is the layout version of the base chains. It is part of the
 // comment on the first rule of each base chain; Ensure replaces the base
 // rules when the comment differs (a new layout or a new configuration).
-const BaseVersion = 4 // 2: DNS-proxy flows go through the generation's chain (marked); 3: in one input rule; 4: marked from the src maps
+const BaseVersion = 5 // 2: DNS-proxy flows go through the generation's chain (marked); 3: in one input rule; 4: marked from the src maps; 5: the proxy port closed to other links
 
 // Names of the base objects.
 const (
@@ -52,6 +52,10 @@ type Config struct {
 	DNSPort uint16
 	// Pool is the sandbox address pool: its traffic is masqueraded out.
 	Pool netpolicy.Pool
+	// DomainSetSize is each domain set's size (nft set `size`): the
+	// kernel refuses (ENFILE) an add beyond it, so the proxy's answer
+	// fails closed. Zero: netpolicy.DomainSetSize.
+	DomainSetSize uint32
 	// MarkMask is the part of the conntrack mark that holds the slot;
 	// zero means DefaultMarkMask. Bits outside it are kept, so other
 	// software on the node can use them.
@@ -63,6 +67,13 @@ func (c Config) table() string {
 		return DefaultTable
 	}
 	return c.Table
+}
+
+func (c Config) domainSetSize() uint32 {
+	if c.DomainSetSize == 0 {
+		return netpolicy.DomainSetSize
+	}
+	return c.DomainSetSize
 }
 
 func (c Config) markMask() uint32 {
@@ -179,7 +190,19 @@ func RenderBase(c Config) Base {
 	}
 
 	// input: the node is closed to sandboxes but for their DNS proxy.
-	input := []Rule{
+	// The proxy's port is closed to every other link but loopback: the
+	// proxy knows a sandbox by its source address, which only a
+	// sandbox's own link vouches for (its generation's src element); a
+	// peer on the uplink's segment sending from a pool address would
+	// otherwise be served as that sandbox. Loopback is the node's own
+	// processes (root can spoof there anyway; a probe asks from there).
+	var input []Rule
+	for _, proto := range []byte{protoUDP, protoTCP} {
+		input = append(input, Rule{Exprs: concat(ifPrefix(expr.MetaKeyIIFNAME, expr.CmpOpNeq),
+			[]expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifname("lo")}},
+			l4proto(proto), dport(c.DNSPort), []expr.Any{&expr.Counter{}}, verdict(expr.VerdictDrop))})
+	}
+	input = append(input, []Rule{
 		{Exprs: concat(ifPrefix(expr.MetaKeyIIFNAME, expr.CmpOpNeq), verdict(expr.VerdictReturn))},
 		{Exprs: concat(ctEstablished(), verdict(expr.VerdictAccept))},
 		{Exprs: concat(nfproto(unix.NFPROTO_IPV6), l4proto(protoICMPv6),
@@ -189,7 +212,7 @@ func RenderBase(c Config) Base {
 				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1}, // hop limit
 				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{255}},
 			}, verdict(expr.VerdictAccept))},
-	}
+	}...)
 	// A new flow to the proxy is accepted when its link and source
 	// address are a generation's (anti-spoofing by the key; a carrier or
 	// a deny_all generation has no element and falls through to the
@@ -435,7 +458,7 @@ func RenderGeneration(c Config, o netpolicy.Owner, eff netpolicy.Effective) (Gen
 			if f.v6 && !v6 {
 				continue
 			}
-			s := Set{Spec: nftables.Set{Name: DomainSetName(o, i, f.v6), HasTimeout: true, KeyType: addrType(f.v6)}}
+			s := Set{Spec: nftables.Set{Name: DomainSetName(o, i, f.v6), HasTimeout: true, KeyType: addrType(f.v6), Size: c.domainSetSize()}}
 			g.Sets = append(g.Sets, s)
 			for _, pr := range d.Ports {
 				add(domainComment(s.Spec.Name, d), nfproto(f.nfproto),

@@ -105,8 +105,22 @@ func TestRenderRestricted(t *testing.T) {
 		t.Errorf("x4 first range %v rendered as %v..%v", first, x4.Elements[0].Key, x4.Elements[1].Key)
 	}
 
+	// IPv4 inside IPv6 (NAT64, 6to4, mapped) is in x6: a guest cannot
+	// reach metadata or RFC 1918 as 64:ff9b::a9fe:a9fe.
+	x6, _ := setByName(g, "sb-web-1-g3.x6")
+	for _, a := range []string{"64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b:1::a9fe:a9fe", "2002:a9fe:a9fe::1", "::ffff:169.254.169.254", "fd00:ec2::254"} {
+		if !inIntervals(x6.Elements, netip.MustParseAddr(a)) {
+			t.Errorf("x6 does not hold %s", a)
+		}
+	}
+	for _, a := range []string{"2001:db8::1", "64:ff9b::1:0:0", "2003::1"} {
+		if inIntervals(x6.Elements, netip.MustParseAddr(a)) {
+			t.Errorf("x6 holds %s", a)
+		}
+	}
+
 	d0, _ := setByName(g, "sb-web-1-g3.d0-4")
-	if !d0.Spec.HasTimeout || d0.Spec.Interval || len(d0.Elements) != 0 {
+	if !d0.Spec.HasTimeout || d0.Spec.Interval || len(d0.Elements) != 0 || d0.Spec.Size != netpolicy.DomainSetSize {
 		t.Errorf("d0-4 %+v", d0)
 	}
 
@@ -264,7 +278,7 @@ func TestRenderRefusesBadInput(t *testing.T) {
 
 func TestRenderBase(t *testing.T) {
 	b := RenderBase(Config{DNSPort: 5353, Pool: unitPool})
-	if b.Version != "ctld base v4 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
+	if b.Version != "ctld base v5 dns-port 5353 pool 10.200.0.0/16 fd00:c71d::/64" {
 		t.Errorf("version %q", b.Version)
 	}
 	var chains []string
@@ -284,6 +298,35 @@ func TestRenderBase(t *testing.T) {
 	fwd := b.Chains[2].Rules[0].Exprs
 	if l, ok := fwd[1].(*expr.Lookup); !ok || l.SetName != MapDispatch || !l.IsDestRegSet || l.DestRegister != 0 {
 		t.Errorf("forward rule 0 is not the dispatch: %v", fwd)
+	}
+	// input: first, the proxy's port (udp and tcp) is dropped from any
+	// link but the sandboxes' and loopback, before the rule that lets
+	// other links' traffic go.
+	in := b.Chains[1].Rules
+	for i, proto := range []byte{protoUDP, protoTCP} {
+		var ifs []string
+		var port, l4, dropped bool
+		for _, e := range in[i].Exprs {
+			switch e := e.(type) {
+			case *expr.Cmp:
+				switch {
+				case e.Op == expr.CmpOpNeq && (string(e.Data) == netpolicy.LinkPrefix || bytes.Equal(e.Data, ifname("lo"))):
+					ifs = append(ifs, strings.TrimRight(string(e.Data), "\x00"))
+				case bytes.Equal(e.Data, []byte{proto}):
+					l4 = true
+				case bytes.Equal(e.Data, []byte{0x14, 0xe9}): // 5353
+					port = true
+				}
+			case *expr.Verdict:
+				dropped = e.Kind == expr.VerdictDrop
+			}
+		}
+		if !slices.Equal(ifs, []string{netpolicy.LinkPrefix, "lo"}) || !l4 || !port || !dropped {
+			t.Errorf("input rule %d does not drop proto %d to the proxy port from other links: links %q l4 %v port %v drop %v", i, proto, ifs, l4, port, dropped)
+		}
+	}
+	if v, ok := in[2].Exprs[len(in[2].Exprs)-1].(*expr.Verdict); !ok || v.Kind != expr.VerdictReturn {
+		t.Errorf("input rule 2 is not the return of other links: %v", in[2].Exprs)
 	}
 	// input: a new flow to the proxy is accepted and marked by the src
 	// map of its family (link . source → mark).
@@ -385,4 +428,22 @@ func findBitwise(es []expr.Any) *expr.Bitwise {
 		}
 	}
 	return nil
+}
+
+// inIntervals looks a up in a single-field interval set's elements as the
+// kernel's rbtree does: the greatest key not above a decides (a start
+// element: inside).
+func inIntervals(els []nftables.SetElement, a netip.Addr) bool {
+	var best *nftables.SetElement
+	for i, e := range els {
+		k, _ := netip.AddrFromSlice(e.Key)
+		if k.Compare(a) <= 0 {
+			if best == nil {
+				best = &els[i]
+			} else if b, _ := netip.AddrFromSlice(best.Key); k.Compare(b) >= 0 {
+				best = &els[i]
+			}
+		}
+	}
+	return best != nil && !best.IntervalEnd
 }

@@ -262,6 +262,19 @@ func (a *fakeAgent) exec(c net.Conn, req wire.Request) error {
 			done = true
 		}
 	}
+	switch path.Base(req.Args[0]) {
+	case "silent":
+		// A hung command (or agent): nothing until the caller hangs up.
+		for {
+			if _, _, err := wire.ReadFrame(c, nil, wire.MaxPayload); err != nil {
+				return nil
+			}
+		}
+	case "timeout-ms":
+		// The timeout the agent was asked to enforce.
+		wire.WriteFrame(c, wire.TStdout, []byte(strconv.FormatInt(req.TimeoutMS, 10)))
+		return wire.WriteJSON(c, wire.TExit, wire.Exit{})
+	}
 	out, errOut, code := fakeCommand(req.Args, stdin)
 	for _, o := range []struct {
 		t wire.Type

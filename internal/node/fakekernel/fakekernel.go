@@ -76,7 +76,8 @@ type Kernel struct {
 
 	mu          sync.Mutex
 	next        uint64
-	cgroups     map[string]bool // lease id → exists
+	cgroups     map[string]bool    // lease id → exists
+	cpuMax      map[string][]int64 // lease id → cpu.max in millis, each value it had
 	mounts      map[string]*mount
 	superblocks map[string]*superblock // dev → superblock, while alive
 	netns       map[string]uint64      // name → namespace inode
@@ -137,7 +138,7 @@ type project struct {
 func New(dir string) (*Kernel, error) {
 	k := &Kernel{
 		root: dir, next: 100,
-		cgroups: map[string]bool{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
+		cgroups: map[string]bool{}, cpuMax: map[string][]int64{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
 		netns: map[string]uint64{}, namespaces: map[uint64]*namespace{}, containers: map[string]*container{},
 		projects: map[uint32]*project{}, refuse: map[string]error{}, failMake: map[string]error{},
 		links: map[string]*link{}, chains: map[string]*fwChain{}, fwd: map[string]string{},
@@ -428,8 +429,35 @@ func (l *Leases) Create(ctx context.Context, s lease.Spec) error {
 		return fmt.Errorf("create lease %s: %w", s.ID, fs.ErrExist)
 	}
 	k.cgroups[s.ID] = true
+	k.cpuMax[s.ID] = []int64{max(s.CPUMillis, s.BootCPUMillis)}
 	k.call("lease create %s", s.ID)
 	return nil
+}
+
+// SetCPUMax changes the lease's cpu.max; a missing lease wraps
+// fs.ErrNotExist.
+func (l *Leases) SetCPUMax(ctx context.Context, id string, millis int64) error {
+	if err := lease.ValidateID(id); err != nil {
+		return fmt.Errorf("set cpu.max: %w", err)
+	}
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.cgroups[id] {
+		return fmt.Errorf("set cpu.max of %s: %w", id, fs.ErrNotExist)
+	}
+	k.cpuMax[id] = append(k.cpuMax[id], millis)
+	k.call("lease cpu.max %s %dm", id, millis)
+	return nil
+}
+
+// CPUMaxHistory is every cpu.max the lease had, in millis, oldest first
+// (nil: no such lease).
+func (l *Leases) CPUMaxHistory(id string) []int64 {
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.cpuMax[id])
 }
 
 // Remove kills everything in the lease and removes it; absent is success.
@@ -454,6 +482,7 @@ func (l *Leases) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("remove lease %s: %w", id, err)
 	}
 	delete(k.cgroups, id)
+	delete(k.cpuMax, id)
 	k.call("lease remove %s", id)
 	return nil
 }

@@ -32,10 +32,19 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "alloc":
 		allocForever()
+	case "spin":
+		spinForever()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown helper %q\n", os.Getenv(helperEnv))
 		os.Exit(2)
 	}
+}
+
+// spinForever burns CPU until killed.
+func spinForever() {
+	for n := uint64(1); n != 0; n++ {
+	}
+	os.Exit(4)
 }
 
 // allocForever touches memory until the kernel OOM-kills the process.
@@ -274,6 +283,57 @@ func TestKernelPidsMaxShell(t *testing.T) {
 	}
 	if ok, detail := m.CheckGone(ctx, s.ID); !ok {
 		t.Fatalf("CheckGone: %s", detail)
+	}
+}
+
+// TestKernelBootAllowanceThenSetCPUMax: a lease with a boot allowance
+// starts at the allowance's cpu.max (cpu.weight still the claim's), and
+// SetCPUMax lowers it live, read back; Stats then shows a spinning process
+// using CPU and being throttled at the lowered quota, and its memory peak.
+func TestKernelBootAllowanceThenSetCPUMax(t *testing.T) {
+	m := kernelManager(t)
+	ctx := t.Context()
+	s := Spec{ID: "boot", CPUMillis: 20, BootCPUMillis: 1000, MemoryBytes: 64 << 20, PIDs: 16}
+	if err := m.Create(ctx, s); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	for name, v := range map[string]string{"cpu.max": "100000 100000", "cpu.weight": "2"} {
+		if got := readFile(t, filepath.Join(m.Dir(s.ID), name)); got != v {
+			t.Errorf("during boot %s = %q, want %q", name, got, v)
+		}
+	}
+	c := exec.Command(os.Args[0])
+	c.Env = append(os.Environ(), helperEnv+"=spin")
+	if err := startIn(t, m, s.ID, c); err != nil {
+		t.Fatalf("start spinner in lease: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	if err := m.SetCPUMax(ctx, s.ID, s.CPUMillis); err != nil {
+		t.Fatalf("SetCPUMax: %v", err)
+	}
+	if got := readFile(t, filepath.Join(m.Dir(s.ID), "cpu.max")); got != "2000 100000" {
+		t.Fatalf("after SetCPUMax cpu.max = %q, want %q", got, "2000 100000")
+	}
+	if err := m.SetCPUMax(ctx, "missing", 100); err == nil {
+		t.Fatal("SetCPUMax of a missing lease succeeded")
+	}
+	if err := m.SetCPUMax(ctx, s.ID, 5); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("SetCPUMax below the kernel's minimum = %v, want ErrInvalid", err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := m.Stats(ctx, s.ID)
+		if err != nil {
+			t.Fatalf("Stats: %v", err)
+		}
+		if st.NrThrottled >= 3 && st.CPUUsageUsec > 0 && st.MemoryPeak > 0 {
+			t.Logf("stats of a spinner at 20m: %+v", st)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a spinner at 20m was not throttled within a minute: %+v", st)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

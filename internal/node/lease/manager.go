@@ -53,6 +53,43 @@ type Stats struct {
 	PIDsMaxEvents int64 // pids.events max: forks refused by pids.max
 	PIDsCurrent   int64
 	MemoryCurrent int64 // memory.current, bytes
+	MemoryPeak    int64 // memory.peak, bytes (0 where the kernel has none)
+	CPUUsageUsec  int64 // cpu.stat usage_usec
+	// ThrottledUsec is cpu.stat throttled_usec: summed over the CPUs the
+	// lease ran on, so it can exceed wall time.
+	ThrottledUsec int64
+	NrThrottled   int64 // cpu.stat nr_throttled: periods the quota ran out
+}
+
+// SetCPUMax writes the lease's cpu.max (a live change: the node lowers a
+// boot allowance to the claim's share once the guest is ready) and reads
+// it back.
+func (m *Manager) SetCPUMax(ctx context.Context, id string, millis int64) error {
+	if err := ValidateID(id); err != nil {
+		return fmt.Errorf("set cpu.max: %w", err)
+	}
+	if millis < MinCPUMillis || millis > MaxCPUMillis {
+		return fmt.Errorf("set cpu.max of %s: %w: cpu_millis %d not in [%d, %d]", id, ErrInvalid, millis, MinCPUMillis, MaxCPUMillis)
+	}
+	r, err := m.open()
+	if err != nil {
+		return fmt.Errorf("set cpu.max of %s: %w", id, err)
+	}
+	defer r.Close()
+	name := path.Join(m.rel(id), "cpu.max")
+	want := CPUMax(millis)
+	if err := r.write(name, want); err != nil {
+		return fmt.Errorf("set cpu.max of %s: %w", id, err)
+	}
+	got, err := r.read(name)
+	if err != nil {
+		return fmt.Errorf("set cpu.max of %s: read back: %w", id, err)
+	}
+	if strings.TrimSpace(got) != want {
+		return fmt.Errorf("set cpu.max of %s: wrote %q, kernel has %q", id, want, strings.TrimSpace(got))
+	}
+	m.log().DebugContext(ctx, "lease cpu.max set", "lease", id, "cpu_millis", millis)
+	return nil
 }
 
 func (m *Manager) root() string {
@@ -438,13 +475,14 @@ func (m *Manager) Stats(ctx context.Context, id string) (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("read lease stats %s: list procs: %w", id, err)
 	}
-	met, err := cg.StatFiltered(cgroup2.StatMemory | cgroup2.StatMemoryEvents | cgroup2.StatPids)
+	met, err := cg.StatFiltered(cgroup2.StatMemory | cgroup2.StatMemoryEvents | cgroup2.StatPids | cgroup2.StatCPU)
 	if err != nil {
 		return Stats{}, fmt.Errorf("read lease stats %s: %w", id, err)
 	}
 	st := Stats{Procs: len(procs)}
 	if met.Memory != nil {
 		st.MemoryCurrent = int64(met.Memory.Usage)
+		st.MemoryPeak = int64(met.Memory.MaxUsage)
 	}
 	if met.MemoryEvents != nil {
 		st.OOMKills = int64(met.MemoryEvents.OomKill)
@@ -452,6 +490,12 @@ func (m *Manager) Stats(ctx context.Context, id string) (Stats, error) {
 	if met.Pids != nil {
 		st.PIDsCurrent = int64(met.Pids.Current)
 	}
+	if met.CPU != nil {
+		st.CPUUsageUsec = int64(met.CPU.UsageUsec)
+		st.ThrottledUsec = int64(met.CPU.ThrottledUsec)
+		st.NrThrottled = int64(met.CPU.NrThrottled)
+	}
+
 	// The cgroups module does not read pids.events.
 	ev, err := r.read(path.Join(rel, "pids.events"))
 	if err != nil {

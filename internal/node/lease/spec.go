@@ -47,6 +47,14 @@ type Spec struct {
 	MemoryBytes int64  // memory.max; swap is always 0
 	PIDs        int64  // pids.max
 	Cpuset      string // optional cpuset.cpus list, e.g. "0-1,3"
+	// BootCPUMillis, when above CPUMillis, is cpu.max while the guest
+	// boots (runsc's sentry, gofer and the agent start inside the lease):
+	// a boot throttled to a small workload's share took minutes and failed
+	// its readiness bound. The node lowers cpu.max to CPUMillis (SetCPUMax)
+	// before it publishes the generation ready. cpu.weight always follows
+	// CPUMillis, so boots compete for the node's CPU in proportion to their
+	// leases. 0: no boot allowance.
+	BootCPUMillis int64
 }
 
 // ValidateID checks that id can safely become a cgroup directory name:
@@ -70,6 +78,9 @@ func (s Spec) Validate() error {
 	if s.MemoryBytes < MinMemoryBytes || s.MemoryBytes > MaxMemoryBytes {
 		errs = append(errs, fmt.Errorf("%w: memory_bytes %d not in [%d, %d]", ErrInvalid, s.MemoryBytes, int64(MinMemoryBytes), int64(MaxMemoryBytes)))
 	}
+	if s.BootCPUMillis != 0 && (s.BootCPUMillis < MinCPUMillis || s.BootCPUMillis > MaxCPUMillis) {
+		errs = append(errs, fmt.Errorf("%w: boot cpu_millis %d not in [%d, %d]", ErrInvalid, s.BootCPUMillis, MinCPUMillis, MaxCPUMillis))
+	}
 	if s.PIDs < 1 || s.PIDs > MaxPIDs {
 		errs = append(errs, fmt.Errorf("%w: pids %d not in [1, %d]", ErrInvalid, s.PIDs, MaxPIDs))
 	}
@@ -87,11 +98,16 @@ func Weight(millis int64) int64 {
 	return min(max(millis/10, 1), 10000)
 }
 
+// CPUMax renders millis as a cpu.max value (quota and period, in us).
+func CPUMax(millis int64) string {
+	return fmt.Sprintf("%d %d", millis*cpuPeriod/1000, cpuPeriod)
+}
+
 // Files renders the Spec as the cgroup files and values to write. Call
 // Validate first; Files does not check.
 func (s Spec) Files() map[string]string {
 	f := map[string]string{
-		"cpu.max":         fmt.Sprintf("%d %d", s.CPUMillis*cpuPeriod/1000, cpuPeriod),
+		"cpu.max":         CPUMax(max(s.CPUMillis, s.BootCPUMillis)),
 		"cpu.weight":      strconv.FormatInt(Weight(s.CPUMillis), 10),
 		"memory.max":      strconv.FormatInt(s.MemoryBytes, 10),
 		"memory.swap.max": "0",

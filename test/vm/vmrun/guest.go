@@ -67,6 +67,7 @@ type Job struct {
 	Dir     string   // working directory in the guest (same path as on the host)
 	Argv    []string // program and arguments
 	IsTest  bool     // output is `go test -v` output to count
+	IsBench bool     // output is `go test -v -bench` output to count
 	Timeout int      // seconds
 	// Stage, if set, is copied to Argv[0] before the job and removed
 	// after it (a test binary: one at a time, so the tmpfs stays small).

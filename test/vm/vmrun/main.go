@@ -276,7 +276,7 @@ func buildTests(ctx context.Context, c config, outDir string) ([]Job, error) {
 				argv = append(argv, "-test.skip", skip)
 			}
 		}
-		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", Timeout: int(c.jobTime.Seconds()) + 30,
+		jobs = append(jobs, Job{Name: f[0], Dir: f[1], Argv: argv, IsTest: c.bench == "", IsBench: c.bench != "", Timeout: int(c.jobTime.Seconds()) + 30,
 			Stage: shareBinDir + "/" + filepath.Base(bin)})
 	}
 	return jobs, nil
@@ -560,6 +560,35 @@ func countResults(log string) pkgCount {
 	return pc
 }
 
+// benchResultRE is a benchmark's result line (`BenchmarkX-2  1  5 ns/op`).
+var benchResultRE = regexp.MustCompile(`^Benchmark\S+\s+\d+\s+\S+ ns/op`)
+
+// benchCount counts a `go test -v -bench` log: benchmarks that reported a
+// result, and those that failed or skipped (their --- lines).
+func benchCount(log string) (ran int, pc pkgCount) {
+	pc = countResults(log)
+	for _, l := range strings.Split(log, "\n") {
+		if benchResultRE.MatchString(l) {
+			ran++
+		}
+	}
+	return ran, pc
+}
+
+// benchProblems is why a benchmark job failed although its exit status
+// may be 0: like a test that skipped in the VM, a benchmark that skipped
+// measured nothing it was asked for. (That no benchmark matched at all is
+// checked over the whole run: `make bench` with the default VM_PKGS=./...
+// has packages without a matching benchmark.)
+func benchProblems(name, log string) []string {
+	_, pc := benchCount(log)
+	var out []string
+	if pc.skip > 0 {
+		out = append(out, fmt.Sprintf("%s: %d benchmark(s) skipped in the VM; benchmarks must run", name, pc.skip))
+	}
+	return out
+}
+
 // topLevelRE is a top-level test's result line (not a subtest's) and its
 // duration.
 var topLevelRE = regexp.MustCompile(`^--- (?:PASS|FAIL|SKIP): (\S+) \(([0-9.]+)s\)`)
@@ -611,6 +640,7 @@ func report(jobs []Job, share string, res bootResult) error {
 	}
 	var total pkgCount
 	var times []testTime
+	var benches, benchRan, benchFailed int
 	fmt.Println("vmrun: summary")
 	for i, j := range jobs {
 		rcb, err := os.ReadFile(filepath.Join(share, "out", strconv.Itoa(i)+".rc"))
@@ -646,9 +676,23 @@ func report(jobs []Job, share string, res bootResult) error {
 			total.fail += pc.fail
 			total.skip += pc.skip
 			fmt.Printf("  %s %-50s passed %3d  failed %3d  skipped %3d\n", status, j.Name, pc.pass, pc.fail, pc.skip)
+		} else if j.IsBench {
+			ps := benchProblems(j.Name, string(logb))
+			if len(ps) > 0 {
+				status = "FAIL"
+			}
+			problems = append(problems, ps...)
+			ran, pc := benchCount(string(logb))
+			benches++
+			benchRan += ran
+			benchFailed += pc.fail
+			fmt.Printf("  %s %-50s benchmarks ran %3d  failed %3d  skipped %3d\n", status, j.Name, ran, pc.fail, pc.skip)
 		} else {
 			fmt.Printf("  %s %s (exit %d)\n", status, j.Name, rc)
 		}
+	}
+	if benches > 0 && benchRan == 0 && benchFailed == 0 {
+		problems = append(problems, "no benchmark ran in any package (check -bench and VM_PKGS)")
 	}
 	if len(times) > 0 {
 		fmt.Println("vmrun: slowest tests (guest seconds)")

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -119,5 +122,53 @@ func TestGuestScriptRunsBinariesFromTmpfs(t *testing.T) {
 	}
 	if i, j := strings.Index(s, "cp -a /ctld-vm/bin/cmd"), strings.Index(s, "=== vm job 0"); i < 0 || i > j {
 		t.Errorf("the commands are not copied before the first job")
+	}
+}
+
+// TestBenchProblems: a bench job fails when a benchmark skipped.
+func TestBenchProblems(t *testing.T) {
+	ok := "goos: linux\nBenchmarkQuery\nBenchmarkQuery/proxy-2   \t       1\t   1064303 ns/op\t 940.0 queries/s\nPASS\n"
+	if p := benchProblems("p", ok); len(p) != 0 {
+		t.Errorf("a benchmark that ran: %v", p)
+	}
+	if ran, _ := benchCount(ok); ran != 1 {
+		t.Errorf("ran = %d, want 1", ran)
+	}
+	partly := ok + "--- SKIP: BenchmarkB\n    b_test.go:41: host run needs runsc\n"
+	if p := benchProblems("p", partly); len(p) != 1 || !strings.Contains(p[0], "1 benchmark(s) skipped") {
+		t.Errorf("one ran, one skipped: %v", p)
+	}
+}
+
+// TestReportFailsBenchThatMeasuredNothing: the run's report fails a bench
+// run whose binaries exited 0 when no benchmark matched in any package, or
+// one skipped; a package without a match beside one that ran is fine.
+func TestReportFailsBenchThatMeasuredNothing(t *testing.T) {
+	const ran, none = "BenchmarkA-2 \t 1\t 5 ns/op\nPASS\n", "PASS\n"
+	for name, logs := range map[string][]string{
+		"none matched":        {none, none},
+		"skipped":             {ran, "BenchmarkA\n--- SKIP: BenchmarkA\n    a_test.go:41: host run needs runsc\nPASS\n"},
+		"ran":                 {ran},
+		"ran, other no match": {ran, none},
+	} {
+		share := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(share, "out"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		files := map[string]string{"done": ""}
+		var jobs []Job
+		for i, log := range logs {
+			files[fmt.Sprintf("out/%d.rc", i)], files[fmt.Sprintf("out/%d.log", i)] = "0\n", log
+			jobs = append(jobs, Job{Name: fmt.Sprintf("./p%d", i), IsBench: true})
+		}
+		for f, b := range files {
+			if err := os.WriteFile(filepath.Join(share, f), []byte(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := report(jobs, share, bootResult{})
+		if (err == nil) != strings.HasPrefix(name, "ran") {
+			t.Errorf("%s: report = %v", name, err)
+		}
 	}
 }
