@@ -23,7 +23,7 @@ func TestExitOf(t *testing.T) {
 		{ExitCode: -1, Signal: 9}:      137,
 		{ExitCode: -1, Signal: 15}:     143,
 		{ExitCode: -1, TimedOut: true}: 124,
-		{ExitCode: -1}:                 exitError,
+		{ExitCode: -1}:                 exitFailed,
 	} {
 		if got := exitOf(x); got != want {
 			t.Errorf("exitOf(%+v) = %d, want %d", x, got, want)
@@ -71,7 +71,7 @@ func TestCLIExecStreamsAndTTY(t *testing.T) {
 	if runsc != 1 {
 		t.Errorf("execs via runsc: %d, want 1", runsc)
 	}
-	if r := e.run("", "sandbox", "exec", "nope", "--", "true"); r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "exec in sandbox nope: not_found") {
+	if r := e.run("", "sandbox", "exec", "nope", "--", "true"); r.code != exitFailed || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "exec in sandbox nope: not_found") {
 		t.Errorf("exec in a missing sandbox: %+v", r)
 	}
 }
@@ -198,11 +198,11 @@ func TestCLIFileCommands(t *testing.T) {
 	if out := e.ok("--json", "sandbox", "file", "stat", "sb1", "/tmp/d/big"); json.Unmarshal([]byte(out), &fi) != nil || fi.Size != 1<<20 || fi.Mode != 0o600 {
 		t.Errorf("stat --json: %q", out)
 	}
-	if r := e.run("", "sandbox", "file", "rm", "sb1", "/tmp/d"); r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "remove /tmp/d in sandbox sb1: conflict") {
+	if r := e.run("", "sandbox", "file", "rm", "sb1", "/tmp/d"); r.code != exitFailed || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "remove /tmp/d in sandbox sb1: conflict") {
 		t.Errorf("rm of a full directory without -r: %+v", r)
 	}
 	e.ok("sandbox", "file", "rm", "-r", "sb1", "/tmp/d")
-	if r := e.run("", "sandbox", "file", "ls", "sb1", "/tmp/d"); r.code != 1 || !strings.Contains(r.stderr, "list /tmp/d in sandbox sb1: not_found") {
+	if r := e.run("", "sandbox", "file", "ls", "sb1", "/tmp/d"); r.code != exitFailed || !strings.Contains(r.stderr, "list /tmp/d in sandbox sb1: not_found") {
 		t.Errorf("ls of a removed directory: %+v", r)
 	}
 	for _, args := range [][]string{
@@ -215,7 +215,7 @@ func TestCLIFileCommands(t *testing.T) {
 			t.Errorf("%q: %+v, want a usage error", args, r)
 		}
 	}
-	if r := e.run("", "sandbox", "file", "rm", "-r", "sb1", "/"); r.code != 1 || !strings.Contains(r.stderr, "refusing to remove the guest's root") {
+	if r := e.run("", "sandbox", "file", "rm", "-r", "sb1", "/"); r.code != exitFailed || !strings.Contains(r.stderr, "refusing to remove the guest's root") {
 		t.Errorf("rm -r /: %+v", r)
 	}
 }
@@ -258,7 +258,7 @@ func TestCLIEscapesGuestTextOnATerminal(t *testing.T) {
 	}
 	// An error naming the path, on a terminal's stderr.
 	_, errOut, code := onTerm("sandbox", "file", "ls", "sb1", evil+"/nope")
-	if code != 1 || strings.ContainsAny(errOut, "\x1b\x07\r") || !strings.Contains(errOut, `\x1b`) {
+	if code != exitFailed || strings.ContainsAny(errOut, "\x1b\x07\r") || !strings.Contains(errOut, `\x1b`) {
 		t.Errorf("error on a terminal: %d %q; want it escaped", code, errOut)
 	}
 }

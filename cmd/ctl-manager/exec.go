@@ -30,7 +30,7 @@ func exitOf(x api.ExecExit) int {
 	case x.Signal > 0:
 		return exitSignalled + x.Signal
 	case x.ExitCode < 0:
-		return exitError
+		return exitFailed // no exit code: the session failed
 	}
 	return x.ExitCode
 }

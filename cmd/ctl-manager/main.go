@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/config"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/manager"
@@ -33,16 +34,20 @@ func main() {
 	os.Exit(code)
 }
 
-// Exit codes.
+// Exit codes. A failed call exits 125, a code no command run by exec
+// returns of itself (as in docker run and git bisect), so a guest's own
+// exit 1 is never taken for a failure of ctl-manager or the node. exec and
+// shell exit with the command's code (exec.go).
 const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	exitOK     = 0
+	exitUsage  = 2
+	exitFailed = 125
 )
 
 // cli holds the global flags and the process's streams; commands read
 // everything from here, so tests run the whole CLI in-process.
 type cli struct {
+	config      string // ctld's configuration file (--config)
 	socket      string
 	db          string
 	json        bool
@@ -52,6 +57,7 @@ type cli struct {
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	getenv         func(string) string
 	// ttyOut and ttyErr: stdout and stderr are terminals, where guest text
 	// is printed with its control characters escaped (escape.go).
 	ttyOut, ttyErr bool
@@ -112,6 +118,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // runCLI runs the command line with c's streams (and terminal).
 func runCLI(ctx context.Context, c *cli, args []string, getenv func(string) string) int {
 	stdin, stdout, stderr := c.stdin, c.stdout, c.stderr
+	c.getenv = getenv
 	root := c.rootCommand(getenv)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -130,7 +137,7 @@ func runCLI(ctx context.Context, c *cli, args []string, getenv func(string) stri
 		return exitUsage
 	}
 	fmt.Fprintln(stderr, c.errText(errorLine(err)))
-	return exitError
+	return exitFailed
 }
 
 func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
@@ -146,6 +153,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 		db = manager.DefaultDBPath
 	}
 	pf := root.PersistentFlags()
+	pf.StringVar(&c.config, "config", config.DefaultPath, "ctld's configuration file: the block store commands read the block store's settings from it")
 	pf.StringVar(&c.socket, "socket", api.DefaultSocketPath, "ctld API socket")
 	pf.StringVar(&c.db, "db", db, "manager database (env CTL_MANAGER_DB)")
 	pf.BoolVar(&c.json, "json", false, "print JSON")
@@ -162,7 +170,19 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	proof.AddCommand(c.proofVerifyCommand())
 	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
 	root.AddCommand(c.serviceCommands()...)
+	root.AddCommand(c.versionCommand())
+	c.completeSandboxIDs(sandbox, c.findCommand(root, "snapshot"))
 	return root
+}
+
+// findCommand is root's subcommand named name.
+func (c *cli) findCommand(root *cobra.Command, name string) *cobra.Command {
+	for _, cmd := range root.Commands() {
+		if cmd.Name() == name {
+			return cmd
+		}
+	}
+	return &cobra.Command{}
 }
 
 // group is a command that only holds subcommands. Cobra would print help
@@ -497,7 +517,7 @@ func dash(s string) string {
 	return s
 }
 
-// errProofNotAccepted makes destroy and proof verify exit 1 after printing
+// errProofNotAccepted makes destroy and proof verify fail (exit 125) after printing
 // the verdict: the release happened, but its cleanup is not proven.
 var errProofNotAccepted = errors.New("cleanup proof not accepted")
 

@@ -193,22 +193,22 @@ func TestCLIErrors(t *testing.T) {
 	}
 	e.node.Unlock()
 	r := e.run("", "sandbox", "create", "sb1")
-	if r.code != 1 || r.stderr != "ctl-manager: create sandbox sb1: capacity_exhausted: not enough memory\n" || r.stdout != "" {
+	if r.code != exitFailed || r.stderr != "ctl-manager: create sandbox sb1: capacity_exhausted: not enough memory\n" || r.stdout != "" {
 		t.Fatalf("create error = %+v", r)
 	}
 	r = e.run("", "sandbox", "exec", "nope", "--", "echo")
-	if r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "exec in sandbox nope: not_found: ") {
+	if r.code != exitFailed || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "exec in sandbox nope: not_found: ") {
 		t.Fatalf("exec error = %+v", r)
 	}
 	r = e.run("", "sandbox", "get", "Bad_ID")
-	if r.code != 1 || !strings.HasPrefix(r.stderr, "ctl-manager: get sandbox Bad_ID: invalid_argument: ") || !errLine.MatchString(r.stderr) {
+	if r.code != exitFailed || !strings.HasPrefix(r.stderr, "ctl-manager: get sandbox Bad_ID: invalid_argument: ") || !errLine.MatchString(r.stderr) {
 		t.Fatalf("bad id error = %+v", r)
 	}
 	// An unreachable node is unavailable, still one line.
 	var out, errb bytes.Buffer
 	code := run(context.Background(), []string{"--socket", filepath.Join(t.TempDir(), "no.sock"), "--db", e.db, "node", "status"},
 		strings.NewReader(""), &out, &errb, func(string) string { return "" })
-	if code != 1 || !strings.HasPrefix(errb.String(), "ctl-manager: node status: unavailable: ") || !errLine.MatchString(errb.String()) {
+	if code != exitFailed || !strings.HasPrefix(errb.String(), "ctl-manager: node status: unavailable: ") || !errLine.MatchString(errb.String()) {
 		t.Fatalf("unreachable = %d %q", code, errb.String())
 	}
 
@@ -250,13 +250,13 @@ func TestCLIDestroyRejectedProofExitsOne(t *testing.T) {
 	e.node.Signer = impostor
 	e.node.Unlock()
 	r := e.run("", "sandbox", "destroy", "sb2")
-	if r.code != 1 || !strings.Contains(r.stdout, "REJECTED") ||
+	if r.code != exitFailed || !strings.Contains(r.stdout, "REJECTED") ||
 		!strings.HasPrefix(r.stderr, "ctl-manager: destroy sandbox sb2: cleanup proof not accepted: not signed by the pinned key") {
 		t.Fatalf("destroy with forged proof = %+v", r)
 	}
 	r = e.run("", "--json", "sandbox", "destroy", "sb2")
 	var d manager.DestroyResult
-	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil || r.code != 1 || d.Verdict.Verified || !d.AlreadyReleased {
+	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil || r.code != exitFailed || d.Verdict.Verified || !d.AlreadyReleased {
 		t.Fatalf("json destroy again = %+v (%v), %+v", d, err, r)
 	}
 }

@@ -98,10 +98,10 @@ func TestCLISandboxNetwork(t *testing.T) {
 		{[]string{"sandbox", "network", "sb1"}, 2, "needs --mode"},
 		{[]string{"sandbox", "network", "sb1", "--mode", "restricted", "--allow", "10.0.0.0/8:"}, 2, `--allow "10.0.0.0/8:": empty port list`},
 		{[]string{"sandbox", "network", "sb1", "sb2", "--mode", "open"}, 2, "ID"},
-		{[]string{"sandbox", "network", "sb1", "--mode", "restricted", "--allow", "10.0.0.0/33"}, 1, `invalid_argument: network.rules[0]: invalid cidr "10.0.0.0/33"`},
-		{[]string{"sandbox", "network", "sb1", "--mode", "open", "--allow-domain", "example.com"}, 1, `a domain rule needs mode "restricted"`},
-		{[]string{"sandbox", "network", "sb1", "--mode", "everything"}, 1, `unknown network.mode "everything"`},
-		{[]string{"sandbox", "network", "nope", "--mode", "open"}, 1, "not_found"},
+		{[]string{"sandbox", "network", "sb1", "--mode", "restricted", "--allow", "10.0.0.0/33"}, exitFailed, `invalid_argument: network.rules[0]: invalid cidr "10.0.0.0/33"`},
+		{[]string{"sandbox", "network", "sb1", "--mode", "open", "--allow-domain", "example.com"}, exitFailed, `a domain rule needs mode "restricted"`},
+		{[]string{"sandbox", "network", "sb1", "--mode", "everything"}, exitFailed, `unknown network.mode "everything"`},
+		{[]string{"sandbox", "network", "nope", "--mode", "open"}, exitFailed, "not_found"},
 	} {
 		r := e.run("", c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.msg) {

@@ -37,6 +37,7 @@ func (c *cli) volumeCommand(getenv func(string) string) *cobra.Command {
 	tf := &templateFlags{getenv: getenv}
 	g := group("volume", "Create, list and remove persistent volumes (in the block store)")
 	tf.register(g.PersistentFlags(), "create makes it")
+	c.readsStoreConfig(g)
 
 	var size, tmp string
 	create := &cobra.Command{Use: "create ID [--size 1Gi]", Short: "Create a persistent volume: an empty ext4 file system of --size", Args: exactArgs(1, "ID")}

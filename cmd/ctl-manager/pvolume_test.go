@@ -30,7 +30,7 @@ func TestCLIVolume(t *testing.T) {
 	if r := vol("create", "data", "--size", "8Mi"); r.code != 0 || !strings.Contains(r.stdout, "volume data: 8Mi, head 1") {
 		t.Fatalf("create: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := vol("create", "data", "--size", "8Mi"); r.code != exitError || !strings.Contains(r.stderr, "volume exists") {
+	if r := vol("create", "data", "--size", "8Mi"); r.code != exitFailed || !strings.Contains(r.stderr, "volume exists") {
 		t.Errorf("second create: exit %d\n%s", r.code, r.stderr)
 	}
 	if r := vol("ls"); r.code != 0 || !strings.Contains(r.stdout, "data") || !strings.Contains(r.stdout, "8Mi") {
@@ -47,7 +47,7 @@ func TestCLIVolume(t *testing.T) {
 	if v := sb.Volumes; len(v) != 1 || v[0].ID != "data" || v[0].Path != "/data" || v[0].ExpectHead.Seq != 1 {
 		t.Errorf("the node's sandbox has volumes %+v, want data at /data, expecting head 1 (volume create's)", v)
 	}
-	if r := vol("rm", "data"); r.code != exitError || !strings.Contains(r.stderr, "attached to sandbox sb") {
+	if r := vol("rm", "data"); r.code != exitFailed || !strings.Contains(r.stderr, "attached to sandbox sb") {
 		t.Errorf("rm while attached: exit %d\n%s", r.code, r.stderr)
 	}
 	e.ok("sandbox", "destroy", "sb")
@@ -57,15 +57,15 @@ func TestCLIVolume(t *testing.T) {
 	if r := vol("ls"); r.code != 0 || !strings.Contains(r.stdout, "no volumes") {
 		t.Errorf("ls after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := vol("rm", "data"); r.code != exitError || !strings.Contains(r.stderr, "volume not found") {
+	if r := vol("rm", "data"); r.code != exitFailed || !strings.Contains(r.stderr, "volume not found") {
 		t.Errorf("second rm: exit %d\n%s", r.code, r.stderr)
 	}
 	// The manager remembers the deletion (the bucket's tombstone may go):
 	// the ID is not reused, and a claim naming it never reaches the node.
-	if r := vol("create", "data", "--size", "8Mi"); r.code != exitError || !strings.Contains(r.stderr, "was deleted") {
+	if r := vol("create", "data", "--size", "8Mi"); r.code != exitFailed || !strings.Contains(r.stderr, "was deleted") {
 		t.Errorf("create of a deleted volume's ID: exit %d\n%s", r.code, r.stderr)
 	}
-	if r := e.run("", "sandbox", "create", "sb2", "--volume", "data:/data"); r.code != exitError || !strings.Contains(r.stderr, "volume data was deleted") {
+	if r := e.run("", "sandbox", "create", "sb2", "--volume", "data:/data"); r.code != exitFailed || !strings.Contains(r.stderr, "volume data was deleted") {
 		t.Errorf("claim of a deleted volume: exit %d\n%s", r.code, r.stderr)
 	}
 }

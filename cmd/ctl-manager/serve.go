@@ -5,8 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -213,9 +213,19 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.DurationVar(&maxTimeout, "max-timeout", 24*time.Hour, "the longest timeout a caller may ask for")
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
 	f.StringVar(&maxFile, "max-file-size", "64Mi", "largest file upload")
+	var lf logging.Flags
+	lf.Register(f)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		c.ran = true
 		ctx := cmd.Context()
+		if c.verbose && !f.Changed("log-level") {
+			lf.Level = "debug"
+		}
+		stderr, _ := c.stderr.(*os.File)
+		lo, err := lf.Options(logging.UnderJournald(c.getenv, stderr))
+		if err != nil {
+			return usageError{err}
+		}
 		tpls, err := parseTemplates(templates)
 		if err != nil {
 			return err
@@ -250,11 +260,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			return opError{"serve", err}
 		}
 		defer st.Close()
-		level := slog.LevelInfo
-		if c.verbose {
-			level = slog.LevelDebug
-		}
-		log := logging.New(c.stderr, level)
+		log := logging.NewWith(c.stderr, lo)
 		srv := &service.Server{
 			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries},
 			Store:          st,

@@ -47,6 +47,12 @@ func TestCLIServe(t *testing.T) {
 	if r := e.run("", "serve", "--listen", "0.0.0.0:0"); r.code != exitUsage || !strings.Contains(r.stderr, "loopback") {
 		t.Fatalf("plain HTTP off loopback: exit %d %s", r.code, r.stderr)
 	}
+	if r := e.run("", "serve", "--log-format", "xml"); r.code != exitUsage || !strings.Contains(r.stderr, "--log-format: ") {
+		t.Fatalf("serve --log-format xml: exit %d %s", r.code, r.stderr)
+	}
+	if r := e.run("", "serve", "--log-level", "loud"); r.code != exitUsage || !strings.Contains(r.stderr, "--log-level: ") {
+		t.Fatalf("serve --log-level loud: exit %d %s", r.code, r.stderr)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()

@@ -26,6 +26,7 @@ func (c *cli) storeCommand(getenv func(string) string) *cobra.Command {
 	tf.s3.Flags(pf)
 	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits)")
 	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+	c.readsStoreConfig(g)
 
 	var dry bool
 	var grace time.Duration

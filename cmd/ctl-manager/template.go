@@ -57,6 +57,7 @@ func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
 	tf := &templateFlags{getenv: getenv}
 	g := group("template", "Import, list and remove block-mode RootFS templates (in the local block store)")
 	tf.register(g.PersistentFlags(), "import creates it")
+	c.readsStoreConfig(g)
 	g.AddCommand(c.templateImportCommand(tf), c.templateLsCommand(tf), c.templateRmCommand(tf))
 	return g
 }

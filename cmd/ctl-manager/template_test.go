@@ -77,7 +77,7 @@ func TestCLITemplate(t *testing.T) {
 	if r := tmpl("ls"); r.code != 0 || !strings.Contains(r.stdout, "base") || !strings.Contains(r.stdout, "16Mi") {
 		t.Errorf("ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := tmpl("import", "base", src, "--size", "16Mi"); r.code != exitError || !strings.Contains(r.stderr, "template exists") {
+	if r := tmpl("import", "base", src, "--size", "16Mi"); r.code != exitFailed || !strings.Contains(r.stderr, "template exists") {
 		t.Errorf("second import: exit %d\n%s", r.code, r.stderr)
 	}
 	for _, c := range []string{"none", "zstd", "s2"} {
@@ -115,7 +115,7 @@ func TestCLITemplate(t *testing.T) {
 	if r := tmpl("ls"); r.code != 0 || !strings.Contains(r.stdout, "no templates") {
 		t.Errorf("ls after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := tmpl("rm", "base"); r.code != exitError || !strings.Contains(r.stderr, "template not found") {
+	if r := tmpl("rm", "base"); r.code != exitFailed || !strings.Contains(r.stderr, "template not found") {
 		t.Errorf("second rm: exit %d\n%s", r.code, r.stderr)
 	}
 	// Nothing of the builds is left beside the store.
@@ -201,7 +201,7 @@ func TestCLITemplateS3(t *testing.T) {
 		code := run(context.Background(), a, strings.NewReader(""), &out, &errb, func(k string) string { return vars[k] })
 		return result{code, out.String(), errb.String()}
 	}
-	if r := tmpl("wrong", "import", "base", src, "--size", "16Mi"); r.code != exitError || !strings.Contains(r.stderr, "denied (bad credentials") {
+	if r := tmpl("wrong", "import", "base", src, "--size", "16Mi"); r.code != exitFailed || !strings.Contains(r.stderr, "denied (bad credentials") {
 		t.Fatalf("import with a wrong secret: exit %d\n%s", r.code, r.stderr)
 	}
 	if r := tmpl(srv.Secret, "import", "base", src, "--size", "16Mi"); r.code != 0 || !strings.Contains(r.stdout, "template base: 1 entries, file data 5, device 16Mi") {

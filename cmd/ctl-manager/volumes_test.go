@@ -30,7 +30,7 @@ func TestCLIPauseResume(t *testing.T) {
 		t.Fatalf("snapshot ls output:\n%s", out)
 	}
 	r := e.run("", "sandbox", "snapshot", "sb1", "s1")
-	if r.code != 1 || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "no block store") {
+	if r.code != exitFailed || !errLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "no block store") {
 		t.Fatalf("snapshot on the fake node: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if r := e.run("", "sandbox", "fork", "sb1"); r.code != 2 || !strings.Contains(r.stderr, "SOURCE and NEW") {
@@ -70,7 +70,7 @@ func TestCLIStoreForgetGC(t *testing.T) {
 	store := func(args ...string) result { return e.run("", append(append([]string{"store"}, args...), flags...)...) }
 
 	e.ok("sandbox", "create", "old", "--mode", "block", "--", "sleep", "infinity")
-	if r := store("forget", "old"); r.code != 1 || !strings.Contains(r.stderr, "release or pause it first") {
+	if r := store("forget", "old"); r.code != exitFailed || !strings.Contains(r.stderr, "release or pause it first") {
 		t.Fatalf("forget of a running sandbox: exit %d, %q", r.code, r.stderr)
 	}
 	e.ok("sandbox", "destroy", "old")

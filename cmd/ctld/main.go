@@ -15,9 +15,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ctld/ctld/internal/config"
 	"github.com/ctld/ctld/internal/ha"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -26,6 +28,14 @@ var version = "dev"
 type globalOpts struct {
 	stateDir string
 	runDir   string
+	// config is the configuration file (--config); explicit when given.
+	config string
+}
+
+// globalFlags registers the flags every command has.
+func globalFlags(f *pflag.FlagSet, g *globalOpts) {
+	f.StringVar(&g.stateDir, "state-dir", "/var/lib/ctld", "state directory shared by slots a and b")
+	f.StringVar(&g.runDir, "run-dir", "/run/ctld", "runtime directory (sockets, runsc state, bundles)")
 }
 
 func main() {
@@ -57,16 +67,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// usage error (bad flag, wrong argument count, unknown command).
 	ran := false
 	root := &cobra.Command{
-		Use:              "ctld",
-		Short:            "node authority of a gVisor sandbox host",
-		SilenceUsage:     true,
-		SilenceErrors:    true,
-		PersistentPreRun: func(*cobra.Command, []string) { ran = true },
+		Use:           "ctld",
+		Short:         "node authority of a gVisor sandbox host",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			ran = true
+			if err := applyConfig(cmd, g.config); err != nil {
+				return usageError{err} // a setting's mistake, like a flag's
+			}
+			return nil
+		},
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", "/var/lib/ctld", "state directory shared by slots a and b")
-	root.PersistentFlags().StringVar(&g.runDir, "run-dir", "/run/ctld", "runtime directory (sockets, runsc state, bundles)")
-	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(&g), versionCmd(), logshimCmd(), writerCmd(), keyCmd(&g))
+	globalFlags(root.PersistentFlags(), &g)
+	root.PersistentFlags().StringVar(&g.config, "config", config.DefaultPath, "configuration file: settings named as the flags of `ctld run` (a missing default file is none)")
+	root.AddCommand(runCmd(&g), statusCmd(&g), doctorCmd(&g), versionCmd(), logshimCmd(), writerCmd(), keyCmd(&g), configCmd())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -150,8 +166,15 @@ func probePath(runDir, slot string) string {
 	return filepath.Join(runDir, "ctld-"+slot+".sock")
 }
 
-func newLogger(w io.Writer, slot string) *slog.Logger {
-	return logging.New(w, slog.LevelInfo).With("slot", slot)
+// newLogger is `ctld run`'s logger on w per its log flags; lines carry
+// their journald priority when w is the journal's stream.
+func newLogger(w io.Writer, lf logging.Flags, slot string) (*slog.Logger, error) {
+	f, _ := w.(*os.File)
+	o, err := lf.Options(logging.UnderJournald(os.Getenv, f))
+	if err != nil {
+		return nil, err
+	}
+	return logging.NewWith(w, o).With("slot", slot), nil
 }
 
 var errNotRoot = errors.New("must run as root")

@@ -25,6 +25,7 @@ import (
 	"github.com/ctld/ctld/internal/ha"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
 	"github.com/ctld/ctld/internal/proof"
@@ -79,6 +80,8 @@ type runOpts struct {
 	net netOpts
 	// Block-mode RootFS (block.go).
 	block blockOpts
+	// --log-level, --log-format.
+	log logging.Flags
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -132,6 +135,10 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if err := o.block.check(); err != nil {
 				return usagef("%w", err)
 			}
+			log, err := newLogger(cmd.ErrOrStderr(), o.log, o.slot)
+			if err != nil {
+				return usagef("%w", err)
+			}
 			if o.agentBinary == "" {
 				o.agentBinary = defaultAgentBinary()
 			}
@@ -143,7 +150,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return runInstance(ctx, *g, o, newLogger(cmd.ErrOrStderr(), o.slot))
+			return runInstance(ctx, *g, o, log)
 		},
 	}
 	f := c.Flags()
@@ -184,6 +191,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
 	o.net.flags(f)
 	o.block.flags(f)
+	o.log.Register(f)
 	return c
 }
 

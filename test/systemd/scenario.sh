@@ -76,11 +76,23 @@ check "nbd loaded with the shipped nbds_max=64" test "$(cat /sys/module/nbd/para
 # starting the units must not chown them.
 install -d -o 1000 -g 1000 /var/lib/ctld/owner-probe
 
+step "the configuration file and env file the units read"
+# The shipped default with one setting uncommented: the units read it from
+# its default path; the env file (secrets) reaches ctld's environment.
+install -d -m 0755 /etc/ctld
+ctld config default | sed 's/^#log-level = "info"$/log-level = "debug"/' >/etc/ctld/ctld.toml
+check "the default file names log-level" grep -qx 'log-level = "debug"' /etc/ctld/ctld.toml
+install -m 0600 /dev/null /etc/ctld/ctld.env
+echo SCENARIO_ENV_PROBE=from-env-file >/etc/ctld/ctld.env
+
 step "systemctl start ctld@a (Type=notify: start returns after READY=1)"
 systemctl start ctld@a || fatal "systemctl start ctld@a"
 check "ctld@a is active" test "$(systemctl is-active ctld@a)" = active
 # READY=1 is sent once the probe socket listens, so it answers right away.
 check "ctld@a's probe socket answers as soon as start returns" sh -c 'ctld status --json | jq -e ".slots[] | select(.slot == \"a\") | .status.pid" >/dev/null'
+check "ctld@a has the env file's variable" sh -c "tr '\\0' '\\n' </proc/$(mainpid a)/environ | grep -qx SCENARIO_ENV_PROBE=from-env-file"
+check "ctld@a's info lines reach journald at priority 6 (info), the <N> prefix stripped" \
+	sh -c "journalctl -u ctld@a -p 6..6 -o cat --no-pager | grep -q '^time=.* level=INFO msg=\"standby: waiting for the primary lock\"'"
 check "the unit is Type=notify with the watchdog on" test "$(systemctl show -p Type,WatchdogUSec --value ctld@a | tr '\n' ' ')" = "notify 30s "
 A=$(wait_primary) || fatal "no primary after starting ctld@a"
 check "ctld@a is the primary" test "$A" = a
@@ -109,6 +121,9 @@ echo "  device policy of ctld@a: $(systemctl show -p DevicePolicy,DeviceAllow ct
 step "claim a sandbox"
 ctl-manager sandbox create demo --cpu 500m --memory 256Mi --pids 256 || fatal "claim"
 check "the guest answers" ctl-manager sandbox exec demo -- /bin/true
+check "log-level = debug from /etc/ctld/ctld.toml: runsc's debug lines in the journal at priority 7" \
+	sh -c "journalctl -u 'ctld@*' -p 7..7 -o cat --no-pager | grep -q 'level=DEBUG msg=runsc'"
+check "no journal line of ctld keeps a <N> prefix" sh -c "! journalctl -u 'ctld@*' -o cat --no-pager | grep -q '^<[0-9]>'"
 CID=$(node_field container_id)
 GUEST=$(guest_pid)
 echo "container $CID, lease $(node_field lease_id), runsc sandbox pid $GUEST"
