@@ -106,6 +106,10 @@ func (s *Server) settleCreates(ctx context.Context) error {
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
+			if rec.Fork != nil {
+				s.forkAndClaim(ctx, o.Owner, o.ID, rec)
+				return
+			}
 			s.claim(ctx, o.Owner, o.ID, rec.Spec)
 		}()
 	}
