@@ -90,6 +90,9 @@ type CreateRequest struct {
 	// TimeoutSec destroys the sandbox this long after it is created
 	// (0: the server's default).
 	TimeoutSec int64 `json:"timeout_sec,omitempty"`
+	// IdleTimeoutSec pauses (block-mode root) or destroys (otherwise) the
+	// sandbox once no exec, file or log call touched it this long (0: never).
+	IdleTimeoutSec int64 `json:"idle_timeout_sec,omitempty"`
 }
 
 // SandboxResources are the resources a sandbox holds, in base units.

@@ -28,6 +28,8 @@ type record struct {
 	Spec manager.Spec `json:"spec"`
 	// Fork, on a forked sandbox, is where its files come from.
 	Fork *forkOf `json:"fork,omitempty"`
+	// IdleSec is the create's idle_timeout_sec (a fork inherits it).
+	IdleSec int64 `json:"idle_sec,omitempty"`
 }
 
 var (
@@ -165,18 +167,21 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if err != nil {
 		return err
 	}
+	if req.IdleTimeoutSec < 0 || time.Duration(req.IdleTimeoutSec)*time.Second > orDefault(s.MaxTimeout, DefaultMaxTimeout) {
+		return invalidf("idle_timeout_sec must be between 0 and %d", int64(orDefault(s.MaxTimeout, DefaultMaxTimeout)/time.Second))
+	}
 	id, err := s.newID()
 	if err != nil {
 		return err
 	}
-	recJSON, err := json.Marshal(record{Spec: spec})
+	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec})
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)
 	}
 	in := manager.Admission{
 		Owner: owner, ID: id, Spec: recJSON, Labels: req.Labels,
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
-		Deadline: deadline,
+		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second,
 	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
 		return err
@@ -747,6 +752,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) er
 		return err
 	}
 	if err := s.Store.SetPaused(context.WithoutCancel(r.Context()), o.ID, false); err != nil {
+		return err
+	}
+	if err := s.Store.RearmIdle(context.WithoutCancel(r.Context()), o.ID, s.now()); err != nil {
 		return err
 	}
 	s.emit(owner, o.ID, client.EventResumed, "")

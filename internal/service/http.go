@@ -32,13 +32,13 @@ func (s *Server) routes() []route {
 	return []route{
 		{"/v1/sandboxes", map[string]handlerFunc{http.MethodPost: s.create, http.MethodGet: s.list}},
 		{"/v1/sandboxes/{id}", map[string]handlerFunc{http.MethodGet: s.get, http.MethodDelete: s.destroy}},
-		{"/v1/sandboxes/{id}/exec", map[string]handlerFunc{http.MethodPost: s.exec}},
-		{"/v1/sandboxes/{id}/files", map[string]handlerFunc{http.MethodGet: s.readFile, http.MethodPut: s.writeFile}},
-		{"/v1/sandboxes/{id}/files/list", map[string]handlerFunc{http.MethodGet: s.listFiles}},
-		{"/v1/sandboxes/{id}/files/stat", map[string]handlerFunc{http.MethodGet: s.statFile}},
-		{"/v1/sandboxes/{id}/files/mkdir", map[string]handlerFunc{http.MethodPost: s.mkdir}},
-		{"/v1/sandboxes/{id}/files/remove", map[string]handlerFunc{http.MethodPost: s.remove}},
-		{"/v1/sandboxes/{id}/files/move", map[string]handlerFunc{http.MethodPost: s.move}},
+		{"/v1/sandboxes/{id}/exec", map[string]handlerFunc{http.MethodPost: s.active(s.exec)}},
+		{"/v1/sandboxes/{id}/files", map[string]handlerFunc{http.MethodGet: s.active(s.readFile), http.MethodPut: s.active(s.writeFile)}},
+		{"/v1/sandboxes/{id}/files/list", map[string]handlerFunc{http.MethodGet: s.active(s.listFiles)}},
+		{"/v1/sandboxes/{id}/files/stat", map[string]handlerFunc{http.MethodGet: s.active(s.statFile)}},
+		{"/v1/sandboxes/{id}/files/mkdir", map[string]handlerFunc{http.MethodPost: s.active(s.mkdir)}},
+		{"/v1/sandboxes/{id}/files/remove", map[string]handlerFunc{http.MethodPost: s.active(s.remove)}},
+		{"/v1/sandboxes/{id}/files/move", map[string]handlerFunc{http.MethodPost: s.active(s.move)}},
 		{"/v1/sandboxes/{id}/timeout", map[string]handlerFunc{http.MethodPost: s.setTimeout}},
 		{"/v1/sandboxes/{id}/pause", map[string]handlerFunc{http.MethodPost: s.pause}},
 		{"/v1/sandboxes/{id}/resume", map[string]handlerFunc{http.MethodPost: s.resume}},
@@ -48,7 +48,7 @@ func (s *Server) routes() []route {
 		{"/v1/sandboxes/{id}/network", map[string]handlerFunc{http.MethodPut: s.setNetwork}},
 		{"/v1/templates", map[string]handlerFunc{http.MethodGet: s.templates}},
 		{"/v1/events", map[string]handlerFunc{http.MethodGet: s.followEvents}},
-		{"/v1/sandboxes/{id}/logs", map[string]handlerFunc{http.MethodGet: s.logs}},
+		{"/v1/sandboxes/{id}/logs", map[string]handlerFunc{http.MethodGet: s.active(s.logs)}},
 	}
 }
 

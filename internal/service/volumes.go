@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/api"
@@ -149,7 +150,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) erro
 		return fmt.Errorf("encode spec: %w", err)
 	}
 	in := manager.Admission{
-		Owner: owner, ID: id, Spec: recJSON, Labels: req.Labels, Deadline: deadline,
+		Owner: owner, ID: id, Spec: recJSON, Labels: req.Labels, Deadline: deadline, Idle: time.Duration(rec.IdleSec) * time.Second,
 		CPUMillis: rec.Spec.Resources.CPUMillis, Memory: rec.Spec.Resources.MemoryBytes, Disk: rec.Spec.Resources.DiskBytes,
 	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
