@@ -111,17 +111,31 @@ func TestServiceLifetimesOnCtld(t *testing.T) {
 	}
 	work, timed := sbs[0], sbs[1]
 
-	// The timed one: a 4 s timeout, extended at once to 20 s.
+	// The timed one: a 4 s timeout, extended at once to 25 s.
 	if _, err := s.c.SetTimeout(cx, timed.ID, 4); err != nil {
 		t.Fatalf("set timeout 4s: %v", err)
 	}
-	ext, err := s.c.SetTimeout(cx, timed.ID, 20)
+	extendedAt := time.Now() // the new deadline is no sooner than 25 s after this
+	ext, err := s.c.SetTimeout(cx, timed.ID, 25)
 	if err != nil || ext.EndsAt == nil {
-		t.Fatalf("extend to 20s: %+v, %v", ext, err)
+		t.Fatalf("extend to 25s: %+v, %v", ext, err)
 	}
-	extendedAt := time.Now()
 
-	// The worked one, meanwhile: exec streamed, files put and get.
+	// Past the first deadline (4 s) the extended sandbox still runs.
+	if w := 6*time.Second - time.Since(extendedAt); w > 0 {
+		time.Sleep(w)
+	}
+	if sb, err := s.c.Get(cx, timed.ID); err != nil || sb.State != client.StateReady {
+		t.Fatalf("after its first deadline the extended sandbox is %+v, %v", sb, err)
+	}
+	if r, err := s.c.Exec(cx, timed.ID, client.ExecRequest{Args: []string{"true"}}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("exec in the extended sandbox: %+v, %v", r, err)
+	}
+	if d := time.Since(extendedAt); d >= 25*time.Second {
+		t.Fatalf("the checks of the extended sandbox ended %v after the extension: too slow to tell it from the extended deadline", d)
+	}
+
+	// The other one: exec streamed, files put and get, destroy.
 	var out, errb bytes.Buffer
 	code, err := s.c.ExecStream(cx, work.ID, client.ExecRequest{Args: []string{"/bin/sh", "-c", "for i in 1 2 3; do echo out$i; echo err$i >&2; done; exit 7"}}, &out, &errb)
 	if err != nil || code != 7 || out.String() != "out1\nout2\nout3\n" || errb.String() != "err1\nerr2\nerr3\n" {
@@ -144,21 +158,6 @@ func TestServiceLifetimesOnCtld(t *testing.T) {
 		t.Fatalf("destroy: %+v, %v", d, err)
 	}
 
-	// The first deadline (4 s) has passed by now or is passed here: the
-	// extended sandbox still runs.
-	if w := 6*time.Second - time.Since(extendedAt); w > 0 {
-		time.Sleep(w)
-	}
-	if sb, err := s.c.Get(cx, timed.ID); err != nil || sb.State != client.StateReady {
-		t.Fatalf("after its first deadline the extended sandbox is %+v, %v", sb, err)
-	}
-	if r, err := s.c.Exec(cx, timed.ID, client.ExecRequest{Args: []string{"true"}}); err != nil || r.ExitCode != 0 {
-		t.Fatalf("exec in the extended sandbox: %+v, %v", r, err)
-	}
-	if time.Since(extendedAt) >= 20*time.Second {
-		t.Logf("the checks of the extended sandbox ended %v after the extension: too slow to tell it from the extended deadline", time.Since(extendedAt))
-	}
-
 	// The extended deadline fires: the release is recorded and proven.
 	var tm manager.Timer
 	for deadline := time.Now().Add(3 * time.Minute); ; {
@@ -174,8 +173,8 @@ func TestServiceLifetimesOnCtld(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if fired := time.Since(extendedAt); fired < 20*time.Second {
-		t.Fatalf("the timeout fired %v after the extension to 20s", fired)
+	if fired := time.Since(extendedAt); fired < 25*time.Second {
+		t.Fatalf("the timeout fired %v after the extension to 25s", fired)
 	}
 	sb, err := s.c.Get(cx, timed.ID)
 	if err != nil || sb.State != client.StateDestroyed || sb.Reason != "timeout" {
@@ -197,7 +196,7 @@ func TestServiceLifetimesOnCtld(t *testing.T) {
 		t.Fatalf("capacity after both ended: leased %+v withheld %+v, before leased %+v withheld %+v",
 			after.Capacity.Leased, after.Capacity.Withheld, before.Capacity.Leased, before.Capacity.Withheld)
 	}
-	t.Logf("timeout fired %v after the extension to 20s; proof %s verified", time.Since(extendedAt).Round(time.Millisecond), tm.OperationID)
+	t.Logf("timeout fired %v after the extension to 25s; proof %s verified", time.Since(extendedAt).Round(time.Millisecond), tm.OperationID)
 }
 
 // lockedWriter serializes writes of the service's log.
