@@ -86,6 +86,19 @@ func TestSnapshotRestoreFork(t *testing.T) {
 		t.Fatalf("team-a's usage after the failed fork: %+v, %v; want 3 sandboxes", u, err)
 	}
 
+	// A fork takes a share of the owner's quota like a create: over it,
+	// nothing is forked on the node.
+	if _, err := e.store.SetQuota(ctx, "team-a", quotaOf(3)); err != nil {
+		t.Fatal(err)
+	}
+	nodeBefore, _ := e.node.List(ctx)
+	if _, err := e.a.Fork(ctx, blk.ID, client.ForkRequest{Snapshot: "s1"}); errCode(err) != client.CodeQuotaExceeded {
+		t.Fatalf("fork over the quota: %v", err)
+	}
+	if nodeAfter, _ := e.node.List(ctx); len(nodeAfter.Sandboxes) != len(nodeBefore.Sandboxes) {
+		t.Fatalf("a fork over the quota reached the node: %d sandboxes, before %d", len(nodeAfter.Sandboxes), len(nodeBefore.Sandboxes))
+	}
+
 	// Restore: only while paused; the head moves to s1; resume runs.
 	if _, err := e.a.Restore(ctx, blk.ID, "s1"); errCode(err) != client.CodeConflict {
 		t.Fatalf("restore of a running sandbox: %v", err)
