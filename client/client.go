@@ -320,6 +320,36 @@ func (c *Client) Resume(ctx context.Context, id string, opts ...Option) (Sandbox
 	return sb, err
 }
 
+// Snapshot seals a running block-mode sandbox's files under name.
+func (c *Client) Snapshot(ctx context.Context, id, name string, opts ...Option) (Snapshot, error) {
+	var out Snapshot
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshots"), nil, SnapshotRequest{Name: name}, &out, opts...)
+	return out, err
+}
+
+// Snapshots lists a block-mode sandbox's snapshots.
+func (c *Client) Snapshots(ctx context.Context, id string) ([]Snapshot, error) {
+	var out SnapshotList
+	err := c.call(ctx, http.MethodGet, sandboxPath(id, "/snapshots"), nil, nil, &out)
+	return out.Snapshots, err
+}
+
+// Restore moves a paused sandbox's files to its snapshot; Resume runs it
+// from there.
+func (c *Client) Restore(ctx context.Context, id, snapshot string, opts ...Option) (Sandbox, error) {
+	var sb Sandbox
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/restore"), nil, RestoreRequest{Snapshot: snapshot}, &sb, opts...)
+	return sb, err
+}
+
+// Fork creates a new sandbox from the source's snapshot (or last head)
+// and waits until it is ready.
+func (c *Client) Fork(ctx context.Context, id string, r ForkRequest, opts ...Option) (Sandbox, error) {
+	var sb Sandbox
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil, r, &sb, opts...)
+	return sb, err
+}
+
 // Templates lists the templates sandboxes can be created from.
 func (c *Client) Templates(ctx context.Context) ([]Template, error) {
 	var l TemplateList

@@ -90,6 +90,9 @@ type CreateRequest struct {
 	// TimeoutSec destroys the sandbox this long after it is created
 	// (0: the server's default).
 	TimeoutSec int64 `json:"timeout_sec,omitempty"`
+	// IdleTimeoutSec pauses (block-mode root) or destroys (otherwise) the
+	// sandbox once no exec, file or log call touched it this long (0: never).
+	IdleTimeoutSec int64 `json:"idle_timeout_sec,omitempty"`
 }
 
 // SandboxResources are the resources a sandbox holds, in base units.
@@ -271,6 +274,35 @@ type MoveRequest struct {
 // destroyed TimeoutSec from now.
 type TimeoutRequest struct {
 	TimeoutSec int64 `json:"timeout_sec"`
+}
+
+// SnapshotRequest names a snapshot of a running block-mode sandbox.
+type SnapshotRequest struct {
+	Name string `json:"name"`
+}
+
+// Snapshot is a named, sealed block generation of a sandbox's files.
+type Snapshot struct {
+	Name       string `json:"name"`
+	Generation uint64 `json:"generation"`
+}
+
+// SnapshotList is a sandbox's snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// RestoreRequest names the snapshot a paused sandbox's files move to.
+type RestoreRequest struct {
+	Snapshot string `json:"snapshot"`
+}
+
+// ForkRequest makes a new sandbox of the source's spec whose files are
+// the source's Snapshot, or without one its last published head.
+type ForkRequest struct {
+	Snapshot   string            `json:"snapshot,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	TimeoutSec int64             `json:"timeout_sec,omitempty"`
 }
 
 // Template is a RootFS template a sandbox can be created from.

@@ -112,6 +112,12 @@ type ServiceStore interface {
 	ExtendTimer(ctx context.Context, id string, deadline time.Time) (time.Time, error)
 	DueTimers(ctx context.Context, now time.Time, limit int) ([]Timer, error)
 	MarkFiring(ctx context.Context, id string) (Timer, bool, error)
+	TouchIdle(ctx context.Context, owner, id string, now time.Time) error
+	RearmIdle(ctx context.Context, id string, now time.Time) error
+	DueIdle(ctx context.Context, now time.Time, limit int) ([]IdleTimer, error)
+	MarkIdleFiring(ctx context.Context, id string) (IdleTimer, bool, error)
+	FinishIdle(ctx context.Context, id, action, opID string, end bool) error
+	IdleTimer(ctx context.Context, id string) (IdleTimer, error)
 	FinishTimer(ctx context.Context, id, opID string, end bool) error
 	Timer(ctx context.Context, id string) (Timer, error)
 }
@@ -365,6 +371,9 @@ type Admission struct {
 	Disk      int64
 	// Deadline, when not zero, arms the sandbox's timeout timer.
 	Deadline time.Time
+	// Idle, when not zero, arms the sandbox's idle timer: it fires Idle
+	// after the last activity (TouchIdle).
+	Idle time.Duration
 }
 
 // AdmitCreate checks owner's quota and create rate and, in the same
@@ -428,6 +437,12 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 		if !in.Deadline.IsZero() {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO timers (sandbox_id, kind, deadline, state) VALUES (?, 'timeout', ?, 'armed')`, in.ID, ts(in.Deadline)); err != nil {
 				return fmt.Errorf("arm timeout of %s: %w", in.ID, err)
+			}
+		}
+		if in.Idle > 0 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO idle_timers (sandbox_id, idle_ms, deadline, state) VALUES (?, ?, ?, 'armed')`,
+				in.ID, in.Idle.Milliseconds(), ts(now.Add(in.Idle))); err != nil {
+				return fmt.Errorf("arm idle timer of %s: %w", in.ID, err)
 			}
 		}
 		return nil

@@ -115,6 +115,8 @@ var migrations = []string{
 	// (hashes only), sandboxes of an owner (the quota reservation), the
 	// create log of the rate quota, idempotency records and timers.
 	serviceMigration,
+	// 8: the service's idle timers (idle_timeout_sec of a create).
+	idleMigration,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.

@@ -26,6 +26,10 @@ import (
 // the manager's spec and the template's name.
 type record struct {
 	Spec manager.Spec `json:"spec"`
+	// Fork, on a forked sandbox, is where its files come from.
+	Fork *forkOf `json:"fork,omitempty"`
+	// IdleSec is the create's idle_timeout_sec (a fork inherits it).
+	IdleSec int64 `json:"idle_sec,omitempty"`
 }
 
 var (
@@ -159,28 +163,25 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if err != nil {
 		return err
 	}
-	timeout := time.Duration(req.TimeoutSec) * time.Second
-	maxT := orDefault(s.MaxTimeout, DefaultMaxTimeout)
-	switch {
-	case req.TimeoutSec < 0 || timeout > maxT:
-		return invalidf("timeout_sec must be between 0 and %d", int64(maxT/time.Second))
-	case req.TimeoutSec == 0:
-		timeout = s.DefaultTimeout
+	deadline, err := s.deadline(req.TimeoutSec)
+	if err != nil {
+		return err
+	}
+	if req.IdleTimeoutSec < 0 || time.Duration(req.IdleTimeoutSec)*time.Second > orDefault(s.MaxTimeout, DefaultMaxTimeout) {
+		return invalidf("idle_timeout_sec must be between 0 and %d", int64(orDefault(s.MaxTimeout, DefaultMaxTimeout)/time.Second))
 	}
 	id, err := s.newID()
 	if err != nil {
 		return err
 	}
-	recJSON, err := json.Marshal(record{Spec: spec})
+	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec})
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)
 	}
 	in := manager.Admission{
 		Owner: owner, ID: id, Spec: recJSON, Labels: req.Labels,
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
-	}
-	if timeout > 0 {
-		in.Deadline = s.now().Add(timeout)
+		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second,
 	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
 		return err
@@ -200,6 +201,23 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		return err
 	}
 	return s.answer(w, r, owner, id, http.StatusCreated)
+}
+
+// deadline is when a sandbox created now with timeoutSec ends (zero:
+// never); 0 is the server's default.
+func (s *Server) deadline(timeoutSec int64) (time.Time, error) {
+	timeout := time.Duration(timeoutSec) * time.Second
+	maxT := orDefault(s.MaxTimeout, DefaultMaxTimeout)
+	switch {
+	case timeoutSec < 0 || timeout > maxT:
+		return time.Time{}, invalidf("timeout_sec must be between 0 and %d", int64(maxT/time.Second))
+	case timeoutSec == 0:
+		timeout = s.DefaultTimeout
+	}
+	if timeout <= 0 {
+		return time.Time{}, nil
+	}
+	return s.now().Add(timeout), nil
 }
 
 // claim runs the manager's create within CreateTimeout. A create that
@@ -734,6 +752,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) er
 		return err
 	}
 	if err := s.Store.SetPaused(context.WithoutCancel(r.Context()), o.ID, false); err != nil {
+		return err
+	}
+	if err := s.Store.RearmIdle(context.WithoutCancel(r.Context()), o.ID, s.now()); err != nil {
 		return err
 	}
 	s.emit(owner, o.ID, client.EventResumed, "")

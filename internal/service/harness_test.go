@@ -239,6 +239,7 @@ var testTemplates = []client.Template{{Name: "busybox", Mode: "overlay"}, {Name:
 func newEnv(t *testing.T, tune func(*Server)) *env {
 	t.Helper()
 	e := &env{t: t, node: fakenode.New("node-1"), logs: &syncBuffer{}, clock: &testClock{}}
+	e.node.BlockStore = true
 	e.socket = fakenode.Serve(t, e.node)
 	e.dbPath = filepath.Join(t.TempDir(), "manager.db")
 	ctx := context.Background()

@@ -28,6 +28,7 @@ func (s *Server) runTimers(ctx context.Context) {
 	var pruned time.Time
 	for {
 		s.fireDue(ctx)
+		s.fireIdleDue(ctx)
 		if now := s.now(); now.Sub(pruned) >= time.Minute {
 			pruned = now
 			if n, err := s.Store.PruneIdempotent(ctx, now.Add(-orDefault(s.IdempotencyTTL, DefaultIdempotencyTTL))); err != nil && ctx.Err() == nil {
@@ -106,6 +107,10 @@ func (s *Server) settleCreates(ctx context.Context) error {
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
+			if rec.Fork != nil {
+				s.forkAndClaim(ctx, o.Owner, o.ID, rec)
+				return
+			}
 			s.claim(ctx, o.Owner, o.ID, rec.Spec)
 		}()
 	}

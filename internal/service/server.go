@@ -91,7 +91,10 @@ type Server struct {
 
 	bg      sync.WaitGroup
 	baseCtx context.Context
-	events  broker
+	// inFlight counts each sandbox's exec, file and log calls running: an
+	// idle timer does not fire under one.
+	inFlight counter
+	events   broker
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Log) }

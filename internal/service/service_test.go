@@ -224,16 +224,20 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 			_, err := c.ExecStream(ctx, sb.ID, client.ExecRequest{Args: []string{"true"}}, nil, nil)
 			return err
 		},
-		"read":    func(c *client.Client) error { _, err := c.ReadFile(ctx, sb.ID, "/f", &bytes.Buffer{}); return err },
-		"write":   func(c *client.Client) error { return c.WriteFile(ctx, sb.ID, "/f", strings.NewReader("y"), 1) },
-		"list":    func(c *client.Client) error { _, err := c.ListFiles(ctx, sb.ID, "/"); return err },
-		"stat":    func(c *client.Client) error { _, err := c.Stat(ctx, sb.ID, "/f"); return err },
-		"mkdir":   func(c *client.Client) error { return c.Mkdir(ctx, sb.ID, client.MkdirRequest{Path: "/d"}) },
-		"remove":  func(c *client.Client) error { return c.Remove(ctx, sb.ID, client.RemoveRequest{Path: "/f"}) },
-		"move":    func(c *client.Client) error { return c.Move(ctx, sb.ID, client.MoveRequest{From: "/f", To: "/g"}) },
-		"timeout": func(c *client.Client) error { _, err := c.SetTimeout(ctx, sb.ID, 5); return err },
-		"pause":   func(c *client.Client) error { _, err := c.Pause(ctx, sb.ID); return err },
-		"resume":  func(c *client.Client) error { _, err := c.Resume(ctx, sb.ID); return err },
+		"read":      func(c *client.Client) error { _, err := c.ReadFile(ctx, sb.ID, "/f", &bytes.Buffer{}); return err },
+		"write":     func(c *client.Client) error { return c.WriteFile(ctx, sb.ID, "/f", strings.NewReader("y"), 1) },
+		"list":      func(c *client.Client) error { _, err := c.ListFiles(ctx, sb.ID, "/"); return err },
+		"stat":      func(c *client.Client) error { _, err := c.Stat(ctx, sb.ID, "/f"); return err },
+		"mkdir":     func(c *client.Client) error { return c.Mkdir(ctx, sb.ID, client.MkdirRequest{Path: "/d"}) },
+		"remove":    func(c *client.Client) error { return c.Remove(ctx, sb.ID, client.RemoveRequest{Path: "/f"}) },
+		"move":      func(c *client.Client) error { return c.Move(ctx, sb.ID, client.MoveRequest{From: "/f", To: "/g"}) },
+		"timeout":   func(c *client.Client) error { _, err := c.SetTimeout(ctx, sb.ID, 5); return err },
+		"pause":     func(c *client.Client) error { _, err := c.Pause(ctx, sb.ID); return err },
+		"resume":    func(c *client.Client) error { _, err := c.Resume(ctx, sb.ID); return err },
+		"snapshot":  func(c *client.Client) error { _, err := c.Snapshot(ctx, sb.ID, "s1"); return err },
+		"snapshots": func(c *client.Client) error { _, err := c.Snapshots(ctx, sb.ID); return err },
+		"restore":   func(c *client.Client) error { _, err := c.Restore(ctx, sb.ID, "s1"); return err },
+		"fork":      func(c *client.Client) error { _, err := c.Fork(ctx, sb.ID, client.ForkRequest{}); return err },
 		"logs": func(c *client.Client) error {
 			_, err := c.Logs(ctx, sb.ID, client.LogsOptions{}, &bytes.Buffer{})
 			return err
@@ -272,6 +276,12 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 	}
 	if len(e.node.ReleaseOps) != 0 {
 		t.Fatalf("the node saw releases: %v", e.node.ReleaseOps)
+	}
+	if v, err := e.node.Volume(ctx, sb.ID); err == nil {
+		t.Fatalf("the other owner's calls published a head or snapshot: %+v", v)
+	}
+	if l, _ := e.node.List(ctx); len(l.Sandboxes) != 1 {
+		t.Fatalf("the other owner's calls made sandboxes: %+v", l.Sandboxes)
 	}
 
 	// Missing, malformed, unknown and revoked keys: 401 on every endpoint.

@@ -34,6 +34,13 @@ type Node struct {
 	// head each pause operation published (a retry answers the same).
 	heads  map[string]api.VolumeHead
 	pauses map[string]api.VolumeHead
+	// snaps are the sandbox volumes' snapshots (BlockStore only).
+	snaps map[string][]api.Snapshot
+
+	// BlockStore, when set, makes snapshot, fork and restore work on the
+	// heads in memory (no files move); unset, they are refused as on a
+	// node without a block store.
+	BlockStore bool
 
 	NodeID string
 	// Key is the node's identity key; Signer signs proofs and is Key

@@ -40,12 +40,42 @@ func noBlock(call string) error {
 	return errdefs.Errorf(errdefs.CodeUnavailable, "%s: this fake node has no block store", call)
 }
 
-// Snapshot implements apiserver.Service (refused).
-func (n *Node) Snapshot(context.Context, string, api.SnapshotRequest) (api.SnapshotResponse, error) {
-	return api.SnapshotResponse{}, noBlock("snapshot")
+// Snapshot implements apiserver.Service: the running block generation is
+// sealed as the next head and named.
+func (n *Node) Snapshot(_ context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.BlockStore {
+		return api.SnapshotResponse{}, noBlock("snapshot")
+	}
+	if err := req.Validate(); err != nil {
+		return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "%v", err)
+	}
+	sb, ok := n.sandboxes[id]
+	if !ok || sb.State != api.StateReady || sb.RootFS.Mode != api.RootFSBlock {
+		return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s runs no block generation", id)
+	}
+	for _, s := range n.snaps[id] {
+		if s.Name == req.Name {
+			return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeConflict, "snapshot %s of %s exists", req.Name, id)
+		}
+	}
+	if n.heads == nil {
+		n.heads = map[string]api.VolumeHead{}
+	}
+	if n.snaps == nil {
+		n.snaps = map[string][]api.Snapshot{}
+	}
+	prev := n.heads[id]
+	h := api.VolumeHead{Seq: prev.Seq + 1, Generation: prev.Generation + 1, WriterEpoch: prev.WriterEpoch, Node: n.NodeID}
+	n.heads[id] = h
+	snap := api.Snapshot{Name: req.Name, Generation: h.Generation}
+	n.snaps[id] = append(n.snaps[id], snap)
+	return api.SnapshotResponse{Snapshot: snap, Seal: api.SealResult{Generation: h.Generation}}, nil
 }
 
-// Volume implements apiserver.Service: the head the pauses published.
+// Volume implements apiserver.Service: the head the pauses and snapshots
+// published, and the snapshots.
 func (n *Node) Volume(_ context.Context, id string) (api.VolumeInfo, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -53,15 +83,63 @@ func (n *Node) Volume(_ context.Context, id string) (api.VolumeInfo, error) {
 	if !ok {
 		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q has no volume", id)
 	}
-	return api.VolumeInfo{Sandbox: id, Head: h}, nil
+	return api.VolumeInfo{Sandbox: id, Head: h, Snapshots: n.snaps[id]}, nil
 }
 
-// Fork implements apiserver.Service (refused).
-func (n *Node) Fork(context.Context, string, api.ForkRequest) (api.VolumeInfo, error) {
-	return api.VolumeInfo{}, noBlock("fork")
+// Fork implements apiserver.Service: dst's head is the source's snapshot
+// (or head) generation.
+func (n *Node) Fork(_ context.Context, dst string, req api.ForkRequest) (api.VolumeInfo, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.BlockStore {
+		return api.VolumeInfo{}, noBlock("fork")
+	}
+	if _, ok := n.heads[dst]; ok {
+		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has a volume", dst)
+	}
+	src, ok := n.heads[req.Source]
+	if !ok {
+		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q has no volume", req.Source)
+	}
+	gen := src.Generation
+	if req.Snapshot != "" {
+		s, ok := n.snapshot(req.Source, req.Snapshot)
+		if !ok {
+			return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s has no snapshot %s", req.Source, req.Snapshot)
+		}
+		gen = s.Generation
+	}
+	h := api.VolumeHead{Seq: 1, Generation: gen, Node: n.NodeID}
+	n.heads[dst] = h
+	return api.VolumeInfo{Sandbox: dst, Head: h}, nil
 }
 
-// Restore implements apiserver.Service (refused).
-func (n *Node) Restore(context.Context, string, api.RestoreRequest) (api.VolumeInfo, error) {
-	return api.VolumeInfo{}, noBlock("restore")
+// Restore implements apiserver.Service: the head moves to the snapshot's
+// generation while no generation runs.
+func (n *Node) Restore(_ context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.BlockStore {
+		return api.VolumeInfo{}, noBlock("restore")
+	}
+	if sb, ok := n.sandboxes[id]; ok && sb.State == api.StateReady {
+		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d is running", id, sb.Generation)
+	}
+	s, ok := n.snapshot(id, req.Snapshot)
+	if !ok {
+		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %s has no snapshot %s", id, req.Snapshot)
+	}
+	prev := n.heads[id]
+	h := api.VolumeHead{Seq: prev.Seq + 1, Generation: s.Generation, WriterEpoch: prev.WriterEpoch, Node: n.NodeID}
+	n.heads[id] = h
+	return api.VolumeInfo{Sandbox: id, Head: h, Snapshots: n.snaps[id]}, nil
+}
+
+func (n *Node) snapshot(id, name string) (api.Snapshot, bool) {
+	for _, s := range n.snaps[id] {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return api.Snapshot{}, false
 }

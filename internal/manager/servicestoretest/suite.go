@@ -27,6 +27,7 @@ func Run(t *testing.T, open Opener) {
 		{"AdmitConcurrentNeverExceedsQuota", admitConcurrent},
 		{"AdmitQuotaAndRate", admitQuotaAndRate},
 		{"TimersFireOnce", timersFireOnce},
+		{"IdleTimers", idleTimers},
 		{"IdempotencyRecords", idempotencyRecords},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
@@ -249,5 +250,95 @@ func idempotencyRecords(t *testing.T, open Opener) {
 	}
 	if _, created, _ := s.BeginIdempotent(ctx, "t", "k1"); !created {
 		t.Fatal("a pruned key is still kept")
+	}
+}
+
+// idleTimers: an idle timer is due idle after the last touch (not
+// before, at most the slack later); another owner's touch changes
+// nothing; a paused sandbox's timer is not due and a resume rearms it; a
+// firing timer is due again until finished, and a destroy ends the
+// sandbox (reason idle) once.
+func idleTimers(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	for _, o := range []string{"t", "u"} {
+		if _, err := s.CreateOwner(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idle := 100 * time.Second
+	for _, id := range []string{"x", "y"} {
+		if err := s.AdmitCreate(ctx, manager.Admission{Owner: "t", ID: id, Spec: []byte("{}"), Idle: idle, Deadline: clk.now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.add(60 * time.Second)
+	if err := s.TouchIdle(ctx, "u", "x", clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.TouchIdle(ctx, "t", "y", clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	lastTouch := clk.now()
+	clk.add(41 * time.Second)
+	due, err := s.DueIdle(ctx, clk.now(), 10)
+	if err != nil || len(due) != 1 || due[0].SandboxID != "x" || due[0].Idle != idle {
+		t.Fatalf("due after 101 s (x untouched but for another owner's touch): %+v, %v", due, err)
+	}
+	// Touches within the slack write nothing new: y's deadline is
+	// idle+slack after its first touch, never sooner than idle after the last.
+	if err := s.TouchIdle(ctx, "t", "y", lastTouch.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	yt, err := s.IdleTimer(ctx, "y")
+	if err != nil || yt.Deadline.Before(lastTouch.Add(time.Second+idle)) || yt.Deadline.After(lastTouch.Add(idle+manager.IdleSlack(idle))) {
+		t.Fatalf("y after touches: %+v, %v", yt, err)
+	}
+	// x fires: firing is due again until finished; a touch does not stop it.
+	if _, ok, err := s.MarkIdleFiring(ctx, "x"); err != nil || !ok {
+		t.Fatalf("MarkIdleFiring = %v, %v", ok, err)
+	}
+	if err := s.TouchIdle(ctx, "t", "x", clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if due, _ := s.DueIdle(ctx, clk.now(), 10); len(due) != 1 || due[0].State != "firing" {
+		t.Fatalf("firing idle timer not due again: %+v", due)
+	}
+	if err := s.FinishIdle(ctx, "x", "destroy", "op-x", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := s.MarkIdleFiring(ctx, "x"); ok {
+		t.Fatal("a done idle timer was marked firing")
+	}
+	sb, err := s.OwnedSandbox(ctx, "t", "x")
+	if err != nil || sb.Active || sb.Reason != "idle" || sb.TimerState != "cancelled" {
+		t.Fatalf("sandbox after its idle destroy: %+v, %v", sb, err)
+	}
+	// y: paused by its idle timer, not due while paused; a resume rearms it.
+	clk.add(time.Hour - 2*time.Minute)
+	if _, ok, err := s.MarkIdleFiring(ctx, "y"); err != nil || !ok {
+		t.Fatalf("MarkIdleFiring(y) = %v, %v", ok, err)
+	}
+	if err := s.FinishIdle(ctx, "y", "pause", "op-y", false); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err := s.OwnedSandbox(ctx, "t", "y"); err != nil || !sb.Paused || !sb.Active {
+		t.Fatalf("y after its idle pause: %+v, %v", sb, err)
+	}
+	clk.add(time.Minute)
+	if due, _ := s.DueIdle(ctx, clk.now(), 10); len(due) != 0 {
+		t.Fatalf("due while paused: %+v", due)
+	}
+	if err := s.SetPaused(ctx, "y", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RearmIdle(ctx, "y", clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if yt, err := s.IdleTimer(ctx, "y"); err != nil || yt.State != "armed" || !yt.Deadline.Equal(clk.now().Add(idle)) {
+		t.Fatalf("y after the resume: %+v, %v", yt, err)
+	}
+	if due, _ := s.DueIdle(ctx, clk.now().Add(idle-time.Second), 10); len(due) != 0 {
+		t.Fatalf("due before idle after the resume: %+v", due)
 	}
 }

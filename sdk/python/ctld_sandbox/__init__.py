@@ -193,6 +193,26 @@ class Sandbox:
         self.info = self._c._json("POST", _sb(self.id, "/resume"), idempotency_key=idempotency_key)
         return self
 
+    def snapshot(self, name, idempotency_key=None):
+        """Seals a running block-mode sandbox's files under name."""
+        return self._c._json("POST", _sb(self.id, "/snapshots"), {"name": name}, idempotency_key=idempotency_key)
+
+    def snapshots(self):
+        return self._c._json("GET", _sb(self.id, "/snapshots"))["snapshots"]
+
+    def restore(self, snapshot, idempotency_key=None):
+        """Moves a paused sandbox's files to its snapshot (resume runs it)."""
+        self.info = self._c._json("POST", _sb(self.id, "/restore"), {"snapshot": snapshot}, idempotency_key=idempotency_key)
+        return self
+
+    def fork(self, snapshot=None, idempotency_key=None, **spec):
+        """A new sandbox (labels, timeout_sec) from the snapshot, or the
+        last published head; returned once ready."""
+        body = dict(spec)
+        if snapshot:
+            body["snapshot"] = snapshot
+        return Sandbox(self._c, self._c._json("POST", _sb(self.id, "/fork"), body, idempotency_key=idempotency_key))
+
     def set_timeout(self, timeout_sec):
         self.info = self._c._json("POST", _sb(self.id, "/timeout"), {"timeout_sec": timeout_sec})
         return self

@@ -43,8 +43,14 @@ class SDKTest(unittest.TestCase):
         block = os.environ.get("CTLD_SDK_BLOCK_TEMPLATE")
         if not block:
             self.fail("CTLD_SDK_BLOCK_TEMPLATE not set")
-        sb = self.c.create(template=block)
+        sb = self.c.create(template=block, idle_timeout_sec=3600)
+        self.assertEqual(sb.snapshot("s1")["name"], "s1")
+        self.assertEqual([s["name"] for s in sb.snapshots()], ["s1"])
+        fork = sb.fork(snapshot="s1", labels={"from": "s1"})
+        self.assertEqual((fork.state, fork.info["labels"]), ("ready", {"from": "s1"}))
+        self.assertTrue(fork.kill()["verified"])
         self.assertEqual(sb.pause().state, "paused")
+        self.assertEqual(sb.restore("s1").state, "paused")
         self.assertEqual(sb.resume().state, "ready")
         self.assertTrue(sb.kill()["verified"])
 
