@@ -250,8 +250,12 @@ func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 		if st.OOMKills > 0 {
 			parts = append(parts, fmt.Sprintf("OOM-killed %d time(s) at memory.max %d bytes", st.OOMKills, rec.Resources.MemoryBytes))
 		}
-		parts = append(parts, fmt.Sprintf("lease: %d processes, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
-			st.Procs, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))
+		if st.PIDsMaxEvents > 0 {
+			// Threads count: the sentry's, the gofer's and ptrace's stubs.
+			parts = append(parts, fmt.Sprintf("%d forks refused at pids.max %d", st.PIDsMaxEvents, rec.Resources.PIDs))
+		}
+		parts = append(parts, fmt.Sprintf("lease: %d processes, %d tasks, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
+			st.Procs, st.PIDsCurrent, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))
 	}
 	if b, err := guestlog.Tail(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.RunscName, 2048); err == nil {
 		if b = bytes.TrimSpace(guestlog.LastLines(b, 3)); len(b) > 0 {

@@ -336,10 +336,10 @@ func (r bundleResource) make(_ context.Context, c *claimState) error {
 			return err
 		}
 	}
-	// runsc writes the spec's CPU limits into the lease at create, which
-	// would end a boot allowance before the boot: with one, the lease's
-	// cpu.max and cpu.weight (written and read back by the lease) are the
-	// only CPU limits.
+	// A spec's CPU limits are runsc's to write into the cgroup (it does
+	// for a cgroup it creates), which could end a boot allowance before
+	// the boot: with one, the lease's cpu.max and cpu.weight (written and
+	// read back by the lease) are the only CPU limits.
 	cpu := req.Resources.CPUMillis
 	if leaseSpec(rec.ContainerID, rec.Resources, r.n.cfg.BootCPUMillis).BootCPUMillis > 0 {
 		cpu = 0
