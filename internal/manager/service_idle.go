@@ -114,20 +114,11 @@ func (s *Store) RearmIdle(ctx context.Context, id string, now time.Time) error {
 // DueIdle returns the idle timers of running (active, not paused)
 // sandboxes past their deadline and every one left firing.
 func (s *Store) DueIdle(ctx context.Context, now time.Time, limit int) ([]IdleTimer, error) {
-	rows, err := s.db.QueryContext(ctx, idleSelect+` WHERE (t.state = 'armed' AND t.deadline <= ? AND o.active = 1 AND o.paused = 0) OR t.state = 'firing' ORDER BY t.deadline LIMIT ?`, ts(now), limit)
+	out, err := collect(ctx, s.db, scanIdle, idleSelect+` WHERE (t.state = 'armed' AND t.deadline <= ? AND o.active = 1 AND o.paused = 0) OR t.state = 'firing' ORDER BY t.deadline LIMIT ?`, ts(now), limit)
 	if err != nil {
 		return nil, fmt.Errorf("list due idle timers: %w", err)
 	}
-	defer rows.Close()
-	var out []IdleTimer
-	for rows.Next() {
-		t, err := scanIdle(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // MarkIdleFiring records that a due idle timer fires, before the node is

@@ -299,28 +299,29 @@ func (s *Store) CreateKey(ctx context.Context, owner string) (string, KeyRecord,
 
 // Keys lists the keys of owner ("" for all).
 func (s *Store) Keys(ctx context.Context, owner string) ([]KeyRecord, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT key_id, owner, created_at, revoked_at FROM api_keys WHERE ? = '' OR owner = ? ORDER BY owner, created_at, key_id`, owner, owner)
+	out, err := collect(ctx, s.db, scanKey, `SELECT key_id, owner, created_at, revoked_at FROM api_keys WHERE ? = '' OR owner = ? ORDER BY owner, created_at, key_id`, owner, owner)
 	if err != nil {
 		return nil, fmt.Errorf("list keys: %w", err)
 	}
-	defer rows.Close()
-	out := []KeyRecord{}
-	for rows.Next() {
-		var r KeyRecord
-		var created string
-		var revoked sql.NullString
-		if err := rows.Scan(&r.KeyID, &r.Owner, &created, &revoked); err != nil {
-			return nil, fmt.Errorf("read key: %w", err)
-		}
-		if r.CreatedAt, err = parseTS(created); err != nil {
-			return nil, err
-		}
-		if r.RevokedAt, err = parseNullTS(revoked); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
+	if out == nil {
+		out = []KeyRecord{}
 	}
-	return out, rows.Err()
+	return out, nil
+}
+
+func scanKey(row rowScanner) (KeyRecord, error) {
+	var r KeyRecord
+	var created string
+	var revoked sql.NullString
+	if err := row.Scan(&r.KeyID, &r.Owner, &created, &revoked); err != nil {
+		return r, fmt.Errorf("read key: %w", err)
+	}
+	var err error
+	if r.CreatedAt, err = parseTS(created); err != nil {
+		return r, err
+	}
+	r.RevokedAt, err = parseNullTS(revoked)
+	return r, err
 }
 
 // RevokeKey revokes a key by its id; revoking twice is success.
@@ -515,20 +516,11 @@ func (s *Store) OwnedSandbox(ctx context.Context, owner, id string) (OwnedSandbo
 // OwnedSandboxes returns up to limit of owner's sandboxes with ids after
 // after, in id order.
 func (s *Store) OwnedSandboxes(ctx context.Context, owner, after string, limit int) ([]OwnedSandbox, error) {
-	rows, err := s.db.QueryContext(ctx, ownedSelect+` WHERE o.owner = ? AND o.id > ? ORDER BY o.id LIMIT ?`, owner, after, limit)
+	out, err := collect(ctx, s.db, scanOwned, ownedSelect+` WHERE o.owner = ? AND o.id > ? ORDER BY o.id LIMIT ?`, owner, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes of %s: %w", owner, err)
 	}
-	defer rows.Close()
-	var out []OwnedSandbox
-	for rows.Next() {
-		r, err := scanOwned(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // EndOwnedSandbox returns a sandbox's reservation to its owner's quota
@@ -585,7 +577,7 @@ func (s *Store) BeginIdempotent(ctx context.Context, owner, key string) (Idempot
 			return fmt.Errorf("record idempotency key: %w", err)
 		}
 		created = n == 1
-		err = tx.QueryRowContext(ctx, `SELECT state, request_hash, status, content_type, COALESCE(body, x'') FROM idempotency WHERE owner = ? AND key = ?`, owner, key).
+		err = tx.QueryRowContext(ctx, `SELECT state, request_hash, status, content_type, body FROM idempotency WHERE owner = ? AND key = ?`, owner, key).
 			Scan(&rec.State, &rec.RequestHash, &rec.Status, &rec.ContentType, &rec.Body)
 		if err != nil {
 			return fmt.Errorf("read idempotency record: %w", err)
@@ -696,20 +688,11 @@ func scanTimer(row rowScanner) (Timer, error) {
 // DueTimers returns armed timers past their deadline and every timer left
 // firing (by this process or a previous one), oldest deadline first.
 func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]Timer, error) {
-	rows, err := s.db.QueryContext(ctx, timerSelect+` WHERE (t.state = 'armed' AND t.deadline <= ?) OR t.state = 'firing' ORDER BY t.deadline LIMIT ?`, ts(now), limit)
+	out, err := collect(ctx, s.db, scanTimer, timerSelect+` WHERE (t.state = 'armed' AND t.deadline <= ?) OR t.state = 'firing' ORDER BY t.deadline LIMIT ?`, ts(now), limit)
 	if err != nil {
 		return nil, fmt.Errorf("list due timers: %w", err)
 	}
-	defer rows.Close()
-	var out []Timer
-	for rows.Next() {
-		t, err := scanTimer(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // MarkFiring records that a due timer fires, before its release is sent:
@@ -767,20 +750,11 @@ func (s *Store) Timer(ctx context.Context, id string) (Timer, error) {
 // settled: no claim recorded, or one still pending (its server stopped
 // before the answer). A starting server completes them.
 func (s *Store) UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error) {
-	rows, err := s.db.QueryContext(ctx, ownedSelect+` WHERE o.active = 1 AND (s.state IS NULL OR s.state = ?) ORDER BY o.created_at`, "claiming")
+	out, err := collect(ctx, s.db, scanOwned, ownedSelect+` WHERE o.active = 1 AND (s.state IS NULL OR s.state = ?) ORDER BY o.created_at`, "claiming")
 	if err != nil {
 		return nil, fmt.Errorf("list unsettled creates: %w", err)
 	}
-	defer rows.Close()
-	var out []OwnedSandbox
-	for rows.Next() {
-		r, err := scanOwned(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // PruneIdempotent forgets the answers kept before before: a retry with a

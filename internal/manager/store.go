@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -119,11 +120,33 @@ var migrations = []string{
 	idleMigration,
 }
 
-// Store is the manager's SQLite database. Every method is one transaction.
+// Store is the manager's database: SQLite (OpenStore, the embedded
+// default) or PostgreSQL (OpenPostgres, store_pg.go). Both run the same
+// SQL; what differs is in its dialect. Every method is one transaction.
 type Store struct {
-	db  *sql.DB
-	now func() time.Time
+	db      *sql.DB
+	now     func() time.Time
+	dialect dialect
 }
+
+// dialect is what differs between the two backends.
+type dialect struct {
+	name string
+	// migrate brings the schema up to migrations (in one transaction).
+	migrate func(ctx context.Context, s *Store) error
+	version func(ctx context.Context, q querier) (int, error)
+	// txOpts for every transaction: nil on SQLite, whose IMMEDIATE
+	// transactions run one at a time already.
+	txOpts *sql.TxOptions
+	// retryable reports a transaction the database aborted to keep the
+	// transactions serializable: it is run again (maxTxAttempts in all).
+	retryable func(error) bool
+}
+
+var sqliteDialect = dialect{name: "sqlite", migrate: migrateSQLite, version: sqliteVersion}
+
+// Backend names the store's database: "sqlite" or "postgres".
+func (s *Store) Backend() string { return s.dialect.name }
 
 // OpenStore opens (creating if needed) the database at path and migrates it.
 // now is the clock for recorded times; nil means time.Now.
@@ -148,8 +171,8 @@ func OpenStore(ctx context.Context, path string, now func() time.Time) (*Store, 
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	s := &Store{db: db, now: now}
-	if err := s.migrate(ctx); err != nil {
+	s := &Store{db: db, now: now, dialect: sqliteDialect}
+	if err := s.dialect.migrate(ctx, s); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
@@ -159,7 +182,7 @@ func OpenStore(ctx context.Context, path string, now func() time.Time) (*Store, 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-func (s *Store) migrate(ctx context.Context) error {
+func migrateSQLite(ctx context.Context, s *Store) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var v int
 		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
@@ -182,15 +205,46 @@ func (s *Store) migrate(ctx context.Context) error {
 
 // SchemaVersion returns how many migrations the database has.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	return s.dialect.version(ctx, s.db)
+}
+
+func sqliteVersion(ctx context.Context, q querier) (int, error) {
 	var v int
-	if err := s.db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+	if err := q.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("read schema version: %w", err)
 	}
 	return v, nil
 }
 
+// maxTxAttempts bounds the runs of a transaction the database keeps
+// aborting as a serialization conflict (PostgreSQL only).
+const maxTxAttempts = 50
+
+// tx runs fn in one transaction, again from the start while the database
+// aborts it as a serialization conflict: fn must only assign what it
+// returns, so a rerun replaces a failed run's results.
 func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	for attempt := 1; ; attempt++ {
+		err := s.tx1(ctx, fn)
+		if err == nil || s.dialect.retryable == nil || !s.dialect.retryable(err) {
+			return err
+		}
+		if attempt == maxTxAttempts {
+			return fmt.Errorf("run transaction: still conflicting after %d attempts: %w", attempt, err)
+		}
+		// Jittered, growing backoff: the conflicting transactions should
+		// not meet again at once.
+		d := time.Duration(1+rand.IntN(1<<min(attempt, 6))) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(d):
+		}
+	}
+}
+
+func (s *Store) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, s.dialect.txOpts)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
@@ -333,6 +387,25 @@ const nodeSelect = `SELECT node_id, public_key, socket, first_seen, last_seen, p
 
 type rowScanner interface{ Scan(dest ...any) error }
 
+// collect runs a query and scans each row with scan: the one loop of the
+// list methods, for both backends.
+func collect[T any](ctx context.Context, q querier, scan func(rowScanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		r, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
 func scanNode(row rowScanner) (NodeRecord, error) {
 	var r NodeRecord
 	var first, last, until string
@@ -366,20 +439,11 @@ func (s *Store) Node(ctx context.Context, nodeID string) (NodeRecord, error) {
 
 // Nodes returns every known node.
 func (s *Store) Nodes(ctx context.Context) ([]NodeRecord, error) {
-	rows, err := s.db.QueryContext(ctx, nodeSelect+` ORDER BY node_id`)
+	out, err := collect(ctx, s.db, scanNode, nodeSelect+` ORDER BY node_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	defer rows.Close()
-	var out []NodeRecord
-	for rows.Next() {
-		r, err := scanNode(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 const sandboxSelect = `SELECT id, created_at, state, generation, COALESCE(node_id, '') FROM sandboxes`
@@ -418,20 +482,11 @@ func sandboxTx(ctx context.Context, q querier, id string) (SandboxRecord, error)
 
 // Sandboxes returns every sandbox, ordered by id.
 func (s *Store) Sandboxes(ctx context.Context) ([]SandboxRecord, error) {
-	rows, err := s.db.QueryContext(ctx, sandboxSelect+` ORDER BY id`)
+	out, err := collect(ctx, s.db, scanSandbox, sandboxSelect+` ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
-	defer rows.Close()
-	var out []SandboxRecord
-	for rows.Next() {
-		r, err := scanSandbox(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 const generationSelect = `SELECT sandbox_id, generation, state, container_id, lease_id, resources, rootfs, network, timings, created_at, ended_at FROM generations`
@@ -464,20 +519,11 @@ func scanGeneration(row rowScanner) (GenerationRecord, error) {
 
 // Generations returns a sandbox's generations, oldest first.
 func (s *Store) Generations(ctx context.Context, id string) ([]GenerationRecord, error) {
-	rows, err := s.db.QueryContext(ctx, generationSelect+` WHERE sandbox_id = ? ORDER BY generation`, id)
+	out, err := collect(ctx, s.db, scanGeneration, generationSelect+` WHERE sandbox_id = ? ORDER BY generation`, id)
 	if err != nil {
 		return nil, fmt.Errorf("list generations of %s: %w", id, err)
 	}
-	defer rows.Close()
-	var out []GenerationRecord
-	for rows.Next() {
-		r, err := scanGeneration(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 const operationSelect = `SELECT operation_id, kind, sandbox_id, generation, state, request, error, created_at, finished_at FROM operations`
@@ -514,20 +560,11 @@ func (s *Store) Operation(ctx context.Context, opID string) (OperationRecord, er
 
 // Operations returns a sandbox's operations, oldest first.
 func (s *Store) Operations(ctx context.Context, id string) ([]OperationRecord, error) {
-	rows, err := s.db.QueryContext(ctx, operationSelect+` WHERE sandbox_id = ? ORDER BY created_at, operation_id`, id)
+	out, err := collect(ctx, s.db, scanOperation, operationSelect+` WHERE sandbox_id = ? ORDER BY created_at, operation_id`, id)
 	if err != nil {
 		return nil, fmt.Errorf("list operations of %s: %w", id, err)
 	}
-	defer rows.Close()
-	var out []OperationRecord
-	for rows.Next() {
-		r, err := scanOperation(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func pendingOp(ctx context.Context, tx *sql.Tx, id, kind string) (OperationRecord, bool, error) {

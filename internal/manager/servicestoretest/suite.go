@@ -342,3 +342,70 @@ func idleTimers(t *testing.T, open Opener) {
 		t.Fatalf("due before idle after the resume: %+v", due)
 	}
 }
+
+// PairOpener opens a fresh, empty database and returns two handles on it
+// (two manager processes' stores).
+type PairOpener func(t *testing.T, now func() time.Time) (a, b manager.ServiceStore)
+
+// RunShared runs the cases that need two handles on one database.
+func RunShared(t *testing.T, open PairOpener) {
+	t.Run("AdmitFromTwoHandlesNeverExceedsQuota", func(t *testing.T) { admitTwoHandles(t, open) })
+}
+
+// admitTwoHandles races 300 admissions of two owners from two handles
+// (as two replicas would): each owner's sandboxes and CPU never exceed
+// its quota, and exactly the quota is admitted.
+func admitTwoHandles(t *testing.T, open PairOpener) {
+	ctx := context.Background()
+	clk := &Clock{t: time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)}
+	a, b := open(t, clk.now)
+	quota := map[string]manager.Quota{
+		"team-a": {Sandboxes: 9, CPUMillis: 100000, MemoryBytes: 1 << 40, DiskBytes: 1 << 40, CreatesPerMin: 1000},
+		"team-b": {Sandboxes: 100, CPUMillis: 1000, MemoryBytes: 1 << 40, DiskBytes: 1 << 40, CreatesPerMin: 1000},
+	}
+	for o, q := range quota {
+		if _, err := a.SetQuota(ctx, o, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := map[string]int{}
+	start := make(chan struct{})
+	for i := range 300 {
+		s, owner := a, "team-a"
+		if i%2 == 1 {
+			s = b
+		}
+		if i%3 == 0 {
+			owner = "team-b"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			err := s.AdmitCreate(ctx, manager.Admission{Owner: owner, ID: fmt.Sprintf("sb-%03d", i), Spec: []byte("{}"), CPUMillis: 100, Memory: 1 << 20})
+			var qe *manager.QuotaError
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				admitted[owner]++
+			case errors.As(err, &qe):
+			default:
+				t.Errorf("admit %d: %v", i, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for owner, want := range map[string]int64{"team-a": 9, "team-b": 10} {
+		u, err := b.Usage(ctx, owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(admitted[owner]) != want || u.Sandboxes != want || u.CPUMillis != 100*want {
+			t.Errorf("%s: admitted %d, usage %+v; want exactly %d sandboxes of 100m (quota %+v)", owner, admitted[owner], u, want, quota[owner])
+		}
+	}
+}
