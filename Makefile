@@ -30,13 +30,15 @@ vet:
 
 # Unit tests on the host: kernel tests skip here with a visible reason.
 # test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive;
-# test/s3/setup.sh the S3 server (versitygw) internal/blockstore/s3store's.
+# test/s3/setup.sh the S3 server (versitygw) internal/blockstore/s3store's;
+# test/pg/setup.sh PostgreSQL (Debian's) internal/manager's store contract's.
 # test/unitcheck prints the package lines and failed tests' output, and
 # fails the stage on any skip but the kernel tests' own (ktest.Require).
 UNIT_ALLOWED_SKIP ?= kernel test: needs root in the test VM
 test-unit:
 	@test/nbd/setup.sh
 	@test/s3/setup.sh >/dev/null
+	@test/pg/setup.sh >/dev/null
 	@$(GO) build -o bin/unitcheck ./test/unitcheck
 	set -o pipefail; $(GO) test -count=1 -json $(PKGS) | bin/unitcheck -allow '$(UNIT_ALLOWED_SKIP)'
 
@@ -79,7 +81,7 @@ E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|Test
 # binary is one build and one copy less.
 VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store internal/cowdev \
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
-	internal/manager internal/manager/fakenode internal/journal internal/proof \
+	internal/manager internal/manager/fakenode internal/pgtest internal/journal internal/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \

@@ -3,8 +3,12 @@ package manager_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/servicestoretest"
@@ -40,8 +44,7 @@ func sqliteBackend() backend {
 	}}
 }
 
-func postgresBackend(t *testing.T) backend {
-	srv := pgtest.Start(t)
+func postgresBackend(srv *pgtest.Server) backend {
 	return backend{"PostgreSQL", func(t *testing.T, now func() time.Time) (*manager.Store, func() *manager.Store) {
 		dsn := srv.NewDatabase(t)
 		s := mustOpen(t, dsn, now)
@@ -74,5 +77,62 @@ func runContracts(t *testing.T, b backend) {
 // TestStoreContractSQLite runs the store contracts on SQLite.
 func TestStoreContractSQLite(t *testing.T) { runContracts(t, sqliteBackend()) }
 
-// TestStoreContractPostgres runs them on PostgreSQL.
-func TestStoreContractPostgres(t *testing.T) { runContracts(t, postgresBackend(t)) }
+// TestStoreContractPostgres runs them on PostgreSQL, and checks its
+// versioned migrations.
+func TestStoreContractPostgres(t *testing.T) {
+	srv := pgtest.Start(t)
+	runContracts(t, postgresBackend(srv))
+	t.Run("Migrations", func(t *testing.T) { postgresMigrations(t, srv) })
+}
+
+// postgresMigrations: managers that start together on an empty database
+// migrate it once (the advisory lock), to the version SQLite reaches; a
+// database newer than the binary is refused, not used.
+func postgresMigrations(t *testing.T, srv *pgtest.Server) {
+	ctx := context.Background()
+	lite := mustOpen(t, filepath.Join(t.TempDir(), "m.db"), nil)
+	want, err := lite.SchemaVersion(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := srv.NewDatabase(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := manager.Open(ctx, dsn, nil)
+			if err == nil {
+				s.Close()
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent open: %v", err)
+		}
+	}
+	s := mustOpen(t, dsn, nil)
+	if v, err := s.SchemaVersion(ctx); err != nil || v != want {
+		t.Fatalf("PostgreSQL schema version %d, %v; SQLite's is %d", v, err, want)
+	}
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var rows int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&rows); err != nil || rows != want {
+		t.Fatalf("schema_migrations has %d rows, %v; want one per migration (%d)", rows, err, want)
+	}
+	if _, err := c.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, 'a newer binary')`, want+1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := manager.Open(ctx, dsn, nil); err == nil || !strings.Contains(err.Error(), "this binary knows") {
+		t.Fatalf("open of a newer database: %v, want refused", err)
+	}
+}
