@@ -155,7 +155,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&c.config, "config", config.DefaultPath, "ctld's configuration file: the block store commands read the block store's settings from it")
 	pf.StringVar(&c.socket, "socket", api.DefaultSocketPath, "ctld API socket")
-	pf.StringVar(&c.db, "db", db, "manager database (env CTL_MANAGER_DB)")
+	pf.StringVar(&c.db, "db", db, "manager database: a SQLite file, or a postgres:// URL (env CTL_MANAGER_DB)")
 	pf.BoolVar(&c.json, "json", false, "print JSON")
 	pf.DurationVar(&c.timeout, "timeout", 5*time.Minute, "give up after this long (0: never)")
 	pf.BoolVarP(&c.verbose, "verbose", "v", false, "log what the manager does to stderr")
@@ -241,7 +241,7 @@ func (c *cli) manager(ctx context.Context, withStore bool) (*manager.Manager, fu
 	if !withStore {
 		return m, func() {}, nil
 	}
-	st, err := manager.OpenStore(ctx, c.db, nil)
+	st, err := manager.Open(ctx, c.db, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -27,8 +27,9 @@ func (c *cli) serviceCommands() []*cobra.Command {
 	return []*cobra.Command{c.serveCommand(), c.keyCommand(), c.ownerCommand()}
 }
 
+// openStore opens --db: a SQLite file, or PostgreSQL for a postgres:// URL.
 func (c *cli) openStore(ctx context.Context) (*manager.Store, error) {
-	return manager.OpenStore(ctx, c.db, nil)
+	return manager.Open(ctx, c.db, nil)
 }
 
 // storeAction runs fn with the manager's database open.
@@ -261,6 +262,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		}
 		defer st.Close()
 		log := logging.NewWith(c.stderr, lo)
+		log.Info("manager database open", "backend", st.Backend(), "db", redactDB(c.db))
 		srv := &service.Server{
 			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries},
 			Store:          st,
@@ -278,6 +280,14 @@ func (c *cli) serveCommand() *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// redactDB is --db fit for a log: a URL's password is left out.
+func redactDB(db string) string {
+	if manager.IsPostgresURL(db) {
+		return manager.RedactDSN(db)
+	}
+	return db
 }
 
 func netipLoopback(a net.Addr) (bool, error) {

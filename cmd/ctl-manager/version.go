@@ -91,10 +91,10 @@ func (c *cli) completeSandboxIDs(cmds ...*cobra.Command) {
 // sandboxIDs are the store's sandbox IDs starting with prefix; a missing
 // database has none (completion never creates it).
 func (c *cli) sandboxIDs(ctx context.Context, prefix string) ([]string, error) {
-	if _, err := os.Stat(c.db); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(c.db); !manager.IsPostgresURL(c.db) && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	st, err := manager.OpenStore(ctx, c.db, nil)
+	st, err := manager.Open(ctx, c.db, nil)
 	if err != nil {
 		return nil, err
 	}
