@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/servicestoretest"
 	"github.com/ctld/ctld/internal/manager/storetest"
@@ -83,6 +84,38 @@ func TestStoreContractPostgres(t *testing.T) {
 	srv := pgtest.Start(t)
 	runContracts(t, postgresBackend(srv))
 	t.Run("Migrations", func(t *testing.T) { postgresMigrations(t, srv) })
+	t.Run("DatabaseRestart", func(t *testing.T) { postgresRestart(t, srv) })
+}
+
+// postgresRestart: while the database is down, reads and transactions
+// fail as unavailable with a retry hint (the API's 503 + Retry-After) and
+// record nothing; once it is back, the same store handle works again.
+func postgresRestart(t *testing.T, srv *pgtest.Server) {
+	ctx := context.Background()
+	s := mustOpen(t, srv.NewDatabase(t), nil)
+	if _, err := s.CreateOwner(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop(t)
+	admit := func(id string) error {
+		return s.AdmitCreate(ctx, manager.Admission{Owner: "t", ID: id, Spec: []byte("{}")})
+	}
+	for what, err := range map[string]error{
+		"read":        func() error { _, err := s.Owner(ctx, "t"); return err }(),
+		"transaction": admit("while-down"),
+		"list":        func() error { _, err := s.Sandboxes(ctx); return err }(),
+	} {
+		if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errdefs.RetryAfterOf(err) < time.Second {
+			t.Errorf("%s while the database is down: %v (code %s, retry after %v), want unavailable with a hint", what, err, errdefs.CodeOf(err), errdefs.RetryAfterOf(err))
+		}
+	}
+	srv.Restart(t)
+	if err := admit("after"); err != nil {
+		t.Fatalf("admit after the restart: %v", err)
+	}
+	if u, err := s.Usage(ctx, "t"); err != nil || u.Sandboxes != 1 {
+		t.Fatalf("usage after the restart: %+v, %v; want the one admitted after it", u, err)
+	}
 }
 
 // postgresMigrations: managers that start together on an empty database

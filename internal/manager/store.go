@@ -141,6 +141,9 @@ type dialect struct {
 	// retryable reports a transaction the database aborted to keep the
 	// transactions serializable: it is run again (maxTxAttempts in all).
 	retryable func(error) bool
+	// classify gives a transaction's error its kind (PostgreSQL: a
+	// database out of reach is unavailable); nil leaves it as it is.
+	classify func(error) error
 }
 
 var sqliteDialect = dialect{name: "sqlite", migrate: migrateSQLite, version: sqliteVersion}
@@ -224,13 +227,22 @@ const maxTxAttempts = 50
 // aborts it as a serialization conflict: fn must only assign what it
 // returns, so a rerun replaces a failed run's results.
 func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	err := s.txRetried(ctx, fn)
+	if err != nil && s.dialect.classify != nil {
+		err = s.dialect.classify(err)
+	}
+	return err
+}
+
+func (s *Store) txRetried(ctx context.Context, fn func(*sql.Tx) error) error {
 	for attempt := 1; ; attempt++ {
 		err := s.tx1(ctx, fn)
 		if err == nil || s.dialect.retryable == nil || !s.dialect.retryable(err) {
 			return err
 		}
 		if attempt == maxTxAttempts {
-			return fmt.Errorf("run transaction: still conflicting after %d attempts: %w", attempt, err)
+			// Contention, not a fault: the caller may try again.
+			return errdefs.Busy(time.Second, "run transaction: still conflicting after %d attempts: %w", attempt, err)
 		}
 		// Jittered, growing backoff: the conflicting transactions should
 		// not meet again at once.

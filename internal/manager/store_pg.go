@@ -6,6 +6,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -15,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/ctld/ctld/internal/errdefs"
 )
 
 // The PostgreSQL backend: the Store's own SQL, run through pgx's
@@ -61,6 +65,7 @@ var pgDialect = dialect{
 	version:   postgresVersion,
 	txOpts:    &sql.TxOptions{Isolation: sql.LevelSerializable},
 	retryable: serializationFailure,
+	classify:  pgUnavailable,
 }
 
 // OpenPostgres opens the PostgreSQL database at dsn (a postgres:// URL)
@@ -102,6 +107,30 @@ func redactErr(err error, dsn string) string {
 		}
 	}
 	return msg
+}
+
+// pgUnavailable marks the error of a database that cannot be reached
+// (down, restarting, out of connections, the connection lost) as
+// unavailable with a retry hint, which the API answers as 503 with
+// Retry-After; other errors pass as they are. driver.ErrBadConn passes too:
+// database/sql retries it on a fresh connection.
+func pgUnavailable(err error) error {
+	if err == nil || errors.Is(err, driver.ErrBadConn) || errdefs.CodeOf(err) == errdefs.CodeUnavailable || !connectionLost(err) {
+		return err
+	}
+	return &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "database unavailable: " + err.Error(), RetryAfter: time.Second, Cause: err}
+}
+
+func connectionLost(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// Class 08: connection exception; 57P01-03: the server is
+		// shutting down or starting; 53300: too many connections.
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03" || pe.Code == "53300"
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
 func serializationFailure(err error) bool {
@@ -181,7 +210,7 @@ type pgConnector struct{ driver.Connector }
 func (c pgConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.Connector.Connect(ctx)
 	if err != nil {
-		return nil, err
+		return nil, pgUnavailable(fmt.Errorf("connect to the database: %w", err))
 	}
 	sc, ok := conn.(*stdlib.Conn)
 	if !ok {
@@ -195,18 +224,24 @@ func (c pgConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // passes Go bools as the schema's 0/1 integers.
 type pgConn struct{ *stdlib.Conn }
 
-func (c pgConn) Prepare(query string) (driver.Stmt, error) { return c.Conn.Prepare(rebind(query)) }
+func (c pgConn) Prepare(query string) (driver.Stmt, error) {
+	st, err := c.Conn.Prepare(rebind(query))
+	return st, pgUnavailable(err)
+}
 
 func (c pgConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	return c.Conn.PrepareContext(ctx, rebind(query))
+	st, err := c.Conn.PrepareContext(ctx, rebind(query))
+	return st, pgUnavailable(err)
 }
 
 func (c pgConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.Conn.ExecContext(ctx, rebind(query), args)
+	res, err := c.Conn.ExecContext(ctx, rebind(query), args)
+	return res, pgUnavailable(err)
 }
 
 func (c pgConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.Conn.QueryContext(ctx, rebind(query), args)
+	rows, err := c.Conn.QueryContext(ctx, rebind(query), args)
+	return rows, pgUnavailable(err)
 }
 
 func (c pgConn) CheckNamedValue(nv *driver.NamedValue) error {

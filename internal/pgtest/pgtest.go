@@ -33,9 +33,10 @@ type Server struct {
 	Dir     string
 	Version string // e.g. "15"
 	Pid     int
+	bin     string
+	cred    *syscall.Credential
 	sock    string
-	cmd     *exec.Cmd
-	exited  chan error
+	exited  chan error // nil while stopped
 	dbs     atomic.Int64
 }
 
@@ -124,24 +125,40 @@ func Start(t testing.TB) *Server {
 	if err := initdb.Run(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, readLog(dir))
 	}
-	s := &Server{Dir: dir, Version: filepath.Base(filepath.Dir(bin)), sock: sock, exited: make(chan error, 1)}
-	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", sock,
+	s := &Server{Dir: dir, Version: filepath.Base(filepath.Dir(bin)), bin: bin, cred: cred, sock: sock}
+	t.Cleanup(func() { s.Stop(t) })
+	s.Restart(t)
+	return s
+}
+
+// Restart starts the (stopped) server again on its data: what a database
+// restart looks like to its clients.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	if s.exited != nil {
+		t.Fatalf("postgres (pid %d) is running", s.Pid)
+	}
+	logf, err := os.OpenFile(filepath.Join(s.Dir, "postgres.log"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", filepath.Join(s.Dir, "data"), "-k", s.sock,
 		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
 		"-c", "full_page_writes=off", "-c", "max_connections=200")
-	// Its own process group: the cleanup checks the whole group is gone.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
+	// Its own process group: Stop checks the whole group is gone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
-	s.Pid = s.cmd.Process.Pid
-	go func() { s.exited <- s.cmd.Wait() }()
-	t.Cleanup(func() { s.stop(t) })
+	s.Pid = cmd.Process.Pid
+	s.exited = make(chan error, 1)
+	go func() { s.exited <- cmd.Wait() }()
 	if err := s.waitReady(60 * time.Second); err != nil {
-		t.Fatalf("postgres %s in %s: %v\n%s", s.Version, dir, err, readLog(dir))
+		t.Fatalf("postgres %s in %s: %v\n%s", s.Version, s.Dir, err, readLog(s.Dir))
 	}
-	t.Logf("pgtest: PostgreSQL %s (pid %d) on %s, running as uid %d", s.Version, s.Pid, sock, uidOf(cred))
-	return s
+	t.Logf("pgtest: PostgreSQL %s (pid %d) on %s, running as uid %d", s.Version, s.Pid, s.sock, uidOf(s.cred))
 }
 
 func uidOf(c *syscall.Credential) int {
@@ -205,10 +222,15 @@ func (s *Server) NewDatabase(t testing.TB) string {
 	return s.DSN(name)
 }
 
-// stop shuts the server down (fast shutdown: SIGINT; SIGKILL if it hangs)
-// and fails the test if a process of its group is left.
-func (s *Server) stop(t testing.TB) {
+// Stop shuts the server down (fast shutdown: SIGINT; SIGKILL if it hangs)
+// and fails the test if a process of its group is left. Stopping a
+// stopped server does nothing.
+func (s *Server) Stop(t testing.TB) {
 	t.Helper()
+	if s.exited == nil {
+		return
+	}
+	defer func() { s.exited = nil }()
 	syscall.Kill(s.Pid, syscall.SIGINT)
 	select {
 	case <-s.exited:
