@@ -336,7 +336,12 @@ type ProofRecord struct {
 	VerifyError string           `json:"verify_error,omitempty"`
 }
 
-func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+// tsLayout is RFC 3339 in UTC with all nine fraction digits: stored times
+// are compared and sorted as text (deadline <= now), which needs one
+// width (RFC3339Nano drops trailing zeros, and "10Z" sorts after "10.5Z").
+const tsLayout = "2006-01-02T15:04:05.000000000Z07:00"
+
+func ts(t time.Time) string { return t.UTC().Format(tsLayout) }
 
 func parseTS(s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)

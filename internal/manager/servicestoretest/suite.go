@@ -27,6 +27,7 @@ func Run(t *testing.T, open Opener) {
 		{"AdmitConcurrentNeverExceedsQuota", admitConcurrent},
 		{"AdmitQuotaAndRate", admitQuotaAndRate},
 		{"TimersFireOnce", timersFireOnce},
+		{"TimerDueWithinItsSecond", timerDueWithinItsSecond},
 		{"IdleTimers", idleTimers},
 		{"IdempotencyRecords", idempotencyRecords},
 	} {
@@ -218,6 +219,26 @@ func timersFireOnce(t *testing.T, open Opener) {
 	sb, err := s.OwnedSandbox(ctx, "t", "x")
 	if err != nil || sb.Active || sb.Reason != "timeout" {
 		t.Fatalf("sandbox after its timeout: %+v, %v", sb, err)
+	}
+}
+
+// timerDueWithinItsSecond: a deadline on a whole second is due half a
+// second after it (stored times compare as text: one width for all).
+func timerDueWithinItsSecond(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	if _, err := s.CreateOwner(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "t", ID: "x", Spec: []byte("{}"), Deadline: clk.now().Add(10 * time.Second), Idle: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(10*time.Second + 500*time.Millisecond)
+	if due, err := s.DueTimers(ctx, clk.now(), 10); err != nil || len(due) != 1 {
+		t.Fatalf("timeout due 0.5 s after its deadline: %+v, %v", due, err)
+	}
+	if due, err := s.DueIdle(ctx, clk.now(), 10); err != nil || len(due) != 1 {
+		t.Fatalf("idle timer due 0.5 s after its deadline: %+v, %v", due, err)
 	}
 }
 
