@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"regexp"
@@ -63,6 +64,19 @@ func TestCLIOnPostgres(t *testing.T) {
 	if _, err := c.Create(ctx, client.CreateRequest{Template: "busybox"}); err == nil || !strings.Contains(err.Error(), "quota_exceeded") {
 		t.Fatalf("second create over a quota of 1: %v", err)
 	}
+	// The database restarted under the server: calls are 503
+	// unavailable with a retry hint meanwhile, and work after it.
+	srv.Stop(t)
+	for what, call := range map[string]func() error{
+		"get":    func() error { _, err := c.Get(ctx, sb.ID); return err },
+		"create": func() error { _, err := c.Create(ctx, client.CreateRequest{Template: "busybox"}); return err },
+	} {
+		var ce *client.Error
+		if err := call(); !errors.As(err, &ce) || ce.Status != 503 || ce.Code != "unavailable" || ce.RetryAfter < time.Second {
+			t.Errorf("%s while the database is down: %v, want 503 unavailable with Retry-After", what, err)
+		}
+	}
+	srv.Restart(t)
 	if d, err := c.Destroy(ctx, sb.ID); err != nil || !d.Proof.Verified {
 		t.Fatalf("destroy = %+v, %v", d, err)
 	}
