@@ -118,16 +118,7 @@ func (s *Store) DueIdle(ctx context.Context, now time.Time, limit int) ([]IdleTi
 	if err != nil {
 		return nil, fmt.Errorf("list due idle timers: %w", err)
 	}
-	defer rows.Close()
-	var out []IdleTimer
-	for rows.Next() {
-		t, err := scanIdle(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return collect(rows, scanIdle)
 }
 
 // MarkIdleFiring records that a due idle timer fires, before the node is

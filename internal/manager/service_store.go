@@ -103,6 +103,14 @@ type ServiceStore interface {
 	EndOwnedSandbox(ctx context.Context, id, reason string) error
 	SetPaused(ctx context.Context, id string, paused bool) error
 
+	AdmitVolume(ctx context.Context, in VolumeAdmission) error
+	SettleVolume(ctx context.Context, id string, ok bool, reason string) error
+	OwnedVolume(ctx context.Context, owner, id string) (OwnedVolume, error)
+	OwnedVolumes(ctx context.Context, owner, after string, limit int) ([]OwnedVolume, error)
+	BeginVolumeDelete(ctx context.Context, owner, id string) (OwnedVolume, error)
+	FinishVolumeDelete(ctx context.Context, id string) error
+	UnsettledVolumes(ctx context.Context) ([]OwnedVolume, error)
+
 	BeginIdempotent(ctx context.Context, owner, key string) (IdempotencyRecord, bool, error)
 	FinishIdempotent(ctx context.Context, owner, key string, rec IdempotencyRecord) error
 	AbandonIdempotent(ctx context.Context, owner, key string) error
@@ -136,12 +144,15 @@ type Quota struct {
 // DefaultQuota is a new owner's quota until `owner quota set` changes it.
 var DefaultQuota = Quota{Sandboxes: 10, CPUMillis: 8000, MemoryBytes: 16 << 30, DiskBytes: 100 << 30, CreatesPerMin: 60}
 
-// Usage is what an owner holds now: its active sandboxes' reservations.
+// Usage is what an owner holds now: its active sandboxes' reservations
+// and its volumes (created or being created, not deleted), whose sizes
+// count in DiskBytes.
 type Usage struct {
 	Sandboxes   int64 `json:"sandboxes"`
 	CPUMillis   int64 `json:"cpu_millis"`
 	MemoryBytes int64 `json:"memory_bytes"`
 	DiskBytes   int64 `json:"disk_bytes"`
+	Volumes     int64 `json:"volumes"`
 }
 
 // Owner is a tenant: a team whose keys see only its objects.
@@ -264,6 +275,13 @@ func usageTx(ctx context.Context, q querier, owner string) (Usage, error) {
 	if err != nil {
 		return u, fmt.Errorf("read usage of %s: %w", owner, err)
 	}
+	var volBytes int64
+	err = q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM owned_volumes WHERE owner = ? AND state IN ('creating', 'ready', 'deleting')`, owner).
+		Scan(&u.Volumes, &volBytes)
+	if err != nil {
+		return u, fmt.Errorf("read volume usage of %s: %w", owner, err)
+	}
+	u.DiskBytes += volBytes
 	return u, nil
 }
 
@@ -374,6 +392,8 @@ type Admission struct {
 	// Idle, when not zero, arms the sandbox's idle timer: it fires Idle
 	// after the last activity (TouchIdle).
 	Idle time.Duration
+	// Volumes are the owner's volumes the sandbox holds until it ends.
+	Volumes []string
 }
 
 // AdmitCreate checks owner's quota and create rate and, in the same
@@ -433,6 +453,9 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO owned_sandboxes (id, owner, spec, labels, cpu_millis, memory_bytes, disk_bytes, active, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)`,
 			in.ID, in.Owner, string(in.Spec), string(labels), in.CPUMillis, in.Memory, in.Disk, ts(now)); err != nil {
 			return fmt.Errorf("record sandbox %s of %s: %w", in.ID, in.Owner, err)
+		}
+		if err := holdVolumesTx(ctx, tx, in.Owner, in.ID, in.Volumes); err != nil {
+			return err
 		}
 		if !in.Deadline.IsZero() {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO timers (sandbox_id, kind, deadline, state) VALUES (?, 'timeout', ?, 'armed')`, in.ID, ts(in.Deadline)); err != nil {
@@ -519,16 +542,7 @@ func (s *Store) OwnedSandboxes(ctx context.Context, owner, after string, limit i
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes of %s: %w", owner, err)
 	}
-	defer rows.Close()
-	var out []OwnedSandbox
-	for rows.Next() {
-		r, err := scanOwned(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return collect(rows, scanOwned)
 }
 
 // EndOwnedSandbox returns a sandbox's reservation to its owner's quota
@@ -700,16 +714,7 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]Time
 	if err != nil {
 		return nil, fmt.Errorf("list due timers: %w", err)
 	}
-	defer rows.Close()
-	var out []Timer
-	for rows.Next() {
-		t, err := scanTimer(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return collect(rows, scanTimer)
 }
 
 // MarkFiring records that a due timer fires, before its release is sent:
@@ -771,16 +776,7 @@ func (s *Store) UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list unsettled creates: %w", err)
 	}
-	defer rows.Close()
-	var out []OwnedSandbox
-	for rows.Next() {
-		r, err := scanOwned(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return collect(rows, scanOwned)
 }
 
 // PruneIdempotent forgets the answers kept before before: a retry with a

@@ -117,6 +117,9 @@ var migrations = []string{
 	serviceMigration,
 	// 8: the service's idle timers (idle_timeout_sec of a create).
 	idleMigration,
+	// 9: the service's persistent volumes of an owner and which sandbox
+	// holds each.
+	serviceVolumesMigration,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.
