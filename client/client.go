@@ -137,6 +137,42 @@ func (c *Client) Get(ctx context.Context, id string) (Sandbox, error) {
 	return sb, err
 }
 
+// CreateVolume creates a persistent volume of the caller's.
+func (c *Client) CreateVolume(ctx context.Context, r VolumeCreateRequest, opts ...Option) (Volume, error) {
+	var v Volume
+	err := c.call(ctx, http.MethodPost, "/v1/volumes", nil, r, &v, opts...)
+	return v, err
+}
+
+// Volume returns one of the caller's volumes.
+func (c *Client) Volume(ctx context.Context, id string) (Volume, error) {
+	var v Volume
+	err := c.call(ctx, http.MethodGet, "/v1/volumes/"+url.PathEscape(id), nil, nil, &v)
+	return v, err
+}
+
+// Volumes returns one page of the caller's volumes (cursor "" for the
+// first).
+func (c *Client) Volumes(ctx context.Context, limit int, cursor string) (VolumeList, error) {
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	var l VolumeList
+	err := c.call(ctx, http.MethodGet, "/v1/volumes", q, nil, &l)
+	return l, err
+}
+
+// DeleteVolume deletes a volume no sandbox holds.
+func (c *Client) DeleteVolume(ctx context.Context, id string, opts ...Option) (Volume, error) {
+	var v Volume
+	err := c.call(ctx, http.MethodDelete, "/v1/volumes/"+url.PathEscape(id), nil, nil, &v, opts...)
+	return v, err
+}
+
 // ListOptions filter and page GET /v1/sandboxes.
 type ListOptions struct {
 	State  string

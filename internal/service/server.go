@@ -57,6 +57,9 @@ type Server struct {
 	Log     *slog.Logger
 	// Templates are what sandboxes may be created from.
 	Templates []client.Template
+	// Volumes makes and deletes persistent volumes; nil: the volume
+	// endpoints that need the block store answer unavailable.
+	Volumes VolumeBackend
 	// Now is the clock of deadlines; nil: time.Now.
 	Now func() time.Time
 	// NewID returns a fresh sandbox id; nil: "sb-" + 80 random bits.
@@ -137,6 +140,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.log().Warn("forgot idempotency keys of calls that were running when the previous server stopped", "count", n)
 	}
 	s.baseCtx = ctx
+	if err := s.settleVolumes(ctx); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	if err := s.settleCreates(ctx); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
