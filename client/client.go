@@ -445,9 +445,19 @@ func (c *Client) UpdateNetwork(ctx context.Context, id string, n Network, opts .
 // "" for all) and calls fn with each until fn returns an error, ctx ends
 // or the stream does. A stream cut for falling behind ends with an *Error.
 func (c *Client) Events(ctx context.Context, sandbox string, fn func(Event) error) error {
+	return c.EventsAfter(ctx, sandbox, -1, fn)
+}
+
+// EventsAfter is Events that first replays the journaled events after the
+// cursor after (an Event's Seq; 0: all kept; -1: none), so a follower
+// resumes where it stopped, across restarts of the server.
+func (c *Client) EventsAfter(ctx context.Context, sandbox string, after int64, fn func(Event) error) error {
 	q := url.Values{}
 	if sandbox != "" {
 		q.Set("sandbox", sandbox)
+	}
+	if after >= 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
 	}
 	resp, err := c.Do(ctx, http.MethodGet, "/v1/events", q, nil, "", func(r *http.Request) { r.Header.Set("Accept", "text/event-stream") })
 	if err != nil {

@@ -253,6 +253,9 @@ const (
 
 // Event is something that happened to one of the caller's sandboxes.
 type Event struct {
+	// Seq orders the caller's events; it is the cursor to resume after
+	// (EventsAfter, or the stream's Last-Event-ID).
+	Seq       int64     `json:"seq"`
 	Type      string    `json:"type"`
 	SandboxID string    `json:"sandbox_id"`
 	Reason    string    `json:"reason,omitempty"`

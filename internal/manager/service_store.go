@@ -111,6 +111,10 @@ type ServiceStore interface {
 	FinishVolumeDelete(ctx context.Context, id string) error
 	UnsettledVolumes(ctx context.Context) ([]OwnedVolume, error)
 
+	AppendEvent(ctx context.Context, ev ServiceEvent) (ServiceEvent, error)
+	Events(ctx context.Context, owner, sandbox string, after int64, limit int) ([]ServiceEvent, error)
+	PruneEvents(ctx context.Context, before time.Time) (int, error)
+
 	BeginIdempotent(ctx context.Context, owner, key string) (IdempotencyRecord, bool, error)
 	FinishIdempotent(ctx context.Context, owner, key string, rec IdempotencyRecord) error
 	AbandonIdempotent(ctx context.Context, owner, key string) error

@@ -120,6 +120,8 @@ var migrations = []string{
 	// 9: the service's persistent volumes of an owner and which sandbox
 	// holds each.
 	serviceVolumesMigration,
+	// 10: the service's events, journaled for followers' cursors.
+	serviceEventsMigration,
 }
 
 // Store is the manager's SQLite database. Every method is one transaction.

@@ -523,9 +523,19 @@ func (e *sse) comment(text string) error {
 }
 
 func (e *sse) event(name string, data []byte) error {
+	return e.eventID(name, "", data)
+}
+
+// eventID writes an event with an id (the cursor a reconnecting follower
+// sends back as Last-Event-ID); "" writes none.
+func (e *sse) eventID(name, id string, data []byte) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, data); err != nil {
+	idLine := ""
+	if id != "" {
+		idLine = "id: " + id + "\n"
+	}
+	if _, err := fmt.Fprintf(e.w, "event: %s\n%sdata: %s\n\n", name, idLine, data); err != nil {
 		return err
 	}
 	return e.rc.Flush()

@@ -44,6 +44,8 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	// DefaultIdempotencyTTL is how long answers are kept for replays.
 	DefaultIdempotencyTTL = 24 * time.Hour
+	// DefaultEventTTL is how long events are kept for followers' cursors.
+	DefaultEventTTL = 24 * time.Hour
 	// minUploadRate is the slowest file upload allowed (bytes/s): its
 	// deadline is BodyTimeout plus its size at this rate.
 	minUploadRate  = 1 << 20
@@ -84,6 +86,8 @@ type Server struct {
 
 	// IdempotencyTTL is how long an Idempotency-Key's answer is kept.
 	IdempotencyTTL time.Duration
+	// EventTTL is how long journaled events are kept.
+	EventTTL time.Duration
 	// MaxFollowers bounds the event streams open at once.
 	MaxFollowers int
 
@@ -98,6 +102,7 @@ type Server struct {
 	// idle timer does not fire under one.
 	inFlight counter
 	events   broker
+	emitMu   sync.Mutex
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Log) }

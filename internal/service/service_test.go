@@ -185,12 +185,16 @@ func TestAllEndpointsContract(t *testing.T) {
 	}
 }
 
+// waitState waits until the sandbox is in state; an ended one (destroyed,
+// failed) also until its reason is recorded (the manager's record of the
+// release or failure comes a moment before the service's).
 func waitState(t *testing.T, c *client.Client, id, state string) client.Sandbox {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	ended := state == client.StateDestroyed || state == client.StateFailed
 	for {
 		sb, err := c.Get(context.Background(), id)
-		if err == nil && sb.State == state {
+		if err == nil && sb.State == state && (!ended || sb.Reason != "") {
 			return sb
 		}
 		if time.Now().After(deadline) {

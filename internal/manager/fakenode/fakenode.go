@@ -56,6 +56,10 @@ type Node struct {
 	// FailClaim, when set, is asked before each claim; a non-nil error is
 	// the answer (and is not remembered, like a dropped request).
 	FailClaim func(req api.ClaimRequest) error
+	// LoseClaimAnswer, when set, is asked after each new claim is done; a
+	// non-nil error is the answer instead (the claim happened, its answer
+	// was lost on the way).
+	LoseClaimAnswer func(req api.ClaimRequest) error
 	// Unclean names proof checks that fail.
 	Unclean []string
 	// GuestLog is each sandbox's init output, by sandbox id; a follow
@@ -200,6 +204,11 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 	r := api.ClaimResponse{Sandbox: sb}
 	n.claims[req.OperationID] = r
 	n.requests[req.OperationID] = []any{id, req}
+	if n.LoseClaimAnswer != nil {
+		if err := n.LoseClaimAnswer(req); err != nil {
+			return api.ClaimResponse{}, err
+		}
+	}
 	return r, nil
 }
 

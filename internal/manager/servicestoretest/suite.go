@@ -30,6 +30,7 @@ func Run(t *testing.T, open Opener) {
 		{"IdleTimers", idleTimers},
 		{"IdempotencyRecords", idempotencyRecords},
 		{"Volumes", volumes},
+		{"Events", events},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
@@ -451,5 +452,58 @@ func volumes(t *testing.T, open Opener) {
 	}
 	if un, err := s.UnsettledVolumes(ctx); err != nil || len(un) != 0 {
 		t.Fatalf("unsettled after all settled: %+v, %v", un, err)
+	}
+}
+
+// events: journaled in order with growing sequence numbers, read after a
+// cursor per owner (and sandbox), pruned by age.
+func events(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	var seqs []int64
+	for i, ev := range []manager.ServiceEvent{
+		{Owner: "a", SandboxID: "sb-1", Type: "created"},
+		{Owner: "b", SandboxID: "sb-2", Type: "created"},
+		{Owner: "a", SandboxID: "sb-1", Type: "ready"},
+		{Owner: "a", SandboxID: "sb-3", Type: "failed", Reason: "create failed: x"},
+	} {
+		got, err := s.AppendEvent(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Seq <= 0 || (i > 0 && got.Seq <= seqs[i-1]) || got.Time.IsZero() {
+			t.Fatalf("event %d: %+v", i, got)
+		}
+		seqs = append(seqs, got.Seq)
+		clk.add(time.Minute)
+	}
+	all, err := s.Events(ctx, "a", "", 0, 10)
+	if err != nil || len(all) != 3 || all[0].Seq != seqs[0] || all[1].Type != "ready" || all[2].Reason != "create failed: x" {
+		t.Fatalf("a's events: %+v, %v", all, err)
+	}
+	if after, err := s.Events(ctx, "a", "", seqs[0], 10); err != nil || len(after) != 2 || after[0].Seq != seqs[2] {
+		t.Fatalf("a's events after %d: %+v, %v", seqs[0], after, err)
+	}
+	if one, err := s.Events(ctx, "a", "sb-1", 0, 10); err != nil || len(one) != 2 {
+		t.Fatalf("sb-1's events: %+v, %v", one, err)
+	}
+	if page, err := s.Events(ctx, "a", "", 0, 1); err != nil || len(page) != 1 {
+		t.Fatalf("a page of 1: %+v, %v", page, err)
+	}
+	if b, err := s.Events(ctx, "b", "", 0, 10); err != nil || len(b) != 1 || b[0].SandboxID != "sb-2" {
+		t.Fatalf("b's events: %+v, %v", b, err)
+	}
+	if n, err := s.PruneEvents(ctx, all[1].Time); err != nil || n != 2 {
+		t.Fatalf("prune: %d, %v; want the 2 events before the third", n, err)
+	}
+	if rest, err := s.Events(ctx, "a", "", 0, 10); err != nil || len(rest) != 2 || rest[0].Seq != seqs[2] {
+		t.Fatalf("after the prune: %+v, %v", rest, err)
+	}
+	// Sequence numbers never go back, even after the newest is pruned.
+	if _, err := s.PruneEvents(ctx, clk.now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := s.AppendEvent(ctx, manager.ServiceEvent{Owner: "a", SandboxID: "sb-1", Type: "destroyed"}); err != nil || ev.Seq <= seqs[3] {
+		t.Fatalf("after pruning all: %+v, %v", ev, err)
 	}
 }
