@@ -113,6 +113,27 @@ class Client:
     def templates(self):
         return self._json("GET", "/v1/templates")["templates"]
 
+    def events(self, sandbox=None, after=None):
+        """Yields the caller's sandbox events (dicts with seq, type,
+        sandbox_id, reason, time) as they happen; with after (an event's
+        seq, 0 for all kept) the journaled events after it come first, so
+        a follower resumes where it stopped, across server restarts. Runs
+        until the stream ends or the caller stops iterating."""
+        q = {}
+        if sandbox:
+            q["sandbox"] = sandbox
+        if after is not None:
+            q["after"] = str(after)
+        conn, resp = self._open("GET", "/v1/events", q, None, {"Accept": "text/event-stream"})
+        try:
+            for name, data in _events(resp):
+                if name == "error":
+                    err = json.loads(data)["error"]
+                    raise APIError(200, err["code"], err["message"])
+                yield json.loads(data)
+        finally:
+            conn.close()
+
     def create_volume(self, size, labels=None, idempotency_key=None):
         """Creates a persistent volume (an empty ext4 file system of size,
         e.g. "1Gi"); mount it with create(volumes=[{"id": v["id"],

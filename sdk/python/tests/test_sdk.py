@@ -54,6 +54,20 @@ class SDKTest(unittest.TestCase):
         self.assertEqual(sb.resume().state, "ready")
         self.assertTrue(sb.kill()["verified"])
 
+    def test_events_resume(self):
+        sb = self.c.create(template=self.template)
+        mine = []
+        for ev in self.c.events(sandbox=sb.id, after=0):
+            mine.append(ev)
+            if ev["type"] == "ready":
+                break
+        self.assertEqual([e["type"] for e in mine], ["created", "ready"])
+        sb.kill()
+        # Resuming after "ready": only what came later.
+        for ev in self.c.events(sandbox=sb.id, after=mine[-1]["seq"]):
+            self.assertEqual((ev["type"], ev["seq"] > mine[-1]["seq"]), ("destroyed", True))
+            break
+
     def test_volumes(self):
         v = self.c.create_volume("4Mi", labels={"sdk": "py"})
         self.assertEqual((v["state"], v["size_bytes"]), ("ready", 4 << 20))
