@@ -204,7 +204,8 @@ func TestEventFollowersBounded(t *testing.T) {
 func TestEventsResumeFromCursorAfterRestart(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
-	col := follow(t, e.a, "")
+	// From the start of the journal: no race with the subscription.
+	col := followAfter(t, e.a, "", 0)
 	sb1, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"})
 	if err != nil {
 		t.Fatal(err)
