@@ -137,6 +137,42 @@ func (c *Client) Get(ctx context.Context, id string) (Sandbox, error) {
 	return sb, err
 }
 
+// CreateVolume creates a persistent volume of the caller's.
+func (c *Client) CreateVolume(ctx context.Context, r VolumeCreateRequest, opts ...Option) (Volume, error) {
+	var v Volume
+	err := c.call(ctx, http.MethodPost, "/v1/volumes", nil, r, &v, opts...)
+	return v, err
+}
+
+// Volume returns one of the caller's volumes.
+func (c *Client) Volume(ctx context.Context, id string) (Volume, error) {
+	var v Volume
+	err := c.call(ctx, http.MethodGet, "/v1/volumes/"+url.PathEscape(id), nil, nil, &v)
+	return v, err
+}
+
+// Volumes returns one page of the caller's volumes (cursor "" for the
+// first).
+func (c *Client) Volumes(ctx context.Context, limit int, cursor string) (VolumeList, error) {
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	var l VolumeList
+	err := c.call(ctx, http.MethodGet, "/v1/volumes", q, nil, &l)
+	return l, err
+}
+
+// DeleteVolume deletes a volume no sandbox holds.
+func (c *Client) DeleteVolume(ctx context.Context, id string, opts ...Option) (Volume, error) {
+	var v Volume
+	err := c.call(ctx, http.MethodDelete, "/v1/volumes/"+url.PathEscape(id), nil, nil, &v, opts...)
+	return v, err
+}
+
 // ListOptions filter and page GET /v1/sandboxes.
 type ListOptions struct {
 	State  string
@@ -197,56 +233,87 @@ func (c *Client) ExecStream(ctx context.Context, id string, r ExecRequest, stdou
 
 // ReadExecEvents reads an exec event stream until its exit or error event.
 func ReadExecEvents(r io.Reader, stdout, stderr io.Writer) (int, error) {
+	code := 0
+	ended, err := readSSE(r, 4<<20, func(ev sseEvent) (bool, error) {
+		switch ev.Name {
+		case EventStdout, EventStderr:
+			chunk, err := base64.StdEncoding.DecodeString(string(ev.Data))
+			if err != nil {
+				return false, fmt.Errorf("decode %s event: %w", ev.Name, err)
+			}
+			w := stdout
+			if ev.Name == EventStderr {
+				w = stderr
+			}
+			if w != nil {
+				if _, err := w.Write(chunk); err != nil {
+					return false, err
+				}
+			}
+		case EventExit:
+			var x ExecExit
+			if err := json.Unmarshal(ev.Data, &x); err != nil {
+				return false, fmt.Errorf("decode exit event: %w", err)
+			}
+			code = x.ExitCode
+			return true, nil
+		case EventError:
+			return false, errorEvent(ev.Data)
+		}
+		return false, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !ended {
+		return 0, errors.New("exec stream ended without an exit event")
+	}
+	return code, nil
+}
+
+// sseEvent is one server-sent event.
+type sseEvent struct {
+	Name string
+	ID   string
+	Data []byte
+}
+
+// readSSE calls fn with each event of the stream r (lines of at most
+// maxLine bytes) until fn returns true or an error, or the stream ends
+// (ended false).
+func readSSE(r io.Reader, maxLine int, fn func(sseEvent) (bool, error)) (ended bool, err error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	var event string
-	var data []byte
+	sc.Buffer(make([]byte, 4<<10), maxLine)
+	var ev sseEvent
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
 		case strings.HasPrefix(line, "event:"):
-			event = strings.TrimSpace(line[len("event:"):])
+			ev.Name = strings.TrimSpace(line[len("event:"):])
+		case strings.HasPrefix(line, "id:"):
+			ev.ID = strings.TrimSpace(line[len("id:"):])
 		case strings.HasPrefix(line, "data:"):
-			data = append(data, strings.TrimSpace(line[len("data:"):])...)
-		case line == "":
-			if event == "" {
-				continue
+			ev.Data = append(ev.Data, strings.TrimSpace(line[len("data:"):])...)
+		case line == "" && ev.Name != "":
+			if done, err := fn(ev); done || err != nil {
+				return done, err
 			}
-			switch event {
-			case EventStdout, EventStderr:
-				chunk, err := base64.StdEncoding.DecodeString(string(data))
-				if err != nil {
-					return 0, fmt.Errorf("decode %s event: %w", event, err)
-				}
-				w := stdout
-				if event == EventStderr {
-					w = stderr
-				}
-				if w != nil {
-					if _, err := w.Write(chunk); err != nil {
-						return 0, err
-					}
-				}
-			case EventExit:
-				var x ExecExit
-				if err := json.Unmarshal(data, &x); err != nil {
-					return 0, fmt.Errorf("decode exit event: %w", err)
-				}
-				return x.ExitCode, nil
-			case EventError:
-				var b ErrorBody
-				if err := json.Unmarshal(data, &b); err != nil {
-					return 0, fmt.Errorf("decode error event: %w", err)
-				}
-				return 0, &Error{Status: http.StatusOK, Code: b.Error.Code, Message: b.Error.Message}
-			}
-			event, data = "", nil
+			ev = sseEvent{}
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("read exec stream: %w", err)
+		return false, fmt.Errorf("read event stream: %w", err)
 	}
-	return 0, errors.New("exec stream ended without an exit event")
+	return false, nil
+}
+
+// errorEvent is the *Error an "error" event carries.
+func errorEvent(data []byte) error {
+	var b ErrorBody
+	if err := json.Unmarshal(data, &b); err != nil {
+		return fmt.Errorf("decode error event: %w", err)
+	}
+	return &Error{Status: http.StatusOK, Code: b.Error.Code, Message: b.Error.Message}
 }
 
 // ReadFile copies a guest file to w.
@@ -378,43 +445,37 @@ func (c *Client) UpdateNetwork(ctx context.Context, id string, n Network, opts .
 // "" for all) and calls fn with each until fn returns an error, ctx ends
 // or the stream does. A stream cut for falling behind ends with an *Error.
 func (c *Client) Events(ctx context.Context, sandbox string, fn func(Event) error) error {
+	return c.EventsAfter(ctx, sandbox, -1, fn)
+}
+
+// EventsAfter is Events that first replays the journaled events after the
+// cursor after (an Event's Seq; 0: all kept; -1: none), so a follower
+// resumes where it stopped, across restarts of the server.
+func (c *Client) EventsAfter(ctx context.Context, sandbox string, after int64, fn func(Event) error) error {
 	q := url.Values{}
 	if sandbox != "" {
 		q.Set("sandbox", sandbox)
+	}
+	if after >= 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
 	}
 	resp, err := c.Do(ctx, http.MethodGet, "/v1/events", q, nil, "", func(r *http.Request) { r.Header.Set("Accept", "text/event-stream") })
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 4<<10), 1<<20)
-	var name, data string
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event:"):
-			name = strings.TrimSpace(line[len("event:"):])
-		case strings.HasPrefix(line, "data:"):
-			data += strings.TrimSpace(line[len("data:"):])
-		case line == "" && name != "":
-			if name == EventError {
-				var b ErrorBody
-				_ = json.Unmarshal([]byte(data), &b)
-				return &Error{Status: http.StatusOK, Code: b.Error.Code, Message: b.Error.Message}
-			}
-			var ev Event
-			if err := json.Unmarshal([]byte(data), &ev); err != nil {
-				return fmt.Errorf("decode %s event: %w", name, err)
-			}
-			if err := fn(ev); err != nil {
-				return err
-			}
-			name, data = "", ""
+	_, err = readSSE(resp.Body, 1<<20, func(e sseEvent) (bool, error) {
+		if e.Name == EventError {
+			return false, errorEvent(e.Data)
 		}
-	}
-	if err := sc.Err(); err != nil && ctx.Err() == nil {
-		return fmt.Errorf("read events: %w", err)
+		var ev Event
+		if err := json.Unmarshal(e.Data, &ev); err != nil {
+			return false, fmt.Errorf("decode %s event: %w", e.Name, err)
+		}
+		return false, fn(ev)
+	})
+	if err != nil && ctx.Err() == nil {
+		return err
 	}
 	return ctx.Err()
 }
@@ -450,40 +511,31 @@ func (c *Client) Logs(ctx context.Context, id string, o LogsOptions, w io.Writer
 		return "", err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	var name, data string
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event:"):
-			name = strings.TrimSpace(line[len("event:"):])
-		case strings.HasPrefix(line, "data:"):
-			data += strings.TrimSpace(line[len("data:"):])
-		case line == "" && name != "":
-			switch name {
-			case EventLog:
-				b, err := base64.StdEncoding.DecodeString(data)
-				if err != nil {
-					return "", fmt.Errorf("decode log event: %w", err)
-				}
-				if _, err := w.Write(b); err != nil {
-					return "", err
-				}
-			case EventEnd:
-				var end LogsEnd
-				err := json.Unmarshal([]byte(data), &end)
-				return end.Reason, err
-			case EventError:
-				var b ErrorBody
-				_ = json.Unmarshal([]byte(data), &b)
-				return "", &Error{Status: http.StatusOK, Code: b.Error.Code, Message: b.Error.Message}
+	var reason string
+	ended, err := readSSE(resp.Body, 4<<20, func(ev sseEvent) (bool, error) {
+		switch ev.Name {
+		case EventLog:
+			b, err := base64.StdEncoding.DecodeString(string(ev.Data))
+			if err != nil {
+				return false, fmt.Errorf("decode log event: %w", err)
 			}
-			name, data = "", ""
+			_, err = w.Write(b)
+			return false, err
+		case EventEnd:
+			var end LogsEnd
+			err := json.Unmarshal(ev.Data, &end)
+			reason = end.Reason
+			return true, err
+		case EventError:
+			return false, errorEvent(ev.Data)
 		}
+		return false, nil
+	})
+	if err != nil {
+		return "", err
 	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read logs: %w", err)
+	if !ended {
+		return "", errors.New("log stream ended without an end event")
 	}
-	return "", errors.New("log stream ended without an end event")
+	return reason, nil
 }

@@ -93,6 +93,52 @@ type CreateRequest struct {
 	// IdleTimeoutSec pauses (block-mode root) or destroys (otherwise) the
 	// sandbox once no exec, file or log call touched it this long (0: never).
 	IdleTimeoutSec int64 `json:"idle_timeout_sec,omitempty"`
+	// Volumes are the caller's persistent volumes the sandbox mounts; it
+	// holds each until it ends (one sandbox at a time).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+// VolumeMount mounts a persistent volume at an absolute guest path.
+type VolumeMount struct {
+	ID   string `json:"id"`
+	Path string `json:"path"`
+}
+
+// Volume states.
+const (
+	VolumeCreating = "creating"
+	VolumeReady    = "ready"
+	VolumeFailed   = "failed"
+	VolumeDeleting = "deleting"
+	VolumeDeleted  = "deleted"
+)
+
+// VolumeCreateRequest is the body of POST /v1/volumes.
+type VolumeCreateRequest struct {
+	// Size is the device size ("1Gi"), a multiple of 64Ki; it counts
+	// against the owner's disk quota until the volume is deleted.
+	Size   string            `json:"size"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Volume is a persistent volume: an ext4 file system in the block store
+// that outlives the sandboxes that mount it.
+type Volume struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	SizeBytes int64             `json:"size_bytes"`
+	Labels    map[string]string `json:"labels"`
+	CreatedAt time.Time         `json:"created_at"`
+	// HeldBy is the active sandbox that mounts it (absent: none).
+	HeldBy string `json:"held_by,omitempty"`
+	// Reason says why its create failed.
+	Reason string `json:"reason,omitempty"`
+}
+
+// VolumeList is a page of GET /v1/volumes.
+type VolumeList struct {
+	Volumes    []Volume `json:"volumes"`
+	NextCursor string   `json:"next_cursor,omitempty"`
 }
 
 // SandboxResources are the resources a sandbox holds, in base units.
@@ -126,6 +172,8 @@ type Sandbox struct {
 	EndsAt *time.Time `json:"ends_at,omitempty"`
 	// Reason says why it ended or failed.
 	Reason string `json:"reason,omitempty"`
+	// Volumes are the persistent volumes it mounts.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // SandboxList is a page of GET /v1/sandboxes; NextCursor, when set, is
@@ -205,6 +253,9 @@ const (
 
 // Event is something that happened to one of the caller's sandboxes.
 type Event struct {
+	// Seq orders the caller's events; it is the cursor to resume after
+	// (EventsAfter, or the stream's Last-Event-ID).
+	Seq       int64     `json:"seq"`
 	Type      string    `json:"type"`
 	SandboxID string    `json:"sandbox_id"`
 	Reason    string    `json:"reason,omitempty"`

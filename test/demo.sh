@@ -143,8 +143,11 @@ echo "destroyed: release operation $op"
 ctl-manager proof verify "$op"
 ctl-manager sandbox ls
 
+step "a block-mode template for the service's pause/resume: ctld's busybox tree imported into its block store as busyblk"
+ctl-manager template import busyblk /var/lib/ctld/templates/busybox --size 64Mi
+
 step "the service: ctl-manager serve, an API key, the sandbox API with curl"
-ctl-manager serve --listen 127.0.0.1:8090 >"$LOGS/serve.log" 2>&1 & pids+=("$!")
+ctl-manager serve --listen 127.0.0.1:8090 --template busybox --template busyblk:block >"$LOGS/serve.log" 2>&1 & pids+=("$!")
 KEY=$(ctl-manager key create --owner demo-team 2>/dev/null)
 echo "API key for owner demo-team: ${KEY:0:16}... (shown once; the database keeps its hash)"
 ctl-manager owner quota set demo-team --sandboxes 2 --cpu 1 --memory 1Gi --creates-per-min 10
@@ -161,6 +164,17 @@ api -d '{"timeout_sec":1200}' "$API/sandboxes/$SB/timeout" | jq -c '{id, state, 
 echo "a wrong key gets HTTP $(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer ctl_wrong' "$API/sandboxes/$SB")"
 echo "DELETE /v1/sandboxes/$SB, its cleanup proof:"
 api -X DELETE "$API/sandboxes/$SB" | jq -c '.proof | {operation_id, verified, clean, checks: [.checks[].name]}'
+
+step "the service: pause and resume a block-mode sandbox; its files are kept"
+BLK=$(api -d '{"template":"busyblk","timeout_sec":600}' "$API/sandboxes" | jq -r .id)
+echo "POST /v1/sandboxes (template busyblk): $BLK ready"
+echo "kept across the pause" | api -X PUT -H 'Content-Type: application/octet-stream' --data-binary @- "$API/sandboxes/$BLK/files?path=/root/kept.txt"
+echo "POST .../pause (seal the root, release the compute, cleanup proof):"
+api -X POST "$API/sandboxes/$BLK/pause" | jq -c '{id, state, generation}'
+echo "POST .../resume (the next generation, from the sealed root):"
+api -X POST "$API/sandboxes/$BLK/resume" | jq -c '{id, state, generation}'
+echo "GET .../files?path=/root/kept.txt after the resume: $(api "$API/sandboxes/$BLK/files?path=/root/kept.txt")"
+api -X DELETE "$API/sandboxes/$BLK" | jq -c '.proof | {operation_id, verified, clean}'
 
 step "nothing left: runsc containers, lease cgroups, netns"
 echo "runsc containers: $(runsc --root /run/ctld/runsc list -quiet | wc -l)"

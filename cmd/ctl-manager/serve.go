@@ -15,6 +15,7 @@ import (
 
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/service"
@@ -202,9 +203,15 @@ func (c *cli) serveCommand() *cobra.Command {
 	var templates []string
 	var allowPlain bool
 	var defTimeout, maxTimeout, createTimeout time.Duration
-	var maxFile string
+	var maxFile, volumeTmp string
 	cmd := &cobra.Command{Use: "serve [--listen 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE]", Short: "Serve the sandbox API (HTTP/1.1 + JSON, API keys, quotas, lifetimes)", Args: noArgs}
 	f := cmd.Flags()
+	// Volumes live in ctld's block store: its settings come from ctld's
+	// configuration file (flags still win), like the volume commands'.
+	tf := &templateFlags{getenv: c.getenv, compress: blockstore.CompressS2}
+	tf.register(f, "ctld creates it")
+	f.StringVar(&volumeTmp, "volume-tmp-dir", os.TempDir(), "directory for a volume's image while it is built")
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return c.applyStoreConfig(cmd.Flags()) }
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	f.StringVar(&cert, "tls-cert", "", "TLS certificate (PEM); with --tls-key, serve HTTPS")
 	f.StringVar(&key, "tls-key", "", "TLS private key (PEM)")
@@ -263,7 +270,16 @@ func (c *cli) serveCommand() *cobra.Command {
 		defer st.Close()
 		log := logging.NewWith(c.stderr, lo)
 		log.Info("manager database open", "backend", st.Backend(), "db", redactDB(c.db))
+		// Without the block store (no node key yet, a store that does not
+		// open) the service runs; its volume calls answer unavailable.
+		var vols service.VolumeBackend
+		if _, repo, err := tf.open(ctx, false); err != nil {
+			log.Warn("volumes are unavailable: the block store does not open", "store", tf.store, "err", err)
+		} else {
+			vols = service.BlockVolumes{Repo: repo, TmpDir: volumeTmp}
+		}
 		srv := &service.Server{
+			Volumes:        vols,
 			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries},
 			Store:          st,
 			Log:            log,

@@ -157,3 +157,56 @@ func TestCLIServeTLS(t *testing.T) {
 		t.Fatalf("serve exited %d", code)
 	}
 }
+
+// TestCLIServeVolumesFromConfig: serve takes the block store of its
+// volumes from ctld's configuration file: a volume created through the
+// API is in that store (`volume ls` with the same file lists it) and gone
+// from it once deleted. Without a store that opens, the volume calls
+// answer unavailable and the rest of the API serves.
+func TestCLIServeVolumesFromConfig(t *testing.T) {
+	e := newEnv(t)
+	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "ctld.toml")
+	if err := os.WriteFile(cfg, []byte("max-concurrent-claims = 3\nblock-store = \""+dir+"/store\"\nnode-key = \""+dir+"/node.key\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// ctld makes the key and the store; here `volume ls` stands in.
+	e.ok("volume", "create", "seed", "--size", "1Mi", "--config", cfg)
+	ctx := context.Background()
+
+	base, stop := e.startServe("--listen", "127.0.0.1:0", "--config", cfg, "--volume-tmp-dir", t.TempDir())
+	c := &client.Client{BaseURL: base, Key: key}
+	v, err := c.CreateVolume(ctx, client.VolumeCreateRequest{Size: "2Mi"})
+	if err != nil || v.State != client.VolumeReady {
+		t.Fatalf("create volume: %+v, %v", v, err)
+	}
+	if ls := e.ok("volume", "ls", "--config", cfg); !strings.Contains(ls, v.ID) {
+		t.Fatalf("volume ls with the same file:\n%s\nwant %s", ls, v.ID)
+	}
+	if d, err := c.DeleteVolume(ctx, v.ID); err != nil || d.State != client.VolumeDeleted {
+		t.Fatalf("delete volume: %+v, %v", d, err)
+	}
+	if ls := e.ok("volume", "ls", "--config", cfg); strings.Contains(ls, v.ID) {
+		t.Fatalf("volume ls after the delete still lists %s:\n%s", v.ID, ls)
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+
+	empty := filepath.Join(dir, "empty.toml")
+	if err := os.WriteFile(empty, []byte("block-store = \""+dir+"/none\"\nnode-key = \""+dir+"/none.key\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base, stop = e.startServe("--listen", "127.0.0.1:0", "--config", empty)
+	c = &client.Client{BaseURL: base, Key: key}
+	if _, err := c.CreateVolume(ctx, client.VolumeCreateRequest{Size: "2Mi"}); err == nil || !strings.Contains(err.Error(), "unavailable") {
+		t.Fatalf("create volume without a block store: %v", err)
+	}
+	if _, err := c.Templates(ctx); err != nil {
+		t.Fatalf("templates without a block store: %v", err)
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+}

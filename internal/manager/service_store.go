@@ -103,6 +103,18 @@ type ServiceStore interface {
 	EndOwnedSandbox(ctx context.Context, id, reason string) error
 	SetPaused(ctx context.Context, id string, paused bool) error
 
+	AdmitVolume(ctx context.Context, in VolumeAdmission) error
+	SettleVolume(ctx context.Context, id string, ok bool, reason string) error
+	OwnedVolume(ctx context.Context, owner, id string) (OwnedVolume, error)
+	OwnedVolumes(ctx context.Context, owner, after string, limit int) ([]OwnedVolume, error)
+	BeginVolumeDelete(ctx context.Context, owner, id string) (OwnedVolume, error)
+	FinishVolumeDelete(ctx context.Context, id string) error
+	UnsettledVolumes(ctx context.Context) ([]OwnedVolume, error)
+
+	AppendEvent(ctx context.Context, ev ServiceEvent) (ServiceEvent, error)
+	Events(ctx context.Context, owner, sandbox string, after int64, limit int) ([]ServiceEvent, error)
+	PruneEvents(ctx context.Context, before time.Time) (int, error)
+
 	BeginIdempotent(ctx context.Context, owner, key string) (IdempotencyRecord, bool, error)
 	FinishIdempotent(ctx context.Context, owner, key string, rec IdempotencyRecord) error
 	AbandonIdempotent(ctx context.Context, owner, key string) error
@@ -136,12 +148,15 @@ type Quota struct {
 // DefaultQuota is a new owner's quota until `owner quota set` changes it.
 var DefaultQuota = Quota{Sandboxes: 10, CPUMillis: 8000, MemoryBytes: 16 << 30, DiskBytes: 100 << 30, CreatesPerMin: 60}
 
-// Usage is what an owner holds now: its active sandboxes' reservations.
+// Usage is what an owner holds now: its active sandboxes' reservations
+// and its volumes (created or being created, not deleted), whose sizes
+// count in DiskBytes.
 type Usage struct {
 	Sandboxes   int64 `json:"sandboxes"`
 	CPUMillis   int64 `json:"cpu_millis"`
 	MemoryBytes int64 `json:"memory_bytes"`
 	DiskBytes   int64 `json:"disk_bytes"`
+	Volumes     int64 `json:"volumes"`
 }
 
 // Owner is a tenant: a team whose keys see only its objects.
@@ -264,6 +279,13 @@ func usageTx(ctx context.Context, q querier, owner string) (Usage, error) {
 	if err != nil {
 		return u, fmt.Errorf("read usage of %s: %w", owner, err)
 	}
+	var volBytes int64
+	err = q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM owned_volumes WHERE owner = ? AND state IN ('creating', 'ready', 'deleting')`, owner).
+		Scan(&u.Volumes, &volBytes)
+	if err != nil {
+		return u, fmt.Errorf("read volume usage of %s: %w", owner, err)
+	}
+	u.DiskBytes += volBytes
 	return u, nil
 }
 
@@ -375,6 +397,8 @@ type Admission struct {
 	// Idle, when not zero, arms the sandbox's idle timer: it fires Idle
 	// after the last activity (TouchIdle).
 	Idle time.Duration
+	// Volumes are the owner's volumes the sandbox holds until it ends.
+	Volumes []string
 }
 
 // AdmitCreate checks owner's quota and create rate and, in the same
@@ -434,6 +458,9 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO owned_sandboxes (id, owner, spec, labels, cpu_millis, memory_bytes, disk_bytes, active, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)`,
 			in.ID, in.Owner, string(in.Spec), string(labels), in.CPUMillis, in.Memory, in.Disk, ts(now)); err != nil {
 			return fmt.Errorf("record sandbox %s of %s: %w", in.ID, in.Owner, err)
+		}
+		if err := holdVolumesTx(ctx, tx, in.Owner, in.ID, in.Volumes); err != nil {
+			return err
 		}
 		if !in.Deadline.IsZero() {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO timers (sandbox_id, kind, deadline, state) VALUES (?, 'timeout', ?, 'armed')`, in.ID, ts(in.Deadline)); err != nil {

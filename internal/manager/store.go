@@ -118,6 +118,11 @@ var migrations = []string{
 	serviceMigration,
 	// 8: the service's idle timers (idle_timeout_sec of a create).
 	idleMigration,
+	// 9: the service's persistent volumes of an owner and which sandbox
+	// holds each.
+	serviceVolumesMigration,
+	// 10: the service's events, journaled for followers' cursors.
+	serviceEventsMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

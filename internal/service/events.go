@@ -1,20 +1,26 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/manager"
 )
 
 // The events stream (GET /v1/events, server-sent events): what happens to
-// the caller's sandboxes, as it happens. Events live in memory only: a
-// follower sees what happens while it follows (after a restart, GET shows
-// the state). Each follower has a bounded queue; one that falls behind by
-// a whole queue is cut off with an error event (it reconnects and reads
-// the state again), so a slow reader never holds the server's memory.
+// the caller's sandboxes, as it happens. Each event is journaled in the
+// store with a sequence number (the SSE id) before it is sent, so a
+// follower that names a cursor (after=SEQ or Last-Event-ID) first gets
+// the journaled events after it, then the live ones: it resumes across a
+// restart of the server. Each follower has a bounded queue; one that
+// falls behind by a whole queue is cut off with an error event (it
+// reconnects with its cursor), so a slow reader never holds the server's
+// memory.
 
 const (
 	DefaultMaxFollowers = 2048
@@ -69,9 +75,41 @@ func (b *broker) publish(owner string, ev client.Event) {
 	}
 }
 
+// emit journals an event, then sends it to the followers. Emits are
+// serialized so followers see sequence numbers in order.
 func (s *Server) emit(owner, sandboxID, typ, reason string) {
-	s.events.publish(owner, client.Event{Type: typ, SandboxID: sandboxID, Reason: reason, Time: s.now().UTC()})
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
+	ev, err := s.Store.AppendEvent(context.Background(), manager.ServiceEvent{Owner: owner, SandboxID: sandboxID, Type: typ, Reason: reason, Time: s.now()})
+	if err != nil {
+		// The state change happened; only the journal of it is missing.
+		s.log().Error("journal event", "sandbox", sandboxID, "type", typ, "err", err)
+	}
+	s.events.publish(owner, client.Event{Seq: ev.Seq, Type: typ, SandboxID: sandboxID, Reason: reason, Time: ev.Time.UTC()})
 }
+
+func eventOf(ev manager.ServiceEvent) client.Event {
+	return client.Event{Seq: ev.Seq, Type: ev.Type, SandboxID: ev.SandboxID, Reason: ev.Reason, Time: ev.Time.UTC()}
+}
+
+// eventCursor is the follower's cursor: the after query parameter or the
+// Last-Event-ID header (-1: none, live events only).
+func eventCursor(r *http.Request) (int64, error) {
+	v := r.URL.Query().Get("after")
+	if v == "" {
+		v = r.Header.Get("Last-Event-ID")
+	}
+	if v == "" {
+		return -1, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, invalidf("after (or Last-Event-ID) must be an event's seq, 0 or more")
+	}
+	return n, nil
+}
+
+const replayPage = 256
 
 func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner string) error {
 	sandbox := r.URL.Query().Get("sandbox")
@@ -84,6 +122,12 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner stri
 			return err
 		}
 	}
+	last, err := eventCursor(r)
+	if err != nil {
+		return err
+	}
+	// Subscribed before the replay, so nothing between the two is missed
+	// (duplicates are dropped by seq).
 	f := s.events.subscribe(owner, sandbox, int(orDefault(int64(s.MaxFollowers), DefaultMaxFollowers)))
 	if f == nil {
 		return errorf(client.CodeUnavailable, "too many event followers; retry later")
@@ -96,6 +140,28 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner stri
 	if err := e.comment("following"); err != nil {
 		return nil
 	}
+	send := func(ev client.Event) error {
+		b, _ := json.Marshal(ev)
+		return e.eventID(ev.Type, strconv.FormatInt(ev.Seq, 10), b)
+	}
+	for last >= 0 {
+		page, err := s.Store.Events(r.Context(), owner, sandbox, last, replayPage)
+		if err != nil {
+			c, msg, _ := classify(err)
+			b, _ := json.Marshal(client.ErrorBody{Error: client.ErrorDetail{Code: c, Message: msg}})
+			e.event(client.EventError, b)
+			return nil
+		}
+		for _, ev := range page {
+			if err := send(eventOf(ev)); err != nil {
+				return nil
+			}
+			last = ev.Seq
+		}
+		if len(page) < replayPage {
+			break
+		}
+	}
 	tick := time.NewTicker(heartbeatEvery)
 	defer tick.Stop()
 	for {
@@ -106,10 +172,13 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner stri
 				e.event(client.EventError, b)
 				return nil
 			}
-			b, _ := json.Marshal(ev)
-			if err := e.event(ev.Type, b); err != nil {
+			if ev.Seq != 0 && ev.Seq <= last {
+				continue
+			}
+			if err := send(ev); err != nil {
 				return nil
 			}
+			last = max(last, ev.Seq)
 		case <-tick.C:
 			if err := e.comment("heartbeat"); err != nil {
 				return nil

@@ -22,11 +22,17 @@ type collector struct {
 
 func follow(t *testing.T, c *client.Client, sandbox string) *collector {
 	t.Helper()
+	return followAfter(t, c, sandbox, -1)
+}
+
+// followAfter follows from a cursor (-1: live events only).
+func followAfter(t *testing.T, c *client.Client, sandbox string, after int64) *collector {
+	t.Helper()
 	schema := loadDoc().Components.Schemas["Event"].Value
 	ctx, cancel := context.WithCancel(context.Background())
 	col := &collector{done: make(chan error, 1), cancel: cancel}
 	go func() {
-		col.done <- c.Events(ctx, sandbox, func(ev client.Event) error {
+		col.done <- c.EventsAfter(ctx, sandbox, after, func(ev client.Event) error {
 			b, _ := json.Marshal(ev)
 			var v any
 			_ = json.Unmarshal(b, &v)
@@ -188,5 +194,68 @@ func TestEventFollowersBounded(t *testing.T) {
 	}
 	if !f.dropped || n != followerQueue {
 		t.Fatalf("slow follower: dropped %v after %d queued events; want dropped after %d", f.dropped, n, followerQueue)
+	}
+}
+
+// TestEventsResumeFromCursorAfterRestart: events are journaled; a
+// follower that reconnects after a restart of the server with its last
+// seq gets what happened while it was away (across the restart), in
+// order, then the live events, none twice.
+func TestEventsResumeFromCursorAfterRestart(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	// From the start of the journal: no race with the subscription.
+	col := followAfter(t, e.a, "", 0)
+	sb1, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := col.wait(t, 2)
+	if first[0].Type != client.EventCreated || first[1].Type != client.EventReady || first[1].Seq <= first[0].Seq {
+		t.Fatalf("first events: %+v", first)
+	}
+	cursor := first[1].Seq
+	e.restart(nil)
+	// While the follower is away: another sandbox, and team-b's.
+	sb2, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.b.Create(ctx, client.CreateRequest{Template: "busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	again := followAfter(t, e.a, "", cursor)
+	missed := again.wait(t, 2)
+	if missed[0].SandboxID != sb2.ID || missed[0].Type != client.EventCreated || missed[1].Type != client.EventReady || missed[0].Seq <= cursor {
+		t.Fatalf("replayed after %d: %+v", cursor, missed)
+	}
+	if _, err := e.a.Destroy(ctx, sb1.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := again.wait(t, 3)
+	if got[2].SandboxID != sb1.ID || got[2].Type != client.EventDestroyed {
+		t.Fatalf("live after the replay: %+v", got)
+	}
+	time.Sleep(100 * time.Millisecond)
+	again.mu.Lock()
+	n := len(again.events)
+	again.mu.Unlock()
+	if n != 3 {
+		t.Fatalf("%d events after the resume, want 3 (none twice, none of team-b's)", n)
+	}
+	// From the start of the journal: everything team-a's, across the restart.
+	all := followAfter(t, e.a, "", 0).wait(t, 5)
+	for i := 1; i < len(all); i++ {
+		if all[i].Seq <= all[i-1].Seq {
+			t.Fatalf("events out of order: %+v", all)
+		}
+	}
+	if all[0].SandboxID != sb1.ID || all[4].Type != client.EventDestroyed {
+		t.Fatalf("all events: %+v", all)
+	}
+	// A bad cursor is refused.
+	resp, _ := e.raw(invalid(ctx), http.MethodGet, "/v1/events?after=-3", e.keyA, nil, nil)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("after=-3: %d", resp.StatusCode)
 	}
 }

@@ -130,10 +130,27 @@ func (s *Server) specOf(req client.CreateRequest) (manager.Spec, error) {
 	if req.Network != nil {
 		spec.Network = policyOf(*req.Network)
 	}
+	if len(req.Volumes) > api.MaxVolumes {
+		return manager.Spec{}, invalidf("at most %d volumes", api.MaxVolumes)
+	}
+	for _, v := range req.Volumes {
+		if err := checkID(v.ID); err != nil {
+			return manager.Spec{}, err
+		}
+		spec.Volumes = append(spec.Volumes, api.VolumeMount{ID: v.ID, Path: v.Path})
+	}
 	if err := spec.Validate(); err != nil {
 		return manager.Spec{}, err
 	}
 	return spec, nil
+}
+
+func volumeIDs(vs []api.VolumeMount) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.ID)
+	}
+	return out
 }
 
 func cmpOr(s, alt string) string {
@@ -181,7 +198,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	in := manager.Admission{
 		Owner: owner, ID: id, Spec: recJSON, Labels: req.Labels,
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
-		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second,
+		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
 		return err
@@ -284,6 +301,9 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
+	}
+	for _, v := range rec.Spec.Volumes {
+		sb.Volumes = append(sb.Volumes, client.VolumeMount{ID: v.ID, Path: v.Path})
 	}
 	switch st := api.SandboxState(o.State); {
 	case st == api.StateFailed || st == api.StateLost:
@@ -503,9 +523,19 @@ func (e *sse) comment(text string) error {
 }
 
 func (e *sse) event(name string, data []byte) error {
+	return e.eventID(name, "", data)
+}
+
+// eventID writes an event with an id (the cursor a reconnecting follower
+// sends back as Last-Event-ID); "" writes none.
+func (e *sse) eventID(name, id string, data []byte) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, data); err != nil {
+	idLine := ""
+	if id != "" {
+		idLine = "id: " + id + "\n"
+	}
+	if _, err := fmt.Fprintf(e.w, "event: %s\n%sdata: %s\n\n", name, idLine, data); err != nil {
 		return err
 	}
 	return e.rc.Flush()

@@ -23,6 +23,8 @@ import (
 
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/fakenode"
 )
@@ -189,6 +191,8 @@ type env struct {
 	srv     *Server
 	url     string
 	logs    *syncBuffer
+	repo    *blockstore.Repo
+	bstore  *dirstore.Store
 	keyA    string
 	keyB    string
 	a, b    *client.Client
@@ -242,6 +246,17 @@ func newEnv(t *testing.T, tune func(*Server)) *env {
 	e.node.BlockStore = true
 	e.socket = fakenode.Serve(t, e.node)
 	e.dbPath = filepath.Join(t.TempDir(), "manager.db")
+	var err error
+	if e.bstore, err = dirstore.Open(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	nk, _, err := blockstore.GenerateNodeKey("node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.repo, err = blockstore.New(e.bstore, nk, blockstore.Options{}); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	st, err := manager.OpenStore(ctx, e.dbPath, e.clock.now)
 	if err != nil {
@@ -279,7 +294,8 @@ func newEnv(t *testing.T, tune func(*Server)) *env {
 func (e *env) start(tune func(*Server)) {
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}, Log: log}
-	e.srv = &Server{Manager: m, Store: e.store, Log: log, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond}
+	e.srv = &Server{Manager: m, Store: e.store, Log: log, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
+		Volumes: BlockVolumes{Repo: e.repo, TmpDir: e.t.TempDir()}}
 	if tune != nil {
 		tune(e.srv)
 	}

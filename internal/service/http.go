@@ -46,6 +46,8 @@ func (s *Server) routes() []route {
 		{"/v1/sandboxes/{id}/restore", map[string]handlerFunc{http.MethodPost: s.restore}},
 		{"/v1/sandboxes/{id}/fork", map[string]handlerFunc{http.MethodPost: s.fork}},
 		{"/v1/sandboxes/{id}/network", map[string]handlerFunc{http.MethodPut: s.setNetwork}},
+		{"/v1/volumes", map[string]handlerFunc{http.MethodPost: s.createVolume, http.MethodGet: s.listVolumes}},
+		{"/v1/volumes/{id}", map[string]handlerFunc{http.MethodGet: s.getVolume, http.MethodDelete: s.deleteVolume}},
 		{"/v1/templates", map[string]handlerFunc{http.MethodGet: s.templates}},
 		{"/v1/events", map[string]handlerFunc{http.MethodGet: s.followEvents}},
 		{"/v1/sandboxes/{id}/logs", map[string]handlerFunc{http.MethodGet: s.active(s.logs)}},

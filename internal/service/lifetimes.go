@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 )
 
@@ -35,6 +37,9 @@ func (s *Server) runTimers(ctx context.Context) {
 				s.log().Error("prune idempotency keys", "err", err)
 			} else if n > 0 {
 				s.log().Info("forgot old idempotency keys", "count", n)
+			}
+			if _, err := s.Store.PruneEvents(ctx, now.Add(-orDefault(s.EventTTL, DefaultEventTTL))); err != nil && ctx.Err() == nil {
+				s.log().Error("prune events", "err", err)
 			}
 		}
 		select {
@@ -90,9 +95,9 @@ func (s *Server) fire(ctx context.Context, t manager.Timer) error {
 	return nil
 }
 
-// settleCreates completes, in the background, the creates a previous
-// server left unsettled: the manager reuses a pending claim's operation id
-// (the node answers it idempotently) or claims afresh if none was sent.
+// settleCreates decides, when the server starts, the creates a previous
+// server left unsettled (it stopped before the claim's answer). The node
+// decides each (settleCreate), in the background.
 func (s *Server) settleCreates(ctx context.Context) error {
 	pending, err := s.Store.UnsettledCreates(ctx)
 	if err != nil {
@@ -103,16 +108,75 @@ func (s *Server) settleCreates(ctx context.Context) error {
 		if err := json.Unmarshal(o.Spec, &rec); err != nil {
 			return fmt.Errorf("decode the spec of %s: %w", o.ID, err)
 		}
-		s.log().Info("completing a create the previous server left unsettled", "sandbox", o.ID, "owner", o.Owner)
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
-			if rec.Fork != nil {
-				s.forkAndClaim(ctx, o.Owner, o.ID, rec)
-				return
-			}
-			s.claim(ctx, o.Owner, o.ID, rec.Spec)
+			s.settleCreate(ctx, o, rec)
 		}()
 	}
 	return nil
+}
+
+// settleCreate: a create the node has ready is completed, and one it is
+// still claiming is waited for (within CreateTimeout) and ends as the
+// node ends it; both by sending the pending claim again with its
+// operation id, which the node answers idempotently. A create the node
+// does not have (the claim never reached it) or has ended otherwise is
+// marked failed with the reason, its quota share back, and is never
+// claimed afresh: its caller got no answer and creates again (the
+// restart forgot its Idempotency-Key), so a late fresh claim would be a
+// second sandbox nobody waits for. An interrupted resume of a paused
+// sandbox is completed (the sandbox is the owner's, its files kept).
+func (s *Server) settleCreate(ctx context.Context, o manager.OwnedSandbox, rec record) {
+	log := s.log().With("sandbox", o.ID, "owner", o.Owner)
+	complete := func() {
+		if rec.Fork != nil {
+			s.forkAndClaim(ctx, o.Owner, o.ID, rec)
+			return
+		}
+		s.claim(ctx, o.Owner, o.ID, rec.Spec)
+	}
+	if o.Paused {
+		log.Info("completing a resume the previous server left unsettled")
+		complete()
+		return
+	}
+	nsb, err := s.Manager.Client.Get(ctx, o.ID)
+	var reason string
+	switch {
+	case err == nil && (nsb.State == api.StateReady || nsb.State == api.StateClaiming):
+		log.Info("completing a create the previous server left unsettled: the node has it "+string(nsb.State), "generation", nsb.Generation)
+		complete()
+		return
+	case err == nil:
+		reason = "create interrupted: the server stopped during it and the node has the sandbox " + string(nsb.State)
+	case errdefs.CodeOf(err) == errdefs.CodeNotFound:
+		reason = "create interrupted: the server stopped before the node took the claim"
+	default:
+		log.Warn("a create the previous server left unsettled stays so: the node does not answer", "err", err)
+		return
+	}
+	if err := s.failUnsettled(ctx, o, reason); err != nil {
+		log.Error("mark an interrupted create failed", "err", err)
+		return
+	}
+	log.Warn("an interrupted create is marked failed", "reason", reason)
+	s.emit(o.Owner, o.ID, client.EventFailed, reason)
+}
+
+// failUnsettled fails the sandbox's pending claim in the manager's
+// records (when it got that far) and ends the owner's sandbox.
+func (s *Server) failUnsettled(ctx context.Context, o manager.OwnedSandbox, reason string) error {
+	ops, err := s.Manager.Store.Operations(ctx, o.ID)
+	if err != nil && errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		return err
+	}
+	for _, op := range ops {
+		if op.Kind == manager.KindClaim && op.State == manager.OpPending {
+			if err := s.Manager.Store.FailOperation(ctx, op.OperationID, reason); err != nil {
+				return err
+			}
+		}
+	}
+	return s.Store.EndOwnedSandbox(ctx, o.ID, reason)
 }

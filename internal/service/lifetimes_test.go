@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,15 +186,16 @@ func TestTimeoutReleaseOutcomeUnknownThenRestart(t *testing.T) {
 	t.Logf("release tried %d times before the restart, %d in all, one operation id", len(tried), len(ops))
 }
 
-// TestUnsettledCreateCompletedAfterRestart: the node's answer to a claim
-// is lost (unavailable: outcome unknown) and the server stops; the
-// sandbox keeps its quota share and shows creating. The restarted server
-// completes the claim with the same operation id.
+// TestUnsettledCreateCompletedAfterRestart: the node did the claim but
+// its answer was lost (unavailable: outcome unknown) and the server
+// stops; the sandbox keeps its quota share and shows creating. The
+// restarted server finds it ready on the node and completes it with the
+// same operation id.
 func TestUnsettledCreateCompletedAfterRestart(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
 	e.node.Lock()
-	e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
+	e.node.LoseClaimAnswer = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
 	e.node.Unlock()
 	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "lost"}}); errCode(err) != client.CodeUnavailable {
 		t.Fatalf("create with a lost answer: %v", err)
@@ -207,7 +209,7 @@ func TestUnsettledCreateCompletedAfterRestart(t *testing.T) {
 	}
 	e.shutdown()
 	e.node.Lock()
-	e.node.FailClaim = nil
+	e.node.LoseClaimAnswer = nil
 	first := e.node.ClaimOps[0]
 	e.node.Unlock()
 	e.restart(nil)
@@ -217,5 +219,49 @@ func TestUnsettledCreateCompletedAfterRestart(t *testing.T) {
 	e.node.Unlock()
 	if len(ops) != 2 || ops[1] != first {
 		t.Fatalf("node claims %v: want the first operation id again", ops)
+	}
+}
+
+// TestUnsettledCreateFailedAfterRestart: the claim never reached the node
+// (dropped: outcome unknown to the server) and the server stops. The
+// restarted server finds nothing on the node: the create is marked failed
+// with the reason, its quota share back, a failed event, and it is not
+// claimed afresh.
+func TestUnsettledCreateFailedAfterRestart(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.node.Lock()
+	e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
+	e.node.Unlock()
+	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "dropped"}}); errCode(err) != client.CodeUnavailable {
+		t.Fatalf("create with a dropped claim: %v", err)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: map[string]string{"k": "dropped"}})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].State != client.StateCreating {
+		t.Fatalf("after the dropped claim: %+v, %v", l, err)
+	}
+	id := l.Sandboxes[0].ID
+	e.shutdown()
+	e.node.Lock()
+	e.node.FailClaim = nil
+	claims := len(e.node.ClaimOps)
+	e.node.Unlock()
+	e.restart(nil)
+	sb := waitState(t, e.a, id, client.StateFailed)
+	if !strings.Contains(sb.Reason, "create interrupted") {
+		t.Fatalf("reason %q", sb.Reason)
+	}
+	if u, _ := e.store.Usage(ctx, "team-a"); u.Sandboxes != 0 {
+		t.Fatalf("usage %+v: a failed create gives its share back", u)
+	}
+	time.Sleep(100 * time.Millisecond)
+	e.node.Lock()
+	after := len(e.node.ClaimOps)
+	e.node.Unlock()
+	if after != claims || e.nodeState(id) != "" {
+		t.Fatalf("the interrupted create was claimed afresh: %d claims, before %d; node state %q", after, claims, e.nodeState(id))
+	}
+	if msb, err := e.store.Sandbox(ctx, id); err != nil || msb.State != api.StateFailed {
+		t.Fatalf("the manager's record: %+v, %v", msb, err)
 	}
 }

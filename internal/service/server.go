@@ -44,6 +44,8 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	// DefaultIdempotencyTTL is how long answers are kept for replays.
 	DefaultIdempotencyTTL = 24 * time.Hour
+	// DefaultEventTTL is how long events are kept for followers' cursors.
+	DefaultEventTTL = 24 * time.Hour
 	// minUploadRate is the slowest file upload allowed (bytes/s): its
 	// deadline is BodyTimeout plus its size at this rate.
 	minUploadRate  = 1 << 20
@@ -57,6 +59,9 @@ type Server struct {
 	Log     *slog.Logger
 	// Templates are what sandboxes may be created from.
 	Templates []client.Template
+	// Volumes makes and deletes persistent volumes; nil: the volume
+	// endpoints that need the block store answer unavailable.
+	Volumes VolumeBackend
 	// Now is the clock of deadlines; nil: time.Now.
 	Now func() time.Time
 	// NewID returns a fresh sandbox id; nil: "sb-" + 80 random bits.
@@ -81,6 +86,8 @@ type Server struct {
 
 	// IdempotencyTTL is how long an Idempotency-Key's answer is kept.
 	IdempotencyTTL time.Duration
+	// EventTTL is how long journaled events are kept.
+	EventTTL time.Duration
 	// MaxFollowers bounds the event streams open at once.
 	MaxFollowers int
 
@@ -95,6 +102,7 @@ type Server struct {
 	// idle timer does not fire under one.
 	inFlight counter
 	events   broker
+	emitMu   sync.Mutex
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Log) }
@@ -137,6 +145,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.log().Warn("forgot idempotency keys of calls that were running when the previous server stopped", "count", n)
 	}
 	s.baseCtx = ctx
+	if err := s.settleVolumes(ctx); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	if err := s.settleCreates(ctx); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -185,12 +185,16 @@ func TestAllEndpointsContract(t *testing.T) {
 	}
 }
 
+// waitState waits until the sandbox is in state; an ended one (destroyed,
+// failed) also until its reason is recorded (the manager's record of the
+// release or failure comes a moment before the service's).
 func waitState(t *testing.T, c *client.Client, id, state string) client.Sandbox {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	ended := state == client.StateDestroyed || state == client.StateFailed
 	for {
 		sb, err := c.Get(context.Background(), id)
-		if err == nil && sb.State == state {
+		if err == nil && sb.State == state && (!ended || sb.Reason != "") {
 			return sb
 		}
 		if time.Now().After(deadline) {
@@ -213,7 +217,17 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 	if err := e.a.WriteFile(ctx, sb.ID, "/f", strings.NewReader("x"), 1); err != nil {
 		t.Fatal(err)
 	}
+	vol, err := e.a.CreateVolume(ctx, client.VolumeCreateRequest{Size: "1Mi"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	calls := map[string]func(c *client.Client) error{
+		"get volume":    func(c *client.Client) error { _, err := c.Volume(ctx, vol.ID); return err },
+		"delete volume": func(c *client.Client) error { _, err := c.DeleteVolume(ctx, vol.ID); return err },
+		"mount volume": func(c *client.Client) error {
+			_, err := c.Create(ctx, client.CreateRequest{Template: "busybox", Volumes: []client.VolumeMount{{ID: vol.ID, Path: "/data"}}})
+			return err
+		},
 		"get":     func(c *client.Client) error { _, err := c.Get(ctx, sb.ID); return err },
 		"destroy": func(c *client.Client) error { _, err := c.Destroy(ctx, sb.ID); return err },
 		"exec": func(c *client.Client) error {
@@ -282,6 +296,12 @@ func TestOtherOwnerSeesNothing(t *testing.T) {
 	}
 	if l, _ := e.node.List(ctx); len(l.Sandboxes) != 1 {
 		t.Fatalf("the other owner's calls made sandboxes: %+v", l.Sandboxes)
+	}
+	if v, err := e.a.Volume(ctx, vol.ID); err != nil || v.State != client.VolumeReady || v.HeldBy != "" {
+		t.Fatalf("the volume after the other owner's calls: %+v, %v", v, err)
+	}
+	if l, err := e.b.Volumes(ctx, 0, ""); err != nil || len(l.Volumes) != 0 {
+		t.Fatalf("another owner's volume list = %+v, %v; want empty", l, err)
 	}
 
 	// Missing, malformed, unknown and revoked keys: 401 on every endpoint.

@@ -145,6 +145,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) erro
 		return err
 	}
 	rec.Fork = &forkOf{Source: o.ID, Snapshot: req.Snapshot}
+	// A persistent volume is one sandbox's at a time: the fork copies the
+	// root only.
+	rec.Spec.Volumes = nil
 	recJSON, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)

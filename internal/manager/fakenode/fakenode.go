@@ -56,6 +56,16 @@ type Node struct {
 	// FailClaim, when set, is asked before each claim; a non-nil error is
 	// the answer (and is not remembered, like a dropped request).
 	FailClaim func(req api.ClaimRequest) error
+	// Hold, when set, is called without the node's lock before a claim or
+	// release (kind "claim" or "release") is carried out (after false)
+	// and after it is recorded, before its answer (after true); a non-nil
+	// error is the answer instead. Tests hold a call there while they kill
+	// the manager that sent it.
+	Hold func(kind, id string, after bool) error
+	// LoseClaimAnswer, when set, is asked after each new claim is done; a
+	// non-nil error is the answer instead (the claim happened, its answer
+	// was lost on the way).
+	LoseClaimAnswer func(req api.ClaimRequest) error
 	// Unclean names proof checks that fail.
 	Unclean []string
 	// GuestLog is each sandbox's init output, by sandbox id; a follow
@@ -160,8 +170,32 @@ func (n *Node) Node(context.Context) (api.Node, error) {
 	}, nil
 }
 
+// held runs call between the Hold hook's two calls.
+func held[T any](n *Node, kind, id string, call func() (T, error)) (T, error) {
+	var zero T
+	n.mu.Lock()
+	hold := n.Hold
+	n.mu.Unlock()
+	if hold != nil {
+		if err := hold(kind, id, false); err != nil {
+			return zero, err
+		}
+	}
+	out, err := call()
+	if err == nil && hold != nil {
+		if err := hold(kind, id, true); err != nil {
+			return zero, err
+		}
+	}
+	return out, err
+}
+
 // Claim implements apiserver.Service.
 func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
+	return held(n, "claim", id, func() (api.ClaimResponse, error) { return n.claim(id, req) })
+}
+
+func (n *Node) claim(id string, req api.ClaimRequest) (api.ClaimResponse, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.ClaimOps = append(n.ClaimOps, req.OperationID)
@@ -200,6 +234,11 @@ func (n *Node) Claim(_ context.Context, id string, req api.ClaimRequest) (api.Cl
 	r := api.ClaimResponse{Sandbox: sb}
 	n.claims[req.OperationID] = r
 	n.requests[req.OperationID] = []any{id, req}
+	if n.LoseClaimAnswer != nil {
+		if err := n.LoseClaimAnswer(req); err != nil {
+			return api.ClaimResponse{}, err
+		}
+	}
 	return r, nil
 }
 
@@ -273,6 +312,10 @@ func (n *Node) WriteFile(_ context.Context, id, path string, data []byte) error 
 
 // Release implements apiserver.Service.
 func (n *Node) Release(_ context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
+	return held(n, "release", id, func() (api.ReleaseResponse, error) { return n.release(id, req) })
+}
+
+func (n *Node) release(id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.ReleaseOps = append(n.ReleaseOps, req.OperationID)

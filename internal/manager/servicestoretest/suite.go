@@ -30,6 +30,8 @@ func Run(t *testing.T, open Opener) {
 		{"TimerDueWithinItsSecond", timerDueWithinItsSecond},
 		{"IdleTimers", idleTimers},
 		{"IdempotencyRecords", idempotencyRecords},
+		{"Volumes", volumes},
+		{"Events", events},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
@@ -428,5 +430,168 @@ func admitTwoHandles(t *testing.T, open PairOpener) {
 		if int64(admitted[owner]) != want || u.Sandboxes != want || u.CPUMillis != 100*want {
 			t.Errorf("%s: admitted %d, usage %+v; want exactly %d sandboxes of 100m (quota %+v)", owner, admitted[owner], u, want, quota[owner])
 		}
+	}
+}
+
+// volumes: a volume is its owner's only, counts against the disk quota
+// until deleted, is held by one active sandbox at a time, and cannot be
+// deleted while held.
+func volumes(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, _ := newStore(t, open)
+	for _, o := range []string{"a", "b"} {
+		if _, err := s.SetQuota(ctx, o, manager.Quota{Sandboxes: 10, CPUMillis: 10000, MemoryBytes: 1 << 30, DiskBytes: 3 << 20, CreatesPerMin: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var qe *manager.QuotaError
+	if err := s.AdmitVolume(ctx, manager.VolumeAdmission{Owner: "a", ID: "vol-big", Size: 4 << 20}); !errors.As(err, &qe) || qe.Resource != "disk_bytes" {
+		t.Fatalf("a volume over the disk quota: %v", err)
+	}
+	if err := s.AdmitVolume(ctx, manager.VolumeAdmission{Owner: "a", ID: "vol-1", Size: 2 << 20, Labels: map[string]string{"k": "v"}}); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := s.Usage(ctx, "a"); u.Volumes != 1 || u.DiskBytes != 2<<20 {
+		t.Fatalf("usage with a volume being created: %+v", u)
+	}
+	// A sandbox's disk and the volumes share the quota.
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "a", ID: "sb-disk", Spec: []byte("{}"), Disk: 2 << 20}); !errors.As(err, &qe) || qe.Resource != "disk_bytes" {
+		t.Fatalf("a sandbox disk over what the volume left: %v", err)
+	}
+	if un, err := s.UnsettledVolumes(ctx); err != nil || len(un) != 1 || un[0].ID != "vol-1" || un[0].State != manager.VolumeCreating {
+		t.Fatalf("unsettled volumes: %+v, %v", un, err)
+	}
+	// Not ready: no sandbox may hold it, nor may it be deleted.
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "a", ID: "sb-0", Spec: []byte("{}"), Volumes: []string{"vol-1"}}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Fatalf("a sandbox on a volume being created: %v", err)
+	}
+	if _, err := s.BeginVolumeDelete(ctx, "a", "vol-1"); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Fatalf("delete of a volume being created: %v", err)
+	}
+	if err := s.SettleVolume(ctx, "vol-1", true, ""); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OwnedVolume(ctx, "a", "vol-1")
+	if err != nil || v.State != manager.VolumeReady || v.Size != 2<<20 || v.Labels["k"] != "v" || v.HeldBy != "" {
+		t.Fatalf("volume: %+v, %v", v, err)
+	}
+	// Another owner sees nothing of it, and cannot attach or delete it.
+	if _, err := s.OwnedVolume(ctx, "b", "vol-1"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("another owner's volume: %v", err)
+	}
+	if l, err := s.OwnedVolumes(ctx, "b", "", 10); err != nil || len(l) != 0 {
+		t.Fatalf("another owner's list: %+v, %v", l, err)
+	}
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "b", ID: "sb-b", Spec: []byte("{}"), Volumes: []string{"vol-1"}}); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("a sandbox of b on a's volume: %v", err)
+	}
+	if _, err := s.OwnedSandbox(ctx, "b", "sb-b"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("the refused sandbox was recorded: %v", err)
+	}
+	if _, err := s.BeginVolumeDelete(ctx, "b", "vol-1"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("b deleting a's volume: %v", err)
+	}
+	// Held by one active sandbox at a time; not deleted while held.
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "a", ID: "sb-1", Spec: []byte("{}"), Volumes: []string{"vol-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "a", ID: "sb-2", Spec: []byte("{}"), Volumes: []string{"vol-1"}}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Fatalf("a second sandbox on a held volume: %v", err)
+	}
+	if _, err := s.BeginVolumeDelete(ctx, "a", "vol-1"); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Fatalf("delete of a held volume: %v", err)
+	}
+	if v, _ := s.OwnedVolume(ctx, "a", "vol-1"); v.HeldBy != "sb-1" {
+		t.Fatalf("held by %q, want sb-1", v.HeldBy)
+	}
+	if err := s.EndOwnedSandbox(ctx, "sb-1", "destroyed"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err = s.BeginVolumeDelete(ctx, "a", "vol-1"); err != nil || v.State != manager.VolumeDeleting {
+		t.Fatalf("delete after the sandbox ended: %+v, %v", v, err)
+	}
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "a", ID: "sb-3", Spec: []byte("{}"), Volumes: []string{"vol-1"}}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+		t.Fatalf("a sandbox on a volume being deleted: %v", err)
+	}
+	if err := s.FinishVolumeDelete(ctx, "vol-1"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err = s.BeginVolumeDelete(ctx, "a", "vol-1"); err != nil || v.State != manager.VolumeDeleted || v.EndedAt == nil {
+		t.Fatalf("delete again: %+v, %v", v, err)
+	}
+	if u, _ := s.Usage(ctx, "a"); u.Volumes != 0 || u.DiskBytes != 0 {
+		t.Fatalf("usage after the delete: %+v", u)
+	}
+	if err := s.AdmitCreate(ctx, manager.Admission{Owner: "a", ID: "sb-4", Spec: []byte("{}"), Volumes: []string{"vol-1"}}); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Fatalf("a sandbox on a deleted volume: %v", err)
+	}
+	// A failed create gives its share back.
+	if err := s.AdmitVolume(ctx, manager.VolumeAdmission{Owner: "a", ID: "vol-2", Size: 3 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SettleVolume(ctx, "vol-2", false, "mkfs failed"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := s.OwnedVolume(ctx, "a", "vol-2"); v.State != manager.VolumeFailed || v.Reason != "mkfs failed" {
+		t.Fatalf("failed volume: %+v", v)
+	}
+	if l, err := s.OwnedVolumes(ctx, "a", "", 10); err != nil || len(l) != 2 || l[0].ID != "vol-1" || l[1].ID != "vol-2" {
+		t.Fatalf("list: %+v, %v", l, err)
+	}
+	if un, err := s.UnsettledVolumes(ctx); err != nil || len(un) != 0 {
+		t.Fatalf("unsettled after all settled: %+v, %v", un, err)
+	}
+}
+
+// events: journaled in order with growing sequence numbers, read after a
+// cursor per owner (and sandbox), pruned by age.
+func events(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, clk := newStore(t, open)
+	var seqs []int64
+	for i, ev := range []manager.ServiceEvent{
+		{Owner: "a", SandboxID: "sb-1", Type: "created"},
+		{Owner: "b", SandboxID: "sb-2", Type: "created"},
+		{Owner: "a", SandboxID: "sb-1", Type: "ready"},
+		{Owner: "a", SandboxID: "sb-3", Type: "failed", Reason: "create failed: x"},
+	} {
+		got, err := s.AppendEvent(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Seq <= 0 || (i > 0 && got.Seq <= seqs[i-1]) || got.Time.IsZero() {
+			t.Fatalf("event %d: %+v", i, got)
+		}
+		seqs = append(seqs, got.Seq)
+		clk.add(time.Minute)
+	}
+	all, err := s.Events(ctx, "a", "", 0, 10)
+	if err != nil || len(all) != 3 || all[0].Seq != seqs[0] || all[1].Type != "ready" || all[2].Reason != "create failed: x" {
+		t.Fatalf("a's events: %+v, %v", all, err)
+	}
+	if after, err := s.Events(ctx, "a", "", seqs[0], 10); err != nil || len(after) != 2 || after[0].Seq != seqs[2] {
+		t.Fatalf("a's events after %d: %+v, %v", seqs[0], after, err)
+	}
+	if one, err := s.Events(ctx, "a", "sb-1", 0, 10); err != nil || len(one) != 2 {
+		t.Fatalf("sb-1's events: %+v, %v", one, err)
+	}
+	if page, err := s.Events(ctx, "a", "", 0, 1); err != nil || len(page) != 1 {
+		t.Fatalf("a page of 1: %+v, %v", page, err)
+	}
+	if b, err := s.Events(ctx, "b", "", 0, 10); err != nil || len(b) != 1 || b[0].SandboxID != "sb-2" {
+		t.Fatalf("b's events: %+v, %v", b, err)
+	}
+	if n, err := s.PruneEvents(ctx, all[1].Time); err != nil || n != 2 {
+		t.Fatalf("prune: %d, %v; want the 2 events before the third", n, err)
+	}
+	if rest, err := s.Events(ctx, "a", "", 0, 10); err != nil || len(rest) != 2 || rest[0].Seq != seqs[2] {
+		t.Fatalf("after the prune: %+v, %v", rest, err)
+	}
+	// Sequence numbers never go back, even after the newest is pruned.
+	if _, err := s.PruneEvents(ctx, clk.now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := s.AppendEvent(ctx, manager.ServiceEvent{Owner: "a", SandboxID: "sb-1", Type: "destroyed"}); err != nil || ev.Seq <= seqs[3] {
+		t.Fatalf("after pruning all: %+v, %v", ev, err)
 	}
 }

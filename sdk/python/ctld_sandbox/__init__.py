@@ -84,7 +84,8 @@ class Client:
 
     def create(self, template, wait=True, idempotency_key=None, **spec):
         """Creates a sandbox (spec: resources, network, env, args, cwd,
-        user, labels, timeout_sec) and returns it once ready."""
+        user, labels, timeout_sec, idle_timeout_sec, volumes) and returns
+        it once ready."""
         body = dict(spec, template=template)
         q = None if wait else {"wait": "false"}
         return Sandbox(self, self._json("POST", "/v1/sandboxes", body, q, idempotency_key))
@@ -111,6 +112,57 @@ class Client:
 
     def templates(self):
         return self._json("GET", "/v1/templates")["templates"]
+
+    def events(self, sandbox=None, after=None):
+        """Yields the caller's sandbox events (dicts with seq, type,
+        sandbox_id, reason, time) as they happen; with after (an event's
+        seq, 0 for all kept) the journaled events after it come first, so
+        a follower resumes where it stopped, across server restarts. Runs
+        until the stream ends or the caller stops iterating."""
+        q = {}
+        if sandbox:
+            q["sandbox"] = sandbox
+        if after is not None:
+            q["after"] = str(after)
+        conn, resp = self._open("GET", "/v1/events", q, None, {"Accept": "text/event-stream"})
+        try:
+            for name, data in _events(resp):
+                if name == "error":
+                    err = json.loads(data)["error"]
+                    raise APIError(200, err["code"], err["message"])
+                yield json.loads(data)
+        finally:
+            conn.close()
+
+    def create_volume(self, size, labels=None, idempotency_key=None):
+        """Creates a persistent volume (an empty ext4 file system of size,
+        e.g. "1Gi"); mount it with create(volumes=[{"id": v["id"],
+        "path": "/data"}]). Returns the volume (a dict)."""
+        body = {"size": size}
+        if labels:
+            body["labels"] = labels
+        return self._json("POST", "/v1/volumes", body, idempotency_key=idempotency_key)
+
+    def volume(self, volume_id):
+        return self._json("GET", _vol(volume_id))
+
+    def volumes(self):
+        """Yields every volume of the caller (following the pages)."""
+        q = {}
+        while True:
+            page = self._json("GET", "/v1/volumes", query=q)
+            yield from page["volumes"]
+            if not page.get("next_cursor"):
+                return
+            q["cursor"] = page["next_cursor"]
+
+    def delete_volume(self, volume_id, idempotency_key=None):
+        """Deletes a volume no sandbox holds; returns it (state deleted)."""
+        return self._json("DELETE", _vol(volume_id), idempotency_key=idempotency_key)
+
+
+def _vol(volume_id):
+    return "/v1/volumes/" + urllib.parse.quote(volume_id, safe="")
 
 
 def _sb(sandbox_id, rest=""):

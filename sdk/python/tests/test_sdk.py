@@ -54,6 +54,35 @@ class SDKTest(unittest.TestCase):
         self.assertEqual(sb.resume().state, "ready")
         self.assertTrue(sb.kill()["verified"])
 
+    def test_events_resume(self):
+        sb = self.c.create(template=self.template)
+        mine = []
+        for ev in self.c.events(sandbox=sb.id, after=0):
+            mine.append(ev)
+            if ev["type"] == "ready":
+                break
+        self.assertEqual([e["type"] for e in mine], ["created", "ready"])
+        sb.kill()
+        # Resuming after "ready": only what came later.
+        for ev in self.c.events(sandbox=sb.id, after=mine[-1]["seq"]):
+            self.assertEqual((ev["type"], ev["seq"] > mine[-1]["seq"]), ("destroyed", True))
+            break
+
+    def test_volumes(self):
+        v = self.c.create_volume("4Mi", labels={"sdk": "py"})
+        self.assertEqual((v["state"], v["size_bytes"]), ("ready", 4 << 20))
+        with self.assertRaises(APIError) as cm:
+            self.other.volume(v["id"])
+        self.assertEqual(cm.exception.code, "not_found")
+        sb = self.c.create(template=self.template, volumes=[{"id": v["id"], "path": "/data"}])
+        self.assertEqual(self.c.volume(v["id"])["held_by"], sb.id)
+        with self.assertRaises(APIError) as cm:
+            self.c.delete_volume(v["id"])
+        self.assertEqual(cm.exception.code, "conflict")
+        sb.kill()
+        self.assertIn(v["id"], [x["id"] for x in self.c.volumes()])
+        self.assertEqual(self.c.delete_volume(v["id"])["state"], "deleted")
+
     def test_errors(self):
         with self.assertRaises(APIError) as cm:
             Client(os.environ["CTLD_SDK_URL"], "ctl_wrong").templates()
