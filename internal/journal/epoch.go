@@ -87,6 +87,7 @@ func (j *Journal) TakeOver(epoch uint64) error {
 	if err != nil {
 		return fmt.Errorf("take journal over at epoch %d: %w", epoch, err)
 	}
+	j.commits.Add(1)
 	j.epoch = epoch
 	return nil
 }
