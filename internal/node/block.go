@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -86,6 +87,21 @@ func (n *Node) tableFor(rec journal.Sandbox) []resource {
 		}
 	}
 	return out
+}
+
+// needer is implemented by entries a generation may not need (volumes,
+// when its claim names none): its claim neither journals nor makes them;
+// its teardown still runs their proof check.
+type needer interface{ needed(rec journal.Sandbox) bool }
+
+// claimTable is the entries rec's claim makes: tableFor(rec) but those
+// it does not need.
+func (n *Node) claimTable(rec journal.Sandbox) []resource {
+	tab := n.tableFor(rec)
+	return slices.DeleteFunc(tab, func(r resource) bool {
+		nd, ok := r.(needer)
+		return ok && !nd.needed(rec)
+	})
 }
 
 func (diskResource) mode() journal.RootFSMode  { return journal.RootFSOverlay }

@@ -191,7 +191,15 @@ admit:
 				making = errors.Is(err, errCarrierMaking)
 				return err
 			}
-			return n.admitClaim(tx, rec)
+			if err := n.admitClaim(tx, rec); err != nil {
+				return err
+			}
+			// The first entry's intended record commits with the
+			// admission (makeEntries).
+			if tab := n.claimTable(rec); len(tab) > 0 {
+				return tx.PutEffect(n.intended(tab[0].kind(), rec))
+			}
+			return nil
 		})
 		if !making {
 			break
@@ -302,28 +310,64 @@ func (n *Node) failOp(op journal.Operation, cause error) error {
 	return &errdefs.Error{Code: code, Message: msg}
 }
 
-// effect journals an effect as intended, makes it, and journals it done.
-func (n *Node) effect(kind journal.Kind, name string, rec journal.Sandbox, make func() error) error {
-	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch, Slot: rec.Slot}
-	if err := n.live(); err != nil {
-		return err
+// intended is the effect record of kind for rec's generation, intended.
+func (n *Node) intended(kind journal.Kind, rec journal.Sandbox) journal.Effect {
+	return journal.Effect{Kind: kind, Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch, Slot: rec.Slot}
+}
+
+// makeEntries makes tab's entries in order, each journaled before and
+// after its kernel effect: intended before it is made, done after. The
+// done record of an entry and the intended record of the next commit in
+// one transaction, and the first entry's intended record committed with
+// the claim's admission (Claim): a crash at k:done leaves k+1 intended,
+// the state a crash at k+1:intended leaves, so recovery is the same with
+// half the commits. An entry's make may stage a journal write that commits
+// with its done record (claimState.withDone). step is called with each
+// entry's make time.
+func (n *Node) makeEntries(ctx context.Context, tab []resource, c *claimState, step func(journal.Kind, time.Duration)) error {
+	for i, r := range tab {
+		kind := r.kind()
+		if err := n.live(); err != nil {
+			return err
+		}
+		n.crash(string(kind) + ":intended")
+		if err := n.live(); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := r.make(ctx, c); err != nil {
+			return err
+		}
+		n.crash(string(kind) + ":made")
+		done := n.intended(kind, c.rec)
+		done.State = journal.Done
+		var next *journal.Effect
+		if i+1 < len(tab) && n.live() == nil {
+			e := n.intended(tab[i+1].kind(), c.rec)
+			next = &e
+		}
+		staged := c.staged
+		c.staged = nil
+		err := n.d.Journal.Update(func(tx *journal.Tx) error {
+			if err := tx.PutEffect(done); err != nil {
+				return err
+			}
+			for _, f := range staged {
+				if err := f(tx); err != nil {
+					return err
+				}
+			}
+			if next != nil {
+				return tx.PutEffect(*next)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("journal %s %s done: %w", kind, done.Name, err)
+		}
+		step(kind, time.Since(t0))
+		n.crash(string(kind) + ":done")
 	}
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
-		return fmt.Errorf("journal %s %s intended: %w", kind, name, err)
-	}
-	n.crash(string(kind) + ":intended")
-	if err := n.live(); err != nil {
-		return err
-	}
-	if err := make(); err != nil {
-		return err
-	}
-	n.crash(string(kind) + ":made")
-	e.State = journal.Done
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
-		return fmt.Errorf("journal %s %s done: %w", kind, name, err)
-	}
-	n.crash(string(kind) + ":done")
 	return nil
 }
 
@@ -357,16 +401,15 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 
 	// Make the generation's resources in table order, each journaled.
 	c := &claimState{rec: rec, lower: lower}
-	for _, r := range n.tableFor(rec) {
-		t0 := time.Now()
-		if err := n.effect(r.kind(), cid, c.rec, func() error { return r.make(ctx, c) }); err != nil {
-			return api.ClaimResponse{}, err
-		}
-		d := ms(time.Since(t0))
-		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(r.kind()), MakeMS: d})
-		if p := phase[r.kind()]; p != nil {
+	err := n.makeEntries(ctx, n.claimTable(rec), c, func(kind journal.Kind, took time.Duration) {
+		d := ms(took)
+		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(kind), MakeMS: d})
+		if p := phase[kind]; p != nil {
 			*p += d
 		}
+	})
+	if err != nil {
+		return api.ClaimResponse{}, err
 	}
 	rec, root := c.rec, c.root
 	step := time.Now()

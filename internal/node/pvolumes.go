@@ -133,6 +133,10 @@ type volumesResource struct{ n *Node }
 func (volumesResource) kind() journal.Kind { return journal.KindVolumes }
 func (r volumesResource) sweeps() bool     { return r.n.hasPVolumes() }
 
+// needed: a claim that names no volumes neither journals nor runs this
+// entry (its proof check still runs).
+func (volumesResource) needed(rec journal.Sandbox) bool { return len(wanted(rec)) > 0 }
+
 // wanted are the volumes rec's claim attaches.
 func wanted(rec journal.Sandbox) []journal.VolumeMount {
 	if rec.Request == nil {

@@ -59,7 +59,14 @@ type claimState struct {
 	nsPath string       // the netns path (netns)
 	device string       // the attached /dev/nbdX (writer, block mode)
 	binds  []runsc.Bind // the persistent volumes' host mounts (volumes)
+	// staged are journal writes an entry's make staged to commit with its
+	// done record (withDone).
+	staged []func(*journal.Tx) error
 }
+
+// withDone stages f to run in the transaction that journals the current
+// entry as done: a record of what it made costs no commit of its own.
+func (c *claimState) withDone(f func(*journal.Tx) error) { c.staged = append(c.staged, f) }
 
 // newTable is the resource table, in claim order.
 func newTable(n *Node) []resource {
@@ -286,8 +293,13 @@ func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
 		return fmt.Errorf("create netns: %w", err)
 	}
 	// The overlay and the netns both exist now: journal their kernel
-	// identities, so the proof checks these objects and not only names.
-	c.rec = r.n.identify(ctx, c.rec)
+	// identities (with this entry's done record), so the proof checks
+	// these objects and not only names.
+	var changed bool
+	if c.rec, changed = r.n.readIdentities(ctx, c.rec); changed {
+		rec := c.rec
+		c.withDone(func(tx *journal.Tx) error { return putIdentities(tx, rec) })
+	}
 	return nil
 }
 func (r netnsResource) remove(ctx context.Context, rec journal.Sandbox) error {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 func termNode(t *testing.T) (*Node, context.CancelFunc) {
@@ -33,11 +34,13 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	made := 0
-	if err := n.effect(journal.KindCgroup, "sb-g1", rec, func() error { made++; return nil }); err != nil {
-		t.Fatalf("effect within the term: %v", err)
+	// The first entry's make ends the term: its done record is journaled,
+	// the second entry is neither journaled nor made.
+	tab := []resource{
+		fnResource{journal.KindCgroup, func() error { made++; end(); return nil }},
+		fnResource{journal.KindMount, func() error { made++; return nil }},
 	}
-	end()
-	err := n.effect(journal.KindMount, "sb-g1", rec, func() error { made++; return nil })
+	err := n.makeEntries(context.Background(), tab, &claimState{rec: rec}, func(journal.Kind, time.Duration) {})
 	if !errors.Is(err, ErrTermOver) || made != 1 {
 		t.Fatalf("effect after the term: err %v, made %d times; want ErrTermOver and no second make", err, made)
 	}
@@ -64,6 +67,21 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 // TestDrainWaitsForOperationsInFlight: Drain refuses new operations and
 // returns only when those in flight returned (bounded), so the lock is
 // released after the last effect.
+// fnResource is an entry whose make is f (and nothing else).
+type fnResource struct {
+	k journal.Kind
+	f func() error
+}
+
+func (r fnResource) kind() journal.Kind                                             { return r.k }
+func (r fnResource) make(context.Context, *claimState) error                        { return r.f() }
+func (fnResource) remove(context.Context, journal.Sandbox) error                    { return nil }
+func (fnResource) gone(context.Context, journal.Sandbox) proof.Check                { return proof.Check{OK: true} }
+func (fnResource) list(context.Context) ([]string, error)                           { return nil, nil }
+func (fnResource) name(journal.Sandbox) string                                      { return "" }
+func (fnResource) removeOrphan(context.Context, string) error                       { return nil }
+func (fnResource) missing(context.Context, journal.Sandbox, kernelInventory) string { return "" }
+
 func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 	n, end := termNode(t)
 	ctx, done, err := n.begin(context.Background())
