@@ -92,7 +92,9 @@ func (n *Node) tableFor(rec journal.Sandbox) []resource {
 // needer is implemented by entries a generation may not need (volumes,
 // when its claim names none): its claim neither journals nor makes them;
 // its teardown still runs their proof check.
-type needer interface{ needed(rec journal.Sandbox) bool }
+type needer interface {
+	needed(rec journal.Sandbox) bool
+}
 
 // claimTable is the entries rec's claim makes: tableFor(rec) but those
 // it does not need.

@@ -57,7 +57,7 @@ func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*j
 			return tx.PutOperation(op)
 		})
 		if err != nil {
-			return op, false, journalErr("journal operation "+op.ID, err)
+			return op, false, txErr("journal operation "+op.ID, err)
 		}
 		if found {
 			if prev.RequestHash != op.RequestHash {
@@ -297,7 +297,7 @@ func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error
 
 // failOp stores the operation's error so a retry gets the same answer.
 func (n *Node) failOp(op journal.Operation, cause error) error {
-	code := codeOf(cause)
+	code := errdefs.CodeOf(cause)
 	msg := cause.Error()
 	var ae *errdefs.Error
 	if errors.As(cause, &ae) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
@@ -277,7 +278,7 @@ func TestClaimStepFailureRollsBack(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "injected") {
 				t.Fatalf("claim with %s failing: %v", kind, err)
 			}
-			claimFailed(r, claimReq("c1", 1), codeOf(err))
+			claimFailed(r, claimReq("c1", 1), errdefs.CodeOf(err))
 			r.checkClean("after the rollback")
 			k.ClearFailMake(kind, containerID(sb, 1))
 			reuse(r, 2)

@@ -57,7 +57,7 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 		return api.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
 	}
 	if err := n.live(); err != nil {
-		return api.Sandbox{}, journalErr("network update of "+id, err)
+		return api.Sandbox{}, fmt.Errorf("network update of %s: %w", id, err)
 	}
 	err = n.d.Journal.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.Sandbox(id)
@@ -72,7 +72,7 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 		return tx.PutSandbox(cur)
 	})
 	if err != nil {
-		return api.Sandbox{}, journalErr("journal network update of "+id, err)
+		return api.Sandbox{}, txErr("journal network update of "+id, err)
 	}
 	n.crash("netupdate:intended")
 	s, err = n.applyUpdate(ctx, s, o, pol)
@@ -90,7 +90,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 	log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 	eff := n.effective(o, pol)
 	if err := n.live(); err != nil {
-		return s, journalErr("network update of "+s.ID, err)
+		return s, fmt.Errorf("network update of %s: %w", s.ID, err)
 	}
 	// The proxy answers by the new policy before nft applies it: Register
 	// returns after the old entry's last set addition, so no answer of a
@@ -116,7 +116,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 	}
 	n.crash("netupdate:applied")
 	if err := n.live(); err != nil {
-		return s, journalErr("network update of "+s.ID, err)
+		return s, fmt.Errorf("network update of %s: %w", s.ID, err)
 	}
 	cut, err := n.d.Flows.Cut(ctx, o.Block.Slot, eff)
 	if err != nil {
@@ -126,7 +126,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 		return s, errdefs.Errorf(errdefs.CodeUnavailable, "cut the flows the new policy of %s no longer allows: %v; retry the update", s.ID, err)
 	}
 	if err := n.endUpdate(s, true); err != nil {
-		return s, journalErr("journal network update of "+s.ID+" done", err)
+		return s, fmt.Errorf("journal network update of %s done: %w", s.ID, err)
 	}
 	n.crash("netupdate:done")
 	log.Info("network policy updated", "mode", eff.Mode, "flows_cut", cut)

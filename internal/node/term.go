@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/journal"
 )
 
 // The node acts only within its primary's term (Deps.Term). When the term
@@ -18,7 +17,13 @@ import (
 // back.
 
 // ErrTermOver means the primary's term ended: no kernel effect is made.
-var ErrTermOver = errors.New("primary term over")
+// Its kind is unavailable: the next primary answers.
+var ErrTermOver error = termOver{}
+
+type termOver struct{}
+
+func (termOver) Error() string           { return "primary term over" }
+func (termOver) ErrorCode() errdefs.Code { return errdefs.CodeUnavailable }
 
 func (n *Node) termCtx() context.Context {
 	if n.d.Term == nil {
@@ -79,31 +84,14 @@ func (n *Node) Drain(timeout time.Duration) error {
 	}
 }
 
-// journalErr gives a journal failure its API kind: a fenced write means a
-// newer primary owns the journal.
-func journalErr(what string, err error) error {
-	var ae *errdefs.Error
-	switch {
-	case errors.As(err, &ae):
-		return ae
-	case errors.Is(err, journal.ErrFenced):
-		return errdefs.Errorf(errdefs.CodeFenced, "%s: %v", what, err)
-	case errors.Is(err, ErrTermOver):
-		return errdefs.Errorf(errdefs.CodeUnavailable, "%s: %v", what, err)
+// txErr is a journal transaction's failure as its caller returns it: a
+// refusal the transaction decided (an *errdefs.Error) as it is, anything
+// else (the journal failed or was fenced) wrapped with what was being
+// journaled. Its kind is read at the edge (errdefs.CodeOf).
+func txErr(what string, err error) error {
+	var refused *errdefs.Error
+	if errors.As(err, &refused) {
+		return refused
 	}
-	return errdefs.Errorf(errdefs.CodeInternal, "%s: %v", what, err)
-}
-
-// codeOf is errdefs.CodeOf that also knows the node's own error kinds.
-func codeOf(err error) errdefs.Code {
-	var ae *errdefs.Error
-	switch {
-	case errors.As(err, &ae):
-		return errdefs.CodeOf(err)
-	case errors.Is(err, journal.ErrFenced):
-		return errdefs.CodeFenced
-	case errors.Is(err, ErrTermOver):
-		return errdefs.CodeUnavailable
-	}
-	return errdefs.CodeOf(err)
+	return fmt.Errorf("%s: %w", what, err)
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -106,6 +107,9 @@ func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 	}
 }
 
+// TestJournalErrorsKeepTheirKind: a fenced journal and the end of the
+// term keep their kind through the wrapping (errdefs.CodeOf at the edge),
+// and a transaction's own refusal is answered as it is.
 func TestJournalErrorsKeepTheirKind(t *testing.T) {
 	fenced := &journal.FencedError{Writer: 3, Current: 4}
 	for err, want := range map[error]errdefs.Code{
@@ -114,11 +118,19 @@ func TestJournalErrorsKeepTheirKind(t *testing.T) {
 		ErrTermOver:                errdefs.CodeUnavailable,
 		errors.New("disk on fire"): errdefs.CodeInternal,
 	} {
-		if got := codeOf(err); got != want {
-			t.Errorf("codeOf(%v) = %s, want %s", err, got, want)
+		if got := errdefs.CodeOf(err); got != want {
+			t.Errorf("CodeOf(%v) = %s, want %s", err, got, want)
 		}
-		if got := errdefs.CodeOf(journalErr("x", err)); got != want {
-			t.Errorf("journalErr(%v) = %s, want %s", err, got, want)
+		wrapped := txErr("x", err)
+		if got := errdefs.CodeOf(wrapped); got != want {
+			t.Errorf("CodeOf(txErr(%v)) = %s, want %s", err, got, want)
 		}
+		if !errors.Is(wrapped, err) {
+			t.Errorf("txErr(%v) lost its cause", err)
+		}
+	}
+	refused := errdefs.Errorf(errdefs.CodeConflict, "no longer ready")
+	if got := txErr("x", fmt.Errorf("in tx: %w", refused)); got != refused {
+		t.Errorf("txErr of a refusal = %v, want the refusal as it is", got)
 	}
 }
