@@ -15,6 +15,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/writer"
 )
@@ -203,25 +204,9 @@ func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*
 }
 
 // putGeneration rewrites rec's generation's sandbox record in one
-// transaction (putBlock, putVolume, publishedSeal): also (if any) first,
-// since it may fill in what set then records (the epochs).
+// transaction (putBlock, putVolume, publishedSeal): op.PutGeneration.
 func (n *Node) putGeneration(rec journal.Sandbox, also func(*journal.Tx) error, set func(*journal.Sandbox)) error {
-	return n.d.Journal.Update(func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(rec.ID)
-		if err != nil {
-			return err
-		}
-		if !ok || s.Generation != rec.Generation {
-			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
-		}
-		if also != nil {
-			if err := also(tx); err != nil {
-				return err
-			}
-		}
-		set(&s)
-		return tx.PutSandbox(s)
-	})
+	return op.PutGeneration(n.d.Journal, rec, also, set)
 }
 
 var errNoBlock = errors.New("this node has no block subsystems configured")

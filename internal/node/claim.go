@@ -18,6 +18,7 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/runsc"
 )
 
@@ -27,77 +28,16 @@ func requestHash(kind, id string, v any) string {
 	return hex.EncodeToString(h[:])
 }
 
-// beginOp looks up an operation id. If the operation already finished it
-// returns its record (done or failed) and started=false. If it is running
-// in this process it waits for it. Otherwise it runs create inside the
-// same transaction that records the operation as pending.
-func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*journal.Tx) error) (journal.Operation, bool, error) {
-	for {
-		n.mu.Lock()
-		wait, running := n.inflight[op.ID]
-		n.mu.Unlock()
-		if running {
-			select {
-			case <-wait:
-				continue
-			case <-ctx.Done():
-				return op, false, errdefs.Errorf(errdefs.CodeUnavailable, "operation %q still running: %v", op.ID, ctx.Err())
-			}
-		}
-		var prev journal.Operation
-		var found bool
-		err := n.d.Journal.Update(func(tx *journal.Tx) error {
-			var err error
-			if prev, found, err = tx.Operation(op.ID); err != nil || found {
-				return err
-			}
-			if err := create(tx); err != nil {
-				return err
-			}
-			return tx.PutOperation(op)
-		})
-		if err != nil {
-			return op, false, txErr("journal operation "+op.ID, err)
-		}
-		if found {
-			if prev.RequestHash != op.RequestHash {
-				return prev, false, errdefs.Errorf(errdefs.CodeConflict, "operation_id %q was used for a different request", op.ID)
-			}
-			if prev.State == journal.OpPending {
-				// Pending but not running here: a takeover's reconciler
-				// resolves these before serving, so this is a bug or a race
-				// with reconcile; never run it twice.
-				return prev, false, errdefs.Errorf(errdefs.CodeUnavailable, "operation %q is pending recovery", op.ID)
-			}
-			return prev, false, nil
-		}
-		n.mu.Lock()
-		n.inflight[op.ID] = make(chan struct{})
-		n.mu.Unlock()
-		return op, true, nil
-	}
+// beginOp runs create in the transaction that records op as pending, or
+// returns the record of an op that ran already (op.Ops.Begin).
+func (n *Node) beginOp(ctx context.Context, o journal.Operation, create func(*journal.Tx) error) (journal.Operation, bool, error) {
+	return n.ops.Begin(ctx, o, create)
 }
 
-func (n *Node) endOp(id string) {
-	n.mu.Lock()
-	if ch, ok := n.inflight[id]; ok {
-		close(ch)
-		delete(n.inflight, id)
-	}
-	n.mu.Unlock()
-}
+func (n *Node) endOp(id string) { n.ops.End(id) }
 
 // opOutcome decodes a finished operation's stored result or error.
-func opOutcome[T any](op journal.Operation) (T, error) {
-	var out T
-	if op.Error != nil {
-		return out, &errdefs.Error{Code: op.Error.Code, Message: op.Error.Message}
-	}
-	if err := json.Unmarshal(op.Result, &out); err != nil {
-		return out, errdefs.Errorf(errdefs.CodeInternal, "decode stored result of %s: %v", op.ID, err)
-	}
-	return out, nil
-}
+func opOutcome[T any](o journal.Operation) (T, error) { return op.Outcome[T](o) }
 
 // Claim makes a runtime generation for a sandbox and returns once its
 // readiness proof arrived.
@@ -197,7 +137,7 @@ admit:
 			// The first entry's intended record commits with the
 			// admission (makeEntries).
 			if tab := n.claimTable(rec); len(tab) > 0 {
-				return tx.PutEffect(n.intended(tab[0].kind(), rec))
+				return tx.PutEffect(n.run.Intended(tab[0].kind(), rec))
 			}
 			return nil
 		})
@@ -296,79 +236,20 @@ func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error
 }
 
 // failOp stores the operation's error so a retry gets the same answer.
-func (n *Node) failOp(op journal.Operation, cause error) error {
-	code := errdefs.CodeOf(cause)
-	msg := cause.Error()
-	var ae *errdefs.Error
-	if errors.As(cause, &ae) {
-		msg = ae.Message
-	}
-	op.State, op.Error = journal.OpFailed, &journal.OpError{Code: code, Message: msg}
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutOperation(op) }); err != nil {
-		n.log.Error("journal failed operation", "op", op.ID, "err", err)
-	}
-	return &errdefs.Error{Code: code, Message: msg}
-}
+func (n *Node) failOp(o journal.Operation, cause error) error { return n.ops.Fail(o, cause) }
 
-// intended is the effect record of kind for rec's generation, intended.
-func (n *Node) intended(kind journal.Kind, rec journal.Sandbox) journal.Effect {
-	return journal.Effect{Kind: kind, Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch, Slot: rec.Slot}
-}
-
-// makeEntries makes tab's entries in order, each journaled before and
-// after its kernel effect: intended before it is made, done after. The
-// done record of an entry and the intended record of the next commit in
-// one transaction, and the first entry's intended record committed with
-// the claim's admission (Claim): a crash at k:done leaves k+1 intended,
-// the state a crash at k+1:intended leaves, so recovery is the same with
-// half the commits. An entry's make may stage a journal write that commits
-// with its done record (claimState.withDone). step is called with each
-// entry's make time.
-func (n *Node) makeEntries(ctx context.Context, tab []resource, c *claimState, step func(journal.Kind, time.Duration)) error {
+// effects are tab's entries as the runner makes them for claim c.
+func effects(tab []resource, c *claimState) []op.Effect {
+	out := make([]op.Effect, len(tab))
 	for i, r := range tab {
-		kind := r.kind()
-		if err := n.live(); err != nil {
-			return err
-		}
-		n.crash(string(kind) + ":intended")
-		if err := n.live(); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		if err := r.make(ctx, c); err != nil {
-			return err
-		}
-		n.crash(string(kind) + ":made")
-		done := n.intended(kind, c.rec)
-		done.State = journal.Done
-		var next *journal.Effect
-		if i+1 < len(tab) && n.live() == nil {
-			e := n.intended(tab[i+1].kind(), c.rec)
-			next = &e
-		}
-		staged := c.staged
-		c.staged = nil
-		err := n.d.Journal.Update(func(tx *journal.Tx) error {
-			if err := tx.PutEffect(done); err != nil {
-				return err
+		out[i] = op.Effect{Kind: r.kind(), Make: func(ctx context.Context) (func(*journal.Tx) error, error) {
+			if err := r.make(ctx, c); err != nil {
+				return nil, err
 			}
-			for _, f := range staged {
-				if err := f(tx); err != nil {
-					return err
-				}
-			}
-			if next != nil {
-				return tx.PutEffect(*next)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("journal %s %s done: %w", kind, done.Name, err)
-		}
-		step(kind, time.Since(t0))
-		n.crash(string(kind) + ":done")
+			return c.takeStaged(), nil
+		}}
 	}
-	return nil
+	return out
 }
 
 func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
@@ -401,7 +282,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 
 	// Make the generation's resources in table order, each journaled.
 	c := &claimState{rec: rec, lower: lower}
-	err := n.makeEntries(ctx, n.claimTable(rec), c, func(kind journal.Kind, took time.Duration) {
+	err := n.run.MakeAll(ctx, rec, effects(n.claimTable(rec), c), func(kind journal.Kind, took time.Duration) {
 		d := ms(took)
 		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(kind), MakeMS: d})
 		if p := phase[kind]; p != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
@@ -176,33 +175,7 @@ func (n *Node) redoUpdate(ctx context.Context, s journal.Sandbox) error {
 
 // lockSandbox serializes a sandbox's network updates with each other and
 // with the start of its release.
-func (n *Node) lockSandbox(id string) (unlock func()) {
-	n.mu.Lock()
-	if n.sbLocks == nil {
-		n.sbLocks = map[string]*sbLock{}
-	}
-	l, ok := n.sbLocks[id]
-	if !ok {
-		l = &sbLock{}
-		n.sbLocks[id] = l
-	}
-	l.users++
-	n.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		n.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(n.sbLocks, id)
-		}
-		n.mu.Unlock()
-	}
-}
-
-type sbLock struct {
-	sync.Mutex
-	users int // holders and waiters, guarded by Node.mu
-}
+func (n *Node) lockSandbox(id string) (unlock func()) { return n.locks.Lock(id) }
 
 // networkStatus is the generation's mode and counters, when it has a
 // sandbox network (the counters only while it runs).

@@ -68,6 +68,23 @@ type claimState struct {
 // entry as done: a record of what it made costs no commit of its own.
 func (c *claimState) withDone(f func(*journal.Tx) error) { c.staged = append(c.staged, f) }
 
+// takeStaged returns the writes staged since the last call, as one.
+func (c *claimState) takeStaged() func(*journal.Tx) error {
+	staged := c.staged
+	c.staged = nil
+	if len(staged) == 0 {
+		return nil
+	}
+	return func(tx *journal.Tx) error {
+		for _, f := range staged {
+			if err := f(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // newTable is the resource table, in claim order.
 func newTable(n *Node) []resource {
 	return []resource{

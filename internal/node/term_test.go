@@ -9,6 +9,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -18,6 +19,8 @@ func termNode(t *testing.T) (*Node, context.CancelFunc) {
 	term, end := context.WithCancel(context.Background())
 	t.Cleanup(end)
 	n.d.Term = term
+	n.term = op.NewTerm(term)
+	n.run.Term = n.term
 	return n, end
 }
 
@@ -41,7 +44,7 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 		fnResource{journal.KindCgroup, func() error { made++; end(); return nil }},
 		fnResource{journal.KindMount, func() error { made++; return nil }},
 	}
-	err := n.makeEntries(context.Background(), tab, &claimState{rec: rec}, func(journal.Kind, time.Duration) {})
+	err := n.run.MakeAll(context.Background(), rec, effects(tab, &claimState{rec: rec}), func(journal.Kind, time.Duration) {})
 	if !errors.Is(err, ErrTermOver) || made != 1 {
 		t.Fatalf("effect after the term: err %v, made %d times; want ErrTermOver and no second make", err, made)
 	}
