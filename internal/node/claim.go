@@ -137,7 +137,7 @@ admit:
 			// The first entry's intended record commits with the
 			// admission (makeEntries).
 			if tab := n.claimTable(rec); len(tab) > 0 {
-				return tx.PutEffect(n.run.Intended(tab[0].kind(), rec))
+				return tx.PutEffect(n.run.Intended(tab[0].Spec().Kind, rec))
 			}
 			return nil
 		})
@@ -239,11 +239,11 @@ func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error
 func (n *Node) failOp(o journal.Operation, cause error) error { return n.ops.Fail(o, cause) }
 
 // effects are tab's entries as the runner makes them for claim c.
-func effects(tab []resource, c *claimState) []op.Effect {
+func effects(tab []entry, c *claimState) []op.Effect {
 	out := make([]op.Effect, len(tab))
 	for i, r := range tab {
-		out[i] = op.Effect{Kind: r.kind(), Make: func(ctx context.Context) (func(*journal.Tx) error, error) {
-			if err := r.make(ctx, c); err != nil {
+		out[i] = op.Effect{Kind: r.Spec().Kind, Make: func(ctx context.Context) (func(*journal.Tx) error, error) {
+			if err := r.Make(ctx, c); err != nil {
 				return nil, err
 			}
 			return c.takeStaged(), nil
@@ -262,22 +262,10 @@ func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// claimPhases maps each resource to the claim timing it counts in.
-func claimPhases(t *journal.Timings) map[journal.Kind]*float64 {
-	return map[journal.Kind]*float64{
-		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
-		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
-		journal.KindWriter: &t.RootFSMS, journal.KindBlockMount: &t.RootFSMS, journal.KindVolumes: &t.RootFSMS,
-		journal.KindNetns: &t.NetworkMS, journal.KindLinks: &t.NetworkMS, journal.KindConntrack: &t.NetworkMS,
-		journal.KindNft: &t.NetworkMS, journal.KindDNS: &t.NetworkMS,
-		journal.KindAgent: &t.RunscMS, journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,
-	}
-}
-
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
 	cid := rec.ContainerID
 	t := journal.Timings{AdmitMS: rec.Timings.AdmitMS}
-	phase := claimPhases(&t)
+	phase := n.table.Phases(&t)
 	start := time.Now()
 
 	// Make the generation's resources in table order, each journaled.

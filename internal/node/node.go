@@ -24,6 +24,7 @@ import (
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -173,7 +174,7 @@ type Node struct {
 	warm warmPool
 
 	// table is the generation's resources in claim order (resources.go).
-	table []resource
+	table *resource.Table[*claimState]
 }
 
 // New wires a node. Call Reconcile before serving.

@@ -10,6 +10,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -40,7 +41,7 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 	made := 0
 	// The first entry's make ends the term: its done record is journaled,
 	// the second entry is neither journaled nor made.
-	tab := []resource{
+	tab := []entry{
 		fnResource{journal.KindCgroup, func() error { made++; end(); return nil }},
 		fnResource{journal.KindMount, func() error { made++; return nil }},
 	}
@@ -77,14 +78,10 @@ type fnResource struct {
 	f func() error
 }
 
-func (r fnResource) kind() journal.Kind                                             { return r.k }
-func (r fnResource) make(context.Context, *claimState) error                        { return r.f() }
-func (fnResource) remove(context.Context, journal.Sandbox) error                    { return nil }
-func (fnResource) gone(context.Context, journal.Sandbox) proof.Check                { return proof.Check{OK: true} }
-func (fnResource) list(context.Context) ([]string, error)                           { return nil, nil }
-func (fnResource) name(journal.Sandbox) string                                      { return "" }
-func (fnResource) removeOrphan(context.Context, string) error                       { return nil }
-func (fnResource) missing(context.Context, journal.Sandbox, kernelInventory) string { return "" }
+func (r fnResource) Spec() resource.Spec                             { return resource.Spec{Kind: r.k} }
+func (r fnResource) Make(context.Context, *claimState) error         { return r.f() }
+func (fnResource) Remove(context.Context, journal.Sandbox) error     { return nil }
+func (fnResource) Gone(context.Context, journal.Sandbox) proof.Check { return proof.Check{OK: true} }
 
 func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 	n, end := termNode(t)
