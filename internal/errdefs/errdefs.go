@@ -1,6 +1,7 @@
 // Package errdefs holds the fixed set of kinds of error ctld reports, the
-// typed *Error that carries one, and helpers to read the kind back from a
-// wrapped error. Every layer returns these; only the API server maps a kind
+// typed *Error that carries one, the Coder interface by which a package's
+// own error types say their kind, and helpers to read the kind back from a
+// wrapped error. Errors compose with %w; only the API server maps a kind
 // to an HTTP status, and only the API client turns a wire error back into
 // an *Error. It imports nothing of the transport, so kernel-facing packages
 // can use it without linking net/http.
@@ -50,6 +51,19 @@ func (e *Error) Error() string {
 	return string(e.Code) + ": " + e.Message
 }
 
+// Coder is an error that knows its kind. A package's own error types
+// (journal.FencedError, op.ErrTermOver) implement it rather than being
+// translated into an *Error where they are returned: they compose with %w
+// like any error, and CodeOf reads the kind at the edge (containerd's
+// errdefs interfaces work this way).
+type Coder interface {
+	error
+	ErrorCode() Code
+}
+
+// ErrorCode is the error's kind.
+func (e *Error) ErrorCode() Code { return e.Code }
+
 // Unwrap returns the cause of the error, if any.
 func (e *Error) Unwrap() error { return e.Cause }
 
@@ -78,15 +92,16 @@ func RetryAfterOf(err error) time.Duration {
 	return 0
 }
 
-// CodeOf returns the code of the first *Error in err's chain, CodeInternal
-// when there is none, and "" for a nil error.
+// CodeOf returns the code of the first Coder (an *Error, or a package's
+// own kind of error) in err's chain, CodeInternal when there is none, and
+// "" for a nil error.
 func CodeOf(err error) Code {
 	if err == nil {
 		return ""
 	}
-	var e *Error
-	if errors.As(err, &e) && e.Code != "" {
-		return e.Code
+	var c Coder
+	if errors.As(err, &c) && c.ErrorCode() != "" {
+		return c.ErrorCode()
 	}
 	return CodeInternal
 }

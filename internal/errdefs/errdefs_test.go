@@ -18,6 +18,8 @@ func TestCodeOf(t *testing.T) {
 		{fmt.Errorf("claim sandbox: %w", Errorf(CodeFenced, "epoch 3 < 4")), CodeFenced},
 		{errors.New("disk on fire"), CodeInternal},
 		{&Error{Message: "no code"}, CodeInternal},
+		{fmt.Errorf("journal sandbox: %w", ownKind{}), CodeFenced},
+		{errors.Join(errors.New("first"), fmt.Errorf("second: %w", ownKind{})), CodeFenced},
 	}
 	for _, c := range cases {
 		if got := CodeOf(c.err); got != c.want {
@@ -25,6 +27,12 @@ func TestCodeOf(t *testing.T) {
 		}
 	}
 }
+
+// ownKind is a package's own error type that knows its kind.
+type ownKind struct{}
+
+func (ownKind) Error() string   { return "own kind" }
+func (ownKind) ErrorCode() Code { return CodeFenced }
 
 func TestIs(t *testing.T) {
 	err := fmt.Errorf("release: %w", Errorf(CodeConflict, "generation 2 is not current"))

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/ctld/ctld/internal/errdefs"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -42,6 +43,9 @@ func (e *FencedError) Error() string {
 
 // Is makes errors.Is(err, ErrFenced) true.
 func (e *FencedError) Is(target error) bool { return target == ErrFenced }
+
+// ErrorCode is its kind at the API edge: a newer primary owns the journal.
+func (e *FencedError) ErrorCode() errdefs.Code { return errdefs.CodeFenced }
 
 // ErrEpochBehind means a term tried to take the journal over with an epoch
 // that is not above the journal's: the durable ha/epoch file was rolled back
@@ -87,6 +91,7 @@ func (j *Journal) TakeOver(epoch uint64) error {
 	if err != nil {
 		return fmt.Errorf("take journal over at epoch %d: %w", epoch, err)
 	}
+	j.commits.Add(1)
 	j.epoch = epoch
 	return nil
 }

@@ -277,6 +277,7 @@ func (j *Journal) Prune(r Retention, now time.Time, batch int) (PruneResult, err
 	if err != nil {
 		return PruneResult{}, fmt.Errorf("prune journal: %w", err)
 	}
+	j.commits.Add(1)
 	return res, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -440,6 +441,9 @@ type Operation struct {
 type Journal struct {
 	db    *bolt.DB
 	epoch uint64
+	// commits counts the write transactions this handle committed (see
+	// Commits).
+	commits atomic.Uint64
 }
 
 // Open opens (creating if needed) the journal at path. bbolt takes its own
@@ -483,13 +487,22 @@ type Tx struct{ tx *bolt.Tx }
 // this handle's epoch is the journal's current epoch (else a *FencedError
 // and nothing is written).
 func (j *Journal) Update(fn func(*Tx) error) error {
-	return j.db.Update(func(tx *bolt.Tx) error {
+	err := j.db.Update(func(tx *bolt.Tx) error {
 		if err := j.fence(tx); err != nil {
 			return err
 		}
 		return fn(&Tx{tx})
 	})
+	if err == nil {
+		j.commits.Add(1)
+	}
+	return err
 }
+
+// Commits is the number of write transactions this handle committed
+// (Update and TakeOver): each is one fsync'd bbolt commit, the cost a
+// claim's journaling is measured in.
+func (j *Journal) Commits() uint64 { return j.commits.Load() }
 
 // View runs fn in a read-only transaction.
 func (j *Journal) View(fn func(*Tx) error) error {

@@ -80,6 +80,20 @@ func TestOpenNeedsTimeoutAndCreatesBuckets(t *testing.T) {
 	})
 }
 
+// TestCommitsCounts: Commits counts committed write transactions only.
+func TestCommitsCounts(t *testing.T) {
+	j := newTaken(t)
+	if c := j.Commits(); c != 1 {
+		t.Fatalf("after TakeOver: %d commits, want 1", c)
+	}
+	mustUpdate(t, j, func(tx *Tx) error { return tx.PutSandbox(Sandbox{ID: "a", Generation: 1}) })
+	_ = j.Update(func(*Tx) error { return errors.New("rolled back") })
+	mustView(t, j, func(*Tx) error { return nil })
+	if c := j.Commits(); c != 2 {
+		t.Fatalf("after one Update, one failed Update and a View: %d commits, want 2", c)
+	}
+}
+
 func TestUpdateIsAtomicAndViewReadOnly(t *testing.T) {
 	j := newTaken(t)
 	boom := errors.New("boom")

@@ -19,6 +19,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 )
@@ -89,11 +90,12 @@ func (n *Node) agentSpec(rec journal.Sandbox) *runsc.Agent {
 // agentResource is the generation's agent directory (see above).
 type agentResource struct {
 	n *Node
-	alive
 }
 
-func (agentResource) kind() journal.Kind { return journal.KindAgent }
-func (r agentResource) make(_ context.Context, c *claimState) error {
+func (agentResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindAgent, Phase: resource.PhaseGuest, Check: "agent_dir_removed", Sweeps: true}
+}
+func (r agentResource) Make(_ context.Context, c *claimState) error {
 	src := r.n.cfg.AgentBinary
 	if src == "" {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "no guest agent binary configured on this node")
@@ -144,7 +146,7 @@ func writeNonce(path, nonce string) error {
 	}
 	return nil
 }
-func (r agentResource) remove(_ context.Context, rec journal.Sandbox) error {
+func (r agentResource) Remove(_ context.Context, rec journal.Sandbox) error {
 	return r.n.removeAgentDir(rec.ContainerID)
 }
 
@@ -157,14 +159,14 @@ func (n *Node) removeAgentDir(cid string) error {
 	}
 	return os.RemoveAll(n.agentDir(cid))
 }
-func (r agentResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
+func (r agentResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	return pathGone("agent_dir_removed", r.n.agentDir(rec.ContainerID))
 }
-func (r agentResource) list(context.Context) ([]string, error) {
+func (r agentResource) List(context.Context) ([]string, error) {
 	return entryNames(r.n.agentsDir())
 }
-func (agentResource) name(rec journal.Sandbox) string { return nameOf(rec) }
-func (r agentResource) removeOrphan(_ context.Context, name string) error {
+func (agentResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r agentResource) RemoveOrphan(_ context.Context, name string) error {
 	return r.n.removeAgentDir(name)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"path"
 	"time"
@@ -331,7 +332,7 @@ func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *api.User, 
 	}
 	defer a.done()
 	if err := n.live(); err != nil {
-		return 0, journalErr("write file", err)
+		return 0, fmt.Errorf("write file: %w", err)
 	}
 	got, err := a.c.WriteFile(a.ctx, p, wireUser(user), mode, limit, r)
 	if err != nil {

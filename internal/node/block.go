@@ -14,6 +14,8 @@ import (
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/writer"
 )
@@ -67,29 +69,13 @@ func rootfsMode(rec journal.Sandbox) journal.RootFSMode {
 	return rec.RootFS.Mode
 }
 
-// modal is implemented by the entries of one RootFS mode only.
-type modal interface{ mode() journal.RootFSMode }
-
-// applies says whether entry r is part of rec's generation.
-func applies(r resource, rec journal.Sandbox) bool {
-	m, ok := r.(modal)
-	return !ok || m.mode() == rootfsMode(rec)
-}
-
 // tableFor is the resource table of rec's generation: every entry but
 // those of the other RootFS mode.
-func (n *Node) tableFor(rec journal.Sandbox) []resource {
-	out := make([]resource, 0, len(n.table))
-	for _, r := range n.table {
-		if applies(r, rec) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
+func (n *Node) tableFor(rec journal.Sandbox) []entry { return n.table.For(rec) }
 
-func (diskResource) mode() journal.RootFSMode  { return journal.RootFSOverlay }
-func (mountResource) mode() journal.RootFSMode { return journal.RootFSOverlay }
+// claimTable is the entries rec's claim makes: tableFor(rec) but those
+// it does not need (resource.Needer).
+func (n *Node) claimTable(rec journal.Sandbox) []entry { return n.table.Claim(rec) }
 
 func (n *Node) hasBlock() bool {
 	return n.d.Block != nil && n.d.BlockMounts != nil && n.d.Templates != nil
@@ -185,25 +171,9 @@ func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*
 }
 
 // putGeneration rewrites rec's generation's sandbox record in one
-// transaction (putBlock, putVolume, publishedSeal): also (if any) first,
-// since it may fill in what set then records (the epochs).
+// transaction (putBlock, putVolume, publishedSeal): op.PutGeneration.
 func (n *Node) putGeneration(rec journal.Sandbox, also func(*journal.Tx) error, set func(*journal.Sandbox)) error {
-	return n.d.Journal.Update(func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(rec.ID)
-		if err != nil {
-			return err
-		}
-		if !ok || s.Generation != rec.Generation {
-			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
-		}
-		if also != nil {
-			if err := also(tx); err != nil {
-				return err
-			}
-		}
-		set(&s)
-		return tx.PutSandbox(s)
-	})
+	return op.PutGeneration(n.d.Journal, rec, also, set)
 }
 
 var errNoBlock = errors.New("this node has no block subsystems configured")
@@ -212,14 +182,14 @@ var errNoBlock = errors.New("this node has no block subsystems configured")
 // /dev/nbdX it attached.
 type writerResource struct{ n *Node }
 
-func (writerResource) kind() journal.Kind       { return journal.KindWriter }
-func (writerResource) mode() journal.RootFSMode { return journal.RootFSBlock }
-func (r writerResource) sweeps() bool           { return r.n.d.Block != nil }
+func (r writerResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindWriter, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "nbd_quiescent", Sweeps: r.n.d.Block != nil}
+}
 
 // make takes a new writer epoch and journals it with the writer dir
 // BEFORE the writer starts (one transaction), starts the writer, and
 // journals what it attached.
-func (r writerResource) make(ctx context.Context, c *claimState) error {
+func (r writerResource) Make(ctx context.Context, c *claimState) error {
 	n := r.n
 	if !n.hasBlock() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
@@ -263,14 +233,14 @@ func (r writerResource) make(ctx context.Context, c *claimState) error {
 // remove stops the writer (it disconnects its device and waits for the
 // kernel to free it) and removes its dir: the generation's dirty data
 // goes with it (a release destroys; sealing is part 2's).
-func (r writerResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r writerResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if r.n.d.Block == nil {
 		return errNoBlock
 	}
-	return r.removeOrphan(ctx, r.n.writerDir(rec))
+	return r.RemoveOrphan(ctx, r.n.writerDir(rec))
 }
 
-func (r writerResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	if r.n.d.Block == nil {
 		return check("nbd_quiescent", false, errNoBlock.Error())
 	}
@@ -287,21 +257,21 @@ func (r writerResource) gone(ctx context.Context, rec journal.Sandbox) proof.Che
 	return check("nbd_quiescent", ok, d)
 }
 
-func (r writerResource) list(ctx context.Context) ([]string, error) {
+func (r writerResource) List(ctx context.Context) ([]string, error) {
 	if r.n.d.Block == nil {
 		return nil, nil
 	}
 	return r.n.d.Block.List(ctx)
 }
 
-func (r writerResource) name(rec journal.Sandbox) string {
+func (r writerResource) Name(rec journal.Sandbox) string {
 	if rootfsMode(rec) != journal.RootFSBlock {
 		return ""
 	}
 	return r.n.writerDir(rec)
 }
 
-func (r writerResource) removeOrphan(ctx context.Context, dir string) error {
+func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
 	if err := r.n.d.Block.Stop(ctx, dir); err != nil {
 		return err
 	}
@@ -327,11 +297,11 @@ func (r writerResource) missing(ctx context.Context, rec journal.Sandbox, _ kern
 // blockMountResource is the device's filesystem mounted as the OCI root.
 type blockMountResource struct{ n *Node }
 
-func (blockMountResource) kind() journal.Kind       { return journal.KindBlockMount }
-func (blockMountResource) mode() journal.RootFSMode { return journal.RootFSBlock }
-func (r blockMountResource) sweeps() bool           { return r.n.d.BlockMounts != nil }
+func (r blockMountResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindBlockMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "mounts_gone", Sweeps: r.n.d.BlockMounts != nil}
+}
 
-func (r blockMountResource) make(ctx context.Context, c *claimState) (err error) {
+func (r blockMountResource) Make(ctx context.Context, c *claimState) (err error) {
 	n := r.n
 	if n.d.BlockMounts == nil {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "mount block root: %v", errNoBlock)
@@ -361,14 +331,14 @@ func (r blockMountResource) make(ctx context.Context, c *claimState) (err error)
 	return nil
 }
 
-func (r blockMountResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r blockMountResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if r.n.d.BlockMounts == nil {
 		return errNoBlock
 	}
 	return r.n.d.BlockMounts.Unmount(ctx, rec.ContainerID)
 }
 
-func (r blockMountResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r blockMountResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	if r.n.d.BlockMounts == nil {
 		return check("mounts_gone", false, errNoBlock.Error())
 	}
@@ -376,21 +346,21 @@ func (r blockMountResource) gone(ctx context.Context, rec journal.Sandbox) proof
 	return check("mounts_gone", ok, d)
 }
 
-func (r blockMountResource) list(ctx context.Context) ([]string, error) {
+func (r blockMountResource) List(ctx context.Context) ([]string, error) {
 	if r.n.d.BlockMounts == nil {
 		return nil, nil
 	}
 	return r.n.d.BlockMounts.List(ctx)
 }
 
-func (blockMountResource) name(rec journal.Sandbox) string {
+func (blockMountResource) Name(rec journal.Sandbox) string {
 	if rootfsMode(rec) != journal.RootFSBlock {
 		return ""
 	}
 	return nameOf(rec)
 }
 
-func (r blockMountResource) removeOrphan(ctx context.Context, name string) error {
+func (r blockMountResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.BlockMounts.Unmount(ctx, name)
 }
 

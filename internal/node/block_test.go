@@ -166,7 +166,7 @@ func TestBlockWriterRestartFailsIsLost(t *testing.T) {
 	r.mustClaim(sb, blockReq("c1", 1))
 	before := r.sandbox(sb)
 	k.KillWriter(before.Block.Dir)
-	k.FailMake(fakekernel.KindWriter, before.ContainerID, errors.New("no memory for a writer"))
+	k.FailMake(journal.KindWriter, before.ContainerID, errors.New("no memory for a writer"))
 	r.mustBoot()
 	s := r.sandbox(sb)
 	if s.State != journal.StateReleased || !strings.Contains(s.Reason, "not restarted") || !strings.Contains(s.Reason, "no memory for a writer") {
@@ -213,7 +213,7 @@ func TestBlockWriterWatchRestarts(t *testing.T) {
 
 	r.mustClaim(sb, blockReq("c2", 2))
 	s2 := r.sandbox(sb)
-	k.FailMake(fakekernel.KindWriter, s2.ContainerID, nil)
+	k.FailMake(journal.KindWriter, s2.ContainerID, nil)
 	k.KillWriter(s2.Block.Dir)
 	s2 = waitSandbox(t, r, func(s journal.Sandbox) bool { return s.State == journal.StateReleased })
 	if !strings.Contains(s2.Reason, "not restarted") {

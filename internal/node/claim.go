@@ -18,6 +18,7 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/runsc"
 )
 
@@ -27,77 +28,16 @@ func requestHash(kind, id string, v any) string {
 	return hex.EncodeToString(h[:])
 }
 
-// beginOp looks up an operation id. If the operation already finished it
-// returns its record (done or failed) and started=false. If it is running
-// in this process it waits for it. Otherwise it runs create inside the
-// same transaction that records the operation as pending.
-func (n *Node) beginOp(ctx context.Context, op journal.Operation, create func(*journal.Tx) error) (journal.Operation, bool, error) {
-	for {
-		n.mu.Lock()
-		wait, running := n.inflight[op.ID]
-		n.mu.Unlock()
-		if running {
-			select {
-			case <-wait:
-				continue
-			case <-ctx.Done():
-				return op, false, errdefs.Errorf(errdefs.CodeUnavailable, "operation %q still running: %v", op.ID, ctx.Err())
-			}
-		}
-		var prev journal.Operation
-		var found bool
-		err := n.d.Journal.Update(func(tx *journal.Tx) error {
-			var err error
-			if prev, found, err = tx.Operation(op.ID); err != nil || found {
-				return err
-			}
-			if err := create(tx); err != nil {
-				return err
-			}
-			return tx.PutOperation(op)
-		})
-		if err != nil {
-			return op, false, journalErr("journal operation "+op.ID, err)
-		}
-		if found {
-			if prev.RequestHash != op.RequestHash {
-				return prev, false, errdefs.Errorf(errdefs.CodeConflict, "operation_id %q was used for a different request", op.ID)
-			}
-			if prev.State == journal.OpPending {
-				// Pending but not running here: a takeover's reconciler
-				// resolves these before serving, so this is a bug or a race
-				// with reconcile; never run it twice.
-				return prev, false, errdefs.Errorf(errdefs.CodeUnavailable, "operation %q is pending recovery", op.ID)
-			}
-			return prev, false, nil
-		}
-		n.mu.Lock()
-		n.inflight[op.ID] = make(chan struct{})
-		n.mu.Unlock()
-		return op, true, nil
-	}
+// beginOp runs create in the transaction that records op as pending, or
+// returns the record of an op that ran already (op.Ops.Begin).
+func (n *Node) beginOp(ctx context.Context, o journal.Operation, create func(*journal.Tx) error) (journal.Operation, bool, error) {
+	return n.ops.Begin(ctx, o, create)
 }
 
-func (n *Node) endOp(id string) {
-	n.mu.Lock()
-	if ch, ok := n.inflight[id]; ok {
-		close(ch)
-		delete(n.inflight, id)
-	}
-	n.mu.Unlock()
-}
+func (n *Node) endOp(id string) { n.ops.End(id) }
 
 // opOutcome decodes a finished operation's stored result or error.
-func opOutcome[T any](op journal.Operation) (T, error) {
-	var out T
-	if op.Error != nil {
-		return out, &errdefs.Error{Code: op.Error.Code, Message: op.Error.Message}
-	}
-	if err := json.Unmarshal(op.Result, &out); err != nil {
-		return out, errdefs.Errorf(errdefs.CodeInternal, "decode stored result of %s: %v", op.ID, err)
-	}
-	return out, nil
-}
+func opOutcome[T any](o journal.Operation) (T, error) { return op.Outcome[T](o) }
 
 // Claim makes a runtime generation for a sandbox and returns once its
 // readiness proof arrived.
@@ -191,7 +131,15 @@ admit:
 				making = errors.Is(err, errCarrierMaking)
 				return err
 			}
-			return n.admitClaim(tx, rec)
+			if err := n.admitClaim(tx, rec); err != nil {
+				return err
+			}
+			// The first entry's intended record commits with the
+			// admission (makeEntries).
+			if tab := n.claimTable(rec); len(tab) > 0 {
+				return tx.PutEffect(n.run.Intended(tab[0].Spec().Kind, rec))
+			}
+			return nil
 		})
 		if !making {
 			break
@@ -288,43 +236,20 @@ func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error
 }
 
 // failOp stores the operation's error so a retry gets the same answer.
-func (n *Node) failOp(op journal.Operation, cause error) error {
-	code := codeOf(cause)
-	msg := cause.Error()
-	var ae *errdefs.Error
-	if errors.As(cause, &ae) {
-		msg = ae.Message
-	}
-	op.State, op.Error = journal.OpFailed, &journal.OpError{Code: code, Message: msg}
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutOperation(op) }); err != nil {
-		n.log.Error("journal failed operation", "op", op.ID, "err", err)
-	}
-	return &errdefs.Error{Code: code, Message: msg}
-}
+func (n *Node) failOp(o journal.Operation, cause error) error { return n.ops.Fail(o, cause) }
 
-// effect journals an effect as intended, makes it, and journals it done.
-func (n *Node) effect(kind journal.Kind, name string, rec journal.Sandbox, make func() error) error {
-	e := journal.Effect{Kind: kind, Name: name, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Intended, Epoch: n.d.Epoch, Slot: rec.Slot}
-	if err := n.live(); err != nil {
-		return err
+// effects are tab's entries as the runner makes them for claim c.
+func effects(tab []entry, c *claimState) []op.Effect {
+	out := make([]op.Effect, len(tab))
+	for i, r := range tab {
+		out[i] = op.Effect{Kind: r.Spec().Kind, Make: func(ctx context.Context) (func(*journal.Tx) error, error) {
+			if err := r.Make(ctx, c); err != nil {
+				return nil, err
+			}
+			return c.takeStaged(), nil
+		}}
 	}
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
-		return fmt.Errorf("journal %s %s intended: %w", kind, name, err)
-	}
-	n.crash(string(kind) + ":intended")
-	if err := n.live(); err != nil {
-		return err
-	}
-	if err := make(); err != nil {
-		return err
-	}
-	n.crash(string(kind) + ":made")
-	e.State = journal.Done
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
-		return fmt.Errorf("journal %s %s done: %w", kind, name, err)
-	}
-	n.crash(string(kind) + ":done")
-	return nil
+	return out
 }
 
 func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
@@ -337,36 +262,23 @@ func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// claimPhases maps each resource to the claim timing it counts in.
-func claimPhases(t *journal.Timings) map[journal.Kind]*float64 {
-	return map[journal.Kind]*float64{
-		journal.KindLogs: &t.LeaseMS, journal.KindCgroup: &t.LeaseMS,
-		journal.KindDisk: &t.RootFSMS, journal.KindMount: &t.RootFSMS,
-		journal.KindWriter: &t.RootFSMS, journal.KindBlockMount: &t.RootFSMS, journal.KindVolumes: &t.RootFSMS,
-		journal.KindNetns: &t.NetworkMS, journal.KindLinks: &t.NetworkMS, journal.KindConntrack: &t.NetworkMS,
-		journal.KindNft: &t.NetworkMS, journal.KindDNS: &t.NetworkMS,
-		journal.KindAgent: &t.RunscMS, journal.KindBundle: &t.RunscMS, journal.KindRunsc: &t.RunscMS,
-	}
-}
-
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
 	cid := rec.ContainerID
 	t := journal.Timings{AdmitMS: rec.Timings.AdmitMS}
-	phase := claimPhases(&t)
+	phase := n.table.Phases(&t)
 	start := time.Now()
 
 	// Make the generation's resources in table order, each journaled.
 	c := &claimState{rec: rec, lower: lower}
-	for _, r := range n.tableFor(rec) {
-		t0 := time.Now()
-		if err := n.effect(r.kind(), cid, c.rec, func() error { return r.make(ctx, c) }); err != nil {
-			return api.ClaimResponse{}, err
-		}
-		d := ms(time.Since(t0))
-		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(r.kind()), MakeMS: d})
-		if p := phase[r.kind()]; p != nil {
+	err := n.run.MakeAll(ctx, rec, effects(n.claimTable(rec), c), func(kind journal.Kind, took time.Duration) {
+		d := ms(took)
+		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(kind), MakeMS: d})
+		if p := phase[kind]; p != nil {
 			*p += d
 		}
+	})
+	if err != nil {
+		return api.ClaimResponse{}, err
 	}
 	rec, root := c.rec, c.root
 	step := time.Now()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
@@ -202,18 +203,18 @@ func TestReconcileLostGeneration(t *testing.T) {
 // can go, the next takeover's retry proves the cleanup and returns the
 // capacity.
 func TestWithheldUntilRemovalSucceeds(t *testing.T) {
-	for _, kind := range []string{fakekernel.KindRunsc, fakekernel.KindMount, fakekernel.KindNetns, fakekernel.KindCgroup, fakekernel.KindDisk,
-		fakekernel.KindLinks, fakekernel.KindNft, fakekernel.KindConntrack} {
-		t.Run(kind, func(t *testing.T) {
+	for _, kind := range []journal.Kind{journal.KindRunsc, journal.KindMount, journal.KindNetns, journal.KindCgroup, journal.KindDisk,
+		journal.KindLinks, journal.KindNft, journal.KindConntrack} {
+		t.Run(string(kind), func(t *testing.T) {
 			tk, k := fakeKernel(t)
 			r := newRig(t, tk)
 			r.mustBoot()
 			resp := r.mustClaim(sb, claimReq("c1", 1))
 			name := resp.Sandbox.ContainerID
 			switch kind {
-			case fakekernel.KindDisk:
+			case journal.KindDisk:
 				name = fmtProject(r.sandbox(sb).DiskProject)
-			case fakekernel.KindConntrack: // flows are named by the slot's mark
+			case journal.KindConntrack: // flows are named by the slot's mark
 				slot := r.sandbox(sb).Slot
 				name = fmtProject(slot)
 				k.AddFlow(netpolicy.Slot(slot), fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("203.0.113.7:443")})
@@ -233,7 +234,7 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 			if len(nd.Withheld) != 1 || nd.Capacity.Withheld.CPUMillis != 200 {
 				t.Fatalf("withheld ledger: %+v %+v", nd.Withheld, nd.Capacity.Withheld)
 			}
-			if !strings.Contains(k.String(), strings.TrimSuffix(kind, "s")) { // "link ctl-…"
+			if !strings.Contains(k.String(), strings.TrimSuffix(string(kind), "s")) { // "link ctl-…"
 				t.Fatalf("the refused %s is not in the kernel:\n%s", kind, k)
 			}
 			again, err, _ := r.release(sb, "r1", 1)
@@ -266,9 +267,9 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 // at once, nothing is left, and the operation's stored answer is the
 // step's error.
 func TestClaimStepFailureRollsBack(t *testing.T) {
-	for _, kind := range []string{fakekernel.KindCgroup, fakekernel.KindDisk, fakekernel.KindMount, fakekernel.KindNetns,
-		fakekernel.KindLinks, fakekernel.KindNft, fakekernel.KindRunsc, fakekernel.KindExec} {
-		t.Run(kind, func(t *testing.T) {
+	for _, kind := range []journal.Kind{journal.KindCgroup, journal.KindDisk, journal.KindMount, journal.KindNetns,
+		journal.KindLinks, journal.KindNft, journal.KindRunsc, fakekernel.KindExec} {
+		t.Run(string(kind), func(t *testing.T) {
 			tk, k := fakeKernel(t)
 			r := newRig(t, tk)
 			r.mustBoot()
@@ -277,7 +278,7 @@ func TestClaimStepFailureRollsBack(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "injected") {
 				t.Fatalf("claim with %s failing: %v", kind, err)
 			}
-			claimFailed(r, claimReq("c1", 1), codeOf(err))
+			claimFailed(r, claimReq("c1", 1), errdefs.CodeOf(err))
 			r.checkClean("after the rollback")
 			k.ClearFailMake(kind, containerID(sb, 1))
 			reuse(r, 2)

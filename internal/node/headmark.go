@@ -63,7 +63,7 @@ func (n *Node) floorHead(vol string, got, expect api.VolumeHead) error {
 	})
 	if err != nil {
 		n.log.Error("head of a volume not taken", "volume", vol, "err", err)
-		return journalErr("journal head mark of "+vol, err)
+		return txErr("journal head mark of "+vol, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/journal/journaltest"
+	"github.com/ctld/ctld/internal/node/op"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -54,6 +55,7 @@ func TestHotPathsNeverReadHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.d.Journal.Close()
+	n.ops, n.run.J = op.NewOps(n.d.Journal, n.log), n.d.Journal // the runner's journal too
 	admitOnce(t, n, 1)
 	node, err := n.Node(context.Background())
 	if err != nil {

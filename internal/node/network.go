@@ -8,6 +8,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -246,8 +247,10 @@ func (n *Node) ownedGone(name string, configured bool, rec journal.Sandbox, gone
 // with the gateway addresses, its peer eth0 in the netns.
 type linksResource struct{ n *Node }
 
-func (linksResource) kind() journal.Kind { return journal.KindLinks }
-func (r linksResource) make(ctx context.Context, c *claimState) error {
+func (r linksResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindLinks, Phase: resource.PhaseNetwork, Check: "veth_gone_address_free", Sweeps: r.n.d.Links != nil}
+}
+func (r linksResource) Make(ctx context.Context, c *claimState) error {
 	if !r.n.hasNet() || tookCarrier(c.rec) {
 		return nil // a warm carrier's veth is made already (carriers.go)
 	}
@@ -260,30 +263,30 @@ func (r linksResource) make(ctx context.Context, c *claimState) error {
 	}
 	return nil
 }
-func (r linksResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r linksResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if r.n.d.Links == nil || rec.Slot == 0 {
 		return nil
 	}
 	return r.n.d.Links.Remove(ctx, netpolicy.LinkName(netpolicy.Slot(rec.Slot)))
 }
-func (r linksResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r linksResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	return r.n.ownedGone("veth_gone_address_free", r.n.d.Links != nil, rec, func(o netpolicy.Owner) (bool, string) {
 		return r.n.d.Links.CheckGone(ctx, o)
 	})
 }
-func (r linksResource) list(ctx context.Context) ([]string, error) {
+func (r linksResource) List(ctx context.Context) ([]string, error) {
 	if r.n.d.Links == nil {
 		return nil, nil
 	}
 	return r.n.d.Links.List(ctx)
 }
-func (linksResource) name(rec journal.Sandbox) string {
+func (linksResource) Name(rec journal.Sandbox) string {
 	if rec.Slot == 0 {
 		return ""
 	}
 	return netpolicy.LinkName(netpolicy.Slot(rec.Slot))
 }
-func (r linksResource) removeOrphan(ctx context.Context, name string) error {
+func (r linksResource) RemoveOrphan(ctx context.Context, name string) error {
 	if _, ok := netpolicy.ParseLinkName(name); !ok {
 		return fmt.Errorf("remove link %q: not a sandbox link name", name)
 	}
@@ -292,7 +295,7 @@ func (r linksResource) removeOrphan(ctx context.Context, name string) error {
 
 // missing: a ready generation whose veth is gone has lost its network.
 func (r linksResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if name := r.name(rec); name != "" && inv.links != nil && !inv.links[name] {
+	if name := r.Name(rec); name != "" && inv.links != nil && !inv.links[name] {
 		return "veth"
 	}
 	return ""
@@ -302,19 +305,20 @@ func (r linksResource) missing(_ context.Context, rec journal.Sandbox, inv kerne
 // its chain.
 type conntrackResource struct {
 	n *Node
-	alive
 	unswept
 }
 
-func (conntrackResource) kind() journal.Kind                      { return journal.KindConntrack }
-func (conntrackResource) make(context.Context, *claimState) error { return nil }
-func (r conntrackResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (conntrackResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindConntrack, Phase: resource.PhaseNetwork, Check: "conntrack_gone", Sweeps: false}
+}
+func (conntrackResource) Make(context.Context, *claimState) error { return nil }
+func (r conntrackResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if r.n.d.Flows == nil || rec.Slot == 0 {
 		return nil
 	}
 	return r.n.d.Flows.Flush(ctx, netpolicy.Slot(rec.Slot))
 }
-func (r conntrackResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r conntrackResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	const name = "conntrack_gone"
 	switch {
 	case r.n.d.Flows == nil:
@@ -330,8 +334,10 @@ func (r conntrackResource) gone(ctx context.Context, rec journal.Sandbox) proof.
 // sets, counters, its dispatch and DNS elements.
 type nftResource struct{ n *Node }
 
-func (nftResource) kind() journal.Kind { return journal.KindNft }
-func (r nftResource) make(ctx context.Context, c *claimState) error {
+func (r nftResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindNft, Phase: resource.PhaseNetwork, Check: "nft_gone", Sweeps: r.n.d.Firewall != nil}
+}
+func (r nftResource) Make(ctx context.Context, c *claimState) error {
 	if !r.n.hasNet() {
 		return nil
 	}
@@ -348,7 +354,7 @@ func (r nftResource) make(ctx context.Context, c *claimState) error {
 	}
 	return nil
 }
-func (r nftResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r nftResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if r.n.d.Firewall == nil {
 		return nil
 	}
@@ -358,24 +364,24 @@ func (r nftResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	}
 	return r.n.d.Firewall.Remove(ctx, o)
 }
-func (r nftResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r nftResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	return r.n.ownedGone("nft_gone", r.n.d.Firewall != nil, rec, func(o netpolicy.Owner) (bool, string) {
 		return r.n.d.Firewall.CheckGone(ctx, o)
 	})
 }
-func (r nftResource) list(ctx context.Context) ([]string, error) {
+func (r nftResource) List(ctx context.Context) ([]string, error) {
 	if r.n.d.Firewall == nil {
 		return nil, nil
 	}
 	return r.n.d.Firewall.List(ctx)
 }
-func (nftResource) name(rec journal.Sandbox) string {
+func (nftResource) Name(rec journal.Sandbox) string {
 	if rec.Slot == 0 {
 		return ""
 	}
 	return netpolicy.ChainName(rec.ID, rec.Generation)
 }
-func (r nftResource) removeOrphan(ctx context.Context, chain string) error {
+func (r nftResource) RemoveOrphan(ctx context.Context, chain string) error {
 	if _, _, ok := netpolicy.ParseChainName(chain); !ok {
 		return fmt.Errorf("remove nft objects of %q: not a generation's chain name", chain)
 	}
@@ -385,7 +391,7 @@ func (r nftResource) removeOrphan(ctx context.Context, chain string) error {
 // missing: without its chain a ready generation's traffic is dropped
 // (the base chain's catch-all): its network is lost.
 func (r nftResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if name := r.name(rec); name != "" && inv.chains != nil && !inv.chains[name] {
+	if name := r.Name(rec); name != "" && inv.chains != nil && !inv.chains[name] {
 		return "nft chain"
 	}
 	return ""
@@ -394,12 +400,13 @@ func (r nftResource) missing(_ context.Context, rec journal.Sandbox, inv kernelI
 // dnsResource is the generation's entry in the DNS proxy's registry.
 type dnsResource struct {
 	n *Node
-	alive
 	unswept
 }
 
-func (dnsResource) kind() journal.Kind { return journal.KindDNS }
-func (r dnsResource) make(_ context.Context, c *claimState) error {
+func (dnsResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindDNS, Phase: resource.PhaseNetwork, Check: "dns_state_gone", Sweeps: false}
+}
+func (r dnsResource) Make(_ context.Context, c *claimState) error {
 	if r.n.d.DNSProxy == nil || !r.n.hasNet() {
 		return nil
 	}
@@ -414,13 +421,13 @@ func (r dnsResource) make(_ context.Context, c *claimState) error {
 	r.n.d.DNSProxy.Register(o, r.n.effective(o, pol))
 	return nil
 }
-func (r dnsResource) remove(_ context.Context, rec journal.Sandbox) error {
+func (r dnsResource) Remove(_ context.Context, rec journal.Sandbox) error {
 	if r.n.d.DNSProxy != nil && rec.Slot != 0 {
 		r.n.d.DNSProxy.Unregister(netpolicy.Slot(rec.Slot))
 	}
 	return nil
 }
-func (r dnsResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
+func (r dnsResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	const name = "dns_state_gone"
 	switch {
 	case r.n.d.DNSProxy == nil:
@@ -448,17 +455,6 @@ func orNoSlot(err error, rec journal.Sandbox) error {
 // it). Their effect records are still finished by reconcile.
 type unswept struct{}
 
-func (unswept) list(context.Context) ([]string, error)     { return nil, nil }
-func (unswept) name(journal.Sandbox) string                { return "" }
-func (unswept) removeOrphan(context.Context, string) error { return nil }
-func (unswept) sweeps() bool                               { return false }
-
-// sweeps reports whether the orphan sweep lists r's objects on this node
-// (an entry without the method always does).
-func sweeps(r resource) bool {
-	s, ok := r.(interface{ sweeps() bool })
-	return !ok || s.sweeps()
-}
-
-func (r linksResource) sweeps() bool { return r.n.d.Links != nil }
-func (r nftResource) sweeps() bool   { return r.n.d.Firewall != nil }
+func (unswept) List(context.Context) ([]string, error)     { return nil, nil }
+func (unswept) Name(journal.Sandbox) string                { return "" }
+func (unswept) RemoveOrphan(context.Context, string) error { return nil }

@@ -137,7 +137,7 @@ func TestSlotReusedOnlyAfterCleanProof(t *testing.T) {
 	r := newRig(t, tk)
 	r.mustBoot()
 	r.mustClaim("a", claimReq("ca", 1))
-	k.Refuse(fakekernel.KindLinks, "a-g1", nil)
+	k.Refuse(journal.KindLinks, "a-g1", nil)
 	rel, err, _ := r.release("a", "ra", 1)
 	if err != nil || rel.Proof.Clean {
 		t.Fatalf("release with the link refusing removal: clean=%v, %v", rel.Proof.Clean, err)
@@ -152,7 +152,7 @@ func TestSlotReusedOnlyAfterCleanProof(t *testing.T) {
 	if s := r.sandbox("b"); s.Slot != 2 {
 		t.Fatalf("claim beside a withheld slot 1 got slot %d, want 2", s.Slot)
 	}
-	k.Allow(fakekernel.KindLinks, "a-g1")
+	k.Allow(journal.KindLinks, "a-g1")
 	r.mustBoot() // the takeover retries the withheld teardown
 	if s := r.sandbox("a"); s.Withheld {
 		t.Fatalf("still withheld after the link could go: %s", s.Reason)
@@ -274,7 +274,7 @@ func TestNetworkModesFailClosed(t *testing.T) {
 // table, every claim that would need it is refused (fail closed).
 func TestFirewallNotReadyRefusesClaims(t *testing.T) {
 	tk, k := fakeKernel(t)
-	k.FailMake(fakekernel.KindNft, fakekernel.TableName, nil)
+	k.FailMake(journal.KindNft, fakekernel.TableName, nil)
 	r := newRig(t, tk)
 	if returned, err := r.boot(); !returned || err == nil {
 		t.Fatalf("takeover with the table failing: returned %v, err %v; want an error", returned, err)
@@ -291,7 +291,7 @@ func TestFirewallNotReadyRefusesClaims(t *testing.T) {
 	if got := k.String(); got != "" {
 		t.Fatalf("refused claims left:\n%s", got)
 	}
-	k.ClearFailMake(fakekernel.KindNft, fakekernel.TableName)
+	k.ClearFailMake(journal.KindNft, fakekernel.TableName)
 	r.mustBoot()
 	r.mustClaim(sb, req)
 }

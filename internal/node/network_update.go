@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
@@ -57,7 +56,7 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 		return api.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
 	}
 	if err := n.live(); err != nil {
-		return api.Sandbox{}, journalErr("network update of "+id, err)
+		return api.Sandbox{}, fmt.Errorf("network update of %s: %w", id, err)
 	}
 	err = n.d.Journal.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.Sandbox(id)
@@ -72,7 +71,7 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 		return tx.PutSandbox(cur)
 	})
 	if err != nil {
-		return api.Sandbox{}, journalErr("journal network update of "+id, err)
+		return api.Sandbox{}, txErr("journal network update of "+id, err)
 	}
 	n.crash("netupdate:intended")
 	s, err = n.applyUpdate(ctx, s, o, pol)
@@ -90,7 +89,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 	log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 	eff := n.effective(o, pol)
 	if err := n.live(); err != nil {
-		return s, journalErr("network update of "+s.ID, err)
+		return s, fmt.Errorf("network update of %s: %w", s.ID, err)
 	}
 	// The proxy answers by the new policy before nft applies it: Register
 	// returns after the old entry's last set addition, so no answer of a
@@ -116,7 +115,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 	}
 	n.crash("netupdate:applied")
 	if err := n.live(); err != nil {
-		return s, journalErr("network update of "+s.ID, err)
+		return s, fmt.Errorf("network update of %s: %w", s.ID, err)
 	}
 	cut, err := n.d.Flows.Cut(ctx, o.Block.Slot, eff)
 	if err != nil {
@@ -126,7 +125,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 		return s, errdefs.Errorf(errdefs.CodeUnavailable, "cut the flows the new policy of %s no longer allows: %v; retry the update", s.ID, err)
 	}
 	if err := n.endUpdate(s, true); err != nil {
-		return s, journalErr("journal network update of "+s.ID+" done", err)
+		return s, fmt.Errorf("journal network update of %s done: %w", s.ID, err)
 	}
 	n.crash("netupdate:done")
 	log.Info("network policy updated", "mode", eff.Mode, "flows_cut", cut)
@@ -176,33 +175,7 @@ func (n *Node) redoUpdate(ctx context.Context, s journal.Sandbox) error {
 
 // lockSandbox serializes a sandbox's network updates with each other and
 // with the start of its release.
-func (n *Node) lockSandbox(id string) (unlock func()) {
-	n.mu.Lock()
-	if n.sbLocks == nil {
-		n.sbLocks = map[string]*sbLock{}
-	}
-	l, ok := n.sbLocks[id]
-	if !ok {
-		l = &sbLock{}
-		n.sbLocks[id] = l
-	}
-	l.users++
-	n.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		n.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(n.sbLocks, id)
-		}
-		n.mu.Unlock()
-	}
-}
-
-type sbLock struct {
-	sync.Mutex
-	users int // holders and waiters, guarded by Node.mu
-}
+func (n *Node) lockSandbox(id string) (unlock func()) { return n.locks.Lock(id) }
 
 // networkStatus is the generation's mode and counters, when it has a
 // sandbox network (the counters only while it runs).

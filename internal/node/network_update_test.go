@@ -83,7 +83,7 @@ func TestUpdateNetworkApplyFails(t *testing.T) {
 	r.mustClaim(sb, claimReq("c1", 1))
 	k.AddFlow(1, flowCut)
 	before := r.sandbox(sb)
-	k.FailMake(fakekernel.KindNft, "sb-g1", nil)
+	k.FailMake(journal.KindNft, "sb-g1", nil)
 	_, err := r.n.UpdateNetwork(context.Background(), sb, updatePolicy)
 	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "old policy holds") {
 		t.Fatalf("update with the firewall failing: %v", err)

@@ -23,6 +23,8 @@ import (
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -152,27 +154,27 @@ type Node struct {
 	d   Deps
 	log *slog.Logger
 
-	mu       sync.Mutex
-	inflight map[string]chan struct{} // operation id → closed when it finishes
-	timers   map[string]*time.Timer   // container id → max-lifetime release
-	closed   bool
-	draining bool           // Drain started: no new operation
-	ops      sync.WaitGroup // operations of the term in flight (begin)
+	// term, ops, run and locks are the operation runner (internal/node/op).
+	term  *op.Term
+	ops   *op.Ops
+	run   *op.Runner
+	locks op.Locks // a sandbox's network updates and the start of its release
+
+	mu     sync.Mutex
+	timers map[string]*time.Timer // container id → max-lifetime release
+	closed bool
 	// unjournaled lists objects found and removed that no effect record
 	// named: the second line of defence worked, the first did not.
 	unjournaled []string
 	// netErr is why this term's node-wide network is not in place
 	// (ensureNetwork): claims that need it are refused.
 	netErr error
-	// sbLocks serialize a sandbox's network updates and the start of its
-	// release (lockSandbox).
-	sbLocks map[string]*sbLock
 
 	// warm is the pool of warm network carriers (carriers.go).
 	warm warmPool
 
 	// table is the generation's resources in claim order (resources.go).
-	table []resource
+	table *resource.Table[*claimState]
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -185,12 +187,14 @@ func New(cfg Config, d Deps) *Node {
 		cfg.DefaultArgs = []string{"/bin/sleep", "2147483647"}
 	}
 	n := &Node{
-		cfg:      cfg,
-		d:        d,
-		log:      d.Logger.With("epoch", d.Epoch),
-		inflight: map[string]chan struct{}{},
-		timers:   map[string]*time.Timer{},
+		cfg:    cfg,
+		d:      d,
+		log:    d.Logger.With("epoch", d.Epoch),
+		timers: map[string]*time.Timer{},
+		term:   op.NewTerm(d.Term),
 	}
+	n.ops = op.NewOps(d.Journal, n.log)
+	n.run = &op.Runner{J: d.Journal, Epoch: d.Epoch, Term: n.term, CrashHook: d.Crash}
 	// The address pool is capacity like CPU: its blocks are counted in
 	// the ledger (GET /v1/node), slots are handed out by Pool.Alloc.
 	if d.Pool.V4.IsValid() && d.Total.Addresses == 0 {
@@ -218,11 +222,7 @@ func (n *Node) Unjournaled() []string {
 	return slices.Clone(n.unjournaled)
 }
 
-func (n *Node) crash(point string) {
-	if n.d.Crash != nil {
-		n.d.Crash(point)
-	}
-}
+func (n *Node) crash(point string) { n.run.Crash(point) }
 
 // names of a generation's kernel objects, all derived from validated ids.
 func containerID(id string, gen uint64) string { return names.Generation(id, gen) }

@@ -17,6 +17,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/writer"
@@ -130,8 +131,13 @@ func setVolume(rec *journal.Sandbox, av journal.AttachedVolume) {
 // volumesResource is the persistent volumes of a generation.
 type volumesResource struct{ n *Node }
 
-func (volumesResource) kind() journal.Kind { return journal.KindVolumes }
-func (r volumesResource) sweeps() bool     { return r.n.hasPVolumes() }
+func (r volumesResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindVolumes, Phase: resource.PhaseRootFS, Check: "volumes_detached", Sweeps: r.n.hasPVolumes(), RemovePoints: []string{"volumes:sealed"}}
+}
+
+// needed: a claim that names no volumes neither journals nor runs this
+// entry (its proof check still runs).
+func (volumesResource) Needed(rec journal.Sandbox) bool { return len(wanted(rec)) > 0 }
 
 // wanted are the volumes rec's claim attaches.
 func wanted(rec journal.Sandbox) []journal.VolumeMount {
@@ -144,7 +150,7 @@ func wanted(rec journal.Sandbox) []journal.VolumeMount {
 // make attaches each of the claim's volumes: epoch journaled, writer
 // started over the volume's head, device mounted on the host; the mounts
 // become the bundle's binds.
-func (r volumesResource) make(ctx context.Context, c *claimState) error {
+func (r volumesResource) Make(ctx context.Context, c *claimState) error {
 	n := r.n
 	vs := wanted(c.rec)
 	if len(vs) == 0 {
@@ -224,7 +230,7 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 // record that moved on) are sealed and published if their spec proves
 // which attach they are (sealUnrecorded), and stopped. The generation's
 // dir goes last.
-func (r volumesResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r volumesResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	n := r.n
 	dir := n.volumesDir(rec.ContainerID)
 	if !n.hasPVolumes() {
@@ -477,7 +483,7 @@ func (n *Node) volumeHeldElsewhere(id string, rec journal.Sandbox) (bool, error)
 // gone: every attach's writer gone and its device quiescent, its mount
 // gone, the generation's dir gone. The detail names each volume's
 // published head, or why none was published.
-func (r volumesResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r volumesResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	n := r.n
 	dir := n.volumesDir(rec.ContainerID)
 	// The teardown journaled each detach's outcome after rec was read.
@@ -535,14 +541,14 @@ func pathAbsent(p string) (bool, string) {
 }
 
 // list names the generations (container ids) with a volume writers dir.
-func (r volumesResource) list(context.Context) ([]string, error) {
+func (r volumesResource) List(context.Context) ([]string, error) {
 	if r.n.cfg.Block.WritersDir == "" {
 		return nil, nil
 	}
 	return entryNames(r.n.volumesRoot())
 }
 
-func (volumesResource) name(rec journal.Sandbox) string {
+func (volumesResource) Name(rec journal.Sandbox) string {
 	if len(wanted(rec)) == 0 && len(rec.Volumes) == 0 {
 		return ""
 	}
@@ -552,8 +558,8 @@ func (volumesResource) name(rec journal.Sandbox) string {
 // removeOrphan stops what a generation no record owns left, each volume
 // writer sealed and published first if its spec proves its attach
 // (sealUnrecorded).
-func (r volumesResource) removeOrphan(ctx context.Context, cid string) error {
-	return r.remove(ctx, journal.Sandbox{ContainerID: cid})
+func (r volumesResource) RemoveOrphan(ctx context.Context, cid string) error {
+	return r.Remove(ctx, journal.Sandbox{ContainerID: cid})
 }
 
 // missing: a ready generation's volume writers must run, of their epochs.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/resource"
 )
 
 // Reconcile runs once on taking over, before the API is served. It replays
@@ -238,8 +239,10 @@ func setOf(ss []string) map[string]bool {
 func (n *Node) missing(ctx context.Context, s journal.Sandbox, inv kernelInventory) []string {
 	var out []string
 	for _, r := range slices.Backward(n.tableFor(s)) {
-		if what := r.missing(ctx, s, inv); what != "" {
-			out = append(out, what)
+		if l, ok := r.(liveness); ok {
+			if what := l.missing(ctx, s, inv); what != "" {
+				out = append(out, what)
+			}
 		}
 	}
 	return out
@@ -284,17 +287,19 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 	kept := map[string]bool{}                   // "sandbox/generation"
 	owned := map[journal.Kind]map[string]bool{} // kind → names
 	slots := map[uint32]bool{}                  // address slots of generations that stay
-	for _, r := range n.table {
-		owned[r.kind()] = map[string]bool{}
+	for _, r := range n.table.All() {
+		owned[r.Spec().Kind] = map[string]bool{}
 	}
 	for _, s := range keep {
 		kept[genKey(s.ID, s.Generation)] = true
 		if s.Slot != 0 {
 			slots[s.Slot] = true
 		}
-		for _, r := range n.table {
-			if name := r.name(s); name != "" {
-				owned[r.kind()][name] = true
+		for _, r := range n.table.All() {
+			if l, ok := r.(resource.Lister); ok {
+				if name := l.Name(s); name != "" {
+					owned[r.Spec().Kind][name] = true
+				}
 			}
 		}
 	}
@@ -302,8 +307,8 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 		return err
 	}
 	rank := map[journal.Kind]int{}
-	for i, r := range n.table {
-		rank[r.kind()] = i
+	for i, r := range n.table.All() {
+		rank[r.Spec().Kind] = i
 	}
 	// Reverse table order, as a teardown: the guest before its cgroup.
 	slices.SortStableFunc(effects, func(a, b journal.Effect) int { return rank[b.Kind] - rank[a.Kind] })
@@ -312,7 +317,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 		if kept[genKey(e.SandboxID, e.Generation)] {
 			continue
 		}
-		r := n.resource(e.Kind)
+		r := n.table.Kind(e.Kind)
 		if r == nil {
 			errs = append(errs, fmt.Errorf("effect record %s/%s of an unknown kind: kept", e.Kind, e.Name))
 			continue
@@ -337,7 +342,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 		}
 		n.log.Warn("finishing the effect record of a generation that is over", "kind", e.Kind, "name", e.Name, "state", e.State, "sandbox", e.SandboxID, "generation", e.Generation)
 		n.crash("orphan:" + string(e.Kind))
-		if err := r.remove(ctx, rec); err != nil {
+		if err := r.Remove(ctx, rec); err != nil {
 			errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", e.Kind, e.Name, err))
 			continue
 		}
@@ -345,23 +350,27 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("journal orphan %s %s removed: %w", e.Kind, e.Name, err))
 		}
 	}
-	for _, r := range slices.Backward(n.table) {
-		names, err := r.list(ctx)
+	for _, r := range slices.Backward(n.table.All()) {
+		l, ok := r.(resource.Lister)
+		if !ok {
+			continue
+		}
+		names, err := l.List(ctx)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("list %s: %w", r.kind(), err))
+			errs = append(errs, fmt.Errorf("list %s: %w", r.Spec().Kind, err))
 			continue
 		}
 		for _, name := range names {
-			if owned[r.kind()][name] {
+			if owned[r.Spec().Kind][name] {
 				continue
 			}
 			if err := n.live(); err != nil {
 				return errors.Join(append(errs, err)...)
 			}
-			n.unjournaledFound(r.kind(), name, "orphan sweep")
-			n.crash("orphan:" + string(r.kind()))
-			if err := r.removeOrphan(ctx, name); err != nil {
-				errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", r.kind(), name, err))
+			n.unjournaledFound(r.Spec().Kind, name, "orphan sweep")
+			n.crash("orphan:" + string(r.Spec().Kind))
+			if err := l.RemoveOrphan(ctx, name); err != nil {
+				errs = append(errs, fmt.Errorf("remove orphan %s %s: %w", r.Spec().Kind, name, err))
 			}
 		}
 	}
@@ -369,13 +378,3 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 }
 
 func genKey(id string, gen uint64) string { return fmt.Sprintf("%s/%d", id, gen) }
-
-// resource returns the table's entry of kind, or nil.
-func (n *Node) resource(kind journal.Kind) resource {
-	for _, r := range n.table {
-		if r.kind() == kind {
-			return r
-		}
-	}
-	return nil
-}

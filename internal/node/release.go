@@ -12,6 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -109,21 +110,21 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 		log.Error("read effect records; removing every resource", "err", err)
 		recorded = map[journal.Kind]journal.Effect{}
 		for _, r := range tab {
-			recorded[r.kind()] = journal.Effect{Kind: r.kind(), State: journal.Intended}
+			recorded[r.Spec().Kind] = journal.Effect{Kind: r.Spec().Kind, State: journal.Intended}
 		}
 	}
 	var errs []error
 	var over error // the term ended: stop, leave the rest to the next primary
 	steps := make([]journal.StepTiming, 0, len(tab))
 	for _, r := range slices.Backward(tab) {
-		st := journal.StepTiming{Resource: string(r.kind())}
-		if e, ok := recorded[r.kind()]; ok {
+		st := journal.StepTiming{Resource: string(r.Spec().Kind)}
+		if e, ok := recorded[r.Spec().Kind]; ok {
 			if over = n.live(); over != nil {
 				break
 			}
 			t0 := time.Now()
 			if err := n.removeRecorded(ctx, r, rec, e); err != nil {
-				errs = append(errs, fmt.Errorf("remove %s %s: %w", r.kind(), rec.ContainerID, err))
+				errs = append(errs, fmt.Errorf("remove %s %s: %w", r.Spec().Kind, rec.ContainerID, err))
 			}
 			st.RemoveMS = ms(time.Since(t0))
 		}
@@ -172,8 +173,8 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 		if p.Clean {
 			// Proven gone: the effect records have nothing left to say.
 			// An unclean proof keeps them for the retries.
-			for _, r := range n.table {
-				if err := tx.DeleteEffect(r.kind(), rec.ContainerID); err != nil {
+			for _, r := range n.table.All() {
+				if err := tx.DeleteEffect(r.Spec().Kind, rec.ContainerID); err != nil {
 					return err
 				}
 			}
@@ -213,13 +214,13 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 func (n *Node) effectsOf(rec journal.Sandbox) (map[journal.Kind]journal.Effect, error) {
 	out := map[journal.Kind]journal.Effect{}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
-		for _, r := range n.table {
-			e, ok, err := tx.Effect(r.kind(), rec.ContainerID)
+		for _, r := range n.table.All() {
+			e, ok, err := tx.Effect(r.Spec().Kind, rec.ContainerID)
 			if err != nil {
 				return err
 			}
 			if ok && e.SandboxID == rec.ID && e.Generation == rec.Generation {
-				out[r.kind()] = e
+				out[r.Spec().Kind] = e
 			}
 		}
 		return nil
@@ -229,41 +230,46 @@ func (n *Node) effectsOf(rec journal.Sandbox) (map[journal.Kind]journal.Effect, 
 
 // removeRecorded removes one journaled resource of a generation: journaled
 // as removing first (a successor finishes what this one started).
-func (n *Node) removeRecorded(ctx context.Context, r resource, rec journal.Sandbox, e journal.Effect) error {
+func (n *Node) removeRecorded(ctx context.Context, r entry, rec journal.Sandbox, e journal.Effect) error {
 	if e.State != journal.Removing {
-		e = journal.Effect{Kind: r.kind(), Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch, Slot: rec.Slot}
+		e = journal.Effect{Kind: r.Spec().Kind, Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Removing, Epoch: n.d.Epoch, Slot: rec.Slot}
 		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutEffect(e) }); err != nil {
 			return fmt.Errorf("journal removing: %w", err)
 		}
 	}
-	n.crash(string(r.kind()) + ":removing")
+	n.crash(string(r.Spec().Kind) + ":removing")
 	if err := n.live(); err != nil {
 		return err
 	}
-	if err := r.remove(ctx, rec); err != nil {
+	if err := r.Remove(ctx, rec); err != nil {
 		return err
 	}
-	n.crash(string(r.kind()) + ":removed")
+	n.crash(string(r.Spec().Kind) + ":removed")
 	return nil
 }
 
-// checkGone asks the kernel, per resource, whether the generation is gone,
+// checkGone asks the kernel, per entry, whether the generation is gone,
 // and fills in each step's check time. An object found that the journal
 // never recorded is removed here and reported (see teardown).
-func (n *Node) checkGone(ctx context.Context, tab []resource, rec journal.Sandbox, opID string, recorded map[journal.Kind]journal.Effect, steps []journal.StepTiming) proof.Proof {
+func (n *Node) checkGone(ctx context.Context, tab []entry, rec journal.Sandbox, opID string, recorded map[journal.Kind]journal.Effect, steps []journal.StepTiming) proof.Proof {
 	p := proof.Proof{
 		OperationID: opID, NodeID: n.d.Identity.NodeID, BootID: n.d.Identity.BootID, Epoch: n.d.Epoch,
 		SandboxID: rec.ID, Generation: rec.Generation, LeaseID: rec.LeaseID, Time: time.Now().UTC(),
 	}
 	for i, r := range slices.Backward(tab) {
 		t0 := time.Now()
-		c := r.gone(ctx, rec)
-		if _, ok := recorded[r.kind()]; !ok && !c.OK && n.live() == nil {
-			n.unjournaledFound(r.kind(), rec.ContainerID, "proof check of "+rec.ContainerID)
-			if err := r.remove(ctx, rec); err != nil {
+		_, journaled := recorded[r.Spec().Kind]
+		c := r.Gone(ctx, rec)
+		if !resource.Present(r) {
+			// Its subsystem is not configured: nothing of it can exist
+			// unless the journal says an earlier term made it.
+			c = resource.AbsentCheck(r.Spec(), journaled)
+		} else if !journaled && !c.OK && n.live() == nil {
+			n.unjournaledFound(r.Spec().Kind, rec.ContainerID, "proof check of "+rec.ContainerID)
+			if err := r.Remove(ctx, rec); err != nil {
 				c.Detail += "; remove: " + err.Error()
 			} else {
-				c = r.gone(ctx, rec)
+				c = r.Gone(ctx, rec)
 			}
 		}
 		steps[len(tab)-1-i].CheckMS = ms(time.Since(t0))

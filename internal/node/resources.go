@@ -12,6 +12,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 )
@@ -28,25 +29,12 @@ import (
 //   - reconcile asks each entry whether a ready generation's object is
 //     missing, finishes effect records no live generation owns, and sweeps
 //     the kernel for objects under ctld's names that no generation owns.
-type resource interface {
-	// kind is the journal effect kind, the prefix of the crash points and
-	// the name of the timing step.
-	kind() journal.Kind
-	// make creates the generation's object: a claim step.
-	make(ctx context.Context, c *claimState) error
-	// remove removes the generation's object; absent is success.
-	remove(ctx context.Context, rec journal.Sandbox) error
-	// gone is the cleanup proof's check that the object is physically gone.
-	gone(ctx context.Context, rec journal.Sandbox) proof.Check
-	// list names the objects of this kind that exist now, as name names
-	// them (read fresh: a takeover's inventory is stale once its teardowns ran).
-	list(ctx context.Context) ([]string, error)
-	// name is the name list gives rec's object ("" if rec has none).
-	name(rec journal.Sandbox) string
-	// removeOrphan removes an object list found that no generation owns.
-	removeOrphan(ctx context.Context, name string) error
-	// missing says what of a ready generation is gone if its object is:
-	// "" while it exists, or if the object is not a sign of life.
+type entry = resource.Entry[*claimState]
+
+// liveness is implemented by entries whose object is a sign of a ready
+// generation's life: missing says what of it is gone if its object is
+// ("" while it exists). One kernel read per reconcile (kernelInventory).
+type liveness interface {
 	missing(ctx context.Context, rec journal.Sandbox, inv kernelInventory) string
 }
 
@@ -59,11 +47,43 @@ type claimState struct {
 	nsPath string       // the netns path (netns)
 	device string       // the attached /dev/nbdX (writer, block mode)
 	binds  []runsc.Bind // the persistent volumes' host mounts (volumes)
+	// staged are journal writes an entry's make staged to commit with its
+	// done record (withDone).
+	staged []func(*journal.Tx) error
 }
 
-// newTable is the resource table, in claim order.
-func newTable(n *Node) []resource {
-	return []resource{
+// withDone stages f to run in the transaction that journals the current
+// entry as done: a record of what it made costs no commit of its own.
+func (c *claimState) withDone(f func(*journal.Tx) error) { c.staged = append(c.staged, f) }
+
+// takeStaged returns the writes staged since the last call, as one.
+func (c *claimState) takeStaged() func(*journal.Tx) error {
+	staged := c.staged
+	c.staged = nil
+	if len(staged) == 0 {
+		return nil
+	}
+	return func(tx *journal.Tx) error {
+		for _, f := range staged {
+			if err := f(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// newTable is the resource table: claim order is by phase
+// (resource.Phase), then by the order of registration here.
+func newTable(n *Node) *resource.Table[*claimState] {
+	var b resource.Builder[*claimState]
+	register(&b, n)
+	return b.Table()
+}
+
+// register adds the node's entries to b.
+func register(b *resource.Builder[*claimState], n *Node) {
+	for _, e := range []entry{
 		logsResource{n: n}, // first: the log writer of runsc create needs it
 		cgroupResource{n},  // the lease every later process is charged to
 		diskResource{n: n}, // the quota on the scratch dir, before the overlay upper is used
@@ -79,38 +99,17 @@ func newTable(n *Node) []resource {
 		agentResource{n: n},     // the guest agent's binary and socket dirs, bound by the bundle
 		bundleResource{n: n},
 		runscResource{n}, // last: the guest
+	} {
+		// The entries still check their subsystems themselves (issue 26:
+		// the concern packages register only what is configured).
+		b.Add(e, true)
 	}
 }
 
 // CrashPoints lists every crash point of a generation's life, in the order
 // a claim and then its teardown and a takeover's orphan handling reach
-// them (see Deps.Crash).
-func CrashPoints() []string {
-	t := newTable(&Node{})
-	var out []string
-	for _, r := range t {
-		for _, s := range []string{"intended", "made", "done"} {
-			out = append(out, string(r.kind())+":"+s)
-		}
-	}
-	out = append(out, updateCrashPoints...)
-	for _, r := range slices.Backward(t) {
-		out = append(out, string(r.kind())+":removing")
-		out = append(out, removeCrashPoints[r.kind()]...)
-		out = append(out, string(r.kind())+":removed")
-	}
-	out = append(out, "proof:signed")
-	for _, r := range slices.Backward(t) {
-		out = append(out, "orphan:"+string(r.kind()))
-	}
-	return out
-}
-
-// removeCrashPoints are the crash points inside an entry's remove,
-// between its removing and removed points.
-var removeCrashPoints = map[journal.Kind][]string{
-	journal.KindVolumes: {"volumes:sealed"}, // sealed, not yet published
-}
+// them (see Deps.Crash): derived from the table's declared specs.
+func CrashPoints() []string { return newTable(&Node{}).CrashPoints(updateCrashPoints) }
 
 // nameOf is the common name of a generation's objects: its container id.
 func nameOf(rec journal.Sandbox) string { return rec.ContainerID }
@@ -120,59 +119,57 @@ func check(name string, ok bool, detail string) proof.Check {
 	return proof.Check{Name: name, OK: ok, Detail: detail}
 }
 
-// alive is the default of resources whose object is not a sign of life.
-type alive struct{}
-
-func (alive) missing(context.Context, journal.Sandbox, kernelInventory) string { return "" }
-
 type logsResource struct {
 	n *Node
-	alive
 }
 
-func (logsResource) kind() journal.Kind { return journal.KindLogs }
-func (r logsResource) make(_ context.Context, c *claimState) error {
+func (logsResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindLogs, Phase: resource.PhaseLease, Check: "logs_removed", Sweeps: true}
+}
+func (r logsResource) Make(_ context.Context, c *claimState) error {
 	if err := r.n.logDirs().Make(c.rec.ContainerID); err != nil {
 		return fmt.Errorf("make log dir: %w", err)
 	}
 	return nil
 }
-func (r logsResource) remove(_ context.Context, rec journal.Sandbox) error {
+func (r logsResource) Remove(_ context.Context, rec journal.Sandbox) error {
 	return r.n.logDirs().Remove(rec.ContainerID)
 }
-func (r logsResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
+func (r logsResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.logDirs().CheckGone(rec.ContainerID)
 	return check("logs_removed", ok, d)
 }
-func (r logsResource) list(ctx context.Context) ([]string, error) {
+func (r logsResource) List(ctx context.Context) ([]string, error) {
 	return r.n.listLogs(ctx)
 }
-func (logsResource) name(rec journal.Sandbox) string { return nameOf(rec) }
-func (r logsResource) removeOrphan(_ context.Context, name string) error {
+func (logsResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r logsResource) RemoveOrphan(_ context.Context, name string) error {
 	return r.n.logDirs().Remove(name)
 }
 
 type cgroupResource struct{ n *Node }
 
-func (cgroupResource) kind() journal.Kind { return journal.KindCgroup }
-func (r cgroupResource) make(ctx context.Context, c *claimState) error {
+func (cgroupResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindCgroup, Phase: resource.PhaseLease, Check: "cgroup_removed", Sweeps: true}
+}
+func (r cgroupResource) Make(ctx context.Context, c *claimState) error {
 	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources, r.n.cfg.BootCPUMillis)); err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}
 	return nil
 }
-func (r cgroupResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r cgroupResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Leases.Remove(ctx, rec.LeaseID)
 }
-func (r cgroupResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r cgroupResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Leases.CheckGone(ctx, rec.LeaseID)
 	return check("cgroup_removed", ok, d)
 }
-func (r cgroupResource) list(ctx context.Context) ([]string, error) {
+func (r cgroupResource) List(ctx context.Context) ([]string, error) {
 	return r.n.d.Leases.List(ctx)
 }
-func (cgroupResource) name(rec journal.Sandbox) string { return rec.LeaseID }
-func (r cgroupResource) removeOrphan(ctx context.Context, name string) error {
+func (cgroupResource) Name(rec journal.Sandbox) string { return rec.LeaseID }
+func (r cgroupResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.Leases.Remove(ctx, name)
 }
 
@@ -189,11 +186,12 @@ func (r cgroupResource) missing(ctx context.Context, rec journal.Sandbox, _ kern
 // is the project id, allocated in the claim's journal transaction.
 type diskResource struct {
 	n *Node
-	alive
 }
 
-func (diskResource) kind() journal.Kind { return journal.KindDisk }
-func (r diskResource) make(ctx context.Context, c *claimState) error {
+func (diskResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindDisk, Phase: resource.PhaseRootFS, Mode: journal.RootFSOverlay, Check: "disk_quota_cleared", Sweeps: true}
+}
+func (r diskResource) Make(ctx context.Context, c *claimState) error {
 	rec := c.rec
 	if rec.DiskProject == 0 {
 		return fmt.Errorf("limit disk: generation %d of %s has no disk project", rec.Generation, rec.ID)
@@ -207,7 +205,7 @@ func (r diskResource) make(ctx context.Context, c *claimState) error {
 // remove removes the scratch dir the claim step made (once the overlay in
 // it is gone, the mount entry's removal took it already), then the quota:
 // the project's limit is cleared only once nothing is charged to it.
-func (r diskResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r diskResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if err := r.n.d.RootFS.RemoveScratch(rec.ContainerID); err != nil {
 		return err
 	}
@@ -216,13 +214,13 @@ func (r diskResource) remove(ctx context.Context, rec journal.Sandbox) error {
 	}
 	return r.n.d.RootFS.UnlimitDisk(ctx, rec.DiskProject)
 }
-func (r diskResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r diskResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.RootFS.CheckDiskGone(ctx, rec.DiskProject)
 	return check("disk_quota_cleared", ok, d)
 }
 
 // list lists the projects of ctld's range that have a quota.
-func (r diskResource) list(ctx context.Context) ([]string, error) {
+func (r diskResource) List(ctx context.Context) ([]string, error) {
 	pr := r.n.diskProjects()
 	qs, err := r.n.d.RootFS.DiskProjects(ctx, pr.Base, pr.Base+pr.Count)
 	var out []string
@@ -231,13 +229,13 @@ func (r diskResource) list(ctx context.Context) ([]string, error) {
 	}
 	return out, err
 }
-func (diskResource) name(rec journal.Sandbox) string {
+func (diskResource) Name(rec journal.Sandbox) string {
 	if rec.DiskProject == 0 {
 		return ""
 	}
 	return strconv.FormatUint(uint64(rec.DiskProject), 10)
 }
-func (r diskResource) removeOrphan(ctx context.Context, name string) error {
+func (r diskResource) RemoveOrphan(ctx context.Context, name string) error {
 	id, err := strconv.ParseUint(name, 10, 32)
 	if err != nil {
 		return fmt.Errorf("disk project %q: %w", name, err)
@@ -247,25 +245,27 @@ func (r diskResource) removeOrphan(ctx context.Context, name string) error {
 
 type mountResource struct{ n *Node }
 
-func (mountResource) kind() journal.Kind { return journal.KindMount }
-func (r mountResource) make(ctx context.Context, c *claimState) (err error) {
+func (mountResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSOverlay, Check: "mounts_gone", Sweeps: true}
+}
+func (r mountResource) Make(ctx context.Context, c *claimState) (err error) {
 	if c.root, err = r.n.d.RootFS.Mount(ctx, c.rec.ContainerID, c.lower); err != nil {
 		return fmt.Errorf("mount rootfs: %w", err)
 	}
 	return nil
 }
-func (r mountResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r mountResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.RootFS.Unmount(ctx, rec.ContainerID)
 }
-func (r mountResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r mountResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.RootFS.CheckGone(ctx, rec.ContainerID, rec.RootDev)
 	return check("mounts_gone", ok, d)
 }
-func (r mountResource) list(ctx context.Context) ([]string, error) {
+func (r mountResource) List(ctx context.Context) ([]string, error) {
 	return r.n.d.RootFS.List(ctx)
 }
-func (mountResource) name(rec journal.Sandbox) string { return nameOf(rec) }
-func (r mountResource) removeOrphan(ctx context.Context, name string) error {
+func (mountResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r mountResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.RootFS.Unmount(ctx, name)
 }
 func (mountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
@@ -277,8 +277,10 @@ func (mountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelI
 
 type netnsResource struct{ n *Node }
 
-func (netnsResource) kind() journal.Kind { return journal.KindNetns }
-func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
+func (netnsResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindNetns, Phase: resource.PhaseNetwork, Check: "netns_gone", Sweeps: true}
+}
+func (r netnsResource) Make(ctx context.Context, c *claimState) (err error) {
 	if tookCarrier(c.rec) {
 		// A warm carrier's netns, made before the claim (carriers.go).
 		c.nsPath = r.n.d.Netns.Path(c.rec.Netns)
@@ -286,22 +288,27 @@ func (r netnsResource) make(ctx context.Context, c *claimState) (err error) {
 		return fmt.Errorf("create netns: %w", err)
 	}
 	// The overlay and the netns both exist now: journal their kernel
-	// identities, so the proof checks these objects and not only names.
-	c.rec = r.n.identify(ctx, c.rec)
+	// identities (with this entry's done record), so the proof checks
+	// these objects and not only names.
+	var changed bool
+	if c.rec, changed = r.n.readIdentities(ctx, c.rec); changed {
+		rec := c.rec
+		c.withDone(func(tx *journal.Tx) error { return putIdentities(tx, rec) })
+	}
 	return nil
 }
-func (r netnsResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r netnsResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Netns.Delete(ctx, netnsName(rec))
 }
-func (r netnsResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r netnsResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Netns.CheckGone(ctx, netnsName(rec), netnsID(rec))
 	return check("netns_gone", ok, d)
 }
-func (r netnsResource) list(ctx context.Context) ([]string, error) {
+func (r netnsResource) List(ctx context.Context) ([]string, error) {
 	return r.n.d.Netns.List(ctx)
 }
-func (netnsResource) name(rec journal.Sandbox) string { return netnsName(rec) }
-func (r netnsResource) removeOrphan(ctx context.Context, name string) error {
+func (netnsResource) Name(rec journal.Sandbox) string { return netnsName(rec) }
+func (r netnsResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.Netns.Delete(ctx, name)
 }
 func (r netnsResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
@@ -314,11 +321,12 @@ func (r netnsResource) missing(_ context.Context, rec journal.Sandbox, inv kerne
 // bundleResource is the OCI bundle (config.json) runsc is created from.
 type bundleResource struct {
 	n *Node
-	alive
 }
 
-func (bundleResource) kind() journal.Kind { return journal.KindBundle }
-func (r bundleResource) make(_ context.Context, c *claimState) error {
+func (bundleResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindBundle, Phase: resource.PhaseGuest, Check: "bundle_removed", Sweeps: true}
+}
+func (r bundleResource) Make(_ context.Context, c *claimState) error {
 	rec, req := c.rec, c.rec.Request
 	args := req.Process.Args
 	if len(args) == 0 {
@@ -360,13 +368,13 @@ func (r bundleResource) make(_ context.Context, c *claimState) error {
 	}
 	return nil
 }
-func (r bundleResource) remove(_ context.Context, rec journal.Sandbox) error {
+func (r bundleResource) Remove(_ context.Context, rec journal.Sandbox) error {
 	return os.RemoveAll(r.n.bundleDir(rec.ContainerID))
 }
-func (r bundleResource) gone(_ context.Context, rec journal.Sandbox) proof.Check {
+func (r bundleResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	return pathGone("bundle_removed", r.n.bundleDir(rec.ContainerID))
 }
-func (r bundleResource) list(context.Context) ([]string, error) {
+func (r bundleResource) List(context.Context) ([]string, error) {
 	return entryNames(filepath.Join(r.n.cfg.RunDir, "bundles"))
 }
 
@@ -389,16 +397,18 @@ func entryNames(dir string) ([]string, error) {
 	slices.Sort(out)
 	return out, err
 }
-func (bundleResource) name(rec journal.Sandbox) string { return nameOf(rec) }
-func (r bundleResource) removeOrphan(_ context.Context, name string) error {
+func (bundleResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r bundleResource) RemoveOrphan(_ context.Context, name string) error {
 	return os.RemoveAll(r.n.bundleDir(name))
 }
 
 // runscResource is the guest: runsc's container (sandbox, gofer, state).
 type runscResource struct{ n *Node }
 
-func (runscResource) kind() journal.Kind { return journal.KindRunsc }
-func (r runscResource) make(ctx context.Context, c *claimState) error {
+func (runscResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindRunsc, Phase: resource.PhaseGuest, Check: "runsc_container_gone", Sweeps: true}
+}
+func (r runscResource) Make(ctx context.Context, c *claimState) error {
 	cid := c.rec.ContainerID
 	if err := r.n.d.Runtime.Create(ctx, cid, c.rec.Bundle); err != nil {
 		return fmt.Errorf("start container: %w", err)
@@ -416,24 +426,24 @@ func (r runscResource) make(ctx context.Context, c *claimState) error {
 // where `runsc kill --all` and `runsc delete --force` cost two runsc starts
 // and delete's 100 ms polls for the sandbox to be reaped (BenchmarkRelease
 // in internal/runsc). If the lease cannot be emptied, runsc kills.
-func (r runscResource) remove(ctx context.Context, rec journal.Sandbox) error {
+func (r runscResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if err := r.n.d.Leases.Kill(ctx, rec.LeaseID); err != nil {
 		r.n.log.Warn("kill the guest through its lease failed; runsc kills it", "sandbox", rec.ID, "generation", rec.Generation, "err", err)
-		return r.removeOrphan(ctx, rec.ContainerID)
+		return r.RemoveOrphan(ctx, rec.ContainerID)
 	}
 	return r.n.d.Runtime.Delete(ctx, rec.ContainerID)
 }
-func (r runscResource) gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+func (r runscResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Runtime.CheckGone(ctx, rec.ContainerID)
 	return check("runsc_container_gone", ok, d)
 }
 
 // list reads runsc's state dir (no runsc process per container).
-func (r runscResource) list(context.Context) ([]string, error) {
+func (r runscResource) List(context.Context) ([]string, error) {
 	return r.n.d.Runtime.Known()
 }
-func (runscResource) name(rec journal.Sandbox) string { return nameOf(rec) }
-func (r runscResource) removeOrphan(ctx context.Context, cid string) error {
+func (runscResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (r runscResource) RemoveOrphan(ctx context.Context, cid string) error {
 	_ = r.n.d.Runtime.Kill(ctx, cid, syscall.SIGKILL, true) // delete --force kills too; this is faster when it runs
 	return r.n.d.Runtime.Delete(ctx, cid)
 }

@@ -1,24 +1,45 @@
 package node
 
 import (
+	"context"
 	"slices"
 	"testing"
 
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // TestTableKindsCoveredEverywhere: every entry of the resource table has a
-// unique kind, a claim timing phase and all its crash points listed, so a
-// new entry cannot be half added.
+// unique kind, a claim timing phase, a proof check and all its crash
+// points listed, so a new entry cannot be half added.
 func TestTableKindsCoveredEverywhere(t *testing.T) {
-	n := &Node{}
-	table := newTable(n)
-	points := CrashPoints()
+	table := newTable(&Node{})
+	checkTableCovered(t, table, CrashPoints())
+	// Teardown order is the reverse of claim order: the guest goes first,
+	// its logs last (after the cgroup and the log writer in it).
+	all := table.All()
+	if all[len(all)-1].Spec().Kind != "runsc" || all[0].Spec().Kind != "logs" {
+		t.Errorf("table order %v: want logs first and runsc last", kinds(all))
+	}
+	// Today's claim order, which the phases and registration derive.
+	want := []journal.Kind{"logs", "cgroup", "disk", "mount", "writer", "blockmount", "volumes",
+		"netns", "links", "conntrack", "nft", "dns", "agent", "bundle", "runsc"}
+	if !slices.Equal(kinds(all), want) {
+		t.Errorf("table order %v, want %v", kinds(all), want)
+	}
+}
+
+// checkTableCovered is the table-coverage check of table, whose crash
+// points are points.
+func checkTableCovered(t *testing.T, table *resource.Table[*claimState], points []string) {
+	t.Helper()
 	var tm journal.Timings
-	phase := claimPhases(&tm)
+	phase := table.Phases(&tm)
 	seen := map[journal.Kind]bool{}
-	for _, r := range table {
-		k := r.kind()
+	for _, r := range table.All() {
+		sp := r.Spec()
+		k := sp.Kind
 		ks := string(k)
 		if seen[k] {
 			t.Errorf("kind %q twice in the table", k)
@@ -27,14 +48,17 @@ func TestTableKindsCoveredEverywhere(t *testing.T) {
 		if phase[k] == nil {
 			t.Errorf("kind %q has no claim timing phase", k)
 		}
-		for _, p := range []string{ks + ":intended", ks + ":made", ks + ":done", ks + ":removing", ks + ":removed", "orphan:" + ks} {
+		if sp.Check == "" {
+			t.Errorf("kind %q names no proof check", k)
+		}
+		for _, p := range append([]string{ks + ":intended", ks + ":made", ks + ":done", ks + ":removing", ks + ":removed", "orphan:" + ks}, sp.RemovePoints...) {
 			if !slices.Contains(points, p) {
 				t.Errorf("crash point %q not listed by CrashPoints", p)
 			}
 		}
 	}
-	if len(phase) != len(table) {
-		t.Errorf("claim phases name %d kinds, the table has %d", len(phase), len(table))
+	if len(phase) != len(table.All()) {
+		t.Errorf("claim phases name %d kinds, the table has %d", len(phase), len(table.All()))
 	}
 	if !slices.Contains(points, "proof:signed") {
 		t.Error("crash point proof:signed not listed")
@@ -44,17 +68,64 @@ func TestTableKindsCoveredEverywhere(t *testing.T) {
 	if len(slices.Compact(uniq)) != len(points) {
 		t.Errorf("CrashPoints lists a point twice: %v", points)
 	}
-	// Teardown order is the reverse of claim order: the guest goes first,
-	// its logs last (after the cgroup and the log writer in it).
-	if table[len(table)-1].kind() != "runsc" || table[0].kind() != "logs" {
-		t.Errorf("table order %v: want logs first and runsc last", kinds(table))
+}
+
+// scratchKind is a test-only kind of generation resource: adding a kind is
+// this one type plus one registration line (TestAddingAKind).
+type scratchKind struct{ made *[]string }
+
+func (scratchKind) Spec() resource.Spec {
+	return resource.Spec{Kind: "scratch", Phase: resource.PhaseRootFS, Check: "scratch_gone", Sweeps: true}
+}
+func (k scratchKind) Make(_ context.Context, c *claimState) error {
+	*k.made = append(*k.made, c.rec.ContainerID)
+	return nil
+}
+func (k scratchKind) Remove(_ context.Context, rec journal.Sandbox) error {
+	*k.made = slices.DeleteFunc(*k.made, func(s string) bool { return s == rec.ContainerID })
+	return nil
+}
+func (k scratchKind) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
+	return proof.Check{Name: "scratch_gone", OK: !slices.Contains(*k.made, rec.ContainerID)}
+}
+
+// TestAddingAKind: a new kind registered with one line is in the claim
+// order by its phase, has its crash points and timing phase, and passes
+// the table-coverage check; absent, it keeps its spec and its proof check
+// holds only while the journal has no effect of its kind.
+func TestAddingAKind(t *testing.T) {
+	var made []string
+	var b resource.Builder[*claimState]
+	register(&b, &Node{})
+	b.Add(scratchKind{&made}, true) // the one registration line
+	table := b.Table()
+	checkTableCovered(t, table, table.CrashPoints(updateCrashPoints))
+	got := kinds(table.For(journal.Sandbox{}))
+	if i := slices.Index(got, "scratch"); i < 0 || got[i-1] != "volumes" || got[i+1] != "netns" {
+		t.Errorf("overlay claim order %v: want scratch after the RootFS phase's entries, before the network's", got)
+	}
+
+	var ab resource.Builder[*claimState]
+	ab.Add(scratchKind{&made}, false)
+	e := ab.Table().Kind("scratch")
+	if resource.Present(e) || e.Spec().Sweeps || e.Spec().Check != "scratch_gone" {
+		t.Fatalf("absent entry: present %v, spec %+v", resource.Present(e), e.Spec())
+	}
+	if err := e.Make(context.Background(), &claimState{}); err == nil {
+		t.Error("an absent entry made something")
+	}
+	if c := resource.AbsentCheck(e.Spec(), false); !c.OK || c.Name != "scratch_gone" {
+		t.Errorf("absent and never journaled: %+v, want ok", c)
+	}
+	if c := resource.AbsentCheck(e.Spec(), true); c.OK {
+		t.Errorf("absent but journaled: %+v, want not ok", c)
 	}
 }
 
-func kinds(t []resource) []journal.Kind {
+func kinds(t []entry) []journal.Kind {
 	var out []journal.Kind
 	for _, r := range t {
-		out = append(out, r.kind())
+		out = append(out, r.Spec().Kind)
 	}
 	return out
 }

@@ -131,12 +131,11 @@ func (k *testKernel) blockConfig() BlockConfig {
 // the point is of an entry of the other RootFS mode.
 func pointApplies(point string, mode journal.RootFSMode) bool {
 	kind, _, _ := strings.Cut(strings.TrimPrefix(point, "orphan:"), ":")
-	for _, r := range newTable(&Node{}) {
-		if string(r.kind()) == kind {
-			return applies(r, journal.Sandbox{RootFS: journal.RootFS{Mode: mode}})
-		}
+	tab := newTable(&Node{})
+	if tab.Kind(journal.Kind(kind)) == nil {
+		return true
 	}
-	return true
+	return slices.ContainsFunc(tab.For(journal.Sandbox{RootFS: journal.RootFS{Mode: mode}}), func(r entry) bool { return string(r.Spec().Kind) == kind })
 }
 
 // rig runs terms of a node over one journal and one kernel.
@@ -488,8 +487,8 @@ func (r *rig) effects() map[string]journal.Effect {
 // claimKinds are the table's kinds, in claim order.
 func claimKinds() []journal.Kind {
 	var out []journal.Kind
-	for _, r := range newTable(&Node{}) {
-		out = append(out, r.kind())
+	for _, r := range newTable(&Node{}).All() {
+		out = append(out, r.Spec().Kind)
 	}
 	return out
 }
@@ -557,7 +556,11 @@ func isClaimPoint(p string) bool {
 
 func isTeardownPoint(p string) bool {
 	kind, step, _ := strings.Cut(p, ":")
-	return step == "removing" || step == "removed" || p == "proof:signed" || slices.Contains(removeCrashPoints[journal.Kind(kind)], p)
+	if step == "removing" || step == "removed" || p == "proof:signed" {
+		return true
+	}
+	e := newTable(&Node{}).Kind(journal.Kind(kind))
+	return e != nil && slices.Contains(e.Spec().RemovePoints, p)
 }
 
 // isVolumePoint is a point of the volumes entry: passed only by a
@@ -601,8 +604,8 @@ func isSweepPoint(k *testKernel, p string) bool {
 		n.cfg.Block.WritersDir = "writers"
 	}
 	n.table = newTable(n)
-	r := n.resource(journal.Kind(kind))
-	return r != nil && sweeps(r)
+	r := n.table.Kind(journal.Kind(kind))
+	return r != nil && r.Spec().Sweeps
 }
 
 // claimFailed: the claim c1 of sb was rolled back (failed, clean proof

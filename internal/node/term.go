@@ -2,61 +2,32 @@ package node
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
-	"github.com/ctld/ctld/internal/errdefs"
-	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 )
 
-// The node acts only within its primary's term (Deps.Term). When the term
-// ends (SIGTERM, a lost lock, a fenced journal, failed health) every
-// operation in flight is cancelled, makes no further kernel effect (rollbacks
-// included: a half-done claim or release stays journaled for the next
-// primary's reconcile) and is waited for (Drain) before the lock is given
-// back.
+// The node acts only within its primary's term (Deps.Term, an op.Term):
+// when it ends, operations in flight are cancelled, make no further
+// kernel effect and are waited for (Drain) before the lock is given back.
 
 // ErrTermOver means the primary's term ended: no kernel effect is made.
-var ErrTermOver = errors.New("primary term over")
+var ErrTermOver = op.ErrTermOver
 
-func (n *Node) termCtx() context.Context {
-	if n.d.Term == nil {
-		return context.Background()
-	}
-	return n.d.Term
-}
+func (n *Node) termCtx() context.Context { return n.term.Context() }
 
 // live returns ErrTermOver once the term ended. Every kernel effect checks
 // it right before it is made.
-func (n *Node) live() error {
-	if err := n.termCtx().Err(); err != nil {
-		return fmt.Errorf("%w (%v): no kernel effect after the term; the next primary reconciles", ErrTermOver, err)
-	}
-	return nil
-}
+func (n *Node) live() error { return n.term.Live() }
 
-// begin registers an operation of the term and returns its context, which
-// ends with the request (ctx) or with the term, whichever comes first. done
-// must be called when the operation (and any rollback) returns.
-func (n *Node) begin(ctx context.Context) (context.Context, func(), error) {
-	n.mu.Lock()
-	if n.draining || n.termCtx().Err() != nil {
-		n.mu.Unlock()
-		return ctx, func() {}, errdefs.Errorf(errdefs.CodeNotPrimary, "this primary's term is over; retry against the new primary")
-	}
-	n.ops.Add(1)
-	n.mu.Unlock()
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(n.termCtx(), cancel)
-	return ctx, func() { stop(); cancel(); n.ops.Done() }, nil
-}
+// begin registers an operation of the term (op.Term.Begin).
+func (n *Node) begin(ctx context.Context) (context.Context, func(), error) { return n.term.Begin(ctx) }
 
 // background is the context of work that must not stop with the request
 // that started it (a rollback, a release's teardown) but must stop with the
 // term.
 func (n *Node) background(d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(n.termCtx(), d)
+	return n.term.Background(d)
 }
 
 // Drain refuses new operations and waits, up to timeout, for those in
@@ -64,46 +35,8 @@ func (n *Node) background(d time.Duration) (context.Context, context.CancelFunc)
 // Only after Drain returns nil may the journal be closed and the lock
 // released: an error means work may still be running, and the process must
 // exit while it still holds the lock (the kernel then drops it).
-func (n *Node) Drain(timeout time.Duration) error {
-	n.mu.Lock()
-	n.draining = true
-	n.mu.Unlock()
-	n.Close()
-	done := make(chan struct{})
-	go func() { n.ops.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("operations still running %v after the term ended", timeout)
-	}
-}
+func (n *Node) Drain(timeout time.Duration) error { return n.term.Drain(timeout, n.Close) }
 
-// journalErr gives a journal failure its API kind: a fenced write means a
-// newer primary owns the journal.
-func journalErr(what string, err error) error {
-	var ae *errdefs.Error
-	switch {
-	case errors.As(err, &ae):
-		return ae
-	case errors.Is(err, journal.ErrFenced):
-		return errdefs.Errorf(errdefs.CodeFenced, "%s: %v", what, err)
-	case errors.Is(err, ErrTermOver):
-		return errdefs.Errorf(errdefs.CodeUnavailable, "%s: %v", what, err)
-	}
-	return errdefs.Errorf(errdefs.CodeInternal, "%s: %v", what, err)
-}
-
-// codeOf is errdefs.CodeOf that also knows the node's own error kinds.
-func codeOf(err error) errdefs.Code {
-	var ae *errdefs.Error
-	switch {
-	case errors.As(err, &ae):
-		return errdefs.CodeOf(err)
-	case errors.Is(err, journal.ErrFenced):
-		return errdefs.CodeFenced
-	case errors.Is(err, ErrTermOver):
-		return errdefs.CodeUnavailable
-	}
-	return errdefs.CodeOf(err)
-}
+// txErr is op.TxErr: a transaction's refusal as it is, a journal failure
+// wrapped.
+func txErr(what string, err error) error { return op.TxErr(what, err) }

@@ -3,11 +3,15 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 func termNode(t *testing.T) (*Node, context.CancelFunc) {
@@ -16,6 +20,8 @@ func termNode(t *testing.T) (*Node, context.CancelFunc) {
 	term, end := context.WithCancel(context.Background())
 	t.Cleanup(end)
 	n.d.Term = term
+	n.term = op.NewTerm(term)
+	n.run.Term = n.term
 	return n, end
 }
 
@@ -33,11 +39,13 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	made := 0
-	if err := n.effect(journal.KindCgroup, "sb-g1", rec, func() error { made++; return nil }); err != nil {
-		t.Fatalf("effect within the term: %v", err)
+	// The first entry's make ends the term: its done record is journaled,
+	// the second entry is neither journaled nor made.
+	tab := []entry{
+		fnResource{journal.KindCgroup, func() error { made++; end(); return nil }},
+		fnResource{journal.KindMount, func() error { made++; return nil }},
 	}
-	end()
-	err := n.effect(journal.KindMount, "sb-g1", rec, func() error { made++; return nil })
+	err := n.run.MakeAll(context.Background(), rec, effects(tab, &claimState{rec: rec}), func(journal.Kind, time.Duration) {})
 	if !errors.Is(err, ErrTermOver) || made != 1 {
 		t.Fatalf("effect after the term: err %v, made %d times; want ErrTermOver and no second make", err, made)
 	}
@@ -64,6 +72,17 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 // TestDrainWaitsForOperationsInFlight: Drain refuses new operations and
 // returns only when those in flight returned (bounded), so the lock is
 // released after the last effect.
+// fnResource is an entry whose make is f (and nothing else).
+type fnResource struct {
+	k journal.Kind
+	f func() error
+}
+
+func (r fnResource) Spec() resource.Spec                             { return resource.Spec{Kind: r.k} }
+func (r fnResource) Make(context.Context, *claimState) error         { return r.f() }
+func (fnResource) Remove(context.Context, journal.Sandbox) error     { return nil }
+func (fnResource) Gone(context.Context, journal.Sandbox) proof.Check { return proof.Check{OK: true} }
+
 func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 	n, end := termNode(t)
 	ctx, done, err := n.begin(context.Background())
@@ -88,6 +107,9 @@ func TestDrainWaitsForOperationsInFlight(t *testing.T) {
 	}
 }
 
+// TestJournalErrorsKeepTheirKind: a fenced journal and the end of the
+// term keep their kind through the wrapping (errdefs.CodeOf at the edge),
+// and a transaction's own refusal is answered as it is.
 func TestJournalErrorsKeepTheirKind(t *testing.T) {
 	fenced := &journal.FencedError{Writer: 3, Current: 4}
 	for err, want := range map[error]errdefs.Code{
@@ -96,11 +118,19 @@ func TestJournalErrorsKeepTheirKind(t *testing.T) {
 		ErrTermOver:                errdefs.CodeUnavailable,
 		errors.New("disk on fire"): errdefs.CodeInternal,
 	} {
-		if got := codeOf(err); got != want {
-			t.Errorf("codeOf(%v) = %s, want %s", err, got, want)
+		if got := errdefs.CodeOf(err); got != want {
+			t.Errorf("CodeOf(%v) = %s, want %s", err, got, want)
 		}
-		if got := errdefs.CodeOf(journalErr("x", err)); got != want {
-			t.Errorf("journalErr(%v) = %s, want %s", err, got, want)
+		wrapped := txErr("x", err)
+		if got := errdefs.CodeOf(wrapped); got != want {
+			t.Errorf("CodeOf(txErr(%v)) = %s, want %s", err, got, want)
 		}
+		if !errors.Is(wrapped, err) {
+			t.Errorf("txErr(%v) lost its cause", err)
+		}
+	}
+	refused := errdefs.Errorf(errdefs.CodeConflict, "no longer ready")
+	if got := txErr("x", fmt.Errorf("in tx: %w", refused)); got != refused {
+		t.Errorf("txErr of a refusal = %v, want the refusal as it is", got)
 	}
 }

@@ -422,7 +422,7 @@ func (n *Node) fork(ctx context.Context, id string, req api.ForkRequest) (api.Vo
 		return api.VolumeInfo{}, err
 	}
 	if err := n.noteHead(sandboxVolume(id), h); err != nil {
-		return api.VolumeInfo{}, journalErr("journal the head mark of "+id, err)
+		return api.VolumeInfo{}, txErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
 	return n.Volume(ctx, id)
@@ -454,7 +454,7 @@ func (n *Node) restore(ctx context.Context, id string, req api.RestoreRequest) (
 		return api.VolumeInfo{}, err
 	}
 	if err := n.noteHead(sandboxVolume(id), nh); err != nil {
-		return api.VolumeInfo{}, journalErr("journal the head mark of "+id, err)
+		return api.VolumeInfo{}, txErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("restored", "sandbox", id, "snapshot", req.Snapshot, "generation", gen)
 	return n.Volume(ctx, id)

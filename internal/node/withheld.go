@@ -7,6 +7,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 )
 
 // Defaults of the withheld retry: the first retry a minute after the
@@ -126,22 +127,14 @@ func (n *Node) RetryWithheld(ctx context.Context) {
 
 // everyTick runs fn every d until ctx (the term) ends or the node closes.
 func (n *Node) everyTick(ctx context.Context, d time.Duration, fn func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n.mu.Lock()
-		closed := n.closed
-		n.mu.Unlock()
-		if closed {
-			return
-		}
-		fn()
-	}
+	op.EveryTick(ctx, d, n.isClosed, fn)
+}
+
+// isClosed says whether Close ran.
+func (n *Node) isClosed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.closed
 }
 
 // withheldIn picks the generations that were withheld in ss (the journal

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/ctld/ctld/internal/journal"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,12 +20,6 @@ import (
 // rootfs.Block) and the block store's templates (node.BlockTemplates).
 // A killed writer leaves its device connected (the kernel waits for a
 // reconnect), as a kill -9 of the real one does.
-
-// Kinds of block-mode object, for Refuse and FailMake (by container id).
-const (
-	KindWriter     = "writer"
-	KindBlockMount = "blockmount"
-)
 
 // TemplateSize is the device size of the fake block store's "busybox".
 const TemplateSize = 64 << 20
@@ -108,7 +103,7 @@ func (b *Blocks) Start(ctx context.Context, spec writer.Spec) (writer.State, err
 	k := b.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindWriter, filepath.Base(spec.Dir)); err != nil {
+	if err := k.makeFails(journal.KindWriter, filepath.Base(spec.Dir)); err != nil {
 		return writer.State{}, err
 	}
 	old, ok := k.writers[spec.Dir]
@@ -171,7 +166,7 @@ func (b *Blocks) Stop(ctx context.Context, dir string) error {
 	if !ok {
 		return nil
 	}
-	if err := k.refused(KindWriter, filepath.Base(dir)); err != nil {
+	if err := k.refused(journal.KindWriter, filepath.Base(dir)); err != nil {
 		return fmt.Errorf("stop writer %s: %w", dir, err)
 	}
 	if k.nbd[w.index] == dir {
@@ -242,7 +237,7 @@ func (m *BlockMounts) k() *Kernel { return (*Kernel)(m) }
 // set is the block roots' mount table.
 func (m *BlockMounts) set() *mountSet {
 	k := m.k()
-	return &mountSet{k: k, kind: KindBlockMount, dir: k.BlockRootDir(), mounts: k.bmounts, verb: "block", nbdOnly: true}
+	return &mountSet{k: k, kind: journal.KindBlockMount, dir: k.BlockRootDir(), mounts: k.bmounts, verb: "block", nbdOnly: true}
 }
 
 // Mount mounts a connected device at id's mount point.

@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ctld/ctld/internal/journal"
 	"io"
 	"io/fs"
 	"iter"
@@ -53,15 +54,12 @@ import (
 	"github.com/ctld/ctld/internal/runsc"
 )
 
-// Kinds of object, for Refuse and FailMake (the journal's effect kinds).
-const (
-	KindCgroup = "cgroup"
-	KindMount  = "mount"
-	KindNetns  = "netns"
-	KindRunsc  = "runsc"
-	KindDisk   = "disk" // named by the container id for FailMake, by the project number for Refuse
-	KindExec   = "exec" // FailMake only: every exec in that container fails
-)
+// Refuse and FailMake name objects by the journal's effect kinds
+// (journal.KindCgroup, ...): a disk by the container id for FailMake and
+// by the project number for Refuse, conntrack by the slot number (Refuse
+// only). KindExec is the fake's own, for FailMake only: every exec in that
+// container fails.
+const KindExec journal.Kind = "exec"
 
 // cgroupParent is the lease parent under the fake cgroup root, as the real
 // Manager's default.
@@ -172,11 +170,11 @@ func (k *Kernel) scratchDir(id string) string { return filepath.Join(k.scratch()
 
 func (k *Kernel) mountRoot(id string) string { return filepath.Join(k.scratchDir(id), "root") }
 
-func key(kind, name string) string { return kind + "/" + name }
+func key(kind journal.Kind, name string) string { return string(kind) + "/" + name }
 
 // Refuse makes removing the object kind/name fail with err (nil: a
 // generic "busy" error), and the object stay, until Allow.
-func (k *Kernel) Refuse(kind, name string, err error) {
+func (k *Kernel) Refuse(kind journal.Kind, name string, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err == nil {
@@ -186,7 +184,7 @@ func (k *Kernel) Refuse(kind, name string, err error) {
 }
 
 // Allow undoes Refuse.
-func (k *Kernel) Allow(kind, name string) {
+func (k *Kernel) Allow(kind journal.Kind, name string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.refuse, key(kind, name))
@@ -194,7 +192,7 @@ func (k *Kernel) Allow(kind, name string) {
 
 // FailMake makes making the object kind/name fail with err (nil: a generic
 // error) and change nothing, until ClearFailMake.
-func (k *Kernel) FailMake(kind, name string, err error) {
+func (k *Kernel) FailMake(kind journal.Kind, name string, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err == nil {
@@ -204,7 +202,7 @@ func (k *Kernel) FailMake(kind, name string, err error) {
 }
 
 // ClearFailMake undoes FailMake.
-func (k *Kernel) ClearFailMake(kind, name string) {
+func (k *Kernel) ClearFailMake(kind journal.Kind, name string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.failMake, key(kind, name))
@@ -254,9 +252,9 @@ func (k *Kernel) call(format string, args ...any) {
 	k.calls = append(k.calls, fmt.Sprintf(format, args...))
 }
 
-func (k *Kernel) refused(kind, name string) error { return k.refuse[key(kind, name)] }
+func (k *Kernel) refused(kind journal.Kind, name string) error { return k.refuse[key(kind, name)] }
 
-func (k *Kernel) makeFails(kind, name string) error { return k.failMake[key(kind, name)] }
+func (k *Kernel) makeFails(kind journal.Kind, name string) error { return k.failMake[key(kind, name)] }
 
 // stopLocked ends c's processes and releases what only they held.
 func (k *Kernel) stopLocked(c *container) {
@@ -422,7 +420,7 @@ func (l *Leases) Create(ctx context.Context, s lease.Spec) error {
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindCgroup, s.ID); err != nil {
+	if err := k.makeFails(journal.KindCgroup, s.ID); err != nil {
 		return fmt.Errorf("create lease %s: %w", s.ID, err)
 	}
 	if k.cgroups[s.ID] {
@@ -478,7 +476,7 @@ func (l *Leases) Remove(ctx context.Context, id string) error {
 			k.stopLocked(c)
 		}
 	}
-	if err := k.refused(KindCgroup, id); err != nil {
+	if err := k.refused(journal.KindCgroup, id); err != nil {
 		return fmt.Errorf("remove lease %s: %w", id, err)
 	}
 	delete(k.cgroups, id)
@@ -584,7 +582,7 @@ func (r *RootFS) Mount(ctx context.Context, id, lower string) (string, error) {
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindMount, id); err != nil {
+	if err := k.makeFails(journal.KindMount, id); err != nil {
 		return "", err
 	}
 	target := k.mountRoot(id)
@@ -614,7 +612,7 @@ func (r *RootFS) Unmount(ctx context.Context, id string) error {
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.refused(KindMount, id); err != nil {
+	if err := k.refused(journal.KindMount, id); err != nil {
 		if _, ok := k.mounts[id]; ok {
 			return fmt.Errorf("unmount %s: %w", k.mountRoot(id), err)
 		}
@@ -742,7 +740,7 @@ func (r *RootFS) LimitDisk(ctx context.Context, id string, projectID uint32, byt
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindDisk, id); err != nil {
+	if err := k.makeFails(journal.KindDisk, id); err != nil {
 		return err
 	}
 	if p, ok := k.projects[projectID]; ok && p.dir != id && !k.quotaLocked(p).Empty() {
@@ -802,7 +800,7 @@ func (r *RootFS) UnlimitDisk(ctx context.Context, projectID uint32) error {
 	if !ok {
 		return nil
 	}
-	if err := k.refused(KindDisk, strconv.FormatUint(uint64(projectID), 10)); err != nil {
+	if err := k.refused(journal.KindDisk, strconv.FormatUint(uint64(projectID), 10)); err != nil {
 		return err
 	}
 	if q := k.quotaLocked(p); q.UsedBytes != 0 || q.UsedInodes != 0 {
@@ -862,7 +860,7 @@ func (n *Netns) Create(ctx context.Context, name string) (string, error) {
 	k := n.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindNetns, name); err != nil {
+	if err := k.makeFails(journal.KindNetns, name); err != nil {
 		return "", err
 	}
 	if _, ok := k.netns[name]; !ok {
@@ -887,7 +885,7 @@ func (n *Netns) Delete(ctx context.Context, name string) error {
 	if _, ok := k.netns[name]; !ok {
 		return nil
 	}
-	if err := k.refused(KindNetns, name); err != nil {
+	if err := k.refused(journal.KindNetns, name); err != nil {
 		return fmt.Errorf("unmount netns %s: %w", n.Path(name), err)
 	}
 	delete(k.netns, name)
@@ -1000,7 +998,7 @@ func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 	k := r.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindRunsc, id); err != nil {
+	if err := k.makeFails(journal.KindRunsc, id); err != nil {
 		return fmt.Errorf("runsc create %s: %w", id, err)
 	}
 	if _, ok := k.containers[id]; ok {
@@ -1119,7 +1117,7 @@ func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all b
 	if !ok {
 		return notExist("kill", id)
 	}
-	if err := k.refused(KindRunsc, id); err != nil {
+	if err := k.refused(journal.KindRunsc, id); err != nil {
 		return fmt.Errorf("runsc kill %s: %w", id, err)
 	}
 	k.stopLocked(c)
@@ -1139,7 +1137,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if !ok {
 		return nil
 	}
-	if err := k.refused(KindRunsc, id); err != nil {
+	if err := k.refused(journal.KindRunsc, id); err != nil {
 		return fmt.Errorf("runsc delete %s: %w", id, err)
 	}
 	k.stopLocked(c)

@@ -3,6 +3,7 @@ package fakekernel
 import (
 	"context"
 	"errors"
+	"github.com/ctld/ctld/internal/journal"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -213,14 +214,14 @@ func TestKillGuestAndRefuse(t *testing.T) {
 	if _, err := k.Runtime().Exec(ctx, id, runsc.ExecProcess{Args: []string{"/bin/true"}}, nil, nil, nil); err == nil {
 		t.Error("exec in a killed guest succeeded")
 	}
-	k.Refuse(KindRunsc, id, nil)
+	k.Refuse(journal.KindRunsc, id, nil)
 	if err := k.Runtime().Delete(ctx, id); err == nil {
 		t.Error("refused delete succeeded")
 	}
 	if ok, _ := k.Runtime().CheckGone(ctx, id); ok {
 		t.Error("refused container checks gone")
 	}
-	k.Allow(KindRunsc, id)
+	k.Allow(journal.KindRunsc, id)
 	if err := k.Runtime().Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}

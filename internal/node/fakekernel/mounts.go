@@ -2,6 +2,7 @@ package fakekernel
 
 import (
 	"fmt"
+	"github.com/ctld/ctld/internal/journal"
 	"maps"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ import (
 // kind and call names. Its methods lock k.mu.
 type mountSet struct {
 	k      *Kernel
-	kind   string                 // for Refuse and FailMake
+	kind   journal.Kind           // for Refuse and FailMake
 	dir    string                 // mount points' parent
 	mounts map[string]*blockMount // id → mount
 	verb   string                 // call prefix: "<verb>mount", "<verb>unmount"

@@ -3,6 +3,7 @@ package fakekernel
 import (
 	"context"
 	"fmt"
+	"github.com/ctld/ctld/internal/journal"
 	"io/fs"
 	"maps"
 	"net/netip"
@@ -22,13 +23,6 @@ import (
 // proxy's registry. Objects of a generation are named for Refuse and
 // FailMake by the generation's name ("sb-g1": the link's alias, the
 // chain's owner); conntrack flows by the slot's number.
-
-// Kinds of network object, for Refuse and FailMake.
-const (
-	KindLinks     = "links"
-	KindNft       = "nft"
-	KindConntrack = "conntrack" // Refuse only, named by the slot number
-)
 
 type link struct {
 	name, alias string
@@ -187,7 +181,7 @@ func (k *Kernel) renderNetLocked(add func(string, ...any)) {
 // stays (Refuse).
 func (k *Kernel) gcLinksLocked() {
 	for name, l := range k.links {
-		if _, ok := k.namespaces[l.ns]; !ok && k.refused(KindLinks, l.alias) == nil {
+		if _, ok := k.namespaces[l.ns]; !ok && k.refused(journal.KindLinks, l.alias) == nil {
 			delete(k.links, name)
 		}
 	}
@@ -217,7 +211,7 @@ func (l *Links) Make(ctx context.Context, o netpolicy.Owner, nsPath string) erro
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindLinks, o.Alias()); err != nil {
+	if err := k.makeFails(journal.KindLinks, o.Alias()); err != nil {
 		return fmt.Errorf("make veth %s: %w", o.Link(), err)
 	}
 	var ns uint64
@@ -252,7 +246,7 @@ func (l *Links) Remove(ctx context.Context, name string) error {
 	if !ok {
 		return nil
 	}
-	if err := k.refused(KindLinks, have.alias); err != nil {
+	if err := k.refused(journal.KindLinks, have.alias); err != nil {
 		return fmt.Errorf("delete link %s: %w", name, err)
 	}
 	delete(k.links, name)
@@ -297,7 +291,7 @@ type Firewall Kernel
 
 func (f *Firewall) k() *Kernel { return (*Kernel)(f) }
 
-// TableName names the table for FailMake(KindNft, TableName): Ensure
+// TableName names the table for FailMake(journal.KindNft, TableName): Ensure
 // fails.
 const TableName = "inet ctld"
 
@@ -306,7 +300,7 @@ func (f *Firewall) Ensure(ctx context.Context) error {
 	k := f.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.makeFails(KindNft, TableName); err != nil {
+	if err := k.makeFails(journal.KindNft, TableName); err != nil {
 		return fmt.Errorf("nft: add table %s: %w", TableName, err)
 	}
 	if !k.table {
@@ -334,7 +328,7 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 	if err := k.tableLocked(); err != nil {
 		return err
 	}
-	if err := k.makeFails(KindNft, o.Alias()); err != nil {
+	if err := k.makeFails(journal.KindNft, o.Alias()); err != nil {
 		return fmt.Errorf("nft apply %s: %w", o.Chain(), err)
 	}
 	ch, ok := k.chains[o.Chain()]
@@ -360,7 +354,7 @@ func (f *Firewall) Remove(ctx context.Context, o netpolicy.Owner) error {
 	k := f.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.refused(KindNft, o.Alias()); err != nil {
+	if err := k.refused(journal.KindNft, o.Alias()); err != nil {
 		return fmt.Errorf("nft remove %s: %w", o.Chain(), err)
 	}
 	changed := false
@@ -425,7 +419,7 @@ func (f *Firewall) RemoveOrphan(ctx context.Context, chain string) error {
 	k := f.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.refused(KindNft, names.Generation(id, gen)); err != nil {
+	if err := k.refused(journal.KindNft, names.Generation(id, gen)); err != nil {
 		return fmt.Errorf("nft remove %s: %w", chain, err)
 	}
 	delete(k.chains, chain)
@@ -481,7 +475,7 @@ func (fl *Flows) Flush(ctx context.Context, slot netpolicy.Slot) error {
 	k := fl.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.refused(KindConntrack, strconv.FormatUint(uint64(slot), 10)); err != nil {
+	if err := k.refused(journal.KindConntrack, strconv.FormatUint(uint64(slot), 10)); err != nil {
 		return fmt.Errorf("conntrack flush mark %d: %w", slot, err)
 	}
 	if len(k.flows[slot]) > 0 {
