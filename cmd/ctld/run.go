@@ -387,7 +387,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
-		Service: n, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
+		Service: apiserver.Adapter{N: n}, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
 		Claims:         apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
 		Execs:          apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
 		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),
@@ -556,8 +556,11 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	d := node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
-		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
-		Netns:  ns, Runtime: rt, Logger: log, Total: facts.total,
+		// The answers stored with operations are the API's (the node
+		// never sees a wire type).
+		Answers: apiserver.Answers{},
+		RootFS:  &rootfs.Overlay{ScratchDir: scratch, Logger: log},
+		Netns:   ns, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
 		// Each generation's agent socket dir: a small tmpfs, its peer
 		// checked against the lease cgroup (docs/operations.md, "Guest

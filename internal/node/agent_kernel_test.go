@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/runsc"
 	"golang.org/x/sys/unix"
@@ -44,7 +45,7 @@ func TestKernelAgentInGeneration(t *testing.T) {
 		id := "agent-" + tmpl
 		req := claimReq("c-"+tmpl, 1)
 		req.RootFS.Template = tmpl
-		req.Process = api.Process{UID: 1000, GID: 1000}
+		req.Process = journal.Process{UID: 1000, GID: 1000}
 		resp := r.mustClaim(id, req)
 		tm := resp.Sandbox.Timings
 		t.Logf("%s: claim total %.0f ms, runsc %.0f ms, readiness (agent ready) %.0f ms", tmpl, tm.TotalMS, tm.RunscMS, tm.ProofMS)

@@ -100,11 +100,11 @@ func (n *Node) hasBlock() bool {
 // block store does not have (not_found), a disk lease other than the
 // template's device size (invalid_argument). It fills in the disk lease:
 // the device size.
-func (n *Node) checkBlock(ctx context.Context, id string, req *api.ClaimRequest) error {
+func (n *Node) checkBlock(ctx context.Context, id string, req *journal.ClaimRequest) error {
 	if !n.hasBlock() {
-		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", api.RootFSBlock)
+		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", journal.RootFSBlock)
 	}
-	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template, req.RootFS.ExpectHead)
+	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template, apiHead(req.RootFS.ExpectHead))
 	if err != nil {
 		return err
 	}

@@ -104,10 +104,10 @@ func realKernel(t *testing.T) *testKernel {
 		},
 		// A workload that cannot start: the agent refuses ready (or has
 		// exited), so the readiness proof never gets the nonce.
-		failProbe: func(_ testing.TB, req *api.ClaimRequest) { req.Process.Args = []string{"/nonexistent/workload"} },
+		failProbe: func(_ testing.TB, req *journal.ClaimRequest) { req.Process.Args = []string{"/nonexistent/workload"} },
 		timeout:   3 * time.Minute,
 		showLog:   true, // its step timings are what the VM run measures
-		resources: &api.Resources{CPUMillis: 2000, MemoryBytes: 512 << 20, PIDs: 512, DiskBytes: 64 << 20},
+		resources: &journal.Resources{CPUMillis: 2000, MemoryBytes: 512 << 20, PIDs: 512, DiskBytes: 64 << 20},
 	}
 	k.text = func() string { return realText(k) }
 	return k

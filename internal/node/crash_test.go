@@ -43,7 +43,7 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 		runDir: k.RunDir(), templatesDir: k.TemplatesDir(), agentBinary: k.AgentBinary(),
 		text:      k.String,
 		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },
-		failProbe: func(_ testing.TB, req *api.ClaimRequest) {
+		failProbe: func(_ testing.TB, req *journal.ClaimRequest) {
 			k.FailMake(fakekernel.KindExec, containerID(sb, req.Generation), nil)
 		},
 		timeout: 10 * time.Second,
@@ -223,7 +223,7 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 			if err != nil {
 				t.Fatalf("release: %v", err)
 			}
-			if rel.Proof.Clean || rel.Sandbox.State != api.StateReleased {
+			if rel.Proof.Clean || rel.Sandbox.State != journal.StateReleased {
 				t.Fatalf("release with a %s refusing removal: clean=%v state %s", kind, rel.Proof.Clean, rel.Sandbox.State)
 			}
 			if s := r.sandbox(sb); !s.Withheld {

@@ -70,13 +70,13 @@ func TestDiskProjectAllocation(t *testing.T) {
 // with it keeps its own.
 func TestDiskDefault(t *testing.T) {
 	n := &Node{cfg: Config{DefaultDiskBytes: 1 << 30}}
-	if r := n.withDiskDefault(api.Resources{}); r.DiskBytes != 1<<30 {
+	if r := n.withDiskDefault(journal.Resources{}); r.DiskBytes != 1<<30 {
 		t.Fatalf("default not applied: %d", r.DiskBytes)
 	}
-	if r := n.withDiskDefault(api.Resources{DiskBytes: 5 << 20}); r.DiskBytes != 5<<20 {
+	if r := n.withDiskDefault(journal.Resources{DiskBytes: 5 << 20}); r.DiskBytes != 5<<20 {
 		t.Fatalf("explicit disk_bytes replaced: %d", r.DiskBytes)
 	}
-	if err := (&Node{}).checkDisk(api.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+	if err := (&Node{}).checkDisk(journal.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Fatalf("no disk lease and no default: %v, want invalid_argument", err)
 	}
 }

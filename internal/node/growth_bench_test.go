@@ -41,7 +41,7 @@ func growthNode(b testing.TB, history int) *Node {
 	}
 	log := slog.New(slog.DiscardHandler)
 	return New(Config{Slot: "a", StateDir: dir, RunDir: filepath.Join(dir, "run")}, Deps{
-		Journal: j, Epoch: 2, Logger: log,
+		Journal: j, Answers: testAnswers{}, Epoch: 2, Logger: log,
 		Leases:  &lease.Manager{Root: filepath.Join(dir, "cgroup"), Parent: "ctld.slice", Logger: log},
 		RootFS:  &rootfs.Overlay{ScratchDir: filepath.Join(dir, "scratch"), Logger: log},
 		Netns:   &netpolicy.Netns{Dir: filepath.Join(dir, "netns"), Logger: log},

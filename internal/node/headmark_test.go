@@ -44,7 +44,7 @@ func TestCheckHeadFloor(t *testing.T) {
 
 // rolledBack asserts a claim refused as a rolled-back head, with nothing
 // journaled for its generation.
-func rolledBack(t *testing.T, r *rig, req api.ClaimRequest, who string) {
+func rolledBack(t *testing.T, r *rig, req journal.ClaimRequest, who string) {
 	t.Helper()
 	_, err, returned := r.claim(sb, req)
 	if !returned || errdefs.CodeOf(err) != errdefs.CodeConflict || !strings.Contains(err.Error(), "rolled back") || !strings.Contains(err.Error(), who) {
@@ -85,7 +85,7 @@ func TestResumeRefusesRolledBackHead(t *testing.T) {
 		t.Fatalf("heads %+v, %+v", h1, h2)
 	}
 
-	k.SetHead(sb, h1) // head 2 deleted, or head 1 put back
+	k.SetHead(sb, apiHead(h1)) // head 2 deleted, or head 1 put back
 	rolledBack(t, r, blockReq("c3", 3), "this node's journal")
 	r.mustBoot() // failover: the mark is in the journal
 	rolledBack(t, r, blockReq("c3b", 3), "this node's journal")
@@ -96,18 +96,18 @@ func TestResumeRefusesRolledBackHead(t *testing.T) {
 	// a fresh journal has no mark.
 	r2 := newRig(t, tk)
 	r2.mustBoot()
-	k.SetHead(sb, h1)
+	k.SetHead(sb, apiHead(h1))
 	req := blockReq("c4", 3)
-	req.RootFS.ExpectHead = api.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
+	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	rolledBack(t, r2, req, "the claim")
 	req = blockReq("c4b", 3)
-	req.RootFS.ExpectHead = api.VolumeHead{Seq: h1.Seq, Generation: h1.Generation + 5}
+	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h1.Seq, Generation: h1.Generation + 5}
 	rolledBack(t, r2, req, "the claim")
 
 	// The bucket repaired: the resume runs from head 2.
-	k.SetHead(sb, h2)
+	k.SetHead(sb, apiHead(h2))
 	req = blockReq("c5", 3)
-	req.RootFS.ExpectHead = api.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
+	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	r.mustClaim(sb, req)
 	if s := r.sandbox(sb); s.Block.Head.Seq != 2 || s.Block.BaseGeneration != h2.Generation {
 		t.Fatalf("resumed over %+v from generation %d, want head 2", s.Block.Head, s.Block.BaseGeneration)
@@ -131,7 +131,7 @@ func TestVolumeAttachRefusesRolledBackHead(t *testing.T) {
 	if h2.Seq != h1.Seq+1 {
 		t.Fatalf("head after the detach %+v, want one past %+v", h2, h1)
 	}
-	if v := rel.Sandbox.Volumes; len(v) != 1 || v[0].Head == nil || v[0].Head.Seq != h2.Seq {
+	if v := rel.Sandbox.Volumes; len(v) != 1 || v[0].Published == nil || v[0].Published.Seq != h2.Seq {
 		t.Fatalf("the release's sandbox shows volumes %+v, want the published head %d", v, h2.Seq)
 	}
 
@@ -145,7 +145,7 @@ func TestVolumeAttachRefusesRolledBackHead(t *testing.T) {
 	r2.mustBoot()
 	k.SetVolumeHead("data", h1)
 	req := volumeReq("c3", 1, "data", "/data")
-	req.Volumes[0].ExpectHead = api.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
+	req.Volumes[0].ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	_, err, _ := r2.claim("other", req)
 	if errdefs.CodeOf(err) != errdefs.CodeConflict || !strings.Contains(err.Error(), "the claim") {
 		t.Fatalf("attach below the claim's expected head: %v, want conflict", err)

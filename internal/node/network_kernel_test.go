@@ -40,7 +40,7 @@ func TestKernelNetworkPolicyAndUpdate(t *testing.T) {
 	allowed := netip.AddrPortFrom(host.Addr4, host.TCP[0])
 	other := netip.AddrPortFrom(host.Other4, host.TCP[0])
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
+	req.Network = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
 	resp := r.mustClaim(sb, req)
 	t.Logf("claim steps (ms): %+v", resp.Sandbox.Timings.Steps)
 	// The node masquerades the pool out of its links: the host sees
@@ -56,13 +56,13 @@ func TestKernelNetworkPolicyAndUpdate(t *testing.T) {
 		t.Errorf("counters after one allowed and one dropped connection: %+v %v", got.Network, err)
 	}
 
-	if _, err := r.n.UpdateNetwork(context.Background(), sb, api.NetworkPolicy{Mode: api.NetworkDenyAll}); err != nil {
+	if _, err := r.n.UpdateNetwork(context.Background(), sb, journal.NetworkPolicy{Mode: "deny_all"}); err != nil {
 		t.Fatal(err)
 	}
 	if out, ok := guestDial(t, r, allowed); ok {
 		t.Fatalf("deny_all after the update: dial of %v answered %q", allowed, out)
 	}
-	if _, err := r.n.UpdateNetwork(context.Background(), sb, api.NetworkPolicy{Mode: api.NetworkOpen}); err != nil {
+	if _, err := r.n.UpdateNetwork(context.Background(), sb, journal.NetworkPolicy{Mode: "open"}); err != nil {
 		t.Fatal(err)
 	}
 	if out, ok := guestDial(t, r, other); !ok {

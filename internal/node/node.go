@@ -90,7 +90,9 @@ const DefaultCarrierWait = 10 * time.Second
 
 // Deps are the subsystems the node drives; main builds them.
 type Deps struct {
-	Journal  *journal.Journal
+	Journal *journal.Journal
+	// Answers encodes what finished operations store (answers.go).
+	Answers  Answers
 	Identity proof.Identity
 	Epoch    uint64
 	Leases   Leases  // *lease.Manager
@@ -273,38 +275,51 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 	return out, nil
 }
 
-// List answers GET /v1/sandboxes.
-func (n *Node) List(ctx context.Context) (api.SandboxList, error) {
-	var out api.SandboxList
+// SandboxView is a sandbox's record with what the kernel says of it now.
+type SandboxView struct {
+	journal.Sandbox
+	// Network is the generation's network mode and packet counters (nil:
+	// no sandbox network).
+	Network *NetworkStatus
+}
+
+// NetworkStatus is a generation's network as the node enforces it: its
+// mode and its nft chain's counters (zero unless it runs).
+type NetworkStatus struct {
+	Mode netpolicy.Mode
+	netpolicy.Counters
+}
+
+// List is every sandbox the journal knows, as the kernel has it now.
+func (n *Node) List(ctx context.Context) ([]SandboxView, error) {
+	var out []SandboxView
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		ss, err := tx.Sandboxes()
 		for _, s := range ss {
-			out.Sandboxes = append(out.Sandboxes, n.view(ctx, s))
+			out = append(out, n.view(ctx, s))
 		}
 		return err
 	})
 	if err != nil {
-		return out, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
-	}
-	if out.Sandboxes == nil {
-		out.Sandboxes = []api.Sandbox{}
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	return out, nil
 }
 
-// Get answers GET /v1/sandboxes/{id}.
-func (n *Node) Get(ctx context.Context, id string) (api.Sandbox, error) {
+// Get is sandbox id as the kernel has it now (not_found: the journal
+// never saw it).
+func (n *Node) Get(ctx context.Context, id string) (SandboxView, error) {
 	s, err := n.sandbox(id)
 	if err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	return n.view(ctx, s), nil
 }
 
-// view adds live facts (OOM kills) to a ready sandbox's record.
-func (n *Node) view(ctx context.Context, s journal.Sandbox) api.Sandbox {
-	out := apiSandbox(s)
-	out.Network = n.networkStatus(ctx, s)
+// view adds live facts (OOM kills, network counters) to a sandbox's
+// record.
+func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
+	out := SandboxView{Sandbox: s, Network: n.networkStatus(ctx, s)}
 	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills
@@ -329,8 +344,8 @@ func (n *Node) sandbox(id string) (journal.Sandbox, error) {
 	return s, nil
 }
 
-// Proof answers GET /v1/proofs/{operation_id}.
-func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error) {
+// Proof is the signed cleanup proof stored under operation opID.
+func (n *Node) Proof(ctx context.Context, opID string) (proof.Proof, error) {
 	var p proof.Proof
 	var ok bool
 	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
@@ -338,10 +353,10 @@ func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error)
 		return err
 	})
 	if err != nil {
-		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+		return proof.Proof{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	if !ok {
-		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
+		return proof.Proof{}, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
 	}
-	return api.CleanupProofOf(p), nil
+	return p, nil
 }

@@ -25,7 +25,7 @@ func testNode(t *testing.T) *Node {
 	if err := j.TakeOver(3); err != nil {
 		t.Fatal(err)
 	}
-	return New(Config{Slot: "a"}, Deps{Journal: j, Epoch: 3})
+	return New(Config{Slot: "a"}, Deps{Journal: j, Answers: testAnswers{}, Epoch: 3})
 }
 
 // TestLateReadinessProofRejected: a proof from an older attempt (another
@@ -140,22 +140,22 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(n.cfg.TemplatesDir, "busybox"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	good := api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 64}
+	good := journal.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 64}
 	for name, c := range map[string]struct {
 		id  string
 		gen uint64
-		res func(*api.Resources)
+		res func(*journal.Resources)
 	}{
-		"cpu below the kernel's quota minimum": {"sb", 1, func(r *api.Resources) { r.CPUMillis = 5 }},
-		"cpuset beyond NR_CPUS":                {"sb", 1, func(r *api.Resources) { r.Cpuset = "9000" }},
-		"memory beyond the limit":              {"sb", 1, func(r *api.Resources) { r.MemoryBytes = 1 << 60 }},
-		"generation name too long":             {strings.Repeat("a", 60), 10, func(*api.Resources) {}},
+		"cpu below the kernel's quota minimum": {"sb", 1, func(r *journal.Resources) { r.CPUMillis = 5 }},
+		"cpuset beyond NR_CPUS":                {"sb", 1, func(r *journal.Resources) { r.Cpuset = "9000" }},
+		"memory beyond the limit":              {"sb", 1, func(r *journal.Resources) { r.MemoryBytes = 1 << 60 }},
+		"generation name too long":             {strings.Repeat("a", 60), 10, func(*journal.Resources) {}},
 	} {
 		res := good
 		c.res(&res)
-		req := api.ClaimRequest{
+		req := journal.ClaimRequest{
 			OperationID: "op-" + strings.ReplaceAll(name, " ", "-"), Generation: c.gen,
-			RootFS: api.RootFS{Mode: "overlay", Template: "busybox"}, Resources: res,
+			RootFS: journal.RootFS{Mode: "overlay", Template: "busybox"}, Resources: res,
 		}
 		if _, err := n.Claim(context.Background(), c.id, req); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%s: claim = %v, want invalid_argument", name, err)

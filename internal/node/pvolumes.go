@@ -56,7 +56,7 @@ func (n *Node) hasPVolumes() bool {
 // checkVolumes refuses, before anything is journaled, a claim naming
 // volumes this node cannot attach (unavailable) or that do not exist
 // (not_found).
-func (n *Node) checkVolumes(ctx context.Context, req api.ClaimRequest) error {
+func (n *Node) checkVolumes(ctx context.Context, req journal.ClaimRequest) error {
 	if len(req.Volumes) == 0 {
 		return nil
 	}
@@ -68,7 +68,7 @@ func (n *Node) checkVolumes(ctx context.Context, req api.ClaimRequest) error {
 		if err != nil {
 			return errdefs.Errorf(errdefs.CodeUnavailable, "head of volume %s: %v", v.ID, err)
 		}
-		if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
+		if err := n.floorHead(persistentVolume(v.ID), h, apiHead(v.ExpectHead)); err != nil {
 			return err
 		}
 		if h.Seq == 0 {

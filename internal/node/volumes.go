@@ -93,10 +93,12 @@ func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (api.SealResult, 
 	return res, nil
 }
 
-// Pause implements apiserver.Service.
-func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.PauseResponse, error) {
+// Pause seals the running block generation, publishes it as the
+// sandbox's head and releases the generation; it returns the answer
+// stored with the cleanup proof (Answers.Paused).
+func (n *Node) Pause(ctx context.Context, id string, req PauseRequest) (json.RawMessage, error) {
 	if err := n.needVolumes("pause"); err != nil {
-		return api.PauseResponse{}, err
+		return nil, err
 	}
 	op := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpPause, SandboxID: id, Generation: req.Generation,
@@ -104,7 +106,7 @@ func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.
 	}
 	ctx, end, err := n.begin(ctx)
 	if err != nil {
-		return api.PauseResponse{}, err
+		return nil, err
 	}
 	defer end()
 	unlock := n.lockSandbox(id)
@@ -130,23 +132,23 @@ func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.
 	if err != nil || !started {
 		unlock()
 		if err != nil {
-			return api.PauseResponse{}, err
+			return nil, err
 		}
-		return opOutcome[api.PauseResponse](op)
+		return opOutcome(op)
 	}
 	defer n.endOp(op.ID)
 	head, res, err := n.sealAndPublish(ctx, &rec)
 	if err != nil {
 		unlock()
 		n.abandonSeal(rec, op.ID, err)
-		return api.PauseResponse{}, err
+		return nil, err
 	}
 	err = n.publishedSeal(rec, op.ID, head, res)
 	unlock()
 	if err != nil {
 		// The head moved; the takeover's reconcile finds it and completes
 		// the pause (settleSeal).
-		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
 	}
 	rec.State, rec.ReleaseOp = journal.StateReleasing, op.ID
 	return n.finishPause(rec, op.ID)
@@ -220,40 +222,22 @@ func (n *Node) abandonSeal(rec journal.Sandbox, opID string, cause error) {
 
 // finishPause releases a published pause's generation (the teardown stores
 // the pause's answer with its proof) and answers it.
-func (n *Node) finishPause(rec journal.Sandbox, opID string) (api.PauseResponse, error) {
+func (n *Node) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, error) {
 	td, cancel := n.background(2 * time.Minute)
 	defer cancel()
 	_, terr := n.teardown(td, rec, opID, journal.StateReleased, "paused")
 	n.kickCarriers()
 	if errors.Is(terr, ErrTermOver) {
-		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: the head is published; its release was interrupted by the end of this primary's term and the next primary completes it; retry the same operation_id", opID)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: the head is published; its release was interrupted by the end of this primary's term and the next primary completes it; retry the same operation_id", opID)
 	}
 	if terr != nil {
 		n.log.Warn("pause's release left objects behind; capacity withheld", "sandbox", rec.ID, "generation", rec.Generation, "err", terr)
 	}
-	var done journal.Operation
-	var ok bool
-	if jerr := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		done, ok, err = tx.Operation(opID)
-		return err
-	}); jerr != nil || !ok || done.State != journal.OpDone {
-		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeInternal, "pause of %s: cleanup proof not journaled: %v", rec.ID, errors.Join(jerr, terr))
+	ans, err := n.storedAnswer(opID)
+	if err != nil {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "pause of %s: cleanup proof not journaled: %v", rec.ID, errors.Join(err, terr))
 	}
-	return opOutcome[api.PauseResponse](done)
-}
-
-// pauseResult is the stored answer of a pause whose teardown signed p.
-func pauseResult(s journal.Sandbox, p api.CleanupProof) (json.RawMessage, error) {
-	out := api.PauseResponse{Sandbox: apiSandbox(s), Proof: p}
-	if s.Seal != nil {
-		out.Head = apiHead(s.Seal.Head)
-		if len(s.Seal.Result) > 0 {
-			if err := json.Unmarshal(s.Seal.Result, &out.Seal); err != nil {
-				return nil, fmt.Errorf("decode journaled seal: %w", err)
-			}
-		}
-	}
-	return json.Marshal(out)
+	return ans, nil
 }
 
 // settleSeal resolves, on takeover, a pause that was sealing when the

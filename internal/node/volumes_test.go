@@ -12,14 +12,14 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 )
 
-func (r *rig) pauseSandbox(id, op string) (resp api.PauseResponse, err error, returned bool) {
+func (r *rig) pauseSandbox(id, op string) (resp answer, err error, returned bool) {
 	ctx, cancel := r.ctx()
 	defer cancel()
-	returned = r.do(func() { resp, err = r.n.Pause(ctx, id, api.PauseRequest{OperationID: op}) })
+	returned = r.do(func() { resp, err = decodeAnswer(r.n.Pause(ctx, id, PauseRequest{OperationID: op})) })
 	return resp, err, returned
 }
 
-func (r *rig) mustPause(id, op string) api.PauseResponse {
+func (r *rig) mustPause(id, op string) answer {
 	r.t.Helper()
 	resp, err, returned := r.pauseSandbox(id, op)
 	if !returned || err != nil {
@@ -65,11 +65,11 @@ func TestPauseResume(t *testing.T) {
 	if got := volCalls(k.Calls()); !reflect.DeepEqual(got, want) {
 		t.Fatalf("pause's calls %q, want %q", got, want)
 	}
-	if resp.Head.Seq != 1 || resp.Head.Generation != 1 || resp.Seal.Generation != 1 || resp.Sandbox.State != api.StateReleased || resp.Sandbox.Reason != "paused" {
+	if resp.Head.Seq != 1 || resp.Head.Generation != 1 || resp.Seal.Generation != 1 || resp.Sandbox.State != journal.StateReleased || resp.Sandbox.Reason != "paused" {
 		t.Fatalf("pause answer: head %+v seal %+v sandbox %s (%s)", resp.Head, resp.Seal, resp.Sandbox.State, resp.Sandbox.Reason)
 	}
-	if resp.Sandbox.Pause == nil || resp.Sandbox.Pause.State != "published" || !resp.Proof.Clean {
-		t.Fatalf("pause status %+v, proof clean %v", resp.Sandbox.Pause, resp.Proof.Clean)
+	if resp.Sandbox.Seal == nil || resp.Sandbox.Seal.State != journal.SealPublished || !resp.Proof.Clean {
+		t.Fatalf("pause status %+v, proof clean %v", resp.Sandbox.Seal, resp.Proof.Clean)
 	}
 	r.checkProof("p1")
 	r.checkClean("after the pause")
@@ -118,7 +118,7 @@ func TestPauseFencedKeepsRunning(t *testing.T) {
 	if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 1 || h.Generation != 7 {
 		t.Errorf("head after the fenced pause %+v, want the other writer's", h)
 	}
-	if _, err := r.n.Pause(context.Background(), sb, api.PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+	if _, err := r.n.Pause(context.Background(), sb, PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
 		t.Errorf("retry of the fenced pause: %v, want its recorded fenced error", err)
 	}
 	r.mustRelease(sb, "r1", 1)
@@ -148,7 +148,7 @@ func TestPauseCrashPoints(t *testing.T) {
 		if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 0 {
 			t.Errorf("head %+v after a pause that never published", h)
 		}
-		if _, err := r.n.Pause(context.Background(), sb, api.PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "before its head was published") {
+		if _, err := r.n.Pause(context.Background(), sb, PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "before its head was published") {
 			t.Errorf("the interrupted pause answers %v", err)
 		}
 		// A new pause works from the same head.
@@ -174,7 +174,7 @@ func TestPauseCrashPoints(t *testing.T) {
 		if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 1 {
 			t.Errorf("head %+v, want the published one", h)
 		}
-		resp, err := r.n.Pause(context.Background(), sb, api.PauseRequest{OperationID: "p1"})
+		resp, err := decodeAnswer(r.n.Pause(context.Background(), sb, PauseRequest{OperationID: "p1"}))
 		if err != nil || resp.Head.Seq != 1 || !resp.Proof.Clean {
 			t.Errorf("the completed pause answers %+v, %v", resp, err)
 		}

@@ -1,6 +1,7 @@
-package node
+package apiserver
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
@@ -103,5 +104,41 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 	req.Process.Args[0], req.Volumes[0].ID = "changed", "changed"
 	if rec.Process.Args[0] != "/bin/sh" || rec.Volumes[0].ID != "data" {
 		t.Fatal("claimRecord shares the request's slices")
+	}
+}
+
+// A valid claim's domain form encodes exactly like the wire request: the
+// node hashes the JSON of the request it takes (requestHash), and the
+// hashes of operations journaled before the adapter existed, when the node
+// hashed api.ClaimRequest, must still match a repeat of the same claim.
+func TestClaimRecordEncodesLikeTheWire(t *testing.T) {
+	full := api.ClaimRequest{
+		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSBlock, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}},
+		Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 3, Cpuset: "0-1", DiskBytes: 4 << 20},
+		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
+			{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443", "8000-8100"}}, {Domain: "*.example.com"},
+		}},
+		Process: api.Process{Args: []string{"/bin/sh", "-c", "x"}, Env: []string{"A=1"}, Cwd: "/w", UID: 1, GID: 2}, MaxLifetimeSec: 60,
+		Volumes: []api.VolumeMount{{ID: "data", Path: "/data", ExpectHead: api.VolumeHead{Seq: 1, Node: "n"}}, {ID: "logs", Path: "/logs"}},
+	}
+	minimal := api.ClaimRequest{OperationID: "op2", Generation: 1, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"},
+		Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 1}}
+	empty := minimal
+	empty.Network.Rules, empty.Process.Args, empty.Process.Env, empty.Volumes = []api.NetworkRule{}, []string{}, []string{}, []api.VolumeMount{}
+	for name, req := range map[string]api.ClaimRequest{"every field": full, "the least": minimal, "empty lists": empty} {
+		if err := req.Validate(); err != nil {
+			t.Fatalf("%s: the test claim is invalid: %v", name, err)
+		}
+		wire, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dom, err := json.Marshal(claimRecord(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(wire) != string(dom) {
+			t.Errorf("%s: the node's request encodes as\n%s\nthe wire's as\n%s", name, dom, wire)
+		}
 	}
 }

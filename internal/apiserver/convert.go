@@ -1,14 +1,19 @@
-package node
+package apiserver
 
-// Conversions between the journal's records (and the proof record) and the
-// API's wire types. The journal keeps its own versioned types so a change
-// of the API's JSON never changes what is on disk; node converts at the
-// edge, here.
+// Conversions between the node's domain types (the journal's records, the
+// proof record) and the API's wire types. The journal keeps its own
+// versioned types so a change of the API's JSON never changes what is on
+// disk; the adapter converts at the edge, here, and nowhere else.
 
 import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
-	"strconv"
+	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // apiSandbox is the wire form of a sandbox record.
@@ -57,7 +62,10 @@ func apiTimings(t journal.Timings) api.Timings {
 		RunscMS: t.RunscMS, ProofMS: t.ProofMS, TotalMS: t.TotalMS, Steps: apiSteps(t.Steps)}
 }
 
-// claimRecord is the admitted claim as the journal keeps it.
+// claimRecord is the claim as the node takes it (and the journal keeps
+// it), owning its slices. Its JSON is the wire request's for every valid
+// claim (a claim's Volumes never carry a Head), so the node's request hash
+// of an operation is unchanged (TestClaimRecordEncodesLikeTheWire).
 func claimRecord(r api.ClaimRequest) journal.ClaimRequest {
 	return journal.ClaimRequest{
 		OperationID: r.OperationID, Generation: r.Generation, RootFS: rootFSRecord(r.RootFS),
@@ -139,4 +147,53 @@ func apiPause(s journal.Sandbox) *api.PauseStatus {
 		return nil
 	}
 	return &api.PauseStatus{State: string(s.Seal.State), OperationID: s.Seal.OperationID, Generation: s.Seal.Generation, Head: apiHead(s.Seal.Head), Error: s.Seal.Error}
+}
+
+func apiHead(h journal.VolumeHead) api.VolumeHead {
+	return api.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
+}
+
+func journalHead(h api.VolumeHead) journal.VolumeHead {
+	return journal.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
+}
+
+// apiView is the wire form of a sandbox with its live facts.
+func apiView(v node.SandboxView) api.Sandbox {
+	out := apiSandbox(v.Sandbox)
+	if st := v.Network; st != nil {
+		out.Network = &api.NetworkStatus{Mode: api.NetworkMode(st.Mode), TxBytes: st.TxBytes, TxPackets: st.TxPackets, DroppedPackets: st.DroppedPackets}
+	}
+	return out
+}
+
+// Answers is node.Answers: the wire answers the node stores with a
+// finished operation, so a repeat of the operation id (on this primary or
+// the next) gets the same bytes.
+type Answers struct{}
+
+var _ node.Answers = Answers{}
+
+// Claimed is the answer of a claim: the ready sandbox.
+func (Answers) Claimed(s journal.Sandbox) (json.RawMessage, error) {
+	return json.Marshal(api.ClaimResponse{Sandbox: apiSandbox(s)})
+}
+
+// Released is the answer of a release: the sandbox and its cleanup proof.
+func (Answers) Released(s journal.Sandbox, p proof.Proof) (json.RawMessage, error) {
+	return json.Marshal(api.ReleaseResponse{Sandbox: apiSandbox(s), Proof: api.CleanupProofOf(p)})
+}
+
+// Paused is the answer of a pause: the published head, the seal (as the
+// node journaled it) and the release's cleanup proof.
+func (Answers) Paused(s journal.Sandbox, p proof.Proof) (json.RawMessage, error) {
+	out := api.PauseResponse{Sandbox: apiSandbox(s), Proof: api.CleanupProofOf(p)}
+	if s.Seal != nil {
+		out.Head = apiHead(s.Seal.Head)
+		if len(s.Seal.Result) > 0 {
+			if err := json.Unmarshal(s.Seal.Result, &out.Seal); err != nil {
+				return nil, fmt.Errorf("decode journaled seal: %w", err)
+			}
+		}
+	}
+	return json.Marshal(out)
 }
