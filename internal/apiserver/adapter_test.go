@@ -79,10 +79,10 @@ func fakeNode(t *testing.T) (*node.Node, *fakekernel.Kernel) {
 
 // TestServiceContract: the node over the fake kernel, served through the
 // adapter, keeps the contract the manager's fake node is held to as well
-// (servicetest).
+// (servicetest), the guest agent's calls included.
 func TestServiceContract(t *testing.T) {
 	servicetest.Run(t, func(t *testing.T) apiserver.Service {
 		n, _ := fakeNode(t)
 		return apiserver.Adapter{N: n}
-	}, servicetest.LiveNetwork)
+	}, servicetest.LiveNetwork, servicetest.GuestAgent)
 }
