@@ -461,8 +461,8 @@ func primaryChecks(term *ha.Term, j *journal.Journal, apiSock, leaseParent strin
 
 // hostFacts are read-only facts about the host, gathered before primacy.
 type hostFacts struct {
-	total    api.Capacity
-	versions api.Versions
+	total    node.Capacity
+	versions node.Versions
 }
 
 func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error) {
@@ -476,7 +476,7 @@ func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error
 	if err != nil {
 		return hostFacts{}, err
 	}
-	f := hostFacts{total: total, versions: api.Versions{Ctld: version, Kernel: kernelRelease()}}
+	f := hostFacts{total: total, versions: node.Versions{Ctld: version, Kernel: kernelRelease()}}
 	if v, err := runsc.Version(ctx, o.runsc); err == nil {
 		f.versions.Runsc = v
 	}
@@ -534,7 +534,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	cfg := node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
-		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
+		Reserve:  node.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
 		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,

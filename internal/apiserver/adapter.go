@@ -39,7 +39,13 @@ func decodeAnswer[T any](raw json.RawMessage, err error) (T, error) {
 
 // Sandboxes.
 
-func (a Adapter) Node(ctx context.Context) (api.Node, error) { return a.N.Node(ctx) }
+func (a Adapter) Node(ctx context.Context) (api.Node, error) {
+	info, err := a.N.Node(ctx)
+	if err != nil {
+		return api.Node{}, err
+	}
+	return apiNode(info), nil
+}
 
 func (a Adapter) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
 	return decodeAnswer[api.ClaimResponse](a.N.Claim(ctx, id, claimRecord(req)))

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/apiserver"
 	"github.com/ctld/ctld/internal/apiserver/servicetest"
 	"github.com/ctld/ctld/internal/journal"
@@ -60,7 +59,7 @@ func fakeNode(t *testing.T) (*node.Node, *fakekernel.Kernel) {
 		Block:     k.Blocks(), BlockMounts: k.BlockMounts(), Templates: k.Templates(),
 		Volumes: k.Volumes(), Sealer: k.Sealer(), Freezer: k.Freezer(),
 		PVolumes: k.PVolumes(), VolumeMounts: k.VolumeMounts(), VolumeFreezer: k.VolumeMounts(),
-		Total:  api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30},
+		Total:  node.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30},
 		Term:   term,
 		Logger: slog.New(slog.DiscardHandler),
 	})

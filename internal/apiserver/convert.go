@@ -197,3 +197,29 @@ func (Answers) Paused(s journal.Sandbox, p proof.Proof) (json.RawMessage, error)
 	}
 	return json.Marshal(out)
 }
+
+// apiNode is the wire form of the node's info (GET /v1/node).
+func apiNode(n node.Info) api.Node {
+	out := api.Node{
+		NodeID: n.NodeID, BootID: n.BootID, Slot: n.Slot, Role: api.RolePrimary, Epoch: n.Epoch, NodeKey: n.NodeKey,
+		Versions: api.Versions(n.Versions),
+		Capacity: api.NodeCapacity{Total: api.Capacity(n.Capacity.Total), Allocatable: api.Capacity(n.Capacity.Allocatable),
+			Leased: api.Capacity(n.Capacity.Leased), Withheld: api.Capacity(n.Capacity.Withheld)},
+	}
+	if r := n.Rotation; r != nil {
+		out.KeyRotation = &api.KeyRotation{Version: r.Version, NodeID: r.NodeID, OldKey: r.OldKey, NewKey: r.NewKey,
+			IssuedAt: r.IssuedAt, OldSignature: r.OldSignature, NewSignature: r.NewSignature}
+	}
+	for _, w := range n.Withheld {
+		checks := make([]api.ProofCheck, len(w.FailedChecks))
+		for i, c := range w.FailedChecks {
+			checks[i] = api.ProofCheck(c)
+		}
+		out.Withheld = append(out.Withheld, api.WithheldLease{
+			SandboxID: w.SandboxID, Generation: w.Generation, Reason: w.Reason, Resources: api.Capacity(w.Resources),
+			FailedChecks: checks, ProofOperationID: w.ProofOperationID, RetryAttempts: w.RetryAttempts,
+			LastAttempt: w.LastAttempt, NextAttempt: w.NextAttempt,
+		})
+	}
+	return out
+}

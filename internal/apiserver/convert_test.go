@@ -8,6 +8,8 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // zeroFields lists the fields of v (recursively through structs, pointers
@@ -140,5 +142,28 @@ func TestClaimRecordEncodesLikeTheWire(t *testing.T) {
 		if string(wire) != string(dom) {
 			t.Errorf("%s: the node's request encodes as\n%s\nthe wire's as\n%s", name, dom, wire)
 		}
+	}
+}
+
+// The wire node gets every field of the node's info: a field added to
+// api.Node (or one of its parts) without a conversion fails here.
+func TestAPINodeCarriesEveryField(t *testing.T) {
+	at := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	c := node.Capacity{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, NBDDevices: 4, Addresses: 5, DiskBytes: 6}
+	got := apiNode(node.Info{
+		NodeID: "n", BootID: "b", Slot: "a", Epoch: 7, NodeKey: []byte{1},
+		Rotation: &proof.Rotation{NodeID: "n", OldKey: []byte{1}, NewKey: []byte{2}, IssuedAt: at, OldSignature: []byte{3}, NewSignature: []byte{4}, Version: 1},
+		Versions: node.Versions{Ctld: "c", Kernel: "k", Runsc: "r", Nft: "f"},
+		Capacity: node.Ledger{Total: c, Allocatable: c, Leased: c, Withheld: c},
+		Withheld: []node.Withheld{{SandboxID: "sb", Generation: 2, Reason: "r", Resources: c, FailedChecks: []proof.Check{{Name: "x", Detail: "d"}},
+			ProofOperationID: "op", RetryAttempts: 1, LastAttempt: at, NextAttempt: at}},
+	})
+	// A failed check is not OK: the one field that is false by design.
+	got.Withheld[0].FailedChecks[0].OK = true
+	if z := zeroFields(reflect.ValueOf(got), "api.Node"); len(z) != 0 {
+		t.Fatalf("apiNode leaves fields zero: %v", z)
+	}
+	if got.Role != api.RolePrimary {
+		t.Fatalf("role %q", got.Role)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -13,8 +12,8 @@ import (
 // a generation holds capacity, withheld while its cleanup is unproven, and
 // a claim that does not fit the rest is refused naming disk.
 func TestDiskLedger(t *testing.T) {
-	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
-	reserve := api.Capacity{DiskBytes: 1 << 30}
+	total := Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
+	reserve := Capacity{DiskBytes: 1 << 30}
 	res := func(disk int64) journal.Resources {
 		return journal.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 10, DiskBytes: disk}
 	}

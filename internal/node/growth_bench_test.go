@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/journal/journaltest"
 	"github.com/ctld/ctld/internal/lease"
@@ -46,7 +45,7 @@ func growthNode(b testing.TB, history int) *Node {
 		RootFS:  &rootfs.Overlay{ScratchDir: filepath.Join(dir, "scratch"), Logger: log},
 		Netns:   &netpolicy.Netns{Dir: filepath.Join(dir, "netns"), Logger: log},
 		Runtime: &runsc.Runtime{Root: filepath.Join(dir, "runsc"), Logger: log},
-		Total:   api.Capacity{CPUMillis: 64000, MemoryBytes: 256 << 30, PIDs: 1 << 22},
+		Total:   Capacity{CPUMillis: 64000, MemoryBytes: 256 << 30, PIDs: 1 << 22},
 	})
 }
 

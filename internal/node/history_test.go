@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/journal/journaltest"
 	bolt "go.etcd.io/bbolt"
@@ -59,7 +58,7 @@ func TestHotPathsNeverReadHistory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
-	if node.Capacity.Leased != (api.Capacity{}) {
+	if node.Capacity.Leased != (Capacity{}) {
 		t.Fatalf("leased %+v with no live generation", node.Capacity.Leased)
 	}
 	if err := n.Reconcile(context.Background()); err != nil {

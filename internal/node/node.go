@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/logging"
@@ -32,8 +31,8 @@ type Config struct {
 	StateDir     string // e.g. /var/lib/ctld
 	RunDir       string // e.g. /run/ctld
 	TemplatesDir string // a template named T is the directory TemplatesDir/T
-	Reserve      api.Capacity
-	Versions     api.Versions
+	Reserve      Capacity
+	Versions     Versions
 	// DefaultArgs is the main process when a claim names none.
 	DefaultArgs []string
 	// GuestOOMScoreAdj is every guest's oom_score_adj (0..1000), set in
@@ -139,7 +138,7 @@ type Deps struct {
 	AgentPeers AgentPeers
 	Logger     *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
-	Total api.Capacity
+	Total Capacity
 	// Term is the primary's term: cancelled when it ends, after which the
 	// node makes no kernel effect (see term.go). nil: never ends (tests).
 	Term context.Context
@@ -148,7 +147,8 @@ type Deps struct {
 	Crash func(point string)
 }
 
-// Node implements api.Service for the primary.
+// Node is the primary's authority over its sandboxes; the API serves it
+// through apiserver.Adapter.
 type Node struct {
 	cfg Config
 	d   Deps
@@ -239,22 +239,38 @@ func newNonce() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// Node answers GET /v1/node.
-func (n *Node) Node(ctx context.Context) (api.Node, error) {
-	out := api.Node{
+// Versions of the kernel pieces the node depends on.
+type Versions struct {
+	Ctld, Kernel, Runsc, Nft string
+}
+
+// Info is the node as it stands: its identity, term and capacity ledger.
+type Info struct {
+	NodeID, BootID, Slot string
+	Epoch                uint64
+	// NodeKey is the public key that signs the node's cleanup proofs
+	// (nil: the node has no key); Rotation, while the node rotates its
+	// key, moves a verifier's pinned key to it.
+	NodeKey  []byte
+	Rotation *proof.Rotation
+	Versions Versions
+	Capacity Ledger
+	// Withheld are the generations whose cleanup is unproven.
+	Withheld []Withheld
+}
+
+// Node is the node's identity, term and capacity ledger.
+func (n *Node) Node(ctx context.Context) (Info, error) {
+	out := Info{
 		NodeID:   n.d.Identity.NodeID,
 		BootID:   n.d.Identity.BootID,
 		Slot:     n.cfg.Slot,
-		Role:     "primary",
 		Epoch:    n.d.Epoch,
 		Versions: n.cfg.Versions,
 	}
 	if n.d.Identity.Key != nil {
 		out.NodeKey = n.d.Identity.PublicKey()
-		if r := n.d.Identity.Rotation; r != nil {
-			out.KeyRotation = &api.KeyRotation{Version: r.Version, NodeID: r.NodeID, OldKey: r.OldKey, NewKey: r.NewKey,
-				IssuedAt: r.IssuedAt, OldSignature: r.OldSignature, NewSignature: r.NewSignature}
-		}
+		out.Rotation = n.d.Identity.Rotation
 	}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		ss, err := tx.LiveSandboxes()
@@ -270,7 +286,7 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 		return nil
 	})
 	if err != nil {
-		return api.Node{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+		return Info{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	return out, nil
 }

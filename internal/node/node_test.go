@@ -74,8 +74,8 @@ func TestLateReadinessProofRejected(t *testing.T) {
 }
 
 func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
-	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000}
-	reserve := api.Capacity{CPUMillis: 500, MemoryBytes: 1 << 30, PIDs: 1000}
+	total := Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000}
+	reserve := Capacity{CPUMillis: 500, MemoryBytes: 1 << 30, PIDs: 1000}
 	res := journal.Resources{CPUMillis: 1000, MemoryBytes: 1 << 30, PIDs: 100}
 	sb := func(state journal.State, withheld bool) journal.Sandbox {
 		return journal.Sandbox{State: state, Resources: res, Withheld: withheld}
@@ -136,7 +136,7 @@ func TestArmExpiryOnlyWithLifetimeAndCloseStopsTimers(t *testing.T) {
 func TestBadClaimNeverReachesJournal(t *testing.T) {
 	n := testNode(t)
 	n.cfg.TemplatesDir = t.TempDir()
-	n.d.Total = api.Capacity{CPUMillis: 1 << 40, MemoryBytes: 1 << 62, PIDs: 1 << 40}
+	n.d.Total = Capacity{CPUMillis: 1 << 40, MemoryBytes: 1 << 62, PIDs: 1 << 40}
 	if err := os.Mkdir(filepath.Join(n.cfg.TemplatesDir, "busybox"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -335,7 +335,7 @@ var testPool = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/28"), V6: ne
 
 var testNodeAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")}
 
-var testTotal = api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
+var testTotal = Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
 
 func (r *rig) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), r.k.timeout)
@@ -436,7 +436,7 @@ func (r *rig) checkClean(when string) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if nd.Capacity.Leased != (api.Capacity{}) || nd.Capacity.Withheld != (api.Capacity{}) || len(nd.Withheld) > 0 {
+	if nd.Capacity.Leased != (Capacity{}) || nd.Capacity.Withheld != (Capacity{}) || len(nd.Withheld) > 0 {
 		r.t.Errorf("%s: capacity not returned: leased %+v, withheld %+v %+v", when, nd.Capacity.Leased, nd.Capacity.Withheld, nd.Withheld)
 	}
 	err = r.j.View(func(tx *journal.Tx) error {
