@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io"
 
+	"github.com/ctld/ctld/internal/agent/client"
+	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node"
@@ -91,8 +93,11 @@ func (a Adapter) Proof(ctx context.Context, operationID string) (api.CleanupProo
 	return api.CleanupProofOf(p), nil
 }
 
+// Logs ends a follow when the server serving ctx begins to shut down.
 func (a Adapter) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
-	return a.N.Logs(ctx, id, req, w)
+	end, err := a.N.Logs(ctx, id, node.LogsRequest{Runsc: req.Source == api.LogSourceRunsc, Tail: req.Tail,
+		Follow: req.Follow, IdleSec: req.IdleSec, Shutdown: api.ShuttingDown(ctx)}, w)
+	return api.LogsEnd{Generation: end.Generation, Reason: end.Reason}, err
 }
 
 // Volumes.
@@ -120,15 +125,42 @@ func (a Adapter) Restore(ctx context.Context, id string, req api.RestoreRequest)
 // Guest.
 
 func (a Adapter) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
-	return a.N.Exec(ctx, id, req, stdout, stderr)
+	return a.N.Exec(ctx, id, execRecord(req), stdout, stderr)
 }
 
+// Session converts the caller's resizes as they come.
 func (a Adapter) Session(ctx context.Context, id string, req api.ExecRequest, s api.Streams) (api.ExecExit, error) {
-	return a.N.Session(ctx, id, req, s)
+	cs := client.Streams{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr, Signal: s.Signal}
+	if s.Resize != nil {
+		rs := make(chan wire.Resize)
+		cs.Resize = rs
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case t, ok := <-s.Resize:
+					if !ok {
+						close(rs)
+						return
+					}
+					select {
+					case rs <- wire.Resize{Rows: t.Rows, Cols: t.Cols}:
+					case <-stop:
+						return
+					}
+				}
+			}
+		}()
+	}
+	e, err := a.N.Session(ctx, id, execRecord(req), cs)
+	return api.ExecExit{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut}, err
 }
 
 func (a Adapter) ExecViaRunsc(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
-	return a.N.ExecViaRunsc(ctx, id, req, stdout, stderr)
+	return a.N.ExecViaRunsc(ctx, id, execRecord(req), stdout, stderr)
 }
 
 func (a Adapter) ReadFile(ctx context.Context, id, path string, limit int64) ([]byte, error) {
@@ -140,29 +172,41 @@ func (a Adapter) WriteFile(ctx context.Context, id, path string, data []byte) er
 }
 
 func (a Adapter) StatFile(ctx context.Context, id, path string, user *api.User) (api.FileInfo, error) {
-	return a.N.StatFile(ctx, id, path, user)
+	st, err := a.N.StatFile(ctx, id, path, guestUser(user))
+	if err != nil {
+		return api.FileInfo{}, err
+	}
+	return apiFileInfo(st), nil
 }
 
 func (a Adapter) ListDir(ctx context.Context, id, path string, user *api.User) ([]api.FileInfo, error) {
-	return a.N.ListDir(ctx, id, path, user)
+	sts, err := a.N.ListDir(ctx, id, path, guestUser(user))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.FileInfo, len(sts))
+	for i, st := range sts {
+		out[i] = apiFileInfo(st)
+	}
+	return out, nil
 }
 
 func (a Adapter) MakeDir(ctx context.Context, id, path string, mode uint32, parents bool, user *api.User) error {
-	return a.N.MakeDir(ctx, id, path, mode, parents, user)
+	return a.N.MakeDir(ctx, id, path, mode, parents, guestUser(user))
 }
 
 func (a Adapter) RemoveFile(ctx context.Context, id, path string, recursive bool, user *api.User) error {
-	return a.N.RemoveFile(ctx, id, path, recursive, user)
+	return a.N.RemoveFile(ctx, id, path, recursive, guestUser(user))
 }
 
 func (a Adapter) RenameFile(ctx context.Context, id, from, to string, user *api.User) error {
-	return a.N.RenameFile(ctx, id, from, to, user)
+	return a.N.RenameFile(ctx, id, from, to, guestUser(user))
 }
 
 func (a Adapter) ReadFileTo(ctx context.Context, id, path string, user *api.User, limit int64, w io.Writer) (int64, error) {
-	return a.N.ReadFileTo(ctx, id, path, user, limit, w)
+	return a.N.ReadFileTo(ctx, id, path, guestUser(user), limit, w)
 }
 
 func (a Adapter) WriteFileFrom(ctx context.Context, id, path string, user *api.User, mode uint32, limit int64, r io.Reader) (int64, error) {
-	return a.N.WriteFileFrom(ctx, id, path, user, mode, limit, r)
+	return a.N.WriteFileFrom(ctx, id, path, guestUser(user), mode, limit, r)
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node"
@@ -222,4 +223,22 @@ func apiNode(n node.Info) api.Node {
 		})
 	}
 	return out
+}
+
+// guestUser is the guest user of a call (nil: the workload's).
+func guestUser(u *api.User) *wire.User {
+	if u == nil {
+		return nil
+	}
+	return &wire.User{UID: u.UID, GID: u.GID}
+}
+
+// execRecord is an exec or session request as the node takes it.
+func execRecord(r api.ExecRequest) node.ExecRequest {
+	return node.ExecRequest{Args: r.Args, Env: r.Env, Cwd: r.Cwd, Stdin: r.Stdin, TimeoutSec: r.TimeoutSec,
+		User: guestUser(r.User), TTY: r.TTY, Rows: r.Rows, Cols: r.Cols}
+}
+
+func apiFileInfo(st wire.Stat) api.FileInfo {
+	return api.FileInfo{Name: st.Name, Size: st.Size, Mode: st.Mode, ModUnix: st.ModUnix, UID: st.UID, GID: st.GID, Link: st.Link}
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/journal"
@@ -403,7 +402,7 @@ func TestKernelReconcileBranches(t *testing.T) {
 			t.Fatalf("after takeover: %s %s (%s), want ready %s", s.State, s.ContainerID, s.Reason, resp.Sandbox.ContainerID)
 		}
 		var out strings.Builder
-		code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
+		code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
 		if err != nil || code != 0 || out.String() != "hi\n" {
 			t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
 		}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
@@ -166,7 +165,7 @@ func TestReconcileReadoptsReadyGeneration(t *testing.T) {
 		t.Fatalf("takeover changed the kernel:\n%s\nwas:\n%s", after, before)
 	}
 	var out strings.Builder
-	code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
+	code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
 	if err != nil || code != 0 || out.String() != "hi\n" {
 		t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
 	}

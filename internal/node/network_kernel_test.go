@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 )
@@ -18,7 +17,7 @@ func guestDial(t *testing.T, r *rig, dst netip.AddrPort) (string, bool) {
 	t.Helper()
 	var out, errb strings.Builder
 	cmd := fmt.Sprintf("echo hello | timeout 5 nc -w 3 %s %d", dst.Addr(), dst.Port())
-	code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/sh", "-c", cmd}}, &out, &errb)
+	code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/sh", "-c", cmd}}, &out, &errb)
 	if err != nil {
 		t.Fatalf("exec in the guest: %v", err)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
@@ -186,10 +186,10 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 // its env, which never holds the nonce (it goes in the nonce file).
 func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
 	rec := journal.Sandbox{Nonce: "n", Request: &journal.ClaimRequest{Process: journal.Process{UID: 1000, GID: 1001}}}
-	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
+	if p := execProcess(rec, ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
 		t.Errorf("exec without a user runs as %d:%d, want the workload's 1000:1001", p.UID, p.GID)
 	}
-	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}, User: &api.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
+	if p := execProcess(rec, ExecRequest{Args: []string{"id"}, User: &wire.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
 		t.Errorf("exec as 0:0 runs as %d:%d", p.UID, p.GID)
 	}
 	n := &Node{cfg: Config{RunDir: "/run/ctld"}}
