@@ -18,9 +18,6 @@ import (
 // type. Its errors pass through unchanged: they carry their errdefs kind,
 // which the server maps to a status once (answerError). The node must be
 // built with Answers, so the answers it stores are the wire's.
-//
-// The calls of the Volumes and Guest groups not converted yet still take
-// and return wire types and pass straight through.
 type Adapter struct {
 	N *node.Node
 }
@@ -107,19 +104,23 @@ func (a Adapter) Pause(ctx context.Context, id string, req api.PauseRequest) (ap
 }
 
 func (a Adapter) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
-	return a.N.Snapshot(ctx, id, req)
+	snap, res, err := a.N.Snapshot(ctx, id, req.Name)
+	if err != nil {
+		return api.SnapshotResponse{}, err
+	}
+	return api.SnapshotResponse{Snapshot: api.Snapshot(snap), Seal: api.SealResult(res)}, nil
 }
 
 func (a Adapter) Volume(ctx context.Context, id string) (api.VolumeInfo, error) {
-	return a.N.Volume(ctx, id)
+	return apiVolume(a.N.Volume(ctx, id))
 }
 
 func (a Adapter) Fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error) {
-	return a.N.Fork(ctx, id, req)
+	return apiVolume(a.N.Fork(ctx, id, node.ForkRequest{Source: req.Source, Snapshot: req.Snapshot}))
 }
 
 func (a Adapter) Restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
-	return a.N.Restore(ctx, id, req)
+	return apiVolume(a.N.Restore(ctx, id, req.Snapshot))
 }
 
 // Guest.

@@ -242,3 +242,19 @@ func execRecord(r api.ExecRequest) node.ExecRequest {
 func apiFileInfo(st wire.Stat) api.FileInfo {
 	return api.FileInfo{Name: st.Name, Size: st.Size, Mode: st.Mode, ModUnix: st.ModUnix, UID: st.UID, GID: st.GID, Link: st.Link}
 }
+
+// apiVolume is the wire form of a sandbox volume (of a call that returned
+// err).
+func apiVolume(v node.VolumeInfo, err error) (api.VolumeInfo, error) {
+	if err != nil {
+		return api.VolumeInfo{}, err
+	}
+	out := api.VolumeInfo{Sandbox: v.Sandbox, Head: apiHead(v.Head), Snapshots: make([]api.Snapshot, len(v.Snapshots)), Generations: v.Generations}
+	for i, s := range v.Snapshots {
+		out.Snapshots[i] = api.Snapshot(s)
+	}
+	if out.Generations == nil {
+		out.Generations = []uint64{}
+	}
+	return out, nil
+}

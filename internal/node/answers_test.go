@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -19,7 +18,7 @@ type answer struct {
 	Proof   proof.Proof        `json:"proof"`
 	Head    journal.VolumeHead `json:"head"`
 	// Seal is the pause's seal as the node journaled it.
-	Seal api.SealResult `json:"seal"`
+	Seal journal.SealResult `json:"seal"`
 }
 
 func (testAnswers) Claimed(s journal.Sandbox) (json.RawMessage, error) {

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -13,13 +12,13 @@ import (
 // the claim's expected head (a lower seq, or the same seq over another
 // generation) is a conflict; at or above either is taken.
 func TestCheckHeadFloor(t *testing.T) {
-	h := func(seq, gen uint64) api.VolumeHead { return api.VolumeHead{Seq: seq, Generation: gen} }
+	h := func(seq, gen uint64) journal.VolumeHead { return journal.VolumeHead{Seq: seq, Generation: gen} }
 	m := func(seq, gen uint64) journal.HeadMark { return journal.HeadMark{Seq: seq, Generation: gen} }
 	cases := []struct {
 		name   string
-		got    api.VolumeHead
+		got    journal.VolumeHead
 		mark   journal.HeadMark
-		expect api.VolumeHead
+		expect journal.VolumeHead
 		refuse string
 	}{
 		{"no floor", h(0, 0), m(0, 0), h(0, 0), ""},
@@ -85,18 +84,18 @@ func TestResumeRefusesRolledBackHead(t *testing.T) {
 		t.Fatalf("heads %+v, %+v", h1, h2)
 	}
 
-	k.SetHead(sb, apiHead(h1)) // head 2 deleted, or head 1 put back
+	k.SetHead(sb, h1) // head 2 deleted, or head 1 put back
 	rolledBack(t, r, blockReq("c3", 3), "this node's journal")
 	r.mustBoot() // failover: the mark is in the journal
 	rolledBack(t, r, blockReq("c3b", 3), "this node's journal")
-	k.SetHead(sb, api.VolumeHead{}) // every head deleted
+	k.SetHead(sb, journal.VolumeHead{}) // every head deleted
 	rolledBack(t, r, blockReq("c3c", 3), "this node's journal")
 
 	// The manager's expected head, on a node that never saw the volume:
 	// a fresh journal has no mark.
 	r2 := newRig(t, tk)
 	r2.mustBoot()
-	k.SetHead(sb, apiHead(h1))
+	k.SetHead(sb, h1)
 	req := blockReq("c4", 3)
 	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	rolledBack(t, r2, req, "the claim")
@@ -105,7 +104,7 @@ func TestResumeRefusesRolledBackHead(t *testing.T) {
 	rolledBack(t, r2, req, "the claim")
 
 	// The bucket repaired: the resume runs from head 2.
-	k.SetHead(sb, apiHead(h2))
+	k.SetHead(sb, h2)
 	req = blockReq("c5", 3)
 	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	r.mustClaim(sb, req)
@@ -138,7 +137,7 @@ func TestVolumeAttachRefusesRolledBackHead(t *testing.T) {
 	k.SetVolumeHead("data", h1)
 	rolledBack(t, r, volumeReq("c2", 2, "data", "/data"), "this node's journal")
 	r.mustBoot()
-	k.SetVolumeHead("data", api.VolumeHead{})
+	k.SetVolumeHead("data", journal.VolumeHead{})
 	rolledBack(t, r, volumeReq("c2b", 2, "data", "/data"), "this node's journal")
 
 	r2 := newRig(t, tk)

@@ -2,7 +2,8 @@
 // it turns claims into a lease, a RootFS, a netns and a runsc container,
 // journals every effect before making it, publishes a generation only on a
 // readiness proof, and returns capacity only with a signed cleanup proof.
-// It implements apiserver.Service.
+// It works on domain types (the journal's records, proofs); the API serves
+// it through apiserver.Adapter, which converts the wire types.
 package node
 
 import (

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -570,7 +569,7 @@ func isVolumePoint(p string) bool {
 }
 
 // volumeHead is the head of the kernel's test volume.
-func (r *rig) volumeHead() api.VolumeHead {
+func (r *rig) volumeHead() journal.VolumeHead {
 	r.t.Helper()
 	h, err := r.k.pvolumes.Head(context.Background(), r.k.volume)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -104,7 +103,7 @@ func TestPauseFencedKeepsRunning(t *testing.T) {
 	if _, err := k.Sealer().Seal(context.Background(), r.sandbox(sb).Block.Dir, 7, r.sandbox(sb).Block.WriterEpoch); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.Volumes().Publish(context.Background(), sb, api.VolumeHead{}, api.VolumeHead{Generation: 7, WriterEpoch: 99}); err != nil {
+	if _, err := k.Volumes().Publish(context.Background(), sb, journal.VolumeHead{}, journal.VolumeHead{Generation: 7, WriterEpoch: 99}); err != nil {
 		t.Fatal(err)
 	}
 	_, err, _ := r.pauseSandbox(sb, "p1")
@@ -194,32 +193,32 @@ func TestSnapshotForkRestore(t *testing.T) {
 	r.mustBoot()
 	r.mustClaim(sb, blockReq("c1", 1))
 	ctx := context.Background()
-	snap, err := r.n.Snapshot(ctx, sb, api.SnapshotRequest{Name: "s1"})
-	if err != nil || snap.Snapshot.Generation != 1 {
+	snap, _, err := r.n.Snapshot(ctx, sb, "s1")
+	if err != nil || snap.Generation != 1 {
 		t.Fatalf("snapshot: %+v, %v", snap, err)
 	}
 	if s := r.sandbox(sb); s.State != journal.StateReady || s.Block.BaseGeneration != 1 {
 		t.Fatalf("after the snapshot: %s, base %+v; want ready, rebased onto generation 1", s.State, s.Block)
 	}
 	k.Calls()
-	if _, err := r.n.Snapshot(ctx, sb, api.SnapshotRequest{Name: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, _, err := r.n.Snapshot(ctx, sb, "s1"); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("snapshot of a taken name: %v, want conflict", err)
 	}
 	if calls := volCalls(k.Calls()); len(calls) != 0 {
 		t.Errorf("the refused snapshot did %q", calls)
 	}
-	if _, err := r.n.Restore(ctx, sb, api.RestoreRequest{Snapshot: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, err := r.n.Restore(ctx, sb, "s1"); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("restore while running: %v, want conflict", err)
 	}
 	const fork = "sb-fork"
-	v, err := r.n.Fork(ctx, fork, api.ForkRequest{Source: sb, Snapshot: "s1"})
+	v, err := r.n.Fork(ctx, fork, ForkRequest{Source: sb, Snapshot: "s1"})
 	if err != nil || v.Head.Seq != 1 || v.Head.Generation != 0 {
 		t.Fatalf("fork: %+v, %v", v, err)
 	}
-	if _, err := r.n.Fork(ctx, fork, api.ForkRequest{Source: sb, Snapshot: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, err := r.n.Fork(ctx, fork, ForkRequest{Source: sb, Snapshot: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("second fork onto the same identity: %v, want conflict", err)
 	}
-	if _, err := r.n.Fork(ctx, "sb-x", api.ForkRequest{Source: sb, Snapshot: "nosuch"}); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+	if _, err := r.n.Fork(ctx, "sb-x", ForkRequest{Source: sb, Snapshot: "nosuch"}); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Errorf("fork of a missing snapshot: %v, want not_found", err)
 	}
 	r.mustClaim(fork, blockReq("f1", 1))
@@ -227,7 +226,7 @@ func TestSnapshotForkRestore(t *testing.T) {
 		t.Fatalf("the fork's claim: block %+v, want base sandbox/%s@0", b, fork)
 	}
 	r.mustPause(sb, "p1")
-	v, err = r.n.Restore(ctx, sb, api.RestoreRequest{Snapshot: "s1"})
+	v, err = r.n.Restore(ctx, sb, "s1")
 	if err != nil || v.Head.Seq != 2 || v.Head.Generation != 1 {
 		t.Fatalf("restore: %+v, %v", v, err)
 	}
