@@ -167,3 +167,26 @@ func TestAPINodeCarriesEveryField(t *testing.T) {
 		t.Fatalf("role %q", got.Role)
 	}
 }
+
+// The node's release and pause requests encode like the wire's, as the
+// claim does: the node hashes them into the operation's request hash.
+func TestReleaseAndPauseEncodeLikeTheWire(t *testing.T) {
+	for _, c := range []struct{ wire, dom any }{
+		{api.ReleaseRequest{OperationID: "r1", Generation: 3}, node.ReleaseRequest{OperationID: "r1", Generation: 3}},
+		{api.ReleaseRequest{OperationID: "r1"}, node.ReleaseRequest{OperationID: "r1"}},
+		{api.PauseRequest{OperationID: "p1", Generation: 3}, node.PauseRequest{OperationID: "p1", Generation: 3}},
+		{api.PauseRequest{OperationID: "p1"}, node.PauseRequest{OperationID: "p1"}},
+	} {
+		w, err := json.Marshal(c.wire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := json.Marshal(c.dom)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(w) != string(d) {
+			t.Errorf("%T encodes as %s, the wire's %T as %s", c.dom, d, c.wire, w)
+		}
+	}
+}
