@@ -387,7 +387,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
-		Service: n, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
+		Service: apiserver.Adapter{N: n}, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
 		Claims:         apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
 		Execs:          apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
 		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),
@@ -461,8 +461,8 @@ func primaryChecks(term *ha.Term, j *journal.Journal, apiSock, leaseParent strin
 
 // hostFacts are read-only facts about the host, gathered before primacy.
 type hostFacts struct {
-	total    api.Capacity
-	versions api.Versions
+	total    node.Capacity
+	versions node.Versions
 }
 
 func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error) {
@@ -476,7 +476,7 @@ func gatherFacts(ctx context.Context, g globalOpts, o runOpts) (hostFacts, error
 	if err != nil {
 		return hostFacts{}, err
 	}
-	f := hostFacts{total: total, versions: api.Versions{Ctld: version, Kernel: kernelRelease()}}
+	f := hostFacts{total: total, versions: node.Versions{Ctld: version, Kernel: kernelRelease()}}
 	if v, err := runsc.Version(ctx, o.runsc); err == nil {
 		f.versions.Runsc = v
 	}
@@ -534,7 +534,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	cfg := node.Config{
 		Slot: o.slot, StateDir: g.stateDir, RunDir: g.runDir, TemplatesDir: templates,
-		Reserve:  api.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
+		Reserve:  node.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
 		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
@@ -556,8 +556,11 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	d := node.Deps{
 		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
-		RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log},
-		Netns:  ns, Runtime: rt, Logger: log, Total: facts.total,
+		// The answers stored with operations are the API's (the node
+		// never sees a wire type).
+		Answers: apiserver.Answers{},
+		RootFS:  &rootfs.Overlay{ScratchDir: scratch, Logger: log},
+		Netns:   ns, Runtime: rt, Logger: log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
 		// Each generation's agent socket dir: a small tmpfs, its peer
 		// checked against the lease cgroup (docs/operations.md, "Guest

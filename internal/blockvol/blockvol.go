@@ -9,9 +9,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/writer"
 )
 
@@ -31,12 +31,12 @@ func (b Volumes) vol(id string) blockstore.Volume {
 	return blockstore.Volume{Kind: b.Kind, ID: id}
 }
 
-func storeHead(h api.VolumeHead) blockstore.Head {
+func storeHead(h journal.VolumeHead) blockstore.Head {
 	return blockstore.Head{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
 }
 
-func volumeHead(h blockstore.Head) api.VolumeHead {
-	return api.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
+func volumeHead(h blockstore.Head) journal.VolumeHead {
+	return journal.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
 }
 
 // storeErr maps the store's refusals to API kinds; anything else is the
@@ -58,13 +58,13 @@ func storeErr(err error) error {
 }
 
 // Head is the sandbox volume's head (zero: none).
-func (b Volumes) Head(ctx context.Context, sandbox string) (api.VolumeHead, error) {
+func (b Volumes) Head(ctx context.Context, sandbox string) (journal.VolumeHead, error) {
 	h, err := b.Repo.Head(ctx, b.vol(sandbox))
 	return volumeHead(h), storeErr(err)
 }
 
 // Publish is the head's compare-and-swap (fenced when lost).
-func (b Volumes) Publish(ctx context.Context, sandbox string, expect, next api.VolumeHead) (api.VolumeHead, error) {
+func (b Volumes) Publish(ctx context.Context, sandbox string, expect, next journal.VolumeHead) (journal.VolumeHead, error) {
 	h, err := b.Repo.Publish(ctx, b.vol(sandbox), storeHead(expect), storeHead(next))
 	return volumeHead(h), storeErr(err)
 }
@@ -90,14 +90,14 @@ func (b Volumes) PutSnapshot(ctx context.Context, sandbox, name string, generati
 }
 
 // Snapshots lists the volume's named generations.
-func (b Volumes) Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error) {
+func (b Volumes) Snapshots(ctx context.Context, sandbox string) ([]blockstore.Snapshot, error) {
 	ss, err := b.Repo.Snapshots(ctx, b.vol(sandbox))
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	out := make([]api.Snapshot, len(ss))
+	out := make([]blockstore.Snapshot, len(ss))
 	for i, s := range ss {
-		out[i] = api.Snapshot{Name: s.Name, Generation: s.Generation}
+		out[i] = blockstore.Snapshot{Name: s.Name, Generation: s.Generation}
 	}
 	return out, nil
 }
@@ -113,15 +113,15 @@ type Sealer struct{ Supervisor *writer.Supervisor }
 
 // Seal has dir's writer seal its device as the sandbox volume's
 // generation; a stale epoch is fenced.
-func (s Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64) (api.SealResult, error) {
+func (s Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64) (journal.SealResult, error) {
 	r, err := s.Supervisor.Seal(ctx, dir, writer.SealRequest{Generation: generation, Epoch: epoch})
 	if err != nil {
 		if errors.Is(err, writer.ErrStaleEpoch) {
-			return api.SealResult{}, errdefs.Errorf(errdefs.CodeFenced, "%v", err)
+			return journal.SealResult{}, errdefs.Errorf(errdefs.CodeFenced, "%v", err)
 		}
-		return api.SealResult{}, fmt.Errorf("%w", err)
+		return journal.SealResult{}, fmt.Errorf("%w", err)
 	}
-	return api.SealResult{
+	return journal.SealResult{
 		Generation: r.Ref.Generation, Parent: r.Parent.String(),
 		Chunks: r.Chunks, DataChunks: r.DataChunks, ZeroChunks: r.ZeroChunks, Bytes: r.Bytes,
 		BarrierMS: float64(r.Barrier.Microseconds()) / 1000, SealMS: float64(r.Took.Microseconds()) / 1000,

@@ -371,10 +371,30 @@ type SealRecord struct {
 	OperationID string     `json:"operation_id"`
 	Generation  uint64     `json:"generation,omitempty"` // the block generation sealed
 	Head        VolumeHead `json:"head,omitzero"`        // published
-	// Result is the seal's api.SealResult as JSON (the journal does not
-	// depend on the API's types).
+	// Result is the seal's SealResult as JSON (kept as the bytes it was
+	// journaled as).
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  string          `json:"error,omitempty"`
+}
+
+// SealResult is what a seal committed and what it cost: its JSON is
+// journaled in SealRecord.Result (and the API answers it as it is).
+type SealResult struct {
+	// Generation is the block generation the seal committed; Parent the
+	// generation it wrote over ("sandboxes/ID@N" or "templates/NAME@0").
+	Generation uint64 `json:"generation"`
+	Parent     string `json:"parent"`
+	// Chunks the seal wrote (data and zero), and the data bytes.
+	Chunks     int   `json:"chunks"`
+	DataChunks int   `json:"data_chunks"`
+	ZeroChunks int   `json:"zero_chunks"`
+	Bytes      int64 `json:"bytes"`
+	// FreezeMS is how long the guest's filesystem was frozen (its write
+	// barrier); SealMS the writer's seal; TotalMS the whole call.
+	FreezeMS  float64 `json:"freeze_ms"`
+	BarrierMS float64 `json:"barrier_ms"`
+	SealMS    float64 `json:"seal_ms"`
+	TotalMS   float64 `json:"total_ms"`
 }
 
 // NetworkUpdate is a live policy update in flight.

@@ -84,3 +84,26 @@ func TestNodePartsDoNotLinkTheNode(t *testing.T) {
 		}
 	}
 }
+
+// The node and its parts work on domain types: the wire types and the
+// server stay at the edge (apiserver's adapter converts), so no package
+// under internal/node, the node included, links internal/api or
+// internal/apiserver.
+func TestNodeDoesNotLinkTheWireLayer(t *testing.T) {
+	out, err := exec.Command("go", "list", module+"internal/node/...").Output()
+	if err != nil {
+		t.Fatalf("go list internal/node/...: %v", err)
+	}
+	pkgs := strings.Fields(string(out))
+	if !slices.Contains(pkgs, module+"internal/node") {
+		t.Fatalf("go list internal/node/... did not list the node: %q", pkgs)
+	}
+	for _, pkg := range pkgs {
+		d := deps(t, strings.TrimPrefix(pkg, module))
+		for _, bad := range []string{module + "internal/api", module + "internal/apiserver"} {
+			if slices.Contains(d, bad) {
+				t.Errorf("%s links %s", pkg, bad)
+			}
+		}
+	}
+}

@@ -11,7 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/agent/wire"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/runsc"
 	"golang.org/x/sys/unix"
@@ -31,10 +32,10 @@ func TestKernelAgentInGeneration(t *testing.T) {
 	r := newRig(t, k)
 	r.mustBoot()
 	ctx := context.Background()
-	exec := func(id string, user *api.User, script string) string {
+	exec := func(id string, user *wire.User, script string) string {
 		t.Helper()
 		var out, errb strings.Builder
-		code, err := r.n.Exec(ctx, id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}, User: user}, &out, &errb)
+		code, err := r.n.Exec(ctx, id, ExecRequest{Args: []string{"/bin/sh", "-c", script}, User: user}, &out, &errb)
 		if err != nil || code != 0 {
 			t.Fatalf("exec %q in %s as %+v: %d, %v, stderr %q", script, id, user, code, err, errb.String())
 		}
@@ -44,18 +45,18 @@ func TestKernelAgentInGeneration(t *testing.T) {
 		id := "agent-" + tmpl
 		req := claimReq("c-"+tmpl, 1)
 		req.RootFS.Template = tmpl
-		req.Process = api.Process{UID: 1000, GID: 1000}
+		req.Process = journal.Process{UID: 1000, GID: 1000}
 		resp := r.mustClaim(id, req)
 		tm := resp.Sandbox.Timings
 		t.Logf("%s: claim total %.0f ms, runsc %.0f ms, readiness (agent ready) %.0f ms", tmpl, tm.TotalMS, tm.RunscMS, tm.ProofMS)
 		if got := exec(id, nil, "id -u; id -g"); got != "1000\n1000" {
 			t.Errorf("%s: exec as the workload's user: %q, want 1000 1000", tmpl, got)
 		}
-		if got := exec(id, &api.User{UID: 0, GID: 0}, "id -u"); got != "0" {
+		if got := exec(id, &wire.User{UID: 0, GID: 0}, "id -u"); got != "0" {
 			t.Errorf("%s: exec as root: %q", tmpl, got)
 		}
 		// The workload itself runs as uid 1000, a child of the agent (pid 1).
-		if got := exec(id, &api.User{}, "ps -o user,ppid,args | grep '^1000 .*/bin/[s]leep'"); !strings.HasPrefix(got, "1000") || !strings.Contains(got, " 1 ") {
+		if got := exec(id, &wire.User{}, "ps -o user,ppid,args | grep '^1000 .*/bin/[s]leep'"); !strings.HasPrefix(got, "1000") || !strings.Contains(got, " 1 ") {
 			t.Errorf("%s: workload: %q, want uid 1000 with parent 1", tmpl, got)
 		}
 		if tmpl == "noecho" {
@@ -105,10 +106,10 @@ func TestKernelAgentSocketDirHostile(t *testing.T) {
 	ctx := context.Background()
 	const id = "agent-sockdir"
 	r.mustClaim(id, claimReq("c1", 1))
-	root := &api.User{}
+	root := &wire.User{}
 	exec := func(script string) (string, error) {
 		var out, errb strings.Builder
-		code, err := r.n.Exec(ctx, id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}, User: root}, &out, &errb)
+		code, err := r.n.Exec(ctx, id, ExecRequest{Args: []string{"/bin/sh", "-c", script}, User: root}, &out, &errb)
 		if err == nil && code != 0 {
 			err = fmt.Errorf("exit %d, stderr %q", code, errb.String())
 		}

@@ -11,12 +11,11 @@ import (
 
 	"github.com/ctld/ctld/internal/agent/client"
 	"github.com/ctld/ctld/internal/agent/wire"
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
 
-// The calls of apiserver.Service that go to the guest agent of a sandbox's
+// The calls that go to the guest agent of a sandbox's
 // ready generation: exec, sessions and files, all through the guest's own
 // view (its users, its mounts, its files). The agent is untrusted: the
 // client bounds every answer; here its failures become errdefs codes, and
@@ -88,24 +87,28 @@ func guestPath(p string) error {
 	return nil
 }
 
-func wireUser(u *api.User) *wire.User {
-	if u == nil {
-		return nil // the agent's default: the workload's user
-	}
-	return &wire.User{UID: u.UID, GID: u.GID}
-}
-
-func apiFileInfo(st wire.Stat) api.FileInfo {
-	return api.FileInfo{Name: st.Name, Size: st.Size, Mode: st.Mode, ModUnix: st.ModUnix, UID: st.UID, GID: st.GID, Link: st.Link}
+// ExecRequest is a command to run in a sandbox's guest.
+type ExecRequest struct {
+	Args, Env []string
+	Cwd       string
+	// Stdin is Exec's whole input (a session streams its own).
+	Stdin []byte
+	// TimeoutSec bounds the command (0: the node's default).
+	TimeoutSec int64
+	// User runs it as this uid and gid (nil: the workload's user).
+	User *wire.User
+	// TTY runs it on a pseudo-terminal of Rows x Cols (a session only).
+	TTY        bool
+	Rows, Cols uint16
 }
 
 // execTimeoutGrace is how much longer than an exec's own timeout (which
 // the agent enforces by killing the group) the node waits for its exit.
 const execTimeoutGrace = 10 * time.Second
 
-func execRequest(req api.ExecRequest) client.ExecRequest {
+func execRequest(req ExecRequest) client.ExecRequest {
 	return client.ExecRequest{
-		Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: wireUser(req.User),
+		Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		Timeout: time.Duration(req.TimeoutSec) * time.Second, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols,
 	}
 }
@@ -124,7 +127,7 @@ func (n *Node) execBounds() execBounds {
 // bounds b: an exec without a timeout gets the node's default, so a
 // silent agent cannot hold a node-wide exec slot for as long as its
 // caller waits.
-func (a *agentCall) exec(req api.ExecRequest, s client.Streams, b execBounds) (wire.Exit, error) {
+func (a *agentCall) exec(req ExecRequest, s client.Streams, b execBounds) (wire.Exit, error) {
 	if len(req.Args) == 0 {
 		return wire.Exit{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "exec: no args")
 	}
@@ -151,7 +154,7 @@ func (a *agentCall) exec(req api.ExecRequest, s client.Streams, b execBounds) (w
 // Exec runs a command in the sandbox's guest through its agent, as req's
 // user or else the workload's. A command its timeout ended is unavailable
 // (as a runsc exec past its deadline was); one a signal ended exits 128+n.
-func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+func (n *Node) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
 	a, err := n.agentCall(ctx, id)
 	if err != nil {
 		return -1, err
@@ -180,49 +183,25 @@ func (n *Node) Exec(ctx context.Context, id string, req api.ExecRequest, stdout,
 	return e.Code, nil
 }
 
-// Session implements apiserver.Service: a command with streamed stdin, an
-// optional PTY, resizes and signals, through the sandbox's agent.
-func (n *Node) Session(ctx context.Context, id string, req api.ExecRequest, s api.Streams) (api.ExecExit, error) {
+// Session runs a command with streamed stdin, an optional PTY, resizes
+// and signals, through the sandbox's agent; the command's process group
+// is killed when ctx ends.
+func (n *Node) Session(ctx context.Context, id string, req ExecRequest, s client.Streams) (wire.Exit, error) {
 	a, err := n.agentCall(ctx, id)
 	if err != nil {
-		return api.ExecExit{}, err
+		return wire.Exit{}, err
 	}
 	defer a.done()
-	cs := client.Streams{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr, Signal: s.Signal}
-	if s.Resize != nil {
-		rs := make(chan wire.Resize)
-		cs.Resize = rs
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case t, ok := <-s.Resize:
-					if !ok {
-						close(rs)
-						return
-					}
-					select {
-					case rs <- wire.Resize{Rows: t.Rows, Cols: t.Cols}:
-					case <-stop:
-						return
-					}
-				}
-			}
-		}()
-	}
-	e, err := a.exec(req, cs, n.execBounds())
+	e, err := a.exec(req, s, n.execBounds())
 	if err != nil {
-		return api.ExecExit{ExitCode: -1}, err
+		return wire.Exit{Code: -1}, err
 	}
-	return api.ExecExit{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut}, nil
+	return e, nil
 }
 
-// ExecViaRunsc implements apiserver.Service: the operator's fallback when
-// the agent does not answer, a `runsc exec` charged to the sandbox's lease.
-func (n *Node) ExecViaRunsc(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+// ExecViaRunsc is Exec through `runsc exec`: the operator's fallback when
+// the agent does not answer, charged to the sandbox's lease.
+func (n *Node) ExecViaRunsc(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
 	return n.execViaRunsc(ctx, id, req, stdout, stderr)
 }
 
@@ -245,60 +224,55 @@ func (n *Node) onAgent(ctx context.Context, id, what string, paths []string, fn 
 	return nil
 }
 
-// StatFile implements apiserver.Service (a final symlink is not followed).
-func (n *Node) StatFile(ctx context.Context, id, p string, user *api.User) (api.FileInfo, error) {
+// StatFile stats a guest file (a final symlink is not followed) as user
+// (nil: the workload's).
+func (n *Node) StatFile(ctx context.Context, id, p string, user *wire.User) (wire.Stat, error) {
 	var st wire.Stat
 	err := n.onAgent(ctx, id, "stat "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
-		st, err = c.Stat(ctx, p, wireUser(user))
+		st, err = c.Stat(ctx, p, user)
 		return err
 	})
-	if err != nil {
-		return api.FileInfo{}, err
-	}
-	return apiFileInfo(st), nil
+	return st, err
 }
 
-// ListDir implements apiserver.Service (at most client.MaxList entries
-// and the client's byte budget).
-func (n *Node) ListDir(ctx context.Context, id, p string, user *api.User) ([]api.FileInfo, error) {
+// ListDir lists a guest directory (at most client.MaxList entries and the
+// client's byte budget).
+func (n *Node) ListDir(ctx context.Context, id, p string, user *wire.User) ([]wire.Stat, error) {
 	var sts []wire.Stat
 	err := n.onAgent(ctx, id, "list "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
-		sts, err = c.List(ctx, p, wireUser(user))
+		sts, err = c.List(ctx, p, user)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	out := make([]api.FileInfo, len(sts))
-	for i, st := range sts {
-		out[i] = apiFileInfo(st)
-	}
-	return out, nil
+	return sts, nil
 }
 
-// MakeDir implements apiserver.Service.
-func (n *Node) MakeDir(ctx context.Context, id, p string, mode uint32, parents bool, user *api.User) error {
+// MakeDir makes a guest directory (parents: and its parents).
+func (n *Node) MakeDir(ctx context.Context, id, p string, mode uint32, parents bool, user *wire.User) error {
 	return n.onAgent(ctx, id, "mkdir "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
-		return c.Mkdir(ctx, p, mode, parents, wireUser(user))
+		return c.Mkdir(ctx, p, mode, parents, user)
 	})
 }
 
-// RemoveFile implements apiserver.Service.
-func (n *Node) RemoveFile(ctx context.Context, id, p string, recursive bool, user *api.User) error {
+// RemoveFile removes a guest file (recursive: a directory and its tree).
+func (n *Node) RemoveFile(ctx context.Context, id, p string, recursive bool, user *wire.User) error {
 	return n.onAgent(ctx, id, "remove "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
-		return c.Remove(ctx, p, recursive, wireUser(user))
+		return c.Remove(ctx, p, recursive, user)
 	})
 }
 
-// RenameFile implements apiserver.Service.
-func (n *Node) RenameFile(ctx context.Context, id, from, to string, user *api.User) error {
+// RenameFile renames a guest file.
+func (n *Node) RenameFile(ctx context.Context, id, from, to string, user *wire.User) error {
 	return n.onAgent(ctx, id, "rename "+from, []string{from, to}, func(ctx context.Context, c *client.Client) error {
-		return c.Rename(ctx, from, to, wireUser(user))
+		return c.Rename(ctx, from, to, user)
 	})
 }
 
-// ReadFileTo implements apiserver.Service: streamed, never whole.
-func (n *Node) ReadFileTo(ctx context.Context, id, p string, user *api.User, limit int64, w io.Writer) (int64, error) {
+// ReadFileTo streams a guest file to w, never whole, refusing one over
+// limit (invalid_argument).
+func (n *Node) ReadFileTo(ctx context.Context, id, p string, user *wire.User, limit int64, w io.Writer) (int64, error) {
 	if err := guestPath(p); err != nil {
 		return 0, err
 	}
@@ -310,16 +284,16 @@ func (n *Node) ReadFileTo(ctx context.Context, id, p string, user *api.User, lim
 		return 0, err
 	}
 	defer a.done()
-	got, err := a.c.ReadFile(a.ctx, p, wireUser(user), limit, w)
+	got, err := a.c.ReadFile(a.ctx, p, user, limit, w)
 	if err != nil {
 		return got, a.fail("read "+p, err)
 	}
 	return got, nil
 }
 
-// WriteFileFrom implements apiserver.Service: streamed; the agent replaces
-// the file only once all of it arrived.
-func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *api.User, mode uint32, limit int64, r io.Reader) (int64, error) {
+// WriteFileFrom replaces a guest file with r (at most limit bytes),
+// streamed; the agent replaces the file only once all of it arrived.
+func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *wire.User, mode uint32, limit int64, r io.Reader) (int64, error) {
 	if err := guestPath(p); err != nil {
 		return 0, err
 	}
@@ -334,7 +308,7 @@ func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *api.User, 
 	if err := n.live(); err != nil {
 		return 0, fmt.Errorf("write file: %w", err)
 	}
-	got, err := a.c.WriteFile(a.ctx, p, wireUser(user), mode, limit, r)
+	got, err := a.c.WriteFile(a.ctx, p, user, mode, limit, r)
 	if err != nil {
 		return got, a.fail("write "+p, err)
 	}

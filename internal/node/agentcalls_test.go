@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/agent/client"
+	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -42,7 +43,7 @@ func TestAgentCallsFiles(t *testing.T) {
 		t.Fatalf("rename: %v", err)
 	}
 	var out bytes.Buffer
-	if got, err := n.ReadFileTo(ctx, sb, "/d/e/moved", &api.User{UID: 0, GID: 0}, 1<<20, &out); err != nil || got != 8 || out.String() != "hi there" {
+	if got, err := n.ReadFileTo(ctx, sb, "/d/e/moved", &wire.User{UID: 0, GID: 0}, 1<<20, &out); err != nil || got != 8 || out.String() != "hi there" {
 		t.Errorf("read the renamed file: %d %q %v", got, out.String(), err)
 	}
 	if got, err := n.WriteFileFrom(ctx, sb, "/d/big", nil, 0o600, 4, strings.NewReader("too long")); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
@@ -82,19 +83,19 @@ func TestAgentCallsExecAndDeadAgent(t *testing.T) {
 	resp := r.mustClaim(sb, claimReq("c1", 1))
 	n, ctx := r.n, context.Background()
 	var out bytes.Buffer
-	if code, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"cat"}, Stdin: []byte("in")}, &out, &out); err != nil || code != 0 || out.String() != "in" {
+	if code, err := n.Exec(ctx, sb, ExecRequest{Args: []string{"cat"}, Stdin: []byte("in")}, &out, &out); err != nil || code != 0 || out.String() != "in" {
 		t.Fatalf("exec cat: %d %q %v", code, out.String(), err)
 	}
 	out.Reset()
-	e, err := n.Session(ctx, sb, api.ExecRequest{Args: []string{"false"}}, api.Streams{Stdout: &out, Resize: make(chan api.TermSize)})
-	if err != nil || e.ExitCode != 1 {
+	e, err := n.Session(ctx, sb, ExecRequest{Args: []string{"false"}}, client.Streams{Stdout: &out, Resize: make(chan wire.Resize)})
+	if err != nil || e.Code != 1 {
 		t.Fatalf("session false: %+v %v", e, err)
 	}
-	if _, err := n.Exec(ctx, sb, api.ExecRequest{}, &out, &out); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+	if _, err := n.Exec(ctx, sb, ExecRequest{}, &out, &out); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Errorf("exec without args: %v", err)
 	}
 	k.KillGuest(resp.Sandbox.ContainerID)
-	if _, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"true"}}, &out, &out); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), sb) {
+	if _, err := n.Exec(ctx, sb, ExecRequest{Args: []string{"true"}}, &out, &out); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), sb) {
 		t.Errorf("exec with a dead agent: %v, want unavailable naming %s", err, sb)
 	}
 	if _, err := n.StatFile(ctx, sb, "/", nil); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
@@ -140,19 +141,19 @@ func TestExecNodeBounds(t *testing.T) {
 	n, ctx := r.n, context.Background()
 	n.cfg.ExecTimeoutDefault, n.cfg.ExecIdle = 90*time.Second, 300*time.Millisecond
 	var out bytes.Buffer
-	if _, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"timeout-ms"}}, &out, &out); err != nil || out.String() != "90000" {
+	if _, err := n.Exec(ctx, sb, ExecRequest{Args: []string{"timeout-ms"}}, &out, &out); err != nil || out.String() != "90000" {
 		t.Errorf("exec without a timeout: agent asked for %q ms (%v); want the node default 90000", out.String(), err)
 	}
 	out.Reset()
-	if _, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"timeout-ms"}, TimeoutSec: 5}, &out, &out); err != nil || out.String() != "5000" {
+	if _, err := n.Exec(ctx, sb, ExecRequest{Args: []string{"timeout-ms"}, TimeoutSec: 5}, &out, &out); err != nil || out.String() != "5000" {
 		t.Errorf("exec with its own timeout: agent asked for %q ms (%v); want 5000", out.String(), err)
 	}
 	start := time.Now()
-	_, err := n.Exec(ctx, sb, api.ExecRequest{Args: []string{"silent"}}, &out, &out)
+	_, err := n.Exec(ctx, sb, ExecRequest{Args: []string{"silent"}}, &out, &out)
 	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "no output and no input for 300ms") || time.Since(start) > 5*time.Second {
 		t.Errorf("silent exec: %v after %v; want unavailable at the idle bound", err, time.Since(start))
 	}
-	_, err = n.Session(ctx, sb, api.ExecRequest{Args: []string{"silent"}}, api.Streams{Stdout: &out})
+	_, err = n.Session(ctx, sb, ExecRequest{Args: []string{"silent"}}, client.Streams{Stdout: &out})
 	if errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "no output and no input") {
 		t.Errorf("silent non-TTY session: %v; want unavailable at the idle bound", err)
 	}
@@ -160,7 +161,7 @@ func TestExecNodeBounds(t *testing.T) {
 	// caller's context ends it.
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_, err = n.Session(cctx, sb, api.ExecRequest{Args: []string{"silent"}, TTY: true}, api.Streams{Stdout: &out})
+	_, err = n.Session(cctx, sb, ExecRequest{Args: []string{"silent"}, TTY: true}, client.Streams{Stdout: &out})
 	if err == nil || strings.Contains(err.Error(), "no output and no input") {
 		t.Errorf("silent TTY session: %v; want the caller's end, not the idle bound", err)
 	}

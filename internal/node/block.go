@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
@@ -86,9 +85,9 @@ func (n *Node) hasBlock() bool {
 // block store does not have (not_found), a disk lease other than the
 // template's device size (invalid_argument). It fills in the disk lease:
 // the device size.
-func (n *Node) checkBlock(ctx context.Context, id string, req *api.ClaimRequest) error {
+func (n *Node) checkBlock(ctx context.Context, id string, req *journal.ClaimRequest) error {
 	if !n.hasBlock() {
-		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", api.RootFSBlock)
+		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", journal.RootFSBlock)
 	}
 	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template, req.RootFS.ExpectHead)
 	if err != nil {
@@ -108,7 +107,7 @@ func (n *Node) checkBlock(ctx context.Context, id string, req *api.ClaimRequest)
 // sandbox volume's head when it has one (a resume: its files as last
 // paused), else template's generation 0. A head below the volume's
 // floor (the node's mark, the claim's expect) is a conflict (headmark.go).
-func (n *Node) blockBase(ctx context.Context, id, template string, expect api.VolumeHead) (blockstore.GenRef, journal.VolumeHead, int64, error) {
+func (n *Node) blockBase(ctx context.Context, id, template string, expect journal.VolumeHead) (blockstore.GenRef, journal.VolumeHead, int64, error) {
 	if n.d.Volumes != nil {
 		h, err := n.d.Volumes.Head(ctx, id)
 		if err != nil {
@@ -123,7 +122,7 @@ func (n *Node) blockBase(ctx context.Context, id, template string, expect api.Vo
 			if err != nil {
 				return base, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head %s of sandbox %s: %v", base, id, err)
 			}
-			return base, journalHead(h), size, nil
+			return base, h, size, nil
 		}
 	}
 	base, size, err := n.d.Templates.Template(ctx, template)
@@ -195,7 +194,7 @@ func (r writerResource) Make(ctx context.Context, c *claimState) error {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
 	}
 	rec := c.rec
-	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template, apiHead(rec.RootFS.ExpectHead))
+	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template, rec.RootFS.ExpectHead)
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
 	}
@@ -387,14 +386,4 @@ func (n *Node) identifyBlock(ctx context.Context, rec journal.Sandbox) (journal.
 	b.Index, b.PID, b.Size = st.Index, st.PID, st.Size
 	rec.Block = &b
 	return rec, true
-}
-
-// journalHead and apiHead convert a volume head between the API and the
-// journal.
-func journalHead(h api.VolumeHead) journal.VolumeHead {
-	return journal.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
-}
-
-func apiHead(h journal.VolumeHead) api.VolumeHead {
-	return api.VolumeHead{Seq: h.Seq, Generation: h.Generation, WriterEpoch: h.WriterEpoch, Node: h.Node}
 }

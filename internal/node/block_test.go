@@ -3,13 +3,11 @@ package node
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/fakekernel"
@@ -17,9 +15,9 @@ import (
 )
 
 // blockReq is a block-mode claim of the fake block store's template.
-func blockReq(op string, gen uint64) api.ClaimRequest {
+func blockReq(op string, gen uint64) journal.ClaimRequest {
 	req := claimReq(op, gen)
-	req.RootFS.Mode, req.Resources.DiskBytes = api.RootFSBlock, 0
+	req.RootFS.Mode, req.Resources.DiskBytes = journal.RootFSBlock, 0
 	return req
 }
 
@@ -29,16 +27,16 @@ func blockReq(op string, gen uint64) api.ClaimRequest {
 func TestBlockClaimRefusedBeforeJournal(t *testing.T) {
 	cases := []struct {
 		name  string
-		mod   func(*api.ClaimRequest)
+		mod   func(*journal.ClaimRequest)
 		noBlk bool
 		code  errdefs.Code
 		want  string
 	}{
-		{"unknown template", func(r *api.ClaimRequest) { r.RootFS.Template = "nosuch" }, false, errdefs.CodeNotFound, `block template "nosuch" not found`},
-		{"disk bytes not the device size", func(r *api.ClaimRequest) { r.Resources.DiskBytes = 16 << 20 }, false, errdefs.CodeInvalidArgument, "device size"},
-		{"no block subsystems", func(*api.ClaimRequest) {}, true, errdefs.CodeUnavailable, "no block store"},
-		{"unknown volume", func(r *api.ClaimRequest) { r.Volumes = []api.VolumeMount{{ID: "data", Path: "/data"}} }, false, errdefs.CodeNotFound, `volume "data" not found`},
-		{"volumes without block subsystems", func(r *api.ClaimRequest) { r.Volumes = []api.VolumeMount{{ID: "data", Path: "/data"}} }, true, errdefs.CodeUnavailable, "persistent volumes"},
+		{"unknown template", func(r *journal.ClaimRequest) { r.RootFS.Template = "nosuch" }, false, errdefs.CodeNotFound, `block template "nosuch" not found`},
+		{"disk bytes not the device size", func(r *journal.ClaimRequest) { r.Resources.DiskBytes = 16 << 20 }, false, errdefs.CodeInvalidArgument, "device size"},
+		{"no block subsystems", func(*journal.ClaimRequest) {}, true, errdefs.CodeUnavailable, "no block store"},
+		{"unknown volume", func(r *journal.ClaimRequest) { r.Volumes = []journal.VolumeMount{{ID: "data", Path: "/data"}} }, false, errdefs.CodeNotFound, `volume "data" not found`},
+		{"volumes without block subsystems", func(r *journal.ClaimRequest) { r.Volumes = []journal.VolumeMount{{ID: "data", Path: "/data"}} }, true, errdefs.CodeUnavailable, "persistent volumes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -146,8 +144,8 @@ func TestBlockWriterDiedRestartedOnTakeover(t *testing.T) {
 		t.Fatalf("writer after takeover: %+v, %v; journal %+v", st, err, b)
 	}
 	got, err := r.n.Get(context.Background(), sb)
-	if err != nil || got.Writer == nil || *got.Writer != (api.BlockWriter{Epoch: b.WriterEpoch, PID: b.PID, Device: "/dev/nbd" + strconv.Itoa(b.Index), Restarts: 2, Base: "templates/busybox@0"}) {
-		t.Fatalf("GET writer %+v, %v; journal %+v", got.Writer, err, b)
+	if err != nil || got.Block == nil || !got.Holds() || *got.Block != *b || b.BaseVolume != "templates/busybox" || b.BaseGeneration != 0 {
+		t.Fatalf("GET writer %+v, %v; journal %+v", got.Block, err, b)
 	}
 	r.mustRelease(sb, "r1", 1)
 	r.checkProof("r1")

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/journal"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -32,7 +32,7 @@ func TestBootCPUAllowance(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tk, fk := fakeKernel(t)
 			tk.bootCPU = tc.boot
-			tk.resources = &api.Resources{CPUMillis: tc.claim, MemoryBytes: 128 << 20, PIDs: 128, DiskBytes: 16 << 20}
+			tk.resources = &journal.Resources{CPUMillis: tc.claim, MemoryBytes: 128 << 20, PIDs: 128, DiskBytes: 16 << 20}
 			r := newRig(t, tk)
 			r.mustBoot()
 			resp := r.mustClaim(sb, claimReq("op1", 1))

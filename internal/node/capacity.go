@@ -9,15 +9,30 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"golang.org/x/sys/unix"
 )
 
+// Capacity is an amount of each resource the node hands out.
+type Capacity struct {
+	CPUMillis   int64
+	MemoryBytes int64
+	PIDs        int64
+	NBDDevices  int64
+	Addresses   int64
+	DiskBytes   int64
+}
+
+// Ledger is the node's capacity ledger. Allocatable = total - reserve;
+// free = allocatable - leased - withheld.
+type Ledger struct {
+	Total, Allocatable, Leased, Withheld Capacity
+}
+
 // HostCapacity reads the host's real CPUs, memory, PID limit, NBD devices
 // and scratch disk.
-func HostCapacity(scratchDir string) (api.Capacity, error) {
-	var c api.Capacity
+func HostCapacity(scratchDir string) (Capacity, error) {
+	var c Capacity
 	c.CPUMillis = int64(runtime.NumCPU()) * 1000
 	mem, err := memTotal("/proc/meminfo")
 	if err != nil {
@@ -79,7 +94,7 @@ func readInt(path string) (int64, error) {
 }
 
 // held is what a record holds: its resources and its address block.
-func held(s journal.Sandbox) api.Capacity {
+func held(s journal.Sandbox) Capacity {
 	c := asCapacity(s.Resources)
 	if s.Slot != 0 {
 		c.Addresses = 1
@@ -87,20 +102,20 @@ func held(s journal.Sandbox) api.Capacity {
 	return c
 }
 
-func asCapacity(r journal.Resources) api.Capacity {
-	return api.Capacity{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, DiskBytes: r.DiskBytes}
+func asCapacity(r journal.Resources) Capacity {
+	return Capacity{CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, DiskBytes: r.DiskBytes}
 }
 
-func add(a, b api.Capacity) api.Capacity {
-	return api.Capacity{
+func add(a, b Capacity) Capacity {
+	return Capacity{
 		CPUMillis: a.CPUMillis + b.CPUMillis, MemoryBytes: a.MemoryBytes + b.MemoryBytes,
 		PIDs: a.PIDs + b.PIDs, NBDDevices: a.NBDDevices + b.NBDDevices,
 		Addresses: a.Addresses + b.Addresses, DiskBytes: a.DiskBytes + b.DiskBytes,
 	}
 }
 
-func sub(a, b api.Capacity) api.Capacity {
-	neg := api.Capacity{
+func sub(a, b Capacity) Capacity {
+	neg := Capacity{
 		CPUMillis: -b.CPUMillis, MemoryBytes: -b.MemoryBytes, PIDs: -b.PIDs,
 		NBDDevices: -b.NBDDevices, Addresses: -b.Addresses, DiskBytes: -b.DiskBytes,
 	}
@@ -113,8 +128,8 @@ func sub(a, b api.Capacity) api.Capacity {
 // ledger derives the capacity ledger from the journal's sandbox records, so
 // capacity comes back exactly in the transaction that marks a generation
 // released (the one that stores its clean proof).
-func ledger(total, reserve api.Capacity, ss []journal.Sandbox) api.NodeCapacity {
-	c := api.NodeCapacity{Total: total, Allocatable: sub(total, reserve)}
+func ledger(total, reserve Capacity, ss []journal.Sandbox) Ledger {
+	c := Ledger{Total: total, Allocatable: sub(total, reserve)}
 	for _, s := range ss {
 		switch {
 		case s.Withheld:
@@ -128,7 +143,7 @@ func ledger(total, reserve api.Capacity, ss []journal.Sandbox) api.NodeCapacity 
 
 // fits reports whether r fits in what is neither leased nor withheld, and
 // if not, which resource is short.
-func fits(c api.NodeCapacity, r journal.Resources) (bool, string) {
+func fits(c Ledger, r journal.Resources) (bool, string) {
 	free := sub(sub(c.Allocatable, c.Leased), c.Withheld)
 	switch {
 	case r.CPUMillis > free.CPUMillis:

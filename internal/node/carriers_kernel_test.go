@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
 )
@@ -33,7 +33,7 @@ func TestKernelWarmCarrier(t *testing.T) {
 	allowed := netip.AddrPortFrom(host.Addr4, host.TCP[0])
 	other := netip.AddrPortFrom(host.Other4, host.TCP[0])
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
+	req.Network = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
 	resp := r.mustClaim(sb, req)
 	if s := r.sandbox(sb); s.Slot != 1 || s.Netns != carrierNetns(1) {
 		t.Fatalf("claim got slot %d netns %q, want carrier 1's", s.Slot, s.Netns)

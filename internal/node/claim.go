@@ -13,11 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
-	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/runsc"
 )
@@ -36,65 +34,65 @@ func (n *Node) beginOp(ctx context.Context, o journal.Operation, create func(*jo
 
 func (n *Node) endOp(id string) { n.ops.End(id) }
 
-// opOutcome decodes a finished operation's stored result or error.
-func opOutcome[T any](o journal.Operation) (T, error) { return op.Outcome[T](o) }
+// opOutcome is a finished operation's stored answer (Answers) or error.
+func opOutcome(o journal.Operation) (json.RawMessage, error) { return op.Outcome(o) }
 
 // Claim makes a runtime generation for a sandbox and returns once its
-// readiness proof arrived.
-func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.ClaimResponse, error) {
+// readiness proof arrived, with the answer stored for its operation
+// (Answers.Claimed). req reaches it validated (api.ClaimRequest.Validate,
+// names.CheckGeneration at the edge); Claim refuses only what needs this
+// node's config or state.
+func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (json.RawMessage, error) {
 	cid := containerID(id, req.Generation)
 	// Everything that can be refused is refused here, before the journal:
 	// a bad request must never become a record and a rollback.
-	if err := names.CheckGeneration(id, req.Generation); err != nil {
-		return api.ClaimResponse{}, err
+	if err := leaseSpec(cid, req.Resources, n.cfg.BootCPUMillis).Validate(); err != nil {
+		return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
-	if err := leaseSpec(cid, resourcesRecord(req.Resources), n.cfg.BootCPUMillis).Validate(); err != nil {
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
-	}
-	pol, err := n.parsePolicy(networkRecord(req.Network))
+	pol, err := n.parsePolicy(req.Network)
 	if err != nil {
-		return api.ClaimResponse{}, err
+		return nil, err
 	}
 	if err := n.checkNetwork(pol); err != nil {
-		return api.ClaimResponse{}, err
+		return nil, err
 	}
 	for _, e := range req.Process.Env {
 		if strings.HasPrefix(e, runsc.AgentEnvPrefix) {
-			return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)
+			return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)
 		}
 	}
 	if err := n.checkVolumes(ctx, req); err != nil {
-		return api.ClaimResponse{}, err
+		return nil, err
 	}
 	var lower string
 	switch req.RootFS.Mode {
-	case api.RootFSOverlay:
+	case journal.RootFSOverlay:
 		req.Resources = n.withDiskDefault(req.Resources)
 		if err := n.checkDisk(req.Resources); err != nil {
-			return api.ClaimResponse{}, err
+			return nil, err
 		}
 		lower = filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
 		if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
-			return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
+			return nil, errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
 		}
-	case api.RootFSBlock:
+	case journal.RootFSBlock:
 		// The disk lease is the device size: no project quota.
 		if err := n.checkBlock(ctx, id, &req); err != nil {
-			return api.ClaimResponse{}, err
+			return nil, err
 		}
 	default:
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "rootfs mode %q is not supported", req.RootFS.Mode)
+		return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "rootfs mode %q is not supported", req.RootFS.Mode)
 	}
 	nonce, err := newNonce()
 	if err != nil {
-		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInternal, "%v", err)
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "%v", err)
 	}
 	ctx, done, err := n.begin(ctx)
 	if err != nil {
-		return api.ClaimResponse{}, err
+		return nil, err
 	}
 	defer done()
-	reqRec := claimRecord(req)
+	reqRec := req // the caller's converted request: node's to keep
 	rec := journal.Sandbox{
 		ID: id, Generation: req.Generation, State: journal.StateClaiming, ContainerID: cid, LeaseID: cid,
 		Resources: reqRec.Resources, RootFS: reqRec.RootFS, Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(),
@@ -163,21 +161,21 @@ admit:
 	rec.Timings.AdmitMS = ms(time.Since(admitStart))
 	if err != nil || !started {
 		if err != nil {
-			return api.ClaimResponse{}, err
+			return nil, err
 		}
-		return opOutcome[api.ClaimResponse](op)
+		return opOutcome(op)
 	}
 	defer n.endOp(op.ID)
 	log := n.log.With("sandbox", id, "generation", req.Generation, "op", op.ID)
 
-	resp, cerr := n.runClaim(ctx, rec, lower)
+	ready, cerr := n.runClaim(ctx, rec, lower)
 	if cerr == nil {
-		log.Info("sandbox ready", "container", cid, "total_ms", resp.Sandbox.Timings.TotalMS)
+		log.Info("sandbox ready", "container", cid, "total_ms", ready.Timings.TotalMS)
 		n.armExpiry(rec)
-		return resp, nil
+		return n.storedAnswer(op.ID)
 	}
 	if n.live() != nil {
-		return api.ClaimResponse{}, n.leftToSuccessor(log, op.ID, cerr)
+		return nil, n.leftToSuccessor(log, op.ID, cerr)
 	}
 	log.Warn("claim failed, rolling back", "err", cerr)
 	// Roll back without the caller's context (a cancelled request must not
@@ -188,11 +186,25 @@ admit:
 	rec, _ = n.sandbox(id)
 	if _, err := n.teardown(rb, rec, op.ID, journal.StateFailed, cerr.Error()); err != nil {
 		if n.live() != nil {
-			return api.ClaimResponse{}, n.leftToSuccessor(log, op.ID, errors.Join(cerr, err))
+			return nil, n.leftToSuccessor(log, op.ID, errors.Join(cerr, err))
 		}
 		log.Error("rollback incomplete; capacity withheld", "err", err)
 	}
-	return api.ClaimResponse{}, n.failOp(op, cerr)
+	return nil, n.failOp(op, cerr)
+}
+
+// storedAnswer is the answer journaled with the finished operation id: a
+// repeat of the operation gets exactly these bytes.
+func (n *Node) storedAnswer(id string) (json.RawMessage, error) {
+	var op journal.Operation
+	var ok bool
+	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		op, ok, err = tx.Operation(id)
+		return err
+	}); err != nil || !ok || op.State != journal.OpDone {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, op.State, err)
+	}
+	return opOutcome(op)
 }
 
 // admitClaim decides, inside the transaction that records the claim as
@@ -262,7 +274,7 @@ func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (api.ClaimResponse, error) {
+func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (journal.Sandbox, error) {
 	cid := rec.ContainerID
 	t := journal.Timings{AdmitMS: rec.Timings.AdmitMS}
 	phase := n.table.Phases(&t)
@@ -278,7 +290,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 		}
 	})
 	if err != nil {
-		return api.ClaimResponse{}, err
+		return journal.Sandbox{}, err
 	}
 	rec, root := c.rec, c.root
 	step := time.Now()
@@ -287,14 +299,14 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	// workload, must answer with this generation's nonce.
 	nonce, err := n.awaitAgent(ctx, rec)
 	if err != nil {
-		return api.ClaimResponse{}, err
+		return journal.Sandbox{}, err
 	}
 	// The boot allowance ends before the generation is published: a ready
 	// generation always runs at its claim's share. (A takeover rolls back
 	// a claim still at its allowance.)
 	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis); spec.BootCPUMillis > 0 {
 		if err := n.d.Leases.SetCPUMax(ctx, rec.LeaseID, spec.CPUMillis); err != nil {
-			return api.ClaimResponse{}, fmt.Errorf("end the boot CPU allowance: %w", err)
+			return journal.Sandbox{}, fmt.Errorf("end the boot CPU allowance: %w", err)
 		}
 	}
 	ready, err := n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: cid, Nonce: nonce}, func(s *journal.Sandbox) {
@@ -302,10 +314,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 		t.TotalMS = ms(time.Since(start))
 		s.Root, s.Timings = root, t
 	})
-	if err != nil {
-		return api.ClaimResponse{}, err
-	}
-	return api.ClaimResponse{Sandbox: apiSandbox(ready)}, nil
+	return ready, err
 }
 
 // Readiness is a proof that a generation's guest runs: it returned the
@@ -345,9 +354,9 @@ func (n *Node) acceptReadiness(r Readiness, finish func(*journal.Sandbox)) (jour
 		if err != nil || !ok {
 			return fmt.Errorf("claim operation %s of %s missing: %v", s.ClaimOp, s.ID, err)
 		}
-		res, err := json.Marshal(api.ClaimResponse{Sandbox: apiSandbox(s)})
+		res, err := n.d.Answers.Claimed(s)
 		if err != nil {
-			return err
+			return fmt.Errorf("encode the answer of claim %s: %w", s.ClaimOp, err)
 		}
 		op.State, op.Result = journal.OpDone, res
 		out = s

@@ -15,7 +15,6 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/journal"
@@ -104,10 +103,10 @@ func realKernel(t *testing.T) *testKernel {
 		},
 		// A workload that cannot start: the agent refuses ready (or has
 		// exited), so the readiness proof never gets the nonce.
-		failProbe: func(_ testing.TB, req *api.ClaimRequest) { req.Process.Args = []string{"/nonexistent/workload"} },
+		failProbe: func(_ testing.TB, req *journal.ClaimRequest) { req.Process.Args = []string{"/nonexistent/workload"} },
 		timeout:   3 * time.Minute,
 		showLog:   true, // its step timings are what the VM run measures
-		resources: &api.Resources{CPUMillis: 2000, MemoryBytes: 512 << 20, PIDs: 512, DiskBytes: 64 << 20},
+		resources: &journal.Resources{CPUMillis: 2000, MemoryBytes: 512 << 20, PIDs: 512, DiskBytes: 64 << 20},
 	}
 	k.text = func() string { return realText(k) }
 	return k
@@ -403,7 +402,7 @@ func TestKernelReconcileBranches(t *testing.T) {
 			t.Fatalf("after takeover: %s %s (%s), want ready %s", s.State, s.ContainerID, s.Reason, resp.Sandbox.ContainerID)
 		}
 		var out strings.Builder
-		code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
+		code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
 		if err != nil || code != 0 || out.String() != "hi\n" {
 			t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
 		}

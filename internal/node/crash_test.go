@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -44,7 +43,7 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 		runDir: k.RunDir(), templatesDir: k.TemplatesDir(), agentBinary: k.AgentBinary(),
 		text:      k.String,
 		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },
-		failProbe: func(_ testing.TB, req *api.ClaimRequest) {
+		failProbe: func(_ testing.TB, req *journal.ClaimRequest) {
 			k.FailMake(fakekernel.KindExec, containerID(sb, req.Generation), nil)
 		},
 		timeout: 10 * time.Second,
@@ -167,7 +166,7 @@ func TestReconcileReadoptsReadyGeneration(t *testing.T) {
 		t.Fatalf("takeover changed the kernel:\n%s\nwas:\n%s", after, before)
 	}
 	var out strings.Builder
-	code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
+	code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
 	if err != nil || code != 0 || out.String() != "hi\n" {
 		t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
 	}
@@ -224,7 +223,7 @@ func TestWithheldUntilRemovalSucceeds(t *testing.T) {
 			if err != nil {
 				t.Fatalf("release: %v", err)
 			}
-			if rel.Proof.Clean || rel.Sandbox.State != api.StateReleased {
+			if rel.Proof.Clean || rel.Sandbox.State != journal.StateReleased {
 				t.Fatalf("release with a %s refusing removal: clean=%v state %s", kind, rel.Proof.Clean, rel.Sandbox.State)
 			}
 			if s := r.sandbox(sb); !s.Withheld {

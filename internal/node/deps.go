@@ -7,9 +7,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/diskquota"
+	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
@@ -227,17 +227,17 @@ type BlockTemplates interface {
 // refused.
 type BlockVolumes interface {
 	// Head is the sandbox volume's head (Seq 0: none).
-	Head(ctx context.Context, sandbox string) (api.VolumeHead, error)
+	Head(ctx context.Context, sandbox string) (journal.VolumeHead, error)
 	// Publish makes next the head iff the head is expect and next's
 	// writer epoch is not older than the head's: else errdefs fenced.
-	Publish(ctx context.Context, sandbox string, expect, next api.VolumeHead) (api.VolumeHead, error)
+	Publish(ctx context.Context, sandbox string, expect, next journal.VolumeHead) (journal.VolumeHead, error)
 	// Generations lists the volume's committed generations, ascending.
 	Generations(ctx context.Context, sandbox string) ([]uint64, error)
 	// DeviceSize is the device size of a committed generation.
 	DeviceSize(ctx context.Context, sandbox string, generation uint64) (int64, error)
 	// PutSnapshot names a committed generation (a taken name: conflict).
 	PutSnapshot(ctx context.Context, sandbox, name string, generation uint64) error
-	Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error)
+	Snapshots(ctx context.Context, sandbox string) ([]blockstore.Snapshot, error)
 	// Fork commits dst's generation 0 over src@generation, copying
 	// nothing (a volume that has generations: conflict).
 	Fork(ctx context.Context, src string, generation uint64, dst string) error
@@ -248,7 +248,7 @@ type BlockVolumes interface {
 // volume over the device's base, and rebases the device onto it. epoch
 // must be the writer's (a stale caller is refused).
 type BlockSealer interface {
-	Seal(ctx context.Context, dir string, generation, epoch uint64) (api.SealResult, error)
+	Seal(ctx context.Context, dir string, generation, epoch uint64) (journal.SealResult, error)
 }
 
 // BlockFreezer freezes a mounted block root (FIFREEZE): the filesystem's

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -23,7 +22,7 @@ type DiskProjects struct {
 var DefaultDiskProjects = DiskProjects{Base: 1 << 24, Count: 1 << 20}
 
 // withDiskDefault fills in the node's default disk lease.
-func (n *Node) withDiskDefault(r api.Resources) api.Resources {
+func (n *Node) withDiskDefault(r journal.Resources) journal.Resources {
 	if r.DiskBytes == 0 {
 		r.DiskBytes = n.cfg.DefaultDiskBytes
 	}
@@ -32,7 +31,7 @@ func (n *Node) withDiskDefault(r api.Resources) api.Resources {
 
 // checkDisk refuses, before anything is journaled, a claim whose disk
 // lease this node cannot enforce.
-func (n *Node) checkDisk(r api.Resources) error {
+func (n *Node) checkDisk(r journal.Resources) error {
 	if r.DiskBytes <= 0 {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "resources.disk_bytes is required: this node has no default disk lease")
 	}

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -13,8 +12,8 @@ import (
 // a generation holds capacity, withheld while its cleanup is unproven, and
 // a claim that does not fit the rest is refused naming disk.
 func TestDiskLedger(t *testing.T) {
-	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
-	reserve := api.Capacity{DiskBytes: 1 << 30}
+	total := Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
+	reserve := Capacity{DiskBytes: 1 << 30}
 	res := func(disk int64) journal.Resources {
 		return journal.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 10, DiskBytes: disk}
 	}
@@ -70,13 +69,13 @@ func TestDiskProjectAllocation(t *testing.T) {
 // with it keeps its own.
 func TestDiskDefault(t *testing.T) {
 	n := &Node{cfg: Config{DefaultDiskBytes: 1 << 30}}
-	if r := n.withDiskDefault(api.Resources{}); r.DiskBytes != 1<<30 {
+	if r := n.withDiskDefault(journal.Resources{}); r.DiskBytes != 1<<30 {
 		t.Fatalf("default not applied: %d", r.DiskBytes)
 	}
-	if r := n.withDiskDefault(api.Resources{DiskBytes: 5 << 20}); r.DiskBytes != 5<<20 {
+	if r := n.withDiskDefault(journal.Resources{DiskBytes: 5 << 20}); r.DiskBytes != 5<<20 {
 		t.Fatalf("explicit disk_bytes replaced: %d", r.DiskBytes)
 	}
-	if err := (&Node{}).checkDisk(api.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+	if err := (&Node{}).checkDisk(journal.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Fatalf("no disk lease and no default: %v, want invalid_argument", err)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
@@ -34,7 +33,7 @@ func workloadUser(s journal.Sandbox) (uid, gid uint32) {
 
 // execProcess is what runsc exec runs for req in sandbox s: as req's user,
 // or else as the workload's, never as root by default.
-func execProcess(s journal.Sandbox, req api.ExecRequest) runsc.ExecProcess {
+func execProcess(s journal.Sandbox, req ExecRequest) runsc.ExecProcess {
 	uid, gid := workloadUser(s)
 	if req.User != nil {
 		uid, gid = req.User.UID, req.User.GID
@@ -44,7 +43,7 @@ func execProcess(s journal.Sandbox, req api.ExecRequest) runsc.ExecProcess {
 
 // execViaRunsc runs a command in the sandbox's guest through runsc exec:
 // the operator's fallback when the agent does not answer.
-func (n *Node) execViaRunsc(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+func (n *Node) execViaRunsc(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
 	ctx, done, err := n.begin(ctx)
 	if err != nil {
 		return -1, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -34,7 +33,7 @@ func (n *Node) armExpiry(s journal.Sandbox) {
 	n.timers[cid] = time.AfterFunc(time.Until(deadline), func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		_, err := n.Release(ctx, id, api.ReleaseRequest{OperationID: expiryOp(cid), Generation: gen})
+		_, err := n.Release(ctx, id, ReleaseRequest{OperationID: expiryOp(cid), Generation: gen})
 		switch errdefs.CodeOf(err) {
 		case "":
 			n.log.Info("released at max lifetime", "sandbox", id, "generation", gen)

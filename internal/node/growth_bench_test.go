@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/journal/journaltest"
 	"github.com/ctld/ctld/internal/lease"
@@ -41,12 +40,12 @@ func growthNode(b testing.TB, history int) *Node {
 	}
 	log := slog.New(slog.DiscardHandler)
 	return New(Config{Slot: "a", StateDir: dir, RunDir: filepath.Join(dir, "run")}, Deps{
-		Journal: j, Epoch: 2, Logger: log,
+		Journal: j, Answers: testAnswers{}, Epoch: 2, Logger: log,
 		Leases:  &lease.Manager{Root: filepath.Join(dir, "cgroup"), Parent: "ctld.slice", Logger: log},
 		RootFS:  &rootfs.Overlay{ScratchDir: filepath.Join(dir, "scratch"), Logger: log},
 		Netns:   &netpolicy.Netns{Dir: filepath.Join(dir, "netns"), Logger: log},
 		Runtime: &runsc.Runtime{Root: filepath.Join(dir, "runsc"), Logger: log},
-		Total:   api.Capacity{CPUMillis: 64000, MemoryBytes: 256 << 30, PIDs: 1 << 22},
+		Total:   Capacity{CPUMillis: 64000, MemoryBytes: 256 << 30, PIDs: 1 << 22},
 	})
 }
 

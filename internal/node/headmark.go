@@ -3,7 +3,6 @@ package node
 import (
 	"fmt"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
@@ -24,18 +23,18 @@ func persistentVolume(id string) string { return blockstore.Vol(id).String() }
 
 // belowFloor says whether got is below floor: a lower Seq, or the same
 // Seq over another generation (a zero floor bounds nothing).
-func belowFloor(got, floor api.VolumeHead) bool {
+func belowFloor(got, floor journal.VolumeHead) bool {
 	return floor.Seq > 0 && (got.Seq < floor.Seq || got.Seq == floor.Seq && got.Generation != floor.Generation)
 }
 
 // checkHeadFloor is the floor check as plain data: nil, or a conflict
 // that names the store's head and the floor it is below.
-func checkHeadFloor(vol string, got api.VolumeHead, mark journal.HeadMark, expect api.VolumeHead) error {
+func checkHeadFloor(vol string, got journal.VolumeHead, mark journal.HeadMark, expect journal.VolumeHead) error {
 	for _, f := range []struct {
 		who   string
-		floor api.VolumeHead
+		floor journal.VolumeHead
 	}{
-		{"this node's journal", api.VolumeHead{Seq: mark.Seq, Generation: mark.Generation}},
+		{"this node's journal", journal.VolumeHead{Seq: mark.Seq, Generation: mark.Generation}},
 		{"the claim", expect},
 	} {
 		if belowFloor(got, f.floor) {
@@ -49,7 +48,7 @@ func checkHeadFloor(vol string, got api.VolumeHead, mark journal.HeadMark, expec
 
 // floorHead checks got, the store's head of vol, against the node's mark
 // and expect, and raises the mark to it.
-func (n *Node) floorHead(vol string, got, expect api.VolumeHead) error {
+func (n *Node) floorHead(vol string, got, expect journal.VolumeHead) error {
 	err := n.d.Journal.Update(func(tx *journal.Tx) error {
 		mark, err := tx.HeadMark(vol)
 		if err != nil {
@@ -69,12 +68,12 @@ func (n *Node) floorHead(vol string, got, expect api.VolumeHead) error {
 }
 
 // noteHead raises vol's mark to h, a head this node published.
-func (n *Node) noteHead(vol string, h api.VolumeHead) error {
+func (n *Node) noteHead(vol string, h journal.VolumeHead) error {
 	return n.d.Journal.Update(func(tx *journal.Tx) error { return raiseMark(tx, vol, h) })
 }
 
 // raiseMark raises vol's mark to h inside tx (a publish's journal write).
-func raiseMark(tx *journal.Tx, vol string, h api.VolumeHead) error {
+func raiseMark(tx *journal.Tx, vol string, h journal.VolumeHead) error {
 	if _, err := tx.RaiseHeadMark(vol, h.Seq, h.Generation); err != nil {
 		return fmt.Errorf("raise head mark of %s: %w", vol, err)
 	}

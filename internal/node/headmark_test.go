@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -13,13 +12,13 @@ import (
 // the claim's expected head (a lower seq, or the same seq over another
 // generation) is a conflict; at or above either is taken.
 func TestCheckHeadFloor(t *testing.T) {
-	h := func(seq, gen uint64) api.VolumeHead { return api.VolumeHead{Seq: seq, Generation: gen} }
+	h := func(seq, gen uint64) journal.VolumeHead { return journal.VolumeHead{Seq: seq, Generation: gen} }
 	m := func(seq, gen uint64) journal.HeadMark { return journal.HeadMark{Seq: seq, Generation: gen} }
 	cases := []struct {
 		name   string
-		got    api.VolumeHead
+		got    journal.VolumeHead
 		mark   journal.HeadMark
-		expect api.VolumeHead
+		expect journal.VolumeHead
 		refuse string
 	}{
 		{"no floor", h(0, 0), m(0, 0), h(0, 0), ""},
@@ -44,7 +43,7 @@ func TestCheckHeadFloor(t *testing.T) {
 
 // rolledBack asserts a claim refused as a rolled-back head, with nothing
 // journaled for its generation.
-func rolledBack(t *testing.T, r *rig, req api.ClaimRequest, who string) {
+func rolledBack(t *testing.T, r *rig, req journal.ClaimRequest, who string) {
 	t.Helper()
 	_, err, returned := r.claim(sb, req)
 	if !returned || errdefs.CodeOf(err) != errdefs.CodeConflict || !strings.Contains(err.Error(), "rolled back") || !strings.Contains(err.Error(), who) {
@@ -89,7 +88,7 @@ func TestResumeRefusesRolledBackHead(t *testing.T) {
 	rolledBack(t, r, blockReq("c3", 3), "this node's journal")
 	r.mustBoot() // failover: the mark is in the journal
 	rolledBack(t, r, blockReq("c3b", 3), "this node's journal")
-	k.SetHead(sb, api.VolumeHead{}) // every head deleted
+	k.SetHead(sb, journal.VolumeHead{}) // every head deleted
 	rolledBack(t, r, blockReq("c3c", 3), "this node's journal")
 
 	// The manager's expected head, on a node that never saw the volume:
@@ -98,16 +97,16 @@ func TestResumeRefusesRolledBackHead(t *testing.T) {
 	r2.mustBoot()
 	k.SetHead(sb, h1)
 	req := blockReq("c4", 3)
-	req.RootFS.ExpectHead = api.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
+	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	rolledBack(t, r2, req, "the claim")
 	req = blockReq("c4b", 3)
-	req.RootFS.ExpectHead = api.VolumeHead{Seq: h1.Seq, Generation: h1.Generation + 5}
+	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h1.Seq, Generation: h1.Generation + 5}
 	rolledBack(t, r2, req, "the claim")
 
 	// The bucket repaired: the resume runs from head 2.
 	k.SetHead(sb, h2)
 	req = blockReq("c5", 3)
-	req.RootFS.ExpectHead = api.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
+	req.RootFS.ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	r.mustClaim(sb, req)
 	if s := r.sandbox(sb); s.Block.Head.Seq != 2 || s.Block.BaseGeneration != h2.Generation {
 		t.Fatalf("resumed over %+v from generation %d, want head 2", s.Block.Head, s.Block.BaseGeneration)
@@ -131,21 +130,21 @@ func TestVolumeAttachRefusesRolledBackHead(t *testing.T) {
 	if h2.Seq != h1.Seq+1 {
 		t.Fatalf("head after the detach %+v, want one past %+v", h2, h1)
 	}
-	if v := rel.Sandbox.Volumes; len(v) != 1 || v[0].Head == nil || v[0].Head.Seq != h2.Seq {
+	if v := rel.Sandbox.Volumes; len(v) != 1 || v[0].Published == nil || v[0].Published.Seq != h2.Seq {
 		t.Fatalf("the release's sandbox shows volumes %+v, want the published head %d", v, h2.Seq)
 	}
 
 	k.SetVolumeHead("data", h1)
 	rolledBack(t, r, volumeReq("c2", 2, "data", "/data"), "this node's journal")
 	r.mustBoot()
-	k.SetVolumeHead("data", api.VolumeHead{})
+	k.SetVolumeHead("data", journal.VolumeHead{})
 	rolledBack(t, r, volumeReq("c2b", 2, "data", "/data"), "this node's journal")
 
 	r2 := newRig(t, tk)
 	r2.mustBoot()
 	k.SetVolumeHead("data", h1)
 	req := volumeReq("c3", 1, "data", "/data")
-	req.Volumes[0].ExpectHead = api.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
+	req.Volumes[0].ExpectHead = journal.VolumeHead{Seq: h2.Seq, Generation: h2.Generation}
 	_, err, _ := r2.claim("other", req)
 	if errdefs.CodeOf(err) != errdefs.CodeConflict || !strings.Contains(err.Error(), "the claim") {
 		t.Fatalf("attach below the claim's expected head: %v, want conflict", err)

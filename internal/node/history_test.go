@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/journal/journaltest"
 	"github.com/ctld/ctld/internal/node/op"
@@ -61,7 +60,7 @@ func TestHotPathsNeverReadHistory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
-	if node.Capacity.Leased != (api.Capacity{}) {
+	if node.Capacity.Leased != (Capacity{}) {
 		t.Fatalf("leased %+v with no live generation", node.Capacity.Leased)
 	}
 	if err := n.Reconcile(context.Background()); err != nil {

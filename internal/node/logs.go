@@ -6,7 +6,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/journal"
@@ -39,22 +38,42 @@ func running(state journal.State) bool {
 	return state == journal.StateClaiming || state == journal.StateReady
 }
 
-// Logs answers GET /v1/sandboxes/{id}/logs: the current generation's log,
-// and with req.Follow what the guest writes after, until the generation
-// ends, nothing comes for req.IdleSec, the node hands over, or the client
-// goes away.
-func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Writer) (api.LogsEnd, error) {
+// LogsRequest asks for a generation's log.
+type LogsRequest struct {
+	// Runsc reads runsc's own log of the generation, not the guest's
+	// init output.
+	Runsc bool
+	// Tail keeps the last Tail lines of what is there (0: all).
+	Tail int
+	// Follow sends what is written after, until the generation ends,
+	// nothing comes for IdleSec (0: no bound) or Shutdown closes (the
+	// server hands over; nil: never).
+	Follow   bool
+	IdleSec  int64
+	Shutdown <-chan struct{}
+}
+
+// LogsEnd says why a log read ended and of which generation.
+type LogsEnd struct {
+	Generation uint64
+	Reason     string
+}
+
+// Logs writes the current generation's log to w, and with req.Follow
+// what the guest writes after, until the generation ends, nothing comes
+// for req.IdleSec, the node hands over, or the client goes away.
+func (n *Node) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer) (LogsEnd, error) {
 	s, err := n.sandbox(id)
 	if err != nil {
-		return api.LogsEnd{}, err
+		return LogsEnd{}, err
 	}
-	end := api.LogsEnd{Generation: s.Generation}
+	end := LogsEnd{Generation: s.Generation}
 	if !s.Holds() && !s.Withheld {
 		return end, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q generation %d is %s: its log files were removed with it", id, s.Generation, s.State)
 	}
 	dir := n.d.Runtime.ContainerLogDir(s.ContainerID)
 	name := guestlog.InitName
-	if req.Source == api.LogSourceRunsc {
+	if req.Runsc {
 		name = guestlog.RunscName
 	}
 	if !req.Follow {
@@ -105,7 +124,7 @@ func (n *Node) Logs(ctx context.Context, id string, req api.LogsRequest, w io.Wr
 		select {
 		case <-ctx.Done():
 			return end, errdefs.Errorf(errdefs.CodeUnavailable, "follow log of %s: %v", id, ctx.Err())
-		case <-api.ShuttingDown(ctx):
+		case <-req.Shutdown:
 			if err := drain(); err != nil {
 				return end, err
 			}

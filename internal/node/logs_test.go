@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/journal"
@@ -55,24 +54,24 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 	n, r := logsNode(t, journal.StateReady)
 	r.Write([]byte("a\nb\nc\n"))
 	var out bytes.Buffer
-	end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceInit, Tail: 2}, &out)
+	end, err := n.Logs(context.Background(), "sb", LogsRequest{Tail: 2}, &out)
 	if err != nil || out.String() != "b\nc\n" || end.Generation != 2 {
 		t.Fatalf("tail 2: %q %+v %v", out.String(), end, err)
 	}
 	os.WriteFile(filepath.Join(n.d.Runtime.ContainerLogDir("sb-g2"), guestlog.RunscName), []byte("runsc says\n"), 0o600)
 	out.Reset()
-	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceRunsc}, &out); err != nil || out.String() != "runsc says\n" {
+	if _, err := n.Logs(context.Background(), "sb", LogsRequest{Runsc: true}, &out); err != nil || out.String() != "runsc says\n" {
 		t.Fatalf("runsc log: %q %v", out.String(), err)
 	}
 
 	var fout syncBuffer
 	type result struct {
-		end api.LogsEnd
+		end LogsEnd
 		err error
 	}
 	res := make(chan result, 1)
 	go func() {
-		end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Source: api.LogSourceInit, Tail: 1, Follow: true, IdleSec: 60}, &fout)
+		end, err := n.Logs(context.Background(), "sb", LogsRequest{Tail: 1, Follow: true, IdleSec: 60}, &fout)
 		res <- result{end, err}
 	}()
 	time.Sleep(300 * time.Millisecond)
@@ -93,11 +92,11 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 	}
 	// Nothing to follow once the guest is gone; nothing at all once the
 	// generation was released (its logs went with it).
-	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, err := n.Logs(context.Background(), "sb", LogsRequest{Follow: true, IdleSec: 1}, &out); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Fatalf("follow of a releasing generation: %v, want conflict", err)
 	}
 	n.setState("sb", journal.StateReleased, "released")
-	if _, err := n.Logs(context.Background(), "sb", api.LogsRequest{}, &out); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+	if _, err := n.Logs(context.Background(), "sb", LogsRequest{}, &out); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Fatalf("logs of a released generation: %v, want not_found", err)
 	}
 }
@@ -107,7 +106,7 @@ func TestLogsFollowGivesUpWhenIdle(t *testing.T) {
 	r.Write([]byte("only line\n"))
 	var out bytes.Buffer
 	t0 := time.Now()
-	end, err := n.Logs(context.Background(), "sb", api.LogsRequest{Follow: true, IdleSec: 1}, &out)
+	end, err := n.Logs(context.Background(), "sb", LogsRequest{Follow: true, IdleSec: 1}, &out)
 	if err != nil || out.String() != "only line\n" || !strings.Contains(end.Reason, "no output for 1s") {
 		t.Fatalf("idle follow: %q %+v %v", out.String(), end, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 )
@@ -18,7 +17,7 @@ func guestDial(t *testing.T, r *rig, dst netip.AddrPort) (string, bool) {
 	t.Helper()
 	var out, errb strings.Builder
 	cmd := fmt.Sprintf("echo hello | timeout 5 nc -w 3 %s %d", dst.Addr(), dst.Port())
-	code, err := r.n.Exec(context.Background(), sb, api.ExecRequest{Args: []string{"/bin/sh", "-c", cmd}}, &out, &errb)
+	code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/sh", "-c", cmd}}, &out, &errb)
 	if err != nil {
 		t.Fatalf("exec in the guest: %v", err)
 	}
@@ -40,7 +39,7 @@ func TestKernelNetworkPolicyAndUpdate(t *testing.T) {
 	allowed := netip.AddrPortFrom(host.Addr4, host.TCP[0])
 	other := netip.AddrPortFrom(host.Other4, host.TCP[0])
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
+	req.Network = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
 	resp := r.mustClaim(sb, req)
 	t.Logf("claim steps (ms): %+v", resp.Sandbox.Timings.Steps)
 	// The node masquerades the pool out of its links: the host sees
@@ -56,13 +55,13 @@ func TestKernelNetworkPolicyAndUpdate(t *testing.T) {
 		t.Errorf("counters after one allowed and one dropped connection: %+v %v", got.Network, err)
 	}
 
-	if _, err := r.n.UpdateNetwork(context.Background(), sb, api.NetworkPolicy{Mode: api.NetworkDenyAll}); err != nil {
+	if _, err := r.n.UpdateNetwork(context.Background(), sb, journal.NetworkPolicy{Mode: "deny_all"}); err != nil {
 		t.Fatal(err)
 	}
 	if out, ok := guestDial(t, r, allowed); ok {
 		t.Fatalf("deny_all after the update: dial of %v answered %q", allowed, out)
 	}
-	if _, err := r.n.UpdateNetwork(context.Background(), sb, api.NetworkPolicy{Mode: api.NetworkOpen}); err != nil {
+	if _, err := r.n.UpdateNetwork(context.Background(), sb, journal.NetworkPolicy{Mode: "open"}); err != nil {
 		t.Fatal(err)
 	}
 	if out, ok := guestDial(t, r, other); !ok {

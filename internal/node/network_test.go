@@ -14,7 +14,6 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -201,7 +200,7 @@ func TestDNSRegistryRebuiltOnTakeover(t *testing.T) {
 	r := newRig(t, tk)
 	r.mustBoot()
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}}}}
+	req.Network = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}}}}
 	r.mustClaim(sb, req)
 	k.RestartDNSProxy()
 	if _, ok := k.Registered(1); ok {
@@ -219,21 +218,21 @@ func TestDNSRegistryRebuiltOnTakeover(t *testing.T) {
 // open and restricted before anything is journaled; one without a DNS
 // proxy refuses policies that resolve names.
 func TestNetworkModesFailClosed(t *testing.T) {
-	open := api.NetworkPolicy{Mode: api.NetworkOpen}
-	cidr := api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24"}}}
-	domain := api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{Domain: "example.com"}}}
+	open := journal.NetworkPolicy{Mode: "open"}
+	cidr := journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: "203.0.113.0/24"}}}
+	domain := journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{Domain: "example.com"}}}
 	for _, c := range []struct {
 		name   string
 		strip  func(*testKernel)
-		refuse []api.NetworkPolicy
-		allow  []api.NetworkPolicy
+		refuse []journal.NetworkPolicy
+		allow  []journal.NetworkPolicy
 	}{
-		{"no links", func(k *testKernel) { k.links = nil }, []api.NetworkPolicy{open, cidr, domain}, nil},
-		{"no firewall", func(k *testKernel) { k.firewall = nil }, []api.NetworkPolicy{open, cidr, domain}, nil},
-		{"no conntrack", func(k *testKernel) { k.flows = nil }, []api.NetworkPolicy{open, cidr, domain}, nil},
-		{"no pool", func(k *testKernel) { k.pool = netpolicy.Pool{} }, []api.NetworkPolicy{open, cidr, domain}, nil},
-		{"no dns proxy", func(k *testKernel) { k.dns = nil }, []api.NetworkPolicy{open, domain}, []api.NetworkPolicy{cidr}},
-		{"everything", func(*testKernel) {}, nil, []api.NetworkPolicy{open, cidr, domain}},
+		{"no links", func(k *testKernel) { k.links = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil},
+		{"no firewall", func(k *testKernel) { k.firewall = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil},
+		{"no conntrack", func(k *testKernel) { k.flows = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil},
+		{"no pool", func(k *testKernel) { k.pool = netpolicy.Pool{} }, []journal.NetworkPolicy{open, cidr, domain}, nil},
+		{"no dns proxy", func(k *testKernel) { k.dns = nil }, []journal.NetworkPolicy{open, domain}, []journal.NetworkPolicy{cidr}},
+		{"everything", func(*testKernel) {}, nil, []journal.NetworkPolicy{open, cidr, domain}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tk, k := fakeKernel(t)
@@ -252,7 +251,7 @@ func TestNetworkModesFailClosed(t *testing.T) {
 				}
 			}
 			gen := uint64(1)
-			for _, p := range append([]api.NetworkPolicy{{}}, c.allow...) {
+			for _, p := range append([]journal.NetworkPolicy{{}}, c.allow...) {
 				req := claimReq(fmt.Sprintf("c%d", gen), gen)
 				req.Network = p
 				r.mustClaim(sb, req)
@@ -280,8 +279,8 @@ func TestFirewallNotReadyRefusesClaims(t *testing.T) {
 		t.Fatalf("takeover with the table failing: returned %v, err %v; want an error", returned, err)
 	}
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkOpen}
-	for _, p := range []api.NetworkPolicy{req.Network, {}} {
+	req.Network = journal.NetworkPolicy{Mode: "open"}
+	for _, p := range []journal.NetworkPolicy{req.Network, {}} {
 		req := req
 		req.Network = p
 		if _, err, _ := r.claim(sb, req); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "not ready") {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -23,15 +22,14 @@ var updateCrashPoints = []string{"netupdate:intended", "netupdate:applied", "net
 // between leaves the update intended; the next primary's reconcile does
 // it again (each step is idempotent). Setting the policy in force again
 // changes nothing.
-func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy) (api.Sandbox, error) {
-	want := networkRecord(p)
+func (n *Node) UpdateNetwork(ctx context.Context, id string, want journal.NetworkPolicy) (SandboxView, error) {
 	pol, err := n.parsePolicy(want)
 	if err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	ctx, done, err := n.begin(ctx)
 	if err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	defer done()
 	// One update of a sandbox at a time, and none while its release
@@ -40,23 +38,23 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 	defer unlock()
 	s, err := n.ready(id)
 	if err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	cur, err := n.parsePolicy(policyOf(s))
 	if err == nil && s.NetworkUpdate == nil && cur.Equal(pol) {
 		return n.view(ctx, s), nil
 	}
 	if err := n.checkNetwork(pol); err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	o, ok, err := n.owner(s)
 	if err != nil || !ok || !n.hasNet() {
 		// A generation claimed before this node had its network (or
 		// without a slot) has no veth or chain to change.
-		return api.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
+		return SandboxView{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
 	}
 	if err := n.live(); err != nil {
-		return api.Sandbox{}, fmt.Errorf("network update of %s: %w", id, err)
+		return SandboxView{}, fmt.Errorf("network update of %s: %w", id, err)
 	}
 	err = n.d.Journal.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.Sandbox(id)
@@ -71,12 +69,12 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, p api.NetworkPolicy
 		return tx.PutSandbox(cur)
 	})
 	if err != nil {
-		return api.Sandbox{}, txErr("journal network update of "+id, err)
+		return SandboxView{}, txErr("journal network update of "+id, err)
 	}
 	n.crash("netupdate:intended")
 	s, err = n.applyUpdate(ctx, s, o, pol)
 	if err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	return n.view(ctx, s), nil
 }
@@ -179,7 +177,7 @@ func (n *Node) lockSandbox(id string) (unlock func()) { return n.locks.Lock(id) 
 
 // networkStatus is the generation's mode and counters, when it has a
 // sandbox network (the counters only while it runs).
-func (n *Node) networkStatus(ctx context.Context, s journal.Sandbox) *api.NetworkStatus {
+func (n *Node) networkStatus(ctx context.Context, s journal.Sandbox) *NetworkStatus {
 	if s.Slot == 0 {
 		return nil
 	}
@@ -187,13 +185,13 @@ func (n *Node) networkStatus(ctx context.Context, s journal.Sandbox) *api.Networ
 	if pol, err := n.parsePolicy(policyOf(s)); err == nil {
 		mode = pol.Mode
 	}
-	st := &api.NetworkStatus{Mode: api.NetworkMode(mode)}
+	st := &NetworkStatus{Mode: mode}
 	if s.State != journal.StateReady || n.d.Firewall == nil {
 		return st
 	}
 	if o, ok, err := n.owner(s); err == nil && ok {
 		if c, err := n.d.Firewall.Counters(ctx, o); err == nil {
-			st.TxBytes, st.TxPackets, st.DroppedPackets = c.TxBytes, c.TxPackets, c.DroppedPackets
+			st.Counters = c
 		}
 	}
 	return st

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -32,7 +31,7 @@ func TestUpdateNetworkInPlace(t *testing.T) {
 	r := newRig(t, tk)
 	r.mustBoot()
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkOpen}
+	req.Network = journal.NetworkPolicy{Mode: "open"}
 	r.mustClaim(sb, req)
 	k.AddFlow(1, flowAllowed)
 	k.AddFlow(1, flowCut)
@@ -42,7 +41,7 @@ func TestUpdateNetworkInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.State != api.StateReady || got.Network == nil || got.Network.Mode != api.NetworkRestrict {
+	if got.State != journal.StateReady || got.Network == nil || got.Network.Mode != "restricted" {
 		t.Fatalf("update answered %+v (network %+v)", got, got.Network)
 	}
 	calls := k.Calls()
@@ -56,7 +55,7 @@ func TestUpdateNetworkInPlace(t *testing.T) {
 		t.Errorf("DNS proxy holds %v %+v, want restricted", ok, eff)
 	}
 	s := r.sandbox(sb)
-	if s.NetworkUpdate != nil || s.Network == nil || !reflect.DeepEqual(*s.Network, networkRecord(updatePolicy)) {
+	if s.NetworkUpdate != nil || s.Network == nil || !reflect.DeepEqual(*s.Network, updatePolicy) {
 		t.Errorf("journal after the update: network %+v, update %+v", s.Network, s.NetworkUpdate)
 	}
 	if _, err := r.n.UpdateNetwork(ctx, sb, updatePolicy); err != nil {
@@ -114,7 +113,7 @@ func TestUpdateNetworkRefusals(t *testing.T) {
 	if _, err := r.n.UpdateNetwork(ctx, sb, updatePolicy); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Errorf("update without a firewall: %v, want unavailable", err)
 	}
-	if got, err := r.n.UpdateNetwork(ctx, sb, api.NetworkPolicy{Mode: api.NetworkDenyAll}); err != nil || got.State != api.StateReady {
+	if got, err := r.n.UpdateNetwork(ctx, sb, journal.NetworkPolicy{Mode: "deny_all"}); err != nil || got.State != journal.StateReady {
 		t.Errorf("update to the policy in force: %+v, %v", got, err)
 	}
 	if calls := k.Calls(); len(calls) > 0 {
@@ -123,12 +122,12 @@ func TestUpdateNetworkRefusals(t *testing.T) {
 	if after := r.sandbox(sb); !reflect.DeepEqual(after, before) {
 		t.Errorf("refused updates changed the record")
 	}
-	bad := api.NetworkPolicy{Mode: api.NetworkDenyAll, Rules: []api.NetworkRule{{CIDR: "10.0.0.0/8"}}}
+	bad := journal.NetworkPolicy{Mode: "deny_all", Rules: []journal.NetworkRule{{CIDR: "10.0.0.0/8"}}}
 	if _, err := r.n.UpdateNetwork(ctx, sb, bad); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Errorf("invalid policy: %v, want invalid_argument", err)
 	}
 	r.mustRelease(sb, "r1", 1)
-	if _, err := r.n.UpdateNetwork(ctx, sb, api.NetworkPolicy{}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, err := r.n.UpdateNetwork(ctx, sb, journal.NetworkPolicy{}); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("update of a released generation: %v, want conflict", err)
 	}
 }
@@ -142,7 +141,7 @@ func TestGetShowsNetworkCounters(t *testing.T) {
 	r.mustClaim(sb, claimReq("c1", 1))
 	k.SetCounters("sb-sb-g1", netpolicy.Counters{TxBytes: 1500, TxPackets: 3, DroppedPackets: 7})
 	got, err := r.n.Get(context.Background(), sb)
-	want := api.NetworkStatus{Mode: api.NetworkDenyAll, TxBytes: 1500, TxPackets: 3, DroppedPackets: 7}
+	want := NetworkStatus{Mode: "deny_all", Counters: netpolicy.Counters{TxBytes: 1500, TxPackets: 3, DroppedPackets: 7}}
 	if err != nil || got.Network == nil || *got.Network != want {
 		t.Fatalf("get: %+v, %v; want network %+v", got.Network, err, want)
 	}
@@ -175,7 +174,7 @@ func TestReleaseWaitsForUpdate(t *testing.T) {
 	<-held
 	released := make(chan error, 1)
 	go func() {
-		_, err := r.n.Release(context.Background(), sb, api.ReleaseRequest{OperationID: "r1", Generation: 1})
+		_, err := r.n.Release(context.Background(), sb, ReleaseRequest{OperationID: "r1", Generation: 1})
 		released <- err
 	}()
 	select {
@@ -205,11 +204,11 @@ func TestUpdateRemovingADomainName(t *testing.T) {
 	tk, k := fakeKernel(t)
 	r := newRig(t, tk)
 	r.mustBoot()
-	rule := func(name string) api.NetworkRule {
-		return api.NetworkRule{Domain: name, Protocol: "tcp", Ports: []string{"443"}}
+	rule := func(name string) journal.NetworkRule {
+		return journal.NetworkRule{Domain: name, Protocol: "tcp", Ports: []string{"443"}}
 	}
 	req := claimReq("c1", 1)
-	req.Network = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{rule("a.example"), rule("b.example")}}
+	req.Network = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{rule("a.example"), rule("b.example")}}
 	r.mustClaim(sb, req)
 	slot := netpolicy.Slot(r.sandbox(sb).Slot)
 	ctx := t.Context()
@@ -234,7 +233,7 @@ func TestUpdateRemovingADomainName(t *testing.T) {
 		}
 	}
 	defer func() { r.pause = nil }()
-	if _, err := r.n.UpdateNetwork(ctx, sb, api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{rule("b.example")}}); err != nil {
+	if _, err := r.n.UpdateNetwork(ctx, sb, journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{rule("b.example")}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, addr := range []netip.Addr{a, late} {

@@ -2,7 +2,8 @@
 // it turns claims into a lease, a RootFS, a netns and a runsc container,
 // journals every effect before making it, publishes a generation only on a
 // readiness proof, and returns capacity only with a signed cleanup proof.
-// It implements apiserver.Service.
+// It works on domain types (the journal's records, proofs); the API serves
+// it through apiserver.Adapter, which converts the wire types.
 package node
 
 import (
@@ -17,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/logging"
@@ -34,8 +34,8 @@ type Config struct {
 	StateDir     string // e.g. /var/lib/ctld
 	RunDir       string // e.g. /run/ctld
 	TemplatesDir string // a template named T is the directory TemplatesDir/T
-	Reserve      api.Capacity
-	Versions     api.Versions
+	Reserve      Capacity
+	Versions     Versions
 	// DefaultArgs is the main process when a claim names none.
 	DefaultArgs []string
 	// GuestOOMScoreAdj is every guest's oom_score_adj (0..1000), set in
@@ -92,7 +92,9 @@ const DefaultCarrierWait = 10 * time.Second
 
 // Deps are the subsystems the node drives; main builds them.
 type Deps struct {
-	Journal  *journal.Journal
+	Journal *journal.Journal
+	// Answers encodes what finished operations store (answers.go).
+	Answers  Answers
 	Identity proof.Identity
 	Epoch    uint64
 	Leases   Leases  // *lease.Manager
@@ -139,7 +141,7 @@ type Deps struct {
 	AgentPeers AgentPeers
 	Logger     *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
-	Total api.Capacity
+	Total Capacity
 	// Term is the primary's term: cancelled when it ends, after which the
 	// node makes no kernel effect (see term.go). nil: never ends (tests).
 	Term context.Context
@@ -148,7 +150,8 @@ type Deps struct {
 	Crash func(point string)
 }
 
-// Node implements api.Service for the primary.
+// Node is the primary's authority over its sandboxes; the API serves it
+// through apiserver.Adapter.
 type Node struct {
 	cfg Config
 	d   Deps
@@ -237,22 +240,38 @@ func newNonce() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// Node answers GET /v1/node.
-func (n *Node) Node(ctx context.Context) (api.Node, error) {
-	out := api.Node{
+// Versions of the kernel pieces the node depends on.
+type Versions struct {
+	Ctld, Kernel, Runsc, Nft string
+}
+
+// Info is the node as it stands: its identity, term and capacity ledger.
+type Info struct {
+	NodeID, BootID, Slot string
+	Epoch                uint64
+	// NodeKey is the public key that signs the node's cleanup proofs
+	// (nil: the node has no key); Rotation, while the node rotates its
+	// key, moves a verifier's pinned key to it.
+	NodeKey  []byte
+	Rotation *proof.Rotation
+	Versions Versions
+	Capacity Ledger
+	// Withheld are the generations whose cleanup is unproven.
+	Withheld []Withheld
+}
+
+// Node is the node's identity, term and capacity ledger.
+func (n *Node) Node(ctx context.Context) (Info, error) {
+	out := Info{
 		NodeID:   n.d.Identity.NodeID,
 		BootID:   n.d.Identity.BootID,
 		Slot:     n.cfg.Slot,
-		Role:     "primary",
 		Epoch:    n.d.Epoch,
 		Versions: n.cfg.Versions,
 	}
 	if n.d.Identity.Key != nil {
 		out.NodeKey = n.d.Identity.PublicKey()
-		if r := n.d.Identity.Rotation; r != nil {
-			out.KeyRotation = &api.KeyRotation{Version: r.Version, NodeID: r.NodeID, OldKey: r.OldKey, NewKey: r.NewKey,
-				IssuedAt: r.IssuedAt, OldSignature: r.OldSignature, NewSignature: r.NewSignature}
-		}
+		out.Rotation = n.d.Identity.Rotation
 	}
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		ss, err := tx.LiveSandboxes()
@@ -268,43 +287,56 @@ func (n *Node) Node(ctx context.Context) (api.Node, error) {
 		return nil
 	})
 	if err != nil {
-		return api.Node{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+		return Info{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	return out, nil
 }
 
-// List answers GET /v1/sandboxes.
-func (n *Node) List(ctx context.Context) (api.SandboxList, error) {
-	var out api.SandboxList
+// SandboxView is a sandbox's record with what the kernel says of it now.
+type SandboxView struct {
+	journal.Sandbox
+	// Network is the generation's network mode and packet counters (nil:
+	// no sandbox network).
+	Network *NetworkStatus
+}
+
+// NetworkStatus is a generation's network as the node enforces it: its
+// mode and its nft chain's counters (zero unless it runs).
+type NetworkStatus struct {
+	Mode netpolicy.Mode
+	netpolicy.Counters
+}
+
+// List is every sandbox the journal knows, as the kernel has it now.
+func (n *Node) List(ctx context.Context) ([]SandboxView, error) {
+	var out []SandboxView
 	err := n.d.Journal.View(func(tx *journal.Tx) error {
 		ss, err := tx.Sandboxes()
 		for _, s := range ss {
-			out.Sandboxes = append(out.Sandboxes, n.view(ctx, s))
+			out = append(out, n.view(ctx, s))
 		}
 		return err
 	})
 	if err != nil {
-		return out, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
-	}
-	if out.Sandboxes == nil {
-		out.Sandboxes = []api.Sandbox{}
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	return out, nil
 }
 
-// Get answers GET /v1/sandboxes/{id}.
-func (n *Node) Get(ctx context.Context, id string) (api.Sandbox, error) {
+// Get is sandbox id as the kernel has it now (not_found: the journal
+// never saw it).
+func (n *Node) Get(ctx context.Context, id string) (SandboxView, error) {
 	s, err := n.sandbox(id)
 	if err != nil {
-		return api.Sandbox{}, err
+		return SandboxView{}, err
 	}
 	return n.view(ctx, s), nil
 }
 
-// view adds live facts (OOM kills) to a ready sandbox's record.
-func (n *Node) view(ctx context.Context, s journal.Sandbox) api.Sandbox {
-	out := apiSandbox(s)
-	out.Network = n.networkStatus(ctx, s)
+// view adds live facts (OOM kills, network counters) to a sandbox's
+// record.
+func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
+	out := SandboxView{Sandbox: s, Network: n.networkStatus(ctx, s)}
 	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills
@@ -329,8 +361,8 @@ func (n *Node) sandbox(id string) (journal.Sandbox, error) {
 	return s, nil
 }
 
-// Proof answers GET /v1/proofs/{operation_id}.
-func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error) {
+// Proof is the signed cleanup proof stored under operation opID.
+func (n *Node) Proof(ctx context.Context, opID string) (proof.Proof, error) {
 	var p proof.Proof
 	var ok bool
 	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
@@ -338,10 +370,10 @@ func (n *Node) Proof(ctx context.Context, opID string) (api.CleanupProof, error)
 		return err
 	})
 	if err != nil {
-		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+		return proof.Proof{}, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
 	}
 	if !ok {
-		return api.CleanupProof{}, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
+		return proof.Proof{}, errdefs.Errorf(errdefs.CodeNotFound, "no cleanup proof for operation %q", opID)
 	}
-	return api.CleanupProofOf(p), nil
+	return p, nil
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
@@ -25,7 +25,7 @@ func testNode(t *testing.T) *Node {
 	if err := j.TakeOver(3); err != nil {
 		t.Fatal(err)
 	}
-	return New(Config{Slot: "a"}, Deps{Journal: j, Epoch: 3})
+	return New(Config{Slot: "a"}, Deps{Journal: j, Answers: testAnswers{}, Epoch: 3})
 }
 
 // TestLateReadinessProofRejected: a proof from an older attempt (another
@@ -74,8 +74,8 @@ func TestLateReadinessProofRejected(t *testing.T) {
 }
 
 func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
-	total := api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000}
-	reserve := api.Capacity{CPUMillis: 500, MemoryBytes: 1 << 30, PIDs: 1000}
+	total := Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000}
+	reserve := Capacity{CPUMillis: 500, MemoryBytes: 1 << 30, PIDs: 1000}
 	res := journal.Resources{CPUMillis: 1000, MemoryBytes: 1 << 30, PIDs: 100}
 	sb := func(state journal.State, withheld bool) journal.Sandbox {
 		return journal.Sandbox{State: state, Resources: res, Withheld: withheld}
@@ -136,26 +136,26 @@ func TestArmExpiryOnlyWithLifetimeAndCloseStopsTimers(t *testing.T) {
 func TestBadClaimNeverReachesJournal(t *testing.T) {
 	n := testNode(t)
 	n.cfg.TemplatesDir = t.TempDir()
-	n.d.Total = api.Capacity{CPUMillis: 1 << 40, MemoryBytes: 1 << 62, PIDs: 1 << 40}
+	n.d.Total = Capacity{CPUMillis: 1 << 40, MemoryBytes: 1 << 62, PIDs: 1 << 40}
 	if err := os.Mkdir(filepath.Join(n.cfg.TemplatesDir, "busybox"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	good := api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 64}
+	good := journal.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 64}
 	for name, c := range map[string]struct {
 		id  string
 		gen uint64
-		res func(*api.Resources)
+		res func(*journal.Resources)
 	}{
-		"cpu below the kernel's quota minimum": {"sb", 1, func(r *api.Resources) { r.CPUMillis = 5 }},
-		"cpuset beyond NR_CPUS":                {"sb", 1, func(r *api.Resources) { r.Cpuset = "9000" }},
-		"memory beyond the limit":              {"sb", 1, func(r *api.Resources) { r.MemoryBytes = 1 << 60 }},
-		"generation name too long":             {strings.Repeat("a", 60), 10, func(*api.Resources) {}},
+		"cpu below the kernel's quota minimum": {"sb", 1, func(r *journal.Resources) { r.CPUMillis = 5 }},
+		"cpuset beyond NR_CPUS":                {"sb", 1, func(r *journal.Resources) { r.Cpuset = "9000" }},
+		"memory beyond the limit":              {"sb", 1, func(r *journal.Resources) { r.MemoryBytes = 1 << 60 }},
+		"generation name too long":             {strings.Repeat("a", 60), 10, func(*journal.Resources) {}},
 	} {
 		res := good
 		c.res(&res)
-		req := api.ClaimRequest{
+		req := journal.ClaimRequest{
 			OperationID: "op-" + strings.ReplaceAll(name, " ", "-"), Generation: c.gen,
-			RootFS: api.RootFS{Mode: "overlay", Template: "busybox"}, Resources: res,
+			RootFS: journal.RootFS{Mode: "overlay", Template: "busybox"}, Resources: res,
 		}
 		if _, err := n.Claim(context.Background(), c.id, req); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("%s: claim = %v, want invalid_argument", name, err)
@@ -186,10 +186,10 @@ func TestBadClaimNeverReachesJournal(t *testing.T) {
 // its env, which never holds the nonce (it goes in the nonce file).
 func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
 	rec := journal.Sandbox{Nonce: "n", Request: &journal.ClaimRequest{Process: journal.Process{UID: 1000, GID: 1001}}}
-	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
+	if p := execProcess(rec, ExecRequest{Args: []string{"id"}}); p.UID != 1000 || p.GID != 1001 {
 		t.Errorf("exec without a user runs as %d:%d, want the workload's 1000:1001", p.UID, p.GID)
 	}
-	if p := execProcess(rec, api.ExecRequest{Args: []string{"id"}, User: &api.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
+	if p := execProcess(rec, ExecRequest{Args: []string{"id"}, User: &wire.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
 		t.Errorf("exec as 0:0 runs as %d:%d", p.UID, p.GID)
 	}
 	n := &Node{cfg: Config{RunDir: "/run/ctld"}}

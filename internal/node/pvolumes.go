@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
@@ -57,7 +56,7 @@ func (n *Node) hasPVolumes() bool {
 // checkVolumes refuses, before anything is journaled, a claim naming
 // volumes this node cannot attach (unavailable) or that do not exist
 // (not_found).
-func (n *Node) checkVolumes(ctx context.Context, req api.ClaimRequest) error {
+func (n *Node) checkVolumes(ctx context.Context, req journal.ClaimRequest) error {
 	if len(req.Volumes) == 0 {
 		return nil
 	}
@@ -176,13 +175,13 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	if err != nil {
 		return "", errdefs.Errorf(errdefs.CodeUnavailable, "head: %v", err)
 	}
-	if err := n.floorHead(persistentVolume(v.ID), h, apiHead(v.ExpectHead)); err != nil {
+	if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
 		return "", err
 	}
 	if h.Seq == 0 {
 		return "", errdefs.Errorf(errdefs.CodeNotFound, "volume %q has no head (deleted?)", v.ID)
 	}
-	av := journal.AttachedVolume{ID: v.ID, Path: v.Path, Dir: filepath.Join(n.volumesDir(rec.ContainerID), v.ID), Index: -1, Head: journalHead(h)}
+	av := journal.AttachedVolume{ID: v.ID, Path: v.Path, Dir: filepath.Join(n.volumesDir(rec.ContainerID), v.ID), Index: -1, Head: h}
 	err = n.putVolume(rec, &av, func(tx *journal.Tx) (err error) {
 		av.WriterEpoch, err = tx.NextWriterEpoch()
 		return err
@@ -316,7 +315,7 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 		if err != nil || h.Seq == 0 || h.Generation != spec.Base.Generation || h.WriterEpoch > spec.Epoch {
 			return fmt.Sprintf("the head %+v (%v) is not the attach's base generation %d", h, err, spec.Base.Generation)
 		}
-		av := journal.AttachedVolume{ID: id, Dir: dir, Index: st.Index, WriterEpoch: spec.Epoch, Head: journalHead(h)}
+		av := journal.AttachedVolume{ID: id, Dir: dir, Index: st.Index, WriterEpoch: spec.Epoch, Head: h}
 		av, err = r.sealAndPublish(ctx, rec, av)
 		switch {
 		case err != nil:
@@ -324,7 +323,7 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 		case av.Published == nil:
 			return av.PublishError
 		}
-		if err := n.noteHead(persistentVolume(id), apiHead(*av.Published)); err != nil {
+		if err := n.noteHead(persistentVolume(id), *av.Published); err != nil {
 			return "published, but its head mark not journaled: " + err.Error()
 		}
 		log.Warn("sealed and published a volume writer no attach record names", "head", av.Published.Seq, "block_generation", av.Published.Generation, "writer_epoch", spec.Epoch)
@@ -400,8 +399,8 @@ func (r volumesResource) sealAndPublish(ctx context.Context, rec journal.Sandbox
 		return av, errors.Join(serr, terr)
 	}
 	n.crash("volumes:sealed")
-	cur := apiHead(av.Head)
-	h, err := n.d.PVolumes.Publish(ctx, av.ID, cur, api.VolumeHead{Generation: res.Generation, WriterEpoch: av.WriterEpoch, Node: n.d.Identity.NodeID})
+	cur := av.Head
+	h, err := n.d.PVolumes.Publish(ctx, av.ID, cur, journal.VolumeHead{Generation: res.Generation, WriterEpoch: av.WriterEpoch, Node: n.d.Identity.NodeID})
 	switch {
 	case err == nil:
 	case errdefs.CodeOf(err) == errdefs.CodeFenced:
@@ -416,7 +415,7 @@ func (r volumesResource) sealAndPublish(ctx context.Context, rec journal.Sandbox
 	default:
 		return av, fmt.Errorf("publish: %w", err)
 	}
-	jh := journalHead(h)
+	jh := h
 	av.Published = &jh
 	log.Info("volume sealed and published", "head", h.Seq, "block_generation", h.Generation, "bytes", res.Bytes)
 	return av, nil
@@ -429,7 +428,7 @@ func publishedMark(av journal.AttachedVolume) func(*journal.Tx) error {
 		if av.Published == nil {
 			return nil
 		}
-		return raiseMark(tx, persistentVolume(av.ID), apiHead(*av.Published))
+		return raiseMark(tx, persistentVolume(av.ID), *av.Published)
 	}
 }
 

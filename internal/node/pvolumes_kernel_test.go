@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 )
@@ -40,7 +39,7 @@ func TestKernelVolumeWriterRestart(t *testing.T) {
 	looped := make(chan error, 1)
 	go func() {
 		script := fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo line $i >> /data/log || exit 1; sync || exit 2; i=$((i+1)); sleep 0.2; done", lines)
-		code, err := r.n.Exec(ctx, sb, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}}, &out, &out)
+		code, err := r.n.Exec(ctx, sb, ExecRequest{Args: []string{"/bin/sh", "-c", script}}, &out, &out)
 		if err == nil && code != 0 {
 			err = fmt.Errorf("exit %d: %s", code, out.String())
 		}

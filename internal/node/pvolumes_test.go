@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
@@ -17,9 +16,9 @@ import (
 )
 
 // volumeReq is claimReq attaching persistent volume id at path.
-func volumeReq(op string, gen uint64, id, path string) api.ClaimRequest {
+func volumeReq(op string, gen uint64, id, path string) journal.ClaimRequest {
 	req := claimReq(op, gen)
-	req.Volumes = []api.VolumeMount{{ID: id, Path: path}}
+	req.Volumes = []journal.VolumeMount{{ID: id, Path: path}}
 	return req
 }
 
@@ -61,7 +60,7 @@ func TestVolumeAttachDetach(t *testing.T) {
 	if av.ID != "data" || av.WriterEpoch == 0 || av.Index < 0 || av.Head.Seq != 1 || av.Mount != filepath.Join(k.VolumeMountDir(), "data") || av.RootDev == "" {
 		t.Errorf("attach %+v: want data with an epoch, a device, head 1 and its mount", av)
 	}
-	if v := resp.Sandbox.Volumes; len(v) != 1 || v[0].ID != "data" || v[0].Path != "/data" || v[0].Head == nil || v[0].Head.Seq != 1 {
+	if v := resp.Sandbox.Volumes; len(v) != 1 || v[0].ID != "data" || v[0].Path != "/data" || v[0].Head.Seq != 1 {
 		t.Errorf("the claim's sandbox shows volumes %+v", resp.Sandbox.Volumes)
 	}
 	b, err := os.ReadFile(filepath.Join(r.n.bundleDir(s.ContainerID), "config.json"))
@@ -80,7 +79,7 @@ func TestVolumeAttachDetach(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		req  api.ClaimRequest
+		req  journal.ClaimRequest
 		code errdefs.Code
 		want string
 	}{

@@ -9,23 +9,22 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
 
-// Release destroys a sandbox's current generation and returns the signed
-// cleanup proof.
-func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (api.ReleaseResponse, error) {
+// Release destroys a sandbox's current generation and returns the answer
+// stored with its signed cleanup proof (Answers.Released).
+func (n *Node) Release(ctx context.Context, id string, req ReleaseRequest) (json.RawMessage, error) {
 	op := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpRelease, SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("release", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
 	ctx, end, err := n.begin(ctx)
 	if err != nil {
-		return api.ReleaseResponse{}, err
+		return nil, err
 	}
 	defer end()
 	var rec journal.Sandbox
@@ -57,9 +56,9 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	unlock()
 	if err != nil || !started {
 		if err != nil {
-			return api.ReleaseResponse{}, err
+			return nil, err
 		}
-		return opOutcome[api.ReleaseResponse](op)
+		return opOutcome(op)
 	}
 	defer n.endOp(op.ID)
 	// Not stopped by the caller going away, but by the end of the term.
@@ -69,22 +68,18 @@ func (n *Node) Release(ctx context.Context, id string, req api.ReleaseRequest) (
 	n.kickCarriers() // a slot may be free again
 	if errors.Is(terr, ErrTermOver) {
 		n.log.Warn("release interrupted by the end of the term; the next primary completes it", "sandbox", id, "generation", rec.Generation, "err", terr)
-		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
 	}
 	if terr != nil {
 		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", terr)
 	}
 	// The answer is what the journal stored with the proof, so a repeat of
 	// this operation id gets exactly the same bytes.
-	var done journal.Operation
-	var ok bool
-	if jerr := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		done, ok, err = tx.Operation(op.ID)
-		return err
-	}); jerr != nil || !ok || done.State != journal.OpDone {
-		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(jerr, terr))
+	ans, err := n.storedAnswer(op.ID)
+	if err != nil {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(err, terr))
 	}
-	return opOutcome[api.ReleaseResponse](done)
+	return ans, nil
 }
 
 // teardown removes the kernel objects of a generation (idempotently, in
@@ -186,14 +181,14 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 		if err != nil || !ok || (op.Kind != journal.OpRelease && op.Kind != journal.OpPause) {
 			return err // claim rollbacks store their error in failOp
 		}
-		var res []byte
+		var res json.RawMessage
 		if op.Kind == journal.OpPause {
-			res, err = pauseResult(s, api.CleanupProofOf(p))
+			res, err = n.d.Answers.Paused(s, p)
 		} else {
-			res, err = json.Marshal(api.ReleaseResponse{Sandbox: apiSandbox(s), Proof: api.CleanupProofOf(p)})
+			res, err = n.d.Answers.Released(s, p)
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("encode the answer of %s %s: %w", op.Kind, opID, err)
 		}
 		op.State, op.Result = journal.OpDone, res
 		return tx.PutOperation(op)

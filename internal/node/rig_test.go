@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -67,7 +66,7 @@ type testKernel struct {
 	killGuest func(t testing.TB, cid string)
 	// failProbe makes the readiness probe of the claim req fail (after
 	// every effect of the claim was made).
-	failProbe func(t testing.TB, req *api.ClaimRequest)
+	failProbe func(t testing.TB, req *journal.ClaimRequest)
 	// timeout bounds one operation.
 	timeout time.Duration
 	// carriers is the node's warm carrier pool size (Config.Carriers).
@@ -81,7 +80,7 @@ type testKernel struct {
 	showLog bool
 	// resources, when set, replace every claim's (the VM's guests need
 	// more CPU than a lease of 0.2 CPU to boot in seconds under TCG).
-	resources *api.Resources
+	resources *journal.Resources
 	// bootCPU is Config.BootCPUMillis.
 	bootCPU int64
 	// Block mode (nil: the node has none); blockMode makes every claim a
@@ -270,7 +269,7 @@ func (r *rig) boot() (returned bool, err error) {
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,
 		PVolumes: r.k.pvolumes, VolumeMounts: r.k.volumeMounts, VolumeFreezer: r.k.volumeFreezer,
-		Journal: j, Identity: r.ident, Epoch: r.epoch,
+		Journal: j, Answers: testAnswers{}, Identity: r.ident, Epoch: r.epoch,
 		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
 		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
 		NodeAddrs: testNodeAddrs, AgentDirs: r.k.agentDirs, AgentPeers: r.k.agentPeers,
@@ -334,21 +333,21 @@ var testPool = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/28"), V6: ne
 
 var testNodeAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")}
 
-var testTotal = api.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
+var testTotal = Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
 
 func (r *rig) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), r.k.timeout)
 }
 
-func claimReq(op string, gen uint64) api.ClaimRequest {
-	return api.ClaimRequest{
+func claimReq(op string, gen uint64) journal.ClaimRequest {
+	return journal.ClaimRequest{
 		OperationID: op, Generation: gen,
-		RootFS:    api.RootFS{Mode: "overlay", Template: "busybox"},
-		Resources: api.Resources{CPUMillis: 200, MemoryBytes: 128 << 20, PIDs: 128, DiskBytes: 16 << 20},
+		RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox"},
+		Resources: journal.Resources{CPUMillis: 200, MemoryBytes: 128 << 20, PIDs: 128, DiskBytes: 16 << 20},
 	}
 }
 
-func (r *rig) claim(id string, req api.ClaimRequest) (resp api.ClaimResponse, err error, returned bool) {
+func (r *rig) claim(id string, req journal.ClaimRequest) (resp answer, err error, returned bool) {
 	ctx, cancel := r.ctx()
 	defer cancel()
 	defer r.took("claim "+req.OperationID, time.Now())
@@ -356,12 +355,12 @@ func (r *rig) claim(id string, req api.ClaimRequest) (resp api.ClaimResponse, er
 		req.Resources = *r.k.resources
 	}
 	if r.k.blockMode {
-		req.RootFS.Mode, req.Resources.DiskBytes = api.RootFSBlock, 0
+		req.RootFS.Mode, req.Resources.DiskBytes = journal.RootFSBlock, 0
 	}
 	if r.k.volume != "" && len(req.Volumes) == 0 {
-		req.Volumes = []api.VolumeMount{{ID: r.k.volume, Path: "/data"}}
+		req.Volumes = []journal.VolumeMount{{ID: r.k.volume, Path: "/data"}}
 	}
-	returned = r.do(func() { resp, err = r.n.Claim(ctx, id, req) })
+	returned = r.do(func() { resp, err = decodeAnswer(r.n.Claim(ctx, id, req)) })
 	return resp, err, returned
 }
 
@@ -371,15 +370,17 @@ func (r *rig) took(what string, start time.Time) {
 	r.log.Info("test step", "step", what, "ms", time.Since(start).Milliseconds())
 }
 
-func (r *rig) release(id, op string, gen uint64) (resp api.ReleaseResponse, err error, returned bool) {
+func (r *rig) release(id, op string, gen uint64) (resp answer, err error, returned bool) {
 	ctx, cancel := r.ctx()
 	defer cancel()
 	defer r.took("release "+op, time.Now())
-	returned = r.do(func() { resp, err = r.n.Release(ctx, id, api.ReleaseRequest{OperationID: op, Generation: gen}) })
+	returned = r.do(func() {
+		resp, err = decodeAnswer(r.n.Release(ctx, id, ReleaseRequest{OperationID: op, Generation: gen}))
+	})
 	return resp, err, returned
 }
 
-func (r *rig) mustClaim(id string, req api.ClaimRequest) api.ClaimResponse {
+func (r *rig) mustClaim(id string, req journal.ClaimRequest) answer {
 	r.t.Helper()
 	resp, err, returned := r.claim(id, req)
 	if !returned || err != nil {
@@ -388,7 +389,7 @@ func (r *rig) mustClaim(id string, req api.ClaimRequest) api.ClaimResponse {
 	return resp
 }
 
-func (r *rig) mustRelease(id, op string, gen uint64) api.ReleaseResponse {
+func (r *rig) mustRelease(id, op string, gen uint64) answer {
 	r.t.Helper()
 	resp, err, returned := r.release(id, op, gen)
 	if !returned || err != nil {
@@ -407,16 +408,16 @@ func (r *rig) sandbox(id string) journal.Sandbox {
 }
 
 // checkProof: the proof of op is journaled, clean and signed by the node.
-func (r *rig) checkProof(op string) api.CleanupProof {
+func (r *rig) checkProof(op string) proof.Proof {
 	r.t.Helper()
 	p, err := r.n.Proof(context.Background(), op)
 	if err != nil {
 		r.t.Fatalf("proof of %s: %v", op, err)
 	}
 	if !p.Clean {
-		r.t.Errorf("proof of %s is not clean: %s", op, failedChecks(p.Record()))
+		r.t.Errorf("proof of %s is not clean: %s", op, failedChecks(p))
 	}
-	if err := proof.Verify(p.Record(), r.ident.PublicKey()); err != nil {
+	if err := proof.Verify(p, r.ident.PublicKey()); err != nil {
 		r.t.Errorf("proof of %s: %v", op, err)
 	}
 	return p
@@ -433,7 +434,7 @@ func (r *rig) checkClean(when string) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if nd.Capacity.Leased != (api.Capacity{}) || nd.Capacity.Withheld != (api.Capacity{}) || len(nd.Withheld) > 0 {
+	if nd.Capacity.Leased != (Capacity{}) || nd.Capacity.Withheld != (Capacity{}) || len(nd.Withheld) > 0 {
 		r.t.Errorf("%s: capacity not returned: leased %+v, withheld %+v %+v", when, nd.Capacity.Leased, nd.Capacity.Withheld, nd.Withheld)
 	}
 	err = r.j.View(func(tx *journal.Tx) error {
@@ -544,7 +545,7 @@ const sb = "sb"
 
 // updatePolicy is what the update crash case switches a deny_all
 // generation to.
-var updatePolicy = api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+var updatePolicy = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
 
 func isClaimPoint(p string) bool {
 	if isUpdatePoint(p) {
@@ -571,7 +572,7 @@ func isVolumePoint(p string) bool {
 }
 
 // volumeHead is the head of the kernel's test volume.
-func (r *rig) volumeHead() api.VolumeHead {
+func (r *rig) volumeHead() journal.VolumeHead {
 	r.t.Helper()
 	h, err := r.k.pvolumes.Head(context.Background(), r.k.volume)
 	if err != nil {
@@ -610,7 +611,7 @@ func isSweepPoint(k *testKernel, p string) bool {
 
 // claimFailed: the claim c1 of sb was rolled back (failed, clean proof
 // under its operation id) and a retry of c1 gets the same stored error.
-func claimFailed(r *rig, req api.ClaimRequest, wantCode errdefs.Code) {
+func claimFailed(r *rig, req journal.ClaimRequest, wantCode errdefs.Code) {
 	r.t.Helper()
 	if s := r.sandbox(sb); s.State != journal.StateFailed || s.Withheld {
 		r.t.Errorf("sandbox %s is %s (withheld %v, %s), want failed", sb, s.State, s.Withheld, s.Reason)
@@ -694,7 +695,7 @@ var crashCases = []crashCase{
 			}
 			for range 2 {
 				resp, err, _ := r.release(sb, "r1", 1)
-				if err != nil || !reflect.DeepEqual(resp.Proof, p) || resp.Sandbox.State != api.StateReleased {
+				if err != nil || !reflect.DeepEqual(resp.Proof, p) || resp.Sandbox.State != journal.StateReleased {
 					r.t.Errorf("retry of release r1: %+v, %v; want the stored answer with proof %+v", resp, err, p)
 				}
 			}
@@ -723,7 +724,7 @@ var crashCases = []crashCase{
 			if s.State != journal.StateReady || s.NetworkUpdate != nil || s.Network == nil || s.Network.Mode != journal.NetworkMode(updatePolicy.Mode) {
 				r.t.Errorf("after the update: %s, network %+v, update %+v; want ready with mode %s done", s.State, s.Network, s.NetworkUpdate, updatePolicy.Mode)
 			}
-			if got, err := r.n.Get(context.Background(), sb); err != nil || got.Network == nil || got.Network.Mode != updatePolicy.Mode {
+			if got, err := r.n.Get(context.Background(), sb); err != nil || got.Network == nil || string(got.Network.Mode) != string(updatePolicy.Mode) {
 				r.t.Errorf("get after the update: %+v, %v", got.Network, err)
 			}
 			if r.k.enforced != nil {

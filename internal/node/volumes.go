@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
@@ -54,37 +53,37 @@ func sealable(s journal.Sandbox, call string) error {
 // generation and thaws it; it journals the device's new base (the writer
 // rebased onto the sealed generation) and returns the seal with rec
 // updated.
-func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (api.SealResult, error) {
+func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (journal.SealResult, error) {
 	t0 := time.Now()
 	gens, err := n.d.Volumes.Generations(ctx, rec.ID)
 	if err != nil {
-		return api.SealResult{}, errdefs.Errorf(errdefs.CodeUnavailable, "list the generations of sandbox %s: %v", rec.ID, err)
+		return journal.SealResult{}, errdefs.Errorf(errdefs.CodeUnavailable, "list the generations of sandbox %s: %v", rec.ID, err)
 	}
 	next := uint64(1)
 	if len(gens) > 0 {
 		next = slices.Max(gens) + 1
 	}
 	if err := n.live(); err != nil {
-		return api.SealResult{}, err
+		return journal.SealResult{}, err
 	}
 	thaw, err := n.d.Freezer.Freeze(ctx, rec.ContainerID)
 	if err != nil {
-		return api.SealResult{}, fmt.Errorf("freeze the root of %s: %w", rec.ContainerID, err)
+		return journal.SealResult{}, fmt.Errorf("freeze the root of %s: %w", rec.ContainerID, err)
 	}
 	tf := time.Now()
 	res, serr := n.d.Sealer.Seal(ctx, n.writerDir(*rec), next, rec.Block.WriterEpoch)
 	terr := thaw()
 	res.FreezeMS = ms(time.Since(tf))
 	if serr != nil {
-		return api.SealResult{}, errors.Join(fmt.Errorf("seal the device of %s: %w", rec.ContainerID, serr), terr)
+		return journal.SealResult{}, errors.Join(fmt.Errorf("seal the device of %s: %w", rec.ContainerID, serr), terr)
 	}
 	if terr != nil {
-		return api.SealResult{}, fmt.Errorf("thaw the root of %s: %w", rec.ContainerID, terr)
+		return journal.SealResult{}, fmt.Errorf("thaw the root of %s: %w", rec.ContainerID, terr)
 	}
 	b := *rec.Block
 	b.BaseVolume, b.BaseGeneration = blockstore.Sandbox(rec.ID).String(), res.Generation
 	if err := n.putBlock(*rec, &b, nil); err != nil {
-		return api.SealResult{}, fmt.Errorf("journal the device's new base: %w", err)
+		return journal.SealResult{}, fmt.Errorf("journal the device's new base: %w", err)
 	}
 	rec.Block = &b
 	res.TotalMS = ms(time.Since(t0))
@@ -93,10 +92,12 @@ func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (api.SealResult, 
 	return res, nil
 }
 
-// Pause implements apiserver.Service.
-func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.PauseResponse, error) {
+// Pause seals the running block generation, publishes it as the
+// sandbox's head and releases the generation; it returns the answer
+// stored with the cleanup proof (Answers.Paused).
+func (n *Node) Pause(ctx context.Context, id string, req PauseRequest) (json.RawMessage, error) {
 	if err := n.needVolumes("pause"); err != nil {
-		return api.PauseResponse{}, err
+		return nil, err
 	}
 	op := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpPause, SandboxID: id, Generation: req.Generation,
@@ -104,7 +105,7 @@ func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.
 	}
 	ctx, end, err := n.begin(ctx)
 	if err != nil {
-		return api.PauseResponse{}, err
+		return nil, err
 	}
 	defer end()
 	unlock := n.lockSandbox(id)
@@ -130,23 +131,23 @@ func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.
 	if err != nil || !started {
 		unlock()
 		if err != nil {
-			return api.PauseResponse{}, err
+			return nil, err
 		}
-		return opOutcome[api.PauseResponse](op)
+		return opOutcome(op)
 	}
 	defer n.endOp(op.ID)
 	head, res, err := n.sealAndPublish(ctx, &rec)
 	if err != nil {
 		unlock()
 		n.abandonSeal(rec, op.ID, err)
-		return api.PauseResponse{}, err
+		return nil, err
 	}
 	err = n.publishedSeal(rec, op.ID, head, res)
 	unlock()
 	if err != nil {
 		// The head moved; the takeover's reconcile finds it and completes
 		// the pause (settleSeal).
-		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
 	}
 	rec.State, rec.ReleaseOp = journal.StateReleasing, op.ID
 	return n.finishPause(rec, op.ID)
@@ -154,17 +155,17 @@ func (n *Node) Pause(ctx context.Context, id string, req api.PauseRequest) (api.
 
 // sealAndPublish seals rec's device and publishes it as the volume's head
 // over the head its claim started from.
-func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (api.VolumeHead, api.SealResult, error) {
+func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (journal.VolumeHead, journal.SealResult, error) {
 	res, err := n.seal(ctx, rec)
 	if err != nil {
-		return api.VolumeHead{}, res, err
+		return journal.VolumeHead{}, res, err
 	}
 	n.crash("pause:sealed")
 	if err := n.live(); err != nil {
-		return api.VolumeHead{}, res, err
+		return journal.VolumeHead{}, res, err
 	}
-	next := api.VolumeHead{Generation: res.Generation, WriterEpoch: rec.Block.WriterEpoch, Node: n.d.Identity.NodeID}
-	head, err := n.d.Volumes.Publish(ctx, rec.ID, apiHead(rec.Block.Head), next)
+	next := journal.VolumeHead{Generation: res.Generation, WriterEpoch: rec.Block.WriterEpoch, Node: n.d.Identity.NodeID}
+	head, err := n.d.Volumes.Publish(ctx, rec.ID, rec.Block.Head, next)
 	if err != nil {
 		if errdefs.CodeOf(err) == errdefs.CodeFenced {
 			return head, res, err
@@ -177,14 +178,14 @@ func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (api.Vo
 
 // publishedSeal journals a published pause: the generation is releasing
 // under the pause's operation.
-func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head api.VolumeHead, res api.SealResult) error {
+func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head journal.VolumeHead, res journal.SealResult) error {
 	result, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}
 	also := func(tx *journal.Tx) error { return raiseMark(tx, sandboxVolume(rec.ID), head) }
 	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
-		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: journalHead(head), Result: result}
+		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: head, Result: result}
 		s.State, s.ReleaseOp = journal.StateReleasing, opID
 	})
 }
@@ -220,40 +221,22 @@ func (n *Node) abandonSeal(rec journal.Sandbox, opID string, cause error) {
 
 // finishPause releases a published pause's generation (the teardown stores
 // the pause's answer with its proof) and answers it.
-func (n *Node) finishPause(rec journal.Sandbox, opID string) (api.PauseResponse, error) {
+func (n *Node) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, error) {
 	td, cancel := n.background(2 * time.Minute)
 	defer cancel()
 	_, terr := n.teardown(td, rec, opID, journal.StateReleased, "paused")
 	n.kickCarriers()
 	if errors.Is(terr, ErrTermOver) {
-		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: the head is published; its release was interrupted by the end of this primary's term and the next primary completes it; retry the same operation_id", opID)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: the head is published; its release was interrupted by the end of this primary's term and the next primary completes it; retry the same operation_id", opID)
 	}
 	if terr != nil {
 		n.log.Warn("pause's release left objects behind; capacity withheld", "sandbox", rec.ID, "generation", rec.Generation, "err", terr)
 	}
-	var done journal.Operation
-	var ok bool
-	if jerr := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		done, ok, err = tx.Operation(opID)
-		return err
-	}); jerr != nil || !ok || done.State != journal.OpDone {
-		return api.PauseResponse{}, errdefs.Errorf(errdefs.CodeInternal, "pause of %s: cleanup proof not journaled: %v", rec.ID, errors.Join(jerr, terr))
+	ans, err := n.storedAnswer(opID)
+	if err != nil {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "pause of %s: cleanup proof not journaled: %v", rec.ID, errors.Join(err, terr))
 	}
-	return opOutcome[api.PauseResponse](done)
-}
-
-// pauseResult is the stored answer of a pause whose teardown signed p.
-func pauseResult(s journal.Sandbox, p api.CleanupProof) (json.RawMessage, error) {
-	out := api.PauseResponse{Sandbox: apiSandbox(s), Proof: p}
-	if s.Seal != nil {
-		out.Head = apiHead(s.Seal.Head)
-		if len(s.Seal.Result) > 0 {
-			if err := json.Unmarshal(s.Seal.Result, &out.Seal); err != nil {
-				return nil, fmt.Errorf("decode journaled seal: %w", err)
-			}
-		}
-	}
-	return json.Marshal(out)
+	return ans, nil
 }
 
 // settleSeal resolves, on takeover, a pause that was sealing when the
@@ -268,10 +251,10 @@ func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandb
 	opID := s.Seal.OperationID
 	h, err := n.d.Volumes.Head(ctx, s.ID)
 	if err == nil && h.Seq > s.Block.Head.Seq && h.WriterEpoch == s.Block.WriterEpoch {
-		res := api.SealResult{Generation: h.Generation}
+		res := journal.SealResult{Generation: h.Generation}
 		if perr := n.publishedSeal(s, opID, h, res); perr == nil {
 			s.State, s.ReleaseOp = journal.StateReleasing, opID
-			s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: h.Generation, Head: journalHead(h)}
+			s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: h.Generation, Head: h}
 			n.log.Info("completing a pause interrupted by failover after its head was published", "sandbox", s.ID, "head", h.Seq)
 			return s, true
 		}
@@ -285,45 +268,60 @@ func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandb
 	return s, false
 }
 
-// Snapshot implements apiserver.Service: a seal while the guest runs,
-// named.
-func (n *Node) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
-	return volumeCall(n, ctx, id, "snapshot", func(ctx context.Context) (api.SnapshotResponse, error) { return n.snapshot(ctx, id, req) })
+// Snapshot seals the running generation under name while the guest
+// runs, and returns the named snapshot and what the seal did.
+func (n *Node) Snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
+	var res journal.SealResult
+	snap, err := volumeCall(n, ctx, id, "snapshot", func(ctx context.Context) (snap blockstore.Snapshot, err error) {
+		snap, res, err = n.snapshot(ctx, id, name)
+		return snap, err
+	})
+	return snap, res, err
 }
 
-func (n *Node) snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.SnapshotResponse, error) {
+func (n *Node) snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
+	var none blockstore.Snapshot
 	rec, err := n.sandbox(id)
 	if err != nil {
-		return api.SnapshotResponse{}, err
+		return none, journal.SealResult{}, err
 	}
 	if err := sealable(rec, "snapshot"); err != nil {
-		return api.SnapshotResponse{}, err
+		return none, journal.SealResult{}, err
 	}
 	snaps, err := n.d.Volumes.Snapshots(ctx, id)
 	if err != nil {
-		return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeUnavailable, "snapshots of %s: %v", id, err)
+		return none, journal.SealResult{}, errdefs.Errorf(errdefs.CodeUnavailable, "snapshots of %s: %v", id, err)
 	}
 	for _, s := range snaps {
-		if s.Name == req.Name {
-			return api.SnapshotResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has a snapshot %q already (generation %d)", id, req.Name, s.Generation)
+		if s.Name == name {
+			return none, journal.SealResult{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has a snapshot %q already (generation %d)", id, name, s.Generation)
 		}
 	}
 	res, err := n.seal(ctx, &rec)
 	if err != nil {
-		return api.SnapshotResponse{}, err
+		return none, res, err
 	}
-	if err := n.d.Volumes.PutSnapshot(ctx, id, req.Name, res.Generation); err != nil {
-		return api.SnapshotResponse{}, err
+	if err := n.d.Volumes.PutSnapshot(ctx, id, name, res.Generation); err != nil {
+		return none, res, err
 	}
-	return api.SnapshotResponse{Snapshot: api.Snapshot{Name: req.Name, Generation: res.Generation}, Seal: res}, nil
+	return blockstore.Snapshot{Name: name, Generation: res.Generation}, res, nil
 }
 
-// Volume implements apiserver.Service.
-func (n *Node) Volume(ctx context.Context, id string) (api.VolumeInfo, error) {
+// VolumeInfo is a sandbox volume's head, snapshots and committed
+// generations.
+type VolumeInfo struct {
+	Sandbox     string
+	Head        journal.VolumeHead
+	Snapshots   []blockstore.Snapshot
+	Generations []uint64
+}
+
+// Volume is sandbox id's volume (not_found: it has none).
+func (n *Node) Volume(ctx context.Context, id string) (VolumeInfo, error) {
 	if err := n.needVolumes("volume"); err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
-	out := api.VolumeInfo{Sandbox: id, Snapshots: []api.Snapshot{}, Generations: []uint64{}}
+	out := VolumeInfo{Sandbox: id, Snapshots: []blockstore.Snapshot{}, Generations: []uint64{}}
 	var err error
 	if out.Head, err = n.d.Volumes.Head(ctx, id); err != nil {
 		return out, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
@@ -397,65 +395,71 @@ func (n *Node) notRunning(id, call string) error {
 	return nil
 }
 
-// Fork implements apiserver.Service: id's volume becomes a generation 0
-// over the source's committed generation, published as id's first head.
-func (n *Node) Fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error) {
-	if req.Source == id {
-		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "fork of %s onto itself: use restore", id)
-	}
-	return volumeCall(n, ctx, id, "fork", func(ctx context.Context) (api.VolumeInfo, error) { return n.fork(ctx, id, req) })
+// ForkRequest makes a sandbox a new identity over Source's committed
+// generation: its snapshot Snapshot, or its head without one.
+type ForkRequest struct {
+	Source, Snapshot string
 }
 
-func (n *Node) fork(ctx context.Context, id string, req api.ForkRequest) (api.VolumeInfo, error) {
+// Fork makes id's volume a generation 0 over the source's committed
+// generation, published as id's first head.
+func (n *Node) Fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
+	if req.Source == id {
+		return VolumeInfo{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "fork of %s onto itself: use restore", id)
+	}
+	return volumeCall(n, ctx, id, "fork", func(ctx context.Context) (VolumeInfo, error) { return n.fork(ctx, id, req) })
+}
+
+func (n *Node) fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
 	if err := n.notRunning(id, "fork"); err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
 	gen, err := n.snapshotGen(ctx, req.Source, req.Snapshot)
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
 	if err := n.d.Volumes.Fork(ctx, req.Source, gen, id); err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
-	h, err := n.d.Volumes.Publish(ctx, id, api.VolumeHead{}, api.VolumeHead{Generation: 0, Node: n.d.Identity.NodeID})
+	h, err := n.d.Volumes.Publish(ctx, id, journal.VolumeHead{}, journal.VolumeHead{Generation: 0, Node: n.d.Identity.NodeID})
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
 	if err := n.noteHead(sandboxVolume(id), h); err != nil {
-		return api.VolumeInfo{}, txErr("journal the head mark of "+id, err)
+		return VolumeInfo{}, txErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
 	return n.Volume(ctx, id)
 }
 
-// Restore implements apiserver.Service: id's head moves to its snapshot
-// (compare-and-swap over the head read here).
-func (n *Node) Restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
-	return volumeCall(n, ctx, id, "restore", func(ctx context.Context) (api.VolumeInfo, error) { return n.restore(ctx, id, req) })
+// Restore moves id's head to its snapshot (compare-and-swap over the head
+// read here).
+func (n *Node) Restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
+	return volumeCall(n, ctx, id, "restore", func(ctx context.Context) (VolumeInfo, error) { return n.restore(ctx, id, snapshot) })
 }
 
-func (n *Node) restore(ctx context.Context, id string, req api.RestoreRequest) (api.VolumeInfo, error) {
+func (n *Node) restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
 	if err := n.notRunning(id, "restore"); err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
-	gen, err := n.snapshotGen(ctx, id, req.Snapshot)
+	gen, err := n.snapshotGen(ctx, id, snapshot)
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
 	h, err := n.d.Volumes.Head(ctx, id)
 	if err != nil {
-		return api.VolumeInfo{}, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
+		return VolumeInfo{}, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
 	}
-	if err := n.floorHead(sandboxVolume(id), h, api.VolumeHead{}); err != nil {
-		return api.VolumeInfo{}, err
+	if err := n.floorHead(sandboxVolume(id), h, journal.VolumeHead{}); err != nil {
+		return VolumeInfo{}, err
 	}
-	nh, err := n.d.Volumes.Publish(ctx, id, h, api.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID})
+	nh, err := n.d.Volumes.Publish(ctx, id, h, journal.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID})
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return VolumeInfo{}, err
 	}
 	if err := n.noteHead(sandboxVolume(id), nh); err != nil {
-		return api.VolumeInfo{}, txErr("journal the head mark of "+id, err)
+		return VolumeInfo{}, txErr("journal the head mark of "+id, err)
 	}
-	n.log.Info("restored", "sandbox", id, "snapshot", req.Snapshot, "generation", gen)
+	n.log.Info("restored", "sandbox", id, "snapshot", snapshot, "generation", gen)
 	return n.Volume(ctx, id)
 }

@@ -7,19 +7,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
 
-func (r *rig) pauseSandbox(id, op string) (resp api.PauseResponse, err error, returned bool) {
+func (r *rig) pauseSandbox(id, op string) (resp answer, err error, returned bool) {
 	ctx, cancel := r.ctx()
 	defer cancel()
-	returned = r.do(func() { resp, err = r.n.Pause(ctx, id, api.PauseRequest{OperationID: op}) })
+	returned = r.do(func() { resp, err = decodeAnswer(r.n.Pause(ctx, id, PauseRequest{OperationID: op})) })
 	return resp, err, returned
 }
 
-func (r *rig) mustPause(id, op string) api.PauseResponse {
+func (r *rig) mustPause(id, op string) answer {
 	r.t.Helper()
 	resp, err, returned := r.pauseSandbox(id, op)
 	if !returned || err != nil {
@@ -65,11 +64,11 @@ func TestPauseResume(t *testing.T) {
 	if got := volCalls(k.Calls()); !reflect.DeepEqual(got, want) {
 		t.Fatalf("pause's calls %q, want %q", got, want)
 	}
-	if resp.Head.Seq != 1 || resp.Head.Generation != 1 || resp.Seal.Generation != 1 || resp.Sandbox.State != api.StateReleased || resp.Sandbox.Reason != "paused" {
+	if resp.Head.Seq != 1 || resp.Head.Generation != 1 || resp.Seal.Generation != 1 || resp.Sandbox.State != journal.StateReleased || resp.Sandbox.Reason != "paused" {
 		t.Fatalf("pause answer: head %+v seal %+v sandbox %s (%s)", resp.Head, resp.Seal, resp.Sandbox.State, resp.Sandbox.Reason)
 	}
-	if resp.Sandbox.Pause == nil || resp.Sandbox.Pause.State != "published" || !resp.Proof.Clean {
-		t.Fatalf("pause status %+v, proof clean %v", resp.Sandbox.Pause, resp.Proof.Clean)
+	if resp.Sandbox.Seal == nil || resp.Sandbox.Seal.State != journal.SealPublished || !resp.Proof.Clean {
+		t.Fatalf("pause status %+v, proof clean %v", resp.Sandbox.Seal, resp.Proof.Clean)
 	}
 	r.checkProof("p1")
 	r.checkClean("after the pause")
@@ -104,7 +103,7 @@ func TestPauseFencedKeepsRunning(t *testing.T) {
 	if _, err := k.Sealer().Seal(context.Background(), r.sandbox(sb).Block.Dir, 7, r.sandbox(sb).Block.WriterEpoch); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.Volumes().Publish(context.Background(), sb, api.VolumeHead{}, api.VolumeHead{Generation: 7, WriterEpoch: 99}); err != nil {
+	if _, err := k.Volumes().Publish(context.Background(), sb, journal.VolumeHead{}, journal.VolumeHead{Generation: 7, WriterEpoch: 99}); err != nil {
 		t.Fatal(err)
 	}
 	_, err, _ := r.pauseSandbox(sb, "p1")
@@ -118,7 +117,7 @@ func TestPauseFencedKeepsRunning(t *testing.T) {
 	if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 1 || h.Generation != 7 {
 		t.Errorf("head after the fenced pause %+v, want the other writer's", h)
 	}
-	if _, err := r.n.Pause(context.Background(), sb, api.PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+	if _, err := r.n.Pause(context.Background(), sb, PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
 		t.Errorf("retry of the fenced pause: %v, want its recorded fenced error", err)
 	}
 	r.mustRelease(sb, "r1", 1)
@@ -148,7 +147,7 @@ func TestPauseCrashPoints(t *testing.T) {
 		if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 0 {
 			t.Errorf("head %+v after a pause that never published", h)
 		}
-		if _, err := r.n.Pause(context.Background(), sb, api.PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "before its head was published") {
+		if _, err := r.n.Pause(context.Background(), sb, PauseRequest{OperationID: "p1"}); errdefs.CodeOf(err) != errdefs.CodeUnavailable || !strings.Contains(err.Error(), "before its head was published") {
 			t.Errorf("the interrupted pause answers %v", err)
 		}
 		// A new pause works from the same head.
@@ -174,7 +173,7 @@ func TestPauseCrashPoints(t *testing.T) {
 		if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 1 {
 			t.Errorf("head %+v, want the published one", h)
 		}
-		resp, err := r.n.Pause(context.Background(), sb, api.PauseRequest{OperationID: "p1"})
+		resp, err := decodeAnswer(r.n.Pause(context.Background(), sb, PauseRequest{OperationID: "p1"}))
 		if err != nil || resp.Head.Seq != 1 || !resp.Proof.Clean {
 			t.Errorf("the completed pause answers %+v, %v", resp, err)
 		}
@@ -194,32 +193,32 @@ func TestSnapshotForkRestore(t *testing.T) {
 	r.mustBoot()
 	r.mustClaim(sb, blockReq("c1", 1))
 	ctx := context.Background()
-	snap, err := r.n.Snapshot(ctx, sb, api.SnapshotRequest{Name: "s1"})
-	if err != nil || snap.Snapshot.Generation != 1 {
+	snap, _, err := r.n.Snapshot(ctx, sb, "s1")
+	if err != nil || snap.Generation != 1 {
 		t.Fatalf("snapshot: %+v, %v", snap, err)
 	}
 	if s := r.sandbox(sb); s.State != journal.StateReady || s.Block.BaseGeneration != 1 {
 		t.Fatalf("after the snapshot: %s, base %+v; want ready, rebased onto generation 1", s.State, s.Block)
 	}
 	k.Calls()
-	if _, err := r.n.Snapshot(ctx, sb, api.SnapshotRequest{Name: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, _, err := r.n.Snapshot(ctx, sb, "s1"); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("snapshot of a taken name: %v, want conflict", err)
 	}
 	if calls := volCalls(k.Calls()); len(calls) != 0 {
 		t.Errorf("the refused snapshot did %q", calls)
 	}
-	if _, err := r.n.Restore(ctx, sb, api.RestoreRequest{Snapshot: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, err := r.n.Restore(ctx, sb, "s1"); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("restore while running: %v, want conflict", err)
 	}
 	const fork = "sb-fork"
-	v, err := r.n.Fork(ctx, fork, api.ForkRequest{Source: sb, Snapshot: "s1"})
+	v, err := r.n.Fork(ctx, fork, ForkRequest{Source: sb, Snapshot: "s1"})
 	if err != nil || v.Head.Seq != 1 || v.Head.Generation != 0 {
 		t.Fatalf("fork: %+v, %v", v, err)
 	}
-	if _, err := r.n.Fork(ctx, fork, api.ForkRequest{Source: sb, Snapshot: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
+	if _, err := r.n.Fork(ctx, fork, ForkRequest{Source: sb, Snapshot: "s1"}); errdefs.CodeOf(err) != errdefs.CodeConflict {
 		t.Errorf("second fork onto the same identity: %v, want conflict", err)
 	}
-	if _, err := r.n.Fork(ctx, "sb-x", api.ForkRequest{Source: sb, Snapshot: "nosuch"}); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+	if _, err := r.n.Fork(ctx, "sb-x", ForkRequest{Source: sb, Snapshot: "nosuch"}); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Errorf("fork of a missing snapshot: %v, want not_found", err)
 	}
 	r.mustClaim(fork, blockReq("f1", 1))
@@ -227,7 +226,7 @@ func TestSnapshotForkRestore(t *testing.T) {
 		t.Fatalf("the fork's claim: block %+v, want base sandbox/%s@0", b, fork)
 	}
 	r.mustPause(sb, "p1")
-	v, err = r.n.Restore(ctx, sb, api.RestoreRequest{Snapshot: "s1"})
+	v, err = r.n.Restore(ctx, sb, "s1")
 	if err != nil || v.Head.Seq != 2 || v.Head.Generation != 1 {
 		t.Fatalf("restore: %+v, %v", v, err)
 	}

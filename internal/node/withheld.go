@@ -5,9 +5,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // Defaults of the withheld retry: the first retry a minute after the
@@ -149,13 +149,29 @@ func withheldIn(ss []journal.Sandbox) func(journal.Sandbox) bool {
 	return func(s journal.Sandbox) bool { return was[s.ContainerID] }
 }
 
-// withheldLease is a withheld generation as GET /v1/node lists it, with
-// the failed checks of its latest cleanup proof.
-func withheldLease(tx *journal.Tx, s journal.Sandbox) api.WithheldLease {
-	w := api.WithheldLease{
+// Withheld is a generation whose capacity is withheld: its cleanup is
+// unproven. The node retries its teardown on takeover and on a timer
+// with backoff; a clean proof (stored under ProofOperationID) returns the
+// capacity.
+type Withheld struct {
+	SandboxID  string
+	Generation uint64
+	Reason     string
+	Resources  Capacity
+	// FailedChecks are the failed checks of the latest cleanup proof.
+	FailedChecks             []proof.Check
+	ProofOperationID         string
+	RetryAttempts            int
+	LastAttempt, NextAttempt time.Time
+}
+
+// withheldLease is a withheld generation as the node's info lists it,
+// with the failed checks of its latest cleanup proof.
+func withheldLease(tx *journal.Tx, s journal.Sandbox) Withheld {
+	w := Withheld{
 		SandboxID: s.ID, Generation: s.Generation, Reason: s.Reason, Resources: held(s),
 		ProofOperationID: s.ProofOp, RetryAttempts: s.RetryAttempts, LastAttempt: s.RetryLast, NextAttempt: s.RetryNext,
-		FailedChecks: []api.ProofCheck{},
+		FailedChecks: []proof.Check{},
 	}
 	if s.ProofOp == "" {
 		return w
@@ -163,7 +179,7 @@ func withheldLease(tx *journal.Tx, s journal.Sandbox) api.WithheldLease {
 	if p, ok, err := tx.Proof(s.ProofOp); err == nil && ok {
 		for _, c := range p.Checks {
 			if !c.OK {
-				w.FailedChecks = append(w.FailedChecks, api.ProofCheck(c))
+				w.FailedChecks = append(w.FailedChecks, c)
 			}
 		}
 	}

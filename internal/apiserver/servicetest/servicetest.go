@@ -1,8 +1,9 @@
 // Package servicetest is the contract of an apiserver.Service: one set of
-// tests that runs against the node (internal/node, over the fake kernel)
-// and against the manager's fake node (internal/manager/fakenode), so the
-// fake the manager is tested with cannot drift from the node about
-// idempotency, generations and kinds of error.
+// tests that runs against the node (over the fake kernel, through the
+// adapter: internal/apiserver's adapter_test.go) and against the
+// manager's fake node (internal/manager/fakenode), so the fake the manager
+// is tested with cannot drift from the node about idempotency,
+// generations, kinds of error and the guest agent's calls.
 package servicetest
 
 import (

@@ -10,9 +10,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -250,6 +252,7 @@ func (a *fakeAgent) exec(c net.Conn, req wire.Request) error {
 		return wire.WriteJSON(c, wire.TError, wire.Error{Code: wire.CodeInvalid, Message: "no args"})
 	}
 	var stdin []byte
+	signal := 0 // the last signal the caller sent
 	for done := false; !done; {
 		t, p, err := wire.ReadFrame(c, nil, wire.MaxPayload)
 		if err != nil {
@@ -260,9 +263,16 @@ func (a *fakeAgent) exec(c net.Conn, req wire.Request) error {
 			stdin = append(stdin, p...)
 		case wire.TStdinClose:
 			done = true
+		case wire.TSignal:
+			var sig wire.Signal
+			if wire.Decode(p, &sig) == nil {
+				signal = sig.Signal
+			}
 		}
 	}
 	switch path.Base(req.Args[0]) {
+	case "sleep":
+		return a.sleep(c, req.Args, signal)
 	case "silent":
 		// A hung command (or agent): nothing until the caller hangs up.
 		for {
@@ -275,7 +285,7 @@ func (a *fakeAgent) exec(c net.Conn, req wire.Request) error {
 		wire.WriteFrame(c, wire.TStdout, []byte(strconv.FormatInt(req.TimeoutMS, 10)))
 		return wire.WriteJSON(c, wire.TExit, wire.Exit{})
 	}
-	out, errOut, code := fakeCommand(req.Args, stdin)
+	out, errOut, code := fakeCommand(req.Args, stdin, req.TTY)
 	for _, o := range []struct {
 		t wire.Type
 		b []byte
@@ -289,10 +299,67 @@ func (a *fakeAgent) exec(c net.Conn, req wire.Request) error {
 	return wire.WriteJSON(c, wire.TExit, wire.Exit{Code: code})
 }
 
-// fakeCommand is the fake guest's shell: echo, true, false and cat
-// (stdin to stdout); anything else exits 127.
-func fakeCommand(args []string, stdin []byte) (stdout, stderr []byte, code int) {
+// sleep is busybox's "sleep N": it ends after N seconds, or killed by a
+// signal the caller sends (signal: one sent already), or when the caller
+// hangs up.
+func (a *fakeAgent) sleep(c net.Conn, args []string, signal int) error {
+	secs := 0
+	if len(args) == 2 {
+		secs, _ = strconv.Atoi(args[1])
+	}
+	sigs := make(chan int, 1)
+	go func() {
+		defer close(sigs)
+		for {
+			t, p, err := wire.ReadFrame(c, nil, wire.MaxPayload)
+			if err != nil {
+				return
+			}
+			var sig wire.Signal
+			if t == wire.TSignal && wire.Decode(p, &sig) == nil {
+				sigs <- sig.Signal
+				return
+			}
+		}
+	}()
+	if signal == 0 {
+		t := time.NewTimer(time.Duration(secs) * time.Second)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return wire.WriteJSON(c, wire.TExit, wire.Exit{})
+		case sig, ok := <-sigs:
+			if !ok {
+				return nil // the caller hung up: nobody to answer
+			}
+			signal = sig
+		}
+	}
+	return wire.WriteJSON(c, wire.TExit, wire.Exit{Code: -1, Signal: signal})
+}
+
+// shExit is the one "sh -c" script of exit codes the fake guest runs.
+var shExit = regexp.MustCompile(`^exit ([0-9]{1,3})$`)
+
+// fakeCommand is the fake guest's shell, busybox's behaviour for echo,
+// true, false, cat (stdin to stdout), tty (tty: on a terminal), and "sh
+// -c" with "exit N" or "echo out; echo err >&2"; anything else exits 127.
+func fakeCommand(args []string, stdin []byte, tty bool) (stdout, stderr []byte, code int) {
+	if path.Base(args[0]) == "sh" && len(args) == 3 && args[1] == "-c" {
+		switch m := shExit.FindStringSubmatch(args[2]); {
+		case m != nil:
+			code, _ := strconv.Atoi(m[1])
+			return nil, nil, code
+		case args[2] == "echo out; echo err >&2":
+			return []byte("out\n"), []byte("err\n"), 0
+		}
+	}
 	switch path.Base(args[0]) {
+	case "tty":
+		if !tty {
+			return []byte("not a tty\n"), nil, 1
+		}
+		return []byte("/dev/pts/0\n"), nil, 0
 	case "echo":
 		return []byte(strings.Join(args[1:], " ") + "\n"), nil, 0
 	case "true":

@@ -132,7 +132,8 @@ type project struct {
 }
 
 // New returns an empty kernel whose files live under dir (a test's
-// TempDir). It makes dir/templates/busybox, a template for claims.
+// TempDir). It makes dir/templates/busybox, a template for claims (with
+// /bin and /tmp).
 func New(dir string) (*Kernel, error) {
 	k := &Kernel{
 		root: dir, next: 100,
@@ -143,7 +144,7 @@ func New(dir string) (*Kernel, error) {
 		flows: map[netpolicy.Slot][]Flow{}, dns: map[netpolicy.Slot]dnsEntry{},
 		writers: map[string]*blockWriter{}, nbd: map[int]string{}, bmounts: map[string]*blockMount{}, vmounts: map[string]*blockMount{},
 	}
-	for _, d := range []string{k.RunDir(), k.LogRoot(), k.scratch(), filepath.Join(k.TemplatesDir(), "busybox", "bin")} {
+	for _, d := range []string{k.RunDir(), k.LogRoot(), k.scratch(), filepath.Join(k.TemplatesDir(), "busybox", "bin"), filepath.Join(k.TemplatesDir(), "busybox", "tmp")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -594,6 +595,19 @@ func (r *RootFS) Mount(ctx context.Context, id, lower string) (string, error) {
 	}
 	if err := os.MkdirAll(target, 0o700); err != nil {
 		return "", fmt.Errorf("make dir %s: %w", target, err)
+	}
+	// The guest sees the template's top directories (its /tmp), as through
+	// an overlay; their files it does not need.
+	ents, err := os.ReadDir(lower)
+	if err != nil {
+		return "", fmt.Errorf("read template dir: %w", err)
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			if err := os.MkdirAll(filepath.Join(target, e.Name()), 0o755); err != nil {
+				return "", fmt.Errorf("make dir %s: %w", target, err)
+			}
+		}
 	}
 	dev := fmt.Sprintf("0:%d", k.next)
 	k.next++

@@ -66,7 +66,7 @@ func TestStringShowsEveryObject(t *testing.T) {
 	want := strings.Join([]string{
 		"bundle sb-g1",
 		"cgroup sb-g1 populated",
-		"disk project 7 of sb-g1 limit 1048576 bytes 1024 inodes, used 0 bytes 2 inodes",
+		"disk project 7 of sb-g1 limit 1048576 bytes 1024 inodes, used 0 bytes 4 inodes", // the scratch and root dirs, the template's bin and tmp
 		"logs sb-g1",
 		"mount sb-g1 superblock 0:100 lower busybox",
 		"netns sb-g1 net:[4026532101]",

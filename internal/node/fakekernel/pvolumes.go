@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // Persistent volumes (node.Deps PVolumes, VolumeMounts, VolumeFreezer):
@@ -30,11 +31,11 @@ func (k *Kernel) CreateVolume(id string) {
 	defer k.mu.Unlock()
 	v := k.vol(pvolKey(id))
 	v.gens[0] = "created"
-	v.head = api.VolumeHead{Seq: 1, Generation: 0, Node: "ctl-manager"}
+	v.head = journal.VolumeHead{Seq: 1, Generation: 0, Node: "ctl-manager"}
 }
 
 // VolumeHead is persistent volume id's head.
-func (k *Kernel) VolumeHead(id string) api.VolumeHead {
+func (k *Kernel) VolumeHead(id string) journal.VolumeHead {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.vol(pvolKey(id)).head
@@ -46,7 +47,7 @@ func (k *Kernel) MoveVolumeHead(id string, epoch uint64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	v := k.vol(pvolKey(id))
-	v.head = api.VolumeHead{Seq: v.head.Seq + 1, Generation: 0, WriterEpoch: epoch, Node: "elsewhere"}
+	v.head = journal.VolumeHead{Seq: v.head.Seq + 1, Generation: 0, WriterEpoch: epoch, Node: "elsewhere"}
 }
 
 // PVolumes is the fake's persistent volumes (node.BlockVolumes).
@@ -62,12 +63,12 @@ type PVolumes Kernel
 func (p *PVolumes) v() *Volumes { return (*Volumes)(p) }
 
 // Head is the volume's head.
-func (p *PVolumes) Head(ctx context.Context, id string) (api.VolumeHead, error) {
+func (p *PVolumes) Head(ctx context.Context, id string) (journal.VolumeHead, error) {
 	return p.v().Head(ctx, pvolKey(id))
 }
 
 // Publish is the head's compare-and-swap.
-func (p *PVolumes) Publish(ctx context.Context, id string, expect, next api.VolumeHead) (api.VolumeHead, error) {
+func (p *PVolumes) Publish(ctx context.Context, id string, expect, next journal.VolumeHead) (journal.VolumeHead, error) {
 	return p.v().Publish(ctx, pvolKey(id), expect, next)
 }
 
@@ -87,7 +88,7 @@ func (p *PVolumes) PutSnapshot(ctx context.Context, id, name string, generation 
 }
 
 // Snapshots lists the named generations.
-func (p *PVolumes) Snapshots(ctx context.Context, id string) ([]api.Snapshot, error) {
+func (p *PVolumes) Snapshots(ctx context.Context, id string) ([]blockstore.Snapshot, error) {
 	return p.v().Snapshots(ctx, pvolKey(id))
 }
 
@@ -151,7 +152,7 @@ func (m *VolumeMounts) Thaw(ctx context.Context, id string) error { return nil }
 
 // SetVolumeHead sets persistent volume id's head as a hostile bucket can
 // (SetHead).
-func (k *Kernel) SetVolumeHead(id string, h api.VolumeHead) {
+func (k *Kernel) SetVolumeHead(id string, h journal.VolumeHead) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.vol(pvolKey(id)).head = h

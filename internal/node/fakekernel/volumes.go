@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/journal"
 )
 
 // The block store's volumes (node.BlockVolumes), the writers' seal
@@ -17,8 +18,8 @@ import (
 
 type fakeVolume struct {
 	gens  map[uint64]string // generation → what it was sealed from ("seal of DIR", "fork of SRC@N")
-	head  api.VolumeHead
-	snaps []api.Snapshot
+	head  journal.VolumeHead
+	snaps []blockstore.Snapshot
 }
 
 func (k *Kernel) vol(id string) *fakeVolume {
@@ -46,7 +47,7 @@ func (k *Kernel) Freezer() *Freezer { return (*Freezer)(k) }
 type Volumes Kernel
 
 // Head returns the volume's head (zero: none).
-func (v *Volumes) Head(ctx context.Context, sandbox string) (api.VolumeHead, error) {
+func (v *Volumes) Head(ctx context.Context, sandbox string) (journal.VolumeHead, error) {
 	k := (*Kernel)(v)
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -55,19 +56,19 @@ func (v *Volumes) Head(ctx context.Context, sandbox string) (api.VolumeHead, err
 
 // Publish is the compare-and-swap of the head: fenced unless the head is
 // expect and next's epoch is not older.
-func (v *Volumes) Publish(ctx context.Context, sandbox string, expect, next api.VolumeHead) (api.VolumeHead, error) {
+func (v *Volumes) Publish(ctx context.Context, sandbox string, expect, next journal.VolumeHead) (journal.VolumeHead, error) {
 	k := (*Kernel)(v)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	vol := k.vol(sandbox)
 	switch {
 	case vol.head.Seq != expect.Seq:
-		return api.VolumeHead{}, errdefs.Errorf(errdefs.CodeFenced, "publish of %s refused: the head is at %d, the writer started from %d", sandbox, vol.head.Seq, expect.Seq)
+		return journal.VolumeHead{}, errdefs.Errorf(errdefs.CodeFenced, "publish of %s refused: the head is at %d, the writer started from %d", sandbox, vol.head.Seq, expect.Seq)
 	case next.WriterEpoch < vol.head.WriterEpoch:
-		return api.VolumeHead{}, errdefs.Errorf(errdefs.CodeFenced, "publish of %s refused: writer epoch %d is older than the head's %d", sandbox, next.WriterEpoch, vol.head.WriterEpoch)
+		return journal.VolumeHead{}, errdefs.Errorf(errdefs.CodeFenced, "publish of %s refused: writer epoch %d is older than the head's %d", sandbox, next.WriterEpoch, vol.head.WriterEpoch)
 	}
 	if _, ok := vol.gens[next.Generation]; !ok {
-		return api.VolumeHead{}, fmt.Errorf("publish of %s: generation %d is not committed", sandbox, next.Generation)
+		return journal.VolumeHead{}, fmt.Errorf("publish of %s: generation %d is not committed", sandbox, next.Generation)
 	}
 	next.Seq = vol.head.Seq + 1
 	vol.head = next
@@ -110,17 +111,17 @@ func (v *Volumes) PutSnapshot(ctx context.Context, sandbox, name string, generat
 			return errdefs.Errorf(errdefs.CodeConflict, "snapshot %q of %s exists", name, sandbox)
 		}
 	}
-	vol.snaps = append(vol.snaps, api.Snapshot{Name: name, Generation: generation})
+	vol.snaps = append(vol.snaps, blockstore.Snapshot{Name: name, Generation: generation})
 	k.call("snapshot %s %s generation %d", sandbox, name, generation)
 	return nil
 }
 
 // Snapshots lists the named generations.
-func (v *Volumes) Snapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error) {
+func (v *Volumes) Snapshots(ctx context.Context, sandbox string) ([]blockstore.Snapshot, error) {
 	k := (*Kernel)(v)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return append([]api.Snapshot{}, k.vol(sandbox).snaps...), nil
+	return append([]blockstore.Snapshot{}, k.vol(sandbox).snaps...), nil
 }
 
 // Fork commits dst's generation 0 over src@generation.
@@ -146,19 +147,19 @@ type Sealer Kernel
 // Seal commits the dir's writer's device as generation of its sandbox's
 // volume: refused without a live writer, for another epoch, or for a
 // generation that exists.
-func (s *Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64) (api.SealResult, error) {
+func (s *Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64) (journal.SealResult, error) {
 	k := (*Kernel)(s)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err := k.makeFails("seal", filepath.Base(dir)); err != nil {
-		return api.SealResult{}, err
+		return journal.SealResult{}, err
 	}
 	w, ok := k.writers[dir]
 	if !ok || !w.alive {
-		return api.SealResult{}, fmt.Errorf("seal %s: writer not running", dir)
+		return journal.SealResult{}, fmt.Errorf("seal %s: writer not running", dir)
 	}
 	if w.epoch != epoch {
-		return api.SealResult{}, fmt.Errorf("seal %s: writer epoch %d, asked for %d: stale", dir, w.epoch, epoch)
+		return journal.SealResult{}, fmt.Errorf("seal %s: writer epoch %d, asked for %d: stale", dir, w.epoch, epoch)
 	}
 	key := w.sandbox
 	if w.volume != "" {
@@ -166,11 +167,11 @@ func (s *Sealer) Seal(ctx context.Context, dir string, generation, epoch uint64)
 	}
 	vol := k.vol(key)
 	if _, ok := vol.gens[generation]; ok {
-		return api.SealResult{}, fmt.Errorf("seal %s: generation %d exists", dir, generation)
+		return journal.SealResult{}, fmt.Errorf("seal %s: generation %d exists", dir, generation)
 	}
 	vol.gens[generation] = "seal of " + filepath.Base(dir)
 	k.call("seal %s generation %d epoch %d", filepath.Base(dir), generation, epoch)
-	return api.SealResult{Generation: generation, Chunks: 1, DataChunks: 1, Bytes: 64 << 10}, nil
+	return journal.SealResult{Generation: generation, Chunks: 1, DataChunks: 1, Bytes: 64 << 10}, nil
 }
 
 // Freezer fakes the FIFREEZE of a block root.
@@ -216,7 +217,7 @@ func (f *Freezer) Thaw(ctx context.Context, id string) error {
 // SetHead sets sandbox's head as a hostile bucket can: deleting the
 // newest head object, or putting back a saved older one (Seq 0: every
 // head gone).
-func (k *Kernel) SetHead(sandbox string, h api.VolumeHead) {
+func (k *Kernel) SetHead(sandbox string, h journal.VolumeHead) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.vol(sandbox).head = h

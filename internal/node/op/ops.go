@@ -105,16 +105,16 @@ func (o *Ops) Fail(op journal.Operation, cause error) error {
 	return &errdefs.Error{Code: code, Message: msg}
 }
 
-// Outcome decodes a finished operation's stored result or error.
-func Outcome[T any](op journal.Operation) (T, error) {
-	var out T
+// Outcome is a finished operation's stored answer (the wire bytes its
+// first run returned) or its error.
+func Outcome(op journal.Operation) (json.RawMessage, error) {
 	if op.Error != nil {
-		return out, &errdefs.Error{Code: op.Error.Code, Message: op.Error.Message}
+		return nil, &errdefs.Error{Code: op.Error.Code, Message: op.Error.Message}
 	}
-	if err := json.Unmarshal(op.Result, &out); err != nil {
-		return out, errdefs.Errorf(errdefs.CodeInternal, "decode stored result of %s: %v", op.ID, err)
+	if len(op.Result) == 0 {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "operation %s finished without a stored answer", op.ID)
 	}
-	return out, nil
+	return op.Result, nil
 }
 
 // TxErr is a journal transaction's failure as its caller returns it: a

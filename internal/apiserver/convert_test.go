@@ -1,12 +1,15 @@
-package node
+package apiserver
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // zeroFields lists the fields of v (recursively through structs, pointers
@@ -103,5 +106,87 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 	req.Process.Args[0], req.Volumes[0].ID = "changed", "changed"
 	if rec.Process.Args[0] != "/bin/sh" || rec.Volumes[0].ID != "data" {
 		t.Fatal("claimRecord shares the request's slices")
+	}
+}
+
+// A valid claim's domain form encodes exactly like the wire request: the
+// node hashes the JSON of the request it takes (requestHash), and the
+// hashes of operations journaled before the adapter existed, when the node
+// hashed api.ClaimRequest, must still match a repeat of the same claim.
+func TestClaimRecordEncodesLikeTheWire(t *testing.T) {
+	full := api.ClaimRequest{
+		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSBlock, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}},
+		Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 3, Cpuset: "0-1", DiskBytes: 4 << 20},
+		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
+			{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443", "8000-8100"}}, {Domain: "*.example.com"},
+		}},
+		Process: api.Process{Args: []string{"/bin/sh", "-c", "x"}, Env: []string{"A=1"}, Cwd: "/w", UID: 1, GID: 2}, MaxLifetimeSec: 60,
+		Volumes: []api.VolumeMount{{ID: "data", Path: "/data", ExpectHead: api.VolumeHead{Seq: 1, Node: "n"}}, {ID: "logs", Path: "/logs"}},
+	}
+	minimal := api.ClaimRequest{OperationID: "op2", Generation: 1, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"},
+		Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 1}}
+	empty := minimal
+	empty.Network.Rules, empty.Process.Args, empty.Process.Env, empty.Volumes = []api.NetworkRule{}, []string{}, []string{}, []api.VolumeMount{}
+	for name, req := range map[string]api.ClaimRequest{"every field": full, "the least": minimal, "empty lists": empty} {
+		if err := req.Validate(); err != nil {
+			t.Fatalf("%s: the test claim is invalid: %v", name, err)
+		}
+		wire, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dom, err := json.Marshal(claimRecord(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(wire) != string(dom) {
+			t.Errorf("%s: the node's request encodes as\n%s\nthe wire's as\n%s", name, dom, wire)
+		}
+	}
+}
+
+// The wire node gets every field of the node's info: a field added to
+// api.Node (or one of its parts) without a conversion fails here.
+func TestAPINodeCarriesEveryField(t *testing.T) {
+	at := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	c := node.Capacity{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, NBDDevices: 4, Addresses: 5, DiskBytes: 6}
+	got := apiNode(node.Info{
+		NodeID: "n", BootID: "b", Slot: "a", Epoch: 7, NodeKey: []byte{1},
+		Rotation: &proof.Rotation{NodeID: "n", OldKey: []byte{1}, NewKey: []byte{2}, IssuedAt: at, OldSignature: []byte{3}, NewSignature: []byte{4}, Version: 1},
+		Versions: node.Versions{Ctld: "c", Kernel: "k", Runsc: "r", Nft: "f"},
+		Capacity: node.Ledger{Total: c, Allocatable: c, Leased: c, Withheld: c},
+		Withheld: []node.Withheld{{SandboxID: "sb", Generation: 2, Reason: "r", Resources: c, FailedChecks: []proof.Check{{Name: "x", Detail: "d"}},
+			ProofOperationID: "op", RetryAttempts: 1, LastAttempt: at, NextAttempt: at}},
+	})
+	// A failed check is not OK: the one field that is false by design.
+	got.Withheld[0].FailedChecks[0].OK = true
+	if z := zeroFields(reflect.ValueOf(got), "api.Node"); len(z) != 0 {
+		t.Fatalf("apiNode leaves fields zero: %v", z)
+	}
+	if got.Role != api.RolePrimary {
+		t.Fatalf("role %q", got.Role)
+	}
+}
+
+// The node's release and pause requests encode like the wire's, as the
+// claim does: the node hashes them into the operation's request hash.
+func TestReleaseAndPauseEncodeLikeTheWire(t *testing.T) {
+	for _, c := range []struct{ wire, dom any }{
+		{api.ReleaseRequest{OperationID: "r1", Generation: 3}, node.ReleaseRequest{OperationID: "r1", Generation: 3}},
+		{api.ReleaseRequest{OperationID: "r1"}, node.ReleaseRequest{OperationID: "r1"}},
+		{api.PauseRequest{OperationID: "p1", Generation: 3}, node.PauseRequest{OperationID: "p1", Generation: 3}},
+		{api.PauseRequest{OperationID: "p1"}, node.PauseRequest{OperationID: "p1"}},
+	} {
+		w, err := json.Marshal(c.wire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := json.Marshal(c.dom)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(w) != string(d) {
+			t.Errorf("%T encodes as %s, the wire's %T as %s", c.dom, d, c.wire, w)
+		}
 	}
 }
