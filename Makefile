@@ -163,7 +163,7 @@ DEB_OUT ?= bin/
 deb:
 	rm -rf bin/pkg && mkdir -p bin/pkg
 	V=$$(git describe --always --dirty 2>/dev/null || echo dev); \
-		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$$V" -o bin/pkg/ ./cmd/ctld ./cmd/ctl-manager ./cmd/ctl-agent
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$V" -o bin/pkg/ ./cmd/ctld ./cmd/ctl-manager ./cmd/ctl-agent
 	bin/pkg/ctld config default >bin/pkg/ctld.toml
 	bin/pkg/ctl-manager completion bash >bin/pkg/ctl-manager.bash
 	DEB_ARCH=$$($(GO) env GOARCH) \
