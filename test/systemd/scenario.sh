@@ -252,7 +252,7 @@ rc=$?
 sed 's/^/    /' /tmp/apt-remove.log
 check "apt-get remove -y ctld (exit $rc)" test "$rc" = 0
 check "dpkg keeps only its config files" sh -c "dpkg -s ctld | grep -qx 'Status: deinstall ok config-files'"
-check "no ctld or ctl-manager unit is active" test -z "$(systemctl list-units --state=active --plain --no-legend 'ctld*' 'ctl-manager*')"
+check "no ctld or ctl-manager unit is active" test -z "$(systemctl list-units --state=active --plain --no-legend 'ctld@*' ctld.target 'ctl-manager*')"
 check "no ctld or ctl-manager process" sh -c "! pgrep -x 'ctld|ctl-manager'"
 check "no runsc process" sh -c "! pgrep runsc"
 check "no ctld netns" sh -c "! ip netns list | grep -q '^ctld-'"
