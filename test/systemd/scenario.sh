@@ -190,6 +190,18 @@ check "the frozen process is gone" sh -c "! kill -0 $pid 2>/dev/null"
 check "the guest is adopted again and answers" ctl-manager sandbox exec demo -- /bin/true
 ctld status
 
+step "upgrade: dpkg -i the package again while the sandbox runs (postinst restarts standby, then primary)"
+ctld status
+pa=$(mainpid a)
+pb=$(mainpid b)
+check "dpkg -i over the installed package" dpkg -i "$CTLD_DEB"
+check "both instances were restarted (pids $pa $pb -> $(mainpid a) $(mainpid b))" sh -c "test $(mainpid a) != $pa && test $(mainpid b) != $pb"
+U=$(wait_primary) || fatal "no primary after the upgrade"
+ctld status
+check "the sandbox is still ready on the node" test "$(node_state)" = ready
+check "the same guest process runs (pid $GUEST)" test "$(guest_pid)" = "$GUEST"
+check "the guest answers after the upgrade" ctl-manager sandbox exec demo -- /bin/true
+
 step "destroy the sandbox: cleanup proof verified, nothing left"
 check "destroy with a verified proof" ctl-manager sandbox destroy demo
 check "no ctld netns left" sh -c "! ip netns list | grep -q '^ctld-'"
