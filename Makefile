@@ -11,7 +11,7 @@ BENCH_TIMEOUT ?= 30m
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR"
 PREFIX ?= /usr/local
 
-.PHONY: all build agent test test-unit test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo bench bench-nbd churn bench-systemd install clean
+.PHONY: all build agent test test-unit test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo bench bench-nbd churn bench-systemd install deb clean
 
 all: build
 
@@ -146,15 +146,31 @@ install:
 	install -D -m 0755 bin/ctld $(DESTDIR)$(PREFIX)/bin/ctld
 	install -D -m 0755 bin/ctl-manager $(DESTDIR)$(PREFIX)/bin/ctl-manager
 	install -D -m 0755 bin/ctl-agent $(DESTDIR)$(PREFIX)/bin/ctl-agent
-	install -D -m 0644 systemd/ctld@.service $(DESTDIR)/etc/systemd/system/ctld@.service
 	install -D -m 0644 systemd/ctld.target $(DESTDIR)/etc/systemd/system/ctld.target
-	install -D -m 0644 systemd/ctl-manager.service $(DESTDIR)/etc/systemd/system/ctl-manager.service
+	for u in ctld@.service ctl-manager.service; do sed 's|/usr/bin/ctl|$(PREFIX)/bin/ctl|; s|/usr/share/doc/ctld|$(PREFIX)/share/doc/ctld|' systemd/$$u | \
+		install -D -m 0644 /dev/stdin $(DESTDIR)/etc/systemd/system/$$u; done
 	install -D -m 0644 systemd/ctld.tmpfiles.conf $(DESTDIR)/etc/tmpfiles.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modules-load.conf $(DESTDIR)/etc/modules-load.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modprobe.conf $(DESTDIR)/etc/modprobe.d/ctld.conf
 	install -D -m 0644 systemd/ctld.sysusers.conf $(DESTDIR)/etc/sysusers.d/ctld.conf
 	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/ctld/operations.md
 	@echo "installed; then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now ctld.target"
+
+# The Debian package (docs/operations.md, "Package"): static binaries, the
+# units, tmpfiles, sysusers, modules, the default /etc/ctld/ctld.toml and
+# the docs, by nfpm (packaging/nfpm.yaml) run as a Go tool. DEB_OUT: a file
+# or a directory (default name ctld_VERSION_ARCH.deb).
+NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
+DEB_OUT ?= bin/
+deb:
+	rm -rf bin/pkg && mkdir -p bin/pkg
+	V=$$(git describe --always --dirty 2>/dev/null || echo dev); \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$V" -o bin/pkg/ ./cmd/ctld ./cmd/ctl-manager ./cmd/ctl-agent
+	bin/pkg/ctld config default >bin/pkg/ctld.toml
+	bin/pkg/ctl-manager completion bash >bin/pkg/ctl-manager.bash
+	DEB_ARCH=$$($(GO) env GOARCH) \
+	DEB_VERSION=0.$$(git rev-list --count HEAD)+g$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD 2>/dev/null || echo .dirty) \
+		$(NFPM) package -f packaging/nfpm.yaml -p deb -t $(DEB_OUT)
 
 clean:
 	rm -rf bin

@@ -165,6 +165,9 @@ func OpenStore(ctx context.Context, path string, now func() time.Time) (*Store, 
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create database dir: %w", err)
 	}
+	if err := createDBFile(path); err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
 	q := url.Values{}
 	// Pragmas run on every new connection of the pool. WAL lets readers run
 	// during a write; busy_timeout makes two CLI invocations wait for each

@@ -7,6 +7,7 @@
 # standby. State in /var/lib/ctld (the VM's XFS disk), sockets in /run/ctld.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+dpkg -i "$CTLD_DEB" >/dev/null || exit 1 # the package vmrun built (make deb)
 CTLD_BENCH_SYSTEMD=1 bin/e2e.test -test.run '^$' -test.bench '^BenchmarkFailover$' -test.benchtime 1x -test.v -test.timeout 50m
 rc=$?
 systemctl stop ctld.target ctld@a ctld@b

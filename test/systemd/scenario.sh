@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The systemd units under test, for real: run by `make test-systemd` inside
-# the test VM with systemd as PID 1 and ctld installed by `make install`
-# (test/vm/vmrun -systemd). It plays the operator: starts ctld@a and ctld@b,
+# the test VM with systemd as PID 1 (test/vm/vmrun -systemd). It plays the
+# operator: installs ctld's Debian package ($CTLD_DEB, `make deb`) with
+# dpkg, starts ctld@a and ctld@b,
 # claims a sandbox, kills the primary with -9 and checks that the standby
 # adopts the running guest and that the host (PID 1's mount namespace) sees
 # the guest's mounts and netns; then the watchdog, readiness, OOM score,
-# `systemctl stop ctld.target` and `ctld status` under systemd.
+# `systemctl stop ctld.target` and `ctld status` under systemd; a non-root
+# operator in group ctld, and one outside it; last the package's removal
+# (refused under a live sandbox, then nothing left running) and purge.
 # Every check is printed; the script exits 1 if any failed.
 set -uo pipefail
 export CTL_MANAGER_DB=/var/lib/ctl-manager/manager.db
@@ -63,10 +66,19 @@ host_sees() { # what the host (PID 1's mount namespace) sees of the guest $CID
 		findmnt -l -n -t overlay -o TARGET | grep -qx "/var/lib/ctld/scratch/$CID/root"
 }
 
-step "the installed units are the shipped ones"
+step "install the package: dpkg -i $CTLD_DEB"
+dpkg-deb -f "$CTLD_DEB" Package Version Depends
+dpkg -i "$CTLD_DEB" || fatal "dpkg -i $CTLD_DEB"
+check "dpkg has ctld installed" sh -c "dpkg -s ctld | grep -qx 'Status: install ok installed'"
+check "ctld and ctl-manager are /usr/bin's" test "$(command -v ctld) $(command -v ctl-manager) $(command -v ctl-agent)" = "/usr/bin/ctld /usr/bin/ctl-manager /usr/bin/ctl-agent"
+check "nothing of make install: no unit in /etc/systemd/system" sh -c "! ls /etc/systemd/system/ctld* /etc/systemd/system/ctl-manager.service 2>/dev/null"
 for f in ctld@.service ctld.target; do
-	check "/etc/systemd/system/$f is systemd/$f" cmp "/etc/systemd/system/$f" "$REPO/systemd/$f"
+	check "/lib/systemd/system/$f is systemd/$f" cmp "/lib/systemd/system/$f" "$REPO/systemd/$f"
 done
+check "/etc/ctld/ctld.toml is ctld config default, a conffile" sh -c "ctld config default | cmp - /etc/ctld/ctld.toml && dpkg-query -W -f '\${Conffiles}' ctld | grep -q '^ /etc/ctld/ctld.toml '"
+check "the install started nothing" test "$(systemctl is-active ctld@a ctld@b ctl-manager | sort -u)" = inactive
+owners=$(stat -c '%n %U:%G %a' /run/ctld /var/lib/ctl-manager | tr '\n' ' ')
+check "postinst made the directories (tmpfiles): $owners" test "$owners" = "/run/ctld root:ctld 750 /var/lib/ctl-manager root:ctld 2770 "
 check "the scenario runs in PID 1's mount namespace" test "$(readlink /proc/self/ns/mnt)" = "$(readlink /proc/1/ns/mnt)"
 check "cgroup2 is the only hierarchy" test "$(stat -f -c %T /sys/fs/cgroup)" = cgroup2fs
 check "group ctld exists (sysusers)" getent group ctld
@@ -178,6 +190,18 @@ check "the frozen process is gone" sh -c "! kill -0 $pid 2>/dev/null"
 check "the guest is adopted again and answers" ctl-manager sandbox exec demo -- /bin/true
 ctld status
 
+step "upgrade: dpkg -i the package again while the sandbox runs (postinst restarts standby, then primary)"
+ctld status
+pa=$(mainpid a)
+pb=$(mainpid b)
+check "dpkg -i over the installed package" dpkg -i "$CTLD_DEB"
+check "both instances were restarted (pids $pa $pb -> $(mainpid a) $(mainpid b))" sh -c "test $(mainpid a) != $pa && test $(mainpid b) != $pb"
+U=$(wait_primary) || fatal "no primary after the upgrade"
+ctld status
+check "the sandbox is still ready on the node" test "$(node_state)" = ready
+check "the same guest process runs (pid $GUEST)" test "$(guest_pid)" = "$GUEST"
+check "the guest answers after the upgrade" ctl-manager sandbox exec demo -- /bin/true
+
 step "destroy the sandbox: cleanup proof verified, nothing left"
 check "destroy with a verified proof" ctl-manager sandbox destroy demo
 check "no ctld netns left" sh -c "! ip netns list | grep -q '^ctld-'"
@@ -185,8 +209,29 @@ check "no overlay left" sh -c "! findmnt -l -n -t overlay -o TARGET | grep -q /v
 check "no lease cgroup left" test -z "$(find /sys/fs/cgroup/ctld.slice -mindepth 1 -type d)"
 check "no runsc container left" test -z "$(runsc --root /run/ctld/runsc list -quiet)"
 
+step "non-root operators: members of group ctld use ctl-manager, others are refused"
+useradd --no-create-home --shell /usr/sbin/nologin --groups ctld op
+useradd --no-create-home --shell /usr/sbin/nologin outsider
+refused() { test "$1" = 125 && grep -qi 'permission denied' <<<"$2"; } # RC OUTPUT
+db=/var/lib/ctl-manager/manager.db
+modes=$(stat -c '%n %G %a' /var/lib/ctl-manager "$db" | tr '\n' ' ')
+check "the database dir is group ctld's, setgid, and root's database 0660: $modes" \
+	test "$modes" = "/var/lib/ctl-manager ctld 2770 $db ctld 660 "
+check "op (group ctld, not root) creates a sandbox" runuser -u op -- ctl-manager sandbox create opbox --cpu 500m --memory 256Mi --pids 256
+check "op lists it" sh -c "runuser -u op -- ctl-manager sandbox ls | grep -q opbox"
+check "op execs in it" runuser -u op -- ctl-manager sandbox exec opbox -- /bin/true
+check "root reads what op wrote" ctl-manager sandbox get opbox
+echo "  $(ls -ln /var/lib/ctl-manager | tr '\n' ';')"
+out=$(runuser -u outsider -- ctl-manager sandbox ls 2>&1)
+rc=$?
+check "outsider (not in group ctld): sandbox ls fails (exit $rc, want 125): $out" refused "$rc" "$out"
+out=$(runuser -u outsider -- ctl-manager --db /tmp/outsider/manager.db node status 2>&1)
+rc=$?
+check "outsider with a database of its own: ctld's socket refuses (exit $rc, want 125): $out" refused "$rc" "$out"
+check "op destroys it with a verified proof" runuser -u op -- ctl-manager sandbox destroy opbox
+
 step "the service: ctl-manager.service (serve) used with curl and an API key"
-check "/etc/systemd/system/ctl-manager.service is systemd/ctl-manager.service" cmp /etc/systemd/system/ctl-manager.service "$REPO/systemd/ctl-manager.service"
+check "/lib/systemd/system/ctl-manager.service is systemd/ctl-manager.service" cmp /lib/systemd/system/ctl-manager.service "$REPO/systemd/ctl-manager.service"
 systemctl start ctl-manager || fatal "systemctl start ctl-manager"
 KEY=$(ctl-manager key create --owner ci 2>/dev/null)
 API=http://127.0.0.1:8080/v1
@@ -200,4 +245,42 @@ check "destroy through the service answers a verified, clean proof" test "$(api 
 check "the key is not in the service's journal" sh -c "! journalctl -u ctl-manager --no-pager | grep -qF '$KEY'"
 journalctl --no-pager -o short-monotonic -u ctl-manager | tail -n 20
 systemctl stop ctl-manager
+
+step "remove the package: refused while a sandbox lives"
+ctl-manager sandbox create keep --cpu 500m --memory 256Mi --pids 256 || fatal "claim keep"
+dpkg -r ctld >/tmp/dpkg-r.log 2>&1
+rc=$?
+sed 's/^/    /' /tmp/dpkg-r.log
+check "dpkg -r ctld fails (exit $rc)" test "$rc" != 0
+# dpkg -r marked it for removal (deinstall), but it is installed and configured.
+check "the package stays installed: $(dpkg -s ctld | grep '^Status:')" sh -c "dpkg -s ctld | grep -qxE 'Status: (install|deinstall) ok installed'"
+check "prerm says why" grep -q "refusing to remove the package: sandboxes still hold kernel objects" /tmp/dpkg-r.log
+wait_primary >/dev/null || fatal "no primary after the refused removal"
+check "the units run again and the sandbox answers" ctl-manager sandbox exec keep -- /bin/true
+check "destroy keep" ctl-manager sandbox destroy keep
+
+step "apt-get remove ctld: no unit runs, no kernel object of ctld is left"
+apt-get remove -y ctld >/tmp/apt-remove.log 2>&1
+rc=$?
+sed 's/^/    /' /tmp/apt-remove.log
+check "apt-get remove -y ctld (exit $rc)" test "$rc" = 0
+check "dpkg keeps only its config files" sh -c "dpkg -s ctld | grep -qx 'Status: deinstall ok config-files'"
+check "no ctld or ctl-manager unit is active" test -z "$(systemctl list-units --state=active --plain --no-legend 'ctld@*' ctld.target 'ctl-manager*')"
+check "no ctld or ctl-manager process" sh -c "! pgrep -x 'ctld|ctl-manager'"
+check "no runsc process" sh -c "! pgrep runsc"
+check "no ctld netns" sh -c "! ip netns list | grep -q '^ctld-'"
+check "no mount under /var/lib/ctld or /run/ctld" sh -c "! findmnt -l -n -o TARGET | grep -qE '^/(var/lib|run)/ctld/'"
+check "no lease cgroup, and ctld.slice is gone" test ! -e /sys/fs/cgroup/ctld.slice
+check "no nft table inet ctld" sh -c "! nft list table inet ctld 2>/dev/null"
+check "no NBD device connected" sh -c "! ls /sys/block/nbd*/pid 2>/dev/null"
+check "/run/ctld is gone" test ! -e /run/ctld
+check "the binaries are gone" test ! -e /usr/bin/ctld -a ! -e /usr/bin/ctl-manager
+check "the conffile stays" test -e /etc/ctld/ctld.toml
+
+step "dpkg --purge ctld: configuration gone, data kept"
+check "dpkg --purge ctld" dpkg --purge ctld
+check "/etc/ctld is gone (config and env file)" test ! -e /etc/ctld
+check "dpkg no longer knows ctld" sh -c "! dpkg -s ctld >/dev/null 2>&1"
+check "the state dir and the manager's database are kept" test -d /var/lib/ctld/ha -a -e /var/lib/ctl-manager/manager.db
+check "group ctld is kept" getent group ctld
 finish

@@ -10,10 +10,10 @@ import (
 )
 
 // The systemd mode (-systemd SCRIPT) boots the host's own systemd as PID 1
-// of the guest, with ctld installed by `make install` exactly as a host gets
-// it (the units in systemd/ are product), and runs one scenario script as a
-// oneshot service of the booted system. The script's output and exit status
-// come back like a -cmd job's.
+// of the guest with ctld's Debian package (`make deb`) in the share at
+// $CTLD_DEB, and runs one scenario script as a oneshot service of the
+// booted system; the script installs the package as a host does. The
+// script's output and exit status come back like a -cmd job's.
 
 // systemdVMTarget is the guest's boot target: only what sysinit.target pulls
 // in, plus the scenario. The job timeout powers the guest off if the boot
@@ -57,13 +57,17 @@ var systemdMasked = []string{
 	"getty@tty1.service", "serial-getty@ttyS0.service", "sys-kernel-debug.mount", "sys-kernel-tracing.mount",
 }
 
-// installProduct runs `make install DESTDIR=dest` on the host: the guest
-// copies dest over its root, so it gets the shipped units and binaries.
-func installProduct(ctx context.Context, dest string) error {
-	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "install", "DESTDIR="+dest)
+// debShare is the package's path in the share; the guest sees the share
+// at /ctld-vm.
+const debShare = "ctld.deb"
+
+// buildPackage runs `make deb` on the host into the share.
+func buildPackage(ctx context.Context, share string) error {
+	out := filepath.Join(share, debShare)
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "deb", "DEB_OUT="+out)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("make install DESTDIR=%s: %w", dest, err)
+		return fmt.Errorf("make deb DEB_OUT=%s: %w", out, err)
 	}
 	return nil
 }
@@ -75,9 +79,10 @@ func prepareSystemd(ctx context.Context, c config, share, wd string, env []strin
 	if _, err := os.Stat(filepath.Join(wd, c.systemd)); err != nil {
 		return Job{}, fmt.Errorf("systemd scenario: %w", err)
 	}
-	if err := installProduct(ctx, filepath.Join(share, "root")); err != nil {
+	if err := buildPackage(ctx, share); err != nil {
 		return Job{}, err
 	}
+	env = append(env, "CTLD_DEB=/ctld-vm/"+debShare)
 	job := Job{Name: "systemd: " + c.systemd, Dir: wd, Argv: []string{"/bin/bash", c.systemd}, Timeout: int(c.jobTime.Seconds())}
 	files := map[string]string{
 		"systemd/ctld-vm.target":           fmt.Sprintf(systemdVMTarget, int(c.jobTime.Seconds())+120),
@@ -98,7 +103,7 @@ func prepareSystemd(ctx context.Context, c config, share, wd string, env []strin
 }
 
 // systemdGuestScript is run as PID 1 after switch_root: it lays the
-// installed product and the scenario units over the writable root, gives
+// scenario units over the writable root, gives
 // ctld's state dir a filesystem that can hold overlay uppers, and execs
 // systemd (which stays PID 1).
 func systemdGuestScript() string {
@@ -106,7 +111,6 @@ func systemdGuestScript() string {
 	b.WriteString(`#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc proc /proc
-cp -a /ctld-vm/root/. / || echo "vm: cannot install the product"
 install -m 0644 /ctld-vm/systemd/ctld-vm.target /ctld-vm/systemd/ctld-vm-scenario.service /etc/systemd/system/
 # The build machine is a container: its marker would put systemd into
 # container mode, which a sandbox host is not.
