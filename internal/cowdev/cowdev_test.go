@@ -457,3 +457,54 @@ func TestLocalStoreCachesPartialReadsOnly(t *testing.T) {
 		})
 	}
 }
+
+// A step of Open that fails part way (a cache file that cannot be opened,
+// here a directory in its place) leaves no file of the device open, and a
+// later Open of the same dir works once the obstacle is gone.
+func TestOpenFailingMidwayLeavesNothingOpen(t *testing.T) {
+	f := newFixture(t, 40)
+	for _, name := range []string{"dirty", "cache.0", "cache.9", "cache.15"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.Mkdir(filepath.Join(dir, name), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: dir}); err == nil {
+				t.Fatalf("Open succeeded with a directory at %s", name)
+			}
+			if left := openUnder(t, dir); len(left) > 0 {
+				t.Fatalf("a failed Open left open: %v", left)
+			}
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+			d := open(t, f, tpl0, dir)
+			if left := openUnder(t, dir); len(left) != 17 {
+				t.Fatalf("an open device has %d files open, want 17 (dirty and 16 cache files): %v", len(left), left)
+			}
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if left := openUnder(t, dir); len(left) > 0 {
+				t.Fatalf("Close left open: %v", left)
+			}
+		})
+	}
+}
+
+// openUnder lists this process's open files under dir.
+func openUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open []string
+	for _, fd := range fds {
+		p, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if err == nil && strings.HasPrefix(p, dir+"/") {
+			open = append(open, p)
+		}
+	}
+	return open
+}
