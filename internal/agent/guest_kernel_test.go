@@ -28,10 +28,10 @@ import (
 // without a libc.
 func agentBinary(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(os.Getenv("CTLD_BIN_DIR"), "ctl-agent")
+	p := ktest.RequireBuilt(t, "ctl-agent")
 	f, err := elf.Open(p)
 	if err != nil {
-		t.Fatalf("ctl-agent binary (CTLD_BIN_DIR=%q): %v; run through make test-vm", os.Getenv("CTLD_BIN_DIR"), err)
+		t.Fatalf("ctl-agent binary: %v", err)
 	}
 	defer f.Close()
 	for _, prog := range f.Progs {

@@ -24,6 +24,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/cowdev"
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // TestMain runs the crash test's writer when re-executed as it (a child
@@ -84,28 +85,6 @@ func openRepo(root, keyHex string) (*blockstore.Repo, error) {
 	return blockstore.New(ds, nk, blockstore.Options{})
 }
 
-// needPeers fails (never skips) when an NBD peer is missing:
-// test/nbd/setup.sh installs them.
-func needPeers(t testing.TB, names ...string) {
-	t.Helper()
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
-		}
-	}
-}
-
-// sockPath is a socket path in a short temp dir (108-byte limit).
-func sockPath(t testing.TB) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "cowdev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return filepath.Join(d, "s")
-}
-
 // serve serves b on a fresh Unix socket until the test ends; it returns
 // the NBD URI.
 func serve(t testing.TB, b nbdsrv.Backend) string {
@@ -114,7 +93,7 @@ func serve(t testing.TB, b nbdsrv.Backend) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := sockPath(t)
+	sock := filepath.Join(testutil.SocketDir(t), "s")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +151,7 @@ var abRef = blockstore.GenRef{Volume: blockstore.Template("ab"), Generation: 0}
 // without NO_HOLE), unaligned to chunks, read back right through NBD and
 // in a re-opened device.
 func TestQemuIOOverNBD(t *testing.T) {
-	needPeers(t, "qemu-io")
+	testutil.NeedNBDPeers(t, "qemu-io")
 	const size = 4 << 20
 	f := fillBase(t, size)
 	dir := t.TempDir()
@@ -220,7 +199,7 @@ func TestQemuIOOverNBD(t *testing.T) {
 // out byte-identical; an image copied in with --flush comes out identical,
 // also from a re-opened device.
 func TestNbdcopyImageInImageOut(t *testing.T) {
-	needPeers(t, "nbdcopy")
+	testutil.NeedNBDPeers(t, "nbdcopy")
 	f := newFixture(t, 600) // 9.4 MiB: zero chunks, half-zero chunks, data
 	tmp := t.TempDir()
 	dir := t.TempDir()
@@ -253,7 +232,7 @@ func sameFile(t testing.TB, path string, want []byte) {
 // One flipped byte in a stored object: qemu-io's read of that chunk gets
 // an I/O error, never data; other chunks still read.
 func TestTamperedObjectIsEIOOverNBD(t *testing.T) {
-	needPeers(t, "qemu-io")
+	testutil.NeedNBDPeers(t, "qemu-io")
 	f := fillBase(t, 1<<20)
 	var objs []string
 	_ = filepath.WalkDir(f.root, func(p string, e os.DirEntry, err error) error {
@@ -289,12 +268,12 @@ func TestTamperedObjectIsEIOOverNBD(t *testing.T) {
 // A writer killed with SIGKILL right after a flush: a re-open finds all
 // the flushed data (writes, a discard, write-zeroes, partial chunks).
 func TestKill9AfterFlushKeepsFlushedData(t *testing.T) {
-	needPeers(t, "qemu-io")
+	testutil.NeedNBDPeers(t, "qemu-io")
 	const size = 4 << 20
 	f := fillBase(t, size)
 	keyHex := writeNodeKey(t, f)
 	dir := t.TempDir()
-	sock := sockPath(t)
+	sock := filepath.Join(testutil.SocketDir(t), "s")
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +352,7 @@ func writeNodeKey(t testing.TB, f *fixture) string {
 // read as zeros without a fetch and are reported as holes that read as
 // zeros; written chunks (also over a base hole) and base data are data.
 func TestBlockStatusOverNBD(t *testing.T) {
-	needPeers(t, "nbdinfo", "qemu-img")
+	testutil.NeedNBDPeers(t, "nbdinfo", "qemu-img")
 	const n = 45
 	f := newFixture(t, n) // chunks 0, 3, 6, ... are holes of the base
 	d := open(t, f, tpl0, t.TempDir())

@@ -12,6 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/cowdev"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // sharedCache opens the base cache under root as another process would:
@@ -191,7 +192,7 @@ func TestSharedCacheOnlyForTemplates(t *testing.T) {
 // chunk, or any chunk after a seal is read with ReadAt. Served over NBD,
 // nbdcopy reads the mix back byte-identical.
 func TestSharedCacheSentFromFiles(t *testing.T) {
-	needPeers(t, "nbdcopy")
+	testutil.NeedNBDPeers(t, "nbdcopy")
 	const chunks = 30
 	f := newFixture(t, chunks)
 	root := t.TempDir()

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // BenchmarkVsQemuNbd compares our server (file backend) with qemu-nbd serving
@@ -34,7 +36,7 @@ import (
 // disk. Each figure is the median of three rounds taken in turn, so load
 // from other work on the machine hits every server alike.
 func BenchmarkVsQemuNbd(b *testing.B) {
-	needPeers(b, "nbdcopy", "qemu-nbd", "qemu-img", "nbdinfo", "fio")
+	testutil.NeedNBDPeers(b, "nbdcopy", "qemu-nbd", "qemu-img", "nbdinfo", "fio")
 	const size = 1 << 30
 	const mib = size / (1 << 20)
 	const rounds = 3
@@ -169,7 +171,7 @@ func procCPU(tb testing.TB, pid int) func() time.Duration {
 // time.
 func qemuNbd(tb testing.TB, args ...string) (string, func() time.Duration) {
 	tb.Helper()
-	sock := filepath.Join(sockDir(tb), "q")
+	sock := filepath.Join(testutil.SocketDir(tb), "q")
 	cmd := exec.Command("qemu-nbd", append([]string{"-k", sock, "-t", "-e", "16", "--cache=writeback", "--aio=threads"}, args...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -13,29 +13,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/testutil"
 )
-
-// needPeers fails (never skips) when an NBD peer the test drives is not
-// installed: test/nbd/setup.sh installs them, and CI runs it first.
-func needPeers(t testing.TB, names ...string) {
-	t.Helper()
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
-		}
-	}
-}
-
-// sockDir is a short temp dir: a Unix socket path must fit in 108 bytes.
-func sockDir(t testing.TB) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "nbdsrv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
 
 type served struct {
 	uri  string
@@ -50,7 +29,7 @@ func serve(t testing.TB, exp nbdsrv.Export, opts nbdsrv.Options) *served {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(sockDir(t), "s")
+	sock := filepath.Join(testutil.SocketDir(t), "s")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)

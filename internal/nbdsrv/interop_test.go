@@ -12,10 +12,12 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 func TestNbdinfoReportsSizeAndFlags(t *testing.T) {
-	needPeers(t, "nbdinfo")
+	testutil.NeedNBDPeers(t, "nbdinfo")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "disk.img")
 	const size = 3<<20 + 512
@@ -63,7 +65,7 @@ func TestNbdinfoReportsSizeAndFlags(t *testing.T) {
 // comes out byte-identical both ways only if concurrent replies are framed
 // and matched right.
 func TestNbdcopyInAndOutIsByteIdentical(t *testing.T) {
-	needPeers(t, "nbdcopy")
+	testutil.NeedNBDPeers(t, "nbdcopy")
 	dir := t.TempDir()
 	ref := filepath.Join(dir, "ref.img")
 	const size = 48<<20 + 4096
@@ -84,7 +86,7 @@ func TestNbdcopyInAndOutIsByteIdentical(t *testing.T) {
 }
 
 func TestQemuImgConvertAndCompare(t *testing.T) {
-	needPeers(t, "qemu-img")
+	testutil.NeedNBDPeers(t, "qemu-img")
 	dir := t.TempDir()
 	ref := filepath.Join(dir, "ref.img")
 	const size = 32 << 20
@@ -120,7 +122,7 @@ func TestQemuImgConvertAndCompare(t *testing.T) {
 // (with NO_HOLE, and unmapping) and checks what reads back; the file behind
 // the server shows the trimmed range punched out.
 func TestQemuIOFlushTrimWriteZeroes(t *testing.T) {
-	needPeers(t, "qemu-io")
+	testutil.NeedNBDPeers(t, "qemu-io")
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk.img")
 	const size = 16 << 20

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 const (
@@ -546,7 +547,7 @@ func TestServeCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("unix", filepath.Join(sockDir(t), "s"))
+	l, err := net.Listen("unix", filepath.Join(testutil.SocketDir(t), "s"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // fileReader is a File backend that also offers its reads as file
@@ -42,7 +43,7 @@ func (f *fileReader) ReadFiles(segs []nbdsrv.FileSegment, off int64, n int) ([]n
 // structured replies, qemu-img compare), mixed with reads it refuses,
 // which go through ReadAt; unaligned reads (qemu-io) too.
 func TestFileReaderReplies(t *testing.T) {
-	needPeers(t, "nbdcopy", "qemu-img", "qemu-io")
+	testutil.NeedNBDPeers(t, "nbdcopy", "qemu-img", "qemu-io")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "img")
 	want := refImage(t, img, 8<<20)

@@ -25,6 +25,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/fakenode"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -188,7 +189,7 @@ type env struct {
 	store   *manager.Store
 	srv     *Server
 	url     string
-	logs    *syncBuffer
+	logs    *testutil.Buffer
 	keyA    string
 	keyB    string
 	a, b    *client.Client
@@ -196,23 +197,6 @@ type env struct {
 	stop    func()
 	clock   *testClock
 	stopped bool
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type testClock struct {
@@ -238,7 +222,7 @@ var testTemplates = []client.Template{{Name: "busybox", Mode: "overlay"}, {Name:
 // (a key each) and the server.
 func newEnv(t *testing.T, tune func(*Server)) *env {
 	t.Helper()
-	e := &env{t: t, node: fakenode.New("node-1"), logs: &syncBuffer{}, clock: &testClock{}}
+	e := &env{t: t, node: fakenode.New("node-1"), logs: &testutil.Buffer{}, clock: &testClock{}}
 	e.node.BlockStore = true
 	e.socket = fakenode.Serve(t, e.node)
 	e.dbPath = filepath.Join(t.TempDir(), "manager.db")

@@ -46,11 +46,7 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
-	dir := os.Getenv("CTLD_BIN_DIR")
-	bin := filepath.Join(dir, "ctld")
-	if _, err := os.Stat(bin); dir == "" || err != nil {
-		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
-	}
+	bin := ktest.RequireBuilt(t, "ctld")
 	root := t.TempDir()
 	// The state dir is on the VM's state disk (XFS with project quotas), as
 	// on a host: disk leases are enforced there and fsync is real.
@@ -200,17 +196,7 @@ func (e *env) kill9(slot string) {
 
 // stop asks an instance to hand over (SIGTERM) and waits for it.
 func (e *env) stop(slot string) {
-	cmd := e.procs[slot]
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		e.t.Errorf("ctld@%s ignored SIGTERM for 30s; killing", slot)
-		cmd.Process.Kill()
-		<-done
-	}
+	ktest.StopProcess(e.t, e.procs[slot], "ctld@"+slot, 30*time.Second)
 	delete(e.procs, slot)
 }
 

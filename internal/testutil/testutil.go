@@ -1,0 +1,57 @@
+// Package testutil holds the small helpers that the tests of several
+// packages share. Nothing here touches the kernel (that is ktest's): a
+// locked buffer, a short temp dir for Unix sockets, a check for the
+// userspace NBD peers.
+package testutil
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+)
+
+// Buffer is a bytes.Buffer that one goroutine may write while another
+// reads it (a test polling a command's output, a log sink).
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// SocketDir is a fresh temp dir with a short path, removed when the test
+// ends: a Unix socket path must fit in 108 bytes (sun_path), and
+// t.TempDir's path embeds the test's name.
+func SocketDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "ctldt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
+}
+
+// NeedNBDPeers fails (never skips) when an NBD peer program a test drives
+// (nbdinfo, qemu-img, ...) is not installed: test/nbd/setup.sh installs
+// them, and CI runs it first.
+func NeedNBDPeers(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
+		}
+	}
+}
