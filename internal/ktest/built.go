@@ -1,12 +1,15 @@
 package ktest
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // BinDirEnv names the dir the VM harness (test/vm/vmrun) builds the
@@ -42,4 +45,31 @@ func StopProcess(t testing.TB, cmd *exec.Cmd, name string, grace time.Duration) 
 		_ = cmd.Process.Kill()
 		<-done
 	}
+}
+
+// MakeCgroup makes the cgroup name under CgroupRoot, as a lease does (a
+// pre-created directory runsc joins), returning its directory; the
+// test's end removes it, retrying while it is busy (a sandbox's
+// processes leave it a moment after runsc returns).
+func MakeCgroup(t testing.TB, name string) string {
+	t.Helper()
+	dir := filepath.Join(CgroupRoot, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("create lease cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		for i := 0; ; i++ {
+			err := unix.Rmdir(dir)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				return
+			}
+			if !errors.Is(err, unix.EBUSY) || i == 100 {
+				procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+				t.Errorf("remove lease cgroup: %v (procs %q)", err, procs)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return dir
 }
