@@ -266,6 +266,38 @@ func claimReq(op string, gen uint64) api.ClaimRequest {
 	}
 }
 
+// blockClaimReq is claimReq in block mode running proc, with room for
+// the guest's processes: under the ptrace platform each guest process
+// has host stub threads in the lease.
+func blockClaimReq(op string, gen uint64, proc api.Process) api.ClaimRequest {
+	req := claimReq(op, gen)
+	req.RootFS.Mode = api.RootFSBlock
+	req.Process = proc
+	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
+	return req
+}
+
+// startBlock turns block mode on (useBlock), starts slot a and waits
+// until it is primary; it returns the writers' cgroup.
+func (e *env) startBlock(extra ...string) string {
+	e.t.Helper()
+	wcg := e.useBlock(extra...)
+	e.start("a")
+	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
+	return wcg
+}
+
+// guestSh runs script with /bin/sh in sandbox id and returns its stdout;
+// anything but exit 0 fails the test.
+func guestSh(t testing.TB, c *api.Client, id, script string) string {
+	t.Helper()
+	r, err := c.Exec(ctx(t, 2*time.Minute), id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("exec in %s %q: %v, exit %d, stderr %s", id, script, err, r.ExitCode, r.Stderr)
+	}
+	return string(r.Stdout)
+}
+
 func ctx(t testing.TB, d time.Duration) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
