@@ -1,13 +1,11 @@
 // Package testutil holds the small helpers that the tests of several
 // packages share. Nothing here touches the kernel (that is ktest's): a
-// locked buffer, a short temp dir for Unix sockets, a check for the
-// userspace NBD peers.
+// locked buffer and a short temp dir for Unix sockets.
 package testutil
 
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"sync"
 	"testing"
 )
@@ -42,16 +40,4 @@ func SocketDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(d) })
 	return d
-}
-
-// NeedNBDPeers fails (never skips) when an NBD peer program a test drives
-// (nbdinfo, qemu-img, ...) is not installed: test/nbd/setup.sh installs
-// them, and CI runs it first.
-func NeedNBDPeers(t testing.TB, names ...string) {
-	t.Helper()
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
-		}
-	}
 }
