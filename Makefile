@@ -84,7 +84,8 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
 	internal/manager internal/manager/fakenode internal/journal internal/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
-	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck
+	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
+	internal/cleanup internal/testutil
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)'
 

@@ -122,3 +122,15 @@ func filesMentioning(t *testing.T, pkg, tags, s string) []string {
 	}
 	return hits
 }
+
+// The shipped commands link no test helper (and so not package testing).
+func TestCommandsLinkNoTestHelpers(t *testing.T) {
+	for _, pkg := range []string{"cmd/ctld", "cmd/ctl-manager", "cmd/ctl-agent"} {
+		for _, d := range deps(t, pkg) {
+			switch d {
+			case "testing", module + "internal/ktest", module + "internal/testutil", module + "internal/nbdsrv/nbdtest", module + "internal/apiserver/servicetest":
+				t.Errorf("%s links %s", pkg, d)
+			}
+		}
+	}
+}
