@@ -15,6 +15,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/cowdev"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 const cs = 16 << 10 // small chunks keep the tests quick
@@ -472,39 +473,22 @@ func TestOpenFailingMidwayLeavesNothingOpen(t *testing.T) {
 			if _, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: dir}); err == nil {
 				t.Fatalf("Open succeeded with a directory at %s", name)
 			}
-			if left := openUnder(t, dir); len(left) > 0 {
+			if left := testutil.OpenFilesUnder(t, dir); len(left) > 0 {
 				t.Fatalf("a failed Open left open: %v", left)
 			}
 			if err := os.Remove(filepath.Join(dir, name)); err != nil {
 				t.Fatal(err)
 			}
 			d := open(t, f, tpl0, dir)
-			if left := openUnder(t, dir); len(left) != 17 {
+			if left := testutil.OpenFilesUnder(t, dir); len(left) != 17 {
 				t.Fatalf("an open device has %d files open, want 17 (dirty and 16 cache files): %v", len(left), left)
 			}
 			if err := d.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if left := openUnder(t, dir); len(left) > 0 {
+			if left := testutil.OpenFilesUnder(t, dir); len(left) > 0 {
 				t.Fatalf("Close left open: %v", left)
 			}
 		})
 	}
-}
-
-// openUnder lists this process's open files under dir.
-func openUnder(t *testing.T, dir string) []string {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var open []string
-	for _, fd := range fds {
-		p, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
-		if err == nil && strings.HasPrefix(p, dir+"/") {
-			open = append(open, p)
-		}
-	}
-	return open
 }

@@ -1,11 +1,14 @@
 // Package testutil holds the small helpers that the tests of several
 // packages share. Nothing here touches the kernel (that is ktest's): a
-// locked buffer and a short temp dir for Unix sockets.
+// locked buffer, a short temp dir for Unix sockets, the open files under
+// a dir.
 package testutil
 
 import (
 	"bytes"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -40,4 +43,22 @@ func SocketDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(d) })
 	return d
+}
+
+// OpenFilesUnder lists the files under dir this process has open (read
+// from /proc/self/fd): what a failed constructor must not leave.
+func OpenFilesUnder(t testing.TB, dir string) []string {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open []string
+	for _, fd := range fds {
+		p, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if err == nil && strings.HasPrefix(p, dir+"/") {
+			open = append(open, p)
+		}
+	}
+	return open
 }

@@ -51,3 +51,18 @@ func TestSocketDir(t *testing.T) {
 		t.Fatalf("SocketDir %s is not under %s", dir, os.TempDir())
 	}
 }
+
+func TestOpenFilesUnder(t *testing.T) {
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := OpenFilesUnder(t, dir); len(got) != 1 || got[0] != f.Name() {
+		t.Fatalf("open under %s: %v, want [%s]", dir, got, f.Name())
+	}
+	f.Close()
+	if got := OpenFilesUnder(t, dir); len(got) != 0 {
+		t.Fatalf("open under %s after close: %v", dir, got)
+	}
+}
