@@ -23,11 +23,12 @@ build:
 agent:
 	CGO_ENABLED=0 $(GO) build -o bin/ctl-agent ./cmd/ctl-agent
 
+# Vets the test build too (-tags ctldtest: ctld's crash and stall points,
+# which test/vm/vmrun builds for the VM's tests).
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-	# The test build (ctld's crash points; test/vm/vmrun builds with it) too.
 	$(GO) vet -tags ctldtest ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags ctldtest ./cmd/...
 
