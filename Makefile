@@ -23,10 +23,14 @@ build:
 agent:
 	CGO_ENABLED=0 $(GO) build -o bin/ctl-agent ./cmd/ctl-agent
 
+# Vets the test build too (-tags ctldtest: ctld's crash and stall points,
+# which test/vm/vmrun builds for the VM's tests).
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GO) vet -tags ctldtest ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags ctldtest ./cmd/...
 
 # Unit tests on the host: kernel tests skip here with a visible reason.
 # test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive;
@@ -83,7 +87,8 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
 	internal/manager internal/manager/fakenode internal/pgtest internal/journal internal/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
-	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck
+	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
+	internal/cleanup internal/testutil
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^TestCLIOnPostgres$$'
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 func TestExitOf(t *testing.T) {
@@ -103,24 +104,6 @@ func (f *fakeTerm) MakeRaw() (func(), error) {
 
 func (f *fakeTerm) Resized() (<-chan os.Signal, func()) { return f.resized, func() {} }
 
-// syncBuf is a buffer a test polls while the CLI writes it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestCLIShellResize: the shell starts at the local terminal's size, the
 // terminal is raw while it runs and restored after, and a resize of the
 // local terminal reaches the guest's.
@@ -129,7 +112,7 @@ func TestCLIShellResize(t *testing.T) {
 	e.ok("sandbox", "create", "sb1")
 	term := &fakeTerm{size: api.TermSize{Rows: 30, Cols: 100}, resized: make(chan os.Signal, 1)}
 	stdinR, stdinW := io.Pipe()
-	var out syncBuf
+	var out testutil.Buffer
 	var errb bytes.Buffer
 	c := &cli{stdin: stdinR, stdout: &out, stderr: &errb, term: term}
 	done := make(chan int, 1)

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,11 +21,7 @@ import (
 // waits until it serves the API as primary.
 func startCtld(t *testing.T) (socket string) {
 	t.Helper()
-	dir := os.Getenv("CTLD_BIN_DIR")
-	bin := filepath.Join(dir, "ctld")
-	if _, err := os.Stat(bin); dir == "" || err != nil {
-		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
-	}
+	bin := ktest.RequireBuilt(t, "ctld")
 	root := t.TempDir()
 	// The state dir is on the VM's state disk (XFS, prjquota): disk leases
 	// are refused where they cannot be enforced.
@@ -58,16 +53,7 @@ func startCtld(t *testing.T) (socket string) {
 		t.Fatalf("start ctld: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Errorf("ctld ignored SIGTERM for 30s; killing")
-			cmd.Process.Kill()
-			<-done
-		}
+		ktest.StopProcess(t, cmd, "ctld", 30*time.Second)
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("ctld log:\n%s", b)

@@ -578,29 +578,6 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	return node.New(cfg, d), nil
 }
 
-// crashHook serves the tests of journal recovery and of term end only: at
-// the crash point named by CTLD_TEST_CRASH_AT it kills the process with
-// SIGKILL; at the point named by CTLD_TEST_STALL_AT it sleeps
-// CTLD_TEST_STALL_FOR (an effect that takes long while the term ends).
-func crashHook(log *slog.Logger) func(string) {
-	at, stallAt := os.Getenv("CTLD_TEST_CRASH_AT"), os.Getenv("CTLD_TEST_STALL_AT")
-	if at == "" && stallAt == "" {
-		return nil
-	}
-	stall, _ := time.ParseDuration(os.Getenv("CTLD_TEST_STALL_FOR"))
-	log.Warn("test crash point armed", "point", at, "stall_point", stallAt, "stall", stall)
-	return func(point string) {
-		if point == at {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-		if point == stallAt {
-			log.Warn("test stall point reached", "point", point, "stall", stall)
-			time.Sleep(stall)
-		}
-	}
-}
-
 func kernelRelease() string {
 	var u syscall.Utsname
 	if err := syscall.Uname(&u); err != nil {

@@ -18,18 +18,8 @@ import (
 
 	"github.com/ctld/ctld/internal/ha"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/testutil"
 )
-
-// shortDir keeps socket paths under the 108-byte sun_path limit.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "ctld")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
 
 // supervisor stands in for systemd's end of NOTIFY_SOCKET.
 type supervisor struct {
@@ -38,7 +28,7 @@ type supervisor struct {
 
 func newSupervisor(t *testing.T, watchdog time.Duration) *supervisor {
 	t.Helper()
-	path := filepath.Join(shortDir(t), "notify.sock")
+	path := filepath.Join(testutil.SocketDir(t), "notify.sock")
 	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +128,7 @@ func TestWatchdogPingsOnlyWhileHealthy(t *testing.T) {
 // recording every role its probe reported.
 func takeover(t *testing.T, stateDir string) (roles map[ha.Role]int, err error) {
 	t.Helper()
-	runDir := shortDir(t)
+	runDir := testutil.SocketDir(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	o := runOpts{slot: "a", journalTimeout: time.Second, takeoverLimit: time.Minute, drainTimeout: time.Second, runsc: filepath.Join(runDir, "no-runsc")}
@@ -254,7 +244,7 @@ func TestLostLockEndsTheTerm(t *testing.T) {
 		t.Fatal(err)
 	}
 	termCtx, endTerm := context.WithCancelCause(context.Background())
-	checks := primaryChecks(term, j, filepath.Join(shortDir(t), "none.sock"), t.TempDir(), endTerm)
+	checks := primaryChecks(term, j, filepath.Join(testutil.SocketDir(t), "none.sock"), t.TempDir(), endTerm)
 	run := func(name string) error {
 		for _, c := range checks {
 			if c.name == name {

@@ -3,7 +3,6 @@ package agent_test
 import (
 	"context"
 	"debug/elf"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/agent"
 	"github.com/ctld/ctld/internal/agent/client"
@@ -28,10 +26,10 @@ import (
 // without a libc.
 func agentBinary(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(os.Getenv("CTLD_BIN_DIR"), "ctl-agent")
+	p := ktest.RequireBuilt(t, "ctl-agent")
 	f, err := elf.Open(p)
 	if err != nil {
-		t.Fatalf("ctl-agent binary (CTLD_BIN_DIR=%q): %v; run through make test-vm", os.Getenv("CTLD_BIN_DIR"), err)
+		t.Fatalf("ctl-agent binary: %v", err)
 	}
 	defer f.Close()
 	for _, prog := range f.Progs {
@@ -44,23 +42,7 @@ func agentBinary(t testing.TB) string {
 
 func vmLease(t testing.TB, name string) string {
 	t.Helper()
-	dir := filepath.Join(ktest.CgroupRoot, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("create lease cgroup: %v", err)
-	}
-	t.Cleanup(func() {
-		for i := 0; ; i++ {
-			err := unix.Rmdir(dir)
-			if err == nil || errors.Is(err, unix.ENOENT) {
-				return
-			}
-			if !errors.Is(err, unix.EBUSY) || i == 100 {
-				t.Errorf("remove lease cgroup: %v", err)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
+	ktest.MakeCgroup(t, name)
 	return "/" + name
 }
 

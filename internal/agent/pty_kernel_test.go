@@ -8,32 +8,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/agent/client"
 	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/testutil"
 )
-
-// lockedBuf collects an exec's output while the test polls it.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // ptyEnd bounds how long a PTY exec may take to end once its command
 // exited (the TCG VM runs a guest fork+exec in tens of milliseconds).
@@ -101,7 +83,7 @@ func TestKernelAgentPTYUnderRunsc(t *testing.T) {
 	// test unless the exec ends within ptyEnd of its start.
 	ptyExec := func(name string, args []string, resize *wire.Resize) (string, wire.Exit) {
 		t.Helper()
-		var out lockedBuf
+		var out testutil.Buffer
 		rs := make(chan wire.Resize, 1)
 		type end struct {
 			e   wire.Exit
@@ -174,7 +156,7 @@ func TestKernelAgentPTYUnderRunsc(t *testing.T) {
 
 	// A caller that goes away mid-command: its group is killed and the
 	// agent lets go of the PTY.
-	var ab lockedBuf
+	var ab testutil.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := make(chan error, 1)
 	go func() {

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // fakeService records every call and answers from its fields.
@@ -134,51 +134,21 @@ func (f *fakeService) Logs(ctx context.Context, id string, req api.LogsRequest, 
 	return api.LogsEnd{Reason: "end of log"}, f.err
 }
 
-// logBuffer is a goroutine-safe log sink.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// shortTempDir returns a temp dir with a path short enough for a Unix
-// socket (t.TempDir embeds the test name and can pass 108 bytes).
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ctldapi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 type testServer struct {
 	sock string
-	logs *logBuffer
+	logs *testutil.Buffer
 	stop func() error // shuts down and returns Serve's result
 }
 
 // startServer serves s on a fresh Unix socket until the test ends.
 func startServer(t *testing.T, s *Server) *testServer {
 	t.Helper()
-	return startServerIn(t, s, shortTempDir(t))
+	return startServerIn(t, s, testutil.SocketDir(t))
 }
 
 func startServerIn(t *testing.T, s *Server, dir string) *testServer {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &testutil.Buffer{}
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

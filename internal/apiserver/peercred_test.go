@@ -16,6 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // peerHelperEnv makes the test binary a client: it calls GET /v1/node on
@@ -53,7 +54,7 @@ func TestPeerCredentials(t *testing.T) {
 		t.Skipf("peer credential test needs root to start children as uid 65534 (euid %d)", os.Geteuid())
 	}
 	const ctldGID = 4242
-	dir := shortTempDir(t)
+	dir := testutil.SocketDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

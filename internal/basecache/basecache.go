@@ -46,6 +46,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/cleanup"
 )
 
 // DefaultMinFree is Options.MinFree's default: chunks are cached only
@@ -156,14 +157,17 @@ func (c *Cache) Generation(ref blockstore.GenRef, chunkSize, chunks int64) (*Gen
 		return nil, fmt.Errorf("base cache %s: %w", ref, err)
 	}
 	g := &Gen{ref: ref, cs: chunkSize, chunks: chunks, c: c}
+	// Each file is closed again if a later step fails.
+	var cu cleanup.Cleanup
+	defer cu.Clean()
 	per := (chunks + stripes - 1) / stripes * chunkSize
 	for k := range g.data {
 		f, err := sized(filepath.Join(dir, "data."+strconv.Itoa(k)), per)
 		if err != nil {
-			g.closeFiles()
 			return nil, fmt.Errorf("base cache %s: %w", ref, err)
 		}
 		g.data[k] = f
+		cu.Add(func() { _ = f.Close() })
 	}
 	words := (chunks + 31) / 32
 	mf, err := sized(filepath.Join(dir, "map"), words*4)
@@ -172,9 +176,9 @@ func (c *Cache) Generation(ref blockstore.GenRef, chunkSize, chunks int64) (*Gen
 		_ = mf.Close() // the mapping keeps the file
 	}
 	if err != nil {
-		g.closeFiles()
 		return nil, fmt.Errorf("base cache %s: map: %w", ref, err)
 	}
+	cu.Release() // the files and the mapping now belong to g (Close)
 	g.checkFree()
 	return g, nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 var ref = blockstore.GenRef{Volume: blockstore.Template("busybox"), Generation: 3}
@@ -217,5 +218,25 @@ func TestPrune(t *testing.T) {
 	}
 	if _, err := os.Stat(stray); err != nil {
 		t.Fatalf("a stray dir was touched: %v", err)
+	}
+}
+
+// A Generation that fails part way (a data file that cannot be opened, or
+// a map of the wrong size) leaves none of its files open.
+func TestGenerationFailingMidwayLeavesNothingOpen(t *testing.T) {
+	for _, bad := range []string{"data.0", "data.7", "map"} {
+		t.Run(bad, func(t *testing.T) {
+			c := openCache(t, t.TempDir(), "b", Options{})
+			dir := filepath.Join(c.Dir(), string(blockstore.KindTemplate), "busybox", "3-4096x10")
+			if err := os.MkdirAll(filepath.Join(dir, bad), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Generation(ref, 4096, 10); err == nil {
+				t.Fatalf("Generation succeeded with a directory at %s", bad)
+			}
+			if left := testutil.OpenFilesUnder(t, dir); len(left) > 0 {
+				t.Fatalf("a failed Generation left open: %v", left)
+			}
+		})
 	}
 }

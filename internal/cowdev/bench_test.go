@@ -12,6 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/cowdev"
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 )
 
 // BenchmarkVsFile: nbdcopy through nbdsrv over a cowdev against nbdsrv.File
@@ -22,7 +23,7 @@ import (
 //
 //	go test -run '^$' -bench VsFile -benchtime 1x ./internal/cowdev/
 func BenchmarkVsFile(b *testing.B) {
-	needPeers(b, "nbdcopy")
+	nbdtest.NeedPeers(b, "nbdcopy")
 	const size = 256 << 20
 	const chunk = blockstore.DefaultChunkSize
 	tmp := b.TempDir()

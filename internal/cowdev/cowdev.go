@@ -38,6 +38,7 @@ import (
 
 	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/cleanup"
 	"github.com/ctld/ctld/internal/nbdsrv"
 )
 
@@ -228,22 +229,28 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		}
 	}
 	d.cached = make([]bool, n)
+	// Each file is closed again if a later step fails.
+	var cu cleanup.Cleanup
+	defer cu.Clean()
 	if d.dirty, err = openSized(filepath.Join(cfg.Dir, dirtyName), d.size, false); err != nil {
 		return nil, err
 	}
+	cu.Add(func() { _ = d.dirty.Close() })
 	// The cache starts empty: its map is not kept across opens.
 	// (A single "cache" file is the layout of older versions.)
 	d.raStop = func() {}
 	_ = os.Remove(filepath.Join(cfg.Dir, cacheName))
 	per := (int64(n) + cacheFiles - 1) / cacheFiles * d.cs
 	for k := range d.cache {
-		if d.cache[k], err = openSized(filepath.Join(cfg.Dir, fmt.Sprintf("%s.%d", cacheName, k)), per, true); err != nil {
-			_ = d.Close()
+		f, err := openSized(filepath.Join(cfg.Dir, fmt.Sprintf("%s.%d", cacheName, k)), per, true)
+		if err != nil {
 			return nil, err
 		}
+		d.cache[k] = f
+		cu.Add(func() { _ = f.Close() })
 	}
-	// Last: an error above returns without closing what Open made
-	// before the cache files.
+	// The files now belong to d (Close closes them); nothing below fails.
+	cu.Release()
 	if cfg.Shared != nil && base.Volume.Kind == blockstore.KindTemplate {
 		g, err := cfg.Shared.Generation(base, d.cs, int64(n))
 		if err != nil {

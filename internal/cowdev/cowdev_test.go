@@ -15,6 +15,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/cowdev"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 const cs = 16 << 10 // small chunks keep the tests quick
@@ -453,6 +454,40 @@ func TestLocalStoreCachesPartialReadsOnly(t *testing.T) {
 			}
 			if got := d.Fetches(); got != want+1 || !d.Cached(2) {
 				t.Fatalf("two partial reads of chunk 2: %d fetches in all, cached %v; want %d, true", got, d.Cached(2), want+1)
+			}
+		})
+	}
+}
+
+// A step of Open that fails part way (a cache file that cannot be opened,
+// here a directory in its place) leaves no file of the device open, and a
+// later Open of the same dir works once the obstacle is gone.
+func TestOpenFailingMidwayLeavesNothingOpen(t *testing.T) {
+	f := newFixture(t, 40)
+	for _, name := range []string{"dirty", "cache.0", "cache.9", "cache.15"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.Mkdir(filepath.Join(dir, name), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cowdev.Open(context.Background(), cowdev.Config{Repo: f.repo, Base: tpl0, Dir: dir}); err == nil {
+				t.Fatalf("Open succeeded with a directory at %s", name)
+			}
+			if left := testutil.OpenFilesUnder(t, dir); len(left) > 0 {
+				t.Fatalf("a failed Open left open: %v", left)
+			}
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+			d := open(t, f, tpl0, dir)
+			if left := testutil.OpenFilesUnder(t, dir); len(left) != 17 {
+				t.Fatalf("an open device has %d files open, want 17 (dirty and 16 cache files): %v", len(left), left)
+			}
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if left := testutil.OpenFilesUnder(t, dir); len(left) > 0 {
+				t.Fatalf("Close left open: %v", left)
 			}
 		})
 	}

@@ -18,12 +18,13 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/cowdev"
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // TestMain runs the crash test's writer when re-executed as it (a child
@@ -84,76 +85,13 @@ func openRepo(root, keyHex string) (*blockstore.Repo, error) {
 	return blockstore.New(ds, nk, blockstore.Options{})
 }
 
-// needPeers fails (never skips) when an NBD peer is missing:
-// test/nbd/setup.sh installs them.
-func needPeers(t testing.TB, names ...string) {
-	t.Helper()
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
-		}
-	}
-}
-
-// sockPath is a socket path in a short temp dir (108-byte limit).
-func sockPath(t testing.TB) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "cowdev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return filepath.Join(d, "s")
-}
-
-// serve serves b on a fresh Unix socket until the test ends; it returns
-// the NBD URI.
-func serve(t testing.TB, b nbdsrv.Backend) string {
-	t.Helper()
-	srv, err := nbdsrv.New(nbdsrv.Export{Name: "test", Backend: b}, nbdsrv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := sockPath(t)
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("Serve did not return")
-		}
-	})
-	return "nbd+unix:///?socket=" + sock
-}
-
-func peer(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 func qemuIO(t testing.TB, uri string, cmds ...string) string {
 	t.Helper()
 	args := []string{"-f", "raw", "-d", "unmap"}
 	for _, c := range cmds {
 		args = append(args, "-c", c)
 	}
-	return peer(t, "qemu-io", append(args, uri)...)
+	return nbdtest.Peer(t, "qemu-io", append(args, uri)...)
 }
 
 // fillBase commits a template whose every byte is 0xab.
@@ -172,7 +110,7 @@ var abRef = blockstore.GenRef{Volume: blockstore.Template("ab"), Generation: 0}
 // without NO_HOLE), unaligned to chunks, read back right through NBD and
 // in a re-opened device.
 func TestQemuIOOverNBD(t *testing.T) {
-	needPeers(t, "qemu-io")
+	nbdtest.NeedPeers(t, "qemu-io")
 	const size = 4 << 20
 	f := fillBase(t, size)
 	dir := t.TempDir()
@@ -220,14 +158,14 @@ func TestQemuIOOverNBD(t *testing.T) {
 // out byte-identical; an image copied in with --flush comes out identical,
 // also from a re-opened device.
 func TestNbdcopyImageInImageOut(t *testing.T) {
-	needPeers(t, "nbdcopy")
+	nbdtest.NeedPeers(t, "nbdcopy")
 	f := newFixture(t, 600) // 9.4 MiB: zero chunks, half-zero chunks, data
 	tmp := t.TempDir()
 	dir := t.TempDir()
 	d := open(t, f, tpl0, dir)
 	uri := serve(t, d)
 	out := filepath.Join(tmp, "out.img")
-	peer(t, "nbdcopy", uri, out)
+	nbdtest.Peer(t, "nbdcopy", uri, out)
 	sameFile(t, out, f.base)
 
 	img := pattern(int64(len(f.base)), 99)
@@ -235,8 +173,8 @@ func TestNbdcopyImageInImageOut(t *testing.T) {
 	if err := os.WriteFile(in, img, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	peer(t, "nbdcopy", "--flush", in, uri)
-	peer(t, "nbdcopy", "--connections=1", "--request-size=4096", uri, out)
+	nbdtest.Peer(t, "nbdcopy", "--flush", in, uri)
+	nbdtest.Peer(t, "nbdcopy", "--connections=1", "--request-size=4096", uri, out)
 	sameFile(t, out, img)
 	same(t, "re-opened after nbdcopy", readAll(t, open(t, f, tpl0, dir)), img)
 }
@@ -253,7 +191,7 @@ func sameFile(t testing.TB, path string, want []byte) {
 // One flipped byte in a stored object: qemu-io's read of that chunk gets
 // an I/O error, never data; other chunks still read.
 func TestTamperedObjectIsEIOOverNBD(t *testing.T) {
-	needPeers(t, "qemu-io")
+	nbdtest.NeedPeers(t, "qemu-io")
 	f := fillBase(t, 1<<20)
 	var objs []string
 	_ = filepath.WalkDir(f.root, func(p string, e os.DirEntry, err error) error {
@@ -289,12 +227,12 @@ func TestTamperedObjectIsEIOOverNBD(t *testing.T) {
 // A writer killed with SIGKILL right after a flush: a re-open finds all
 // the flushed data (writes, a discard, write-zeroes, partial chunks).
 func TestKill9AfterFlushKeepsFlushedData(t *testing.T) {
-	needPeers(t, "qemu-io")
+	nbdtest.NeedPeers(t, "qemu-io")
 	const size = 4 << 20
 	f := fillBase(t, size)
 	keyHex := writeNodeKey(t, f)
 	dir := t.TempDir()
-	sock := sockPath(t)
+	sock := filepath.Join(testutil.SocketDir(t), "s")
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +311,7 @@ func writeNodeKey(t testing.TB, f *fixture) string {
 // read as zeros without a fetch and are reported as holes that read as
 // zeros; written chunks (also over a base hole) and base data are data.
 func TestBlockStatusOverNBD(t *testing.T) {
-	needPeers(t, "nbdinfo", "qemu-img")
+	nbdtest.NeedPeers(t, "nbdinfo", "qemu-img")
 	const n = 45
 	f := newFixture(t, n) // chunks 0, 3, 6, ... are holes of the base
 	d := open(t, f, tpl0, t.TempDir())
@@ -425,7 +363,7 @@ func TestBlockStatusOverNBD(t *testing.T) {
 		Length int64 `json:"length"`
 		Type   int   `json:"type"`
 	}
-	if err := json.Unmarshal([]byte(peer(t, "nbdinfo", "--map", "--json", uri)), &nbdinfoMap); err != nil {
+	if err := json.Unmarshal([]byte(nbdtest.Peer(t, "nbdinfo", "--map", "--json", uri)), &nbdinfoMap); err != nil {
 		t.Fatal(err)
 	}
 	var exts []ext
@@ -441,7 +379,7 @@ func TestBlockStatusOverNBD(t *testing.T) {
 		Length int64 `json:"length"`
 		Zero   bool  `json:"zero"`
 	}
-	if err := json.Unmarshal([]byte(peer(t, "qemu-img", "map", "--output=json", "-f", "raw", uri)), &qemuMap); err != nil {
+	if err := json.Unmarshal([]byte(nbdtest.Peer(t, "qemu-img", "map", "--output=json", "-f", "raw", uri)), &qemuMap); err != nil {
 		t.Fatal(err)
 	}
 	exts = exts[:0]
@@ -449,4 +387,11 @@ func TestBlockStatusOverNBD(t *testing.T) {
 		exts = append(exts, ext{e.Start, e.Length, e.Zero})
 	}
 	check("qemu-img map", exts)
+}
+
+// serve serves b as export "test" until the test ends; it returns the
+// NBD URI.
+func serve(t testing.TB, b nbdsrv.Backend) string {
+	t.Helper()
+	return nbdtest.Serve(t, nbdsrv.Export{Name: "test", Backend: b}, nbdsrv.Options{}).URI
 }

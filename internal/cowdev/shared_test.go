@@ -12,6 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/basecache"
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/cowdev"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 )
 
 // sharedCache opens the base cache under root as another process would:
@@ -191,7 +192,7 @@ func TestSharedCacheOnlyForTemplates(t *testing.T) {
 // chunk, or any chunk after a seal is read with ReadAt. Served over NBD,
 // nbdcopy reads the mix back byte-identical.
 func TestSharedCacheSentFromFiles(t *testing.T) {
-	needPeers(t, "nbdcopy")
+	nbdtest.NeedPeers(t, "nbdcopy")
 	const chunks = 30
 	f := newFixture(t, chunks)
 	root := t.TempDir()
@@ -213,7 +214,7 @@ func TestSharedCacheSentFromFiles(t *testing.T) {
 		t.Fatal("ReadFiles over a written chunk: ok")
 	}
 	out := filepath.Join(t.TempDir(), "copy")
-	peer(t, "nbdcopy", serve(t, d), out)
+	nbdtest.Peer(t, "nbdcopy", serve(t, d), out)
 	sameFile(t, out, want)
 	if n := d.Fetches(); n != 0 {
 		t.Fatalf("%d store fetches; want every base chunk from the node's cache", n)

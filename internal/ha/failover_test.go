@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // The failover test re-executes this test binary as ctld-like instances:
@@ -162,7 +163,7 @@ func (in *instance) stop(t *testing.T, sig syscall.Signal) {
 func TestFailoverRandomized(t *testing.T) {
 	const rounds = 200
 	stateDir := t.TempDir()
-	sockDir := shortDir(t)
+	sockDir := testutil.SocketDir(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))

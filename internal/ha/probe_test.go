@@ -9,21 +9,12 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/testutil"
 )
 
-// shortDir keeps socket paths under the 108-byte sun_path limit.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "ha")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
-
 func TestListenUnixModeAndStaleSocket(t *testing.T) {
-	path := filepath.Join(shortDir(t), "run", "ctld-a.sock")
+	path := filepath.Join(testutil.SocketDir(t), "run", "ctld-a.sock")
 	ln, err := ListenUnix(path, 0o660, os.Getgid())
 	if err != nil {
 		t.Fatalf("ListenUnix: %v", err)
@@ -67,7 +58,7 @@ func TestListenUnixModeAndStaleSocket(t *testing.T) {
 }
 
 func TestListenUnixRefusesNonSocket(t *testing.T) {
-	path := filepath.Join(shortDir(t), "ctld.sock")
+	path := filepath.Join(testutil.SocketDir(t), "ctld.sock")
 	if err := os.WriteFile(path, []byte("precious"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +71,7 @@ func TestListenUnixRefusesNonSocket(t *testing.T) {
 }
 
 func TestServeProbeAndProbe(t *testing.T) {
-	path := filepath.Join(shortDir(t), "ctld-b.sock")
+	path := filepath.Join(testutil.SocketDir(t), "ctld-b.sock")
 	ln, err := ListenUnix(path, 0o600, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +111,7 @@ func TestServeProbeAndProbe(t *testing.T) {
 
 func TestProbeHonoursContext(t *testing.T) {
 	// A server that accepts but never answers must not hang the prober.
-	path := filepath.Join(shortDir(t), "mute.sock")
+	path := filepath.Join(testutil.SocketDir(t), "mute.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@
 package layering
 
 import (
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -103,6 +104,55 @@ func TestNodeDoesNotLinkTheWireLayer(t *testing.T) {
 		for _, bad := range []string{module + "internal/api", module + "internal/apiserver"} {
 			if slices.Contains(d, bad) {
 				t.Errorf("%s links %s", pkg, bad)
+			}
+		}
+	}
+}
+
+// The crash and stall points tests arm through CTLD_TEST_* variables exist
+// only in a test build (-tags ctldtest): no source file the shipped ctld is
+// built from reads them, so no environment can make it kill itself. The
+// test build must have them (else this check proves nothing).
+func TestShippedCtldHasNoTestHooks(t *testing.T) {
+	if got := filesMentioning(t, "cmd/ctld", "", "CTLD_TEST_"); len(got) > 0 {
+		t.Errorf("the shipped build of cmd/ctld reads test hooks in %v", got)
+	}
+	if got := filesMentioning(t, "cmd/ctld", "ctldtest", "CTLD_TEST_"); len(got) == 0 {
+		t.Error("the ctldtest build of cmd/ctld has no CTLD_TEST_ hook: the check above looks in the wrong place")
+	}
+}
+
+// filesMentioning lists the Go files (cgo ones too) of pkg and of all it
+// links that mention s, as the go command selects them with these build
+// tags.
+func filesMentioning(t *testing.T, pkg, tags, s string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-tags", tags, "-f",
+		`{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{range .CgoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}`,
+		module+pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps -tags %q %s: %v", tags, pkg, err)
+	}
+	var hits []string
+	for _, f := range strings.Fields(string(out)) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), s) {
+			hits = append(hits, f)
+		}
+	}
+	return hits
+}
+
+// The shipped commands link no test helper (and so not package testing).
+func TestCommandsLinkNoTestHelpers(t *testing.T) {
+	for _, pkg := range []string{"cmd/ctld", "cmd/ctl-manager", "cmd/ctl-agent"} {
+		for _, d := range deps(t, pkg) {
+			switch d {
+			case "testing", module + "internal/ktest", module + "internal/testutil", module + "internal/nbdsrv/nbdtest", module + "internal/apiserver/servicetest":
+				t.Errorf("%s links %s", pkg, d)
 			}
 		}
 	}

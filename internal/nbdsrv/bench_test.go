@@ -17,6 +17,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // BenchmarkVsQemuNbd compares our server (file backend) with qemu-nbd serving
@@ -34,7 +37,7 @@ import (
 // disk. Each figure is the median of three rounds taken in turn, so load
 // from other work on the machine hits every server alike.
 func BenchmarkVsQemuNbd(b *testing.B) {
-	needPeers(b, "nbdcopy", "qemu-nbd", "qemu-img", "nbdinfo", "fio")
+	nbdtest.NeedPeers(b, "nbdcopy", "qemu-nbd", "qemu-img", "nbdinfo", "fio")
 	const size = 1 << 30
 	const mib = size / (1 << 20)
 	const rounds = 3
@@ -42,7 +45,7 @@ func BenchmarkVsQemuNbd(b *testing.B) {
 	base := filepath.Join(dir, "base.img")
 	writeRandom(b, base, size)
 	overlay := filepath.Join(dir, "overlay.qcow2")
-	peer(b, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
+	nbdtest.Peer(b, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
 
 	type server struct {
 		name, uri string
@@ -51,12 +54,12 @@ func BenchmarkVsQemuNbd(b *testing.B) {
 	qr, qrCPU := qemuNbd(b, "-f", "raw", "-r", base)
 	qc, qcCPU := qemuNbd(b, "-f", "qcow2", "-r", overlay)
 	servers := []server{
-		{"ours (raw file)", serveFile(b, base, false).uri, selfCPU(b)},
+		{"ours (raw file)", serveFile(b, base, false).URI, selfCPU(b)},
 		{"qemu-nbd raw", qr, qrCPU},
 		{"qemu-nbd qcow2 overlay", qc, qcCPU},
 	}
 	for _, s := range servers {
-		peer(b, "nbdcopy", s.uri, "null:") // warm up
+		nbdtest.Peer(b, "nbdcopy", s.uri, "null:") // warm up
 	}
 	read := make([][]float64, len(servers))
 	iops := make([][]float64, len(servers))
@@ -80,7 +83,7 @@ func BenchmarkVsQemuNbd(b *testing.B) {
 	tQemu := filepath.Join(dir, "t-qemu.img")
 	sparseFile(b, tQemu, size)
 	qw, _ := qemuNbd(b, "-f", "raw", tQemu)
-	wservers := []string{serveFile(b, tOurs, false).uri, qw}
+	wservers := []string{serveFile(b, tOurs, false).URI, qw}
 	write := make([][]float64, 2)
 	for range rounds {
 		for i, u := range wservers {
@@ -134,7 +137,7 @@ func writeRandom(tb testing.TB, path string, size int64) {
 func timed(tb testing.TB, name string, args ...string) time.Duration {
 	tb.Helper()
 	t0 := time.Now()
-	peer(tb, name, args...)
+	nbdtest.Peer(tb, name, args...)
 	return time.Since(t0)
 }
 
@@ -169,7 +172,7 @@ func procCPU(tb testing.TB, pid int) func() time.Duration {
 // time.
 func qemuNbd(tb testing.TB, args ...string) (string, func() time.Duration) {
 	tb.Helper()
-	sock := filepath.Join(sockDir(tb), "q")
+	sock := filepath.Join(testutil.SocketDir(tb), "q")
 	cmd := exec.Command("qemu-nbd", append([]string{"-k", sock, "-t", "-e", "16", "--cache=writeback", "--aio=threads"}, args...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -190,7 +193,7 @@ func qemuNbd(tb testing.TB, args ...string) (string, func() time.Duration) {
 
 func fioIOPS(tb testing.TB, uri string) float64 {
 	tb.Helper()
-	out := peer(tb, "fio", "--name=randread", "--ioengine=nbd", "--uri="+uri, "--rw=randread", "--bs=4k",
+	out := nbdtest.Peer(tb, "fio", "--name=randread", "--ioengine=nbd", "--uri="+uri, "--rw=randread", "--bs=4k",
 		"--iodepth=16", "--runtime=5", "--time_based", "--output-format=json")
 	var v struct {
 		Jobs []struct {
@@ -211,7 +214,7 @@ func fioIOPS(tb testing.TB, uri string) float64 {
 func multiConn(tb testing.TB, uri string) string {
 	tb.Helper()
 	// nbdinfo --can exits 0 when the flag is set, 2 when not.
-	if _, err := peerErr("nbdinfo", "--can", "multi-conn", uri); err != nil {
+	if _, err := nbdtest.PeerErr("nbdinfo", "--can", "multi-conn", uri); err != nil {
 		return "no multi-conn"
 	}
 	return "multi-conn"

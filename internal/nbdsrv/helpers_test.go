@@ -2,109 +2,23 @@ package nbdsrv_test
 
 import (
 	"bytes"
-	"context"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 )
 
-// needPeers fails (never skips) when an NBD peer the test drives is not
-// installed: test/nbd/setup.sh installs them, and CI runs it first.
-func needPeers(t testing.TB, names ...string) {
-	t.Helper()
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			t.Fatalf("NBD peer %s not installed: run test/nbd/setup.sh as root (%v)", n, err)
-		}
-	}
-}
-
-// sockDir is a short temp dir: a Unix socket path must fit in 108 bytes.
-func sockDir(t testing.TB) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "nbdsrv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
-
-type served struct {
-	uri  string
-	sock string
-	stop func() // cancels Serve and waits for it
-}
-
-// serve serves b on a fresh Unix socket until the test ends.
-func serve(t testing.TB, exp nbdsrv.Export, opts nbdsrv.Options) *served {
-	t.Helper()
-	srv, err := nbdsrv.New(exp, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(sockDir(t), "s")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("Serve did not return 20s after its context ended")
-		}
-	}
-	t.Cleanup(stop)
-	return &served{uri: "nbd+unix:///?socket=" + sock, sock: sock, stop: stop}
-}
-
 // serveFile serves the file at path.
-func serveFile(t testing.TB, path string, readOnly bool) *served {
+func serveFile(t testing.TB, path string, readOnly bool) *nbdtest.Served {
 	t.Helper()
 	f, err := nbdsrv.OpenFile(path, readOnly)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.Close() }) // runs after serve's stop: cleanups run last-in first-out
-	return serve(t, nbdsrv.Export{Name: "test", Backend: f, ReadOnly: readOnly}, nbdsrv.Options{})
-}
-
-// peer runs an NBD peer and returns its combined output; a non-zero exit
-// fails the test.
-func peer(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	out, err := peerErr(name, args...)
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func peerErr(name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	return string(out), err
+	return nbdtest.Serve(t, nbdsrv.Export{Name: "test", Backend: f, ReadOnly: readOnly}, nbdsrv.Options{})
 }
 
 // refImage writes a deterministic image of size bytes: random data with

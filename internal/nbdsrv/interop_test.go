@@ -12,10 +12,12 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 )
 
 func TestNbdinfoReportsSizeAndFlags(t *testing.T) {
-	needPeers(t, "nbdinfo")
+	nbdtest.NeedPeers(t, "nbdinfo")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "disk.img")
 	const size = 3<<20 + 512
@@ -37,7 +39,7 @@ func TestNbdinfoReportsSizeAndFlags(t *testing.T) {
 			Protocol string   `json:"protocol"`
 			Exports  []export `json:"exports"`
 		}
-		out := peer(t, "nbdinfo", "--json", uri)
+		out := nbdtest.Peer(t, "nbdinfo", "--json", uri)
 		if err := json.Unmarshal([]byte(out), &v); err != nil {
 			t.Fatalf("nbdinfo output: %v\n%s", err, out)
 		}
@@ -47,12 +49,12 @@ func TestNbdinfoReportsSizeAndFlags(t *testing.T) {
 		return v.Exports[0]
 	}
 
-	rw := info(serveFile(t, img, false).uri)
+	rw := info(serveFile(t, img, false).URI)
 	want := export{ExportName: "test", Size: size, CanFlush: true, CanFUA: true, CanTrim: true, CanZero: true, CanMulti: true}
 	if rw != want {
 		t.Errorf("read-write export: nbdinfo says %+v, want %+v", rw, want)
 	}
-	ro := info(serveFile(t, img, true).uri)
+	ro := info(serveFile(t, img, true).URI)
 	want = export{ExportName: "test", Size: size, ReadOnly: true, CanFlush: true, CanMulti: true}
 	if ro != want {
 		t.Errorf("read-only export: nbdinfo says %+v, want %+v", ro, want)
@@ -63,7 +65,7 @@ func TestNbdinfoReportsSizeAndFlags(t *testing.T) {
 // comes out byte-identical both ways only if concurrent replies are framed
 // and matched right.
 func TestNbdcopyInAndOutIsByteIdentical(t *testing.T) {
-	needPeers(t, "nbdcopy")
+	nbdtest.NeedPeers(t, "nbdcopy")
 	dir := t.TempDir()
 	ref := filepath.Join(dir, "ref.img")
 	const size = 48<<20 + 4096
@@ -72,19 +74,19 @@ func TestNbdcopyInAndOutIsByteIdentical(t *testing.T) {
 	sparseFile(t, disk, size)
 	s := serveFile(t, disk, false)
 
-	peer(t, "nbdcopy", "--flush", ref, s.uri)
+	nbdtest.Peer(t, "nbdcopy", "--flush", ref, s.URI)
 	sameFile(t, disk, want)
 	out := filepath.Join(dir, "out.img")
-	peer(t, "nbdcopy", s.uri, out)
+	nbdtest.Peer(t, "nbdcopy", s.URI, out)
 	sameFile(t, out, want)
 	// Again with one connection and small requests: many more requests.
 	out2 := filepath.Join(dir, "out2.img")
-	peer(t, "nbdcopy", "--connections=1", "--request-size=4096", "--requests=64", s.uri, out2)
+	nbdtest.Peer(t, "nbdcopy", "--connections=1", "--request-size=4096", "--requests=64", s.URI, out2)
 	sameFile(t, out2, want)
 }
 
 func TestQemuImgConvertAndCompare(t *testing.T) {
-	needPeers(t, "qemu-img")
+	nbdtest.NeedPeers(t, "qemu-img")
 	dir := t.TempDir()
 	ref := filepath.Join(dir, "ref.img")
 	const size = 32 << 20
@@ -93,14 +95,14 @@ func TestQemuImgConvertAndCompare(t *testing.T) {
 	sparseFile(t, disk, size)
 	s := serveFile(t, disk, false)
 
-	peer(t, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", ref, s.uri)
+	nbdtest.Peer(t, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", ref, s.URI)
 	sameFile(t, disk, want)
-	if out := peer(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", ref, s.uri); !strings.Contains(out, "Images are identical") {
+	if out := nbdtest.Peer(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", ref, s.URI); !strings.Contains(out, "Images are identical") {
 		t.Fatalf("qemu-img compare: %s", out)
 	}
 	out := filepath.Join(dir, "out.qcow2")
-	peer(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", s.uri, out)
-	peer(t, "qemu-img", "compare", "-f", "raw", "-F", "qcow2", ref, out)
+	nbdtest.Peer(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", s.URI, out)
+	nbdtest.Peer(t, "qemu-img", "compare", "-f", "raw", "-F", "qcow2", ref, out)
 
 	// compare is not vacuous: one changed byte behind the server is seen.
 	f, err := os.OpenFile(disk, os.O_WRONLY, 0)
@@ -111,7 +113,7 @@ func TestQemuImgConvertAndCompare(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f.Close()
-	if out, err := peerErr("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, s.uri); err == nil {
+	if out, err := nbdtest.PeerErr("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, s.URI); err == nil {
 		t.Fatalf("qemu-img compare found no difference after a byte changed: %s", out)
 	}
 }
@@ -120,7 +122,7 @@ func TestQemuImgConvertAndCompare(t *testing.T) {
 // (with NO_HOLE, and unmapping) and checks what reads back; the file behind
 // the server shows the trimmed range punched out.
 func TestQemuIOFlushTrimWriteZeroes(t *testing.T) {
-	needPeers(t, "qemu-io")
+	nbdtest.NeedPeers(t, "qemu-io")
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk.img")
 	const size = 16 << 20
@@ -151,7 +153,7 @@ func TestQemuIOFlushTrimWriteZeroes(t *testing.T) {
 	for _, c := range cmds {
 		args = append(args, "-c", c)
 	}
-	out := peer(t, "qemu-io", append(args, s.uri)...)
+	out := nbdtest.Peer(t, "qemu-io", append(args, s.URI)...)
 	if strings.Contains(out, "failed") || strings.Contains(out, "error") {
 		t.Fatalf("qemu-io reported a failure:\n%s", out)
 	}

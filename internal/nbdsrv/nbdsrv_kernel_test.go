@@ -19,6 +19,7 @@ import (
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -197,10 +198,10 @@ func TestKernelClientFilesystemFlushTrim(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = f.Close() })
 	cb := &countingBackend{Backend: f}
-	s := serve(t, nbdsrv.Export{Name: "test", Backend: cb}, nbdsrv.Options{})
+	s := nbdtest.Serve(t, nbdsrv.Export{Name: "test", Backend: cb}, nbdsrv.Options{})
 
 	dev := freeNBD(t)
-	run(t, nbdClient, "-unix", s.sock, "/dev/"+dev, "-N", "test", "-b", "4096", "-connections", "2", "-timeout", "30")
+	run(t, nbdClient, "-unix", s.Sock, "/dev/"+dev, "-N", "test", "-b", "4096", "-connections", "2", "-timeout", "30")
 	disconnected := false
 	disconnect := func() {
 		if disconnected {

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 const (
@@ -194,8 +196,8 @@ func totalAlloc() uint64 {
 func TestBadRequestsGetErrors(t *testing.T) {
 	const size = 1 << 20
 	exp, _ := fileExport(t, size, false)
-	s := serve(t, exp, nbdsrv.Options{MaxRequest: 1 << 20})
-	r := connect(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{MaxRequest: 1 << 20})
+	r := connect(t, s.Sock)
 	if r.size != size {
 		t.Fatalf("size %d", r.size)
 	}
@@ -255,8 +257,8 @@ func TestBadRequestsGetErrors(t *testing.T) {
 
 func TestReadOnlyExportRefusesWrites(t *testing.T) {
 	exp, path := fileExport(t, 1<<20, true)
-	s := serve(t, exp, nbdsrv.Options{})
-	r := connect(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{})
+	r := connect(t, s.Sock)
 	r.send(0, cmdWrite, 1, 0, 4, []byte("evil"))
 	r.mustReply(1, ePerm)
 	r.send(0, cmdTrim, 2, 0, 4096, nil)
@@ -278,29 +280,29 @@ func TestReadOnlyExportRefusesWrites(t *testing.T) {
 // Protocol violations close the connection; nothing is allocated for them.
 func TestProtocolViolationsCloseTheConnection(t *testing.T) {
 	exp, _ := fileExport(t, 1<<20, false)
-	s := serve(t, exp, nbdsrv.Options{})
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{})
 	before := totalAlloc()
 
 	t.Run("bad request magic", func(t *testing.T) {
-		r := connect(t, s.sock)
+		r := connect(t, s.Sock)
 		b := reqBytes(0, cmdRead, 1, 0, 512)
 		b[0] ^= 0xff
 		r.write(b)
 		r.mustClose()
 	})
 	t.Run("unknown client flags", func(t *testing.T) {
-		r := dialRaw(t, s.sock)
+		r := dialRaw(t, s.Sock)
 		r.hello(1 << 5)
 		r.mustClose()
 	})
 	t.Run("bad option magic", func(t *testing.T) {
-		r := dialRaw(t, s.sock)
+		r := dialRaw(t, s.Sock)
 		r.hello(3)
 		r.write(make([]byte, 16))
 		r.mustClose()
 	})
 	t.Run("option of 1 GiB", func(t *testing.T) {
-		r := dialRaw(t, s.sock)
+		r := dialRaw(t, s.Sock)
 		r.hello(3)
 		b := binary.BigEndian.AppendUint64(nil, 0x49484156454F5054)
 		b = binary.BigEndian.AppendUint32(b, 7)
@@ -308,12 +310,12 @@ func TestProtocolViolationsCloseTheConnection(t *testing.T) {
 		r.mustClose()
 	})
 	t.Run("write claiming 4 GiB then hanging up", func(t *testing.T) {
-		r := connect(t, s.sock)
+		r := connect(t, s.Sock)
 		r.send(0, cmdWrite, 1, 0, ^uint32(0), make([]byte, 1<<16))
 		_ = r.c.Close()
 	})
 	t.Run("export name unknown", func(t *testing.T) {
-		r := dialRaw(t, s.sock)
+		r := dialRaw(t, s.Sock)
 		r.hello(3)
 		r.option(1, []byte("other"))
 		r.mustClose()
@@ -322,14 +324,14 @@ func TestProtocolViolationsCloseTheConnection(t *testing.T) {
 		t.Errorf("server allocated %d bytes for hostile clients", got)
 	}
 	// The server still serves.
-	r := connect(t, s.sock)
+	r := connect(t, s.Sock)
 	r.read(1, 0, 512)
 }
 
 func TestOptionPhase(t *testing.T) {
 	exp, _ := fileExport(t, 1<<20, false)
-	s := serve(t, exp, nbdsrv.Options{})
-	r := dialRaw(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{})
+	r := dialRaw(t, s.Sock)
 	r.hello(3)
 	r.option(8, []byte{0}) // structured replies take no data
 	if typ, _ := r.optReply(); typ != 3|1<<31 {
@@ -437,8 +439,8 @@ func waitEntered(t *testing.T, g *gateBackend, n int) {
 func TestRequestsServedConcurrentlyWithinBound(t *testing.T) {
 	g, exp := newGate(t)
 	const bound = 4
-	s := serve(t, exp, nbdsrv.Options{MaxInFlight: bound})
-	r := connect(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{MaxInFlight: bound})
+	r := connect(t, s.Sock)
 	for i := range 10 {
 		r.send(0, cmdRead, uint64(i), uint64(i)*512, 512, nil)
 	}
@@ -469,8 +471,8 @@ func TestRequestsServedConcurrentlyWithinBound(t *testing.T) {
 // the writes acknowledged before it.
 func TestFUAAndFlushSyncAcknowledgedWrites(t *testing.T) {
 	g, exp := newGate(t)
-	s := serve(t, exp, nbdsrv.Options{})
-	r := connect(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{})
+	r := connect(t, s.Sock)
 	r.send(0, cmdWrite, 1, 0, 4, []byte("aaaa"))
 	r.mustReply(1, 0)
 	if n := g.syncs.Load(); n != 0 {
@@ -504,14 +506,14 @@ func TestFUAAndFlushSyncAcknowledgedWrites(t *testing.T) {
 // the connection and returns.
 func TestShutdownFinishesInFlightRequests(t *testing.T) {
 	g, exp := newGate(t)
-	s := serve(t, exp, nbdsrv.Options{})
-	r := connect(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{})
+	r := connect(t, s.Sock)
 	r.send(0, cmdWrite, 1, 0, 4, []byte("dddd"))
 	r.mustReply(1, 0)
 	r.send(0, cmdRead, 2, 0, 4, nil)
 	waitEntered(t, g, 1)
 	stopped := make(chan struct{})
-	go func() { s.stop(); close(stopped) }()
+	go func() { s.Stop(); close(stopped) }()
 	select {
 	case <-stopped:
 		t.Fatal("Serve returned with a request in flight")
@@ -533,7 +535,7 @@ func TestShutdownFinishesInFlightRequests(t *testing.T) {
 		t.Fatal("no sync at shutdown")
 	}
 	// And the listener is gone.
-	if c, err := net.Dial("unix", s.sock); err == nil {
+	if c, err := net.Dial("unix", s.Sock); err == nil {
 		_ = c.Close()
 		t.Fatal("socket still accepts after shutdown")
 	}
@@ -546,7 +548,7 @@ func TestServeCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("unix", filepath.Join(sockDir(t), "s"))
+	l, err := net.Listen("unix", filepath.Join(testutil.SocketDir(t), "s"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -561,8 +563,8 @@ func TestServeCancelled(t *testing.T) {
 // connections beyond MaxConns are closed at once.
 func TestHandshakeTimeoutAndConnectionLimit(t *testing.T) {
 	exp, _ := fileExport(t, 1<<20, false)
-	s := serve(t, exp, nbdsrv.Options{HandshakeTimeout: 300 * time.Millisecond, MaxConns: 2})
-	r := dialRaw(t, s.sock)
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{HandshakeTimeout: 300 * time.Millisecond, MaxConns: 2})
+	r := dialRaw(t, s.Sock)
 	r.hello(3)
 	t0 := time.Now()
 	r.mustClose()
@@ -570,9 +572,9 @@ func TestHandshakeTimeoutAndConnectionLimit(t *testing.T) {
 		t.Fatalf("stalled handshake closed after %s", d)
 	}
 
-	s2 := serve(t, exp, nbdsrv.Options{MaxConns: 2})
-	a, b := connect(t, s2.sock), connect(t, s2.sock)
-	c := dialRaw(t, s2.sock)
+	s2 := nbdtest.Serve(t, exp, nbdsrv.Options{MaxConns: 2})
+	a, b := connect(t, s2.Sock), connect(t, s2.Sock)
+	c := dialRaw(t, s2.Sock)
 	if n := c.mustClose(); n != 0 {
 		t.Fatalf("connection over MaxConns got %d bytes (a greeting) before it was closed", n)
 	}

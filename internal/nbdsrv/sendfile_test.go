@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 )
 
 // fileReader is a File backend that also offers its reads as file
@@ -42,7 +43,7 @@ func (f *fileReader) ReadFiles(segs []nbdsrv.FileSegment, off int64, n int) ([]n
 // structured replies, qemu-img compare), mixed with reads it refuses,
 // which go through ReadAt; unaligned reads (qemu-io) too.
 func TestFileReaderReplies(t *testing.T) {
-	needPeers(t, "nbdcopy", "qemu-img", "qemu-io")
+	nbdtest.NeedPeers(t, "nbdcopy", "qemu-img", "qemu-io")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "img")
 	want := refImage(t, img, 8<<20)
@@ -57,19 +58,19 @@ func TestFileReaderReplies(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = raw.Close() })
 	fr := &fileReader{File: f, fd: int(raw.Fd()), refuse: func(off int64) bool { return off/(256<<10)%3 == 1 }}
-	s := serve(t, nbdsrv.Export{Name: "test", Backend: fr, ReadOnly: true}, nbdsrv.Options{})
+	s := nbdtest.Serve(t, nbdsrv.Export{Name: "test", Backend: fr, ReadOnly: true}, nbdsrv.Options{})
 
 	out := filepath.Join(dir, "copy")
-	peer(t, "nbdcopy", s.uri, out)
+	nbdtest.Peer(t, "nbdcopy", s.URI, out)
 	sameFile(t, out, want)
-	peer(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", img, s.uri)
-	o := peer(t, "qemu-io", "-r", "-f", "raw", "-c", "read -v 4095 3", s.uri)
+	nbdtest.Peer(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", img, s.URI)
+	o := nbdtest.Peer(t, "qemu-io", "-r", "-f", "raw", "-c", "read -v 4095 3", s.URI)
 	if hex := fmt.Sprintf("%02x %02x %02x", want[4095], want[4096], want[4097]); !strings.Contains(o, hex) {
 		t.Fatalf("qemu-io read of bytes 4095..4097: %q, want %s", o, hex)
 	}
 	// Simple replies (the kernel's client asks for no structured ones):
 	// a read sent from files and one refused, each byte-identical.
-	r := connect(t, s.sock)
+	r := connect(t, s.Sock)
 	for h, off := range []uint64{0, 256 << 10, 3<<20 + 77} {
 		served := fr.served.Load()
 		if got := r.read(uint64(h+1), off, 200<<10); !bytes.Equal(got, want[off:off+200<<10]) {

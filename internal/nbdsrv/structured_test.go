@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/nbdsrv"
+	"github.com/ctld/ctld/internal/nbdsrv/nbdtest"
 )
 
 const cmdBlockStatus, flagReqOne = 7, 1 << 3
@@ -76,9 +77,9 @@ func TestStructuredRepliesAndBlockStatus(t *testing.T) {
 	exp, _ := fileExport(t, 64<<10, false)
 	be := &extentBackend{Backend: exp.Backend, failAt: 8192}
 	exp.Backend = be
-	s := serve(t, exp, nbdsrv.Options{})
+	s := nbdtest.Serve(t, exp, nbdsrv.Options{})
 
-	r := dialRaw(t, s.sock)
+	r := dialRaw(t, s.Sock)
 	r.hello(3)
 	r.option(8, nil)
 	if typ, _ := r.optReply(); typ != 1 {
@@ -164,7 +165,7 @@ func TestStructuredRepliesAndBlockStatus(t *testing.T) {
 	}
 
 	// Structured replies without a selected context: no BLOCK_STATUS.
-	r2 := dialRaw(t, s.sock)
+	r2 := dialRaw(t, s.Sock)
 	r2.hello(3)
 	r2.option(8, nil)
 	if typ, _ := r2.optReply(); typ != 1 {
@@ -184,7 +185,7 @@ func TestStructuredRepliesAndBlockStatus(t *testing.T) {
 
 	// A backend without extents offers no context.
 	plain, _ := fileExport(t, 64<<10, false)
-	r3 := dialRaw(t, serve(t, plain, nbdsrv.Options{}).sock)
+	r3 := dialRaw(t, nbdtest.Serve(t, plain, nbdsrv.Options{}).Sock)
 	r3.hello(3)
 	r3.option(8, nil)
 	r3.optReply()

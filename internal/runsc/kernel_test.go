@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/template"
 )
@@ -60,24 +58,7 @@ func helperCreateStart() int {
 // directory with limits written, which runsc must join and leave alone.
 func newLease(t testing.TB, name string) string {
 	t.Helper()
-	dir := filepath.Join(ktest.CgroupRoot, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("create lease cgroup: %v", err)
-	}
-	t.Cleanup(func() {
-		for i := 0; ; i++ {
-			err := unix.Rmdir(dir)
-			if err == nil || errors.Is(err, unix.ENOENT) {
-				return
-			}
-			if !errors.Is(err, unix.EBUSY) || i == 50 {
-				procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-				t.Errorf("remove lease cgroup: %v (procs %q)", err, procs)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
+	dir := ktest.MakeCgroup(t, name)
 	for f, v := range map[string]string{"cpu.max": "100000 100000", "memory.max": "536870912", "memory.swap.max": "0", "pids.max": "256"} {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
 			t.Fatalf("write %s: %v", f, err)

@@ -27,6 +27,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/fakenode"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -190,7 +191,7 @@ type env struct {
 	store   *manager.Store
 	srv     *Server
 	url     string
-	logs    *syncBuffer
+	logs    *testutil.Buffer
 	repo    *blockstore.Repo
 	bstore  *dirstore.Store
 	keyA    string
@@ -200,23 +201,6 @@ type env struct {
 	stop    func()
 	clock   *testClock
 	stopped bool
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type testClock struct {
@@ -242,7 +226,7 @@ var testTemplates = []client.Template{{Name: "busybox", Mode: "overlay"}, {Name:
 // (a key each) and the server.
 func newEnv(t *testing.T, tune func(*Server)) *env {
 	t.Helper()
-	e := &env{t: t, node: fakenode.New("node-1"), logs: &syncBuffer{}, clock: &testClock{}}
+	e := &env{t: t, node: fakenode.New("node-1"), logs: &testutil.Buffer{}, clock: &testClock{}}
 	e.node.BlockStore = true
 	e.socket = fakenode.Serve(t, e.node)
 	e.dbPath = filepath.Join(t.TempDir(), "manager.db")

@@ -13,7 +13,9 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // TestGuestAgentHostileAndPrimaryKilledMidStream: a guest process
@@ -45,8 +47,7 @@ func TestGuestAgentHostileAndPrimaryKilledMidStream(t *testing.T) {
 		}
 	}
 	root := &api.User{}
-	bin := filepath.Join(os.Getenv("CTLD_BIN_DIR"), "e2e-hostileagent")
-	f, err := os.Open(bin)
+	f, err := os.Open(ktest.RequireBuilt(t, "e2e-hostileagent"))
 	if err != nil {
 		t.Fatalf("the hostile agent (vmrun builds it): %v", err)
 	}
@@ -152,7 +153,7 @@ func TestGuestAgentHostileAndPrimaryKilledMidStream(t *testing.T) {
 	}
 
 	// The primary dies in the middle of an exec stream.
-	var out lockedBuffer
+	var out testutil.Buffer
 	streamErr := make(chan error, 1)
 	go func() {
 		_, err := c.ExecStream(cx, "calm", api.ExecRequest{Args: []string{"/bin/sh", "-c", "i=0; while :; do i=$((i+1)); echo tick$i; sleep 1; done"}}, &out, &out)

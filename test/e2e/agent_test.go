@@ -15,14 +15,9 @@ import (
 // the guest's own (owned by uid 1000) and reads back; release is clean.
 func TestBlockClaimRunsNonRoot(t *testing.T) {
 	e := newEnv(t)
-	e.useBlock()
-	e.start("a")
-	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
+	e.startBlock()
 	c := e.client()
-	req := claimReq("c1", 1)
-	req.RootFS.Mode = api.RootFSBlock
-	req.Process = api.Process{UID: 1000, GID: 1000}
-	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
+	req := blockClaimReq("c1", 1, api.Process{UID: 1000, GID: 1000})
 	resp, err := c.Claim(ctx(t, 3*time.Minute), "blk", req)
 	if err != nil {
 		t.Fatalf("block claim as uid 1000: %v", err)

@@ -26,26 +26,13 @@ import (
 // whose claim sees the snapshot's files; the two then diverge.
 func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 	e := newEnv(t)
-	e.useBlock()
-	e.start("a")
-	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
+	e.startBlock()
 	c := e.client()
 
-	req := claimReq("c1", 1)
-	req.RootFS.Mode = api.RootFSBlock
-	req.Process = api.Process{Args: []string{"/bin/sh", "-c", blockWriterLoop}}
-	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
+	req := blockClaimReq("c1", 1, api.Process{Args: []string{"/bin/sh", "-c", blockWriterLoop}})
 	fresh, err := c.Claim(ctx(t, 3*time.Minute), "vol", req)
 	if err != nil {
 		t.Fatalf("block claim: %v", err)
-	}
-	guest := func(id, script string) string {
-		t.Helper()
-		r, err := c.Exec(ctx(t, 2*time.Minute), id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}})
-		if err != nil || r.ExitCode != 0 {
-			t.Fatalf("exec in %s %q: %v, exit %d, stderr %s", id, script, err, r.ExitCode, r.Stderr)
-		}
-		return string(r.Stdout)
 	}
 	root := func(id string, gen uint64) string {
 		return filepath.Join(e.stateDir, "blockroot", names.Generation(id, gen))
@@ -56,7 +43,7 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 			return string(b)
 		}
 	}
-	guest("vol", "mkdir -p /data && echo kept > /data/keep && sync") // the loop may not have made /data yet
+	guestSh(t, c, "vol", "mkdir -p /data && echo kept > /data/keep && sync") // the loop may not have made /data yet
 	waitLines(t, seqOf("vol", 1), 15)
 
 	snap, err := c.Snapshot(ctx(t, 2*time.Minute), "vol", api.SnapshotRequest{Name: "s1"})
@@ -111,10 +98,10 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 	logTimings(t, "resume", resumed.Sandbox.Timings)
 	t.Logf("resume-to-ready vs a fresh claim from the template: %.0f / %.0f ms = %.2fx",
 		resumed.Sandbox.Timings.TotalMS, fresh.Sandbox.Timings.TotalMS, resumed.Sandbox.Timings.TotalMS/fresh.Sandbox.Timings.TotalMS)
-	if got := guest("vol", "cat /data/keep"); got != "kept\n" {
+	if got := guestSh(t, c, "vol", "cat /data/keep"); got != "kept\n" {
 		t.Errorf("/data/keep after the resume: %q", got)
 	}
-	checkSeq(t, "after the resume", guest("vol", "cat /data/seq"), atSnap)
+	checkSeq(t, "after the resume", guestSh(t, c, "vol", "cat /data/seq"), atSnap)
 
 	if _, err := c.Fork(ctx(t, time.Minute), "fork", api.ForkRequest{Source: "vol", Snapshot: "s1"}); err != nil {
 		t.Fatalf("fork: %v", err)
@@ -124,12 +111,12 @@ func TestBlockPauseResumeSnapshotFork(t *testing.T) {
 	if _, err := c.Claim(ctx(t, 3*time.Minute), "fork", freq); err != nil {
 		t.Fatalf("claim of the fork: %v", err)
 	}
-	if got := guest("fork", "cat /data/keep"); got != "kept\n" {
+	if got := guestSh(t, c, "fork", "cat /data/keep"); got != "kept\n" {
 		t.Errorf("/data/keep in the fork: %q", got)
 	}
-	guest("fork", "echo fork > /data/who && sync")
-	guest("vol", "echo vol > /data/who && sync")
-	if a, b := guest("vol", "cat /data/who"), guest("fork", "cat /data/who"); a != "vol\n" || b != "fork\n" {
+	guestSh(t, c, "fork", "echo fork > /data/who && sync")
+	guestSh(t, c, "vol", "echo vol > /data/who && sync")
+	if a, b := guestSh(t, c, "vol", "cat /data/who"), guestSh(t, c, "fork", "cat /data/who"); a != "vol\n" || b != "fork\n" {
 		t.Errorf("after diverging: vol reads %q, fork reads %q", a, b)
 	}
 	for _, r := range []struct {

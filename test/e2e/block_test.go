@@ -49,12 +49,7 @@ func TestBlockClaimSurvivesPrimaryKill(t *testing.T) {
 		t.Fatalf("overlay release: %v", err)
 	}
 
-	req := claimReq("c1", 1)
-	req.RootFS.Mode = api.RootFSBlock
-	req.Process = api.Process{Args: []string{"/bin/sh", "-c", blockWriterLoop}}
-	// Room for the loop's sync and usleep processes: under the ptrace
-	// platform each guest process has host stub threads in the lease.
-	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
+	req := blockClaimReq("c1", 1, api.Process{Args: []string{"/bin/sh", "-c", blockWriterLoop}})
 	resp, err := c.Claim(ctx(t, 3*time.Minute), "blk", req)
 	if err != nil {
 		t.Fatalf("block claim: %v", err)

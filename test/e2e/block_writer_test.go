@@ -28,15 +28,10 @@ func TestBlockWriterKilledRestarted(t *testing.T) {
 	e := newEnv(t)
 	// A short request timeout: the write in flight when the writer died
 	// is retried after it (6.1), so the guest's pause is that long.
-	wcg := e.useBlock("--writer-request-timeout", "10s")
-	e.start("a")
-	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
+	wcg := e.startBlock("--writer-request-timeout", "10s")
 	c := e.client()
 
-	req := claimReq("c1", 1)
-	req.RootFS.Mode = api.RootFSBlock
-	req.Process = api.Process{Args: []string{"/bin/sh", "-c", pageLoop}}
-	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
+	req := blockClaimReq("c1", 1, api.Process{Args: []string{"/bin/sh", "-c", pageLoop}})
 	resp, err := c.Claim(ctx(t, 3*time.Minute), "blk", req)
 	if err != nil {
 		t.Fatalf("block claim: %v", err)

@@ -46,11 +46,7 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
-	dir := os.Getenv("CTLD_BIN_DIR")
-	bin := filepath.Join(dir, "ctld")
-	if _, err := os.Stat(bin); dir == "" || err != nil {
-		t.Fatalf("ctld binary not found (CTLD_BIN_DIR=%q): %v; run through make test-vm", dir, err)
-	}
+	bin := ktest.RequireBuilt(t, "ctld")
 	root := t.TempDir()
 	// The state dir is on the VM's state disk (XFS with project quotas), as
 	// on a host: disk leases are enforced there and fsync is real.
@@ -200,17 +196,7 @@ func (e *env) kill9(slot string) {
 
 // stop asks an instance to hand over (SIGTERM) and waits for it.
 func (e *env) stop(slot string) {
-	cmd := e.procs[slot]
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		e.t.Errorf("ctld@%s ignored SIGTERM for 30s; killing", slot)
-		cmd.Process.Kill()
-		<-done
-	}
+	ktest.StopProcess(e.t, e.procs[slot], "ctld@"+slot, 30*time.Second)
 	delete(e.procs, slot)
 }
 
@@ -278,6 +264,38 @@ func claimReq(op string, gen uint64) api.ClaimRequest {
 		Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PIDs: 128},
 		Network:   api.NetworkPolicy{Mode: "deny_all"},
 	}
+}
+
+// blockClaimReq is claimReq in block mode running proc, with room for
+// the guest's processes: under the ptrace platform each guest process
+// has host stub threads in the lease.
+func blockClaimReq(op string, gen uint64, proc api.Process) api.ClaimRequest {
+	req := claimReq(op, gen)
+	req.RootFS.Mode = api.RootFSBlock
+	req.Process = proc
+	req.Resources.PIDs, req.Resources.MemoryBytes = 1024, 512<<20
+	return req
+}
+
+// startBlock turns block mode on (useBlock), starts slot a and waits
+// until it is primary; it returns the writers' cgroup.
+func (e *env) startBlock(extra ...string) string {
+	e.t.Helper()
+	wcg := e.useBlock(extra...)
+	e.start("a")
+	e.waitPrimary("a", 2*time.Minute) // the first start imports the busybox template
+	return wcg
+}
+
+// guestSh runs script with /bin/sh in sandbox id and returns its stdout;
+// anything but exit 0 fails the test.
+func guestSh(t testing.TB, c *api.Client, id, script string) string {
+	t.Helper()
+	r, err := c.Exec(ctx(t, 2*time.Minute), id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("exec in %s %q: %v, exit %d, stderr %s", id, script, err, r.ExitCode, r.Stderr)
+	}
+	return string(r.Stdout)
 }
 
 func ctx(t testing.TB, d time.Duration) context.Context {

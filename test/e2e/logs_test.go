@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/proof"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // logCap is the --log-max-bytes of these tests: small, so a short flood is
@@ -42,24 +42,6 @@ while true; do
   if [ -f /root/say ]; then cat /root/say; rm -f /root/say; fi
   sleep 1
 done`}
-
-// lockedBuffer collects a follow's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func tmpfsUsed(t *testing.T, p string) int64 {
 	t.Helper()
@@ -175,7 +157,7 @@ func TestGuestLogBoundedFollowedSurvivesFailoverAndRemoved(t *testing.T) {
 	}
 
 	// Follow: new output arrives as the guest writes it.
-	var fol lockedBuffer
+	var fol testutil.Buffer
 	type result struct {
 		end api.LogsEnd
 		err error

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // The sandbox network end to end: claims through the real ctld, a gVisor
@@ -362,7 +363,7 @@ func TestNetworkLiveUpdateOpenConnections(t *testing.T) {
 	conn := func(prefix string, dst netip.AddrPort) string {
 		return fmt.Sprintf("(i=0; while [ $i -lt 180 ]; do i=$((i+1)); echo %s$i; sleep 1; done) | nc %s %d &\n", prefix, dst.Addr(), dst.Port())
 	}
-	var out lockedBuffer
+	var out testutil.Buffer
 	scx, stop := context.WithCancel(cx)
 	streamDone := make(chan error, 1)
 	go func() {

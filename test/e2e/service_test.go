@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/service"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // svc is `ctl-manager serve`'s server run in-process over a real ctld,
@@ -45,7 +45,7 @@ func startService(t testing.TB, e *env, tune func(*service.Server)) *svc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedWriter{w: &bytes.Buffer{}}
+	logs := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := &manager.Manager{Store: st, Client: e.client(), Log: log}
 	srv := &service.Server{Manager: m, Store: st, Log: log, Templates: []client.Template{{Name: "busybox", Mode: "overlay"}},
@@ -200,24 +200,6 @@ func TestServiceLifetimesOnCtld(t *testing.T) {
 			after.Capacity.Leased, after.Capacity.Withheld, before.Capacity.Leased, before.Capacity.Withheld)
 	}
 	t.Logf("timeout fired %v after the extension to 25s; proof %s verified", time.Since(extendedAt).Round(time.Millisecond), tm.OperationID)
-}
-
-// lockedWriter serializes writes of the service's log.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.String()
 }
 
 // BenchmarkServiceVsCtld measures what the service adds over ctld's own

@@ -19,26 +19,8 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/testutil"
 )
-
-// syncBuf collects a session's output while the test polls it.
-type syncBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.buf.Write(p)
-	return len(p), nil
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
 
 // ordered records the writes of two streams in the order they came.
 type ordered struct {
@@ -63,7 +45,7 @@ type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-func waitOutput(t *testing.T, b *syncBuf, want string, d time.Duration) {
+func waitOutput(t *testing.T, b *testutil.Buffer, want string, d time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(d); !strings.Contains(b.String(), want); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -117,7 +99,7 @@ func TestSessionsThroughTheAgent(t *testing.T) {
 	})
 
 	t.Run("signal", func(t *testing.T) {
-		var out syncBuf
+		var out testutil.Buffer
 		sig := make(chan int, 1)
 		type end struct {
 			x   api.ExecExit
@@ -145,7 +127,7 @@ func TestSessionsThroughTheAgent(t *testing.T) {
 	// because its command ended, within ptyEnd.
 	const ptyEnd = time.Minute
 	t.Run("pty", func(t *testing.T) {
-		var out syncBuf
+		var out testutil.Buffer
 		resize := make(chan api.TermSize, 1)
 		type end struct {
 			x   api.ExecExit

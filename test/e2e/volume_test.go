@@ -26,22 +26,12 @@ import (
 // No leak (mounts, NBD devices, writers) is left.
 func TestPersistentVolumeMoves(t *testing.T) {
 	e := newEnv(t)
-	e.useBlock()
-	e.start("a")
-	e.waitPrimary("a", 2*time.Minute)
+	e.startBlock()
 	c := e.client()
 
 	repo := e2eRepo(t, e.stateDir)
 	if _, err := template.CreateVolume(context.Background(), repo, "data", 16<<20, t.TempDir()); err != nil {
 		t.Fatalf("create volume: %v", err)
-	}
-	guest := func(id, script string) string {
-		t.Helper()
-		r, err := c.Exec(ctx(t, 2*time.Minute), id, api.ExecRequest{Args: []string{"/bin/sh", "-c", script}})
-		if err != nil || r.ExitCode != 0 {
-			t.Fatalf("exec in %s %q: %v, exit %d, stderr %s", id, script, err, r.ExitCode, r.Stderr)
-		}
-		return string(r.Stdout)
 	}
 
 	a := claimReq("a1", 1)
@@ -54,7 +44,7 @@ func TestPersistentVolumeMoves(t *testing.T) {
 	if len(resp.Sandbox.Volumes) != 1 || resp.Sandbox.Volumes[0].ID != "data" {
 		t.Errorf("A's volumes %+v, want data", resp.Sandbox.Volumes)
 	}
-	guest("va", "echo moved > /data/f && sync")
+	guestSh(t, c, "va", "echo moved > /data/f && sync")
 
 	// kill -9 of the volume's writer: ctld's watch starts the next one on
 	// the same device; the guest's next write and sync see no error.
@@ -64,7 +54,7 @@ func TestPersistentVolumeMoves(t *testing.T) {
 		t.Fatalf("kill -9 volume writer %d: %v", before.PID, err)
 	}
 	killed := time.Now()
-	guest("va", "echo after-kill >> /data/f && sync")
+	guestSh(t, c, "va", "echo after-kill >> /data/f && sync")
 	var after writer.State
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		if b, err := os.ReadFile(stateFile); err == nil && strings.Contains(string(b), `"epoch"`) {
@@ -110,7 +100,7 @@ func TestPersistentVolumeMoves(t *testing.T) {
 	if _, err := c.Claim(ctx(t, 3*time.Minute), "vb", b); err != nil {
 		t.Fatalf("claim B with the volume after A: %v", err)
 	}
-	if got := guest("vb", "cat /mnt/v/f"); got != "moved\nafter-kill\n" {
+	if got := guestSh(t, c, "vb", "cat /mnt/v/f"); got != "moved\nafter-kill\n" {
 		t.Errorf("B reads %q from the volume, want A's file", got)
 	}
 	rel, err = c.Release(ctx(t, 3*time.Minute), "vb", api.ReleaseRequest{OperationID: "rb", Generation: 1})

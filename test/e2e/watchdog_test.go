@@ -15,6 +15,7 @@ import (
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // watchdog stands in for systemd's watchdog (WatchdogSec) for one
@@ -33,12 +34,8 @@ type watchdog struct {
 
 func newWatchdog(t *testing.T, interval time.Duration) *watchdog {
 	t.Helper()
-	d, err := os.MkdirTemp("", "wd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	w := &watchdog{sock: filepath.Join(d, "notify.sock"), interval: interval}
+	w := &watchdog{sock: filepath.Join(testutil.SocketDir(t), "notify.sock"), interval: interval}
+	var err error
 	w.conn, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: w.sock, Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)

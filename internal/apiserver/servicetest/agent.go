@@ -6,17 +6,17 @@ import (
 	"io/fs"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // session runs a session to its end and returns its output.
 func (s *subject) session(ctx context.Context, req api.ExecRequest, stdin string, signal chan int) (api.ExecExit, string, string, error) {
-	var out, errOut syncBuffer
+	var out, errOut testutil.Buffer
 	x, err := s.s.Session(ctx, id, req, api.Streams{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errOut, Signal: signal})
 	return x, out.String(), errOut.String(), err
 }
@@ -150,22 +150,4 @@ var agentCases = []struct {
 		_, _, _, err = s.session(s.ctx, api.ExecRequest{Args: []string{"true"}}, "", nil)
 		s.wantCode("session in a released generation", err, errdefs.CodeConflict)
 	}},
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

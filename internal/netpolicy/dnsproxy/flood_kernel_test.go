@@ -11,14 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/netpolicy/nft"
 )
 
 // TestKernelProxyBoundsAndUplinkSpoof: the proxy's bounds with the real
@@ -56,84 +54,16 @@ func TestKernelProxyBoundsAndUplinkSpoof(t *testing.T) {
 	up.zone["spoof.example.com. A"] = []string{"spoof.example.com. 300 IN A 11.99.0.1"}
 	up.mu.Unlock()
 
-	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.233.0.0/24")}
-	const port = 10054
-	const table = "ctldtest_flood"
-	fw, err := nft.New(nft.Config{Table: table, DNSPort: port, Pool: pool, DomainSetSize: setSize}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ktest.DeleteNftTable(table); err != nil {
-			t.Errorf("delete table: %v", err)
-		}
+	const rate, burst, port = 5, 10, 10054
+	r := newSandboxRig(t, ctx, log, up.addr, rigConfig{
+		table: "ctldtest_flood", port: port, setSize: setSize, slot: 3, id: "kt-flood",
+		pool:  netpolicy.Pool{V4: netip.MustParsePrefix("10.233.0.0/24")},
+		rules: []netpolicy.RuleSpec{{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"443"}}},
+		proxy: Config{QueryRate: rate, QueryBurst: burst, MaxAddrsPerSandbox: 4 * setSize},
 	})
-	if err := fw.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b, err := pool.Block(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := netpolicy.Owner{ID: "kt-flood", Generation: 1, Block: b}
-	ns := ktest.NewNetns(t)
-	links := &netpolicy.Links{Logger: log}
-	if err := links.Make(ctx, o, ns.Path); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := links.Remove(ctx, o.Link()); err != nil {
-			t.Errorf("remove links: %v", err)
-		}
-	})
-	p, err := netpolicy.ParseDefault("network", netpolicy.Spec{Mode: "restricted", Rules: []netpolicy.RuleSpec{
-		{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"443"}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eff := netpolicy.Resolve(p, netpolicy.Facts{Pool: pool, Block: b})
-	if err := fw.Apply(ctx, o, eff); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fw.Remove(ctx, o); err != nil {
-			t.Errorf("firewall remove: %v", err)
-		}
-	})
-	const rate, burst = 5, 10
-	proxy, err := New(Config{Listen: fmt.Sprintf(":%d", port), Pool: pool, Upstreams: []string{up.addr}, Allower: fw, Logger: log,
-		QueryRate: rate, QueryBurst: burst, MaxAddrsPerSandbox: 4 * setSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proxy.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- proxy.Serve(sctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	proxy.Register(o, eff)
-	t.Cleanup(func() { proxy.Unregister(o.Block.Slot) })
+	b, o, ns, fw := r.b, r.o, r.ns, r.fw
 
-	elements := func() int {
-		t.Helper()
-		c, err := nftables.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		els, err := c.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}, Name: nft.DomainSetName(o, 0, false), KeyType: nftables.TypeIPAddr})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(els)
-	}
+	elements := func() int { return len(r.domainSet(t, false)) }
 	query := func(name string) (*dns.Msg, error) {
 		var r *dns.Msg
 		err := ns.Do(func() (err error) {

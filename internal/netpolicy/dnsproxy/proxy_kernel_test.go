@@ -11,12 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/miekg/dns"
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
-	"github.com/ctld/ctld/internal/netpolicy/nft"
 )
 
 // TestKernelProxyThroughRedirect: the whole path in the VM. A sandbox
@@ -50,78 +48,12 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 	}
 	up.mu.Unlock()
 
-	// A table of the test's own, so other packages' tests in the VM
-	// (the nft package uses the default table) never meet it.
-	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.232.0.0/24"), V6: netip.MustParsePrefix("fd00:c71d:d45::/64")}
-	const port = 10053
-	const table = "ctldtest_dns"
-	fw, err := nft.New(nft.Config{Table: table, DNSPort: port, Pool: pool}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := nftables.New()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		c.DelTable(&nftables.Table{Name: table, Family: nftables.TableFamilyINet})
-		if err := c.Flush(); err != nil {
-			t.Errorf("delete table: %v", err)
-		}
+	r := newSandboxRig(t, ctx, log, up.addr, rigConfig{
+		table: "ctldtest_dns", port: 10053, slot: 4, id: "kt-dns",
+		pool:  netpolicy.Pool{V4: netip.MustParsePrefix("10.232.0.0/24"), V6: netip.MustParsePrefix("fd00:c71d:d45::/64")},
+		rules: []netpolicy.RuleSpec{{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"8080"}}},
 	})
-	if err := fw.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	b, err := pool.Block(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := netpolicy.Owner{ID: "kt-dns", Generation: 1, Block: b}
-	ns := ktest.NewNetns(t)
-	links := &netpolicy.Links{Logger: log}
-	if err := links.Make(ctx, o, ns.Path); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := links.Remove(ctx, o.Link()); err != nil {
-			t.Errorf("remove links: %v", err)
-		}
-	})
-	p, err := netpolicy.ParseDefault("network", netpolicy.Spec{Mode: "restricted", Rules: []netpolicy.RuleSpec{
-		{Domain: "*.example.com", Protocol: "tcp", Ports: []string{"8080"}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eff := netpolicy.Resolve(p, netpolicy.Facts{Pool: pool, Block: b})
-	if err := fw.Apply(ctx, o, eff); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fw.Remove(ctx, o); err != nil {
-			t.Errorf("firewall remove: %v", err)
-		}
-	})
-
-	proxy, err := New(Config{Listen: fmt.Sprintf(":%d", port), Pool: pool, Upstreams: []string{up.addr}, Allower: fw, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proxy.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- proxy.Serve(sctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	proxy.Register(o, eff)
+	b, ns := r.b, r.ns
 
 	// From inside the sandbox: DNS to its gateway's port 53, TCP to the
 	// test host.
@@ -157,20 +89,8 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 	// elements reads a domain set back: address → timeout.
 	elements := func(v6 bool) []string {
 		t.Helper()
-		c, err := nftables.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		kt := nftables.TypeIPAddr
-		if v6 {
-			kt = nftables.TypeIP6Addr
-		}
-		els, err := c.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}, Name: nft.DomainSetName(o, 0, v6), KeyType: kt})
-		if err != nil {
-			t.Fatal(err)
-		}
 		var out []string
-		for _, e := range els {
+		for _, e := range r.domainSet(t, v6) {
 			a, _ := netip.AddrFromSlice(e.Key)
 			out = append(out, fmt.Sprintf("%v timeout %v", a, e.Timeout))
 		}
@@ -211,7 +131,7 @@ func TestKernelProxyThroughRedirect(t *testing.T) {
 		check(t, f.name+" refused", query("udp", f.gw, "evil.com.", f.qtype), "REFUSED | "+blockedEDE)
 	}
 
-	proxy.Unregister(o.Block.Slot)
+	r.proxy.Unregister(b.Slot)
 	check(t, "unregistered", query("udp", b.Gateway4, "www.example.com.", dns.TypeA), "REFUSED")
 	check(t, "unregistered v6", query("udp", b.Gateway6, "www.example.com.", dns.TypeAAAA), "REFUSED")
 

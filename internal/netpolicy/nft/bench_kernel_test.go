@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
 )
@@ -37,13 +35,7 @@ func BenchmarkApply(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		c, err := nftables.New()
-		if err != nil {
-			b.Error(err)
-			return
-		}
-		c.DelTable(fw.table())
-		if err := c.Flush(); err != nil {
+		if err := ktest.DeleteNftTable(fw.table().Name); err != nil {
 			b.Errorf("delete table: %v", err)
 		}
 	})

@@ -83,13 +83,7 @@ func newNode(t *testing.T) *node {
 	}
 	n.fw = fw
 	t.Cleanup(func() {
-		c, err := nftables.New()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		c.DelTable(fw.table())
-		if err := c.Flush(); err != nil {
+		if err := ktest.DeleteNftTable(fw.table().Name); err != nil {
 			t.Errorf("delete table: %v", err)
 		}
 	})

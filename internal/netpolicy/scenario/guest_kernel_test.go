@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/ktest"
@@ -79,13 +78,7 @@ func newNode(t *testing.T) *node {
 	}
 	n.fw = fw
 	t.Cleanup(func() {
-		c, err := nftables.New()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		c.DelTable(&nftables.Table{Name: nft.DefaultTable, Family: nftables.TableFamilyINet})
-		if err := c.Flush(); err != nil {
+		if err := ktest.DeleteNftTable(nft.DefaultTable); err != nil {
 			t.Errorf("delete table: %v", err)
 		}
 	})

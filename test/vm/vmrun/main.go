@@ -95,6 +95,18 @@ func main() {
 	}
 }
 
+// cmdBuildArgs is the go command that builds ./cmd/... into out. Tests
+// drive ctld's crash and stall points (CTLD_TEST_CRASH_AT), which exist
+// only with -tags ctldtest; the systemd scenario tests what ships, so it
+// gets the default build.
+func cmdBuildArgs(systemd bool, out string) []string {
+	args := []string{"build"}
+	if !systemd {
+		args = append(args, "-tags", "ctldtest")
+	}
+	return append(args, "-o", out, "./cmd/...")
+}
+
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
@@ -142,7 +154,7 @@ func run(ctx context.Context, c config) error {
 	}
 	// End-to-end tests and the demo drive the real binaries: build them on
 	// the host (compiling under emulation would take minutes).
-	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, "bin", "cmd")+"/", "./cmd/...")
+	build := exec.CommandContext(ctx, "go", cmdBuildArgs(c.systemd != "", filepath.Join(share, "bin", "cmd")+"/")...)
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build ./cmd/...: %w", err)

@@ -172,3 +172,14 @@ func TestReportFailsBenchThatMeasuredNothing(t *testing.T) {
 		}
 	}
 }
+
+// The VM's tests get ctld's crash points (-tags ctldtest); the systemd
+// scenario runs the binary as it ships.
+func TestCmdBuildTagsOnlyTestRuns(t *testing.T) {
+	if got := strings.Join(cmdBuildArgs(false, "o/"), " "); got != "build -tags ctldtest -o o/ ./cmd/..." {
+		t.Errorf("test build: go %s", got)
+	}
+	if got := strings.Join(cmdBuildArgs(true, "o/"), " "); got != "build -o o/ ./cmd/..." {
+		t.Errorf("systemd build: go %s", got)
+	}
+}
