@@ -240,10 +240,11 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
 }
 
-// bootState says how a guest that never became ready fared in its lease
-// (OOM kills, memory peak, CPU used and throttling) and what runsc's log
-// said last (a sentry's panic or fatal error is there, not in the init's
-// output), for a readiness failure's message.
+// bootState says how a guest that never became ready fared: what its
+// sandbox or gofer wrote to its panic log (a Go panic or fatal error, such
+// as a thread refused at pids.max), how it fared in its lease (OOM kills,
+// forks refused, memory peak, CPU used and throttling) and what runsc's
+// log said last, for a readiness failure's message.
 func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 	var parts []string
 	if st, err := n.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
@@ -252,7 +253,7 @@ func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 		}
 		if st.PIDsMaxEvents > 0 {
 			// Threads count: the sentry's, the gofer's and ptrace's stubs.
-			parts = append(parts, fmt.Sprintf("%d forks refused at pids.max %d", st.PIDsMaxEvents, rec.Resources.PIDs))
+			parts = append(parts, fmt.Sprintf("%d forks refused at pids.max %d", st.PIDsMaxEvents, rec.Resources.PIDs+rec.RuntimePIDs))
 		}
 		parts = append(parts, fmt.Sprintf("lease: %d processes, %d tasks, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
 			st.Procs, st.PIDsCurrent, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))

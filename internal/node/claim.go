@@ -108,7 +108,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 	if err := names.CheckGeneration(id, req.Generation); err != nil {
 		return api.ClaimResponse{}, err
 	}
-	if err := leaseSpec(cid, resourcesRecord(req.Resources), n.cfg.BootCPUMillis).Validate(); err != nil {
+	if err := leaseSpec(cid, resourcesRecord(req.Resources), n.cfg.BootCPUMillis, n.cfg.RuntimePIDs).Validate(); err != nil {
 		return api.ClaimResponse{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
 	pol, err := n.parsePolicy(networkRecord(req.Network))
@@ -160,6 +160,7 @@ func (n *Node) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.
 		Resources: reqRec.Resources, RootFS: reqRec.RootFS, Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(),
 		ClaimOp: req.OperationID, Nonce: nonce, Netns: cid, Bundle: n.bundleDir(cid), Request: &reqRec,
 	}
+	rec.RuntimePIDs = n.cfg.RuntimePIDs
 	op := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpClaim, SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
@@ -270,7 +271,10 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
+	// The lease's pids.max, the runtime's allowance with the claim's.
+	need := rec.Resources
+	need.PIDs += rec.RuntimePIDs
+	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), need); !ok {
 		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
 	}
 	if err := admitVolumes(all, rec); err != nil {
@@ -327,8 +331,10 @@ func (n *Node) effect(kind journal.Kind, name string, rec journal.Sandbox, make 
 	return nil
 }
 
-func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
-	s := lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset}
+// leaseSpec is a generation's lease: its claim's resources, the boot CPU
+// allowance, and pids.max with the runtime's allowance on top.
+func leaseSpec(cid string, r journal.Resources, bootCPU, runtimePIDs int64) lease.Spec {
+	s := lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs + runtimePIDs, Cpuset: r.Cpuset}
 	if bootCPU > r.CPUMillis {
 		s.BootCPUMillis = bootCPU
 	}
@@ -380,7 +386,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	// The boot allowance ends before the generation is published: a ready
 	// generation always runs at its claim's share. (A takeover rolls back
 	// a claim still at its allowance.)
-	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis); spec.BootCPUMillis > 0 {
+	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis, rec.RuntimePIDs); spec.BootCPUMillis > 0 {
 		if err := n.d.Leases.SetCPUMax(ctx, rec.LeaseID, spec.CPUMillis); err != nil {
 			return api.ClaimResponse{}, fmt.Errorf("end the boot CPU allowance: %w", err)
 		}

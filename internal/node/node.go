@@ -72,6 +72,13 @@ type Config struct {
 	// is ctld's and runsc's work, not the workload's. 0: boots run inside
 	// the claim's share.
 	BootCPUMillis int64
+	// RuntimePIDs is added to every new lease's pids.max on top of the
+	// claim's PIDs, which are the workload's: the lease also holds the
+	// runtime's own tasks (the sentry's and gofer's threads, ptrace's
+	// stub threads), whose number rises on a slow node. It is recorded
+	// with the generation (journal.Resources.RuntimePIDs) and counted in
+	// the capacity ledger. 0: none.
+	RuntimePIDs int64
 	// AgentCallTimeout bounds an agent call that is not a stream (ready,
 	// stat, list, mkdir, remove, rename; 0: the client's 10 s).
 	AgentCallTimeout time.Duration

@@ -156,7 +156,7 @@ type cgroupResource struct{ n *Node }
 
 func (cgroupResource) kind() journal.Kind { return journal.KindCgroup }
 func (r cgroupResource) make(ctx context.Context, c *claimState) error {
-	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources, r.n.cfg.BootCPUMillis)); err != nil {
+	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources, r.n.cfg.BootCPUMillis, c.rec.RuntimePIDs)); err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}
 	return nil
@@ -341,13 +341,13 @@ func (r bundleResource) make(_ context.Context, c *claimState) error {
 	// the boot: with one, the lease's cpu.max and cpu.weight (written and
 	// read back by the lease) are the only CPU limits.
 	cpu := req.Resources.CPUMillis
-	if leaseSpec(rec.ContainerID, rec.Resources, r.n.cfg.BootCPUMillis).BootCPUMillis > 0 {
+	if leaseSpec(rec.ContainerID, rec.Resources, r.n.cfg.BootCPUMillis, rec.RuntimePIDs).BootCPUMillis > 0 {
 		cpu = 0
 	}
 	oci, err := runsc.BuildSpec(runsc.BundleSpec{
 		ContainerID: rec.ContainerID, RootPath: c.root, Hostname: rec.ID, NetnsPath: c.nsPath,
 		CgroupsPath: r.n.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: cpu,
-		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
+		MemoryBytes: req.Resources.MemoryBytes, PIDs: rec.Resources.PIDs + rec.RuntimePIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
 		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj, ResolvConf: resolv, Agent: r.n.agentSpec(rec),
 		Binds: c.binds,
