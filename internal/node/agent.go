@@ -247,6 +247,9 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 // log said last, for a readiness failure's message.
 func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 	var parts []string
+	if s, err := runsc.PanicSummary(filepath.Join(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.PanicName), 4, 1024); err == nil && s != "" {
+		parts = append(parts, fmt.Sprintf("runsc panic log: %q", s))
+	}
 	if st, err := n.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
 		if st.OOMKills > 0 {
 			parts = append(parts, fmt.Sprintf("OOM-killed %d time(s) at memory.max %d bytes", st.OOMKills, rec.Resources.MemoryBytes))
