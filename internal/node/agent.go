@@ -56,6 +56,7 @@ func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
 	dir := n.agentSockDir(rec.ContainerID)
 	return &client.Client{
 		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout, StreamIdle: n.cfg.AgentStreamIdle,
+		ListBudget: n.cfg.AgentListBytes,
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			c, err := DialInDir(ctx, dir, runsc.AgentSocket)
 			if err != nil || n.d.AgentPeers == nil {

@@ -85,6 +85,10 @@ type Config struct {
 	// AgentStreamIdle bounds each wait of a file stream through an agent
 	// (0: client.DefaultStreamIdle).
 	AgentStreamIdle time.Duration
+	// AgentListBytes bounds the bytes of one directory listing through an
+	// agent (0: client.DefaultListBudget); ctld's MemoryMax is sized
+	// from it (docs/operations.md).
+	AgentListBytes int64
 	// ExecTimeoutDefault is the timeout of an exec or session that names
 	// none (0: none); ExecIdle ends a non-TTY exec or session after that
 	// long with no output and no input (0: none). See agentcalls.go.

@@ -93,10 +93,16 @@ func memCgroup(t *testing.T, high, limit int64) string {
 // per-sandbox limits let in. ctld stays under its MemoryMax (never OOM,
 // never at max), every flood call fails with a bound, another sandbox's
 // execs keep answering throughout, and both releases are clean.
+// CTLD_MEMCAP_LIST_BYTES sets ctld's --max-list-bytes (a raised listing
+// budget shows the test failing without that bound).
 func TestCtldUnderMemoryMaxWithHostileAgent(t *testing.T) {
 	const memHigh, memMax = 384 << 20, 512 << 20
 	flood := 60 * time.Second
 	e := newEnv(t)
+	if v := os.Getenv("CTLD_MEMCAP_LIST_BYTES"); v != "" {
+		e.args = append(e.args, "--max-list-bytes", v)
+		t.Logf("ctld's listing budget raised to %s bytes", v)
+	}
 	cg := memCgroup(t, memHigh, memMax)
 	t.Cleanup(func() {
 		// ctld first: the cgroup empties with it.
