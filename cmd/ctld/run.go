@@ -53,10 +53,14 @@ type runOpts struct {
 	agentBinary string
 	// agentStreamIdle bounds each wait of a file stream on a guest agent.
 	agentStreamIdle time.Duration
+	// agentListBytes bounds one directory listing through a guest agent.
+	agentListBytes int64
 	// readyTimeout bounds a new guest's readiness proof; bootCPU is its
 	// CPU allowance until then (node.Config).
 	readyTimeout time.Duration
 	bootCPU      int64
+	// runtimePIDs is each lease's pids.max on top of its claim's PIDs.
+	runtimePIDs int64
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
@@ -96,6 +100,12 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if o.bootCPU != 0 && (o.bootCPU < lease.MinCPUMillis || o.bootCPU > lease.MaxCPUMillis) {
 				return usagef("--boot-cpu-millis must be 0 or between %d and %d, got %d", lease.MinCPUMillis, lease.MaxCPUMillis, o.bootCPU)
+			}
+			if o.agentListBytes < 1<<20 {
+				return usagef("--max-list-bytes must be at least 1 MiB, got %d", o.agentListBytes)
+			}
+			if o.runtimePIDs < 0 || o.runtimePIDs > node.MaxRuntimePIDs {
+				return usagef("--runtime-pids must be between 0 and %d, got %d", node.MaxRuntimePIDs, o.runtimePIDs)
 			}
 			if o.readyTimeout <= 0 {
 				return usagef("--ready-timeout must be positive, got %v", o.readyTimeout)
@@ -167,8 +177,10 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.defaultDisk, "default-disk-bytes", 1<<30, "disk lease of a claim that names no resources.disk_bytes")
 	f.Uint32Var(&o.diskProjBase, "disk-project-base", node.DefaultDiskProjects.Base, "first of the project ids ctld owns on the scratch filesystem (it owns 2^20)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "the static ctl-agent every guest runs as its init (default: ctl-agent beside the ctld executable)")
+	f.Int64Var(&o.agentListBytes, "max-list-bytes", client.DefaultListBudget, "bytes one directory listing through a guest agent may cost (names, link targets and 128 per entry); past it the listing fails as too large (ctld's MemoryMax is sized from it)")
 	f.DurationVar(&o.agentStreamIdle, "agent-stream-idle", client.DefaultStreamIdle, "how long a file read or write through a guest agent may stall (no next frame, no intake, no answer once sent) before it fails")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", node.DefaultReadyTimeout, "how long a new guest's agent has to answer the readiness proof after runsc start before the claim is rolled back")
+	f.Int64Var(&o.runtimePIDs, "runtime-pids", node.DefaultRuntimePIDs, "tasks each lease's pids.max allows on top of its claim's PIDs, for the runtime's own threads (gVisor's sentry and gofer, ptrace's stubs); counted in the node's PIDs capacity")
 	f.Int64Var(&o.bootCPU, "boot-cpu-millis", 1000, "a new guest's CPU limit (cpu.max) from its lease until its readiness proof, when its claim asks for less: runsc's boot is not the workload's (0: boot inside the claim's share)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
 	f.IntVar(&o.maxClaims, "max-concurrent-claims", 8, "claims running at once; beyond it a claim is answered unavailable with a retry hint")
@@ -544,9 +556,11 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Carriers:           o.net.carriers,
 		AgentBinary:        agentBin,
 		AgentStreamIdle:    o.agentStreamIdle,
+		AgentListBytes:     o.agentListBytes,
 		ExecTimeoutDefault: o.execTimeoutDefault, ExecIdle: o.execIdle,
 		ReadyTimeout:  o.readyTimeout,
 		BootCPUMillis: o.bootCPU,
+		RuntimePIDs:   o.runtimePIDs,
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.

@@ -27,6 +27,10 @@ import (
 const (
 	InitName  = "init.log"  // the guest's init stdout and stderr
 	RunscName = "runsc.log" // runsc's --log for the container
+	// PanicName is runsc's --panic-log for the container: where the
+	// sandbox (sentry) and gofer write a Go panic or fatal error (their
+	// stderr is /dev/null, and --log gets only runsc's own messages).
+	PanicName = "panic.log"
 	// OldSuffix names the previous half of a log.
 	OldSuffix = ".1"
 )

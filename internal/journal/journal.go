@@ -228,10 +228,16 @@ type Sandbox struct {
 	ContainerID   string    `json:"container_id,omitempty"`
 	LeaseID       string    `json:"lease_id,omitempty"`
 	Resources     Resources `json:"resources"`
-	RootFS        RootFS    `json:"rootfs"`
-	Epoch         uint64    `json:"epoch"`
-	CreatedAt     time.Time `json:"created_at"`
-	Timings       Timings   `json:"timings"`
+	// RuntimePIDs is the node's allowance for the runtime's own tasks
+	// (the sentry's and gofer's threads, ptrace's stubs) that the lease's
+	// pids.max holds on top of Resources.PIDs, the workload's. Kept with
+	// the generation so the ledger counts what each lease really got, also
+	// after the node's setting changed.
+	RuntimePIDs int64     `json:"runtime_pids,omitempty"`
+	RootFS      RootFS    `json:"rootfs"`
+	Epoch       uint64    `json:"epoch"`
+	CreatedAt   time.Time `json:"created_at"`
+	Timings     Timings   `json:"timings"`
 	// ReleaseTimings is set once a teardown of this generation ran.
 	ReleaseTimings *ReleaseTimings `json:"release_timings,omitempty"`
 	Reason         string          `json:"reason,omitempty"`

@@ -57,6 +57,7 @@ func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
 	dir := n.agentSockDir(rec.ContainerID)
 	return &client.Client{
 		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout, StreamIdle: n.cfg.AgentStreamIdle,
+		ListBudget: n.cfg.AgentListBytes,
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			c, err := DialInDir(ctx, dir, runsc.AgentSocket)
 			if err != nil || n.d.AgentPeers == nil {
@@ -242,19 +243,23 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
 }
 
-// bootState says how a guest that never became ready fared in its lease
-// (OOM kills, memory peak, CPU used and throttling) and what runsc's log
-// said last (a sentry's panic or fatal error is there, not in the init's
-// output), for a readiness failure's message.
+// bootState says how a guest that never became ready fared: what its
+// sandbox or gofer wrote to its panic log (a Go panic or fatal error, such
+// as a thread refused at pids.max), how it fared in its lease (OOM kills,
+// forks refused, memory peak, CPU used and throttling) and what runsc's
+// log said last, for a readiness failure's message.
 func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 	var parts []string
+	if s, err := runsc.PanicSummary(filepath.Join(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.PanicName), 4, 1024); err == nil && s != "" {
+		parts = append(parts, fmt.Sprintf("runsc panic log: %q", s))
+	}
 	if st, err := n.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
 		if st.OOMKills > 0 {
 			parts = append(parts, fmt.Sprintf("OOM-killed %d time(s) at memory.max %d bytes", st.OOMKills, rec.Resources.MemoryBytes))
 		}
 		if st.PIDsMaxEvents > 0 {
 			// Threads count: the sentry's, the gofer's and ptrace's stubs.
-			parts = append(parts, fmt.Sprintf("%d forks refused at pids.max %d", st.PIDsMaxEvents, rec.Resources.PIDs))
+			parts = append(parts, fmt.Sprintf("%d forks refused at pids.max %d", st.PIDsMaxEvents, rec.Resources.PIDs+rec.RuntimePIDs))
 		}
 		parts = append(parts, fmt.Sprintf("lease: %d processes, %d tasks, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
 			st.Procs, st.PIDsCurrent, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))

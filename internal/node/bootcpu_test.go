@@ -16,9 +16,9 @@ import (
 // allowance boots at the allowance (runsc's boot is not the workload's: a
 // boot throttled to a small share took minutes and missed its readiness
 // bound), and its lease is back at the claim's share before the generation
-// is published ready; the OCI spec then carries no CPU limit, which runsc
-// would write into the lease at create and so end the allowance before
-// the boot.
+// is published ready. The OCI spec carries the claim's CPU limit: runsc
+// leaves the lease it did not create alone (lease's
+// TestKernelRunscPrecreatedLease), so the spec cannot end the allowance.
 func TestBootCPUAllowance(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -61,9 +61,9 @@ func TestBootCPUAllowance(t *testing.T) {
 			if err := json.Unmarshal(b, &spec); err != nil {
 				t.Fatal(err)
 			}
-			hasCPU := spec.Linux != nil && spec.Linux.Resources != nil && spec.Linux.Resources.CPU != nil
-			if hasCPU == tc.lowered {
-				t.Fatalf("OCI spec has CPU limits: %v, want %v", hasCPU, !tc.lowered)
+			cpu := spec.Linux.Resources.CPU
+			if cpu == nil || cpu.Quota == nil || *cpu.Quota != tc.claim*100 {
+				t.Fatalf("OCI spec CPU %+v, want the claim's quota %d", cpu, tc.claim*100)
 			}
 			r.mustRelease(sb, "op2", 1)
 			r.checkClean("after release")

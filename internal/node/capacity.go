@@ -93,9 +93,11 @@ func readInt(path string) (int64, error) {
 	return v, nil
 }
 
-// held is what a record holds: its resources and its address block.
+// held is what a record holds: its resources (its lease's pids.max counts
+// the runtime's allowance too) and its address block.
 func held(s journal.Sandbox) Capacity {
 	c := asCapacity(s.Resources)
+	c.PIDs += s.RuntimePIDs
 	if s.Slot != 0 {
 		c.Addresses = 1
 	}

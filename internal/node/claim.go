@@ -46,7 +46,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	cid := containerID(id, req.Generation)
 	// Everything that can be refused is refused here, before the journal:
 	// a bad request must never become a record and a rollback.
-	if err := leaseSpec(cid, req.Resources, n.cfg.BootCPUMillis).Validate(); err != nil {
+	if err := leaseSpec(cid, req.Resources, n.cfg.BootCPUMillis, n.cfg.RuntimePIDs).Validate(); err != nil {
 		return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
 	pol, err := n.parsePolicy(req.Network)
@@ -98,6 +98,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 		Resources: reqRec.Resources, RootFS: reqRec.RootFS, Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(),
 		ClaimOp: req.OperationID, Nonce: nonce, Netns: cid, Bundle: n.bundleDir(cid), Request: &reqRec,
 	}
+	rec.RuntimePIDs = n.cfg.RuntimePIDs
 	op := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpClaim, SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("claim", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
@@ -230,7 +231,10 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), req.Resources); !ok {
+	// The lease's pids.max, the runtime's allowance with the claim's.
+	need := rec.Resources
+	need.PIDs += rec.RuntimePIDs
+	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), need); !ok {
 		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
 	}
 	if err := admitVolumes(all, rec); err != nil {
@@ -264,8 +268,10 @@ func effects(tab []entry, c *claimState) []op.Effect {
 	return out
 }
 
-func leaseSpec(cid string, r journal.Resources, bootCPU int64) lease.Spec {
-	s := lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs, Cpuset: r.Cpuset}
+// leaseSpec is a generation's lease: its claim's resources, the boot CPU
+// allowance, and pids.max with the runtime's allowance on top.
+func leaseSpec(cid string, r journal.Resources, bootCPU, runtimePIDs int64) lease.Spec {
+	s := lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs + runtimePIDs, Cpuset: r.Cpuset}
 	if bootCPU > r.CPUMillis {
 		s.BootCPUMillis = bootCPU
 	}
@@ -304,7 +310,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	// The boot allowance ends before the generation is published: a ready
 	// generation always runs at its claim's share. (A takeover rolls back
 	// a claim still at its allowance.)
-	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis); spec.BootCPUMillis > 0 {
+	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis, rec.RuntimePIDs); spec.BootCPUMillis > 0 {
 		if err := n.d.Leases.SetCPUMax(ctx, rec.LeaseID, spec.CPUMillis); err != nil {
 			return journal.Sandbox{}, fmt.Errorf("end the boot CPU allowance: %w", err)
 		}

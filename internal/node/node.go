@@ -74,12 +74,23 @@ type Config struct {
 	// is ctld's and runsc's work, not the workload's. 0: boots run inside
 	// the claim's share.
 	BootCPUMillis int64
+	// RuntimePIDs is added to every new lease's pids.max on top of the
+	// claim's PIDs, which are the workload's: the lease also holds the
+	// runtime's own tasks (the sentry's and gofer's threads, ptrace's
+	// stub threads), whose number rises on a slow node. It is recorded
+	// with the generation (journal.Resources.RuntimePIDs) and counted in
+	// the capacity ledger. 0: none.
+	RuntimePIDs int64
 	// AgentCallTimeout bounds an agent call that is not a stream (ready,
 	// stat, list, mkdir, remove, rename; 0: the client's 10 s).
 	AgentCallTimeout time.Duration
 	// AgentStreamIdle bounds each wait of a file stream through an agent
 	// (0: client.DefaultStreamIdle).
 	AgentStreamIdle time.Duration
+	// AgentListBytes bounds the bytes of one directory listing through an
+	// agent (0: client.DefaultListBudget); ctld's MemoryMax is sized
+	// from it (docs/operations.md).
+	AgentListBytes int64
 	// ExecTimeoutDefault is the timeout of an exec or session that names
 	// none (0: none); ExecIdle ends a non-TTY exec or session after that
 	// long with no output and no input (0: none). See agentcalls.go.

@@ -153,7 +153,7 @@ func (cgroupResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindCgroup, Phase: resource.PhaseLease, Check: "cgroup_removed", Sweeps: true}
 }
 func (r cgroupResource) Make(ctx context.Context, c *claimState) error {
-	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources, r.n.cfg.BootCPUMillis)); err != nil {
+	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources, r.n.cfg.BootCPUMillis, c.rec.RuntimePIDs)); err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}
 	return nil
@@ -344,18 +344,13 @@ func (r bundleResource) Make(_ context.Context, c *claimState) error {
 			return err
 		}
 	}
-	// A spec's CPU limits are runsc's to write into the cgroup (it does
-	// for a cgroup it creates), which could end a boot allowance before
-	// the boot: with one, the lease's cpu.max and cpu.weight (written and
-	// read back by the lease) are the only CPU limits.
-	cpu := req.Resources.CPUMillis
-	if leaseSpec(rec.ContainerID, rec.Resources, r.n.cfg.BootCPUMillis).BootCPUMillis > 0 {
-		cpu = 0
-	}
+	// The spec's resources are the lease's, for the record: runsc
+	// (20221219) leaves a cgroup it did not create alone, so they never
+	// end a boot CPU allowance (lease's TestKernelRunscPrecreatedLease).
 	oci, err := runsc.BuildSpec(runsc.BundleSpec{
 		ContainerID: rec.ContainerID, RootPath: c.root, Hostname: rec.ID, NetnsPath: c.nsPath,
-		CgroupsPath: r.n.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: cpu,
-		MemoryBytes: req.Resources.MemoryBytes, PIDs: req.Resources.PIDs,
+		CgroupsPath: r.n.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: req.Resources.CPUMillis,
+		MemoryBytes: req.Resources.MemoryBytes, PIDs: rec.Resources.PIDs + rec.RuntimePIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
 		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj, ResolvConf: resolv, Agent: r.n.agentSpec(rec),
 		Binds: c.binds,

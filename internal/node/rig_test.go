@@ -81,8 +81,8 @@ type testKernel struct {
 	// resources, when set, replace every claim's (the VM's guests need
 	// more CPU than a lease of 0.2 CPU to boot in seconds under TCG).
 	resources *journal.Resources
-	// bootCPU is Config.BootCPUMillis.
-	bootCPU int64
+	// bootCPU is Config.BootCPUMillis; runtimePIDs Config.RuntimePIDs.
+	bootCPU, runtimePIDs int64
 	// Block mode (nil: the node has none); blockMode makes every claim a
 	// block-mode one (its disk lease the template's device size).
 	block       BlockDevices
@@ -264,7 +264,7 @@ func (r *rig) boot() (returned bool, err error) {
 		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
 		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
 		Block:       r.k.blockConfig(),
-		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU,
+		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs,
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,

@@ -141,6 +141,12 @@ func (r *Runtime) ContainerLogDir(id string) string {
 	return filepath.Join(r.logDir(), id)
 }
 
+// PanicLogFile is where container id's sandbox and gofer write a Go
+// panic or fatal error (runsc --panic-log).
+func (r *Runtime) PanicLogFile(id string) string {
+	return filepath.Join(r.ContainerLogDir(id), guestlog.PanicName)
+}
+
 // InitLogFile is where the init process of container id writes its output
 // (the current half, when InitOutput is a guestlog writer).
 func (r *Runtime) InitLogFile(id string) string {
@@ -182,6 +188,12 @@ func (r *Runtime) GlobalArgs(id string) []string {
 		"--platform=" + platform,
 		"--network=" + network,
 		"--log=" + r.logFile(id),
+	}
+	if id != "" {
+		// runsc 20221219 expands no %ID% in it: the path names the
+		// container. Only the commands that start a sandbox or gofer
+		// (create) open it; they append.
+		args = append(args, "--panic-log="+r.PanicLogFile(id))
 	}
 	if r.IgnoreCgroups {
 		args = append(args, "--ignore-cgroups")

@@ -74,16 +74,16 @@ func calls(t *testing.T, dir string) []string {
 
 func TestGlobalArgs(t *testing.T) {
 	r := &Runtime{Root: "/run/ctld/runsc"}
-	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1/runsc.log"}
+	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1/runsc.log", "--panic-log=/run/ctld/runsc.logs/c1/panic.log"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("defaults: %q, want %q", got, want)
 	}
 	r = &Runtime{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, HostUDS: "create", Debug: true}
-	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--ignore-cgroups", "--host-uds=create", "--debug", "--debug-log=/l/c1/debug/"}
+	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--panic-log=/l/c1/panic.log", "--ignore-cgroups", "--host-uds=create", "--debug", "--debug-log=/l/c1/debug/"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("all set: %q, want %q", got, want)
 	}
-	if got := r.GlobalArgs(""); got[3] != "--log=/l/runsc.log" || slices.Contains(got, "--debug") {
+	if got := r.GlobalArgs(""); got[3] != "--log=/l/runsc.log" || slices.Contains(got, "--debug") || strings.Contains(strings.Join(got, " "), "--panic-log") {
 		t.Errorf("no container: %q", got)
 	}
 }
@@ -429,5 +429,33 @@ func TestCommandEnvIsMinimal(t *testing.T) {
 	r.Env = []string{"PATH=/x"}
 	if got := r.command(context.Background(), "c1", "state", "c1").Env; !slices.Equal(got, []string{"PATH=/x"}) {
 		t.Errorf("Runtime.Env: runsc's env %q", got)
+	}
+}
+
+// PanicSummary keeps the lines that say what crashed, bounded, and falls
+// back to the first lines of a log that has none of them.
+func TestPanicSummary(t *testing.T) {
+	dir := t.TempDir()
+	write := func(s string) string {
+		p := filepath.Join(dir, "panic.log")
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if s, err := PanicSummary(filepath.Join(dir, "none"), 4, 100); s != "" || err != nil {
+		t.Fatalf("missing log: %q, %v", s, err)
+	}
+	p := write("\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 7 [running]:\n" + strings.Repeat("x.y()\n", 100000))
+	if s, err := PanicSummary(p, 4, 1000); err != nil || s != "panic: runtime error: index out of range [3] with length 3" {
+		t.Fatalf("panic: %q, %v", s, err)
+	}
+	p = write("something else\nand more\nthird\nfourth\nfifth\n")
+	if s, _ := PanicSummary(p, 2, 1000); s != "something else\nand more" {
+		t.Fatalf("no marker: %q", s)
+	}
+	p = write("fatal error: " + strings.Repeat("z", 5000) + "\n")
+	if s, _ := PanicSummary(p, 4, 100); len(s) != 103 || !strings.HasPrefix(s, "fatal error: zz") {
+		t.Fatalf("long line: %d bytes %.40q", len(s), s)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +11,6 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/ha"
-	"github.com/ctld/ctld/internal/ktest"
-	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/testutil"
 )
 
@@ -47,45 +43,7 @@ func TestGuestAgentHostileAndPrimaryKilledMidStream(t *testing.T) {
 		}
 	}
 	root := &api.User{}
-	f, err := os.Open(ktest.RequireBuilt(t, "e2e-hostileagent"))
-	if err != nil {
-		t.Fatalf("the hostile agent (vmrun builds it): %v", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WriteFileFrom(cx, "hostile", "/tmp/hostileagent", root, 0o755, f, fi.Size()); err != nil {
-		t.Fatalf("stage the hostile agent in the guest: %v", err)
-	}
-	if err := c.WriteFileFrom(cx, "hostile", "/tmp/mode", root, 0o644, strings.NewReader("garbage"), 7); err != nil {
-		t.Fatalf("write the hostile agent's mode: %v", err)
-	}
-	// Detached as in the failover test: sh forks setsid (not the group
-	// leader), whose shell leaves the agent in a session of its own.
-	sock := runsc.AgentSocketDir + "/" + runsc.AgentSocket
-	start := fmt.Sprintf(`setsid /bin/sh -c '/tmp/hostileagent %s /tmp/mode &' < /dev/null > /tmp/hostile.log 2>&1; exit $?`, sock)
-	if r, err := c.Exec(cx, "hostile", api.ExecRequest{Args: []string{"/bin/sh", "-c", start}, User: root}); err != nil || r.ExitCode != 0 {
-		t.Fatalf("start the hostile agent: %+v, %v", r, err)
-	}
-	// gVisor refuses the guest an unlink of the agent's socket (a host
-	// file; "operation not permitted"), so the test frees the name on the
-	// host and the guest's process takes it.
-	sb, err := c.Get(cx, "hostile")
-	if err != nil || sb.ContainerID == "" {
-		t.Fatalf("get hostile: %+v, %v", sb, err)
-	}
-	if err := os.Remove(filepath.Join(e.runDir, "agents", sb.ContainerID, "sock", runsc.AgentSocket)); err != nil {
-		t.Fatalf("free the agent's socket name on the host: %v", err)
-	}
-	waitFor(t, time.Minute, "the hostile agent to take the socket", func() bool {
-		_, err := c.StatFile(cx, "hostile", "/", nil)
-		return err != nil
-	}, func() string {
-		r, err := c.Exec(cx, "hostile", api.ExecRequest{Args: []string{"/bin/sh", "-c", "cat /tmp/hostile.log; ls -la " + runsc.AgentSocketDir + "; ps"}, User: root})
-		return fmt.Sprintf("stat still answered by the real agent; the guest says: %s%s %v", r.Stdout, r.Stderr, err)
-	})
+	takeOverAgent(t, e, c, cx, "hostile", "garbage")
 
 	pid := e.procs["a"].Process.Pid
 	hwm := vmHWM(t, pid)

@@ -7,6 +7,9 @@
 //	huge     up to 10 GiB of output (stdout frames to an exec, data frames to
 //	         anything else), as fast as the caller takes it
 //	silent   reads the request and never answers (holds the connection)
+//	flood    huge, but a listing is an endless run of valid entries (names
+//	         of 255 bytes, link targets of 4096), so only the caller's
+//	         budget ends it
 //
 // Build it static (CGO_ENABLED=0): it runs in the busybox template.
 //
@@ -15,6 +18,7 @@ package main
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -65,8 +69,20 @@ func serve(c net.Conn, mode string) {
 	}
 	var req wire.Request
 	_ = wire.Decode(p, &req) // a bad request is answered as badly
-	switch mode {
-	case "huge":
+	switch {
+	case mode == "flood" && req.Op == wire.OpList:
+		e := wire.Stat{Name: strings.Repeat("n", 255), Link: strings.Repeat("l", 4096), Mode: 0o777}
+		batch := make([]wire.Stat, 14) // 14 x ~4.4 KiB fits a frame
+		for i := range batch {
+			batch[i] = e
+		}
+		p, _ := json.Marshal(batch)
+		var sent int64
+		for wire.WriteFrame(c, wire.TData, p) == nil {
+			sent += int64(len(p))
+		}
+		fmt.Printf("hostileagent: listing ended after %d bytes\n", sent)
+	case mode == "huge" || mode == "flood":
 		t := wire.TData
 		if req.Op == wire.OpExec {
 			t = wire.TStdout
@@ -77,7 +93,7 @@ func serve(c net.Conn, mode string) {
 				return
 			}
 		}
-	case "silent":
+	case mode == "silent":
 		io.Copy(io.Discard, c) // until the caller gives up
 	default: // garbage
 		junk := make([]byte, 4096)
