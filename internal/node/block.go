@@ -185,7 +185,7 @@ func (r writerResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindWriter, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "nbd_quiescent", Sweeps: r.n.d.Block != nil}
 }
 
-// make takes a new writer epoch and journals it with the writer dir
+// Make takes a new writer epoch and journals it with the writer dir
 // BEFORE the writer starts (one transaction), starts the writer, and
 // journals what it attached.
 func (r writerResource) Make(ctx context.Context, c *claimState) error {
@@ -229,7 +229,7 @@ func (r writerResource) Make(ctx context.Context, c *claimState) error {
 	return nil
 }
 
-// remove stops the writer (it disconnects its device and waits for the
+// Remove stops the writer (it disconnects its device and waits for the
 // kernel to free it) and removes its dir: the generation's dirty data
 // goes with it (a release destroys; sealing is part 2's).
 func (r writerResource) Remove(ctx context.Context, rec journal.Sandbox) error {

@@ -146,7 +146,7 @@ func wanted(rec journal.Sandbox) []journal.VolumeMount {
 	return rec.Request.Volumes
 }
 
-// make attaches each of the claim's volumes: epoch journaled, writer
+// Make attaches each of the claim's volumes: epoch journaled, writer
 // started over the volume's head, device mounted on the host; the mounts
 // become the bundle's binds.
 func (r volumesResource) Make(ctx context.Context, c *claimState) error {
@@ -223,7 +223,7 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	return mnt, nil
 }
 
-// remove detaches every volume of rec: each journaled attach is sealed
+// Remove detaches every volume of rec: each journaled attach is sealed
 // and published (once), unmounted and its writer stopped; writer dirs the
 // journal does not name (a generation this journal does not know, or a
 // record that moved on) are sealed and published if their spec proves
@@ -539,7 +539,7 @@ func pathAbsent(p string) (bool, string) {
 	return false, p + " exists"
 }
 
-// list names the generations (container ids) with a volume writers dir.
+// List names the generations (container ids) with a volume writers dir.
 func (r volumesResource) List(context.Context) ([]string, error) {
 	if r.n.cfg.Block.WritersDir == "" {
 		return nil, nil
@@ -554,7 +554,7 @@ func (volumesResource) Name(rec journal.Sandbox) string {
 	return nameOf(rec)
 }
 
-// removeOrphan stops what a generation no record owns left, each volume
+// RemoveOrphan stops what a generation no record owns left, each volume
 // writer sealed and published first if its spec proves its attach
 // (sealUnrecorded).
 func (r volumesResource) RemoveOrphan(ctx context.Context, cid string) error {

@@ -202,7 +202,7 @@ func (r diskResource) Make(ctx context.Context, c *claimState) error {
 	return nil
 }
 
-// remove removes the scratch dir the claim step made (once the overlay in
+// Remove removes the scratch dir the claim step made (once the overlay in
 // it is gone, the mount entry's removal took it already), then the quota:
 // the project's limit is cleared only once nothing is charged to it.
 func (r diskResource) Remove(ctx context.Context, rec journal.Sandbox) error {
@@ -219,7 +219,7 @@ func (r diskResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check
 	return check("disk_quota_cleared", ok, d)
 }
 
-// list lists the projects of ctld's range that have a quota.
+// List lists the projects of ctld's range that have a quota.
 func (r diskResource) List(ctx context.Context) ([]string, error) {
 	pr := r.n.diskProjects()
 	qs, err := r.n.d.RootFS.DiskProjects(ctx, pr.Base, pr.Base+pr.Count)
@@ -414,7 +414,7 @@ func (r runscResource) Make(ctx context.Context, c *claimState) error {
 	return nil
 }
 
-// remove ends the guest through its lease, whose cgroup.kill takes the
+// Remove ends the guest through its lease, whose cgroup.kill takes the
 // sandbox, gofer, exec processes and log writer at once and returns when
 // the kernel says they are gone, then deletes the container:
 // runsc.Runtime.Delete finds it dead and removes runsc's state itself,
@@ -433,7 +433,7 @@ func (r runscResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Chec
 	return check("runsc_container_gone", ok, d)
 }
 
-// list reads runsc's state dir (no runsc process per container).
+// List reads runsc's state dir (no runsc process per container).
 func (r runscResource) List(context.Context) ([]string, error) {
 	return r.n.d.Runtime.Known()
 }

@@ -432,7 +432,7 @@ func TestCommandEnvIsMinimal(t *testing.T) {
 	}
 }
 
-// PanicSummary keeps the lines that say what crashed, bounded, and falls
+// TestPanicSummary: PanicSummary keeps the lines that say what crashed, bounded, and falls
 // back to the first lines of a log that has none of them.
 func TestPanicSummary(t *testing.T) {
 	dir := t.TempDir()
