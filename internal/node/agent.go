@@ -96,12 +96,12 @@ type agentResource struct {
 func (agentResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindAgent, Phase: resource.PhaseGuest, Check: "agent_dir_removed", Sweeps: true}
 }
-func (r agentResource) Make(_ context.Context, c *claimState) error {
+func (r agentResource) Make(_ context.Context, c *resource.Claim) error {
 	src := r.n.cfg.AgentBinary
 	if src == "" {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "no guest agent binary configured on this node")
 	}
-	cid := c.rec.ContainerID
+	cid := c.Rec.ContainerID
 	for _, d := range []string{r.n.agentsDir(), r.n.agentDir(cid), r.n.agentBinDir(cid), r.n.agentSockDir(cid)} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("make agent dir: %w", err)
@@ -123,7 +123,7 @@ func (r agentResource) Make(_ context.Context, c *claimState) error {
 			return fmt.Errorf("place agent binary: %w", err)
 		}
 	}
-	return writeNonce(filepath.Join(r.n.agentSockDir(cid), runsc.AgentNonce), c.rec.Nonce)
+	return writeNonce(filepath.Join(r.n.agentSockDir(cid), runsc.AgentNonce), c.Rec.Nonce)
 }
 
 // writeNonce writes the generation's nonce where its agent reads it:
@@ -161,12 +161,12 @@ func (n *Node) removeAgentDir(cid string) error {
 	return os.RemoveAll(n.agentDir(cid))
 }
 func (r agentResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
-	return pathGone("agent_dir_removed", r.n.agentDir(rec.ContainerID))
+	return resource.PathGone("agent_dir_removed", r.n.agentDir(rec.ContainerID))
 }
 func (r agentResource) List(context.Context) ([]string, error) {
-	return entryNames(r.n.agentsDir())
+	return resource.DirEntries(r.n.agentsDir())
 }
-func (agentResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (agentResource) Name(rec journal.Sandbox) string { return resource.NameOf(rec) }
 func (r agentResource) RemoveOrphan(_ context.Context, name string) error {
 	return r.n.removeAgentDir(name)
 }

@@ -188,12 +188,12 @@ func (r writerResource) Spec() resource.Spec {
 // Make takes a new writer epoch and journals it with the writer dir
 // BEFORE the writer starts (one transaction), starts the writer, and
 // journals what it attached.
-func (r writerResource) Make(ctx context.Context, c *claimState) error {
+func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 	n := r.n
 	if !n.hasBlock() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
 	}
-	rec := c.rec
+	rec := c.Rec
 	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template, rec.RootFS.ExpectHead)
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
@@ -209,7 +209,7 @@ func (r writerResource) Make(ctx context.Context, c *claimState) error {
 	if err != nil {
 		return fmt.Errorf("journal writer epoch: %w", err)
 	}
-	c.rec.Block = &b
+	c.Rec.Block = &b
 	if err := n.live(); err != nil {
 		return err
 	}
@@ -225,7 +225,7 @@ func (r writerResource) Make(ctx context.Context, c *claimState) error {
 	if err := n.putBlock(rec, &b, nil); err != nil {
 		return fmt.Errorf("journal writer device: %w", err)
 	}
-	c.rec.Block, c.device = &b, st.Device
+	c.Rec.Block, c.Device = &b, st.Device
 	return nil
 }
 
@@ -241,7 +241,7 @@ func (r writerResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 
 func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	if r.n.d.Block == nil {
-		return check("nbd_quiescent", false, errNoBlock.Error())
+		return resource.Check("nbd_quiescent", false, errNoBlock.Error())
 	}
 	dir, index := r.n.writerDir(rec), -1
 	if rec.Block != nil {
@@ -253,7 +253,7 @@ func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Che
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		ok, d = false, d+"; "+err.Error()
 	}
-	return check("nbd_quiescent", ok, d)
+	return resource.Check("nbd_quiescent", ok, d)
 }
 
 func (r writerResource) List(ctx context.Context) ([]string, error) {
@@ -282,15 +282,17 @@ func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
 
 // missing: a ready generation's writer must run, of its journaled epoch
 // (a writer of another epoch is not this generation's).
-func (r writerResource) missing(ctx context.Context, rec journal.Sandbox, _ kernelInventory) string {
-	if r.n.d.Block == nil {
-		return "writer"
-	}
-	st, err := r.n.d.Block.Check(ctx, r.n.writerDir(rec))
-	if err != nil || rec.Block == nil || st.Epoch != rec.Block.WriterEpoch {
-		return "writer"
-	}
-	return ""
+func (r writerResource) Survey(context.Context) (resource.Missing, error) {
+	return func(ctx context.Context, rec journal.Sandbox) string {
+		if r.n.d.Block == nil {
+			return "writer"
+		}
+		st, err := r.n.d.Block.Check(ctx, r.n.writerDir(rec))
+		if err != nil || rec.Block == nil || st.Epoch != rec.Block.WriterEpoch {
+			return "writer"
+		}
+		return ""
+	}, nil
 }
 
 // blockMountResource is the device's filesystem mounted as the OCI root.
@@ -300,24 +302,24 @@ func (r blockMountResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindBlockMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "mounts_gone", Sweeps: r.n.d.BlockMounts != nil}
 }
 
-func (r blockMountResource) Make(ctx context.Context, c *claimState) (err error) {
+func (r blockMountResource) Make(ctx context.Context, c *resource.Claim) (err error) {
 	n := r.n
 	if n.d.BlockMounts == nil {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "mount block root: %v", errNoBlock)
 	}
-	if c.device == "" {
-		return fmt.Errorf("mount block root: generation %d of %s has no attached device", c.rec.Generation, c.rec.ID)
+	if c.Device == "" {
+		return fmt.Errorf("mount block root: generation %d of %s has no attached device", c.Rec.Generation, c.Rec.ID)
 	}
-	if c.root, err = n.d.BlockMounts.Mount(ctx, c.rec.ContainerID, c.device); err != nil {
+	if c.Root, err = n.d.BlockMounts.Mount(ctx, c.Rec.ContainerID, c.Device); err != nil {
 		return fmt.Errorf("mount block root: %w", err)
 	}
 	// The superblock's device, so the proof checks the filesystem and
 	// not only the mount point.
-	if dev, err := n.d.BlockMounts.Superblock(c.rec.ContainerID); err == nil {
-		c.rec.RootDev = dev
+	if dev, err := n.d.BlockMounts.Superblock(c.Rec.ContainerID); err == nil {
+		c.Rec.RootDev = dev
 		err := n.d.Journal.Update(func(tx *journal.Tx) error {
-			s, ok, err := tx.Sandbox(c.rec.ID)
-			if err != nil || !ok || s.Generation != c.rec.Generation {
+			s, ok, err := tx.Sandbox(c.Rec.ID)
+			if err != nil || !ok || s.Generation != c.Rec.Generation {
 				return err
 			}
 			s.RootDev = dev
@@ -339,10 +341,10 @@ func (r blockMountResource) Remove(ctx context.Context, rec journal.Sandbox) err
 
 func (r blockMountResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	if r.n.d.BlockMounts == nil {
-		return check("mounts_gone", false, errNoBlock.Error())
+		return resource.Check("mounts_gone", false, errNoBlock.Error())
 	}
 	ok, d := r.n.d.BlockMounts.CheckGone(ctx, rec.ContainerID, rec.RootDev)
-	return check("mounts_gone", ok, d)
+	return resource.Check("mounts_gone", ok, d)
 }
 
 func (r blockMountResource) List(ctx context.Context) ([]string, error) {
@@ -356,18 +358,22 @@ func (blockMountResource) Name(rec journal.Sandbox) string {
 	if rootfsMode(rec) != journal.RootFSBlock {
 		return ""
 	}
-	return nameOf(rec)
+	return resource.NameOf(rec)
 }
 
 func (r blockMountResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.BlockMounts.Unmount(ctx, name)
 }
 
-func (blockMountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !inv.blockMounts[rec.ContainerID] {
-		return "rootfs mount"
+func (r blockMountResource) Survey(ctx context.Context) (resource.Missing, error) {
+	var mounted []string
+	if r.n.d.BlockMounts != nil {
+		var err error
+		if mounted, err = r.n.d.BlockMounts.Mounted(ctx); err != nil {
+			return nil, fmt.Errorf("list block root mounts: %w", err)
+		}
 	}
-	return ""
+	return missingUnless(resource.SetOf(mounted), resource.NameOf, "rootfs mount"), nil
 }
 
 // identifyBlock fills in the device of a writer whose start the journal

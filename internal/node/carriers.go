@@ -11,6 +11,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/resource"
 )
 
 // Warm network carriers (docs/network-design.md §8): a pool of ready
@@ -392,10 +393,19 @@ func netnsName(rec journal.Sandbox) string {
 // adoptCarriers, on a takeover, keeps the ready carriers whose netns and
 // link exist, up to the pool size, and destroys the others: half made,
 // half removed, broken, or more than this primary keeps.
-func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
+func (n *Node) adoptCarriers(ctx context.Context) error {
 	if !n.hasNet() {
 		return nil
 	}
+	netns, err := n.d.Netns.Mounted(ctx)
+	if err != nil {
+		return fmt.Errorf("list netns mounts: %w", err)
+	}
+	links, err := n.d.Links.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list sandbox links: %w", err)
+	}
+	haveNetns, haveLink := resource.SetOf(netns), resource.SetOf(links)
 	var cs []journal.Carrier
 	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
 		cs, err = tx.Carriers()
@@ -407,7 +417,7 @@ func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
 	adopted := 0
 	for _, c := range cs {
 		link := netpolicy.LinkName(netpolicy.Slot(c.Slot))
-		whole := c.State == journal.CarrierReady && inv.netns[c.Netns] && inv.links[link]
+		whole := c.State == journal.CarrierReady && haveNetns[c.Netns] && haveLink[link]
 		if whole && adopted < n.cfg.Carriers {
 			adopted++
 			continue
@@ -415,7 +425,7 @@ func (n *Node) adoptCarriers(ctx context.Context, inv kernelInventory) error {
 		if whole {
 			n.log.Info("destroying a warm carrier beyond the configured pool", "slot", c.Slot, "carriers", n.cfg.Carriers)
 		} else {
-			n.log.Warn("destroying a warm carrier that is not whole", "slot", c.Slot, "state", c.State, "netns", inv.netns[c.Netns], "link", inv.links[link])
+			n.log.Warn("destroying a warm carrier that is not whole", "slot", c.Slot, "state", c.State, "netns", haveNetns[c.Netns], "link", haveLink[link])
 		}
 		errs = append(errs, n.destroyCarrier(ctx, c))
 	}

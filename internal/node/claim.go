@@ -17,6 +17,7 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/runsc"
 )
 
@@ -255,14 +256,14 @@ func (n *Node) leftToSuccessor(log *slog.Logger, opID string, cause error) error
 func (n *Node) failOp(o journal.Operation, cause error) error { return n.ops.Fail(o, cause) }
 
 // effects are tab's entries as the runner makes them for claim c.
-func effects(tab []entry, c *claimState) []op.Effect {
+func effects(tab []entry, c *resource.Claim) []op.Effect {
 	out := make([]op.Effect, len(tab))
 	for i, r := range tab {
 		out[i] = op.Effect{Kind: r.Spec().Kind, Make: func(ctx context.Context) (func(*journal.Tx) error, error) {
 			if err := r.Make(ctx, c); err != nil {
 				return nil, err
 			}
-			return c.takeStaged(), nil
+			return c.TakeStaged(), nil
 		}}
 	}
 	return out
@@ -287,7 +288,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	start := time.Now()
 
 	// Make the generation's resources in table order, each journaled.
-	c := &claimState{rec: rec, lower: lower}
+	c := &resource.Claim{Rec: rec, Lower: lower}
 	err := n.run.MakeAll(ctx, rec, effects(n.claimTable(rec), c), func(kind journal.Kind, took time.Duration) {
 		d := ms(took)
 		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(kind), MakeMS: d})
@@ -298,7 +299,7 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	if err != nil {
 		return journal.Sandbox{}, err
 	}
-	rec, root := c.rec, c.root
+	rec, root := c.Rec, c.Root
 	step := time.Now()
 
 	// Readiness proof: the guest's agent, the init that started the

@@ -218,7 +218,7 @@ func (n *Node) registerDNS(ss []journal.Sandbox) {
 
 // noNet is the check of an entry this node or generation has no object
 // of.
-func noNet(name, why string) proof.Check { return check(name, true, why) }
+func noNet(name, why string) proof.Check { return resource.Check(name, true, why) }
 
 const (
 	noSlot      = "no address slot: no network object was made"
@@ -235,12 +235,12 @@ func (n *Node) ownedGone(name string, configured bool, rec journal.Sandbox, gone
 	o, ok, err := n.owner(rec)
 	switch {
 	case err != nil:
-		return check(name, false, err.Error())
+		return resource.Check(name, false, err.Error())
 	case !ok:
 		return noNet(name, noSlot)
 	}
 	ok, d := gone(o)
-	return check(name, ok, d)
+	return resource.Check(name, ok, d)
 }
 
 // linksResource is the veth pair: host end netpolicy.LinkName(slot)
@@ -250,15 +250,15 @@ type linksResource struct{ n *Node }
 func (r linksResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindLinks, Phase: resource.PhaseNetwork, Check: "veth_gone_address_free", Sweeps: r.n.d.Links != nil}
 }
-func (r linksResource) Make(ctx context.Context, c *claimState) error {
-	if !r.n.hasNet() || tookCarrier(c.rec) {
+func (r linksResource) Make(ctx context.Context, c *resource.Claim) error {
+	if !r.n.hasNet() || tookCarrier(c.Rec) {
 		return nil // a warm carrier's veth is made already (carriers.go)
 	}
-	o, ok, err := r.n.owner(c.rec)
+	o, ok, err := r.n.owner(c.Rec)
 	if err != nil || !ok {
-		return fmt.Errorf("make veth: %w", orNoSlot(err, c.rec))
+		return fmt.Errorf("make veth: %w", orNoSlot(err, c.Rec))
 	}
-	if err := r.n.d.Links.Make(ctx, o, c.nsPath); err != nil {
+	if err := r.n.d.Links.Make(ctx, o, c.NSPath); err != nil {
 		return fmt.Errorf("make veth: %w", err)
 	}
 	return nil
@@ -294,11 +294,15 @@ func (r linksResource) RemoveOrphan(ctx context.Context, name string) error {
 }
 
 // missing: a ready generation whose veth is gone has lost its network.
-func (r linksResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if name := r.Name(rec); name != "" && inv.links != nil && !inv.links[name] {
-		return "veth"
+func (r linksResource) Survey(ctx context.Context) (resource.Missing, error) {
+	if !r.n.hasNet() {
+		return func(context.Context, journal.Sandbox) string { return "" }, nil
 	}
-	return ""
+	links, err := r.n.d.Links.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox links: %w", err)
+	}
+	return missingUnless(resource.SetOf(links), r.Name, "veth"), nil
 }
 
 // conntrackResource is the generation's flows, marked with its slot by
@@ -311,7 +315,7 @@ type conntrackResource struct {
 func (conntrackResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindConntrack, Phase: resource.PhaseNetwork, Check: "conntrack_gone", Sweeps: false}
 }
-func (conntrackResource) Make(context.Context, *claimState) error { return nil }
+func (conntrackResource) Make(context.Context, *resource.Claim) error { return nil }
 func (r conntrackResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	if r.n.d.Flows == nil || rec.Slot == 0 {
 		return nil
@@ -327,7 +331,7 @@ func (r conntrackResource) Gone(ctx context.Context, rec journal.Sandbox) proof.
 		return noNet(name, noSlot)
 	}
 	ok, d := r.n.d.Flows.CheckGone(ctx, netpolicy.Slot(rec.Slot))
-	return check(name, ok, d)
+	return resource.Check(name, ok, d)
 }
 
 // nftResource is the generation's objects in ctld's nft table: chain,
@@ -337,15 +341,15 @@ type nftResource struct{ n *Node }
 func (r nftResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindNft, Phase: resource.PhaseNetwork, Check: "nft_gone", Sweeps: r.n.d.Firewall != nil}
 }
-func (r nftResource) Make(ctx context.Context, c *claimState) error {
+func (r nftResource) Make(ctx context.Context, c *resource.Claim) error {
 	if !r.n.hasNet() {
 		return nil
 	}
-	o, ok, err := r.n.owner(c.rec)
+	o, ok, err := r.n.owner(c.Rec)
 	if err != nil || !ok {
-		return fmt.Errorf("apply network policy: %w", orNoSlot(err, c.rec))
+		return fmt.Errorf("apply network policy: %w", orNoSlot(err, c.Rec))
 	}
-	pol, err := r.n.parsePolicy(policyOf(c.rec))
+	pol, err := r.n.parsePolicy(policyOf(c.Rec))
 	if err != nil {
 		return err
 	}
@@ -390,11 +394,15 @@ func (r nftResource) RemoveOrphan(ctx context.Context, chain string) error {
 
 // missing: without its chain a ready generation's traffic is dropped
 // (the base chain's catch-all): its network is lost.
-func (r nftResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if name := r.Name(rec); name != "" && inv.chains != nil && !inv.chains[name] {
-		return "nft chain"
+func (r nftResource) Survey(ctx context.Context) (resource.Missing, error) {
+	if !r.n.hasNet() {
+		return func(context.Context, journal.Sandbox) string { return "" }, nil
 	}
-	return ""
+	chains, err := r.n.d.Firewall.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list nft objects: %w", err)
+	}
+	return missingUnless(resource.SetOf(chains), r.Name, "nft chain"), nil
 }
 
 // dnsResource is the generation's entry in the DNS proxy's registry.
@@ -406,15 +414,15 @@ type dnsResource struct {
 func (dnsResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindDNS, Phase: resource.PhaseNetwork, Check: "dns_state_gone", Sweeps: false}
 }
-func (r dnsResource) Make(_ context.Context, c *claimState) error {
+func (r dnsResource) Make(_ context.Context, c *resource.Claim) error {
 	if r.n.d.DNSProxy == nil || !r.n.hasNet() {
 		return nil
 	}
-	o, ok, err := r.n.owner(c.rec)
+	o, ok, err := r.n.owner(c.Rec)
 	if err != nil || !ok {
-		return fmt.Errorf("register with the DNS proxy: %w", orNoSlot(err, c.rec))
+		return fmt.Errorf("register with the DNS proxy: %w", orNoSlot(err, c.Rec))
 	}
-	pol, err := r.n.parsePolicy(policyOf(c.rec))
+	pol, err := r.n.parsePolicy(policyOf(c.Rec))
 	if err != nil {
 		return err
 	}
@@ -435,9 +443,9 @@ func (r dnsResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	case rec.Slot == 0:
 		return noNet(name, noSlot)
 	case r.n.d.DNSProxy.Registered(netpolicy.Slot(rec.Slot)):
-		return check(name, false, fmt.Sprintf("slot %d is registered with the DNS proxy", rec.Slot))
+		return resource.Check(name, false, fmt.Sprintf("slot %d is registered with the DNS proxy", rec.Slot))
 	}
-	return check(name, true, fmt.Sprintf("slot %d is not registered with the DNS proxy", rec.Slot))
+	return resource.Check(name, true, fmt.Sprintf("slot %d is not registered with the DNS proxy", rec.Slot))
 }
 
 func orNoSlot(err error, rec journal.Sandbox) error {

@@ -188,7 +188,7 @@ type Node struct {
 	warm warmPool
 
 	// table is the generation's resources in claim order (resources.go).
-	table *resource.Table[*claimState]
+	table *resource.Table[*resource.Claim]
 }
 
 // New wires a node. Call Reconcile before serving.

@@ -149,9 +149,9 @@ func wanted(rec journal.Sandbox) []journal.VolumeMount {
 // Make attaches each of the claim's volumes: epoch journaled, writer
 // started over the volume's head, device mounted on the host; the mounts
 // become the bundle's binds.
-func (r volumesResource) Make(ctx context.Context, c *claimState) error {
+func (r volumesResource) Make(ctx context.Context, c *resource.Claim) error {
 	n := r.n
-	vs := wanted(c.rec)
+	vs := wanted(c.Rec)
 	if len(vs) == 0 {
 		return nil
 	}
@@ -163,14 +163,14 @@ func (r volumesResource) Make(ctx context.Context, c *claimState) error {
 		if err != nil {
 			return fmt.Errorf("attach volume %s: %w", v.ID, err)
 		}
-		c.binds = append(c.binds, runsc.Bind{Source: mnt, Destination: v.Path})
+		c.Binds = append(c.Binds, runsc.Bind{Source: mnt, Destination: v.Path})
 	}
 	return nil
 }
 
-func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.VolumeMount) (string, error) {
+func (r volumesResource) attach(ctx context.Context, c *resource.Claim, v journal.VolumeMount) (string, error) {
 	n := r.n
-	rec := c.rec
+	rec := c.Rec
 	h, err := n.d.PVolumes.Head(ctx, v.ID)
 	if err != nil {
 		return "", errdefs.Errorf(errdefs.CodeUnavailable, "head: %v", err)
@@ -189,7 +189,7 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	if err != nil {
 		return "", fmt.Errorf("journal writer epoch: %w", err)
 	}
-	setVolume(&c.rec, av)
+	setVolume(&c.Rec, av)
 	if err := n.live(); err != nil {
 		return "", err
 	}
@@ -207,7 +207,7 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	if err := n.putVolume(rec, &av, nil); err != nil {
 		return "", fmt.Errorf("journal writer device: %w", err)
 	}
-	setVolume(&c.rec, av)
+	setVolume(&c.Rec, av)
 	mnt, err := n.d.VolumeMounts.Mount(ctx, v.ID, st.Device)
 	if err != nil {
 		return "", fmt.Errorf("mount: %w", err)
@@ -219,7 +219,7 @@ func (r volumesResource) attach(ctx context.Context, c *claimState, v journal.Vo
 	if err := n.putVolume(rec, &av, nil); err != nil {
 		return "", fmt.Errorf("journal mount: %w", err)
 	}
-	setVolume(&c.rec, av)
+	setVolume(&c.Rec, av)
 	return mnt, nil
 }
 
@@ -491,13 +491,13 @@ func (r volumesResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Ch
 	}
 	if len(rec.Volumes) == 0 && len(wanted(rec)) == 0 {
 		if n.cfg.Block.WritersDir == "" {
-			return check("volumes_detached", true, "no volumes")
+			return resource.Check("volumes_detached", true, "no volumes")
 		}
 		ok, d := pathAbsent(dir)
-		return check("volumes_detached", ok, "no volumes; "+d)
+		return resource.Check("volumes_detached", ok, "no volumes; "+d)
 	}
 	if !n.hasPVolumes() {
-		return check("volumes_detached", false, "this node has no persistent volumes configured")
+		return resource.Check("volumes_detached", false, "this node has no persistent volumes configured")
 	}
 	ok := true
 	var parts []string
@@ -524,7 +524,7 @@ func (r volumesResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Ch
 	dok, dd := pathAbsent(dir)
 	ok = ok && dok
 	parts = append(parts, dd)
-	return check("volumes_detached", ok, strings.Join(parts, "; "))
+	return resource.Check("volumes_detached", ok, strings.Join(parts, "; "))
 }
 
 // pathAbsent says whether p does not exist.
@@ -544,14 +544,14 @@ func (r volumesResource) List(context.Context) ([]string, error) {
 	if r.n.cfg.Block.WritersDir == "" {
 		return nil, nil
 	}
-	return entryNames(r.n.volumesRoot())
+	return resource.DirEntries(r.n.volumesRoot())
 }
 
 func (volumesResource) Name(rec journal.Sandbox) string {
 	if len(wanted(rec)) == 0 && len(rec.Volumes) == 0 {
 		return ""
 	}
-	return nameOf(rec)
+	return resource.NameOf(rec)
 }
 
 // RemoveOrphan stops what a generation no record owns left, each volume
@@ -562,18 +562,20 @@ func (r volumesResource) RemoveOrphan(ctx context.Context, cid string) error {
 }
 
 // missing: a ready generation's volume writers must run, of their epochs.
-func (r volumesResource) missing(ctx context.Context, rec journal.Sandbox, _ kernelInventory) string {
-	if len(rec.Volumes) == 0 {
-		return ""
-	}
-	if r.n.d.Block == nil {
-		return "volume writer"
-	}
-	for _, av := range rec.Volumes {
-		st, err := r.n.d.Block.Check(ctx, av.Dir)
-		if err != nil || st.Epoch != av.WriterEpoch {
-			return "volume writer " + av.ID
+func (r volumesResource) Survey(context.Context) (resource.Missing, error) {
+	return func(ctx context.Context, rec journal.Sandbox) string {
+		if len(rec.Volumes) == 0 {
+			return ""
 		}
-	}
-	return ""
+		if r.n.d.Block == nil {
+			return "volume writer"
+		}
+		for _, av := range rec.Volumes {
+			st, err := r.n.d.Block.Check(ctx, av.Dir)
+			if err != nil || st.Epoch != av.WriterEpoch {
+				return "volume writer " + av.ID
+			}
+		}
+		return ""
+	}, nil
 }

@@ -50,7 +50,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	// per sandbox: a takeover must not pay a runsc process or a mountinfo
 	// parse per guest before it serves.
 	t0 := time.Now()
-	inv, err := n.inventory(ctx)
+	alive, err := n.survey(ctx)
 	if err != nil {
 		return err
 	}
@@ -85,7 +85,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 				errs = append(errs, err)
 				continue
 			}
-			missing := n.missing(ctx, s, inv)
+			missing := n.missing(ctx, s, alive)
 			reason := fmt.Sprintf("lost: %v gone", missing)
 			if s.State == journal.StateReady && len(missing) > 0 && !slices.ContainsFunc(missing, notWriter) {
 				// Only writers died (the root's, a volume's): the next ones
@@ -132,7 +132,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		}
 	}
 	tCheck := time.Since(t0) - tList
-	errs = append(errs, n.adoptCarriers(ctx, inv))
+	errs = append(errs, n.adoptCarriers(ctx))
 	errs = append(errs, n.removeOrphans(ctx))
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
@@ -177,70 +177,28 @@ func (n *Node) setState(id string, state journal.State, reason string) {
 	}
 }
 
-// kernelInventory is what exists, read once per reconcile.
-type kernelInventory struct {
-	containers []string        // containers with runsc state under the runsc root
-	mounts     map[string]bool // sandbox ids (container ids) whose overlay root is mounted
-	netns      map[string]bool // netns names whose namespace file is mounted
-	links      map[string]bool // host veth ends (nil: the node makes none)
-	chains     map[string]bool // generations with objects in the nft table (nil: none made)
-	// blockMounts are the container ids whose block root is mounted.
-	blockMounts map[string]bool
-}
-
-// inventory asks the subsystems (not /proc directly, so a fake kernel can
-// stand in) once per takeover: the runsc state dir, and one mount table
-// read each for the overlays and the netns files.
-func (n *Node) inventory(ctx context.Context) (kernelInventory, error) {
-	var inv kernelInventory
-	var err error
-	if inv.containers, err = n.d.Runtime.Known(); err != nil {
-		return inv, fmt.Errorf("list runsc containers: %w", err)
-	}
-	mounts, err := n.d.RootFS.Mounted(ctx)
-	if err != nil {
-		return inv, fmt.Errorf("list rootfs mounts: %w", err)
-	}
-	netns, err := n.d.Netns.Mounted(ctx)
-	if err != nil {
-		return inv, fmt.Errorf("list netns mounts: %w", err)
-	}
-	inv.mounts, inv.netns = setOf(mounts), setOf(netns)
-	if n.d.BlockMounts != nil {
-		bm, err := n.d.BlockMounts.Mounted(ctx)
-		if err != nil {
-			return inv, fmt.Errorf("list block root mounts: %w", err)
+// survey asks each liveness entry to read the kernel once (through the
+// subsystems, not /proc directly, so a fake kernel can stand in).
+func (n *Node) survey(ctx context.Context) (map[journal.Kind]resource.Missing, error) {
+	out := map[journal.Kind]resource.Missing{}
+	for _, r := range n.table.All() {
+		if l, ok := r.(resource.Liveness); ok {
+			m, err := l.Survey(ctx)
+			if err != nil {
+				return nil, err
+			}
+			out[r.Spec().Kind] = m
 		}
-		inv.blockMounts = setOf(bm)
 	}
-	if n.hasNet() {
-		links, err := n.d.Links.List(ctx)
-		if err != nil {
-			return inv, fmt.Errorf("list sandbox links: %w", err)
-		}
-		chains, err := n.d.Firewall.List(ctx)
-		if err != nil {
-			return inv, fmt.Errorf("list nft objects: %w", err)
-		}
-		inv.links, inv.chains = setOf(links), setOf(chains)
-	}
-	return inv, nil
-}
-
-func setOf(ss []string) map[string]bool {
-	m := make(map[string]bool, len(ss))
-	for _, s := range ss {
-		m[s] = true
-	}
-	return m
+	return out, nil
 }
 
 // missing lists which of a ready generation's kernel objects are gone.
-func (n *Node) missing(ctx context.Context, s journal.Sandbox, inv kernelInventory) []string {
+func (n *Node) missing(ctx context.Context, s journal.Sandbox, alive map[journal.Kind]resource.Missing) []string {
 	var out []string
 	for _, r := range slices.Backward(n.tableFor(s)) {
-		if l, ok := r.(liveness); ok {
-			if what := l.missing(ctx, s, inv); what != "" {
+		if m := alive[r.Spec().Kind]; m != nil {
+			if what := m(ctx, s); what != "" {
 				out = append(out, what)
 			}
 		}

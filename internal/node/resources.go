@@ -2,11 +2,9 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"syscall"
 
@@ -29,60 +27,18 @@ import (
 //   - reconcile asks each entry whether a ready generation's object is
 //     missing, finishes effect records no live generation owns, and sweeps
 //     the kernel for objects under ctld's names that no generation owns.
-type entry = resource.Entry[*claimState]
-
-// liveness is implemented by entries whose object is a sign of a ready
-// generation's life: missing says what of it is gone if its object is
-// ("" while it exists). One kernel read per reconcile (kernelInventory).
-type liveness interface {
-	missing(ctx context.Context, rec journal.Sandbox, inv kernelInventory) string
-}
-
-// claimState is what a claim's entries share: the generation's record,
-// and what earlier entries made for later ones.
-type claimState struct {
-	rec    journal.Sandbox
-	lower  string       // the template directory
-	root   string       // the RootFS mount point (mount)
-	nsPath string       // the netns path (netns)
-	device string       // the attached /dev/nbdX (writer, block mode)
-	binds  []runsc.Bind // the persistent volumes' host mounts (volumes)
-	// staged are journal writes an entry's make staged to commit with its
-	// done record (withDone).
-	staged []func(*journal.Tx) error
-}
-
-// withDone stages f to run in the transaction that journals the current
-// entry as done: a record of what it made costs no commit of its own.
-func (c *claimState) withDone(f func(*journal.Tx) error) { c.staged = append(c.staged, f) }
-
-// takeStaged returns the writes staged since the last call, as one.
-func (c *claimState) takeStaged() func(*journal.Tx) error {
-	staged := c.staged
-	c.staged = nil
-	if len(staged) == 0 {
-		return nil
-	}
-	return func(tx *journal.Tx) error {
-		for _, f := range staged {
-			if err := f(tx); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
+type entry = resource.Entry[*resource.Claim]
 
 // newTable is the resource table: claim order is by phase
 // (resource.Phase), then by the order of registration here.
-func newTable(n *Node) *resource.Table[*claimState] {
-	var b resource.Builder[*claimState]
+func newTable(n *Node) *resource.Table[*resource.Claim] {
+	var b resource.Builder[*resource.Claim]
 	register(&b, n)
 	return b.Table()
 }
 
 // register adds the node's entries to b.
-func register(b *resource.Builder[*claimState], n *Node) {
+func register(b *resource.Builder[*resource.Claim], n *Node) {
 	for _, e := range []entry{
 		logsResource{n: n}, // first: the log writer of runsc create needs it
 		cgroupResource{n},  // the lease every later process is charged to
@@ -111,14 +67,6 @@ func register(b *resource.Builder[*claimState], n *Node) {
 // them (see Deps.Crash): derived from the table's declared specs.
 func CrashPoints() []string { return newTable(&Node{}).CrashPoints(updateCrashPoints) }
 
-// nameOf is the common name of a generation's objects: its container id.
-func nameOf(rec journal.Sandbox) string { return rec.ContainerID }
-
-// check is a proof check from a gone result.
-func check(name string, ok bool, detail string) proof.Check {
-	return proof.Check{Name: name, OK: ok, Detail: detail}
-}
-
 type logsResource struct {
 	n *Node
 }
@@ -126,8 +74,8 @@ type logsResource struct {
 func (logsResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindLogs, Phase: resource.PhaseLease, Check: "logs_removed", Sweeps: true}
 }
-func (r logsResource) Make(_ context.Context, c *claimState) error {
-	if err := r.n.logDirs().Make(c.rec.ContainerID); err != nil {
+func (r logsResource) Make(_ context.Context, c *resource.Claim) error {
+	if err := r.n.logDirs().Make(c.Rec.ContainerID); err != nil {
 		return fmt.Errorf("make log dir: %w", err)
 	}
 	return nil
@@ -137,12 +85,12 @@ func (r logsResource) Remove(_ context.Context, rec journal.Sandbox) error {
 }
 func (r logsResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.logDirs().CheckGone(rec.ContainerID)
-	return check("logs_removed", ok, d)
+	return resource.Check("logs_removed", ok, d)
 }
 func (r logsResource) List(ctx context.Context) ([]string, error) {
 	return r.n.listLogs(ctx)
 }
-func (logsResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (logsResource) Name(rec journal.Sandbox) string { return resource.NameOf(rec) }
 func (r logsResource) RemoveOrphan(_ context.Context, name string) error {
 	return r.n.logDirs().Remove(name)
 }
@@ -152,8 +100,8 @@ type cgroupResource struct{ n *Node }
 func (cgroupResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindCgroup, Phase: resource.PhaseLease, Check: "cgroup_removed", Sweeps: true}
 }
-func (r cgroupResource) Make(ctx context.Context, c *claimState) error {
-	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.rec.ContainerID, c.rec.Resources, r.n.cfg.BootCPUMillis, c.rec.RuntimePIDs)); err != nil {
+func (r cgroupResource) Make(ctx context.Context, c *resource.Claim) error {
+	if err := r.n.d.Leases.Create(ctx, leaseSpec(c.Rec.ContainerID, c.Rec.Resources, r.n.cfg.BootCPUMillis, c.Rec.RuntimePIDs)); err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}
 	return nil
@@ -163,7 +111,7 @@ func (r cgroupResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 }
 func (r cgroupResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Leases.CheckGone(ctx, rec.LeaseID)
-	return check("cgroup_removed", ok, d)
+	return resource.Check("cgroup_removed", ok, d)
 }
 func (r cgroupResource) List(ctx context.Context) ([]string, error) {
 	return r.n.d.Leases.List(ctx)
@@ -175,11 +123,13 @@ func (r cgroupResource) RemoveOrphan(ctx context.Context, name string) error {
 
 // missing: the guest is alive while its lease cgroup is populated: runsc
 // puts the sandbox and gofer processes there, and they die together.
-func (r cgroupResource) missing(ctx context.Context, rec journal.Sandbox, _ kernelInventory) string {
-	if alive, err := r.n.d.Leases.Populated(ctx, rec.LeaseID); err != nil || !alive {
-		return "guest processes"
-	}
-	return ""
+func (r cgroupResource) Survey(context.Context) (resource.Missing, error) {
+	return func(ctx context.Context, rec journal.Sandbox) string {
+		if alive, err := r.n.d.Leases.Populated(ctx, rec.LeaseID); err != nil || !alive {
+			return "guest processes"
+		}
+		return ""
+	}, nil
 }
 
 // diskResource is the project quota that bounds the scratch dir. Its name
@@ -191,8 +141,8 @@ type diskResource struct {
 func (diskResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindDisk, Phase: resource.PhaseRootFS, Mode: journal.RootFSOverlay, Check: "disk_quota_cleared", Sweeps: true}
 }
-func (r diskResource) Make(ctx context.Context, c *claimState) error {
-	rec := c.rec
+func (r diskResource) Make(ctx context.Context, c *resource.Claim) error {
+	rec := c.Rec
 	if rec.DiskProject == 0 {
 		return fmt.Errorf("limit disk: generation %d of %s has no disk project", rec.Generation, rec.ID)
 	}
@@ -216,7 +166,7 @@ func (r diskResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 }
 func (r diskResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.RootFS.CheckDiskGone(ctx, rec.DiskProject)
-	return check("disk_quota_cleared", ok, d)
+	return resource.Check("disk_quota_cleared", ok, d)
 }
 
 // List lists the projects of ctld's range that have a quota.
@@ -248,8 +198,8 @@ type mountResource struct{ n *Node }
 func (mountResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSOverlay, Check: "mounts_gone", Sweeps: true}
 }
-func (r mountResource) Make(ctx context.Context, c *claimState) (err error) {
-	if c.root, err = r.n.d.RootFS.Mount(ctx, c.rec.ContainerID, c.lower); err != nil {
+func (r mountResource) Make(ctx context.Context, c *resource.Claim) (err error) {
+	if c.Root, err = r.n.d.RootFS.Mount(ctx, c.Rec.ContainerID, c.Lower); err != nil {
 		return fmt.Errorf("mount rootfs: %w", err)
 	}
 	return nil
@@ -259,20 +209,21 @@ func (r mountResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 }
 func (r mountResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.RootFS.CheckGone(ctx, rec.ContainerID, rec.RootDev)
-	return check("mounts_gone", ok, d)
+	return resource.Check("mounts_gone", ok, d)
 }
 func (r mountResource) List(ctx context.Context) ([]string, error) {
 	return r.n.d.RootFS.List(ctx)
 }
-func (mountResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (mountResource) Name(rec journal.Sandbox) string { return resource.NameOf(rec) }
 func (r mountResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.RootFS.Unmount(ctx, name)
 }
-func (mountResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !inv.mounts[rec.ContainerID] {
-		return "rootfs mount"
+func (r mountResource) Survey(ctx context.Context) (resource.Missing, error) {
+	mounts, err := r.n.d.RootFS.Mounted(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list rootfs mounts: %w", err)
 	}
-	return ""
+	return missingUnless(resource.SetOf(mounts), resource.NameOf, "rootfs mount"), nil
 }
 
 type netnsResource struct{ n *Node }
@@ -280,20 +231,20 @@ type netnsResource struct{ n *Node }
 func (netnsResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindNetns, Phase: resource.PhaseNetwork, Check: "netns_gone", Sweeps: true}
 }
-func (r netnsResource) Make(ctx context.Context, c *claimState) (err error) {
-	if tookCarrier(c.rec) {
+func (r netnsResource) Make(ctx context.Context, c *resource.Claim) (err error) {
+	if tookCarrier(c.Rec) {
 		// A warm carrier's netns, made before the claim (carriers.go).
-		c.nsPath = r.n.d.Netns.Path(c.rec.Netns)
-	} else if c.nsPath, err = r.n.d.Netns.Create(ctx, c.rec.ContainerID); err != nil {
+		c.NSPath = r.n.d.Netns.Path(c.Rec.Netns)
+	} else if c.NSPath, err = r.n.d.Netns.Create(ctx, c.Rec.ContainerID); err != nil {
 		return fmt.Errorf("create netns: %w", err)
 	}
 	// The overlay and the netns both exist now: journal their kernel
 	// identities (with this entry's done record), so the proof checks
 	// these objects and not only names.
 	var changed bool
-	if c.rec, changed = r.n.readIdentities(ctx, c.rec); changed {
-		rec := c.rec
-		c.withDone(func(tx *journal.Tx) error { return putIdentities(tx, rec) })
+	if c.Rec, changed = r.n.readIdentities(ctx, c.Rec); changed {
+		rec := c.Rec
+		c.WithDone(func(tx *journal.Tx) error { return putIdentities(tx, rec) })
 	}
 	return nil
 }
@@ -302,7 +253,7 @@ func (r netnsResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 }
 func (r netnsResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Netns.CheckGone(ctx, netnsName(rec), netnsID(rec))
-	return check("netns_gone", ok, d)
+	return resource.Check("netns_gone", ok, d)
 }
 func (r netnsResource) List(ctx context.Context) ([]string, error) {
 	return r.n.d.Netns.List(ctx)
@@ -311,11 +262,12 @@ func (netnsResource) Name(rec journal.Sandbox) string { return netnsName(rec) }
 func (r netnsResource) RemoveOrphan(ctx context.Context, name string) error {
 	return r.n.d.Netns.Delete(ctx, name)
 }
-func (r netnsResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !inv.netns[netnsName(rec)] {
-		return "netns"
+func (r netnsResource) Survey(ctx context.Context) (resource.Missing, error) {
+	netns, err := r.n.d.Netns.Mounted(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list netns mounts: %w", err)
 	}
-	return ""
+	return missingUnless(resource.SetOf(netns), netnsName, "netns"), nil
 }
 
 // bundleResource is the OCI bundle (config.json) runsc is created from.
@@ -326,8 +278,8 @@ type bundleResource struct {
 func (bundleResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindBundle, Phase: resource.PhaseGuest, Check: "bundle_removed", Sweeps: true}
 }
-func (r bundleResource) Make(_ context.Context, c *claimState) error {
-	rec, req := c.rec, c.rec.Request
+func (r bundleResource) Make(_ context.Context, c *resource.Claim) error {
+	rec, req := c.Rec, c.Rec.Request
 	args := req.Process.Args
 	if len(args) == 0 {
 		args = r.n.cfg.DefaultArgs
@@ -348,12 +300,12 @@ func (r bundleResource) Make(_ context.Context, c *claimState) error {
 	// (20221219) leaves a cgroup it did not create alone, so they never
 	// end a boot CPU allowance (lease's TestKernelRunscPrecreatedLease).
 	oci, err := runsc.BuildSpec(runsc.BundleSpec{
-		ContainerID: rec.ContainerID, RootPath: c.root, Hostname: rec.ID, NetnsPath: c.nsPath,
+		ContainerID: rec.ContainerID, RootPath: c.Root, Hostname: rec.ID, NetnsPath: c.NSPath,
 		CgroupsPath: r.n.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: req.Resources.CPUMillis,
 		MemoryBytes: req.Resources.MemoryBytes, PIDs: rec.Resources.PIDs + rec.RuntimePIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
 		OOMScoreAdj: r.n.cfg.GuestOOMScoreAdj, ResolvConf: resolv, Agent: r.n.agentSpec(rec),
-		Binds: c.binds,
+		Binds: c.Binds,
 	})
 	if err != nil {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)
@@ -367,32 +319,13 @@ func (r bundleResource) Remove(_ context.Context, rec journal.Sandbox) error {
 	return os.RemoveAll(r.n.bundleDir(rec.ContainerID))
 }
 func (r bundleResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
-	return pathGone("bundle_removed", r.n.bundleDir(rec.ContainerID))
+	return resource.PathGone("bundle_removed", r.n.bundleDir(rec.ContainerID))
 }
 func (r bundleResource) List(context.Context) ([]string, error) {
-	return entryNames(filepath.Join(r.n.cfg.RunDir, "bundles"))
+	return resource.DirEntries(filepath.Join(r.n.cfg.RunDir, "bundles"))
 }
 
-// pathGone is the proof check that path no longer exists.
-func pathGone(name, path string) proof.Check {
-	_, err := os.Lstat(path)
-	return check(name, errors.Is(err, os.ErrNotExist), path+" "+errString(err))
-}
-
-// entryNames lists dir's entries, sorted; none when dir is missing.
-func entryNames(dir string) ([]string, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	slices.Sort(out)
-	return out, err
-}
-func (bundleResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (bundleResource) Name(rec journal.Sandbox) string { return resource.NameOf(rec) }
 func (r bundleResource) RemoveOrphan(_ context.Context, name string) error {
 	return os.RemoveAll(r.n.bundleDir(name))
 }
@@ -403,9 +336,9 @@ type runscResource struct{ n *Node }
 func (runscResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindRunsc, Phase: resource.PhaseGuest, Check: "runsc_container_gone", Sweeps: true}
 }
-func (r runscResource) Make(ctx context.Context, c *claimState) error {
-	cid := c.rec.ContainerID
-	if err := r.n.d.Runtime.Create(ctx, cid, c.rec.Bundle); err != nil {
+func (r runscResource) Make(ctx context.Context, c *resource.Claim) error {
+	cid := c.Rec.ContainerID
+	if err := r.n.d.Runtime.Create(ctx, cid, c.Rec.Bundle); err != nil {
 		return fmt.Errorf("start container: %w", err)
 	}
 	if err := r.n.d.Runtime.Start(ctx, cid); err != nil {
@@ -430,21 +363,33 @@ func (r runscResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 }
 func (r runscResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok, d := r.n.d.Runtime.CheckGone(ctx, rec.ContainerID)
-	return check("runsc_container_gone", ok, d)
+	return resource.Check("runsc_container_gone", ok, d)
 }
 
 // List reads runsc's state dir (no runsc process per container).
 func (r runscResource) List(context.Context) ([]string, error) {
 	return r.n.d.Runtime.Known()
 }
-func (runscResource) Name(rec journal.Sandbox) string { return nameOf(rec) }
+func (runscResource) Name(rec journal.Sandbox) string { return resource.NameOf(rec) }
 func (r runscResource) RemoveOrphan(ctx context.Context, cid string) error {
 	_ = r.n.d.Runtime.Kill(ctx, cid, syscall.SIGKILL, true) // delete --force kills too; this is faster when it runs
 	return r.n.d.Runtime.Delete(ctx, cid)
 }
-func (runscResource) missing(_ context.Context, rec journal.Sandbox, inv kernelInventory) string {
-	if !slices.Contains(inv.containers, rec.ContainerID) {
-		return "runsc container"
+func (r runscResource) Survey(context.Context) (resource.Missing, error) {
+	known, err := r.n.d.Runtime.Known()
+	if err != nil {
+		return nil, fmt.Errorf("list runsc containers: %w", err)
 	}
-	return ""
+	return missingUnless(resource.SetOf(known), resource.NameOf, "runsc container"), nil
+}
+
+// missingUnless is the Missing of a survey that found the objects named in
+// set: what is gone when name(rec) is not among them.
+func missingUnless(set map[string]bool, name func(journal.Sandbox) string, what string) resource.Missing {
+	return func(_ context.Context, rec journal.Sandbox) string {
+		if n := name(rec); n != "" && !set[n] {
+			return what
+		}
+		return ""
+	}
 }

@@ -32,7 +32,7 @@ func TestTableKindsCoveredEverywhere(t *testing.T) {
 
 // checkTableCovered is the table-coverage check of table, whose crash
 // points are points.
-func checkTableCovered(t *testing.T, table *resource.Table[*claimState], points []string) {
+func checkTableCovered(t *testing.T, table *resource.Table[*resource.Claim], points []string) {
 	t.Helper()
 	var tm journal.Timings
 	phase := table.Phases(&tm)
@@ -77,8 +77,8 @@ type scratchKind struct{ made *[]string }
 func (scratchKind) Spec() resource.Spec {
 	return resource.Spec{Kind: "scratch", Phase: resource.PhaseRootFS, Check: "scratch_gone", Sweeps: true}
 }
-func (k scratchKind) Make(_ context.Context, c *claimState) error {
-	*k.made = append(*k.made, c.rec.ContainerID)
+func (k scratchKind) Make(_ context.Context, c *resource.Claim) error {
+	*k.made = append(*k.made, c.Rec.ContainerID)
 	return nil
 }
 func (k scratchKind) Remove(_ context.Context, rec journal.Sandbox) error {
@@ -95,7 +95,7 @@ func (k scratchKind) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 // holds only while the journal has no effect of its kind.
 func TestAddingAKind(t *testing.T) {
 	var made []string
-	var b resource.Builder[*claimState]
+	var b resource.Builder[*resource.Claim]
 	register(&b, &Node{})
 	b.Add(scratchKind{&made}, true) // the one registration line
 	table := b.Table()
@@ -105,13 +105,13 @@ func TestAddingAKind(t *testing.T) {
 		t.Errorf("overlay claim order %v: want scratch after the RootFS phase's entries, before the network's", got)
 	}
 
-	var ab resource.Builder[*claimState]
+	var ab resource.Builder[*resource.Claim]
 	ab.Add(scratchKind{&made}, false)
 	e := ab.Table().Kind("scratch")
 	if resource.Present(e) || e.Spec().Sweeps || e.Spec().Check != "scratch_gone" {
 		t.Fatalf("absent entry: present %v, spec %+v", resource.Present(e), e.Spec())
 	}
-	if err := e.Make(context.Background(), &claimState{}); err == nil {
+	if err := e.Make(context.Background(), &resource.Claim{}); err == nil {
 		t.Error("an absent entry made something")
 	}
 	if c := resource.AbsentCheck(e.Spec(), false); !c.OK || c.Name != "scratch_gone" {

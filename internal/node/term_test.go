@@ -45,7 +45,7 @@ func TestNoEffectAfterTermEnds(t *testing.T) {
 		fnResource{journal.KindCgroup, func() error { made++; end(); return nil }},
 		fnResource{journal.KindMount, func() error { made++; return nil }},
 	}
-	err := n.run.MakeAll(context.Background(), rec, effects(tab, &claimState{rec: rec}), func(journal.Kind, time.Duration) {})
+	err := n.run.MakeAll(context.Background(), rec, effects(tab, &resource.Claim{Rec: rec}), func(journal.Kind, time.Duration) {})
 	if !errors.Is(err, ErrTermOver) || made != 1 {
 		t.Fatalf("effect after the term: err %v, made %d times; want ErrTermOver and no second make", err, made)
 	}
@@ -79,7 +79,7 @@ type fnResource struct {
 }
 
 func (r fnResource) Spec() resource.Spec                             { return resource.Spec{Kind: r.k} }
-func (r fnResource) Make(context.Context, *claimState) error         { return r.f() }
+func (r fnResource) Make(context.Context, *resource.Claim) error     { return r.f() }
 func (fnResource) Remove(context.Context, journal.Sandbox) error     { return nil }
 func (fnResource) Gone(context.Context, journal.Sandbox) proof.Check { return proof.Check{OK: true} }
 
