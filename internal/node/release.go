@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -275,16 +274,6 @@ func (n *Node) checkGone(ctx context.Context, tab []entry, rec journal.Sandbox, 
 		p.Clean = p.Clean && c.OK
 	}
 	return p
-}
-
-func errString(err error) string {
-	switch {
-	case err == nil:
-		return "exists"
-	case os.IsNotExist(err):
-		return "absent"
-	}
-	return err.Error()
 }
 
 func failedChecks(p proof.Proof) string {
