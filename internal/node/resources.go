@@ -37,29 +37,28 @@ func newTable(n *Node) *resource.Table[*resource.Claim] {
 	return b.Table()
 }
 
-// register adds the node's entries to b.
+// register adds the node's entries to b, one line per concern. Within a
+// phase, claim order is the order here: the log dir before the lease (the
+// log writer of runsc create needs it) before the agent dir, the bundle
+// and runsc (last: the guest); the disk quota before the overlay mount
+// (the quota bounds the scratch dir before the upper is used); the writer
+// before the block mount; persistent volumes after the root (the bundle
+// binds them); the netns before the links (which need its path), the
+// conntrack flush after the nft objects that mark flows are gone, the
+// policy before the DNS entry (which adds answers to its sets).
 func register(b *resource.Builder[*resource.Claim], n *Node) {
-	for _, e := range []entry{
-		logsResource{n: n}, // first: the log writer of runsc create needs it
-		cgroupResource{n},  // the lease every later process is charged to
-		diskResource{n: n}, // the quota on the scratch dir, before the overlay upper is used
-		mountResource{n},
-		writerResource{n},     // block mode: the writer and its /dev/nbdX
-		blockMountResource{n}, // block mode: the device's filesystem as the root
-		volumesResource{n},    // persistent volumes: writers and host mounts, bound by the bundle
-		netnsResource{n},
-		linksResource{n},        // needs the netns path
-		conntrackResource{n: n}, // flushed once the nft objects that mark flows are gone
-		nftResource{n},          // the policy; removed before the links it dispatches on
-		dnsResource{n: n},       // adds answers to the nft sets: removed before them
-		agentResource{n: n},     // the guest agent's binary and socket dirs, bound by the bundle
-		bundleResource{n: n},
-		runscResource{n}, // last: the guest
-	} {
-		// The entries still check their subsystems themselves (issue 26:
-		// the concern packages register only what is configured).
-		b.Add(e, true)
+	add := func(es ...entry) {
+		for _, e := range es {
+			// The entries still check their subsystems themselves (issue
+			// 26: the concern packages register only what is configured).
+			b.Add(e, true)
+		}
 	}
+	add(logsResource{n: n}, cgroupResource{n}, agentResource{n: n}, bundleResource{n: n}, runscResource{n}) // guest
+	add(diskResource{n: n}, mountResource{n})                                                               // overlay
+	add(writerResource{n}, blockMountResource{n})                                                           // blockroot
+	add(volumesResource{n})                                                                                 // pvolume
+	add(netnsResource{n}, linksResource{n}, conntrackResource{n: n}, nftResource{n}, dnsResource{n: n})     // network
 }
 
 // CrashPoints lists every crash point of a generation's life, in the order
