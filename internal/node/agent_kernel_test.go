@@ -14,6 +14,7 @@ import (
 	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/runsc"
 	"golang.org/x/sys/unix"
 )
@@ -119,28 +120,28 @@ func TestKernelAgentSocketDirHostile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := r.n.agentSockDir(rec.ContainerID)
+	dir := r.n.guest.AgentSockDir(rec.ContainerID)
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(dir, &sfs); err != nil {
 		t.Fatal(err)
 	}
-	if mp, err := isMountPoint(dir); !mp || sfs.Type != unix.TMPFS_MAGIC || sfs.Blocks*uint64(sfs.Bsize) != DefaultAgentDirBytes || sfs.Files != DefaultAgentDirInodes {
+	if mp, err := guest.IsMountPoint(dir); !mp || sfs.Type != unix.TMPFS_MAGIC || sfs.Blocks*uint64(sfs.Bsize) != guest.DefaultAgentDirBytes || sfs.Files != guest.DefaultAgentDirInodes {
 		t.Fatalf("agent socket dir: mount point %v (%v), fs type %#x, %d bytes, %d inodes; want a tmpfs of its own of %d bytes and %d inodes",
-			mp, err, sfs.Type, sfs.Blocks*uint64(sfs.Bsize), sfs.Files, DefaultAgentDirBytes, DefaultAgentDirInodes)
+			mp, err, sfs.Type, sfs.Blocks*uint64(sfs.Bsize), sfs.Files, guest.DefaultAgentDirBytes, guest.DefaultAgentDirInodes)
 	}
 	// The guest fills it: bytes, then inodes (each loop bounded).
 	out, err := exec("dd if=/dev/zero of=/.ctl/fill bs=4096 count=1000 2>&1; echo rc=$?")
 	if err != nil || !strings.Contains(out, "rc=1") || !strings.Contains(strings.ToLower(out), "no space") {
 		t.Errorf("guest filling /.ctl: %q, %v; want ENOSPC", out, err)
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "fill")); err != nil || fi.Size() > DefaultAgentDirBytes {
-		t.Errorf("the fill on the host: %v, %v; want at most %d bytes", fi, err, DefaultAgentDirBytes)
+	if fi, err := os.Stat(filepath.Join(dir, "fill")); err != nil || fi.Size() > guest.DefaultAgentDirBytes {
+		t.Errorf("the fill on the host: %v, %v; want at most %d bytes", fi, err, guest.DefaultAgentDirBytes)
 	}
 	out, err = exec("rm /.ctl/fill; i=0; while [ $i -lt 1000 ] && touch /.ctl/f$i 2>/dev/null; do i=$((i+1)); done; echo $i; rm -f /.ctl/f*")
-	if n, _ := strconv.Atoi(out); err != nil || n < 1 || n >= DefaultAgentDirInodes {
-		t.Errorf("guest making files in /.ctl: made %q, %v; want ENOSPC before %d", out, err, DefaultAgentDirInodes)
+	if n, _ := strconv.Atoi(out); err != nil || n < 1 || n >= guest.DefaultAgentDirInodes {
+		t.Errorf("guest making files in /.ctl: made %q, %v; want ENOSPC before %d", out, err, guest.DefaultAgentDirInodes)
 	}
-	t.Logf("guest filled /.ctl: %d bytes of %d, %s files", sfs.Blocks*uint64(sfs.Bsize), DefaultAgentDirBytes, out)
+	t.Logf("guest filled /.ctl: %d bytes of %d, %s files", sfs.Blocks*uint64(sfs.Bsize), guest.DefaultAgentDirBytes, out)
 
 	// agent.sock replaced by a symlink to a host socket.
 	sock := filepath.Join(dir, runsc.AgentSocket)

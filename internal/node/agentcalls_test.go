@@ -140,6 +140,7 @@ func TestExecNodeBounds(t *testing.T) {
 	r.mustClaim(sb, claimReq("c1", 1))
 	n, ctx := r.n, context.Background()
 	n.cfg.ExecTimeoutDefault, n.cfg.ExecIdle = 90*time.Second, 300*time.Millisecond
+	n.guest = n.newGuest()
 	var out bytes.Buffer
 	if _, err := n.Exec(ctx, sb, ExecRequest{Args: []string{"timeout-ms"}}, &out, &out); err != nil || out.String() != "90000" {
 		t.Errorf("exec without a timeout: agent asked for %q ms (%v); want the node default 90000", out.String(), err)

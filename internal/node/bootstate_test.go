@@ -18,7 +18,7 @@ func TestBootStateQuotesPanicLog(t *testing.T) {
 	r.mustBoot()
 	r.mustClaim(sb, claimReq("op1", 1))
 	rec := r.sandbox(sb)
-	if s := r.n.bootState(t.Context(), rec); strings.Contains(s, "panic") {
+	if s := r.n.guest.BootState(t.Context(), rec); strings.Contains(s, "panic") {
 		t.Fatalf("boot state without a panic log: %s", s)
 	}
 	crash := "runtime: failed to create new OS thread (have 23 already; errno=11)\n" +
@@ -28,7 +28,7 @@ func TestBootStateQuotesPanicLog(t *testing.T) {
 	if err := os.WriteFile(p, []byte(crash), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := r.n.bootState(t.Context(), rec)
+	s := r.n.guest.BootState(t.Context(), rec)
 	for _, want := range []string{"runsc panic log", "failed to create new OS thread", "fatal error: newosproc"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("boot state %q lacks %q", s, want)

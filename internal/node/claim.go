@@ -15,7 +15,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
-	"github.com/ctld/ctld/internal/lease"
+	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/runsc"
@@ -47,7 +47,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	cid := containerID(id, req.Generation)
 	// Everything that can be refused is refused here, before the journal:
 	// a bad request must never become a record and a rollback.
-	if err := leaseSpec(cid, req.Resources, n.cfg.BootCPUMillis, n.cfg.RuntimePIDs).Validate(); err != nil {
+	if err := guest.LeaseSpec(cid, req.Resources, n.cfg.BootCPUMillis, n.cfg.RuntimePIDs).Validate(); err != nil {
 		return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
 	pol, err := n.parsePolicy(req.Network)
@@ -68,8 +68,8 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	var lower string
 	switch req.RootFS.Mode {
 	case journal.RootFSOverlay:
-		req.Resources = n.withDiskDefault(req.Resources)
-		if err := n.checkDisk(req.Resources); err != nil {
+		req.Resources = n.overlay.WithDiskDefault(req.Resources)
+		if err := n.overlay.CheckDisk(req.Resources); err != nil {
 			return nil, err
 		}
 		lower = filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
@@ -121,7 +121,7 @@ admit:
 				return err
 			}
 			if rootfsMode(rec) == journal.RootFSOverlay {
-				if rec.DiskProject, err = n.allocDiskProject(live); err != nil {
+				if rec.DiskProject, err = n.overlay.AllocDiskProject(live); err != nil {
 					return err
 				}
 			}
@@ -269,16 +269,6 @@ func effects(tab []entry, c *resource.Claim) []op.Effect {
 	return out
 }
 
-// leaseSpec is a generation's lease: its claim's resources, the boot CPU
-// allowance, and pids.max with the runtime's allowance on top.
-func leaseSpec(cid string, r journal.Resources, bootCPU, runtimePIDs int64) lease.Spec {
-	s := lease.Spec{ID: cid, CPUMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, PIDs: r.PIDs + runtimePIDs, Cpuset: r.Cpuset}
-	if bootCPU > r.CPUMillis {
-		s.BootCPUMillis = bootCPU
-	}
-	return s
-}
-
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) (journal.Sandbox, error) {
@@ -303,18 +293,11 @@ func (n *Node) runClaim(ctx context.Context, rec journal.Sandbox, lower string) 
 	step := time.Now()
 
 	// Readiness proof: the guest's agent, the init that started the
-	// workload, must answer with this generation's nonce.
-	nonce, err := n.awaitAgent(ctx, rec)
+	// workload, must answer with this generation's nonce; the boot CPU
+	// allowance ends before the generation is published.
+	nonce, err := n.guest.Ready(ctx, rec)
 	if err != nil {
 		return journal.Sandbox{}, err
-	}
-	// The boot allowance ends before the generation is published: a ready
-	// generation always runs at its claim's share. (A takeover rolls back
-	// a claim still at its allowance.)
-	if spec := leaseSpec(cid, rec.Resources, n.cfg.BootCPUMillis, rec.RuntimePIDs); spec.BootCPUMillis > 0 {
-		if err := n.d.Leases.SetCPUMax(ctx, rec.LeaseID, spec.CPUMillis); err != nil {
-			return journal.Sandbox{}, fmt.Errorf("end the boot CPU allowance: %w", err)
-		}
 	}
 	ready, err := n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: cid, Nonce: nonce}, func(s *journal.Sandbox) {
 		t.ProofMS = ms(time.Since(step))

@@ -25,6 +25,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/netpolicy/nft"
+	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/template"
@@ -213,7 +214,7 @@ func realText(k *testKernel) string {
 	}
 	list("disk project", ids, err)
 	dirs := []struct{ what, dir string }{{"bundle", filepath.Join(k.runDir, "bundles")}, {"logs", k.runtime.LogRoot()},
-		{"agent", filepath.Join(k.runDir, agentsDirName)}}
+		{"agent", filepath.Join(k.runDir, guest.AgentsDirName)}}
 	if k.block != nil {
 		ids, err = k.block.List(ctx)
 		list("writer", ids, err)

@@ -12,14 +12,16 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/overlay"
 )
 
 // The fake kernel is what the interfaces say.
 var (
-	_ Leases         = (*fakekernel.Leases)(nil)
-	_ RootFS         = (*fakekernel.RootFS)(nil)
+	_ guest.Leases   = (*fakekernel.Leases)(nil)
+	_ overlay.RootFS = (*fakekernel.RootFS)(nil)
 	_ Netns          = (*fakekernel.Netns)(nil)
-	_ Runtime        = (*fakekernel.Runtime)(nil)
+	_ guest.Runtime  = (*fakekernel.Runtime)(nil)
 	_ Links          = (*fakekernel.Links)(nil)
 	_ Firewall       = (*fakekernel.Firewall)(nil)
 	_ Flows          = (*fakekernel.Flows)(nil)

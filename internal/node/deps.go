@@ -2,31 +2,23 @@ package node
 
 import (
 	"context"
-	"io"
 	"net/netip"
-	"syscall"
 	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/diskquota"
 	"github.com/ctld/ctld/internal/journal"
-	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/netpolicy/nft"
 	"github.com/ctld/ctld/internal/rootfs"
-	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/writer"
 )
 
 // The real subsystems are what the interfaces below describe.
 var (
-	_ Leases  = (*lease.Manager)(nil)
-	_ RootFS  = (*rootfs.Overlay)(nil)
-	_ Netns   = (*netpolicy.Netns)(nil)
-	_ Runtime = (*runsc.Runtime)(nil)
-	_ Flows   = (*flows.Conntrack)(nil)
+	_ Netns = (*netpolicy.Netns)(nil)
+	_ Flows = (*flows.Conntrack)(nil)
 )
 
 var _ DNSProxy = (*dnsproxy.Proxy)(nil)
@@ -39,36 +31,6 @@ var _ Firewall = (*nft.Firewall)(nil)
 // define the semantics (idempotent removal, CheckGone, List by ctld name)
 // a fake must keep.
 
-// Leases makes and removes the cgroup leases of generations.
-type Leases interface {
-	Create(ctx context.Context, s lease.Spec) error
-	SetCPUMax(ctx context.Context, id string, millis int64) error
-	Remove(ctx context.Context, id string) error
-	Kill(ctx context.Context, id string) error
-	Populated(ctx context.Context, id string) (bool, error)
-	List(ctx context.Context) ([]string, error)
-	Stats(ctx context.Context, id string) (lease.Stats, error)
-	CheckGone(ctx context.Context, id string) (ok bool, detail string)
-	Dir(id string) string
-	CgroupsPath(id string) string
-}
-
-// RootFS makes the root filesystems of generations and their disk leases.
-type RootFS interface {
-	Mount(ctx context.Context, id, lower string) (root string, err error)
-	Unmount(ctx context.Context, id string) error
-	List(ctx context.Context) ([]string, error)
-	Mounted(ctx context.Context) ([]string, error)
-	Superblock(id string) (string, error)
-	CheckGone(ctx context.Context, id, dev string) (ok bool, detail string)
-	DiskBounded() error
-	LimitDisk(ctx context.Context, id string, project uint32, bytes int64) error
-	RemoveScratch(id string) error
-	UnlimitDisk(ctx context.Context, project uint32) error
-	CheckDiskGone(ctx context.Context, project uint32) (ok bool, detail string)
-	DiskProjects(ctx context.Context, from, to uint32) ([]diskquota.Quota, error)
-}
-
 // Netns makes and removes the network namespaces of generations.
 type Netns interface {
 	Create(ctx context.Context, name string) (path string, err error)
@@ -78,19 +40,6 @@ type Netns interface {
 	Path(name string) string
 	Identify(ctx context.Context, name string) (netpolicy.NSID, error)
 	CheckGone(ctx context.Context, name string, id netpolicy.NSID) (ok bool, detail string)
-}
-
-// Runtime runs the generations' guests (runsc containers).
-type Runtime interface {
-	Create(ctx context.Context, id, bundleDir string) error
-	Start(ctx context.Context, id string) error
-	Exec(ctx context.Context, id string, p runsc.ExecProcess, stdin io.Reader, stdout, stderr io.Writer) (int, error)
-	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
-	Delete(ctx context.Context, id string) error
-	Known() ([]string, error)
-	CheckGone(ctx context.Context, id string) (ok bool, detail string)
-	LogRoot() string
-	ContainerLogDir(id string) string
 }
 
 // The sandbox network (issue 8, docs/network-design.md). Each interface is

@@ -38,11 +38,12 @@ func logsNode(t *testing.T, state journal.State) (*Node, *guestlog.Ring) {
 	t.Helper()
 	n := testNode(t)
 	n.d.Runtime = &runsc.Runtime{Root: filepath.Join(t.TempDir(), "runsc")}
+	n.guest = n.newGuest()
 	rec := journal.Sandbox{ID: "sb", Generation: 2, State: state, ContainerID: "sb-g2"}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.logDirs().Make("sb-g2"); err != nil {
+	if err := (guestlog.Dirs{Root: n.d.Runtime.LogRoot()}).Make("sb-g2"); err != nil {
 		t.Fatal(err)
 	}
 	r := &guestlog.Ring{Dir: n.d.Runtime.ContainerLogDir("sb-g2"), Name: guestlog.InitName, Max: guestlog.MinMax}

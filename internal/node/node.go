@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -23,7 +22,9 @@ import (
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -108,10 +109,10 @@ type Deps struct {
 	Answers  Answers
 	Identity proof.Identity
 	Epoch    uint64
-	Leases   Leases  // *lease.Manager
-	RootFS   RootFS  // *rootfs.Overlay
-	Netns    Netns   // *netpolicy.Netns
-	Runtime  Runtime // *runsc.Runtime
+	Leases   guest.Leases   // *lease.Manager
+	RootFS   overlay.RootFS // *rootfs.Overlay
+	Netns    Netns          // *netpolicy.Netns
+	Runtime  guest.Runtime  // *runsc.Runtime
 	// The sandbox network (network.go). With a Pool, every generation
 	// gets an address slot; with Links and Firewall also a veth and its
 	// nft objects (deny_all too, so a live update can open it). A node
@@ -147,9 +148,10 @@ type Deps struct {
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr
 	// AgentDirs and AgentPeers confine each generation's agent socket
-	// dir and check its peer (agentsock.go); nil: neither (fake kernel).
-	AgentDirs  AgentDirs
-	AgentPeers AgentPeers
+	// dir and check its peer (guest/agentsock.go); nil: neither (fake
+	// kernel).
+	AgentDirs  guest.AgentDirs
+	AgentPeers guest.AgentPeers
 	Logger     *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total Capacity
@@ -189,6 +191,10 @@ type Node struct {
 
 	// table is the generation's resources in claim order (resources.go).
 	table *resource.Table[*resource.Claim]
+
+	// guest and overlay are the concerns (internal/node/guest, overlay).
+	guest   *guest.Guest
+	overlay *overlay.Overlay
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -214,8 +220,23 @@ func New(cfg Config, d Deps) *Node {
 	if d.Pool.V4.IsValid() && d.Total.Addresses == 0 {
 		n.d.Total.Addresses = int64(d.Pool.Len())
 	}
+	n.guest = n.newGuest()
+	n.overlay = overlay.New(overlay.Config{DefaultDiskBytes: cfg.DefaultDiskBytes, DiskProjects: cfg.DiskProjects}, d.RootFS)
 	n.table = newTable(n)
 	return n
+}
+
+// newGuest is the guest concern over the node's config and deps.
+func (n *Node) newGuest() *guest.Guest {
+	c := n.cfg
+	return guest.New(guest.Config{
+		RunDir: c.RunDir, DefaultArgs: c.DefaultArgs, GuestOOMScoreAdj: c.GuestOOMScoreAdj, AgentBinary: c.AgentBinary,
+		ReadyTimeout: c.ReadyTimeout, BootCPUMillis: c.BootCPUMillis, AgentCallTimeout: c.AgentCallTimeout,
+		AgentStreamIdle: c.AgentStreamIdle, AgentListBytes: c.AgentListBytes, ExecTimeoutDefault: c.ExecTimeoutDefault, ExecIdle: c.ExecIdle,
+	}, guest.Deps{
+		Leases: n.d.Leases, Runtime: n.d.Runtime, AgentDirs: n.d.AgentDirs, AgentPeers: n.d.AgentPeers,
+		Nameservers: guest.NameserversFunc(n.guestNameservers), Begin: n.begin, Live: n.live, Sandbox: n.sandbox, Log: n.log,
+	})
 }
 
 // unjournaledFound notes and logs an object that exists although no effect
@@ -241,7 +262,7 @@ func (n *Node) crash(point string) { n.run.Crash(point) }
 // names of a generation's kernel objects, all derived from validated ids.
 func containerID(id string, gen uint64) string { return names.Generation(id, gen) }
 
-func (n *Node) bundleDir(cid string) string { return filepath.Join(n.cfg.RunDir, "bundles", cid) }
+func (n *Node) bundleDir(cid string) string { return guest.BundleDir(n.cfg.RunDir, cid) }
 
 func newNonce() (string, error) {
 	b := make([]byte, 16)

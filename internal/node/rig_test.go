@@ -20,6 +20,8 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -33,13 +35,13 @@ import (
 
 // testKernel is what the cases need of a kernel.
 type testKernel struct {
-	leases  Leases
-	rootfs  RootFS
+	leases  guest.Leases
+	rootfs  overlay.RootFS
 	netns   Netns
-	runtime Runtime
+	runtime guest.Runtime
 	// The agent socket dirs' tmpfs and peer check (nil: none).
-	agentDirs  AgentDirs
-	agentPeers AgentPeers
+	agentDirs  guest.AgentDirs
+	agentPeers guest.AgentPeers
 	// The sandbox network (nil: the node makes none).
 	links    Links
 	firewall Firewall

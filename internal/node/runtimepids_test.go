@@ -9,6 +9,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/guest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -18,7 +19,7 @@ import (
 // PIDs fit only without the allowance is refused, and a release returns
 // all of it. The record keeps the allowance it was given.
 func TestRuntimePIDsAllowance(t *testing.T) {
-	if s := leaseSpec("c", journal.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 32}, 0, 64); s.PIDs != 96 {
+	if s := guest.LeaseSpec("c", journal.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 32}, 0, 64); s.PIDs != 96 {
 		t.Fatalf("lease pids.max %d, want 96 (32 and the runtime's 64)", s.PIDs)
 	}
 	tk, _ := fakeKernel(t)

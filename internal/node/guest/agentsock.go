@@ -1,4 +1,4 @@
-package node
+package guest
 
 import (
 	"bufio"
@@ -30,7 +30,7 @@ import (
 //     that same generation, so it passes, and only reaches that guest.
 
 // AgentDirs makes each generation's agent socket directory a small file
-// system of its own. nil (the fake kernel): a plain directory.
+// system of its own. PlainDirs (the fake kernel): a plain directory.
 type AgentDirs interface {
 	// Mount mounts it on dir (made by the caller); already mounted is
 	// success.
@@ -40,13 +40,30 @@ type AgentDirs interface {
 }
 
 // AgentPeers checks that the process at the other end of an agent
-// connection is the generation's. nil (the fake kernel, whose agents run
-// in the test process): no check.
+// connection is the generation's. AnyPeer (the fake kernel, whose agents
+// run in the test process): no check.
 type AgentPeers interface {
 	// CheckPeer returns nil if pid runs in the cgroup cgroupsPath (as
 	// /proc/<pid>/cgroup names it) or below it.
 	CheckPeer(pid int32, cgroupsPath string) error
 }
+
+// PlainDirs leaves agent socket dirs plain directories (no file system
+// of their own): the fake kernel's.
+type PlainDirs struct{}
+
+// Mount implements AgentDirs: nothing to mount.
+func (PlainDirs) Mount(string) error { return nil }
+
+// Unmount implements AgentDirs: nothing to unmount.
+func (PlainDirs) Unmount(string) error { return nil }
+
+// AnyPeer accepts every agent peer: the fake kernel's, whose agents run in
+// the test process.
+type AnyPeer struct{}
+
+// CheckPeer implements AgentPeers: no check.
+func (AnyPeer) CheckPeer(int32, string) error { return nil }
 
 // Defaults of TmpfsAgentDirs: the directory holds the nonce (at most 256
 // bytes, removed by the agent) and the socket; a page or two of data and
@@ -77,7 +94,7 @@ func (t TmpfsAgentDirs) Options() string {
 
 // Mount implements AgentDirs.
 func (t TmpfsAgentDirs) Mount(dir string) error {
-	if mounted, err := isMountPoint(dir); err != nil {
+	if mounted, err := IsMountPoint(dir); err != nil {
 		return fmt.Errorf("mount agent dir: %w", err)
 	} else if mounted {
 		return nil
@@ -106,9 +123,9 @@ func (TmpfsAgentDirs) Unmount(dir string) error {
 	}
 }
 
-// isMountPoint reports whether dir is the root of a mount (its mount id
+// IsMountPoint reports whether dir is the root of a mount (its mount id
 // differs from its parent's).
-func isMountPoint(dir string) (bool, error) {
+func IsMountPoint(dir string) (bool, error) {
 	id := func(p string) (uint64, error) {
 		var st unix.Statx_t
 		if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {

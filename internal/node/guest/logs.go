@@ -1,4 +1,4 @@
-package node
+package guest
 
 import (
 	"context"
@@ -26,10 +26,10 @@ const followPoll = 200 * time.Millisecond
 // generation still runs.
 const followStateEvery = time.Second
 
-func (n *Node) logDirs() guestlog.Dirs { return guestlog.Dirs{Root: n.d.Runtime.LogRoot()} }
+func (g *Guest) logDirs() guestlog.Dirs { return guestlog.Dirs{Root: g.d.Runtime.LogRoot()} }
 
-func (n *Node) listLogs(context.Context) ([]string, error) {
-	return n.logDirs().List(func(s string) bool { _, _, ok := names.ParseGeneration(s); return ok })
+func (g *Guest) listLogs(context.Context) ([]string, error) {
+	return g.logDirs().List(func(s string) bool { _, _, ok := names.ParseGeneration(s); return ok })
 }
 
 // running is whether a generation in this state still has a guest that
@@ -62,8 +62,8 @@ type LogsEnd struct {
 // Logs writes the current generation's log to w, and with req.Follow
 // what the guest writes after, until the generation ends, nothing comes
 // for req.IdleSec, the node hands over, or the client goes away.
-func (n *Node) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer) (LogsEnd, error) {
-	s, err := n.sandbox(id)
+func (g *Guest) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer) (LogsEnd, error) {
+	s, err := g.sandbox(id)
 	if err != nil {
 		return LogsEnd{}, err
 	}
@@ -71,7 +71,7 @@ func (n *Node) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer
 	if !s.Holds() && !s.Withheld {
 		return end, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q generation %d is %s: its log files were removed with it", id, s.Generation, s.State)
 	}
-	dir := n.d.Runtime.ContainerLogDir(s.ContainerID)
+	dir := g.d.Runtime.ContainerLogDir(s.ContainerID)
 	name := guestlog.InitName
 	if req.Runsc {
 		name = guestlog.RunscName
@@ -137,7 +137,7 @@ func (n *Node) Logs(ctx context.Context, id string, req LogsRequest, w io.Writer
 		}
 		if time.Since(lastState) >= followStateEvery {
 			lastState = time.Now()
-			cur, err := n.sandbox(id)
+			cur, err := g.sandbox(id)
 			if err != nil && errdefs.CodeOf(err) != errdefs.CodeNotFound {
 				return end, err
 			}

@@ -1,4 +1,4 @@
-package node
+package guest
 
 import (
 	"bytes"
@@ -34,17 +34,17 @@ type agentCall struct {
 	c    *client.Client
 }
 
-func (n *Node) agentCall(ctx context.Context, id string) (*agentCall, error) {
-	ctx, done, err := n.begin(ctx)
+func (g *Guest) agentCall(ctx context.Context, id string) (*agentCall, error) {
+	ctx, done, err := g.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s, err := n.ready(id)
+	s, err := g.ReadySandbox(id)
 	if err != nil {
 		done()
 		return nil, err
 	}
-	return &agentCall{ctx: ctx, done: done, s: s, c: n.agentClient(s)}, nil
+	return &agentCall{ctx: ctx, done: done, s: s, c: g.agentClient(s)}, nil
 }
 
 // fail maps a failed agent call to an errdefs error about what.
@@ -119,8 +119,8 @@ type execBounds struct {
 	timeout, idle time.Duration
 }
 
-func (n *Node) execBounds() execBounds {
-	return execBounds{timeout: n.cfg.ExecTimeoutDefault, idle: n.cfg.ExecIdle}
+func (g *Guest) execBounds() execBounds {
+	return execBounds{timeout: g.cfg.ExecTimeoutDefault, idle: g.cfg.ExecIdle}
 }
 
 // exec runs req through the agent with streams s, within the node's
@@ -154,8 +154,8 @@ func (a *agentCall) exec(req ExecRequest, s client.Streams, b execBounds) (wire.
 // Exec runs a command in the sandbox's guest through its agent, as req's
 // user or else the workload's. A command its timeout ended is unavailable
 // (as a runsc exec past its deadline was); one a signal ended exits 128+n.
-func (n *Node) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	a, err := n.agentCall(ctx, id)
+func (g *Guest) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+	a, err := g.agentCall(ctx, id)
 	if err != nil {
 		return -1, err
 	}
@@ -165,7 +165,7 @@ func (n *Node) Exec(ctx context.Context, id string, req ExecRequest, stdout, std
 		s.Stdin = bytes.NewReader(req.Stdin)
 	}
 	req.TTY = false // a TTY needs a session's streams
-	b := n.execBounds()
+	b := g.execBounds()
 	e, err := a.exec(req, s, b)
 	if err != nil {
 		return -1, err
@@ -186,34 +186,28 @@ func (n *Node) Exec(ctx context.Context, id string, req ExecRequest, stdout, std
 // Session runs a command with streamed stdin, an optional PTY, resizes
 // and signals, through the sandbox's agent; the command's process group
 // is killed when ctx ends.
-func (n *Node) Session(ctx context.Context, id string, req ExecRequest, s client.Streams) (wire.Exit, error) {
-	a, err := n.agentCall(ctx, id)
+func (g *Guest) Session(ctx context.Context, id string, req ExecRequest, s client.Streams) (wire.Exit, error) {
+	a, err := g.agentCall(ctx, id)
 	if err != nil {
 		return wire.Exit{}, err
 	}
 	defer a.done()
-	e, err := a.exec(req, s, n.execBounds())
+	e, err := a.exec(req, s, g.execBounds())
 	if err != nil {
 		return wire.Exit{Code: -1}, err
 	}
 	return e, nil
 }
 
-// ExecViaRunsc is Exec through `runsc exec`: the operator's fallback when
-// the agent does not answer, charged to the sandbox's lease.
-func (n *Node) ExecViaRunsc(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	return n.execViaRunsc(ctx, id, req, stdout, stderr)
-}
-
 // onAgent runs one file call, fn, on the agent of sandbox id after
 // checking its guest paths; what names the call in its error.
-func (n *Node) onAgent(ctx context.Context, id, what string, paths []string, fn func(context.Context, *client.Client) error) error {
+func (g *Guest) onAgent(ctx context.Context, id, what string, paths []string, fn func(context.Context, *client.Client) error) error {
 	for _, p := range paths {
 		if err := guestPath(p); err != nil {
 			return err
 		}
 	}
-	a, err := n.agentCall(ctx, id)
+	a, err := g.agentCall(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -226,9 +220,9 @@ func (n *Node) onAgent(ctx context.Context, id, what string, paths []string, fn 
 
 // StatFile stats a guest file (a final symlink is not followed) as user
 // (nil: the workload's).
-func (n *Node) StatFile(ctx context.Context, id, p string, user *wire.User) (wire.Stat, error) {
+func (g *Guest) StatFile(ctx context.Context, id, p string, user *wire.User) (wire.Stat, error) {
 	var st wire.Stat
-	err := n.onAgent(ctx, id, "stat "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
+	err := g.onAgent(ctx, id, "stat "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
 		st, err = c.Stat(ctx, p, user)
 		return err
 	})
@@ -237,9 +231,9 @@ func (n *Node) StatFile(ctx context.Context, id, p string, user *wire.User) (wir
 
 // ListDir lists a guest directory (at most client.MaxList entries and the
 // client's byte budget).
-func (n *Node) ListDir(ctx context.Context, id, p string, user *wire.User) ([]wire.Stat, error) {
+func (g *Guest) ListDir(ctx context.Context, id, p string, user *wire.User) ([]wire.Stat, error) {
 	var sts []wire.Stat
-	err := n.onAgent(ctx, id, "list "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
+	err := g.onAgent(ctx, id, "list "+p, []string{p}, func(ctx context.Context, c *client.Client) (err error) {
 		sts, err = c.List(ctx, p, user)
 		return err
 	})
@@ -250,36 +244,36 @@ func (n *Node) ListDir(ctx context.Context, id, p string, user *wire.User) ([]wi
 }
 
 // MakeDir makes a guest directory (parents: and its parents).
-func (n *Node) MakeDir(ctx context.Context, id, p string, mode uint32, parents bool, user *wire.User) error {
-	return n.onAgent(ctx, id, "mkdir "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
+func (g *Guest) MakeDir(ctx context.Context, id, p string, mode uint32, parents bool, user *wire.User) error {
+	return g.onAgent(ctx, id, "mkdir "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
 		return c.Mkdir(ctx, p, mode, parents, user)
 	})
 }
 
 // RemoveFile removes a guest file (recursive: a directory and its tree).
-func (n *Node) RemoveFile(ctx context.Context, id, p string, recursive bool, user *wire.User) error {
-	return n.onAgent(ctx, id, "remove "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
+func (g *Guest) RemoveFile(ctx context.Context, id, p string, recursive bool, user *wire.User) error {
+	return g.onAgent(ctx, id, "remove "+p, []string{p}, func(ctx context.Context, c *client.Client) error {
 		return c.Remove(ctx, p, recursive, user)
 	})
 }
 
 // RenameFile renames a guest file.
-func (n *Node) RenameFile(ctx context.Context, id, from, to string, user *wire.User) error {
-	return n.onAgent(ctx, id, "rename "+from, []string{from, to}, func(ctx context.Context, c *client.Client) error {
+func (g *Guest) RenameFile(ctx context.Context, id, from, to string, user *wire.User) error {
+	return g.onAgent(ctx, id, "rename "+from, []string{from, to}, func(ctx context.Context, c *client.Client) error {
 		return c.Rename(ctx, from, to, user)
 	})
 }
 
 // ReadFileTo streams a guest file to w, never whole, refusing one over
 // limit (invalid_argument).
-func (n *Node) ReadFileTo(ctx context.Context, id, p string, user *wire.User, limit int64, w io.Writer) (int64, error) {
+func (g *Guest) ReadFileTo(ctx context.Context, id, p string, user *wire.User, limit int64, w io.Writer) (int64, error) {
 	if err := guestPath(p); err != nil {
 		return 0, err
 	}
 	if limit <= 0 {
 		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "read %s: limit %d: must be positive", p, limit)
 	}
-	a, err := n.agentCall(ctx, id)
+	a, err := g.agentCall(ctx, id)
 	if err != nil {
 		return 0, err
 	}
@@ -293,19 +287,19 @@ func (n *Node) ReadFileTo(ctx context.Context, id, p string, user *wire.User, li
 
 // WriteFileFrom replaces a guest file with r (at most limit bytes),
 // streamed; the agent replaces the file only once all of it arrived.
-func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *wire.User, mode uint32, limit int64, r io.Reader) (int64, error) {
+func (g *Guest) WriteFileFrom(ctx context.Context, id, p string, user *wire.User, mode uint32, limit int64, r io.Reader) (int64, error) {
 	if err := guestPath(p); err != nil {
 		return 0, err
 	}
 	if limit <= 0 {
 		return 0, errdefs.Errorf(errdefs.CodeInvalidArgument, "write %s: limit %d: must be positive", p, limit)
 	}
-	a, err := n.agentCall(ctx, id)
+	a, err := g.agentCall(ctx, id)
 	if err != nil {
 		return 0, err
 	}
 	defer a.done()
-	if err := n.live(); err != nil {
+	if err := g.live(); err != nil {
 		return 0, fmt.Errorf("write file: %w", err)
 	}
 	got, err := a.c.WriteFile(a.ctx, p, user, mode, limit, r)
@@ -317,9 +311,9 @@ func (n *Node) WriteFileFrom(ctx context.Context, id, p string, user *wire.User,
 
 // ReadFile reads a guest file whole (at most limit bytes) through the
 // agent, as the workload's user.
-func (n *Node) ReadFile(ctx context.Context, id, p string, limit int64) ([]byte, error) {
+func (g *Guest) ReadFile(ctx context.Context, id, p string, limit int64) ([]byte, error) {
 	var b bytes.Buffer
-	if _, err := n.ReadFileTo(ctx, id, p, nil, limit, &b); err != nil {
+	if _, err := g.ReadFileTo(ctx, id, p, nil, limit, &b); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -327,7 +321,7 @@ func (n *Node) ReadFile(ctx context.Context, id, p string, limit int64) ([]byte,
 
 // WriteFile replaces a guest file with data through the agent, as the
 // workload's user; the parent directory must exist.
-func (n *Node) WriteFile(ctx context.Context, id, p string, data []byte) error {
-	_, err := n.WriteFileFrom(ctx, id, p, nil, 0o644, int64(max(len(data), 1)), bytes.NewReader(data))
+func (g *Guest) WriteFile(ctx context.Context, id, p string, data []byte) error {
+	_, err := g.WriteFileFrom(ctx, id, p, nil, 0o644, int64(max(len(data), 1)), bytes.NewReader(data))
 	return err
 }

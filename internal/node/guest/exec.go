@@ -1,4 +1,4 @@
-package node
+package guest
 
 import (
 	"bytes"
@@ -11,8 +11,14 @@ import (
 	"github.com/ctld/ctld/internal/runsc"
 )
 
-func (n *Node) ready(id string) (journal.Sandbox, error) {
-	s, err := n.sandbox(id)
+func (g *Guest) begin(ctx context.Context) (context.Context, func(), error) { return g.d.Begin(ctx) }
+func (g *Guest) live() error                                                { return g.d.Live() }
+func (g *Guest) sandbox(id string) (journal.Sandbox, error)                 { return g.d.Sandbox(id) }
+
+// ReadySandbox is sandbox id's record if its generation is ready
+// (conflict if not, not_found if the journal never saw it).
+func (g *Guest) ReadySandbox(id string) (journal.Sandbox, error) {
+	s, err := g.sandbox(id)
 	if err != nil {
 		return s, err
 	}
@@ -41,15 +47,16 @@ func execProcess(s journal.Sandbox, req ExecRequest) runsc.ExecProcess {
 	return runsc.ExecProcess{Args: req.Args, Env: req.Env, Cwd: req.Cwd, UID: uid, GID: gid}
 }
 
-// execViaRunsc runs a command in the sandbox's guest through runsc exec:
-// the operator's fallback when the agent does not answer.
-func (n *Node) execViaRunsc(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	ctx, done, err := n.begin(ctx)
+// ExecViaRunsc runs a command in the sandbox's guest through runsc exec:
+// the operator's fallback when the agent does not answer, charged to the
+// sandbox's lease.
+func (g *Guest) ExecViaRunsc(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+	ctx, done, err := g.begin(ctx)
 	if err != nil {
 		return -1, err
 	}
 	defer done()
-	s, err := n.ready(id)
+	s, err := g.ReadySandbox(id)
 	if err != nil {
 		return -1, err
 	}
@@ -65,10 +72,10 @@ func (n *Node) execViaRunsc(ctx context.Context, id string, req ExecRequest, std
 	// runsc exec runs in the sandbox's lease, charged to the sandbox like
 	// the rest of its processes.
 	p := execProcess(s, req)
-	if p.CgroupDir = n.d.Leases.Dir(s.LeaseID); p.CgroupDir == "" {
+	if p.CgroupDir = g.d.Leases.Dir(s.LeaseID); p.CgroupDir == "" {
 		return -1, errdefs.Errorf(errdefs.CodeInternal, "exec in %s: no lease cgroup %q", id, s.LeaseID)
 	}
-	code, err := n.d.Runtime.Exec(ctx, s.ContainerID, p, stdin, stdout, stderr)
+	code, err := g.d.Runtime.Exec(ctx, s.ContainerID, p, stdin, stdout, stderr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return -1, errdefs.Errorf(errdefs.CodeUnavailable, "exec in %s: %v", id, ctx.Err())

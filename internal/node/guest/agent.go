@@ -1,4 +1,4 @@
-package node
+package guest
 
 import (
 	"bytes"
@@ -37,35 +37,36 @@ import (
 // Every path derives from the container id, so a new primary reaches the
 // agents of the generations it adopts from the journal alone.
 
-const agentsDirName = "agents"
+// AgentsDirName is the run dir's directory of the agents' dirs.
+const AgentsDirName = "agents"
 
-func (n *Node) agentsDir() string { return filepath.Join(n.cfg.RunDir, agentsDirName) }
+func (g *Guest) agentsDir() string { return filepath.Join(g.cfg.RunDir, AgentsDirName) }
 
 // agentDir is the host directory of generation cid's agent.
-func (n *Node) agentDir(cid string) string { return filepath.Join(n.agentsDir(), cid) }
+func (g *Guest) agentDir(cid string) string { return filepath.Join(g.agentsDir(), cid) }
 
-func (n *Node) agentBinDir(cid string) string  { return filepath.Join(n.agentDir(cid), "bin") }
-func (n *Node) agentSockDir(cid string) string { return filepath.Join(n.agentDir(cid), "sock") }
+func (g *Guest) agentBinDir(cid string) string  { return filepath.Join(g.agentDir(cid), "bin") }
+func (g *Guest) AgentSockDir(cid string) string { return filepath.Join(g.agentDir(cid), "sock") }
 
 // agentSocket is the host path of generation cid's agent socket.
-func (n *Node) agentSocket(cid string) string {
-	return filepath.Join(n.agentSockDir(cid), runsc.AgentSocket)
+func (g *Guest) agentSocket(cid string) string {
+	return filepath.Join(g.AgentSockDir(cid), runsc.AgentSocket)
 }
 
 // agentClient calls the agent of rec's generation.
-func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
-	dir := n.agentSockDir(rec.ContainerID)
+func (g *Guest) agentClient(rec journal.Sandbox) *client.Client {
+	dir := g.AgentSockDir(rec.ContainerID)
 	return &client.Client{
-		Socket: n.agentSocket(rec.ContainerID), CallTimeout: n.cfg.AgentCallTimeout, StreamIdle: n.cfg.AgentStreamIdle,
-		ListBudget: n.cfg.AgentListBytes,
+		Socket: g.agentSocket(rec.ContainerID), CallTimeout: g.cfg.AgentCallTimeout, StreamIdle: g.cfg.AgentStreamIdle,
+		ListBudget: g.cfg.AgentListBytes,
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			c, err := DialInDir(ctx, dir, runsc.AgentSocket)
-			if err != nil || n.d.AgentPeers == nil {
-				return c, err
+			if err != nil {
+				return nil, err
 			}
 			pid, err := peerPID(c)
 			if err == nil {
-				err = n.d.AgentPeers.CheckPeer(pid, n.d.Leases.CgroupsPath(rec.LeaseID))
+				err = g.d.AgentPeers.CheckPeer(pid, g.d.Leases.CgroupsPath(rec.LeaseID))
 			}
 			if err != nil {
 				c.Close()
@@ -77,10 +78,10 @@ func (n *Node) agentClient(rec journal.Sandbox) *client.Client {
 }
 
 // agentSpec is what the OCI spec of rec's generation needs of its agent.
-func (n *Node) agentSpec(rec journal.Sandbox) *runsc.Agent {
+func (g *Guest) agentSpec(rec journal.Sandbox) *runsc.Agent {
 	uid, gid := workloadUser(rec)
 	return &runsc.Agent{
-		BinDir: n.agentBinDir(rec.ContainerID), SocketDir: n.agentSockDir(rec.ContainerID),
+		BinDir: g.agentBinDir(rec.ContainerID), SocketDir: g.AgentSockDir(rec.ContainerID),
 		Env: []string{
 			agent.EnvUID + "=" + strconv.FormatUint(uint64(uid), 10),
 			agent.EnvGID + "=" + strconv.FormatUint(uint64(gid), 10),
@@ -90,29 +91,27 @@ func (n *Node) agentSpec(rec journal.Sandbox) *runsc.Agent {
 
 // agentResource is the generation's agent directory (see above).
 type agentResource struct {
-	n *Node
+	g *Guest
 }
 
 func (agentResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindAgent, Phase: resource.PhaseGuest, Check: "agent_dir_removed", Sweeps: true}
 }
 func (r agentResource) Make(_ context.Context, c *resource.Claim) error {
-	src := r.n.cfg.AgentBinary
+	src := r.g.cfg.AgentBinary
 	if src == "" {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "no guest agent binary configured on this node")
 	}
 	cid := c.Rec.ContainerID
-	for _, d := range []string{r.n.agentsDir(), r.n.agentDir(cid), r.n.agentBinDir(cid), r.n.agentSockDir(cid)} {
+	for _, d := range []string{r.g.agentsDir(), r.g.agentDir(cid), r.g.agentBinDir(cid), r.g.AgentSockDir(cid)} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("make agent dir: %w", err)
 		}
 	}
-	if r.n.d.AgentDirs != nil {
-		if err := r.n.d.AgentDirs.Mount(r.n.agentSockDir(cid)); err != nil {
-			return err
-		}
+	if err := r.g.d.AgentDirs.Mount(r.g.AgentSockDir(cid)); err != nil {
+		return err
 	}
-	dst := filepath.Join(r.n.agentBinDir(cid), runsc.AgentBinary)
+	dst := filepath.Join(r.g.agentBinDir(cid), runsc.AgentBinary)
 	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("place agent binary: %w", err)
 	}
@@ -123,7 +122,7 @@ func (r agentResource) Make(_ context.Context, c *resource.Claim) error {
 			return fmt.Errorf("place agent binary: %w", err)
 		}
 	}
-	return writeNonce(filepath.Join(r.n.agentSockDir(cid), runsc.AgentNonce), c.Rec.Nonce)
+	return writeNonce(filepath.Join(r.g.AgentSockDir(cid), runsc.AgentNonce), c.Rec.Nonce)
 }
 
 // writeNonce writes the generation's nonce where its agent reads it:
@@ -148,27 +147,25 @@ func writeNonce(path, nonce string) error {
 	return nil
 }
 func (r agentResource) Remove(_ context.Context, rec journal.Sandbox) error {
-	return r.n.removeAgentDir(rec.ContainerID)
+	return r.g.removeAgentDir(rec.ContainerID)
 }
 
 // removeAgentDir unmounts the socket dir's tmpfs, then removes it all.
-func (n *Node) removeAgentDir(cid string) error {
-	if n.d.AgentDirs != nil {
-		if err := n.d.AgentDirs.Unmount(n.agentSockDir(cid)); err != nil {
-			return err
-		}
+func (g *Guest) removeAgentDir(cid string) error {
+	if err := g.d.AgentDirs.Unmount(g.AgentSockDir(cid)); err != nil {
+		return err
 	}
-	return os.RemoveAll(n.agentDir(cid))
+	return os.RemoveAll(g.agentDir(cid))
 }
 func (r agentResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
-	return resource.PathGone("agent_dir_removed", r.n.agentDir(rec.ContainerID))
+	return resource.PathGone("agent_dir_removed", r.g.agentDir(rec.ContainerID))
 }
 func (r agentResource) List(context.Context) ([]string, error) {
-	return resource.DirEntries(r.n.agentsDir())
+	return resource.DirEntries(r.g.agentsDir())
 }
 func (agentResource) Name(rec journal.Sandbox) string { return resource.NameOf(rec) }
 func (r agentResource) RemoveOrphan(_ context.Context, name string) error {
-	return r.n.removeAgentDir(name)
+	return r.g.removeAgentDir(name)
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {
@@ -204,14 +201,14 @@ const readyPoll = 5 * time.Millisecond
 // agent for its nonce until it answers, refuses (the workload could not
 // start), the guest's processes are gone (its init exited), or the bound
 // passes.
-func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, error) {
-	bound := n.cfg.ReadyTimeout
+func (g *Guest) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, error) {
+	bound := g.cfg.ReadyTimeout
 	if bound <= 0 {
 		bound = DefaultReadyTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	c := n.agentClient(rec)
+	c := g.agentClient(rec)
 	var last error
 	for i := 0; ; i++ {
 		nonce, err := c.Ready(ctx)
@@ -231,8 +228,8 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 		}
 		// Every 20 tries (~100 ms): a guest whose init exited never answers.
 		if i%20 == 19 {
-			if alive, perr := n.d.Leases.Populated(ctx, rec.LeaseID); perr == nil && !alive {
-				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s%s: %w", n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
+			if alive, perr := g.d.Leases.Populated(ctx, rec.LeaseID); perr == nil && !alive {
+				return "", fmt.Errorf("readiness: the guest exited before its agent answered%s%s: %w", g.initTail(rec), g.BootState(context.WithoutCancel(ctx), rec), last)
 			}
 		}
 		select {
@@ -240,20 +237,36 @@ func (n *Node) awaitAgent(ctx context.Context, rec journal.Sandbox) (string, err
 		case <-time.After(readyPoll):
 		}
 	}
-	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s%s: %w", n.agentSocket(rec.ContainerID), bound, n.initTail(rec), n.bootState(context.WithoutCancel(ctx), rec), last)
+	return "", fmt.Errorf("readiness: the guest agent at %s did not answer with the nonce within %v%s%s: %w", g.agentSocket(rec.ContainerID), bound, g.initTail(rec), g.BootState(context.WithoutCancel(ctx), rec), last)
 }
 
-// bootState says how a guest that never became ready fared: what its
+// Ready is the readiness proof's guest side: the generation's agent
+// answers with its nonce, and then the boot CPU allowance ends, before the
+// generation is published: a ready generation always runs at its claim's
+// share. (A takeover rolls back a claim still at its allowance.)
+func (g *Guest) Ready(ctx context.Context, rec journal.Sandbox) (nonce string, err error) {
+	if nonce, err = g.awaitAgent(ctx, rec); err != nil {
+		return "", err
+	}
+	if spec := LeaseSpec(rec.ContainerID, rec.Resources, g.cfg.BootCPUMillis, rec.RuntimePIDs); spec.BootCPUMillis > 0 {
+		if err := g.d.Leases.SetCPUMax(ctx, rec.LeaseID, spec.CPUMillis); err != nil {
+			return "", fmt.Errorf("end the boot CPU allowance: %w", err)
+		}
+	}
+	return nonce, nil
+}
+
+// BootState says how a guest that never became ready fared: what its
 // sandbox or gofer wrote to its panic log (a Go panic or fatal error, such
 // as a thread refused at pids.max), how it fared in its lease (OOM kills,
 // forks refused, memory peak, CPU used and throttling) and what runsc's
 // log said last, for a readiness failure's message.
-func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
+func (g *Guest) BootState(ctx context.Context, rec journal.Sandbox) string {
 	var parts []string
-	if s, err := runsc.PanicSummary(filepath.Join(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.PanicName), 4, 1024); err == nil && s != "" {
+	if s, err := runsc.PanicSummary(filepath.Join(g.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.PanicName), 4, 1024); err == nil && s != "" {
 		parts = append(parts, fmt.Sprintf("runsc panic log: %q", s))
 	}
-	if st, err := n.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
+	if st, err := g.d.Leases.Stats(ctx, rec.LeaseID); err == nil {
 		if st.OOMKills > 0 {
 			parts = append(parts, fmt.Sprintf("OOM-killed %d time(s) at memory.max %d bytes", st.OOMKills, rec.Resources.MemoryBytes))
 		}
@@ -264,7 +277,7 @@ func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 		parts = append(parts, fmt.Sprintf("lease: %d processes, %d tasks, memory peak %d of %d bytes, CPU used %.1f s, throttled in %d periods",
 			st.Procs, st.PIDsCurrent, st.MemoryPeak, rec.Resources.MemoryBytes, float64(st.CPUUsageUsec)/1e6, st.NrThrottled))
 	}
-	if b, err := guestlog.Tail(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.RunscName, 2048); err == nil {
+	if b, err := guestlog.Tail(g.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.RunscName, 2048); err == nil {
 		if b = bytes.TrimSpace(guestlog.LastLines(b, 3)); len(b) > 0 {
 			parts = append(parts, fmt.Sprintf("runsc log: %q", b))
 		}
@@ -278,8 +291,8 @@ func (n *Node) bootState(ctx context.Context, rec journal.Sandbox) string {
 // initTail is the end of the guest's init output (the agent's and the
 // workload's), for a readiness failure's message: a failed claim's logs
 // are removed with its generation.
-func (n *Node) initTail(rec journal.Sandbox) string {
-	b, err := guestlog.Tail(n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.InitName, 512)
+func (g *Guest) initTail(rec journal.Sandbox) string {
+	b, err := guestlog.Tail(g.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.InitName, 512)
 	if b = bytes.TrimSpace(guestlog.LastLines(b, 4)); err != nil || len(b) == 0 {
 		return ""
 	}

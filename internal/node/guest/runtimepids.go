@@ -1,4 +1,4 @@
-package node
+package guest
 
 // A lease's pids.max counts host tasks: besides the workload's processes
 // (each guest process is a ptrace stub process on the host) it holds the

@@ -1,4 +1,4 @@
-package node
+package overlay
 
 import (
 	"github.com/ctld/ctld/internal/errdefs"
@@ -21,28 +21,28 @@ type DiskProjects struct {
 // DefaultDiskProjects leaves the low ids to the operator's own projects.
 var DefaultDiskProjects = DiskProjects{Base: 1 << 24, Count: 1 << 20}
 
-// withDiskDefault fills in the node's default disk lease.
-func (n *Node) withDiskDefault(r journal.Resources) journal.Resources {
+// WithDiskDefault fills in the node's default disk lease.
+func (o *Overlay) WithDiskDefault(r journal.Resources) journal.Resources {
 	if r.DiskBytes == 0 {
-		r.DiskBytes = n.cfg.DefaultDiskBytes
+		r.DiskBytes = o.cfg.DefaultDiskBytes
 	}
 	return r
 }
 
-// checkDisk refuses, before anything is journaled, a claim whose disk
+// CheckDisk refuses, before anything is journaled, a claim whose disk
 // lease this node cannot enforce.
-func (n *Node) checkDisk(r journal.Resources) error {
+func (o *Overlay) CheckDisk(r journal.Resources) error {
 	if r.DiskBytes <= 0 {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "resources.disk_bytes is required: this node has no default disk lease")
 	}
-	return n.d.RootFS.DiskBounded()
+	return o.fs.DiskBounded()
 }
 
-// allocDiskProject picks the lowest project id of the node's range that no
+// AllocDiskProject picks the lowest project id of the node's range that no
 // generation holding capacity (live, half done or withheld) uses. It runs
 // inside the claim's write transaction, so two claims never pick the same.
-func (n *Node) allocDiskProject(all []journal.Sandbox) (uint32, error) {
-	pr := n.diskProjects()
+func (o *Overlay) AllocDiskProject(all []journal.Sandbox) (uint32, error) {
+	pr := o.diskProjects()
 	used := map[uint32]bool{}
 	for _, s := range all {
 		if s.DiskProject != 0 && (s.Holds() || s.Withheld) {
@@ -58,9 +58,9 @@ func (n *Node) allocDiskProject(all []journal.Sandbox) (uint32, error) {
 }
 
 // diskProjects is the node's project id range.
-func (n *Node) diskProjects() DiskProjects {
-	if n.cfg.DiskProjects.Count == 0 {
+func (o *Overlay) diskProjects() DiskProjects {
+	if o.cfg.DiskProjects.Count == 0 {
 		return DefaultDiskProjects
 	}
-	return n.cfg.DiskProjects
+	return o.cfg.DiskProjects
 }

@@ -1,0 +1,58 @@
+// Package overlay is the node's overlay root concern (issue 26): the
+// entries of an overlay-mode generation's disk quota and overlay mount,
+// and the disk lease's project ids, default and check. The node registers
+// the entries and asks it at admission.
+package overlay
+
+import (
+	"context"
+
+	"github.com/ctld/ctld/internal/diskquota"
+	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/rootfs"
+)
+
+var _ RootFS = (*rootfs.Overlay)(nil)
+
+// RootFS makes the root filesystems of generations and their disk leases
+// (*rootfs.Overlay; node/fakekernel's RootFS in unit tests).
+type RootFS interface {
+	Mount(ctx context.Context, id, lower string) (root string, err error)
+	Unmount(ctx context.Context, id string) error
+	List(ctx context.Context) ([]string, error)
+	Mounted(ctx context.Context) ([]string, error)
+	Superblock(id string) (string, error)
+	CheckGone(ctx context.Context, id, dev string) (ok bool, detail string)
+	DiskBounded() error
+	LimitDisk(ctx context.Context, id string, project uint32, bytes int64) error
+	RemoveScratch(id string) error
+	UnlimitDisk(ctx context.Context, project uint32) error
+	CheckDiskGone(ctx context.Context, project uint32) (ok bool, detail string)
+	DiskProjects(ctx context.Context, from, to uint32) ([]diskquota.Quota, error)
+}
+
+// Config is the overlay concern's part of the node's configuration (see
+// node.Config).
+type Config struct {
+	// DefaultDiskBytes is the disk lease of a claim that names none.
+	DefaultDiskBytes int64
+	// DiskProjects is the project id range ctld owns on the scratch
+	// filesystem (zero: DefaultDiskProjects).
+	DiskProjects DiskProjects
+}
+
+// Overlay is the node's overlay root concern.
+type Overlay struct {
+	cfg Config
+	fs  RootFS
+}
+
+// New is the overlay concern over fs.
+func New(cfg Config, fs RootFS) *Overlay { return &Overlay{cfg: cfg, fs: fs} }
+
+// Entries are the overlay concern's entries in claim order: the disk
+// quota before the overlay mount (the quota bounds the scratch dir before
+// the upper is used). o may be nil where only the entries' specs are read.
+func Entries(o *Overlay) []resource.Entry[*resource.Claim] {
+	return []resource.Entry[*resource.Claim]{diskResource{o}, mountResource{o}}
+}
