@@ -85,6 +85,8 @@ type testKernel struct {
 	resources *journal.Resources
 	// bootCPU is Config.BootCPUMillis; runtimePIDs Config.RuntimePIDs.
 	bootCPU, runtimePIDs int64
+	// readyTimeout is Config.ReadyTimeout (0: its default).
+	readyTimeout time.Duration
 	// Block mode (nil: the node has none); blockMode makes every claim a
 	// block-mode one (its disk lease the template's device size).
 	block       BlockDevices
@@ -266,7 +268,7 @@ func (r *rig) boot() (returned bool, err error) {
 		Slot: "a", StateDir: r.dir, RunDir: r.k.runDir, TemplatesDir: r.k.templatesDir,
 		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
 		Block:       r.k.blockConfig(),
-		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs,
+		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs, ReadyTimeout: r.k.readyTimeout,
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,

@@ -147,10 +147,14 @@ func (runscResource) Spec() resource.Spec {
 }
 func (r runscResource) Make(ctx context.Context, c *resource.Claim) error {
 	cid := c.Rec.ContainerID
-	if err := r.g.d.Runtime.Create(ctx, cid, c.Rec.Bundle); err != nil {
+	if err := r.g.runscStep(ctx, c.Rec, "create", func(ctx context.Context) error {
+		return r.g.d.Runtime.Create(ctx, cid, c.Rec.Bundle)
+	}); err != nil {
 		return fmt.Errorf("start container: %w", err)
 	}
-	if err := r.g.d.Runtime.Start(ctx, cid); err != nil {
+	if err := r.g.runscStep(ctx, c.Rec, "start", func(ctx context.Context) error {
+		return r.g.d.Runtime.Start(ctx, cid)
+	}); err != nil {
 		return fmt.Errorf("start container: %w", err)
 	}
 	return nil
