@@ -53,6 +53,8 @@ func TestRunUsageErrors(t *testing.T) {
 		{[]string{"run", "--slot", "a", "--dns-upstream", "resolver.example"}, `--dns-upstream "resolver.example"`},
 		{[]string{"run", "--slot", "a", "--net-max-rules", "0"}, "--net-max-rules must be between 1 and 256"},
 		{[]string{"run", "--slot", "a", "--warm-carriers", "-1"}, "--warm-carriers must not be negative"},
+		{[]string{"run", "--slot", "a", "--metrics-listen", "9464"}, `--metrics-listen "9464": want [SLOT=]HOST:PORT`},
+		{[]string{"run", "--slot", "a", "--metrics-listen", "c=:9464"}, `--metrics-listen "c=:9464": slot must be a or b`},
 		{[]string{"run", "--slot", "a", "--dns-element-min-ttl", "0s"}, "--dns-element-min-ttl must be between 1s and 1h0m0s, got 0s"},
 		{[]string{"run", "--slot", "a", "--dns-element-min-ttl", "2h"}, "--dns-element-min-ttl must be between 1s and 1h0m0s, got 2h0m0s"},
 		{[]string{"run", "--slot", "a", "--dns-element-min-ttl", "5"}, `invalid argument "5" for "--dns-element-min-ttl"`},

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
@@ -175,7 +176,7 @@ type sandboxNet struct {
 	pool     netpolicy.Pool
 	addrs    []netip.Addr
 	links    *netpolicy.Links
-	firewall *nft.Firewall
+	firewall timedFirewall
 	flows    *flows.Conntrack
 	proxy    *dnsproxy.Proxy // nil: none (the node refuses what needs it)
 }
@@ -185,7 +186,7 @@ type sandboxNet struct {
 // A DNS proxy that cannot be made (no upstream resolver) is left out and
 // said so: the node then refuses the policies that resolve names, and
 // runs the rest.
-func buildNet(o netOpts, log *slog.Logger) (sandboxNet, error) {
+func buildNet(o netOpts, m *metrics.Metrics, log *slog.Logger) (sandboxNet, error) {
 	var sn sandboxNet
 	var err error
 	if sn.pool, err = o.pool(); err != nil {
@@ -195,9 +196,11 @@ func buildNet(o netOpts, log *slog.Logger) (sandboxNet, error) {
 		return sn, err
 	}
 	sn.links = &netpolicy.Links{Logger: log}
-	if sn.firewall, err = nft.New(nft.Config{Table: o.nftTable, DNSPort: uint16(o.dnsPort), Pool: sn.pool}, log); err != nil {
+	fw, err := nft.New(nft.Config{Table: o.nftTable, DNSPort: uint16(o.dnsPort), Pool: sn.pool}, log)
+	if err != nil {
 		return sn, fmt.Errorf("firewall: %w", err)
 	}
+	sn.firewall = timedFirewall{Firewall: fw, m: m}
 	// The same (default) mark mask as the firewall's chains set.
 	sn.flows = &flows.Conntrack{Logger: log}
 	upstreams, err := o.upstreamResolvers()
@@ -211,7 +214,7 @@ func buildNet(o netOpts, log *slog.Logger) (sandboxNet, error) {
 		}
 		sn.proxy, err = dnsproxy.New(dnsproxy.Config{
 			Listen: fmt.Sprintf(":%d", o.dnsPort), Pool: sn.pool, Upstreams: ss, Allower: sn.firewall, Logger: log,
-			ElementMinTTL: o.elementMinTTL, ElementGrace: o.elementGrace,
+			ElementMinTTL: o.elementMinTTL, ElementGrace: o.elementGrace, Observe: m.ObserveDNS,
 		})
 	}
 	if err != nil {

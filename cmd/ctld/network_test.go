@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/ha"
+	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestUpstreamResolvers: --dns-upstream wins; without it the nameservers
@@ -67,7 +70,7 @@ func (o netOpts) mustPool(t *testing.T) netpolicy.Pool {
 func TestBuildNetElementTTL(t *testing.T) {
 	o := netOpts{nftTable: "ctld", poolV4: "10.200.0.0/16", poolV4Bits: 31, dnsPort: 10053, upstreams: []string{"192.0.2.53"},
 		elementMinTTL: 10 * time.Minute, elementGrace: time.Second}
-	sn, err := buildNet(o, slog.New(slog.DiscardHandler))
+	sn, err := buildNet(o, metrics.New(prometheus.NewRegistry(), func() ha.Status { return ha.Status{} }), slog.New(slog.DiscardHandler))
 	if err != nil || sn.proxy == nil {
 		t.Fatalf("buildNet: %v, proxy %v", err, sn.proxy)
 	}
@@ -75,7 +78,7 @@ func TestBuildNetElementTTL(t *testing.T) {
 		t.Errorf("element timeout of a 2 s answer with --dns-element-min-ttl 10m --dns-element-grace 1s: %v, want 10m1s", got)
 	}
 	o.elementMinTTL, o.elementGrace = dnsproxy.DefaultElementMinTTL, dnsproxy.DefaultElementGrace
-	if sn, err = buildNet(o, slog.New(slog.DiscardHandler)); err != nil || sn.proxy.ElementTimeout(2) != 35*time.Second {
+	if sn, err = buildNet(o, metrics.New(prometheus.NewRegistry(), func() ha.Status { return ha.Status{} }), slog.New(slog.DiscardHandler)); err != nil || sn.proxy.ElementTimeout(2) != 35*time.Second {
 		t.Errorf("defaults: %v, %v; want 35s", sn.proxy.ElementTimeout(2), err)
 	}
 }

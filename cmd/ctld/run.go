@@ -26,12 +26,14 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/logging"
+	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
 
@@ -86,6 +88,8 @@ type runOpts struct {
 	block blockOpts
 	// --log-level, --log-format.
 	log logging.Flags
+	// metricsListen are --metrics-listen's [SLOT=]HOST:PORT entries.
+	metricsListen []string
 }
 
 func runCmd(g *globalOpts) *cobra.Command {
@@ -145,6 +149,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if err := o.block.check(); err != nil {
 				return usagef("%w", err)
 			}
+			if _, err := metrics.ListenAddr(o.metricsListen, o.slot); err != nil {
+				return usagef("%w", err)
+			}
 			log, err := newLogger(cmd.ErrOrStderr(), o.log, o.slot)
 			if err != nil {
 				return usagef("%w", err)
@@ -201,6 +208,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after the term ends, how long to wait for cancelled work before exiting with the lock held")
 	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
+	f.StringSliceVar(&o.metricsListen, "metrics-listen", nil, "also serve /metrics (not pprof) over TCP at HOST:PORT; SLOT=HOST:PORT for one slot only, as both instances of a pair need their own port (repeatable; the root-only debug socket <run-dir>/debug-SLOT.sock always serves /metrics and pprof)")
 	o.net.flags(f)
 	o.block.flags(f)
 	o.log.Register(f)
@@ -261,6 +269,10 @@ func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger)
 			log.Error("probe socket stopped", "err", err)
 		}
 	}()
+	m := metrics.New(prometheus.NewRegistry(), inst.get)
+	if err := serveDebug(ctx, g.runDir, o, m, log); err != nil {
+		return err
+	}
 	mon := newMonitor(log, func(h string) { inst.set(func(s *ha.Status) { s.Health = h }) })
 	mon.set(healthCheck{"probe", func(ctx context.Context) error { _, err := ha.Probe(ctx, probeSock); return err }})
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
@@ -282,7 +294,41 @@ func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger)
 		}
 		return fmt.Errorf("wait for primary lock: %w", err)
 	}
-	return runPrimary(ctx, g, o, facts, term, inst, mon, gid, log.With("epoch", term.Epoch))
+	return runPrimary(ctx, g, o, facts, term, inst, mon, m, gid, log.With("epoch", term.Epoch))
+}
+
+// debugPath is the root-only socket of an instance's metrics and pprof.
+func debugPath(runDir, slot string) string {
+	return filepath.Join(runDir, "debug-"+slot+".sock")
+}
+
+// serveDebug serves m for the whole process, standby or primary: /metrics
+// and pprof on the root-only debug socket, and /metrics alone on the TCP
+// address --metrics-listen gives this slot, if any.
+func serveDebug(ctx context.Context, runDir string, o runOpts, m *metrics.Metrics, log *slog.Logger) error {
+	addr, err := metrics.ListenAddr(o.metricsListen, o.slot)
+	if err != nil {
+		return err
+	}
+	ln, err := ha.ListenUnix(debugPath(runDir, o.slot), 0o600, -1)
+	if err != nil {
+		return fmt.Errorf("listen debug socket: %w", err)
+	}
+	serve := func(ln net.Listener, h http.Handler) {
+		if err := metrics.Serve(ctx, ln, h, log); err != nil && ctx.Err() == nil {
+			log.Error("metrics server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}
+	go serve(ln, m.Handler(log, true))
+	if addr != "" {
+		tln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen --metrics-listen %s: %w", addr, err)
+		}
+		go serve(tln, m.Handler(log, false))
+		log.Info("serving metrics over TCP", "addr", tln.Addr().String())
+	}
+	return nil
 }
 
 // runPrimary is one term. In order: the lock is held and the epoch bumped
@@ -292,7 +338,7 @@ func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger)
 // the role and the lock back without ever saying primary. When the term ends
 // (SIGTERM, the lock or the journal lost) in-flight work is cancelled and
 // waited for, the journal closed, and only then is the lock released.
-func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, term *ha.Term, inst *instance, mon *monitor, gid int, log *slog.Logger) (err error) {
+func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, term *ha.Term, inst *instance, mon *monitor, m *metrics.Metrics, gid int, log *slog.Logger) (err error) {
 	took := time.Now()
 	termCtx, endTerm := context.WithCancelCause(ctx)
 	defer endTerm(nil)
@@ -322,7 +368,8 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	if err := j.TakeOver(term.Epoch); err != nil {
 		return giveUp(errors.Join(err, j.Close()))
 	}
-	sn, err := buildNet(o.net, log)
+	j.OnCommit(m.ObserveCommit)
+	sn, err := buildNet(o.net, m, log)
 	if err != nil {
 		return giveUp(errors.Join(err, j.Close()))
 	}
@@ -395,11 +442,18 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	mon.set(primaryChecks(term, j, apiSock, filepath.Join(o.cgroupRoot, o.cgroupParent), endTerm)...)
 	inst.set(func(s *ha.Status) { s.Role, s.Health, s.Since = ha.RolePrimary, "ok", time.Now().UTC() })
 	_, _ = daemon.SdNotify(false, fmt.Sprintf("STATUS=primary, epoch %d", term.Epoch))
+	m.ObserveTakeover(time.Since(took))
 	log.Info("primary: serving the API", "socket", apiLn.Addr().String(), "takeover_ms", time.Since(took).Milliseconds())
+	svc := apiserver.Adapter{N: n}
+	removeNode, err := m.ServeNode(svc, j)
+	if err != nil {
+		return errors.Join(err, apiLn.Close())
+	}
+	defer removeNode()
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
-		Service: apiserver.Adapter{N: n}, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
+		Service: metrics.Service{Service: svc, M: m}, Observer: m, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
 		Claims:         apiserver.NewLimiter("claims", "--max-concurrent-claims", o.maxClaims, 5*time.Second),
 		Execs:          apiserver.NewLimiter("execs", "--max-concurrent-execs", o.maxExecs, time.Second),
 		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),

@@ -69,6 +69,17 @@ type Server struct {
 	// budget in memory). Refused as Execs is.
 	Streams        *Limiter
 	SandboxStreams *KeyedLimiter
+	// Observer, if set, is told of every request once it is answered
+	// (metrics); nil: nobody is.
+	Observer RequestObserver
+}
+
+// RequestObserver sees each request once answered: route is the matched
+// pattern ("POST /v1/sandboxes/{id}/claim"; "" when none matched, as for a
+// refused peer), status the HTTP status, code the error code of an error
+// answer ("" for a success) and d how long the whole request took.
+type RequestObserver interface {
+	ObserveRequest(route string, status int, code errdefs.Code, d time.Duration)
 }
 
 // PeerCred is the identity of the process at the other end of the socket.
@@ -349,6 +360,10 @@ func (s *Server) guard(next http.Handler) http.Handler {
 				level = slog.LevelDebug // ctld's own health check, every few seconds
 			}
 			log.LogAttrs(r.Context(), level, "api request", attrs...)
+			if s.Observer != nil {
+				// r.Pattern is set by the mux on this same request.
+				s.Observer.ObserveRequest(r.Pattern, rec.status, rec.code, time.Since(start))
+			}
 		}()
 		if peer.err != nil {
 			log.Warn("api peer refused", "reason", peer.err.Error())

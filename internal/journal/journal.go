@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -470,6 +471,9 @@ type Journal struct {
 	// commits counts the write transactions this handle committed (see
 	// Commits).
 	commits atomic.Uint64
+	// onCommit, if set, is told how long each committed Update took
+	// (OnCommit).
+	onCommit atomic.Pointer[func(time.Duration)]
 }
 
 // Open opens (creating if needed) the journal at path. bbolt takes its own
@@ -513,6 +517,7 @@ type Tx struct{ tx *bolt.Tx }
 // this handle's epoch is the journal's current epoch (else a *FencedError
 // and nothing is written).
 func (j *Journal) Update(fn func(*Tx) error) error {
+	start := time.Now()
 	err := j.db.Update(func(tx *bolt.Tx) error {
 		if err := j.fence(tx); err != nil {
 			return err
@@ -521,8 +526,25 @@ func (j *Journal) Update(fn func(*Tx) error) error {
 	})
 	if err == nil {
 		j.commits.Add(1)
+		if f := j.onCommit.Load(); f != nil {
+			(*f)(time.Since(start))
+		}
 	}
 	return err
+}
+
+// OnCommit has f told the duration of each Update that commits from now
+// on: the whole write transaction, fsync included (metrics).
+func (j *Journal) OnCommit(f func(time.Duration)) { j.onCommit.Store(&f) }
+
+// Size is the size of the journal's database file (bbolt grows it in
+// steps and never shrinks it).
+func (j *Journal) Size() (int64, error) {
+	st, err := os.Stat(j.db.Path())
+	if err != nil {
+		return 0, fmt.Errorf("read journal size: %w", err)
+	}
+	return st.Size(), nil
 }
 
 // Commits is the number of write transactions this handle committed

@@ -132,6 +132,10 @@ type Config struct {
 	// MaxTTL, ElementGrace at most MaxElementGrace.
 	ElementMinTTL time.Duration
 	ElementGrace  time.Duration
+	// Observe, if set, is told of each query once handled: the rcode of
+	// its answer, or dropped (left unanswered over the in-flight bounds).
+	// For metrics; it must not block.
+	Observe func(rcode int, dropped bool)
 }
 
 // Proxy is the DNS proxy and its registry of generations. Its zero value

@@ -58,6 +58,9 @@ func (p *Proxy) write(w dns.ResponseWriter, req, resp *dns.Msg, src netip.Addr) 
 		}
 	}
 	resp.Truncate(size) // sets TC over UDP: the guest asks again over TCP
+	if p.cfg.Observe != nil {
+		p.cfg.Observe(resp.Rcode, false)
+	}
 	if err := w.WriteMsg(resp); err != nil {
 		p.log.Debug("dns proxy: write answer", "src", src, "err", err)
 	}
@@ -67,6 +70,9 @@ func (p *Proxy) write(w dns.ResponseWriter, req, resp *dns.Msg, src netip.Addr) 
 // proxy or one sandbox has too many in flight.
 func (p *Proxy) drop(w dns.ResponseWriter, who string, src netip.Addr) {
 	p.log.Warn("dns proxy: too many queries in flight, dropped one", "limit", who, "src", src)
+	if p.cfg.Observe != nil {
+		p.cfg.Observe(0, true)
+	}
 	if _, tcp := w.RemoteAddr().(*net.TCPAddr); tcp {
 		w.Close() // a TCP client would otherwise wait for its read timeout
 	}
