@@ -2,11 +2,8 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"time"
-
-	"golang.org/x/term"
 
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/template"
@@ -16,10 +13,7 @@ import (
 // on a terminal, else a plain line per finished layer and at most one a
 // second between.
 func (c *cli) pullProgress() func(template.PullProgress) {
-	tty := false
-	if f, ok := c.stderr.(*os.File); ok {
-		tty = term.IsTerminal(int(f.Fd()))
-	}
+	tty := c.ttyErr
 	interval := time.Second
 	if tty {
 		interval = 100 * time.Millisecond

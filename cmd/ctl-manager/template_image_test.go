@@ -28,6 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/template"
 )
 
@@ -189,5 +190,51 @@ func TestPullProgressFormat(t *testing.T) {
 	p.BytesDone, p.LayersDone = p.Bytes, 3
 	if got, want := pullBar(p, start.Add(time.Second), 4), "[====] layers 3/3 (1 cached), 40Mi of 40Mi"; got != want {
 		t.Errorf("bar %q, want %q", got, want)
+	}
+}
+
+// TestCLICreateImageDefaults: a block claim of a template imported from an
+// image gets its entrypoint and cmd, env, user (resolved in the image) and
+// working dir; each flag of create overrides its part (--user 0 too); a
+// template without image config, or an overlay claim, gets nothing.
+func TestCLICreateImageDefaults(t *testing.T) {
+	for _, b := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Fatalf("%s not installed (e2fsprogs): %v", b, err)
+		}
+	}
+	reg := startLoopRegistry(t)
+	layer := tarOfFiles(t, tfile{name: "etc/", dir: true, mode: 0o755},
+		tfile{name: "etc/passwd", body: "root:x:0:0::/:/bin/sh\nweb:x:33:34::/srv:/bin/sh\n", mode: 0o644})
+	ref, _ := reg.push(t, "web:1", v1.Config{User: "web", WorkingDir: "/srv", Entrypoint: []string{"/entry"}, Cmd: []string{"serve"}, Env: []string{"PATH=/bin", "MODE=prod"}}, layer)
+	e := newEnv(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "ctld.toml")
+	if err := os.WriteFile(cfg, []byte("state-dir = \""+dir+"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.ok("template", "import", "web", "--image", ref, "--size", "16Mi", "--config", cfg)
+	tree := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tree, "motd"), []byte("hi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.ok("template", "import", "tree", tree, "--size", "16Mi", "--config", cfg)
+
+	var got []api.Process
+	e.node.Lock()
+	e.node.FailClaim = func(r api.ClaimRequest) error { got = append(got, r.Process); return nil }
+	e.node.Unlock()
+	e.ok("--config", cfg, "sandbox", "create", "a", "--mode", "block", "--template", "web")
+	e.ok("--config", cfg, "sandbox", "create", "b", "--mode", "block", "--template", "web", "--user", "0", "--cwd", "/tmp", "--env", "MODE=dev", "--", "/bin/sh", "-c", "true")
+	e.ok("--config", cfg, "sandbox", "create", "c", "--mode", "block", "--template", "tree")
+	e.ok("--config", cfg, "sandbox", "create", "d", "--template", "web")
+	want := []api.Process{
+		{Args: []string{"/entry", "serve"}, Env: []string{"PATH=/bin", "MODE=prod"}, Cwd: "/srv", UID: 33, GID: 34},
+		{Args: []string{"/bin/sh", "-c", "true"}, Env: []string{"PATH=/bin", "MODE=dev"}, Cwd: "/tmp"},
+		{},
+		{},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("claims' processes:\n%+v\nwant\n%+v", got, want)
 	}
 }
