@@ -37,7 +37,7 @@ import (
 // testRegistry is go-containerregistry's registry over real HTTP on
 // loopback, behind basic auth, counting blob GETs and able to misbehave.
 type testRegistry struct {
-	t          *testing.T
+	t          testing.TB
 	srv        *httptest.Server
 	host       string
 	user, pass string
@@ -49,7 +49,7 @@ type testRegistry struct {
 	authFails int
 }
 
-func newTestRegistry(t *testing.T) *testRegistry {
+func newTestRegistry(t testing.TB) *testRegistry {
 	t.Helper()
 	r := &testRegistry{t: t, user: "puller", pass: "s3cret pass", blobGets: map[string]int{}, cut: map[string]int{}, rewrite: map[string]string{}}
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
@@ -137,7 +137,7 @@ func (r *testRegistry) totalGets() int {
 
 // dockerConfig points DOCKER_CONFIG (what authn.DefaultKeychain reads) at
 // a config.json holding the registry's password.
-func (r *testRegistry) dockerConfig(t *testing.T, pass string) {
+func (r *testRegistry) dockerConfig(t testing.TB, pass string) {
 	dir := t.TempDir()
 	auth := base64.StdEncoding.EncodeToString([]byte(r.user + ":" + pass))
 	cfg := fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, r.host, auth)
@@ -148,7 +148,7 @@ func (r *testRegistry) dockerConfig(t *testing.T, pass string) {
 }
 
 // gzLayer is a gzip layer of a tar's bytes.
-func gzLayer(t *testing.T, tarBytes []byte) v1.Layer {
+func gzLayer(t testing.TB, tarBytes []byte) v1.Layer {
 	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(tarBytes)), nil })
 	if err != nil {
@@ -159,7 +159,7 @@ func gzLayer(t *testing.T, tarBytes []byte) v1.Layer {
 
 // busyboxLayer is the busybox template (the host's static busybox) as a
 // layer.
-func busyboxLayer(t *testing.T) v1.Layer {
+func busyboxLayer(t testing.TB) v1.Layer {
 	t.Helper()
 	bb, err := findBusybox()
 	if err != nil {
@@ -245,7 +245,7 @@ var appConfig = v1.Config{
 	WorkingDir: "/work",
 }
 
-func imageOf(t *testing.T, cfg v1.Config, layers ...v1.Layer) v1.Image {
+func imageOf(t testing.TB, cfg v1.Config, layers ...v1.Layer) v1.Image {
 	t.Helper()
 	img, err := mutate.AppendLayers(empty.Image, layers...)
 	if err != nil {
