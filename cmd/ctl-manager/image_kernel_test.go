@@ -81,8 +81,7 @@ func busyboxTar(t *testing.T) []byte {
 func TestKernelImageConfig(t *testing.T) {
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
-	socket := startCtld(t)
-	stateDir := filepath.Join(ktest.QuotaDir(t), "state")
+	socket, stateDir := startCtldState(t)
 	cfg := filepath.Join(t.TempDir(), "ctld.toml")
 	if err := os.WriteFile(cfg, []byte("state-dir = \""+stateDir+"\"\n"), 0o644); err != nil {
 		t.Fatal(err)
