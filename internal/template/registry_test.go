@@ -227,7 +227,7 @@ func findBusybox() (string, error) {
 }
 
 // appLayer adds a user and group, a working dir and an entrypoint script.
-func appLayer(t *testing.T) v1.Layer {
+func appLayer(t testing.TB) v1.Layer {
 	return gzLayer(t, mkTar(t, []tent{
 		{h: regH("etc/passwd", 0o644, 0, 0), content: passwd + "app:x:1234:1000:app:/work:/bin/sh\n"},
 		{h: regH("etc/group", 0o644, 0, 0), content: group + "staff:x:2345:\n"},
