@@ -237,7 +237,7 @@ func (c *cli) logger() *slog.Logger {
 // manager builds the Manager; commands that only talk to the node (exec,
 // files) do not open the database.
 func (c *cli) manager(ctx context.Context, withStore bool) (*manager.Manager, func(), error) {
-	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger(), BusyRetries: c.busyRetries}
+	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger(), BusyRetries: c.busyRetries, Templates: storeDefaults{c}}
 	if !withStore {
 		return m, func() {}, nil
 	}
@@ -291,7 +291,7 @@ func splitDash(cmd *cobra.Command, args []string) (before, after []string) {
 }
 
 func (c *cli) createCommand() *cobra.Command {
-	var cpu, memory, disk, template, mode, cwd string
+	var cpu, memory, disk, template, mode, cwd, user string
 	var pids, lifetime int64
 	var env, vols []string
 	var nf networkFlags
@@ -313,7 +313,8 @@ func (c *cli) createCommand() *cobra.Command {
 	f.StringVar(&template, "template", "busybox", "RootFS template")
 	f.StringVar(&mode, "mode", string(api.RootFSOverlay), "RootFS mode")
 	f.StringArrayVar(&env, "env", nil, "environment of the main process (KEY=VALUE, repeatable)")
-	f.StringVar(&cwd, "cwd", "", "working directory of the main process")
+	f.StringVar(&cwd, "cwd", "", "working directory of the main process (default: the template image's)")
+	f.StringVar(&user, "user", "", "UID[:GID] of the main process, numeric (default: the template image's user, else root)")
 	f.Int64Var(&lifetime, "max-lifetime", 0, "seconds until the node releases it (0: none)")
 	f.StringArrayVar(&vols, "volume", nil, "attach persistent volume ID at PATH in the guest (ID:/PATH, repeatable; block store volumes, see `volume create`)")
 	nf.register(f, "network", string(api.NetworkDenyAll))
@@ -336,6 +337,10 @@ func (c *cli) createCommand() *cobra.Command {
 		if err != nil {
 			return usageError{fmt.Errorf("--memory: %w", err)}
 		}
+		u, err := parseUser(user)
+		if err != nil {
+			return err
+		}
 		var diskBytes int64
 		if disk != "" {
 			if diskBytes, err = manager.ParseMemory(disk); err != nil {
@@ -354,6 +359,7 @@ func (c *cli) createCommand() *cobra.Command {
 			Process:        api.Process{Args: proc, Env: env, Cwd: cwd},
 			MaxLifetimeSec: lifetime,
 			Volumes:        mounts,
+			User:           u,
 		})
 		if err != nil {
 			if res.OperationID != "" && !res.Reused && errdefs.CodeOf(err) == errdefs.CodeUnavailable {

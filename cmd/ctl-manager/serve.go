@@ -280,7 +280,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		}
 		srv := &service.Server{
 			Volumes:        vols,
-			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries},
+			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Templates: storeDefaults{c}},
 			Store:          st,
 			Log:            log,
 			Templates:      tpls,

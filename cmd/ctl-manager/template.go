@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -87,14 +89,22 @@ func (tf *templateFlags) open(ctx context.Context, create bool) (blockstore.Stor
 }
 
 func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
-	var size, kind, tmp, compress string
+	var size, kind, tmp, compress, image, platform, layerCache string
 	cmd := &cobra.Command{
-		Use:   "import NAME SOURCE",
-		Short: "Build an ext4 image from a directory, tarball, docker-archive, OCI layout or oci-archive and store it as a template",
-		Args:  exactArgs(2, "NAME SOURCE"),
+		Use:   "import NAME {SOURCE | --image REF}",
+		Short: "Build an ext4 image from a registry image, a directory, tarball, docker-archive, OCI layout or oci-archive and store it as a template",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if image != "" {
+				return exactArgs(1, "NAME (with --image)")(cmd, args)
+			}
+			return exactArgs(2, "NAME SOURCE")(cmd, args)
+		},
 	}
-	cmd.Flags().StringVar(&size, "size", "1Gi", "device size of the image (a multiple of 64Ki)")
+	cmd.Flags().StringVar(&size, "size", "1Gi", "device size of the image (a multiple of 64Ki); also bounds the layers' compressed bytes of --image")
 	cmd.Flags().StringVar(&kind, "kind", "", "source kind: dir, tar, docker-archive, oci, oci-archive (default: detect)")
+	cmd.Flags().StringVar(&image, "image", "", "pull REF (registry/repo:tag or repo@sha256:...) from its registry instead of reading SOURCE; credentials from the docker config file ($DOCKER_CONFIG, ~/.docker/config.json) and its credential helpers")
+	cmd.Flags().StringVar(&platform, "platform", "", "platform to pick from a multi-platform --image (default linux/<this machine's architecture>)")
+	cmd.Flags().StringVar(&layerCache, "layer-cache", "", "directory of --image layers by digest, shared by imports (default: layercache beside the store; under $TMPDIR for an S3 store)")
 	cmd.Flags().StringVar(&compress, "compress", string(blockstore.CompressS2), "compression of the stored chunks: s2 (fast reads), zstd (the smallest store, reads that cost more CPU) or none (the largest store, the cheapest reads)")
 	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent; $TMPDIR for an S3 store)")
 	cmd.RunE = c.action(named("template import"), func(ctx context.Context, args []string) error {
@@ -108,11 +118,39 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		if tf.compress, err = blockstore.ParseCompression(compress); err != nil {
 			return usageError{fmt.Errorf("--compress: %w", err)}
 		}
+		var plat v1.Platform
+		if platform != "" {
+			p, err := v1.ParsePlatform(platform)
+			if err != nil {
+				return usageError{fmt.Errorf("--platform: %w", err)}
+			}
+			plat = *p
+		}
 		_, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
+		if image != "" {
+			if layerCache == "" {
+				layerCache = filepath.Join(tf.tmpDir(""), "layercache")
+			}
+			po := template.PullOptions{CacheDir: layerCache, Platform: plat, MaxBytes: n, Progress: c.pullProgress()}
+			m, res, meta, err := template.ImportImage(ctx, repo, args[0], image, po, template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tf.tmpDir(tmp))
+			if err != nil {
+				return err
+			}
+			for _, s := range res.Skipped {
+				fmt.Fprintf(c.stderr, "skipped %s: %s\n", s.Path, s.Reason)
+			}
+			if c.json {
+				return c.printJSON(map[string]any{"name": args[0], "device_size": m.DeviceSize, "chunk_size": m.ChunkSize,
+					"data_chunks": len(m.Entries), "entries": res.Entries, "bytes": res.Bytes, "skipped": len(res.Skipped), "image": meta})
+			}
+			fmt.Fprintf(c.stdout, "template %s: image %s (%s, %s), %d entries, file data %s, device %s, %d data chunks stored, %s\n", args[0], image, meta.Digest, meta.Platform,
+				res.Entries, manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), len(m.Entries), time.Since(start).Round(time.Millisecond))
+			return nil
+		}
 		m, res, err := template.ImportSource(ctx, repo, args[0], template.Source{Kind: template.Kind(kind), Path: args[1]},
 			template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tf.tmpDir(tmp))
 		if err != nil {
@@ -152,8 +190,8 @@ func (c *cli) progressPrinter() func(template.Progress) {
 
 func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store", Args: noArgs}
-	cmd.RunE = storeLs(c, tf, "template ls", template.List, "no templates", "NAME\tSIZE\tDATA CHUNKS", func(i template.Info) string {
-		return fmt.Sprintf("%s\t%s\t%d", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks)
+	cmd.RunE = storeLs(c, tf, "template ls", template.List, "no templates", "NAME\tSIZE\tDATA CHUNKS\tIMAGE", func(i template.Info) string {
+		return fmt.Sprintf("%s\t%s\t%d\t%s", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks, cmp.Or(i.Image, "-"))
 	})
 	return cmd
 }

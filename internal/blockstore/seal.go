@@ -36,6 +36,7 @@ const (
 	kindHead      objKind = 3
 	kindSnapshot  objKind = 4
 	kindTombstone objKind = 5
+	kindMeta      objKind = 6
 )
 
 func (k objKind) String() string {
@@ -50,6 +51,8 @@ func (k objKind) String() string {
 		return "snapshot"
 	case kindTombstone:
 		return "tombstone"
+	case kindMeta:
+		return "meta"
 	}
 	return fmt.Sprintf("kind %d", uint8(k))
 }

@@ -46,6 +46,9 @@ type Manager struct {
 	// KeyOverlap is how long a node's key stays trusted for proofs after
 	// a signed rotation replaced it (0: DefaultKeyOverlap).
 	KeyOverlap time.Duration
+	// Templates, if set, gives claims their template image's defaults
+	// (templates.go); nil: a claim runs what it says.
+	Templates TemplateDefaults
 }
 
 // whileBusy calls fn again while the node answers busy, after the node's
@@ -111,6 +114,9 @@ type Spec struct {
 	Process        api.Process       `json:"process"`
 	MaxLifetimeSec int64             `json:"max_lifetime_sec,omitempty"`
 	Volumes        []api.VolumeMount `json:"volumes,omitempty"`
+	// User, if set, is the main process's user, root included: it wins
+	// over Process's ids and the template image's user (templates.go).
+	User *api.User `json:"user,omitempty"`
 }
 
 func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
@@ -157,6 +163,9 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	}
 	opID, err := m.newOpID()
 	if err != nil {
+		return CreateResult{}, err
+	}
+	if spec, err = m.applyDefaults(ctx, spec); err != nil {
 		return CreateResult{}, err
 	}
 	// Bad input is refused here, before anything is recorded.

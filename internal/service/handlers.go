@@ -126,6 +126,7 @@ func (s *Server) specOf(req client.CreateRequest) (manager.Spec, error) {
 	}
 	if req.User != nil {
 		spec.Process.UID, spec.Process.GID = req.User.UID, req.User.GID
+		spec.User = &api.User{UID: req.User.UID, GID: req.User.GID} // root too, over the image's
 	}
 	if req.Network != nil {
 		spec.Network = policyOf(*req.Network)

@@ -20,6 +20,9 @@ type ImageOptions struct {
 	FSType   string // "ext4" (the default); XFS is refused, see BuildImage
 	Label    string // file system label, optional (at most 16 bytes)
 	Progress func(Progress)
+	// Inspect, if set, reads the unpacked tree (through an os.Root: nothing
+	// outside it) before the image is made: an error stops the build.
+	Inspect func(*os.Root) error
 }
 
 // ImageResult tells what went into an image.
@@ -68,7 +71,7 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 	if err := os.Mkdir(tree, 0o700); err != nil {
 		return res, fmt.Errorf("create stage for %s: %w", out, err)
 	}
-	u, err := newUnpacker(tree, o.Progress)
+	u, err := newUnpacker(tree, o.Progress, o.Size)
 	if err != nil {
 		return res, err
 	}
@@ -81,6 +84,11 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 		return res, fmt.Errorf("import %s: %w", src.Path, err)
 	}
 	res = ImageResult{Entries: u.entries, Bytes: u.bytes, Skipped: u.skipped}
+	if o.Inspect != nil {
+		if err := o.Inspect(u.root); err != nil {
+			return res, fmt.Errorf("import %s: %w", src.Path, err)
+		}
+	}
 	// Content alone beyond the size is certain failure; say so before mkfs.
 	if need := u.blocks * 4096; need > o.Size {
 		return res, fmt.Errorf("build %s: content needs %d bytes, size is %d: %w", out, need, o.Size, ErrImageTooSmall)

@@ -29,7 +29,7 @@ type node struct {
 	Content string // regular file
 }
 
-func needTools(t *testing.T) {
+func needTools(t testing.TB) {
 	t.Helper()
 	for _, b := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
 		if _, err := exec.LookPath(b); err != nil {
@@ -186,7 +186,7 @@ type tent struct {
 	content string
 }
 
-func mkTar(t *testing.T, es []tent) []byte {
+func mkTar(t testing.TB, es []tent) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)

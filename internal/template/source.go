@@ -32,12 +32,14 @@ const (
 	KindDockerArchive Kind = "docker-archive" // `docker save` output
 	KindOCIArchive    Kind = "oci-archive"    // a tar of an OCI image layout
 	KindOCILayout     Kind = "oci"            // an OCI image layout directory
+	KindImage         Kind = "image"          // Source.Image, already opened (a registry pull)
 )
 
 // Source is where a template's tree comes from.
 type Source struct {
-	Kind Kind
-	Path string
+	Kind  Kind
+	Path  string
+	Image v1.Image // KindImage
 }
 
 // Detect works out a source's kind: a directory with an oci-layout file is
@@ -101,6 +103,8 @@ func feed(ctx context.Context, src Source, u *unpacker, tmp string) error {
 		kind = k
 	}
 	switch kind {
+	case KindImage:
+		return feedImage(ctx, src.Image, u)
 	case KindDir:
 		return feedDir(ctx, src.Path, u)
 	case KindTar:
@@ -178,6 +182,15 @@ func feedImage(ctx context.Context, img v1.Image, u *unpacker) error {
 	defer rc.Close()
 	if err := feedTar(ctx, rc, u); err != nil {
 		return fmt.Errorf("flatten image: %w", err)
+	}
+	// Extract ends its tar (the end marker) before it reports why it
+	// stopped, so a refused entry (an unsafe path) looks like the end of
+	// the image: only the pipe's error after the marker tells.
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		if strings.Contains(err.Error(), "unsafe tar path") {
+			return fmt.Errorf("flatten image: %w: %w", ErrUnsafePath, err)
+		}
+		return fmt.Errorf("flatten image: %w: %w", ErrBadSource, err)
 	}
 	return nil
 }

@@ -146,7 +146,8 @@ type Info struct {
 	Name       string
 	DeviceSize uint64
 	ChunkSize  uint32
-	DataChunks int // chunks stored (the others are zeros)
+	DataChunks int    // chunks stored (the others are zeros)
+	Image      string `json:",omitempty"` // REF@DIGEST of a registry import
 }
 
 // List returns the templates of the store, by name. A volume with objects
@@ -166,7 +167,16 @@ func List(ctx context.Context, store blockstore.Store, repo *blockstore.Repo) ([
 		if err != nil {
 			return nil, fmt.Errorf("list templates: %w", err)
 		}
-		out = append(out, Info{Name: v, DeviceSize: m.DeviceSize, ChunkSize: m.ChunkSize, DataChunks: len(m.Entries)})
+		info := Info{Name: v, DeviceSize: m.DeviceSize, ChunkSize: m.ChunkSize, DataChunks: len(m.Entries)}
+		if meta, ok, err := ReadMeta(ctx, repo, v); err != nil {
+			return nil, fmt.Errorf("list templates: %w", err)
+		} else if ok {
+			info.Image = meta.Ref + "@" + meta.Digest
+			if strings.Contains(meta.Ref, "@") {
+				info.Image = meta.Ref // pinned: the digest is in it
+			}
+		}
+		out = append(out, info)
 	}
 	slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil

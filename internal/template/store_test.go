@@ -12,7 +12,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 )
 
-func testRepo(t *testing.T) (blockstore.Store, *blockstore.Repo) {
+func testRepo(t testing.TB) (blockstore.Store, *blockstore.Repo) {
 	t.Helper()
 	st, err := dirstore.Open(filepath.Join(t.TempDir(), "store"))
 	if err != nil {

@@ -68,14 +68,25 @@ type unpacker struct {
 	entries  int64
 	bytes    int64
 	blocks   int64 // 4 KiB blocks the content needs, for the size check
+	// maxBytes bounds the content (the image's size): a file past it is
+	// refused from its header, before a byte is written, so a sparse or
+	// highly compressed 10 GiB claim never reaches the stage's disk.
+	maxBytes int64
 }
 
-func newUnpacker(dir string, progress func(Progress)) (*unpacker, error) {
+// Bounds of a tree's names and entries, beyond the image's size.
+const (
+	maxPathLen     = 4095 // PATH_MAX less the NUL
+	maxNameLen     = 255  // one component, ext4's limit
+	maxTreeEntries = 1 << 22
+)
+
+func newUnpacker(dir string, progress func(Progress), maxBytes int64) (*unpacker, error) {
 	r, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open stage %s: %w", dir, err)
 	}
-	u := &unpacker{root: r, metas: map[string]*meta{}, progress: progress}
+	u := &unpacker{root: r, metas: map[string]*meta{}, progress: progress, maxBytes: maxBytes}
 	// A tree without a "./" entry gets the usual root: 0755 root:root, so
 	// non-root workloads can traverse "/".
 	u.metas["."] = &meta{typ: tar.TypeDir, mode: fs.ModeDir | 0o755}
@@ -96,9 +107,15 @@ func cleanName(name string) (string, error) {
 	if strings.ContainsRune(name, 0) {
 		return "", fmt.Errorf("name %q has a NUL byte: %w", name, ErrUnsafePath)
 	}
+	if len(name) > maxPathLen {
+		return "", fmt.Errorf("name of %d bytes (at most %d): %w", len(name), maxPathLen, ErrUnsafePath)
+	}
 	for _, c := range strings.Split(name, "/") {
 		if c == ".." {
 			return "", fmt.Errorf("name %q has a .. component: %w", name, ErrUnsafePath)
+		}
+		if len(c) > maxNameLen {
+			return "", fmt.Errorf("name %q has a component of %d bytes (at most %d): %w", name, len(c), maxNameLen, ErrUnsafePath)
 		}
 	}
 	return path.Clean(name), nil
@@ -118,6 +135,12 @@ func (u *unpacker) add(h *tar.Header, r io.Reader) error {
 	name, err := cleanName(h.Name)
 	if err != nil {
 		return err
+	}
+	if u.entries >= maxTreeEntries {
+		return fmt.Errorf("more than %d entries: %w", maxTreeEntries, ErrBadSource)
+	}
+	if h.Typeflag == tar.TypeReg && u.maxBytes > 0 && (h.Size < 0 || h.Size > u.maxBytes-u.blocks*4096) {
+		return fmt.Errorf("file %s of %d bytes does not fit in the image's %d bytes (%d used): %w", name, h.Size, u.maxBytes, u.blocks*4096, ErrImageTooSmall)
 	}
 	m := &meta{mode: h.FileInfo().Mode(), uid: h.Uid, gid: h.Gid, mtime: h.ModTime}
 	for k, v := range h.PAXRecords {

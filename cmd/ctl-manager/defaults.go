@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// storeDefaults gives a block claim its template image's defaults, read
+// from the block store ctld's configuration file names (as the template
+// commands find it). A host without the node key has no block store to
+// read: no defaults. Any other failure fails the claim.
+type storeDefaults struct{ c *cli }
+
+func (s storeDefaults) Defaults(ctx context.Context, r api.RootFS) (manager.ImageDefaults, bool, error) {
+	if r.Mode != api.RootFSBlock {
+		return manager.ImageDefaults{}, false, nil
+	}
+	tf := &templateFlags{getenv: s.c.getenv}
+	fl := pflag.NewFlagSet("store", pflag.ContinueOnError)
+	tf.register(fl, "")
+	if err := s.c.applyStoreConfig(fl); err != nil {
+		return manager.ImageDefaults{}, false, err
+	}
+	if _, err := os.Stat(tf.keyFile); errors.Is(err, fs.ErrNotExist) {
+		return manager.ImageDefaults{}, false, nil
+	}
+	_, repo, err := tf.open(ctx, false)
+	if err != nil {
+		return manager.ImageDefaults{}, false, err
+	}
+	meta, ok, err := template.ReadMeta(ctx, repo, r.Template)
+	if err != nil || !ok {
+		return manager.ImageDefaults{}, false, err
+	}
+	c := meta.Config
+	return manager.ImageDefaults{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, Cwd: c.WorkingDir, UID: c.UID, GID: c.GID}, true, nil
+}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// busyboxTar is the busybox template (the host's static busybox) as a tar.
+func busyboxTar(t *testing.T) []byte {
+	t.Helper()
+	bb := "/bin/busybox"
+	if _, err := os.Stat(bb); err != nil {
+		t.Fatalf("busybox-static not installed: %v", err)
+	}
+	dir := t.TempDir()
+	if err := template.BuildBusybox(dir, bb); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		target := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if target, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		h, err := tar.FileInfoHeader(fi, target)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = rel, 0, 0, "", ""
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(tw, f)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestKernelImageConfig: an image pushed to a registry on loopback (with a
+// password) is imported as a block template, and a real gVisor guest
+// claimed from it runs the image's entrypoint and cmd with its env, as its
+// user (a name resolved in the image's /etc/passwd and /etc/group), in its
+// working dir; a second claim overrides each.
+func TestKernelImageConfig(t *testing.T) {
+	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
+	ktest.RequireBinary(t, "runsc")
+	socket, stateDir := startCtldState(t)
+	cfg := filepath.Join(t.TempDir(), "ctld.toml")
+	if err := os.WriteFile(cfg, []byte("state-dir = \""+stateDir+"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg := startLoopRegistry(t)
+	app := tarOfFiles(t,
+		tfile{name: "etc/passwd", body: "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1000:app:/work:/bin/sh\n", mode: 0o644},
+		tfile{name: "etc/group", body: "root:x:0:\nstaff:x:2345:app\n", mode: 0o644},
+		tfile{name: "work/", dir: true, mode: 0o755, uid: 1234, gid: 2345},
+		tfile{name: "app/", dir: true, mode: 0o755},
+		tfile{name: "app/entry.sh", mode: 0o755, body: "#!/bin/sh\necho \"greeting=$GREETING cwd=$(pwd) id=$(id -u):$(id -g) args=$*\"\nexec sleep 1000000\n"})
+	ref, digest := reg.push(t, "team/app:v1", v1.Config{
+		Entrypoint: []string{"/app/entry.sh"}, Cmd: []string{"from-cmd"},
+		Env: []string{"PATH=/bin:/usr/bin", "GREETING=hello-image"}, User: "app:staff", WorkingDir: "/work",
+	}, busyboxTar(t), app)
+
+	e := &env{t: t, socket: socket, db: filepath.Join(t.TempDir(), "manager.db")}
+	out := e.ok("--config", cfg, "template", "import", "app", "--image", ref, "--size", "64Mi")
+	if !strings.Contains(out, digest.String()) {
+		t.Fatalf("import:\n%s", out)
+	}
+	t.Logf("import: %s", out)
+
+	logs := func(id, want string) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			out := e.ok("sandbox", "logs", id)
+			if out == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox logs %s = %q, want %q", id, out, want)
+			}
+		}
+	}
+	for _, c := range []struct {
+		id    string
+		flags []string
+		want  string
+	}{
+		{"ki1", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
+		{"ki2", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n"},
+	} {
+		created := false
+		t.Cleanup(func() {
+			if created {
+				e.run("", "sandbox", "destroy", c.id)
+			}
+		})
+		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", "block", "--template", "app"}, c.flags...)...)
+		created = true
+		if !strings.Contains(out, "sandbox "+c.id+" ready") {
+			t.Fatalf("create %s:\n%s", c.id, out)
+		}
+		logs(c.id, c.want)
+		if out := e.ok("sandbox", "destroy", c.id); !strings.Contains(out, "verified: "+c.id+" generation 1 is gone") {
+			t.Fatalf("destroy %s:\n%s", c.id, out)
+		}
+		created = false
+	}
+}
