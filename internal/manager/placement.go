@@ -416,3 +416,8 @@ func proofTx(ctx context.Context, q querier, opID string) (ProofRecord, error) {
 	}
 	return r, nil
 }
+
+// Definitive reports whether ctld's answer settles an operation (see
+// definitive): the node process fails the operation on such an answer and
+// leaves it pending, to send again with the same id, on any other.
+func Definitive(err error) bool { return definitive(err) }
