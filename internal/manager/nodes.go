@@ -159,6 +159,16 @@ type Duration time.Duration
 // MarshalText implements encoding.TextMarshaler.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("parse duration %q: %w", b, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
 // Expires is when the node's last heartbeat stops keeping it alive.
 func (n FleetNode) Expires() time.Time { return n.HeartbeatAt.Add(time.Duration(n.TTL)) }
 
