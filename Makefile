@@ -152,7 +152,7 @@ install:
 	install -D -m 0755 bin/ctl-manager $(DESTDIR)$(PREFIX)/bin/ctl-manager
 	install -D -m 0755 bin/ctl-agent $(DESTDIR)$(PREFIX)/bin/ctl-agent
 	install -D -m 0644 systemd/ctld.target $(DESTDIR)/etc/systemd/system/ctld.target
-	for u in ctld@.service ctl-manager.service; do sed 's|/usr/bin/ctl|$(PREFIX)/bin/ctl|; s|/usr/share/doc/ctld|$(PREFIX)/share/doc/ctld|' systemd/$$u | \
+	for u in ctld@.service ctl-manager.service ctl-manager-node.service; do sed 's|/usr/bin/ctl|$(PREFIX)/bin/ctl|; s|/usr/share/doc/ctld|$(PREFIX)/share/doc/ctld|' systemd/$$u | \
 		install -D -m 0644 /dev/stdin $(DESTDIR)/etc/systemd/system/$$u; done
 	install -D -m 0644 systemd/ctld.tmpfiles.conf $(DESTDIR)/etc/tmpfiles.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modules-load.conf $(DESTDIR)/etc/modules-load.d/ctld.conf
