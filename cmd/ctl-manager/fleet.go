@@ -52,6 +52,7 @@ func (c *cli) nodeRunCommand() *cobra.Command {
 		}
 		defer st.Close()
 		a.Store, a.Client = st, &api.Client{SocketPath: c.socket}
+		a.ListenDSN = c.db // PostgreSQL: LISTEN for placed work too
 		// The process logs at info level even without -v: it is a service.
 		level := slog.LevelInfo
 		if c.verbose {

@@ -198,6 +198,12 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 		out = Placement{NodeID: n.NodeID, Operation: op}
 		return err
 	})
+	if err == nil && !out.Reused {
+		// After the commit, so the node's process finds the claim. A
+		// failed notification is not the create's failure (the claim is
+		// recorded; the node's polling finds it).
+		_ = s.NotifyNode(ctx, out.NodeID)
+	}
 	return out, err
 }
 
@@ -421,3 +427,35 @@ func proofTx(ctx context.Context, q querier, opID string) (ProofRecord, error) {
 // definitive): the node process fails the operation on such an answer and
 // leaves it pending, to send again with the same id, on any other.
 func Definitive(err error) bool { return definitive(err) }
+
+// NodeWorkChannel is the PostgreSQL notification channel on which a
+// node's id is sent when work is placed on it (NotifyNode); node processes
+// LISTEN on it to cut their polling wait.
+const NodeWorkChannel = "ctl_node_work"
+
+// NotifyNode wakes node nodeID's process (PostgreSQL: NOTIFY on
+// NodeWorkChannel; SQLite has no other process to wake). It is a hint
+// only: a lost notification costs one polling interval.
+func (s *Store) NotifyNode(ctx context.Context, nodeID string) error {
+	if s.dialect.name != pgDialect.name || nodeID == "" {
+		return nil
+	}
+	if _, err := s.db.ExecContext(ctx, `SELECT pg_notify(?, ?)`, NodeWorkChannel, nodeID); err != nil {
+		return fmt.Errorf("notify node %s: %w", nodeID, err)
+	}
+	return nil
+}
+
+// RequestRelease records the release of a placed sandbox (BeginRelease)
+// and wakes its node's process, which carries it out.
+func (s *Store) RequestRelease(ctx context.Context, id, newOpID string) (OperationRecord, bool, error) {
+	op, reused, err := s.BeginRelease(ctx, id, newOpID)
+	if err != nil {
+		return op, reused, err
+	}
+	// A hint, as in Place: the release is recorded either way.
+	if sb, err := s.Sandbox(ctx, id); err == nil {
+		_ = s.NotifyNode(ctx, sb.NodeID)
+	}
+	return op, reused, nil
+}

@@ -5,7 +5,7 @@
 // releases placed on its node, drives ctld through them, and records the
 // answers and cleanup proofs. ctld's socket stays local: only this process
 // calls it. Work is found by polling the database; on PostgreSQL a
-// LISTEN/NOTIFY wake-up (Waker) cuts the wait.
+// LISTEN/NOTIFY wake-up (ListenDSN) cuts the wait.
 package nodeagent
 
 import (
@@ -46,8 +46,10 @@ type Agent struct {
 	Grace time.Duration
 	// Poll is how often the database is asked for work (default 1s).
 	Poll time.Duration
-	// Wake, when set, signals that work may be waiting (a NOTIFY).
-	Wake <-chan struct{}
+	// ListenDSN, a postgres:// URL (the Store's database), makes the agent
+	// LISTEN for the notifications Place and RequestRelease send, so work
+	// is taken at once rather than at the next poll. Empty: polling only.
+	ListenDSN string
 }
 
 func (a *Agent) log() *slog.Logger { return logging.OrDiscard(a.Log) }
@@ -126,6 +128,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	id := rec.NodeID
+	var wake chan struct{} // nil: never ready
+	if manager.IsPostgresURL(a.ListenDSN) {
+		wake = make(chan struct{}, 1)
+		lctx, stop := context.WithCancel(ctx)
+		listened := make(chan struct{})
+		go func() { defer close(listened); listen(lctx, a.ListenDSN, id, a.log(), wake) }()
+		defer func() { stop(); <-listened }()
+	}
 	beat := time.NewTicker(a.ttl() / 3)
 	defer beat.Stop()
 	poll := time.NewTicker(a.poll())
@@ -142,7 +152,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.log().Warn("heartbeat", "node", id, "err", err)
 			}
 		case <-poll.C:
-		case <-a.Wake:
+		case <-wake:
 		}
 	}
 }

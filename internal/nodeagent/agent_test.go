@@ -281,3 +281,43 @@ func TestAgentLeavesUnsettledWorkPending(t *testing.T) {
 		t.Fatalf("claims sent: %v, want c-sb twice", ops)
 	}
 }
+
+// TestAgentWokenByNotify: on PostgreSQL the node process LISTENs, so a
+// claim placed on it and a release requested of it are carried out at
+// once, long before its next poll (30s here).
+func TestAgentWokenByNotify(t *testing.T) {
+	ctx := context.Background()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	replica := open(t, dsn)
+	f := fakenode.New("node-a")
+	var logs testutil.Buffer
+	start(t, &nodeagent.Agent{Store: open(t, dsn), Client: &api.Client{SocketPath: fakenode.Serve(t, f)}, Log: logging.New(&logs, slog.LevelDebug),
+		Templates: []string{"busybox"}, TTL: time.Minute, Poll: 30 * time.Second, ListenDSN: dsn})
+	eventually(t, "registered", func() (bool, string) {
+		_, err := replica.FleetNode(ctx, "node-a")
+		return err == nil, fmt.Sprint(err)
+	})
+	time.Sleep(time.Second) // past the first polls: what follows is woken or waits 30s
+	within := func(what string, d time.Duration, cond func() bool) {
+		t.Helper()
+		began := time.Now()
+		for !cond() {
+			if time.Since(began) > d {
+				t.Fatalf("%s: not within %v (the poll is 30s: no wake-up)\n%s", what, d, logs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("%s after %v", what, time.Since(began).Round(time.Millisecond))
+	}
+	spec := manager.Spec{Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 32}, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"}}
+	if _, err := replica.Place(ctx, manager.PlaceIntent{SandboxID: "sb", OperationID: "c-sb", Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	state := func() api.SandboxState { rec, _ := replica.Sandbox(ctx, "sb"); return rec.State }
+	within("claimed", 5*time.Second, func() bool { return state() == api.StateReady })
+	if _, _, err := replica.RequestRelease(ctx, "sb", "r-sb"); err != nil {
+		t.Fatal(err)
+	}
+	within("released", 5*time.Second, func() bool { return state() == api.StateReleased })
+}
