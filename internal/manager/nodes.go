@@ -36,6 +36,9 @@ const (
 // and adds the capacity reservations of placed sandboxes. A reservation is
 // active until released_at is set: by a release whose cleanup proof
 // verified against the node's pinned key, or a claim the node refused.
+// The node's reserved_* columns are the sum of its active reservations,
+// kept in the same transactions (placement reads them, not the rows, so
+// its cost does not grow with the sandboxes recorded).
 const fleetMigration = `ALTER TABLE nodes ADD COLUMN name TEXT NOT NULL DEFAULT '';
 	ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT '' CHECK (state IN ('', 'ready', 'cordoned', 'draining', 'lost'));
 	ALTER TABLE nodes ADD COLUMN state_reason TEXT NOT NULL DEFAULT '';
@@ -49,6 +52,10 @@ const fleetMigration = `ALTER TABLE nodes ADD COLUMN name TEXT NOT NULL DEFAULT 
 	ALTER TABLE nodes ADD COLUMN templates TEXT NOT NULL DEFAULT '[]';
 	ALTER TABLE nodes ADD COLUMN heartbeat_at TEXT NOT NULL DEFAULT '';
 	ALTER TABLE nodes ADD COLUMN ttl_ms INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN reserved_cpu_millis INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN reserved_memory_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN reserved_disk_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN reserved_sandboxes INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN reason TEXT NOT NULL DEFAULT '';
 	CREATE TABLE reservations (
 		sandbox_id        TEXT NOT NULL,
@@ -172,17 +179,12 @@ func (d *Duration) UnmarshalText(b []byte) error {
 // Expires is when the node's last heartbeat stops keeping it alive.
 func (n FleetNode) Expires() time.Time { return n.HeartbeatAt.Add(time.Duration(n.TTL)) }
 
-// fleetSelect reads registered nodes with their active reservations summed.
+// fleetSelect reads registered nodes.
 const fleetSelect = `SELECT n.node_id, n.name, n.state, n.state_reason, n.public_key,
 	n.alloc_cpu_millis, n.alloc_memory_bytes, n.alloc_disk_bytes, n.alloc_sandboxes,
-	COALESCE(r.cpu, 0), COALESCE(r.mem, 0), COALESCE(r.disk, 0), COALESCE(r.n, 0),
+	n.reserved_cpu_millis, n.reserved_memory_bytes, n.reserved_disk_bytes, n.reserved_sandboxes,
 	n.runsc_version, n.platform, n.root_modes, n.templates, n.heartbeat_at, n.ttl_ms
-	FROM nodes n LEFT JOIN (
-		SELECT node_id, CAST(SUM(cpu_millis) AS BIGINT) AS cpu, CAST(SUM(memory_bytes) AS BIGINT) AS mem,
-			CAST(SUM(disk_bytes) AS BIGINT) AS disk, COUNT(*) AS n
-		FROM reservations WHERE released_at IS NULL GROUP BY node_id
-	) r ON r.node_id = n.node_id
-	WHERE n.state <> ''`
+	FROM nodes n WHERE n.state <> ''`
 
 func scanFleetNode(row rowScanner) (FleetNode, error) {
 	var n FleetNode

@@ -194,6 +194,9 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 			in.SandboxID, gen, n.NodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
 			return fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, n.NodeID, err)
 		}
+		if err := addReserved(ctx, tx, n.NodeID, want); err != nil {
+			return err
+		}
 		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, in.OperationID))
 		out = Placement{NodeID: n.NodeID, Operation: op}
 		return err
@@ -294,11 +297,13 @@ func (s *Store) FailPlacedClaim(ctx context.Context, opID, msg string) error {
 		}{
 			{`UPDATE generations SET state = ?, ended_at = ? WHERE sandbox_id = ? AND generation = ?`, []any{api.StateFailed, now, op.SandboxID, op.Generation}},
 			{`UPDATE sandboxes SET state = ?, reason = ? WHERE id = ? AND generation = ?`, []any{api.StateFailed, msg, op.SandboxID, op.Generation}},
-			{`UPDATE reservations SET released_at = ?, release_operation = ? WHERE sandbox_id = ? AND generation = ? AND released_at IS NULL`, []any{now, opID, op.SandboxID, op.Generation}},
 		} {
 			if _, err := tx.ExecContext(ctx, q.sql, q.args...); err != nil {
 				return fmt.Errorf("fail claim %s: %w", opID, err)
 			}
+		}
+		if err := returnReservation(ctx, tx, op, now); err != nil {
+			return err
 		}
 		return finishOp(ctx, tx, opID, OpFailed, msg, now)
 	})
@@ -354,14 +359,44 @@ func (s *Store) FinishPlacedRelease(ctx context.Context, opID string, sb api.San
 			return err
 		}
 		if out.VerifyError == "" {
-			if _, err := tx.ExecContext(ctx, `UPDATE reservations SET released_at = ?, release_operation = ? WHERE sandbox_id = ? AND generation = ? AND released_at IS NULL`,
-				at, opID, op.SandboxID, op.Generation); err != nil {
-				return fmt.Errorf("return the reservation of %s/%d: %w", op.SandboxID, op.Generation, err)
+			if err := returnReservation(ctx, tx, op, at); err != nil {
+				return err
 			}
 		}
 		return saveProof(ctx, tx, out)
 	})
 	return out, err
+}
+
+// addReserved moves node nodeID's reserved sum by d (negative: returned).
+func addReserved(ctx context.Context, tx *sql.Tx, nodeID string, d NodeAlloc) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE nodes SET reserved_cpu_millis = reserved_cpu_millis + ?, reserved_memory_bytes = reserved_memory_bytes + ?,
+		reserved_disk_bytes = reserved_disk_bytes + ?, reserved_sandboxes = reserved_sandboxes + ? WHERE node_id = ?`,
+		d.CPUMillis, d.MemoryBytes, d.DiskBytes, d.Sandboxes, nodeID); err != nil {
+		return fmt.Errorf("count the reservations of node %s: %w", nodeID, err)
+	}
+	return nil
+}
+
+// returnReservation ends op's generation's reservation, if still active,
+// by op, and takes it off its node's sum.
+func returnReservation(ctx context.Context, tx *sql.Tx, op OperationRecord, at string) error {
+	res, err := scanReservation(tx.QueryRowContext(ctx, reservationSelect+` WHERE sandbox_id = ? AND generation = ?`, op.SandboxID, op.Generation))
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("return the reservation of %s/%d: %w", op.SandboxID, op.Generation, err)
+	}
+	if res.ReleasedAt != nil {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE reservations SET released_at = ?, release_operation = ? WHERE sandbox_id = ? AND generation = ?`,
+		at, op.OperationID, op.SandboxID, op.Generation); err != nil {
+		return fmt.Errorf("return the reservation of %s/%d: %w", op.SandboxID, op.Generation, err)
+	}
+	r := res.Resources
+	return addReserved(ctx, tx, res.NodeID, NodeAlloc{-r.CPUMillis, -r.MemoryBytes, -r.DiskBytes, -1})
 }
 
 const notCleanPrefix = "not clean: "

@@ -570,6 +570,10 @@ func concurrentPlacements(t *testing.T, open Opener) {
 			if !sum.Fits(small()) {
 				t.Fatalf("%s: node %s holds %+v, over %+v", when, n.id, sum, small())
 			}
+			// The node's running sum, which placement reads, is the rows'.
+			if got := must(b.FleetNode(ctx, n.id))(t).Reserved; got != sum {
+				t.Fatalf("%s: node %s's reserved sum %+v, its active reservations %+v", when, n.id, got, sum)
+			}
 			held[n.id] = sum.Sandboxes
 		}
 		return held
