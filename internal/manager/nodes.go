@@ -443,3 +443,20 @@ func (s *Store) SandboxReason(ctx context.Context, id string) (string, error) {
 }
 
 func holds(list []string, s string) bool { return slices.Contains(list, s) }
+
+// Abandoned returns the sandboxes placed on node nodeID that the database
+// failed (as when the node was marked lost) while their generation still
+// holds a reservation there: what the node's ctld must release, with a
+// recorded operation and a proof, before the capacity comes back. Lost
+// block sandboxes are not among them: their fate (resumed elsewhere, or
+// kept) is not decided here.
+func (s *Store) Abandoned(ctx context.Context, nodeID string) ([]SandboxRecord, error) {
+	out, err := collect(ctx, s.db, scanSandbox, `SELECT s.id, s.created_at, s.state, s.generation, COALESCE(s.node_id, '') FROM sandboxes s
+		JOIN reservations r ON r.sandbox_id = s.id AND r.generation = s.generation AND r.node_id = s.node_id
+		WHERE s.node_id = ? AND s.state = ? AND r.released_at IS NULL ORDER BY s.id LIMIT ?`,
+		nodeID, api.StateFailed, maxNodeWork)
+	if err != nil {
+		return nil, fmt.Errorf("list the abandoned sandboxes of node %s: %w", nodeID, err)
+	}
+	return out, nil
+}

@@ -10,6 +10,8 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -116,7 +118,48 @@ func (a *Agent) Register(ctx context.Context) (manager.FleetNode, error) {
 		return rec, fmt.Errorf("register node %s: %w", n.NodeID, err)
 	}
 	a.log().Info("node registered", "node", rec.NodeID, "state", rec.State, "allocatable", rec.Allocatable, "root_modes", rec.RootModes, "templates", rec.Templates)
+	if err := a.releaseAbandoned(ctx, rec.NodeID); err != nil {
+		a.log().Warn("release what the database no longer gives this node", "node", rec.NodeID, "err", err)
+	}
 	return rec, nil
+}
+
+// releaseAbandoned records a release of each sandbox the database failed
+// on this node while ctld still runs its generation, as when the
+// node was marked lost and came back: the next steps carry them out and
+// their verified proofs return the capacity. A generation ctld no longer
+// has is left held (its proof is not here) and logged.
+func (a *Agent) releaseAbandoned(ctx context.Context, nodeID string) error {
+	recs, err := a.Store.Abandoned(ctx, nodeID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		sb, err := a.Client.Get(ctx, r.ID)
+		if err != nil || sb.Generation != r.Generation || sb.State != api.StateReady {
+			a.log().Warn("abandoned generation not running on ctld; its capacity stays held", "sandbox", r.ID, "generation", r.Generation, "ctld", sb.State, "err", err)
+			continue
+		}
+		opID, err := newOpID()
+		if err == nil {
+			_, _, err = a.Store.BeginRelease(ctx, r.ID, opID)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("release abandoned %s: %w", r.ID, err))
+			continue
+		}
+		a.log().Info("releasing a generation the database no longer gives this node", "sandbox", r.ID, "generation", r.Generation, "was", r.State)
+	}
+	return errors.Join(errs...)
+}
+
+func newOpID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate operation id: %w", err)
+	}
+	return "op-" + hex.EncodeToString(b[:]), nil
 }
 
 // Run registers the node, then heartbeats, sweeps for lost nodes and

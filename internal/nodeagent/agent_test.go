@@ -89,9 +89,14 @@ func TestAgentsOverFakeNodesAndPostgres(t *testing.T) {
 	fakes := map[string]*fakenode.Node{"node-a": fakenode.New("node-a"), "node-b": fakenode.New("node-b")}
 	var logs testutil.Buffer
 	agents := map[string]*running{}
+	socketB := fakenode.Serve(t, fakes["node-b"])
 	for _, id := range []string{"node-a", "node-b"} {
+		socket := socketB
+		if id == "node-a" {
+			socket = fakenode.Serve(t, fakes[id])
+		}
 		a := &nodeagent.Agent{
-			Store: open(t, dsn), Client: &api.Client{SocketPath: fakenode.Serve(t, fakes[id])},
+			Store: open(t, dsn), Client: &api.Client{SocketPath: socket},
 			Log: logging.New(&logs, slog.LevelDebug), Platform: "systrap", Templates: []string{"busybox"}, MaxSandboxes: 3,
 			TTL: time.Second, Grace: time.Second, Poll: 50 * time.Millisecond,
 		}
@@ -236,6 +241,32 @@ func TestAgentsOverFakeNodesAndPostgres(t *testing.T) {
 	fakes["node-a"].Unlock()
 	if p, err := replica.Place(ctx, manager.PlaceIntent{SandboxID: "after", OperationID: "c-after", Spec: spec}); err != nil || p.NodeID != "node-a" {
 		t.Fatalf("place after node-b was lost: %+v, %v", p, err)
+	}
+	// node-b's failed sandboxes still hold their reservations (2, and the
+	// one of the forged proof).
+	if r := reserved("node-b"); r != 3 {
+		t.Fatalf("lost node-b holds %d reservations, want 3", r)
+	}
+
+	// node-b comes back (its process restarts, signing with its own key
+	// again): it registers, releases on its ctld what the database failed,
+	// and the verified proofs return that capacity.
+	fakes["node-b"].Lock()
+	fakes["node-b"].Signer = fakes["node-b"].Key
+	fakes["node-b"].Unlock()
+	start(t, &nodeagent.Agent{Store: open(t, dsn), Client: &api.Client{SocketPath: socketB}, Log: logging.New(&logs, slog.LevelDebug),
+		Platform: "systrap", Templates: []string{"busybox"}, MaxSandboxes: 3, TTL: time.Second, Grace: time.Second, Poll: 50 * time.Millisecond})
+	for _, id := range onB[1:] {
+		eventually(t, id+" released on the returning node", func() (bool, string) {
+			rec, err := replica.Sandbox(ctx, id)
+			return err == nil && rec.State == api.StateReleased, fmt.Sprint(rec, err)
+		})
+		if sb, err := fakes["node-b"].Get(ctx, id); err != nil || sb.State != api.StateReleased {
+			t.Fatalf("%s on node-b's ctld: %+v, %v", id, sb, err)
+		}
+	}
+	if n, _ := replica.FleetNode(ctx, "node-b"); n.State != manager.NodeReady || n.Reserved.Sandboxes != 1 {
+		t.Fatalf("node-b after it came back: %+v; want ready, holding only the forged proof's reservation", n)
 	}
 }
 

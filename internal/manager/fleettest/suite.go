@@ -256,6 +256,15 @@ func heartbeatCordonAndLost(t *testing.T, open Opener) {
 	if n.Reserved.Sandboxes < 2 {
 		t.Fatalf("lost node's reservations were dropped: %+v", n.Reserved)
 	}
+	// What the database failed on n1 is what its ctld must release when it
+	// comes back (its block sandbox, lost, is not among them).
+	var abandoned []string
+	for _, r := range must(s.Abandoned(ctx, "n1"))(t) {
+		abandoned = append(abandoned, r.ID)
+	}
+	if strings.Join(abandoned, ",") != strings.Join(lost[0].Failed, ",") {
+		t.Fatalf("abandoned on n1: %v, want the failed %v", abandoned, lost[0].Failed)
+	}
 	// Idempotent: marking again changes nothing.
 	if again := must(s.MarkLostNodes(ctx, 5*time.Second))(t); len(again) != 0 {
 		t.Fatalf("second mark: %+v", again)
