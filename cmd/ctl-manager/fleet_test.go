@@ -78,6 +78,13 @@ func TestCLINodeProcessOnPostgres(t *testing.T) {
 		t.Fatalf("place on a cordoned node: %v", err)
 	}
 	e.ok("node", "uncordon", "node-a")
+	if out := e.ok("node", "drain", "node-a"); out != "node node-a is draining\n" {
+		t.Fatalf("drain: %q", out)
+	}
+	if _, err := st.Place(ctx, manager.PlaceIntent{SandboxID: "sb2", OperationID: "c-sb2", Spec: spec}); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
+		t.Fatalf("place on a draining node: %v", err)
+	}
+	e.ok("node", "uncordon", "node-a")
 	out := e.ok("node", "ls")
 	if !strings.Contains(out, "node-a  a.example  ready") || !strings.Contains(out, "1/2") {
 		t.Fatalf("node ls:\n%s", out)
