@@ -88,9 +88,9 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/manager internal/manager/fakenode internal/pgtest internal/journal internal/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
-	internal/cleanup internal/testutil
+	internal/cleanup internal/testutil internal/nodeagent
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
-	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^TestCLIOnPostgres$$'
+	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^(TestCLIOnPostgres|TestCLINodeProcessOnPostgres)$$'
 
 test-vm-e2e:
 	$(VMRUN) -timeout 45m -job-timeout 35m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e
@@ -152,7 +152,7 @@ install:
 	install -D -m 0755 bin/ctl-manager $(DESTDIR)$(PREFIX)/bin/ctl-manager
 	install -D -m 0755 bin/ctl-agent $(DESTDIR)$(PREFIX)/bin/ctl-agent
 	install -D -m 0644 systemd/ctld.target $(DESTDIR)/etc/systemd/system/ctld.target
-	for u in ctld@.service ctl-manager.service; do sed 's|/usr/bin/ctl|$(PREFIX)/bin/ctl|; s|/usr/share/doc/ctld|$(PREFIX)/share/doc/ctld|' systemd/$$u | \
+	for u in ctld@.service ctl-manager.service ctl-manager-node.service; do sed 's|/usr/bin/ctl|$(PREFIX)/bin/ctl|; s|/usr/share/doc/ctld|$(PREFIX)/share/doc/ctld|' systemd/$$u | \
 		install -D -m 0644 /dev/stdin $(DESTDIR)/etc/systemd/system/$$u; done
 	install -D -m 0644 systemd/ctld.tmpfiles.conf $(DESTDIR)/etc/tmpfiles.d/ctld.conf
 	install -D -m 0644 systemd/ctld.modules-load.conf $(DESTDIR)/etc/modules-load.d/ctld.conf

@@ -166,6 +166,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	sandbox.AddCommand(c.volumeCommands()...)
 	node := group("node", "Inspect the node")
 	node.AddCommand(c.nodeStatusCommand(), c.nodeWithheldCommand())
+	node.AddCommand(c.fleetCommands()...)
 	proof := group("proof", "Check cleanup proofs")
 	proof.AddCommand(c.proofVerifyCommand())
 	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))

@@ -123,6 +123,9 @@ var migrations = []string{
 	serviceVolumesMigration,
 	// 10: the service's events, journaled for followers' cursors.
 	serviceEventsMigration,
+	// 11: the fleet's registered nodes and placement's capacity
+	// reservations (nodes.go).
+	fleetMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

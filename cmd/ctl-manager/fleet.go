@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/logging"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/nodeagent"
+)
+
+// The fleet's node commands: `node run` is the node process next to a
+// ctld (systemd/ctl-manager-node.service); `node ls`, `cordon`,
+// `uncordon` and `drain` are the operator's view and switches, over the
+// manager's database.
+
+func (c *cli) fleetCommands() []*cobra.Command {
+	return []*cobra.Command{c.nodeRunCommand(), c.nodeLsCommand(),
+		c.nodeStateCommand("cordon", manager.NodeCordoned, "Take no new sandboxes on a node (those on it keep running)"),
+		c.nodeStateCommand("uncordon", manager.NodeReady, "Let a cordoned or draining node take sandboxes again"),
+		c.nodeStateCommand("drain", manager.NodeDraining, "Mark a node draining: it takes no new sandboxes (moving its sandboxes off is not done yet)"),
+	}
+}
+
+func (c *cli) nodeRunCommand() *cobra.Command {
+	a := &nodeagent.Agent{}
+	cmd := &cobra.Command{Use: "run", Short: "Run the node process: register this node's ctld in the database, heartbeat, carry out the claims placed on it", Args: noArgs}
+	f := cmd.Flags()
+	f.StringVar(&a.Name, "name", "", "the node's name for operators (default: its node id)")
+	f.StringVar(&a.Platform, "platform", "systrap", "runsc's platform on this node")
+	f.StringSliceVar(&a.Templates, "template", nil, "a template this node holds (repeat, or comma-separated)")
+	f.Int64Var(&a.MaxSandboxes, "max-sandboxes", 0, "at most this many sandboxes here (0: one per address of ctld's pool)")
+	f.DurationVar(&a.TTL, "ttl", 15*time.Second, "a heartbeat keeps the node alive this long")
+	f.DurationVar(&a.Grace, "grace", 30*time.Second, "a node silent this long past its TTL is marked lost")
+	f.DurationVar(&a.Poll, "poll", time.Second, "ask the database for work this often")
+	// Not c.action: the process runs until it is stopped, not --timeout.
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		c.ran = true
+		if a.TTL <= 0 || a.Grace <= 0 || a.Poll <= 0 {
+			return usageError{fmt.Errorf("--ttl, --grace and --poll must be positive")}
+		}
+		st, err := c.openStore(cmd.Context())
+		if err != nil {
+			return opError{"node run", err}
+		}
+		defer st.Close()
+		a.Store, a.Client = st, &api.Client{SocketPath: c.socket}
+		a.ListenDSN = c.db // PostgreSQL: LISTEN for placed work too
+		// The process logs at info level even without -v: it is a service.
+		level := slog.LevelInfo
+		if c.verbose {
+			level = slog.LevelDebug
+		}
+		a.Log = logging.New(c.stderr, level)
+		if err := a.Run(cmd.Context()); err != nil {
+			return opError{"node run", err}
+		}
+		return nil
+	}
+	return cmd
+}
+
+func (c *cli) nodeLsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "ls", Short: "List the fleet's registered nodes: state, heartbeat, capacity reserved of allocatable", Args: noArgs}
+	cmd.RunE = c.storeAction(fixed("node ls"), func(ctx context.Context, st *manager.Store, _ []string) error {
+		nodes, err := st.FleetNodes(ctx)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(orNone(nodes))
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tNAME\tSTATE\tHEARTBEAT\tSANDBOXES\tCPU\tMEMORY\tROOTS\tTEMPLATES")
+		for _, n := range nodes {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%s/%s\t%s/%s\t%s\t%s\n", n.NodeID, n.Name, n.State,
+				n.HeartbeatAt.UTC().Format(time.RFC3339), n.Reserved.Sandboxes, n.Allocatable.Sandboxes,
+				manager.FormatCPU(n.Reserved.CPUMillis), manager.FormatCPU(n.Allocatable.CPUMillis),
+				manager.FormatMemory(n.Reserved.MemoryBytes), manager.FormatMemory(n.Allocatable.MemoryBytes),
+				strings.Join(n.RootModes, ","), strings.Join(n.Templates, ","))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.Reason != "" {
+				fmt.Fprintf(c.stdout, "%s: %s\n", n.NodeID, n.Reason)
+			}
+		}
+		return nil
+	})
+	return cmd
+}
+
+func orNone[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func (c *cli) nodeStateCommand(verb, state, short string) *cobra.Command {
+	cmd := &cobra.Command{Use: verb + " NODE_ID", Short: short, Args: exactArgs(1, "NODE_ID")}
+	cmd.RunE = c.storeAction(func(args []string) string { return "node " + verb + " " + args[0] }, func(ctx context.Context, st *manager.Store, args []string) error {
+		n, err := st.SetNodeState(ctx, args[0], state)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(n)
+		}
+		fmt.Fprintf(c.stdout, "node %s is %s\n", n.NodeID, n.State)
+		return nil
+	})
+	return cmd
+}

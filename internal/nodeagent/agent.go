@@ -1,0 +1,297 @@
+// Package nodeagent is the node process of the fleet (ctl-manager node
+// run): next to one ctld, it registers the node in the manager's database
+// (identity, pinned key, capacity and versions read from ctld's API over
+// its local Unix socket), heartbeats with a TTL, takes the claims and
+// releases placed on its node, drives ctld through them, and records the
+// answers and cleanup proofs. ctld's socket stays local: only this process
+// calls it. Work is found by polling the database; on PostgreSQL a
+// LISTEN/NOTIFY wake-up (ListenDSN) cuts the wait.
+package nodeagent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/logging"
+	"github.com/ctld/ctld/internal/manager"
+)
+
+// Agent is one node's process. Store and Client are required; the rest
+// has defaults.
+type Agent struct {
+	Store  *manager.Store
+	Client *api.Client
+	Log    *slog.Logger
+
+	// Name is the node's name for operators (default: its id).
+	Name string
+	// Platform is runsc's platform on this node (ctld does not report it).
+	Platform string
+	// Templates are the templates this node holds locally.
+	Templates []string
+	// MaxSandboxes bounds the sandboxes placed here; 0: one per address of
+	// ctld's pool (each sandbox takes one).
+	MaxSandboxes int64
+	// TTL is how long a heartbeat keeps the node alive (default 15s); the
+	// agent heartbeats every TTL/3.
+	TTL time.Duration
+	// Grace is how long past its TTL a silent node is left before this
+	// agent's sweep marks it lost (default 2*TTL). Every node process
+	// sweeps (an idempotent transaction), so no single process must.
+	Grace time.Duration
+	// Poll is how often the database is asked for work (default 1s).
+	Poll time.Duration
+	// ListenDSN, a postgres:// URL (the Store's database), makes the agent
+	// LISTEN for the notifications Place and RequestRelease send, so work
+	// is taken at once rather than at the next poll. Empty: polling only.
+	ListenDSN string
+}
+
+func (a *Agent) log() *slog.Logger { return logging.OrDiscard(a.Log) }
+
+func (a *Agent) ttl() time.Duration {
+	if a.TTL > 0 {
+		return a.TTL
+	}
+	return 15 * time.Second
+}
+
+func (a *Agent) grace() time.Duration {
+	if a.Grace > 0 {
+		return a.Grace
+	}
+	return 2 * a.ttl()
+}
+
+func (a *Agent) poll() time.Duration {
+	if a.Poll > 0 {
+		return a.Poll
+	}
+	return time.Second
+}
+
+// registration is what the node says of itself, from ctld's answer
+// (plain data: tested without a ctld).
+func (a *Agent) registration(n api.Node) (manager.Registration, error) {
+	if n.NodeID == "" || len(n.NodeKey) == 0 {
+		return manager.Registration{}, errors.New("ctld names no node id or key")
+	}
+	alloc := n.Capacity.Allocatable
+	sandboxes := alloc.Addresses
+	if a.MaxSandboxes > 0 && (sandboxes == 0 || a.MaxSandboxes < sandboxes) {
+		sandboxes = a.MaxSandboxes
+	}
+	modes := []string{string(api.RootFSOverlay)}
+	if alloc.NBDDevices > 0 {
+		modes = append(modes, string(api.RootFSBlock))
+	}
+	name := a.Name
+	if name == "" {
+		name = n.NodeID
+	}
+	return manager.Registration{
+		NodeID: n.NodeID, Name: name, PublicKey: n.NodeKey,
+		Allocatable:  manager.NodeAlloc{CPUMillis: alloc.CPUMillis, MemoryBytes: alloc.MemoryBytes, DiskBytes: alloc.DiskBytes, Sandboxes: sandboxes},
+		RunscVersion: n.Versions.Runsc, Platform: a.Platform, RootModes: modes, Templates: a.Templates, TTL: a.ttl(),
+	}, nil
+}
+
+// Register reads the node from ctld and registers it.
+func (a *Agent) Register(ctx context.Context) (manager.FleetNode, error) {
+	n, err := a.Client.Node(ctx)
+	if err != nil {
+		return manager.FleetNode{}, fmt.Errorf("ask ctld who it is: %w", err)
+	}
+	r, err := a.registration(n)
+	if err != nil {
+		return manager.FleetNode{}, fmt.Errorf("register node: %w", err)
+	}
+	rec, err := a.Store.RegisterNode(ctx, r)
+	if err != nil {
+		return rec, fmt.Errorf("register node %s: %w", n.NodeID, err)
+	}
+	a.log().Info("node registered", "node", rec.NodeID, "state", rec.State, "allocatable", rec.Allocatable, "root_modes", rec.RootModes, "templates", rec.Templates)
+	if err := a.releaseAbandoned(ctx, rec.NodeID); err != nil {
+		a.log().Warn("release what the database no longer gives this node", "node", rec.NodeID, "err", err)
+	}
+	return rec, nil
+}
+
+// releaseAbandoned records a release of each sandbox the database failed
+// on this node while ctld still runs its generation, as when the
+// node was marked lost and came back: the next steps carry them out and
+// their verified proofs return the capacity. A generation ctld no longer
+// has is left held (its proof is not here) and logged.
+func (a *Agent) releaseAbandoned(ctx context.Context, nodeID string) error {
+	recs, err := a.Store.Abandoned(ctx, nodeID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		sb, err := a.Client.Get(ctx, r.ID)
+		if err != nil || sb.Generation != r.Generation || sb.State != api.StateReady {
+			a.log().Warn("abandoned generation not running on ctld; its capacity stays held", "sandbox", r.ID, "generation", r.Generation, "ctld", sb.State, "err", err)
+			continue
+		}
+		opID, err := newOpID()
+		if err == nil {
+			_, _, err = a.Store.BeginRelease(ctx, r.ID, opID)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("release abandoned %s: %w", r.ID, err))
+			continue
+		}
+		a.log().Info("releasing a generation the database no longer gives this node", "sandbox", r.ID, "generation", r.Generation, "was", r.State)
+	}
+	return errors.Join(errs...)
+}
+
+func newOpID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate operation id: %w", err)
+	}
+	return "op-" + hex.EncodeToString(b[:]), nil
+}
+
+// Run registers the node, then heartbeats, sweeps for lost nodes and
+// carries out the node's work until ctx ends. A registration refused for
+// good (another key pinned for this id) ends it with that error.
+func (a *Agent) Run(ctx context.Context) error {
+	rec, err := a.Register(ctx)
+	if err != nil {
+		return err
+	}
+	id := rec.NodeID
+	var wake chan struct{} // nil: never ready
+	if manager.IsPostgresURL(a.ListenDSN) {
+		wake = make(chan struct{}, 1)
+		lctx, stop := context.WithCancel(ctx)
+		listened := make(chan struct{})
+		go func() { defer close(listened); listen(lctx, a.ListenDSN, id, a.log(), wake) }()
+		defer func() { stop(); <-listened }()
+	}
+	beat := time.NewTicker(a.ttl() / 3)
+	defer beat.Stop()
+	poll := time.NewTicker(a.poll())
+	defer poll.Stop()
+	for {
+		if _, err := a.Step(ctx, id); err != nil && ctx.Err() == nil {
+			a.log().Warn("node work", "node", id, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-beat.C:
+			if err := a.heartbeat(ctx, id); err != nil && ctx.Err() == nil {
+				a.log().Warn("heartbeat", "node", id, "err", err)
+			}
+		case <-poll.C:
+		case <-wake:
+		}
+	}
+}
+
+// heartbeat renews the node's TTL (registering again if the node was
+// marked lost meanwhile) and sweeps the fleet for lost nodes.
+func (a *Agent) heartbeat(ctx context.Context, id string) error {
+	_, err := a.Store.Heartbeat(ctx, id)
+	if errdefs.CodeOf(err) == errdefs.CodeFenced || errdefs.CodeOf(err) == errdefs.CodeNotFound {
+		a.log().Warn("node was marked lost or forgotten; registering again", "node", id, "err", err)
+		_, err = a.Register(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	lost, err := a.Store.MarkLostNodes(ctx, a.grace())
+	for _, l := range lost {
+		a.log().Warn("node marked lost", "node", l.NodeID, "reason", l.Reason, "failed", l.Failed, "lost", l.Lost)
+	}
+	return err
+}
+
+// Step carries out the pending operations placed on node id, oldest
+// first, and returns how many it settled. An answer that does not settle
+// an operation (ctld unreachable, busy) leaves it pending for the next
+// step, which sends it again with the same operation id.
+func (a *Agent) Step(ctx context.Context, id string) (int, error) {
+	work, err := a.Store.NodeWork(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	done := 0
+	var errs []error
+	for _, op := range work {
+		if ctx.Err() != nil {
+			break
+		}
+		var err error
+		switch op.Kind {
+		case manager.KindClaim:
+			err = a.claim(ctx, op)
+		case manager.KindRelease:
+			err = a.release(ctx, op)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		done++
+	}
+	return done, errors.Join(errs...)
+}
+
+func (a *Agent) claim(ctx context.Context, op manager.OperationRecord) error {
+	req, err := manager.ClaimRequestOf(op)
+	if err != nil {
+		return errors.Join(err, a.Store.FailPlacedClaim(ctx, op.OperationID, "internal: "+err.Error()))
+	}
+	resp, err := a.Client.Claim(ctx, op.SandboxID, req)
+	switch {
+	case err == nil:
+		if err := a.Store.FinishClaim(ctx, op.OperationID, resp.Sandbox); err != nil {
+			return fmt.Errorf("record claim %s: %w", op.OperationID, err)
+		}
+		a.log().Info("claimed", "sandbox", op.SandboxID, "generation", op.Generation, "operation", op.OperationID)
+		return nil
+	case manager.Definitive(err):
+		a.log().Warn("claim refused", "sandbox", op.SandboxID, "operation", op.OperationID, "err", err)
+		if ferr := a.Store.FailPlacedClaim(ctx, op.OperationID, err.Error()); ferr != nil {
+			return fmt.Errorf("record refused claim %s: %w", op.OperationID, ferr)
+		}
+		return nil
+	}
+	return fmt.Errorf("claim %s of %s (left pending): %w", op.OperationID, op.SandboxID, err)
+}
+
+func (a *Agent) release(ctx context.Context, op manager.OperationRecord) error {
+	resp, err := a.Client.Release(ctx, op.SandboxID, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+	switch {
+	case err == nil:
+		rec, err := a.Store.FinishPlacedRelease(ctx, op.OperationID, resp.Sandbox, resp.Proof)
+		if err != nil {
+			return fmt.Errorf("record release %s: %w", op.OperationID, err)
+		}
+		if rec.VerifyError != "" {
+			a.log().Warn("release proof not accepted; capacity stays reserved", "sandbox", op.SandboxID, "operation", op.OperationID, "reason", rec.VerifyError)
+		} else {
+			a.log().Info("released", "sandbox", op.SandboxID, "generation", op.Generation, "operation", op.OperationID)
+		}
+		return nil
+	case manager.Definitive(err):
+		a.log().Warn("release refused", "sandbox", op.SandboxID, "operation", op.OperationID, "err", err)
+		if ferr := a.Store.FailOperation(ctx, op.OperationID, err.Error()); ferr != nil {
+			return fmt.Errorf("record refused release %s: %w", op.OperationID, ferr)
+		}
+		return nil
+	}
+	return fmt.Errorf("release %s of %s (left pending): %w", op.OperationID, op.SandboxID, err)
+}
