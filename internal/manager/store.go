@@ -123,6 +123,8 @@ var migrations = []string{
 	serviceVolumesMigration,
 	// 10: the service's events, journaled for followers' cursors.
 	serviceEventsMigration,
+	// 11: operation leases of the service's replicas (oplease.go).
+	opLeaseMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
