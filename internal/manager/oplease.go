@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/names"
 )
 
 // Operation leases: with several `ctl-manager serve` replicas on one
@@ -24,6 +25,7 @@ const opLeaseMigration = `CREATE TABLE op_leases (
 		operation_id TEXT PRIMARY KEY,
 		kind         TEXT NOT NULL,
 		sandbox_id   TEXT NOT NULL DEFAULT '',
+		owner        TEXT NOT NULL DEFAULT '',
 		holder       TEXT NOT NULL,
 		expires_at   TEXT NOT NULL,
 		attempts     INTEGER NOT NULL DEFAULT 1,
@@ -45,6 +47,7 @@ type OpLease struct {
 	ID          string    `json:"operation_id"`
 	Kind        string    `json:"kind"`
 	SandboxID   string    `json:"sandbox_id,omitempty"`
+	Owner       string    `json:"owner,omitempty"`
 	Holder      string    `json:"holder"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	Attempts    int       `json:"attempts"`
@@ -67,12 +70,16 @@ type LeaseStore interface {
 
 var _ LeaseStore = (*Store)(nil)
 
-const leaseSelect = `SELECT operation_id, kind, sandbox_id, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at FROM op_leases`
+// CheckReplicaID checks a replica id given by the operator: the shape
+// of a sandbox id.
+func CheckReplicaID(id string) error { return names.CheckID("replica id", id) }
+
+const leaseSelect = `SELECT operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at FROM op_leases`
 
 func scanLease(row rowScanner) (OpLease, error) {
 	var l OpLease
 	var exp, created string
-	if err := row.Scan(&l.ID, &l.Kind, &l.SandboxID, &l.Holder, &exp, &l.Attempts, &l.IdemOwner, &l.IdemKey, &l.RequestHash, &created); err != nil {
+	if err := row.Scan(&l.ID, &l.Kind, &l.SandboxID, &l.Owner, &l.Holder, &exp, &l.Attempts, &l.IdemOwner, &l.IdemKey, &l.RequestHash, &created); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return l, notFound("operation lease not found")
 		}
@@ -104,8 +111,8 @@ func (s *Store) TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (Op
 		cur, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
 		switch {
 		case errdefs.CodeOf(err) == errdefs.CodeNotFound:
-			if _, err := tx.ExecContext(ctx, `INSERT INTO op_leases (operation_id, kind, sandbox_id, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at)
-				VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?)`, l.ID, l.Kind, l.SandboxID, l.Holder, ts(now.Add(ttl)), l.IdemOwner, l.IdemKey, l.RequestHash, ts(now)); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO op_leases (operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at)
+				VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)`, l.ID, l.Kind, l.SandboxID, l.Owner, l.Holder, ts(now.Add(ttl)), l.IdemOwner, l.IdemKey, l.RequestHash, ts(now)); err != nil {
 				return fmt.Errorf("take lease of %s: %w", l.ID, err)
 			}
 		case err != nil:

@@ -200,21 +200,34 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
+	// The create's lease is taken before it is admitted: a replica that
+	// dies after the admission leaves it to another (replica.go).
+	lease := s.opLease(r, leaseCreate, owner, id)
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
+		s.letGo(r.Context(), lease.ID, true)
 		return err
 	}
 	s.emit(owner, id, client.EventCreated, "")
+	claim := func(ctx context.Context) error {
+		err := s.claim(ctx, owner, id, spec)
+		settled, serr := s.createSettled(ctx, owner, id)
+		s.letGo(ctx, lease.ID, serr == nil && settled)
+		return err
+	}
 	if !wait {
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
-			s.claim(context.WithoutCancel(s.baseCtx), owner, id, spec)
+			claim(context.WithoutCancel(s.baseCtx))
 		}()
 		return s.answer(w, r, owner, id, http.StatusAccepted)
 	}
 	// A caller that goes away does not abandon the claim: it runs to its
 	// end (bounded by CreateTimeout) and GET shows the outcome.
-	if err := s.claim(context.WithoutCancel(r.Context()), owner, id, spec); err != nil {
+	if err := claim(context.WithoutCancel(r.Context())); err != nil {
 		return err
 	}
 	return s.answer(w, r, owner, id, http.StatusCreated)
@@ -423,11 +436,21 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request, owner string) e
 	if !o.Active && o.State != string(api.StateReleased) {
 		return errorf(client.CodeConflict, "sandbox "+o.ID+" failed to start; nothing of it runs")
 	}
+	lease := s.opLease(r, leaseDestroy, owner, o.ID)
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(r.Context())
+	// Settled unless a release the node did not answer is pending: then a
+	// sweeper completes it with its operation id.
+	defer func() {
+		pending, err := s.releasePending(ctx, o.ID)
+		s.letGo(ctx, lease.ID, err == nil && !pending)
+	}()
 	res, err := s.Manager.Destroy(r.Context(), o.ID)
 	if err != nil {
 		return err
 	}
-	ctx := context.WithoutCancel(r.Context())
 	// Fail closed: the owner's share comes back only with a verified,
 	// clean proof; an unproven cleanup keeps it taken (the answer carries
 	// the verdict).

@@ -296,6 +296,15 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, owner string
 		w.Write(rec.Body)
 		return nil
 	}
+	// The call's lease: a replica that dies in it leaves the key to be
+	// forgotten (or answered by the operation's taker), not pending for
+	// ever (replica.go).
+	callLease := manager.OpLease{ID: leaseCall + "/" + owner + "/" + key, Kind: leaseCall, Owner: owner, Holder: s.ReplicaID, IdemOwner: owner, IdemKey: key}
+	if err := s.holdLease(ctx, callLease); err != nil {
+		return errors.Join(err, s.Store.AbandonIdempotent(ctx, owner, key))
+	}
+	defer s.letGo(ctx, callLease.ID, true)
+	r = r.WithContext(context.WithValue(r.Context(), idemCtxKey{}, &idemCall{owner: owner, key: key, body: body}))
 	rw := &replayWriter{ResponseWriter: w, limit: orDefault(s.MaxReplayBytes, DefaultMaxReplayBytes)}
 	if herr := h(rw, r, owner); herr != nil {
 		s.writeError(rw, r, herr)

@@ -1,0 +1,451 @@
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/manager"
+)
+
+// Replicas: any number of servers may run on one database, each with its
+// own id. Every service operation in flight holds an operation lease in
+// the store (manager.OpLease): a create ("create/<sandbox>", taken before
+// the create is admitted), a destroy ("destroy/<sandbox>"), a timer's
+// firing ("timeout/<sandbox>", "idle/<sandbox>") and an idempotent call
+// ("call/<owner>/<key>"). The replica renews all its leases in one
+// statement every LeaseTTL/3. A replica that dies leaves its leases to
+// expire; then any replica's sweeper takes each over and finishes the
+// operation: a create is claimed with the operation id the manager
+// recorded for it (ctld answers a repeated id with the same sandbox: the
+// claim happens once), a destroy is released the same way, a timer is
+// fired again by whoever finds it due. An operation that can no longer
+// complete is failed with the reason. The caller's Idempotency-Key, kept
+// on the lease, gets the finished operation's answer, so its retry gets
+// that answer, not a second sandbox.
+
+// DefaultLeaseTTL is how long an operation lease lasts unrenewed: the
+// time a dead replica's operations wait before another takes them.
+const DefaultLeaseTTL = 15 * time.Second
+
+const (
+	// maxTakeovers: an operation taken over this many times (each taker
+	// died or could not finish it) is failed rather than tried again.
+	maxTakeovers = 5
+	sweepBatch   = 64
+	// legacyEvery: sweeps between scans for unsettled creates no lease
+	// names (left by a server of before the leases).
+	legacyEvery = 30
+)
+
+// Lease kinds.
+const (
+	leaseCreate  = "create"
+	leaseDestroy = "destroy"
+	leaseTimeout = "timeout"
+	leaseIdle    = "idle"
+	leaseCall    = "call"
+)
+
+// replicaState is what a replica keeps in memory: the operations it runs
+// now (its sweeper never takes one of its own running leases).
+type replicaState struct {
+	mu      sync.Mutex
+	running map[string]bool
+}
+
+func (s *Server) leaseTTL() time.Duration { return orDefault(s.LeaseTTL, DefaultLeaseTTL) }
+
+// NewReplicaID returns a fresh replica id: "r-" + 64 random bits.
+func NewReplicaID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate replica id: %w", err)
+	}
+	return "r-" + hex.EncodeToString(b[:]), nil
+}
+
+func (s *Server) startOp(id string) bool {
+	s.replica.mu.Lock()
+	defer s.replica.mu.Unlock()
+	if s.replica.running == nil {
+		s.replica.running = map[string]bool{}
+	}
+	if s.replica.running[id] {
+		return false
+	}
+	s.replica.running[id] = true
+	return true
+}
+
+func (s *Server) endOp(id string) {
+	s.replica.mu.Lock()
+	delete(s.replica.running, id)
+	s.replica.mu.Unlock()
+}
+
+// idemCall is the Idempotency-Key of the call a handler runs under.
+type idemCall struct {
+	owner, key string
+	body       *hashingBody
+}
+
+type idemCtxKey struct{}
+
+// opLease is the lease of an operation that r starts: with r's
+// Idempotency-Key and its request's hash, when it has one (call after
+// the body is decoded: the hash is then whole).
+func (s *Server) opLease(r *http.Request, kind, owner, sandboxID string) manager.OpLease {
+	l := manager.OpLease{ID: kind + "/" + sandboxID, Kind: kind, SandboxID: sandboxID, Owner: owner, Holder: s.ReplicaID}
+	if c, ok := r.Context().Value(idemCtxKey{}).(*idemCall); ok {
+		l.IdemOwner, l.IdemKey, l.RequestHash = c.owner, c.key, s.drain(c.body)
+	}
+	return l
+}
+
+// holdLease takes l for this replica: an operation another live replica
+// (or this one) runs is unavailable, to retry.
+func (s *Server) holdLease(ctx context.Context, l manager.OpLease) error {
+	if !s.startOp(l.ID) {
+		return errdefs.Busy(time.Second, "operation %s is running here; retry", l.ID)
+	}
+	cur, ok, err := s.Store.TakeLease(ctx, l, s.leaseTTL())
+	if err != nil || !ok {
+		s.endOp(l.ID)
+	}
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errdefs.Busy(time.Second, "operation %s is running on replica %s; retry", l.ID, cur.Holder)
+	}
+	return nil
+}
+
+// letGo ends this replica's part in operation id: settled, its lease is
+// released; unsettled (the node's answer is unknown), it is expired for a
+// sweeper to finish.
+func (s *Server) letGo(ctx context.Context, id string, settled bool) {
+	defer s.endOp(id)
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	if settled {
+		err = s.Store.ReleaseLease(ctx, id, s.ReplicaID)
+	} else {
+		err = s.Store.ExpireLease(ctx, id, s.ReplicaID)
+	}
+	if err != nil {
+		// It expires by itself: a sweeper settles what is left.
+		s.log().Warn("let an operation lease go", "operation", id, "settled", settled, "err", err)
+	}
+}
+
+// createSettled reports whether id's create has its outcome: the
+// sandbox ended (failed) or its claim is recorded done or failed.
+func (s *Server) createSettled(ctx context.Context, owner, id string) (bool, error) {
+	o, err := s.Store.OwnedSandbox(context.WithoutCancel(ctx), owner, id)
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return !o.Active || (o.State != "" && o.State != string(api.StateClaiming)), nil
+}
+
+// releasePending reports whether id has a release the node has not
+// answered.
+func (s *Server) releasePending(ctx context.Context, id string) (bool, error) {
+	ops, err := s.Manager.Store.Operations(context.WithoutCancel(ctx), id)
+	if err != nil && errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		return false, err
+	}
+	for _, op := range ops {
+		if op.Kind == manager.KindRelease && op.State == manager.OpPending {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// runReplica renews this replica's leases and sweeps expired ones until
+// ctx is done.
+func (s *Server) runReplica(ctx context.Context) {
+	ttl := s.leaseTTL()
+	renew := time.NewTicker(ttl / 3)
+	defer renew.Stop()
+	sweep := time.NewTicker(min(orDefault(s.TimerInterval, DefaultTimerInterval), ttl/3))
+	defer sweep.Stop()
+	for n := 0; ; n++ {
+		s.sweep(ctx, n%legacyEvery == 0)
+		select {
+		case <-ctx.Done():
+			return
+		case <-renew.C:
+			if _, err := s.Store.RenewLeases(ctx, s.ReplicaID, ttl); err != nil && ctx.Err() == nil {
+				s.log().Warn("renew operation leases", "replica", s.ReplicaID, "err", err)
+			}
+		case <-sweep.C:
+		}
+	}
+}
+
+// sweep takes the expired leases of creates and destroys and finishes
+// each in the background, and forgets the Idempotency-Keys of calls that
+// died with their replica.
+func (s *Server) sweep(ctx context.Context, legacy bool) {
+	for _, kind := range []string{leaseCreate, leaseDestroy} {
+		exp, err := s.Store.ExpiredLeases(ctx, kind, sweepBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log().Warn("list expired operation leases", "kind", kind, "err", err)
+			}
+			return
+		}
+		for _, l := range exp {
+			s.takeOver(ctx, l)
+		}
+	}
+	if legacy {
+		s.sweepUnleased(ctx)
+	}
+	if n, err := s.Store.AbandonOrphanIdempotent(ctx, s.now().Add(-s.leaseTTL())); err != nil && ctx.Err() == nil {
+		s.log().Warn("forget orphan idempotency keys", "err", err)
+	} else if n > 0 {
+		s.log().Info("forgot idempotency keys of calls that died with their replica", "count", n)
+	}
+}
+
+// sweepUnleased takes the unsettled creates that no lease names and that
+// are older than any create still running could be: left by a server
+// that ran before the leases.
+func (s *Server) sweepUnleased(ctx context.Context) {
+	pending, err := s.Store.UnsettledCreates(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log().Warn("list unsettled creates", "err", err)
+		}
+		return
+	}
+	cutoff := s.now().Add(-orDefault(s.CreateTimeout, DefaultCreateTimeout) - s.leaseTTL())
+	for _, o := range pending {
+		if o.Paused || o.CreatedAt.After(cutoff) {
+			continue
+		}
+		if _, err := s.Store.Lease(ctx, leaseCreate+"/"+o.ID); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+			continue
+		}
+		s.takeOver(ctx, manager.OpLease{ID: leaseCreate + "/" + o.ID, Kind: leaseCreate, SandboxID: o.ID, Owner: o.Owner})
+	}
+}
+
+// takeOver takes l for this replica and finishes its operation in the
+// background.
+func (s *Server) takeOver(ctx context.Context, l manager.OpLease) {
+	if !s.startOp(l.ID) {
+		return
+	}
+	want := l
+	want.Holder = s.ReplicaID
+	got, ok, err := s.Store.TakeLease(ctx, want, s.leaseTTL())
+	if err != nil || !ok {
+		s.endOp(l.ID)
+		return
+	}
+	s.log().Info("taking over an operation", "operation", got.ID, "from", l.Holder, "attempt", got.Attempts, "replica", s.ReplicaID)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		var settled bool
+		switch got.Kind {
+		case leaseCreate:
+			settled = s.finishCreate(ctx, got)
+		case leaseDestroy:
+			settled = s.finishDestroy(ctx, got)
+		}
+		s.letGo(ctx, got.ID, settled)
+	}()
+}
+
+// finishCreate completes or fails a create another replica left (or gave
+// up): reports whether it is settled. The node decides: a sandbox it has
+// ready or claiming is completed by sending the recorded claim again
+// with its operation id; one it does not have is claimed (with the
+// recorded operation id, if the claim got that far) while the create is
+// younger than CreateTimeout, and failed with the reason after that,
+// since its caller stopped waiting; one the node ended is failed.
+func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
+	log := s.log().With("sandbox", l.SandboxID, "owner", l.Owner, "attempt", l.Attempts)
+	settled, err := s.createSettled(ctx, l.Owner, l.SandboxID)
+	if err != nil {
+		log.Warn("read a create to take over", "err", err)
+		return false
+	}
+	o, err := s.Store.OwnedSandbox(ctx, l.Owner, l.SandboxID)
+	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
+		// Never admitted: the replica died before. Nothing to finish.
+		s.abandonIdem(ctx, l)
+		return true
+	}
+	if err != nil {
+		log.Warn("read a create to take over", "err", err)
+		return false
+	}
+	if settled {
+		s.answerCreate(ctx, l)
+		return true
+	}
+	var rec record
+	if err := json.Unmarshal(o.Spec, &rec); err != nil {
+		log.Error("decode the spec of a create to take over", "err", err)
+		return false
+	}
+	fail := func(reason string) bool {
+		if err := s.failUnsettled(ctx, o, reason); err != nil {
+			log.Error("mark an interrupted create failed", "err", err)
+			return false
+		}
+		log.Warn("an interrupted create is marked failed", "reason", reason)
+		s.emit(o.Owner, o.ID, client.EventFailed, reason)
+		s.abandonIdem(ctx, l)
+		return true
+	}
+	if l.Attempts > maxTakeovers {
+		return fail(fmt.Sprintf("create interrupted: %d replicas took it over and none finished it", l.Attempts-1))
+	}
+	complete := o.Paused
+	if !complete {
+		nsb, err := s.Manager.Client.Get(ctx, o.ID)
+		switch {
+		case err == nil && (nsb.State == api.StateReady || nsb.State == api.StateClaiming):
+			log.Info("completing a create another replica left: the node has it "+string(nsb.State), "generation", nsb.Generation)
+			complete = true
+		case err == nil:
+			return fail("create interrupted: its replica stopped during it and the node has the sandbox " + string(nsb.State))
+		case errdefs.CodeOf(err) == errdefs.CodeNotFound && s.now().Sub(o.CreatedAt) < orDefault(s.CreateTimeout, DefaultCreateTimeout):
+			log.Info("completing a create another replica left before the node took its claim")
+			complete = true
+		case errdefs.CodeOf(err) == errdefs.CodeNotFound:
+			return fail("create interrupted: its replica stopped before the node took the claim, and the create timeout passed")
+		default:
+			log.Warn("a create another replica left waits: the node does not answer", "err", err)
+			return false
+		}
+	}
+	if rec.Fork != nil {
+		s.forkAndClaim(ctx, o.Owner, o.ID, rec)
+	} else {
+		s.claim(ctx, o.Owner, o.ID, rec.Spec)
+	}
+	if settled, err = s.createSettled(ctx, l.Owner, l.SandboxID); err != nil || !settled {
+		return false
+	}
+	s.answerCreate(ctx, l)
+	return true
+}
+
+// answerCreate records a finished create's answer for its caller's
+// Idempotency-Key: the sandbox as it is (created), or the key forgotten
+// (it failed: a retry creates anew).
+func (s *Server) answerCreate(ctx context.Context, l manager.OpLease) {
+	if l.IdemKey == "" {
+		return
+	}
+	o, err := s.Store.OwnedSandbox(ctx, l.Owner, l.SandboxID)
+	if err != nil || !o.Active {
+		s.abandonIdem(ctx, l)
+		return
+	}
+	s.recordIdem(ctx, l, http.StatusCreated, s.view(o))
+}
+
+func (s *Server) recordIdem(ctx context.Context, l manager.OpLease, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	b = append(b, '\n')
+	rec := manager.IdempotencyRecord{RequestHash: l.RequestHash, Status: status, ContentType: "application/json", Body: b}
+	if err := s.Store.FinishIdempotent(context.WithoutCancel(ctx), l.IdemOwner, l.IdemKey, rec); err != nil {
+		s.log().Warn("record the answer of a taken-over operation", "operation", l.ID, "err", err)
+	}
+}
+
+func (s *Server) abandonIdem(ctx context.Context, l manager.OpLease) {
+	if l.IdemKey == "" {
+		return
+	}
+	if err := s.Store.AbandonIdempotent(context.WithoutCancel(ctx), l.IdemOwner, l.IdemKey); err != nil {
+		s.log().Warn("forget the Idempotency-Key of a taken-over operation", "operation", l.ID, "err", err)
+	}
+}
+
+// finishDestroy completes a destroy another replica left: the manager's
+// Destroy sends its pending release again with its operation id (or
+// answers the release already done) and the owner's share comes back on
+// a verified, clean proof, as in the handler. Reports whether it is
+// settled.
+func (s *Server) finishDestroy(ctx context.Context, l manager.OpLease) bool {
+	log := s.log().With("sandbox", l.SandboxID, "owner", l.Owner, "attempt", l.Attempts)
+	o, err := s.Store.OwnedSandbox(ctx, l.Owner, l.SandboxID)
+	if err != nil {
+		log.Warn("read a destroy to take over", "err", err)
+		return errdefs.CodeOf(err) == errdefs.CodeNotFound
+	}
+	res, err := s.Manager.Destroy(ctx, o.ID)
+	if err != nil {
+		pending, perr := s.releasePending(ctx, o.ID)
+		if perr == nil && !pending {
+			// The node refused it for good: there is nothing to finish.
+			log.Warn("a destroy another replica left failed", "err", err)
+			s.abandonIdem(ctx, l)
+			return true
+		}
+		if l.Attempts > maxTakeovers {
+			log.Error("a destroy another replica left is given up: its release stays pending (a destroy retries it)", "err", err)
+			s.abandonIdem(ctx, l)
+			return true
+		}
+		log.Warn("a destroy another replica left waits for the node", "err", err)
+		return false
+	}
+	if res.Verdict.OK() {
+		if err := s.Store.EndOwnedSandbox(ctx, o.ID, "destroyed"); err != nil {
+			log.Warn("end a destroyed sandbox", "err", err)
+			return false
+		}
+		if o.Active {
+			s.emit(o.Owner, o.ID, client.EventDestroyed, "destroyed")
+		}
+	} else {
+		log.Warn("sandbox released but its cleanup is unproven: its quota share stays taken", "reason", res.Verdict.Reason)
+	}
+	log.Info("completed a destroy another replica left", "operation", res.OperationID, "already_released", res.AlreadyReleased)
+	if l.IdemKey != "" {
+		if o, err = s.Store.OwnedSandbox(ctx, l.Owner, o.ID); err == nil {
+			s.recordIdem(ctx, l, http.StatusOK, client.DestroyResult{Sandbox: s.view(o), Proof: proofOf(res.Verdict)})
+		}
+	}
+	return true
+}
+
+// timerLease takes the lease of a timer's firing (kind leaseTimeout or
+// leaseIdle): ok is false when another replica fires it now.
+func (s *Server) timerLease(ctx context.Context, kind, owner, id string) (string, bool) {
+	l := manager.OpLease{ID: kind + "/" + id, Kind: kind, SandboxID: id, Owner: owner, Holder: s.ReplicaID}
+	if err := s.holdLease(ctx, l); err != nil {
+		if errdefs.CodeOf(err) != errdefs.CodeUnavailable {
+			s.log().Warn("take the lease of a timer", "operation", l.ID, "err", err)
+		}
+		return "", false
+	}
+	return l.ID, true
+}
