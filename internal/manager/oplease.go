@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -60,7 +61,7 @@ type OpLease struct {
 // LeaseStore keeps the operation leases.
 type LeaseStore interface {
 	TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (OpLease, bool, error)
-	RenewLeases(ctx context.Context, holder string, ttl time.Duration) (int, error)
+	RenewLeases(ctx context.Context, holder string, ids []string, ttl time.Duration) (int, error)
 	ReleaseLease(ctx context.Context, id, holder string) error
 	ExpireLease(ctx context.Context, id, holder string) error
 	Lease(ctx context.Context, id string) (OpLease, error)
@@ -137,21 +138,35 @@ func (s *Store) TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (Op
 	return out, ok, err
 }
 
-// RenewLeases moves every lease holder holds to expire ttl from now, in
-// one statement (one per replica and tick, whatever it runs): the count
-// renewed. A lease another replica took over is no longer holder's and
-// stays the taker's.
-func (s *Store) RenewLeases(ctx context.Context, holder string, ttl time.Duration) (int, error) {
-	var n int64
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE op_leases SET expires_at = ? WHERE holder = ?`, ts(s.now().Add(ttl)), holder)
-		if err != nil {
-			return fmt.Errorf("renew leases of %s: %w", holder, err)
+// RenewLeases moves the leases ids that holder holds to expire ttl from
+// now (one statement per replica and tick for up to 500 operations): the
+// count renewed. Only the operations the replica runs are named, so a
+// lease it failed to let go (the database was down) still expires. A
+// lease another replica took over stays the taker's.
+func (s *Store) RenewLeases(ctx context.Context, holder string, ids []string, ttl time.Duration) (int, error) {
+	var total int64
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), 500)]
+		ids = ids[len(batch):]
+		args := []any{ts(s.now().Add(ttl)), holder}
+		for _, id := range batch {
+			args = append(args, id)
 		}
-		n, err = res.RowsAffected()
-		return err
-	})
-	return int(n), err
+		q := `UPDATE op_leases SET expires_at = ? WHERE holder = ? AND operation_id IN (?` + strings.Repeat(", ?", len(batch)-1) + `)`
+		err := s.tx(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, q, args...)
+			if err != nil {
+				return fmt.Errorf("renew leases of %s: %w", holder, err)
+			}
+			n, err := res.RowsAffected()
+			total += n
+			return err
+		})
+		if err != nil {
+			return int(total), err
+		}
+	}
+	return int(total), nil
 }
 
 // ReleaseLease ends a finished operation's lease, if holder still holds

@@ -200,21 +200,21 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
-	// The create's lease is taken before it is admitted: a replica that
-	// dies after the admission leaves it to another (replica.go).
-	lease := s.opLease(r, leaseCreate, owner, id)
-	if err := s.holdLease(r.Context(), lease); err != nil {
-		return err
-	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
-		s.letGo(r.Context(), lease.ID, true)
 		return err
 	}
+	// The create's lease: a replica that dies from here on leaves the
+	// create to another (replica.go); one that died before the lease
+	// leaves it to the sweep of unleased creates.
+	lease := s.opLease(r, leaseCreate, owner, id)
+	leased := s.holdLease(r.Context(), lease) == nil
 	s.emit(owner, id, client.EventCreated, "")
 	claim := func(ctx context.Context) error {
 		err := s.claim(ctx, owner, id, spec)
-		settled, serr := s.createSettled(ctx, owner, id)
-		s.letGo(ctx, lease.ID, serr == nil && settled)
+		if leased {
+			settled, serr := s.createSettled(ctx, owner, id)
+			s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
+		}
 		return err
 	}
 	if !wait {
@@ -445,7 +445,7 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request, owner string) e
 	// sweeper completes it with its operation id.
 	defer func() {
 		pending, err := s.releasePending(ctx, o.ID)
-		s.letGo(ctx, lease.ID, err == nil && !pending)
+		s.letGoOf(ctx, r, lease.ID, err == nil && !pending)
 	}()
 	res, err := s.Manager.Destroy(r.Context(), o.ID)
 	if err != nil {

@@ -304,14 +304,24 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, owner string
 		return errors.Join(err, s.Store.AbandonIdempotent(ctx, owner, key))
 	}
 	defer s.letGo(ctx, callLease.ID, true)
-	r = r.WithContext(context.WithValue(r.Context(), idemCtxKey{}, &idemCall{owner: owner, key: key, body: body}))
+	call := &idemCall{owner: owner, key: key, body: body}
+	r = r.WithContext(context.WithValue(r.Context(), idemCtxKey{}, call))
 	rw := &replayWriter{ResponseWriter: w, limit: orDefault(s.MaxReplayBytes, DefaultMaxReplayBytes)}
 	if herr := h(rw, r, owner); herr != nil {
 		s.writeError(rw, r, herr)
 	}
 	hashHex := s.drain(body)
 	if rw.status >= 500 || rw.status == http.StatusTooManyRequests {
-		return s.Store.AbandonIdempotent(ctx, owner, key)
+		if call.handedOff {
+			return nil
+		}
+		// The answer is written: a store that fails here (the database
+		// down) is logged, not answered twice; the sweeper forgets the
+		// key once its call lease is gone.
+		if err := s.Store.AbandonIdempotent(ctx, owner, key); err != nil {
+			s.log().Warn("forget the Idempotency-Key of a failed call", "owner", owner, "err", err)
+		}
+		return nil
 	}
 	keep := manager.IdempotencyRecord{RequestHash: hashHex, Status: rw.status, ContentType: rw.Header().Get("Content-Type"), Body: rw.buf.Bytes()}
 	if rw.tooLarge {

@@ -42,7 +42,8 @@ const (
 	maxTakeovers = 5
 	sweepBatch   = 64
 	// legacyEvery: sweeps between scans for unsettled creates no lease
-	// names (left by a server of before the leases).
+	// names (a replica died between the admission and the lease) and for
+	// orphan Idempotency-Keys.
 	legacyEvery = 30
 )
 
@@ -86,6 +87,18 @@ func (s *Server) startOp(id string) bool {
 	return true
 }
 
+// runningOps are the operations this replica runs now: the leases it
+// renews.
+func (s *Server) runningOps() []string {
+	s.replica.mu.Lock()
+	defer s.replica.mu.Unlock()
+	out := make([]string, 0, len(s.replica.running))
+	for id := range s.replica.running {
+		out = append(out, id)
+	}
+	return out
+}
+
 func (s *Server) endOp(id string) {
 	s.replica.mu.Lock()
 	delete(s.replica.running, id)
@@ -96,6 +109,10 @@ func (s *Server) endOp(id string) {
 type idemCall struct {
 	owner, key string
 	body       *hashingBody
+	// handedOff: the call's operation was left unsettled to a sweeper,
+	// which records the answer for the key: an error answered meanwhile
+	// must not free the key (a retry would run the operation twice).
+	handedOff bool
 }
 
 type idemCtxKey struct{}
@@ -148,6 +165,15 @@ func (s *Server) letGo(ctx context.Context, id string, settled bool) {
 	}
 }
 
+// letGoOf is letGo for an operation r started: one left unsettled keeps
+// r's Idempotency-Key for the sweeper that finishes it.
+func (s *Server) letGoOf(ctx context.Context, r *http.Request, id string, settled bool) {
+	if c, ok := r.Context().Value(idemCtxKey{}).(*idemCall); ok && !settled {
+		c.handedOff = true
+	}
+	s.letGo(ctx, id, settled)
+}
+
 // createSettled reports whether id's create has its outcome: the
 // sandbox ended (failed) or its claim is recorded done or failed.
 func (s *Server) createSettled(ctx context.Context, owner, id string) (bool, error) {
@@ -190,7 +216,7 @@ func (s *Server) runReplica(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-renew.C:
-			if _, err := s.Store.RenewLeases(ctx, s.ReplicaID, ttl); err != nil && ctx.Err() == nil {
+			if _, err := s.Store.RenewLeases(ctx, s.ReplicaID, s.runningOps(), ttl); err != nil && ctx.Err() == nil {
 				s.log().Warn("renew operation leases", "replica", s.ReplicaID, "err", err)
 			}
 		case <-sweep.C:
@@ -214,9 +240,10 @@ func (s *Server) sweep(ctx context.Context, legacy bool) {
 			s.takeOver(ctx, l)
 		}
 	}
-	if legacy {
-		s.sweepUnleased(ctx)
+	if !legacy {
+		return
 	}
+	s.sweepUnleased(ctx)
 	if n, err := s.Store.AbandonOrphanIdempotent(ctx, s.now().Add(-s.leaseTTL())); err != nil && ctx.Err() == nil {
 		s.log().Warn("forget orphan idempotency keys", "err", err)
 	} else if n > 0 {
@@ -225,8 +252,9 @@ func (s *Server) sweep(ctx context.Context, legacy bool) {
 }
 
 // sweepUnleased takes the unsettled creates that no lease names and that
-// are older than any create still running could be: left by a server
-// that ran before the leases.
+// are older than any create still running could be: a replica died
+// between the admission and the lease, or a server of before the leases
+// left them.
 func (s *Server) sweepUnleased(ctx context.Context) {
 	pending, err := s.Store.UnsettledCreates(ctx)
 	if err != nil {

@@ -1,0 +1,61 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+)
+
+// TestUnknownCreateKeepsItsIdempotencyKey: a create whose claim's outcome
+// is unknown (the node dropped it) answers 503, but its Idempotency-Key is
+// not freed: the create is the sweeper's to finish, so a retry with the
+// key is told to come back (pending) and then gets the finished create's
+// answer, the same sandbox, never a second one.
+func TestUnknownCreateKeepsItsIdempotencyKey(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
+	ctx := context.Background()
+	e.node.Lock()
+	e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
+	e.node.Unlock()
+	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "once"}}
+	if _, err := e.a.Create(ctx, req, client.IdempotencyKey("k1")); errCode(err) != client.CodeUnavailable {
+		t.Fatalf("create with a dropped claim: %v", err)
+	}
+	var ce *client.Error
+	if _, err := e.a.Create(ctx, req, client.IdempotencyKey("k1")); !errors.As(err, &ce) || ce.Code != client.CodeConflict || ce.RetryAfter <= 0 {
+		t.Fatalf("retry while the create is unsettled: %v, want conflict with Retry-After (pending)", err)
+	}
+	e.node.Lock()
+	e.node.FailClaim = nil
+	e.node.Unlock()
+	var sb client.Sandbox
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var err error
+		sb, err = e.a.Create(ctx, req, client.IdempotencyKey("k1"))
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &ce) || ce.Code != client.CodeConflict || time.Now().After(deadline) {
+			t.Fatalf("retry after the node is back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: map[string]string{"k": "once"}})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != sb.ID || sb.State != client.StateReady {
+		t.Fatalf("the replayed answer %+v; sandboxes %+v, %v: want one, ready", sb, l, err)
+	}
+	e.node.Lock()
+	ops := map[string]bool{}
+	for _, op := range e.node.ClaimOps {
+		ops[op] = true
+	}
+	e.node.Unlock()
+	if len(ops) != 1 {
+		t.Fatalf("node claim operations %v: want one", ops)
+	}
+}
