@@ -20,8 +20,8 @@ import (
 // own id. Every service operation in flight holds an operation lease in
 // the store (manager.OpLease): a create ("create/<sandbox>", taken before
 // the create is admitted), a destroy ("destroy/<sandbox>"), a timer's
-// firing ("timeout/<sandbox>", "idle/<sandbox>") and an idempotent call
-// ("call/<owner>/<key>"). The replica renews all its leases in one
+// firing ("timeout/<sandbox>", "idle/<sandbox>"), a volume's create or
+// delete ("volume/<id>") and an idempotent call ("call/<owner>/<key>"). The replica renews all its leases in one
 // statement every LeaseTTL/3. A replica that dies leaves its leases to
 // expire; then any replica's sweeper takes each over and finishes the
 // operation: a create is claimed with the operation id the manager
@@ -54,6 +54,7 @@ const (
 	leaseTimeout = "timeout"
 	leaseIdle    = "idle"
 	leaseCall    = "call"
+	leaseVolume  = "volume"
 )
 
 // replicaState is what a replica keeps in memory: the operations it runs
@@ -244,6 +245,9 @@ func (s *Server) sweep(ctx context.Context, legacy bool) {
 		return
 	}
 	s.sweepUnleased(ctx)
+	if err := s.settleVolumes(ctx); err != nil && ctx.Err() == nil {
+		s.log().Warn("settle volumes", "err", err)
+	}
 	if n, err := s.Store.AbandonOrphanIdempotent(ctx, s.now().Add(-s.leaseTTL())); err != nil && ctx.Err() == nil {
 		s.log().Warn("forget orphan idempotency keys", "err", err)
 	} else if n > 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/manager"
 )
 
 // TestUnknownCreateKeepsItsIdempotencyKey: a create whose claim's outcome
@@ -57,5 +58,40 @@ func TestUnknownCreateKeepsItsIdempotencyKey(t *testing.T) {
 	e.node.Unlock()
 	if len(ops) != 1 {
 		t.Fatalf("node claim operations %v: want one", ops)
+	}
+}
+
+// TestVolumeOfALiveReplicaIsNotSettled: a server that starts (or sweeps)
+// leaves alone a volume create that another replica runs (its lease is
+// live), and settles it (failed, what it made removed) once that lease
+// expired.
+func TestVolumeOfALiveReplicaIsNotSettled(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
+	ctx := context.Background()
+	const id = "vol-0123456789abcdef0123"
+	if err := e.store.AdmitVolume(ctx, manager.VolumeAdmission{Owner: "team-a", ID: id, Size: 64 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := e.store.TakeLease(ctx, manager.OpLease{ID: leaseVolume + "/" + id, Kind: leaseVolume, Owner: "team-a", Holder: "replica-other"}, time.Hour); err != nil || !ok {
+		t.Fatalf("lease: %v, %v", ok, err)
+	}
+	e.shutdown()
+	e.restart(nil)
+	time.Sleep(time.Second) // more than one slow sweep cycle (30 x 20ms)
+	if v, err := e.store.OwnedVolume(ctx, "team-a", id); err != nil || v.State != manager.VolumeCreating {
+		t.Fatalf("volume of a live replica after a start and sweeps: %+v, %v; want still creating", v, err)
+	}
+	if err := e.store.ExpireLease(ctx, leaseVolume+"/"+id, "replica-other"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		v, err := e.store.OwnedVolume(ctx, "team-a", id)
+		if err == nil && v.State == manager.VolumeFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("volume after its replica's lease expired: %+v, %v; want failed", v, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
