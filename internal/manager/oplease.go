@@ -67,6 +67,7 @@ type LeaseStore interface {
 	Lease(ctx context.Context, id string) (OpLease, error)
 	ExpiredLeases(ctx context.Context, kind string, limit int) ([]OpLease, error)
 	AbandonOrphanIdempotent(ctx context.Context, olderThan time.Time) (int, error)
+	LastEventSeq(ctx context.Context) (int64, error)
 }
 
 var _ LeaseStore = (*Store)(nil)
@@ -232,4 +233,15 @@ func (s *Store) AbandonOrphanIdempotent(ctx context.Context, olderThan time.Time
 		return nil
 	})
 	return int(n), err
+}
+
+// LastEventSeq is the highest event sequence number journaled (0: none):
+// where a live follower's polling of the journal starts, so it also gets
+// the events other replicas journal.
+func (s *Store) LastEventSeq(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM service_events`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read the last event: %w", err)
+	}
+	return n, nil
 }

@@ -481,3 +481,66 @@ func (s *Server) timerLease(ctx context.Context, kind, owner, id string) (string
 	}
 	return l.ID, true
 }
+
+// DefaultEventPoll is how often a follower polls the journal.
+const DefaultEventPoll = time.Second
+
+// journalLookback: a poll reads again this many sequence numbers below
+// the highest sent, so an event another replica's transaction committed
+// after a higher one (PostgreSQL hands out sequence numbers before the
+// commit) is still delivered; sent keeps them from going out twice.
+const journalLookback = 256
+
+// journalFollower is what a follower sent: the highest seq, and each seq
+// in the lookback window.
+type journalFollower struct {
+	// floor: what the follower got before (its replay): never again.
+	floor, last int64
+	sent        map[int64]bool
+}
+
+// fresh reports whether seq is yet to be sent and marks it sent (0, an
+// event not journaled, is always sent).
+func (j *journalFollower) fresh(seq int64) bool {
+	if seq == 0 {
+		return true
+	}
+	if j.sent[seq] || seq <= j.floor || (j.last >= 0 && seq <= j.last-journalLookback) {
+		return false
+	}
+	j.sent[seq] = true
+	if seq > j.last {
+		j.last = seq
+		for s := range j.sent {
+			if s <= j.last-journalLookback {
+				delete(j.sent, s)
+			}
+		}
+	}
+	return true
+}
+
+// pollJournal sends the journaled events of owner (and sandbox) that the
+// follower has not sent: those of the other replicas.
+func (s *Server) pollJournal(ctx context.Context, owner, sandbox string, j *journalFollower, send func(client.Event) error) error {
+	after := max(j.last-journalLookback, j.floor, 0)
+	for {
+		page, err := s.Store.Events(ctx, owner, sandbox, after, replayPage)
+		if err != nil {
+			// The database is away: the next tick tries again.
+			return nil
+		}
+		for _, ev := range page {
+			after = ev.Seq
+			if !j.fresh(ev.Seq) {
+				continue
+			}
+			if err := send(eventOf(ev)); err != nil {
+				return err
+			}
+		}
+		if len(page) < replayPage {
+			return nil
+		}
+	}
+}

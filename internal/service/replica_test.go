@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"errors"
+	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -93,5 +95,60 @@ func TestVolumeOfALiveReplicaIsNotSettled(t *testing.T) {
 			t.Fatalf("volume after its replica's lease expired: %+v, %v; want failed", v, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEventsAcrossReplicas: a follower of a second replica on the same
+// database gets, in order and once each, the events of sandboxes created
+// and destroyed through the first (from the journal it polls), and a
+// follower that resumes with a cursor gets nothing twice.
+func TestEventsAcrossReplicas(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
+	second := &Server{Manager: m, Store: e.store, Templates: testTemplates, EventPoll: 20 * time.Millisecond, ReplicaID: "replica-2"}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- second.Serve(ctx, ln) }()
+	c2 := &client.Client{BaseURL: "http://" + ln.Addr().String(), Key: e.keyA}
+	got := make(chan client.Event, 16)
+	go c2.Events(ctx, "", func(ev client.Event) error { got <- ev; return nil })
+	time.Sleep(200 * time.Millisecond) // the follower subscribes
+	sb, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.a.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	var last int64
+	for len(types) < 3 {
+		select {
+		case ev := <-got:
+			if ev.SandboxID != sb.ID || ev.Seq <= last {
+				t.Fatalf("event %+v after seq %d", ev, last)
+			}
+			last = ev.Seq
+			types = append(types, ev.Type)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the second replica's follower got %v of the first's events", types)
+		}
+	}
+	if want := []string{client.EventCreated, client.EventReady, client.EventDestroyed}; !slices.Equal(types, want) {
+		t.Fatalf("events %v, want %v", types, want)
+	}
+	select {
+	case ev := <-got:
+		t.Fatalf("an event twice or more: %+v", ev)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatal(err)
 	}
 }

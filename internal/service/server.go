@@ -101,6 +101,9 @@ type Server struct {
 	// operation leases last unrenewed (0: DefaultLeaseTTL).
 	ReplicaID string
 	LeaseTTL  time.Duration
+	// EventPoll is how often an event follower reads the journal for
+	// other replicas' events (0: DefaultEventPoll).
+	EventPoll time.Duration
 	replica   replicaState
 
 	bg      sync.WaitGroup
