@@ -801,7 +801,16 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) er
 	if !o.Paused || !o.Active {
 		return errorf(client.CodeConflict, "sandbox "+o.ID+" is not paused")
 	}
-	if _, err := s.Manager.Resume(r.Context(), o.ID); err != nil {
+	// A resume is the sandbox's next claim: under its create lease, so a
+	// replica that dies in it leaves it to another (replica.go).
+	lease := s.opLease(r, leaseCreate, owner, o.ID)
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
+	_, err = s.Manager.Resume(r.Context(), o.ID)
+	settled, serr := s.createSettled(r.Context(), owner, o.ID)
+	s.letGoOf(r.Context(), r, lease.ID, serr == nil && settled)
+	if err != nil {
 		return err
 	}
 	if err := s.Store.SetPaused(context.WithoutCancel(r.Context()), o.ID, false); err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -372,9 +373,19 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 			return false
 		}
 	}
-	if rec.Fork != nil {
+	switch {
+	case rec.Fork != nil && !o.Paused:
 		s.forkAndClaim(ctx, o.Owner, o.ID, rec)
-	} else {
+	case o.Paused:
+		log.Info("completing a resume another replica left")
+		if _, err := s.Manager.Resume(ctx, o.ID); err == nil {
+			if err := errors.Join(s.Store.SetPaused(ctx, o.ID, false), s.Store.RearmIdle(ctx, o.ID, s.now())); err != nil {
+				log.Warn("record a resumed sandbox", "err", err)
+				return false
+			}
+			s.emit(o.Owner, o.ID, client.EventResumed, "")
+		}
+	default:
 		s.claim(ctx, o.Owner, o.ID, rec.Spec)
 	}
 	if settled, err = s.createSettled(ctx, l.Owner, l.SandboxID); err != nil || !settled {

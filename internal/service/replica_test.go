@@ -152,3 +152,53 @@ func TestEventsAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnknownResumeIsTakenOver: a resume whose claim's outcome is unknown
+// (the node dropped it) is given up to the sweeper, which completes it
+// with the recorded operation id once the node answers: the sandbox ends
+// ready and no longer paused, claimed once at its new generation.
+func TestUnknownResumeIsTakenOver(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	blk, err := e.a.Create(ctx, client.CreateRequest{Template: "debian"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := e.a.Pause(ctx, blk.ID); err != nil || p.State != client.StatePaused {
+		t.Fatalf("pause: %+v, %v", p, err)
+	}
+	e.node.Lock()
+	claimsBefore := len(e.node.ClaimOps)
+	e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
+	e.node.Unlock()
+	if _, err := e.a.Resume(ctx, blk.ID); errCode(err) != client.CodeUnavailable {
+		t.Fatalf("resume with a dropped claim: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond) // the sweeper retries while the node drops
+	e.node.Lock()
+	e.node.FailClaim = nil
+	e.node.Unlock()
+	sb := waitState(t, e.a, blk.ID, client.StateReady)
+	if sb.Generation != 2 {
+		t.Fatalf("resumed at generation %d, want 2", sb.Generation)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		o, err := e.store.OwnedSandbox(ctx, "team-a", blk.ID)
+		if err == nil && !o.Paused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the resumed sandbox is still recorded paused: %+v, %v", o, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.node.Lock()
+	ops := map[string]bool{}
+	for _, op := range e.node.ClaimOps[claimsBefore:] {
+		ops[op] = true
+	}
+	e.node.Unlock()
+	if len(ops) != 1 {
+		t.Fatalf("resume claim operations %v: want one", ops)
+	}
+}
