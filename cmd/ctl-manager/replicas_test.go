@@ -142,6 +142,7 @@ func TestServeReplicasOnPostgres(t *testing.T) {
 	go func() { loadDone <- load(ctx, t, both, "kill", 6, 5, seen) }()
 	time.Sleep(300 * time.Millisecond)
 	a.kill()
+	killed := time.Now()
 	created.release <- nil  // done on the node; its answer goes nowhere
 	released.release <- nil // carried out after its caller died
 	for what, ch := range map[string]chan error{"create": createDone, "destroy": destroyDone} {
@@ -157,6 +158,7 @@ func TestServeReplicasOnPostgres(t *testing.T) {
 	if err != nil || sb.ID != heldID || sb.State != client.StateReady {
 		t.Fatalf("retried held create: %+v, %v; want %s ready", sb, err, heldID)
 	}
+	t.Logf("the held create's answer through B %v after A's kill (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
 	d, err := retried(ctx, t, []*client.Client{cb}, 0, seen, func(c *client.Client) (client.DestroyResult, error) {
 		return c.Destroy(ctx, x.ID, client.IdempotencyKey("held-destroy"))
 	})

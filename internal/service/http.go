@@ -305,6 +305,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, owner string
 	}
 	defer s.letGo(ctx, callLease.ID, true)
 	call := &idemCall{owner: owner, key: key, body: body}
+	defer call.finish(ctx, s)
 	r = r.WithContext(context.WithValue(r.Context(), idemCtxKey{}, call))
 	rw := &replayWriter{ResponseWriter: w, limit: orDefault(s.MaxReplayBytes, DefaultMaxReplayBytes)}
 	if herr := h(rw, r, owner); herr != nil {
@@ -312,7 +313,10 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, owner string
 	}
 	hashHex := s.drain(body)
 	if rw.status >= 500 || rw.status == http.StatusTooManyRequests {
-		if call.handedOff {
+		call.mu.Lock()
+		handedOff := call.handedOff
+		call.mu.Unlock()
+		if handedOff {
 			return nil
 		}
 		// The answer is written: a store that fails here (the database

@@ -111,10 +111,29 @@ func (s *Server) endOp(id string) {
 type idemCall struct {
 	owner, key string
 	body       *hashingBody
+
+	mu sync.Mutex
 	// handedOff: the call's operation was left unsettled to a sweeper,
 	// which records the answer for the key: an error answered meanwhile
 	// must not free the key (a retry would run the operation twice).
 	handedOff bool
+	// held are the leases of operations the call settled, let go only
+	// once its answer is recorded (done): a replica that dies in between
+	// leaves the lease to a sweeper, which records the answer.
+	held []string
+	done bool
+}
+
+// finish lets go of the leases the call held for its answer, which is
+// now recorded (or the key forgotten).
+func (c *idemCall) finish(ctx context.Context, s *Server) {
+	c.mu.Lock()
+	c.done = true
+	held := c.held
+	c.mu.Unlock()
+	for _, id := range held {
+		s.letGo(ctx, id, true)
+	}
 }
 
 type idemCtxKey struct{}
@@ -168,10 +187,19 @@ func (s *Server) letGo(ctx context.Context, id string, settled bool) {
 }
 
 // letGoOf is letGo for an operation r started: one left unsettled keeps
-// r's Idempotency-Key for the sweeper that finishes it.
+// r's Idempotency-Key for the sweeper that finishes it; a settled one
+// keeps its lease until r's answer is recorded.
 func (s *Server) letGoOf(ctx context.Context, r *http.Request, id string, settled bool) {
-	if c, ok := r.Context().Value(idemCtxKey{}).(*idemCall); ok && !settled {
-		c.handedOff = true
+	if c, ok := r.Context().Value(idemCtxKey{}).(*idemCall); ok {
+		c.mu.Lock()
+		if !settled {
+			c.handedOff = true
+		} else if !c.done {
+			c.held = append(c.held, id)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
 	}
 	s.letGo(ctx, id, settled)
 }
