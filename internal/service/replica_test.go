@@ -202,3 +202,48 @@ func TestUnknownResumeIsTakenOver(t *testing.T) {
 		t.Fatalf("resume claim operations %v: want one", ops)
 	}
 }
+
+// TestTimersFireOnceWithTwoReplicas: two replicas on one database check
+// the same due timers every 20ms; each timeout is fired by one of them
+// (its lease): each timer's firing is attempted once and the node gets
+// one release per sandbox.
+func TestTimersFireOnceWithTwoReplicas(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
+	second := &Server{Manager: m, Store: e.store, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond, ReplicaID: "replica-2"}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- second.Serve(ctx, ln) }()
+	var ids []string
+	for range 8 {
+		sb, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", TimeoutSec: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	for _, id := range ids {
+		waitState(t, e.a, id, client.StateDestroyed)
+	}
+	for _, id := range ids {
+		tm, err := e.store.Timer(ctx, id)
+		if err != nil || tm.State != "done" || tm.Attempts != 1 {
+			t.Fatalf("timer of %s: %+v, %v; want done at the first attempt", id, tm, err)
+		}
+	}
+	e.node.Lock()
+	releases := len(e.node.ReleaseOps)
+	e.node.Unlock()
+	if releases != len(ids) {
+		t.Fatalf("the node got %d releases for %d timeouts", releases, len(ids))
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+}
