@@ -204,6 +204,8 @@ func (c *cli) serveCommand() *cobra.Command {
 	var allowPlain bool
 	var defTimeout, maxTimeout, createTimeout time.Duration
 	var maxFile, volumeTmp string
+	var replicaID string
+	var leaseTTL time.Duration
 	cmd := &cobra.Command{Use: "serve [--listen 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE]", Short: "Serve the sandbox API (HTTP/1.1 + JSON, API keys, quotas, lifetimes)", Args: noArgs}
 	f := cmd.Flags()
 	// Volumes live in ctld's block store: its settings come from ctld's
@@ -221,6 +223,8 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.DurationVar(&maxTimeout, "max-timeout", 24*time.Hour, "the longest timeout a caller may ask for")
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
 	f.StringVar(&maxFile, "max-file-size", "64Mi", "largest file upload")
+	f.StringVar(&replicaID, "replica-id", "", "this replica's id among the servers on the database (default: random)")
+	f.DurationVar(&leaseTTL, "lease-ttl", service.DefaultLeaseTTL, "how long an operation lease lasts unrenewed: a dead replica's operations are taken over after it")
 	var lf logging.Flags
 	lf.Register(f)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -237,6 +241,9 @@ func (c *cli) serveCommand() *cobra.Command {
 		tpls, err := parseTemplates(templates)
 		if err != nil {
 			return err
+		}
+		if leaseTTL < 300*time.Millisecond || (replicaID != "" && manager.CheckReplicaID(replicaID) != nil) {
+			return usageError{errors.New("--lease-ttl must be at least 300ms and --replica-id 1 to 64 of a-z, 0-9 and -")}
 		}
 		fileCap, err := manager.ParseMemory(maxFile)
 		if err != nil {
@@ -288,6 +295,8 @@ func (c *cli) serveCommand() *cobra.Command {
 			MaxTimeout:     maxTimeout,
 			CreateTimeout:  createTimeout,
 			MaxFileBytes:   fileCap,
+			ReplicaID:      replicaID,
+			LeaseTTL:       leaseTTL,
 		}
 		fmt.Fprintf(c.stdout, "serving on %s://%s\n", scheme, ln.Addr())
 		if err := srv.Serve(ctx, ln); err != nil {

@@ -72,6 +72,10 @@ func runContracts(t *testing.T, b backend) {
 			a, another := b.open(t, now)
 			return a, another()
 		})
+		servicestoretest.RunLeases(t, func(t *testing.T, now func() time.Time) (manager.ServiceStore, manager.ServiceStore) {
+			a, another := b.open(t, now)
+			return a, another()
+		})
 	})
 }
 

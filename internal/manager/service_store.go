@@ -132,6 +132,8 @@ type ServiceStore interface {
 	IdleTimer(ctx context.Context, id string) (IdleTimer, error)
 	FinishTimer(ctx context.Context, id, opID string, end bool) error
 	Timer(ctx context.Context, id string) (Timer, error)
+
+	LeaseStore
 }
 
 var _ ServiceStore = (*Store)(nil)

@@ -126,6 +126,8 @@ var migrations = []string{
 	// 11: the fleet's registered nodes and placement's capacity
 	// reservations (nodes.go).
 	fleetMigration,
+	// 12: operation leases of the service's replicas (oplease.go).
+	opLeaseMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

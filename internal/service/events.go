@@ -164,6 +164,17 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner stri
 	}
 	tick := time.NewTicker(heartbeatEvery)
 	defer tick.Stop()
+	// Other replicas' events reach this follower through the journal,
+	// polled (replica.go); a follower without a cursor polls from the
+	// journal's end as it subscribed.
+	if last < 0 {
+		if last, err = s.Store.LastEventSeq(r.Context()); err != nil {
+			last = -1
+		}
+	}
+	j := &journalFollower{sent: map[int64]bool{}, floor: last, last: last}
+	poll := time.NewTicker(orDefault(s.EventPoll, DefaultEventPoll))
+	defer poll.Stop()
 	for {
 		select {
 		case ev, ok := <-f.ch:
@@ -172,13 +183,16 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, owner stri
 				e.event(client.EventError, b)
 				return nil
 			}
-			if ev.Seq != 0 && ev.Seq <= last {
+			if !j.fresh(ev.Seq) {
 				continue
 			}
 			if err := send(ev); err != nil {
 				return nil
 			}
-			last = max(last, ev.Seq)
+		case <-poll.C:
+			if err := s.pollJournal(r.Context(), owner, sandbox, j, send); err != nil {
+				return nil
+			}
 		case <-tick.C:
 			if err := e.comment("heartbeat"); err != nil {
 				return nil

@@ -204,18 +204,31 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
 		return err
 	}
+	// The create's lease: a replica that dies from here on leaves the
+	// create to another (replica.go); one that died before the lease
+	// leaves it to the sweep of unleased creates.
+	lease := s.opLease(r, leaseCreate, owner, id)
+	leased := s.holdLease(r.Context(), lease) == nil
 	s.emit(owner, id, client.EventCreated, "")
+	claim := func(ctx context.Context) error {
+		err := s.claim(ctx, owner, id, spec)
+		if leased {
+			settled, serr := s.createSettled(ctx, owner, id)
+			s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
+		}
+		return err
+	}
 	if !wait {
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
-			s.claim(context.WithoutCancel(s.baseCtx), owner, id, spec)
+			claim(context.WithoutCancel(s.baseCtx))
 		}()
 		return s.answer(w, r, owner, id, http.StatusAccepted)
 	}
 	// A caller that goes away does not abandon the claim: it runs to its
 	// end (bounded by CreateTimeout) and GET shows the outcome.
-	if err := s.claim(context.WithoutCancel(r.Context()), owner, id, spec); err != nil {
+	if err := claim(context.WithoutCancel(r.Context())); err != nil {
 		return err
 	}
 	return s.answer(w, r, owner, id, http.StatusCreated)
@@ -424,11 +437,21 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request, owner string) e
 	if !o.Active && o.State != string(api.StateReleased) {
 		return errorf(client.CodeConflict, "sandbox "+o.ID+" failed to start; nothing of it runs")
 	}
+	lease := s.opLease(r, leaseDestroy, owner, o.ID)
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(r.Context())
+	// Settled unless a release the node did not answer is pending: then a
+	// sweeper completes it with its operation id.
+	defer func() {
+		pending, err := s.releasePending(ctx, o.ID)
+		s.letGoOf(ctx, r, lease.ID, err == nil && !pending)
+	}()
 	res, err := s.Manager.Destroy(r.Context(), o.ID)
 	if err != nil {
 		return err
 	}
-	ctx := context.WithoutCancel(r.Context())
 	// Fail closed: the owner's share comes back only with a verified,
 	// clean proof; an unproven cleanup keeps it taken (the answer carries
 	// the verdict).
@@ -779,7 +802,16 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) er
 	if !o.Paused || !o.Active {
 		return errorf(client.CodeConflict, "sandbox "+o.ID+" is not paused")
 	}
-	if _, err := s.Manager.Resume(r.Context(), o.ID); err != nil {
+	// A resume is the sandbox's next claim: under its create lease, so a
+	// replica that dies in it leaves it to another (replica.go).
+	lease := s.opLease(r, leaseCreate, owner, o.ID)
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
+	_, err = s.Manager.Resume(r.Context(), o.ID)
+	settled, serr := s.createSettled(r.Context(), owner, o.ID)
+	s.letGoOf(r.Context(), r, lease.ID, serr == nil && settled)
+	if err != nil {
 		return err
 	}
 	if err := s.Store.SetPaused(context.WithoutCancel(r.Context()), o.ID, false); err != nil {

@@ -296,13 +296,36 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, owner string
 		w.Write(rec.Body)
 		return nil
 	}
+	// The call's lease: a replica that dies in it leaves the key to be
+	// forgotten (or answered by the operation's taker), not pending for
+	// ever (replica.go).
+	callLease := manager.OpLease{ID: leaseCall + "/" + owner + "/" + key, Kind: leaseCall, Owner: owner, Holder: s.ReplicaID, IdemOwner: owner, IdemKey: key}
+	if err := s.holdLease(ctx, callLease); err != nil {
+		return errors.Join(err, s.Store.AbandonIdempotent(ctx, owner, key))
+	}
+	defer s.letGo(ctx, callLease.ID, true)
+	call := &idemCall{owner: owner, key: key, body: body}
+	defer call.finish(ctx, s)
+	r = r.WithContext(context.WithValue(r.Context(), idemCtxKey{}, call))
 	rw := &replayWriter{ResponseWriter: w, limit: orDefault(s.MaxReplayBytes, DefaultMaxReplayBytes)}
 	if herr := h(rw, r, owner); herr != nil {
 		s.writeError(rw, r, herr)
 	}
 	hashHex := s.drain(body)
 	if rw.status >= 500 || rw.status == http.StatusTooManyRequests {
-		return s.Store.AbandonIdempotent(ctx, owner, key)
+		call.mu.Lock()
+		handedOff := call.handedOff
+		call.mu.Unlock()
+		if handedOff {
+			return nil
+		}
+		// The answer is written: a store that fails here (the database
+		// down) is logged, not answered twice; the sweeper forgets the
+		// key once its call lease is gone.
+		if err := s.Store.AbandonIdempotent(ctx, owner, key); err != nil {
+			s.log().Warn("forget the Idempotency-Key of a failed call", "owner", owner, "err", err)
+		}
+		return nil
 	}
 	keep := manager.IdempotencyRecord{RequestHash: hashHex, Status: rw.status, ContentType: rw.Header().Get("Content-Type"), Body: rw.buf.Bytes()}
 	if rw.tooLarge {

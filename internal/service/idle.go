@@ -89,6 +89,11 @@ func (s *Server) fireIdle(ctx context.Context, t manager.IdleTimer) error {
 		s.touch(ctx, t.Owner, t.SandboxID)
 		return nil
 	}
+	leaseID, ok := s.timerLease(ctx, leaseIdle, t.Owner, t.SandboxID)
+	if !ok {
+		return nil
+	}
+	defer s.letGo(ctx, leaseID, true)
 	_, ok, err := s.Store.MarkIdleFiring(ctx, t.SandboxID)
 	if err != nil || !ok {
 		return err

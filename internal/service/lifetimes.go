@@ -2,12 +2,9 @@ package service
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/ctld/ctld/client"
-	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 )
@@ -69,6 +66,13 @@ func (s *Server) fireDue(ctx context.Context) {
 }
 
 func (s *Server) fire(ctx context.Context, t manager.Timer) error {
+	// One replica fires it; one that dies firing leaves it to the others
+	// once its lease expires.
+	leaseID, ok := s.timerLease(ctx, leaseTimeout, t.Owner, t.SandboxID)
+	if !ok {
+		return nil
+	}
+	defer s.letGo(ctx, leaseID, true)
 	_, ok, err := s.Store.MarkFiring(ctx, t.SandboxID)
 	if err != nil || !ok {
 		return err
@@ -93,75 +97,6 @@ func (s *Server) fire(ctx context.Context, t manager.Timer) error {
 	s.emit(t.Owner, t.SandboxID, client.EventDestroyed, "timeout")
 	log.Info("timeout fired: sandbox destroyed", "operation", res.OperationID, "proof_verified", res.Verdict.Verified, "proof_clean", res.Verdict.Clean, "already_released", res.AlreadyReleased)
 	return nil
-}
-
-// settleCreates decides, when the server starts, the creates a previous
-// server left unsettled (it stopped before the claim's answer). The node
-// decides each (settleCreate), in the background.
-func (s *Server) settleCreates(ctx context.Context) error {
-	pending, err := s.Store.UnsettledCreates(ctx)
-	if err != nil {
-		return err
-	}
-	for _, o := range pending {
-		var rec record
-		if err := json.Unmarshal(o.Spec, &rec); err != nil {
-			return fmt.Errorf("decode the spec of %s: %w", o.ID, err)
-		}
-		s.bg.Add(1)
-		go func() {
-			defer s.bg.Done()
-			s.settleCreate(ctx, o, rec)
-		}()
-	}
-	return nil
-}
-
-// settleCreate: a create the node has ready is completed, and one it is
-// still claiming is waited for (within CreateTimeout) and ends as the
-// node ends it; both by sending the pending claim again with its
-// operation id, which the node answers idempotently. A create the node
-// does not have (the claim never reached it) or has ended otherwise is
-// marked failed with the reason, its quota share back, and is never
-// claimed afresh: its caller got no answer and creates again (the
-// restart forgot its Idempotency-Key), so a late fresh claim would be a
-// second sandbox nobody waits for. An interrupted resume of a paused
-// sandbox is completed (the sandbox is the owner's, its files kept).
-func (s *Server) settleCreate(ctx context.Context, o manager.OwnedSandbox, rec record) {
-	log := s.log().With("sandbox", o.ID, "owner", o.Owner)
-	complete := func() {
-		if rec.Fork != nil {
-			s.forkAndClaim(ctx, o.Owner, o.ID, rec)
-			return
-		}
-		s.claim(ctx, o.Owner, o.ID, rec.Spec)
-	}
-	if o.Paused {
-		log.Info("completing a resume the previous server left unsettled")
-		complete()
-		return
-	}
-	nsb, err := s.Manager.Client.Get(ctx, o.ID)
-	var reason string
-	switch {
-	case err == nil && (nsb.State == api.StateReady || nsb.State == api.StateClaiming):
-		log.Info("completing a create the previous server left unsettled: the node has it "+string(nsb.State), "generation", nsb.Generation)
-		complete()
-		return
-	case err == nil:
-		reason = "create interrupted: the server stopped during it and the node has the sandbox " + string(nsb.State)
-	case errdefs.CodeOf(err) == errdefs.CodeNotFound:
-		reason = "create interrupted: the server stopped before the node took the claim"
-	default:
-		log.Warn("a create the previous server left unsettled stays so: the node does not answer", "err", err)
-		return
-	}
-	if err := s.failUnsettled(ctx, o, reason); err != nil {
-		log.Error("mark an interrupted create failed", "err", err)
-		return
-	}
-	log.Warn("an interrupted create is marked failed", "reason", reason)
-	s.emit(o.Owner, o.ID, client.EventFailed, reason)
 }
 
 // failUnsettled fails the sandbox's pending claim in the manager's

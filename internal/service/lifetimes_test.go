@@ -222,44 +222,69 @@ func TestUnsettledCreateCompletedAfterRestart(t *testing.T) {
 	}
 }
 
-// TestUnsettledCreateFailedAfterRestart: the claim never reached the node
-// (dropped: outcome unknown to the server) and the server stops. The
-// restarted server finds nothing on the node: the create is marked failed
-// with the reason, its quota share back, a failed event, and it is not
-// claimed afresh.
-func TestUnsettledCreateFailedAfterRestart(t *testing.T) {
+// TestUnsettledCreateSettledByTheSweeper: the claim never reached the
+// node (dropped: outcome unknown to the server), so the create's lease is
+// given up for a sweeper. The server stops; the restarted one (its
+// sweeper) completes the create while it is younger than CreateTimeout,
+// with the operation id recorded for it (one claim operation on the node,
+// generation 1). A second such create found only after CreateTimeout is
+// marked failed with the reason, its quota share back, a failed event,
+// and is not claimed afresh.
+func TestUnsettledCreateSettledByTheSweeper(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
-	e.node.Lock()
-	e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
-	e.node.Unlock()
-	if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "dropped"}}); errCode(err) != client.CodeUnavailable {
-		t.Fatalf("create with a dropped claim: %v", err)
+	dropped := func(label string) string {
+		t.Helper()
+		e.node.Lock()
+		e.node.FailClaim = func(api.ClaimRequest) error { return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset") }
+		e.node.Unlock()
+		if _, err := e.a.Create(ctx, client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": label}}); errCode(err) != client.CodeUnavailable {
+			t.Fatalf("create with a dropped claim: %v", err)
+		}
+		l, err := e.a.List(ctx, client.ListOptions{Labels: map[string]string{"k": label}})
+		if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].State != client.StateCreating {
+			t.Fatalf("after the dropped claim: %+v, %v", l, err)
+		}
+		e.shutdown()
+		e.node.Lock()
+		e.node.FailClaim = nil
+		e.node.Unlock()
+		return l.Sandboxes[0].ID
 	}
-	l, err := e.a.List(ctx, client.ListOptions{Labels: map[string]string{"k": "dropped"}})
-	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].State != client.StateCreating {
-		t.Fatalf("after the dropped claim: %+v, %v", l, err)
+	claimOps := func() map[string]bool {
+		e.node.Lock()
+		defer e.node.Unlock()
+		m := map[string]bool{}
+		for _, op := range e.node.ClaimOps {
+			m[op] = true
+		}
+		return m
 	}
-	id := l.Sandboxes[0].ID
-	e.shutdown()
-	e.node.Lock()
-	e.node.FailClaim = nil
-	claims := len(e.node.ClaimOps)
-	e.node.Unlock()
+
+	id := dropped("completed")
+	e.restart(nil)
+	waitState(t, e.a, id, client.StateReady)
+	if ops := claimOps(); len(ops) != 1 {
+		t.Fatalf("node claim operations %v: want the one recorded operation id, sent again", ops)
+	}
+	if st := e.nodeState(id); st != api.StateReady {
+		t.Fatalf("node state %q", st)
+	}
+
+	id = dropped("failed")
+	before := claimOps()
+	e.clock.advance(DefaultCreateTimeout + time.Minute)
 	e.restart(nil)
 	sb := waitState(t, e.a, id, client.StateFailed)
 	if !strings.Contains(sb.Reason, "create interrupted") {
 		t.Fatalf("reason %q", sb.Reason)
 	}
-	if u, _ := e.store.Usage(ctx, "team-a"); u.Sandboxes != 0 {
-		t.Fatalf("usage %+v: a failed create gives its share back", u)
+	if u, _ := e.store.Usage(ctx, "team-a"); u.Sandboxes != 1 {
+		t.Fatalf("usage %+v: the failed create gives its share back (the completed one holds 1)", u)
 	}
 	time.Sleep(100 * time.Millisecond)
-	e.node.Lock()
-	after := len(e.node.ClaimOps)
-	e.node.Unlock()
-	if after != claims || e.nodeState(id) != "" {
-		t.Fatalf("the interrupted create was claimed afresh: %d claims, before %d; node state %q", after, claims, e.nodeState(id))
+	if after := claimOps(); len(after) != len(before) || e.nodeState(id) != "" {
+		t.Fatalf("the interrupted create was claimed afresh: %d claim operations, before %d; node state %q", len(after), len(before), e.nodeState(id))
 	}
 	if msb, err := e.store.Sandbox(ctx, id); err != nil || msb.State != api.StateFailed {
 		t.Fatalf("the manager's record: %+v, %v", msb, err)

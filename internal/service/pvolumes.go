@@ -108,6 +108,13 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, owner stri
 	if err != nil {
 		return err
 	}
+	// Leased before it is admitted: another replica settles it only once
+	// this one is gone (replica.go).
+	lease := manager.OpLease{ID: leaseVolume + "/" + id, Kind: leaseVolume, Owner: owner, Holder: s.ReplicaID}
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
+	defer s.letGo(r.Context(), lease.ID, true)
 	if err := s.Store.AdmitVolume(r.Context(), manager.VolumeAdmission{Owner: owner, ID: id, Size: size, Labels: req.Labels}); err != nil {
 		return err
 	}
@@ -207,6 +214,11 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request, owner stri
 	if err != nil {
 		return err
 	}
+	lease := manager.OpLease{ID: leaseVolume + "/" + v.ID, Kind: leaseVolume, Owner: owner, Holder: s.ReplicaID}
+	if err := s.holdLease(r.Context(), lease); err != nil {
+		return err
+	}
+	defer s.letGo(r.Context(), lease.ID, true)
 	if v, err = s.Store.BeginVolumeDelete(r.Context(), owner, v.ID); err != nil {
 		return err
 	}
@@ -232,9 +244,11 @@ func (s *Server) removeVolume(ctx context.Context, vols VolumeBackend, id string
 	return s.Store.FinishVolumeDelete(ctx, id)
 }
 
-// settleVolumes ends what a previous server left: a create that stopped
-// midway fails (what it made is removed; a caller creates again), a
-// delete is completed.
+// settleVolumes ends what a previous server (or a dead replica) left: a
+// create that stopped midway fails (what it made is removed; a caller
+// creates again), a delete is completed. A volume whose create or delete
+// a live replica runs (its lease is live) is left to it. It runs at the
+// start and in the sweeper's slower cycle.
 func (s *Server) settleVolumes(ctx context.Context) error {
 	pending, err := s.Store.UnsettledVolumes(ctx)
 	if err != nil || len(pending) == 0 {
@@ -246,6 +260,10 @@ func (s *Server) settleVolumes(ctx context.Context) error {
 		return nil
 	}
 	for _, v := range pending {
+		lease := manager.OpLease{ID: leaseVolume + "/" + v.ID, Kind: leaseVolume, Owner: v.Owner, Holder: s.ReplicaID}
+		if s.holdLease(ctx, lease) != nil {
+			continue
+		}
 		s.log().Info("settling a volume the previous server left "+v.State, "volume", v.ID, "owner", v.Owner)
 		switch v.State {
 		case manager.VolumeCreating:
@@ -256,6 +274,7 @@ func (s *Server) settleVolumes(ctx context.Context) error {
 		case manager.VolumeDeleting:
 			err = s.removeVolume(ctx, vols, v.ID)
 		}
+		s.letGo(ctx, lease.ID, err == nil)
 		if err != nil {
 			return fmt.Errorf("settle volume %s: %w", v.ID, err)
 		}

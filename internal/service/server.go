@@ -96,6 +96,16 @@ type Server struct {
 	// there (tests use it to stand for a manager that dies at that point).
 	AfterMarkFiring func(sandboxID string) error
 
+	// ReplicaID names this server among the replicas on its database
+	// (replica.go); empty: a fresh random one. LeaseTTL is how long its
+	// operation leases last unrenewed (0: DefaultLeaseTTL).
+	ReplicaID string
+	LeaseTTL  time.Duration
+	// EventPoll is how often an event follower reads the journal for
+	// other replicas' events (0: DefaultEventPoll).
+	EventPoll time.Duration
+	replica   replicaState
+
 	bg      sync.WaitGroup
 	baseCtx context.Context
 	// inFlight counts each sandbox's exec, file and log calls running: an
@@ -139,18 +149,25 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.Manager == nil || s.Store == nil {
 		return errors.New("serve: a manager and a store are required")
 	}
-	if n, err := s.Store.AbandonPendingIdempotent(ctx); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	} else if n > 0 {
-		s.log().Warn("forgot idempotency keys of calls that were running when the previous server stopped", "count", n)
+	if s.ReplicaID == "" {
+		id, err := NewReplicaID()
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		s.ReplicaID = id
 	}
+	s.log().Info("replica starts", "replica", s.ReplicaID, "lease_ttl", s.leaseTTL())
 	s.baseCtx = ctx
 	if err := s.settleVolumes(ctx); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	if err := s.settleCreates(ctx); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
+	// Interrupted operations (of this replica's previous life or of
+	// another replica) are taken over once their leases expire.
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.runReplica(ctx)
+	}()
 	hs := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: orDefault(s.ReadHeaderTimeout, DefaultReadHeaderTimeout),
