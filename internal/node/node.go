@@ -112,7 +112,7 @@ type Deps struct {
 	Leases   Leases  // *lease.Manager
 	RootFS   RootFS  // *rootfs.Overlay
 	Runtime  Runtime // *runsc.Runtime
-	// The sandbox network (network.go). With a Pool, every generation
+	// The sandbox network (internal/node/network). With a Pool, every generation
 	// gets an address slot; with Links and Firewall also a veth and its
 	// nft objects (deny_all too, so a live update can open it). A node
 	// without them runs deny_all sandboxes with only lo and refuses the
