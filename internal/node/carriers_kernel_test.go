@@ -9,6 +9,7 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/network"
 )
 
 // TestKernelWarmCarrier: on the real kernel a node with a warm carrier
@@ -35,7 +36,7 @@ func TestKernelWarmCarrier(t *testing.T) {
 	req := claimReq("c1", 1)
 	req.Network = journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: host.Addr4.String() + "/32", Protocol: "tcp", Ports: []string{fmt.Sprint(host.TCP[0])}}}}
 	resp := r.mustClaim(sb, req)
-	if s := r.sandbox(sb); s.Slot != 1 || s.Netns != carrierNetns(1) {
+	if s := r.sandbox(sb); s.Slot != 1 || s.Netns != network.CarrierNetns(1) {
 		t.Fatalf("claim got slot %d netns %q, want carrier 1's", s.Slot, s.Netns)
 	}
 	t.Logf("claim with a warm carrier: network step %.1f ms, total %.1f ms", resp.Sandbox.Timings.NetworkMS, resp.Sandbox.Timings.TotalMS)
@@ -49,7 +50,7 @@ func TestKernelWarmCarrier(t *testing.T) {
 	r.mustRelease(sb, "r1", 1)
 	r.checkProof("r1")
 	netns, err := k.netns.List(t.Context())
-	if err != nil || slices.Contains(netns, carrierNetns(1)) || !slices.Contains(netns, carrierNetns(2)) {
+	if err != nil || slices.Contains(netns, network.CarrierNetns(1)) || !slices.Contains(netns, network.CarrierNetns(2)) {
 		t.Fatalf("netns after the release %v (%v): want carrier 2's and not the taken carrier 1's", netns, err)
 	}
 	k.carriers = 0
@@ -82,7 +83,7 @@ func TestKernelWarmCarrierClaimTime(t *testing.T) {
 				waitCarriers(t, r, 1+uint32(i)%2)
 			}
 			resp := r.mustClaim(sb, claimReq(fmt.Sprintf("c%d", gen), gen))
-			if took := tookCarrier(r.sandbox(sb)); took != (size > 0) {
+			if took := network.TookCarrier(r.sandbox(sb)); took != (size > 0) {
 				t.Fatalf("pool %d: claim %d took a carrier: %v", size, gen, took)
 			}
 			var sum float64

@@ -13,6 +13,7 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/network"
 )
 
 // carrierRig is a fake-kernel rig whose node keeps size warm carriers.
@@ -63,7 +64,7 @@ func checkOnlyCarriers(t *testing.T, r *rig, k *fakekernel.Kernel, slots ...uint
 	}
 	for _, s := range slots {
 		for _, w := range []string{
-			fmt.Sprintf("netns %s net:[", carrierNetns(s)),
+			fmt.Sprintf("netns %s net:[", network.CarrierNetns(s)),
 			fmt.Sprintf("link %s alias carrier-g%d peer eth0", netpolicy.LinkName(netpolicy.Slot(s)), s),
 		} {
 			if !strings.Contains(k.String(), w) {
@@ -89,7 +90,7 @@ func TestCarrierTakeAndRefill(t *testing.T) {
 	k.Calls()
 	resp := r.mustClaim(sb, claimReq("c1", 1))
 	s := r.sandbox(sb)
-	if s.Slot != 1 || s.Netns != carrierNetns(1) || s.NetnsIno == 0 {
+	if s.Slot != 1 || s.Netns != network.CarrierNetns(1) || s.NetnsIno == 0 {
 		t.Fatalf("claim took slot %d netns %q (ino %d), want carrier 1's", s.Slot, s.Netns, s.NetnsIno)
 	}
 	if resp.Sandbox.Timings.NetworkMS < 0 {
@@ -113,7 +114,7 @@ func TestCarrierTakeAndRefill(t *testing.T) {
 	r.mustRelease(sb, "r1", 1)
 	r.checkProof("r1")
 	calls = k.Calls()
-	for _, w := range []string{"link remove ctl-00001", "netns delete " + carrierNetns(1)} {
+	for _, w := range []string{"link remove ctl-00001", "netns delete " + network.CarrierNetns(1)} {
 		if !slices.Contains(calls, w) {
 			t.Errorf("release calls %q lack %q", calls, w)
 		}
@@ -200,7 +201,7 @@ func TestCarrierAdoptedOnTakeover(t *testing.T) {
 	r.mustBoot()
 	waitCarriers(t, r, 1, 2)
 	calls := k.Calls()
-	for _, w := range []string{"netns delete " + carrierNetns(2), "netns create " + carrierNetns(2)} {
+	for _, w := range []string{"netns delete " + network.CarrierNetns(2), "netns create " + network.CarrierNetns(2)} {
 		if !slices.Contains(calls, w) {
 			t.Errorf("takeover calls %q lack %q (broken carrier destroyed and made again)", calls, w)
 		}
@@ -213,7 +214,7 @@ func TestCarrierAdoptedOnTakeover(t *testing.T) {
 // journaled ready is destroyed, a ready one adopted, and the pool ends
 // full with nothing unjournaled and nothing else in the kernel.
 func TestCarrierCrashPoints(t *testing.T) {
-	for _, point := range carrierCrashPoints {
+	for _, point := range network.CarrierCrashPoints() {
 		t.Run(subtestName(point), func(t *testing.T) {
 			r, k := carrierRig(t, 1)
 			if strings.HasPrefix(point, "carrier:remov") {
@@ -256,12 +257,12 @@ func TestCarrierCrashPoints(t *testing.T) {
 func TestCarrierUnjournaledSwept(t *testing.T) {
 	r, k := carrierRig(t, 0)
 	r.mustBoot()
-	path, err := k.Netns().Create(t.Context(), carrierNetns(5))
+	path, err := k.Netns().Create(t.Context(), network.CarrierNetns(5))
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.k.carriers = 1 // the next term keeps a carrier: it must still sweep the stray one
-	o := netpolicy.Owner{ID: carrierID, Generation: 5}
+	o := netpolicy.Owner{ID: network.CarrierID, Generation: 5}
 	if o.Block, err = testPool.Block(5); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestCarrierUnjournaledSwept(t *testing.T) {
 	r.mustBoot()
 	waitCarriers(t, r, 1)
 	u := r.allUnjournaled()
-	for _, w := range []string{"netns/" + carrierNetns(5), "links/ctl-00005"} {
+	for _, w := range []string{"netns/" + network.CarrierNetns(5), "links/ctl-00005"} {
 		if !slices.Contains(u, w) {
 			t.Errorf("unjournaled %v lacks %s", u, w)
 		}
@@ -384,7 +385,7 @@ func TestCarrierLastSlotClaimWaits(t *testing.T) {
 				t.Fatalf("claim on the last slot: returned %v, %v", res.returned, res.err)
 			}
 			s := r.sandbox("s7")
-			if s.Slot != making || s.Netns != carrierNetns(making) {
+			if s.Slot != making || s.Netns != network.CarrierNetns(making) {
 				t.Errorf("s7 got slot %d netns %q, want the carrier that was being made", s.Slot, s.Netns)
 			}
 			if slices.Contains(k.Calls(), "netns create "+containerID("s7", 1)) {

@@ -16,6 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/runsc"
@@ -50,11 +51,11 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	if err := guest.LeaseSpec(cid, req.Resources, n.cfg.BootCPUMillis, n.cfg.RuntimePIDs).Validate(); err != nil {
 		return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "lease: %v", err)
 	}
-	pol, err := n.parsePolicy(req.Network)
+	pol, err := n.net.Parse(req.Network)
 	if err != nil {
 		return nil, err
 	}
-	if err := n.checkNetwork(pol); err != nil {
+	if err := n.net.Check(pol); err != nil {
 		return nil, err
 	}
 	for _, e := range req.Process.Env {
@@ -111,7 +112,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 admit:
 	for {
 		rec = base
-		changed := n.warm.changes()
+		changed := n.net.CarrierChanges()
 		making := false
 		op, started, err = n.beginOp(ctx, op, func(tx *journal.Tx) error {
 			// The disk project is allocated in the admitting transaction, so
@@ -125,10 +126,10 @@ admit:
 					return err
 				}
 			}
-			// The address slot likewise (network.go): a warm carrier's if
-			// there is one (carriers.go).
-			if err := n.takeCarrier(tx, live, &rec); err != nil {
-				making = errors.Is(err, errCarrierMaking)
+			// The address slot likewise (network): a warm carrier's if
+			// there is one.
+			if err := n.net.TakeCarrier(tx, live, &rec); err != nil {
+				making = errors.Is(err, network.ErrCarrierMaking)
 				return err
 			}
 			if err := n.admitClaim(tx, rec); err != nil {
@@ -147,7 +148,7 @@ admit:
 		// The last free block is a carrier's being made: wait for it
 		// (bounded) and take it, rather than refuse the claim.
 		if waitBound == nil {
-			t := time.NewTimer(n.carrierWait())
+			t := time.NewTimer(n.net.CarrierWait())
 			defer t.Stop()
 			waitBound = t.C
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/netpolicy/nft"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/template"
@@ -138,7 +139,7 @@ func realNet() *testKernel {
 	}
 	return &testKernel{
 		links: &netpolicy.Links{}, firewall: fw, flows: &flows.Conntrack{}, pool: pool,
-		dns: func() DNSProxy {
+		dns: func() network.DNSProxy {
 			p, err := dnsproxy.New(dnsproxy.Config{Listen: "127.0.0.1:0", Pool: pool, Upstreams: []string{"127.0.0.1:53"}, Allower: fw})
 			if err != nil {
 				panic(err)
@@ -322,7 +323,7 @@ func TestKernelCrashPoints(t *testing.T) {
 		t.Logf("%s mode: %d crash points in %v", m.name, len(done[m.name]), time.Since(t0).Round(time.Second))
 	}
 	// A live update does not depend on the RootFS mode: overlay claims.
-	for _, point := range updateCrashPoints {
+	for _, point := range network.UpdateCrashPoints() {
 		done["overlay"][point] = true
 		t.Run(subtestName(point)+"/update", func(t *testing.T) {
 			k := realKernel(t)

@@ -13,6 +13,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
 )
 
@@ -20,12 +21,7 @@ import (
 var (
 	_ guest.Leases   = (*fakekernel.Leases)(nil)
 	_ overlay.RootFS = (*fakekernel.RootFS)(nil)
-	_ Netns          = (*fakekernel.Netns)(nil)
 	_ guest.Runtime  = (*fakekernel.Runtime)(nil)
-	_ Links          = (*fakekernel.Links)(nil)
-	_ Firewall       = (*fakekernel.Firewall)(nil)
-	_ Flows          = (*fakekernel.Flows)(nil)
-	_ DNSProxy       = (*fakekernel.DNSProxy)(nil)
 	_ BlockDevices   = (*fakekernel.Blocks)(nil)
 	_ BlockMounts    = (*fakekernel.BlockMounts)(nil)
 	_ BlockTemplates = (*fakekernel.Templates)(nil)
@@ -41,7 +37,7 @@ func fakeKernel(t testing.TB) (*testKernel, *fakekernel.Kernel) {
 	return &testKernel{
 		leases: k.Leases(), rootfs: k.RootFS(), netns: k.Netns(), runtime: k.Runtime(),
 		links: k.Links(), firewall: k.Firewall(), flows: k.Flows(), pool: testPool,
-		dns:    func() DNSProxy { k.RestartDNSProxy(); return k.DNSProxy() },
+		dns:    func() network.DNSProxy { k.RestartDNSProxy(); return k.DNSProxy() },
 		runDir: k.RunDir(), templatesDir: k.TemplatesDir(), agentBinary: k.AgentBinary(),
 		text:      k.String,
 		killGuest: func(_ testing.TB, cid string) { k.KillGuest(cid) },

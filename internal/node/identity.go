@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/ctld/ctld/internal/journal"
-	"github.com/ctld/ctld/internal/netpolicy"
 )
 
 // identify reads from the kernel the identities of rec's overlay
@@ -41,10 +40,8 @@ func (n *Node) readIdentities(ctx context.Context, rec journal.Sandbox) (journal
 			rec.RootDev, changed = dev, true
 		}
 	}
-	if rec.NetnsIno == 0 {
-		if id, err := n.d.Netns.Identify(ctx, netnsName(rec)); err == nil {
-			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie, changed = id.Dev, id.Ino, id.Cookie, true
-		}
+	if r, ok := n.net.IdentifyNetns(ctx, rec); ok {
+		rec, changed = r, true
 	}
 	if r, ok := n.identifyBlock(ctx, rec); ok {
 		rec, changed = r, true
@@ -64,8 +61,4 @@ func putIdentities(tx *journal.Tx, rec journal.Sandbox) error {
 		s.Block = rec.Block
 	}
 	return tx.PutSandbox(s)
-}
-
-func netnsID(rec journal.Sandbox) netpolicy.NSID {
-	return netpolicy.NSID{Dev: rec.NetnsDev, Ino: rec.NetnsIno, Cookie: rec.NetnsCookie}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/node/resource"
@@ -100,7 +101,7 @@ type Config struct {
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
 // in milliseconds, seconds on a loaded host.
-const DefaultCarrierWait = 10 * time.Second
+const DefaultCarrierWait = network.DefaultCarrierWait
 
 // Deps are the subsystems the node drives; main builds them.
 type Deps struct {
@@ -111,18 +112,18 @@ type Deps struct {
 	Epoch    uint64
 	Leases   guest.Leases   // *lease.Manager
 	RootFS   overlay.RootFS // *rootfs.Overlay
-	Netns    Netns          // *netpolicy.Netns
 	Runtime  guest.Runtime  // *runsc.Runtime
-	// The sandbox network (network.go). With a Pool, every generation
+	// The sandbox network (internal/node/network). With a Pool, every generation
 	// gets an address slot; with Links and Firewall also a veth and its
 	// nft objects (deny_all too, so a live update can open it). A node
 	// without them runs deny_all sandboxes with only lo and refuses the
 	// modes that need them (fail closed). Flows and DNSProxy are needed
 	// by open and restricted policies.
-	Links    Links
-	Firewall Firewall
-	Flows    Flows
-	DNSProxy DNSProxy
+	Netns    network.Netns // *netpolicy.Netns
+	Links    network.Links
+	Firewall network.Firewall
+	Flows    network.Flows
+	DNSProxy network.DNSProxy
 	Pool     netpolicy.Pool
 	// Block mode (block.go): writers and their devices, the devices'
 	// mounts, the block store's templates. A node without all three
@@ -182,12 +183,9 @@ type Node struct {
 	// unjournaled lists objects found and removed that no effect record
 	// named: the second line of defence worked, the first did not.
 	unjournaled []string
-	// netErr is why this term's node-wide network is not in place
-	// (ensureNetwork): claims that need it are refused.
-	netErr error
-
-	// warm is the pool of warm network carriers (carriers.go).
-	warm warmPool
+	// net is the sandbox network: its entries, slots, policies and warm
+	// carriers (internal/node/network).
+	net *network.Net
 
 	// table is the generation's resources in claim order (resources.go).
 	table *resource.Table[*resource.Claim]
@@ -222,6 +220,12 @@ func New(cfg Config, d Deps) *Node {
 	}
 	n.guest = n.newGuest()
 	n.overlay = overlay.New(overlay.Config{DefaultDiskBytes: cfg.DefaultDiskBytes, DiskProjects: cfg.DiskProjects}, d.RootFS)
+	n.net = network.New(network.Deps{
+		Log: n.log, Term: n.term, Run: n.run, Locks: &n.locks,
+		Netns: d.Netns, Links: d.Links, Firewall: d.Firewall, Flows: d.Flows, DNSProxy: d.DNSProxy, Pool: d.Pool,
+		NodeAddrs: d.NodeAddrs, Limits: cfg.NetLimits, Carriers: cfg.Carriers, CarrierWait: cfg.CarrierWait,
+		Identities: identities{n}, Ready: n.ready,
+	})
 	n.table = newTable(n)
 	return n
 }
@@ -334,10 +338,7 @@ type SandboxView struct {
 
 // NetworkStatus is a generation's network as the node enforces it: its
 // mode and its nft chain's counters (zero unless it runs).
-type NetworkStatus struct {
-	Mode netpolicy.Mode
-	netpolicy.Counters
-}
+type NetworkStatus = network.Status
 
 // List is every sandbox the journal knows, as the kernel has it now.
 func (n *Node) List(ctx context.Context) ([]SandboxView, error) {
@@ -368,7 +369,7 @@ func (n *Node) Get(ctx context.Context, id string) (SandboxView, error) {
 // view adds live facts (OOM kills, network counters) to a sandbox's
 // record.
 func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
-	out := SandboxView{Sandbox: s, Network: n.networkStatus(ctx, s)}
+	out := SandboxView{Sandbox: s, Network: n.net.Status(ctx, s)}
 	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills

@@ -42,10 +42,10 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	// DNS proxy answers again for every ready generation: both before any
 	// teardown, so a failover is short for the guests that stay.
 	var errs []error
-	if err := n.ensureNetwork(ctx); err != nil {
+	if err := n.net.Ensure(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	n.registerDNS(ss)
+	n.net.RegisterDNS(ss)
 	// Take stock of the kernel once (runsc state dir, mountinfo) rather than
 	// per sandbox: a takeover must not pay a runsc process or a mountinfo
 	// parse per guest before it serves.
@@ -119,7 +119,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			}
 			log.Info("re-adopted running generation", "container", s.ContainerID)
 			live[s.ContainerID] = true
-			errs = append(errs, n.redoUpdate(ctx, s))
+			errs = append(errs, n.net.RedoUpdate(ctx, s))
 			n.armExpiry(s)
 		}
 	}
@@ -132,12 +132,12 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		}
 	}
 	tCheck := time.Since(t0) - tList
-	errs = append(errs, n.adoptCarriers(ctx))
+	errs = append(errs, n.net.AdoptCarriers(ctx))
 	errs = append(errs, n.removeOrphans(ctx))
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
-	n.startCarriers() // after the sweep, so it never races a carrier being made
+	n.net.StartCarriers() // after the sweep, so it never races a carrier being made
 	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
 		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)
@@ -261,7 +261,7 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 			}
 		}
 	}
-	if err := n.carriersOwned(owned, slots); err != nil {
+	if err := n.net.CarriersOwned(owned, slots); err != nil {
 		return err
 	}
 	rank := map[journal.Kind]int{}

@@ -2,13 +2,12 @@ package node
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/node/resource"
-	"github.com/ctld/ctld/internal/proof"
 )
 
 // A generation owns one object of each resource kind in the table below.
@@ -50,61 +49,17 @@ func register(b *resource.Builder[*resource.Claim], n *Node) {
 			b.Add(e, true)
 		}
 	}
-	add(guest.Entries(n.guest)...)                                                                      // guest
-	add(overlay.Entries(n.overlay)...)                                                                  // overlay
-	add(writerResource{n}, blockMountResource{n})                                                       // blockroot
-	add(volumesResource{n})                                                                             // pvolume
-	add(netnsResource{n}, linksResource{n}, conntrackResource{n: n}, nftResource{n}, dnsResource{n: n}) // network
+	add(guest.Entries(n.guest)...)                // guest
+	add(overlay.Entries(n.overlay)...)            // overlay
+	add(writerResource{n}, blockMountResource{n}) // blockroot
+	add(volumesResource{n})                       // pvolume
+	add(network.Entries(n.net)...)                // network
 }
 
 // CrashPoints lists every crash point of a generation's life, in the order
 // a claim and then its teardown and a takeover's orphan handling reach
 // them (see Deps.Crash): derived from the table's declared specs.
-func CrashPoints() []string { return newTable(&Node{}).CrashPoints(updateCrashPoints) }
-
-type netnsResource struct{ n *Node }
-
-func (netnsResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindNetns, Phase: resource.PhaseNetwork, Check: "netns_gone", Sweeps: true}
-}
-func (r netnsResource) Make(ctx context.Context, c *resource.Claim) (err error) {
-	if tookCarrier(c.Rec) {
-		// A warm carrier's netns, made before the claim (carriers.go).
-		c.NSPath = r.n.d.Netns.Path(c.Rec.Netns)
-	} else if c.NSPath, err = r.n.d.Netns.Create(ctx, c.Rec.ContainerID); err != nil {
-		return fmt.Errorf("create netns: %w", err)
-	}
-	// The overlay and the netns both exist now: journal their kernel
-	// identities (with this entry's done record), so the proof checks
-	// these objects and not only names.
-	var changed bool
-	if c.Rec, changed = r.n.readIdentities(ctx, c.Rec); changed {
-		rec := c.Rec
-		c.WithDone(func(tx *journal.Tx) error { return putIdentities(tx, rec) })
-	}
-	return nil
-}
-func (r netnsResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	return r.n.d.Netns.Delete(ctx, netnsName(rec))
-}
-func (r netnsResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	ok, d := r.n.d.Netns.CheckGone(ctx, netnsName(rec), netnsID(rec))
-	return resource.Check("netns_gone", ok, d)
-}
-func (r netnsResource) List(ctx context.Context) ([]string, error) {
-	return r.n.d.Netns.List(ctx)
-}
-func (netnsResource) Name(rec journal.Sandbox) string { return netnsName(rec) }
-func (r netnsResource) RemoveOrphan(ctx context.Context, name string) error {
-	return r.n.d.Netns.Delete(ctx, name)
-}
-func (r netnsResource) Survey(ctx context.Context) (resource.Missing, error) {
-	netns, err := r.n.d.Netns.Mounted(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("list netns mounts: %w", err)
-	}
-	return missingUnless(resource.SetOf(netns), netnsName, "netns"), nil
-}
+func CrashPoints() []string { return newTable(&Node{}).CrashPoints(network.UpdateCrashPoints()) }
 
 // missingUnless is the Missing of a survey that found the objects named in
 // set: what is gone when name(rec) is not among them.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -99,7 +100,7 @@ func TestAddingAKind(t *testing.T) {
 	register(&b, &Node{})
 	b.Add(scratchKind{&made}, true) // the one registration line
 	table := b.Table()
-	checkTableCovered(t, table, table.CrashPoints(updateCrashPoints))
+	checkTableCovered(t, table, table.CrashPoints(network.UpdateCrashPoints()))
 	got := kinds(table.For(journal.Sandbox{}))
 	if i := slices.Index(got, "scratch"); i < 0 || got[i-1] != "volumes" || got[i+1] != "netns" {
 		t.Errorf("overlay claim order %v: want scratch after the RootFS phase's entries, before the network's", got)

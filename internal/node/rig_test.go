@@ -21,6 +21,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -37,19 +38,19 @@ import (
 type testKernel struct {
 	leases  guest.Leases
 	rootfs  overlay.RootFS
-	netns   Netns
+	netns   network.Netns
 	runtime guest.Runtime
 	// The agent socket dirs' tmpfs and peer check (nil: none).
 	agentDirs  guest.AgentDirs
 	agentPeers guest.AgentPeers
 	// The sandbox network (nil: the node makes none).
-	links    Links
-	firewall Firewall
-	flows    Flows
+	links    network.Links
+	firewall network.Firewall
+	flows    network.Flows
 	pool     netpolicy.Pool
 	// dns returns the DNS proxy of a new term (its registry is a
 	// process's memory); nil: none.
-	dns func() DNSProxy
+	dns func() network.DNSProxy
 	// nftTable is the name of the firewall's table (the real kernel's).
 	nftTable string
 	// enforced says which mode the kernel enforces for a generation's
@@ -260,7 +261,7 @@ func (r *rig) boot() (returned bool, err error) {
 	}
 	term, end := context.WithCancel(context.Background())
 	r.j, r.end = j, end
-	var dns DNSProxy
+	var dns network.DNSProxy
 	if r.k.dns != nil {
 		dns = r.k.dns()
 	}
@@ -587,7 +588,7 @@ func (r *rig) volumeHead() journal.VolumeHead {
 
 func isOrphanPoint(p string) bool { return strings.HasPrefix(p, "orphan:") }
 
-func isUpdatePoint(p string) bool { return slices.Contains(updateCrashPoints, p) }
+func isUpdatePoint(p string) bool { return slices.Contains(network.UpdateCrashPoints(), p) }
 
 // isSweepPoint is an orphan point the name sweep passes too on a node
 // over k: of a kind whose objects k lists (the others are reached only by

@@ -14,8 +14,6 @@ import (
 // ErrTermOver means the primary's term ended: no kernel effect is made.
 var ErrTermOver = op.ErrTermOver
 
-func (n *Node) termCtx() context.Context { return n.term.Context() }
-
 // live returns ErrTermOver once the term ended. Every kernel effect checks
 // it right before it is made.
 func (n *Node) live() error { return n.term.Live() }

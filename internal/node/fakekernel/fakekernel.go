@@ -385,7 +385,7 @@ func (k *Kernel) Leases() *Leases { return (*Leases)(k) }
 // RootFS is the fake's node.RootFS (a rootfs.Overlay).
 func (k *Kernel) RootFS() *RootFS { return (*RootFS)(k) }
 
-// Netns is the fake's node.Netns (a netpolicy.Netns).
+// Netns is the fake's network.Netns (a netpolicy.Netns).
 func (k *Kernel) Netns() *Netns { return (*Netns)(k) }
 
 // Runtime is the fake's node.Runtime (a runsc.Runtime).

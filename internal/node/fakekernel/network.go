@@ -17,8 +17,8 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy"
 )
 
-// The sandbox network's subsystems (node.Links, node.Firewall, node.Flows,
-// node.DNSProxy): veth pairs, ctld's nft table with each generation's
+// The sandbox network's subsystems (network.Links, network.Firewall, network.Flows,
+// network.DNSProxy): veth pairs, ctld's nft table with each generation's
 // chain and dispatch element, conntrack flows by slot, and the DNS
 // proxy's registry. Objects of a generation are named for Refuse and
 // FailMake by the generation's name ("sb-g1": the link's alias, the
@@ -51,16 +51,16 @@ type dnsEntry struct {
 	eff   netpolicy.Effective
 }
 
-// Links is the fake's node.Links.
+// Links is the fake's network.Links.
 func (k *Kernel) Links() *Links { return (*Links)(k) }
 
-// Firewall is the fake's node.Firewall.
+// Firewall is the fake's network.Firewall.
 func (k *Kernel) Firewall() *Firewall { return (*Firewall)(k) }
 
-// Flows is the fake's node.Flows.
+// Flows is the fake's network.Flows.
 func (k *Kernel) Flows() *Flows { return (*Flows)(k) }
 
-// DNSProxy is the fake's node.DNSProxy: its registry is the memory of
+// DNSProxy is the fake's network.DNSProxy: its registry is the memory of
 // one process (see RestartDNSProxy).
 func (k *Kernel) DNSProxy() *DNSProxy { return (*DNSProxy)(k) }
 

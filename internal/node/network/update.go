@@ -1,4 +1,4 @@
-package node
+package network
 
 import (
 	"context"
@@ -8,12 +8,15 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/op"
 )
 
-// updateCrashPoints are a live update's crash points, in order.
-var updateCrashPoints = []string{"netupdate:intended", "netupdate:applied", "netupdate:done"}
+// UpdateCrashPoints are a live update's crash points, in order.
+func UpdateCrashPoints() []string {
+	return []string{"netupdate:intended", "netupdate:applied", "netupdate:done"}
+}
 
-// UpdateNetwork replaces the network policy of the sandbox's running
+// Update replaces the network policy of the sandbox's running
 // generation (a live update, docs/network-design.md §6), without
 // restarting its guest: the new policy is journaled as intended on the
 // generation's record, applied in one nft transaction (the old policy or
@@ -21,42 +24,42 @@ var updateCrashPoints = []string{"netupdate:intended", "netupdate:applied", "net
 // the flows it no longer allows are cut, and the record says it is done. A crash in
 // between leaves the update intended; the next primary's reconcile does
 // it again (each step is idempotent). Setting the policy in force again
-// changes nothing.
-func (n *Node) UpdateNetwork(ctx context.Context, id string, want journal.NetworkPolicy) (SandboxView, error) {
-	pol, err := n.parsePolicy(want)
+// changes nothing. It returns the generation's record as updated.
+func (n *Net) Update(ctx context.Context, id string, want journal.NetworkPolicy) (journal.Sandbox, error) {
+	pol, err := n.Parse(want)
 	if err != nil {
-		return SandboxView{}, err
+		return journal.Sandbox{}, err
 	}
-	ctx, done, err := n.begin(ctx)
+	ctx, done, err := n.d.Term.Begin(ctx)
 	if err != nil {
-		return SandboxView{}, err
+		return journal.Sandbox{}, err
 	}
 	defer done()
 	// One update of a sandbox at a time, and none while its release
 	// starts (Release takes the same lock to move it out of ready).
-	unlock := n.lockSandbox(id)
+	unlock := n.d.Locks.Lock(id)
 	defer unlock()
-	s, err := n.ready(id)
+	s, err := n.d.Ready(id)
 	if err != nil {
-		return SandboxView{}, err
+		return journal.Sandbox{}, err
 	}
-	cur, err := n.parsePolicy(policyOf(s))
+	cur, err := n.Parse(policyOf(s))
 	if err == nil && s.NetworkUpdate == nil && cur.Equal(pol) {
-		return n.view(ctx, s), nil
+		return s, nil
 	}
-	if err := n.checkNetwork(pol); err != nil {
-		return SandboxView{}, err
+	if err := n.Check(pol); err != nil {
+		return journal.Sandbox{}, err
 	}
 	o, ok, err := n.owner(s)
 	if err != nil || !ok || !n.hasNet() {
 		// A generation claimed before this node had its network (or
 		// without a slot) has no veth or chain to change.
-		return SandboxView{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
+		return journal.Sandbox{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d has no sandbox network to update (%v); release it and claim a new generation", id, s.Generation, orNoSlot(err, s))
 	}
-	if err := n.live(); err != nil {
-		return SandboxView{}, fmt.Errorf("network update of %s: %w", id, err)
+	if err := n.d.Term.Live(); err != nil {
+		return journal.Sandbox{}, fmt.Errorf("network update of %s: %w", id, err)
 	}
-	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+	err = n.d.Run.J.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.Sandbox(id)
 		if err != nil {
 			return err
@@ -69,24 +72,20 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, want journal.Networ
 		return tx.PutSandbox(cur)
 	})
 	if err != nil {
-		return SandboxView{}, txErr("journal network update of "+id, err)
+		return journal.Sandbox{}, op.TxErr("journal network update of "+id, err)
 	}
-	n.crash("netupdate:intended")
-	s, err = n.applyUpdate(ctx, s, o, pol)
-	if err != nil {
-		return SandboxView{}, err
-	}
-	return n.view(ctx, s), nil
+	n.d.Run.Crash("netupdate:intended")
+	return n.applyUpdate(ctx, s, o, pol)
 }
 
 // applyUpdate makes the kernel enforce s's intended update and journals
 // it done: the DNS proxy first, then nft (one transaction), then the cut
 // of the flows it no longer allows. Reconcile calls it for an update a
 // crash left intended.
-func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.Owner, pol netpolicy.Policy) (journal.Sandbox, error) {
+func (n *Net) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.Owner, pol netpolicy.Policy) (journal.Sandbox, error) {
 	log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 	eff := n.effective(o, pol)
-	if err := n.live(); err != nil {
+	if err := n.d.Term.Live(); err != nil {
 		return s, fmt.Errorf("network update of %s: %w", s.ID, err)
 	}
 	// The proxy answers by the new policy before nft applies it: Register
@@ -103,7 +102,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 		log.Warn("network update not applied; the old policy holds", "err", err)
 		prev := s
 		prev.NetworkUpdate = nil
-		if old, perr := n.parsePolicy(policyOf(prev)); perr == nil && n.d.DNSProxy != nil {
+		if old, perr := n.Parse(policyOf(prev)); perr == nil && n.d.DNSProxy != nil {
 			n.d.DNSProxy.Register(o, n.effective(o, old))
 		}
 		if jerr := n.endUpdate(s, false); jerr != nil {
@@ -111,8 +110,8 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 		}
 		return s, errdefs.Errorf(errdefs.CodeUnavailable, "apply network policy of %s: %v; the old policy holds", s.ID, err)
 	}
-	n.crash("netupdate:applied")
-	if err := n.live(); err != nil {
+	n.d.Run.Crash("netupdate:applied")
+	if err := n.d.Term.Live(); err != nil {
 		return s, fmt.Errorf("network update of %s: %w", s.ID, err)
 	}
 	cut, err := n.d.Flows.Cut(ctx, o.Block.Slot, eff)
@@ -125,7 +124,7 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 	if err := n.endUpdate(s, true); err != nil {
 		return s, fmt.Errorf("journal network update of %s done: %w", s.ID, err)
 	}
-	n.crash("netupdate:done")
+	n.d.Run.Crash("netupdate:done")
 	log.Info("network policy updated", "mode", eff.Mode, "flows_cut", cut)
 	s.Network, s.NetworkUpdate = &s.NetworkUpdate.Policy, nil
 	return s, nil
@@ -133,8 +132,8 @@ func (n *Node) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.O
 
 // endUpdate journals s's intended update as done (the policy in force) or
 // as abandoned.
-func (n *Node) endUpdate(s journal.Sandbox, done bool) error {
-	return n.d.Journal.Update(func(tx *journal.Tx) error {
+func (n *Net) endUpdate(s journal.Sandbox, done bool) error {
+	return n.d.Run.J.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.Sandbox(s.ID)
 		if err != nil || !ok || cur.Generation != s.Generation || cur.NetworkUpdate == nil {
 			return err
@@ -148,9 +147,9 @@ func (n *Node) endUpdate(s journal.Sandbox, done bool) error {
 	})
 }
 
-// redoUpdate finishes, on takeover, an update a crash left intended on a
+// RedoUpdate finishes, on takeover, an update a crash left intended on a
 // ready generation that stays.
-func (n *Node) redoUpdate(ctx context.Context, s journal.Sandbox) error {
+func (n *Net) RedoUpdate(ctx context.Context, s journal.Sandbox) error {
 	if s.NetworkUpdate == nil {
 		return nil
 	}
@@ -158,7 +157,7 @@ func (n *Node) redoUpdate(ctx context.Context, s journal.Sandbox) error {
 	if err == nil && (!ok || !n.hasNet() || n.d.Flows == nil) {
 		err = errors.New("this node has no sandbox network for it")
 	}
-	pol, perr := n.parsePolicy(s.NetworkUpdate.Policy)
+	pol, perr := n.Parse(s.NetworkUpdate.Policy)
 	if err == nil {
 		err = perr
 	}
@@ -171,21 +170,24 @@ func (n *Node) redoUpdate(ctx context.Context, s journal.Sandbox) error {
 	return err
 }
 
-// lockSandbox serializes a sandbox's network updates with each other and
-// with the start of its release.
-func (n *Node) lockSandbox(id string) (unlock func()) { return n.locks.Lock(id) }
+// Status is a generation's network as the node enforces it: its mode
+// and its nft chain's counters (zero unless it runs).
+type Status struct {
+	Mode netpolicy.Mode
+	netpolicy.Counters
+}
 
-// networkStatus is the generation's mode and counters, when it has a
-// sandbox network (the counters only while it runs).
-func (n *Node) networkStatus(ctx context.Context, s journal.Sandbox) *NetworkStatus {
+// Status is the generation's mode and counters, when it has a sandbox
+// network (nil: none; the counters only while it runs).
+func (n *Net) Status(ctx context.Context, s journal.Sandbox) *Status {
 	if s.Slot == 0 {
 		return nil
 	}
 	mode := netpolicy.ModeDenyAll
-	if pol, err := n.parsePolicy(policyOf(s)); err == nil {
+	if pol, err := n.Parse(policyOf(s)); err == nil {
 		mode = pol.Mode
 	}
-	st := &NetworkStatus{Mode: mode}
+	st := &Status{Mode: mode}
 	if s.State != journal.StateReady || n.d.Firewall == nil {
 		return st
 	}

@@ -1,4 +1,4 @@
-package node
+package network
 
 import (
 	"context"
@@ -34,19 +34,21 @@ import (
 // sweep keeps what carrier records name and removes unjournaled ones like
 // any other ctld-named netns or link.
 
-// carrierID is the owner id of a carrier's link: its alias is
+// CarrierID is the owner id of a carrier's link: its alias is
 // "carrier-g<slot>" (netpolicy.Owner.Alias), so `ip link` tells a
 // carrier from a generation's link.
-const carrierID = "carrier"
+const CarrierID = "carrier"
 
-// carrierNetns is the netns name of the carrier on slot (the file is
+// CarrierNetns is the netns name of the carrier on slot (the file is
 // /run/netns/ctld-c<slot>): no generation's netns is named so, theirs all
 // contain "-g".
-func carrierNetns(slot uint32) string { return fmt.Sprintf("c%05x", slot) }
+func CarrierNetns(slot uint32) string { return fmt.Sprintf("c%05x", slot) }
 
-// carrierCrashPoints are the crash points of a carrier's life (Deps.Crash),
+// CarrierCrashPoints are the crash points of a carrier's life (Deps.Crash),
 // apart from CrashPoints: a carrier is no generation.
-var carrierCrashPoints = []string{"carrier:intended", "carrier:made", "carrier:done", "carrier:removing", "carrier:removed"}
+func CarrierCrashPoints() []string {
+	return []string{"carrier:intended", "carrier:made", "carrier:done", "carrier:removing", "carrier:removed"}
+}
 
 // warmPool is the node's state of the carrier pool; its zero value is
 // ready to use.
@@ -82,18 +84,28 @@ func (w *warmPool) signal() {
 	}
 }
 
-// errCarrierMaking marks a claim refused only because a carrier is being
+// ErrCarrierMaking marks a claim refused only because a carrier is being
 // made on the last free address block: the claim waits for it
 // (Config.CarrierWait) and tries again, so the pool never keeps a claim
 // out.
-var errCarrierMaking = errors.New("a warm carrier is being made on the last free address block")
+var ErrCarrierMaking = errors.New("a warm carrier is being made on the last free address block")
 
-func (n *Node) carrierWait() time.Duration {
-	if n.cfg.CarrierWait > 0 {
-		return n.cfg.CarrierWait
+// DefaultCarrierWait is Deps.CarrierWait's default: a carrier is made
+// in milliseconds, seconds on a loaded host.
+const DefaultCarrierWait = 10 * time.Second
+
+// CarrierWait bounds how long a claim waits for a warm carrier being made
+// on the last free address block.
+func (n *Net) CarrierWait() time.Duration {
+	if n.d.CarrierWait > 0 {
+		return n.d.CarrierWait
 	}
 	return DefaultCarrierWait
 }
+
+// CarrierChanges returns a channel closed when the next carrier's making
+// or removal ends (warmPool.changes).
+func (n *Net) CarrierChanges() <-chan struct{} { return n.warm.changes() }
 
 func (w *warmPool) ch() chan struct{} {
 	w.once.Do(func() { w.kickCh = make(chan struct{}, 1) })
@@ -101,10 +113,10 @@ func (w *warmPool) ch() chan struct{} {
 }
 
 // carriersOn reports whether this node keeps a pool of warm carriers.
-func (n *Node) carriersOn() bool { return n.cfg.Carriers > 0 && n.hasNet() }
+func (n *Net) carriersOn() bool { return n.d.Carriers > 0 && n.hasNet() }
 
-// kickCarriers asks the filler to top the pool up (never blocks).
-func (n *Node) kickCarriers() {
+// KickCarriers asks the filler to top the pool up (never blocks).
+func (n *Net) KickCarriers() {
 	if !n.carriersOn() {
 		return
 	}
@@ -114,10 +126,10 @@ func (n *Node) kickCarriers() {
 	}
 }
 
-// startCarriers starts the term's filler once: it tops the pool up on
+// StartCarriers starts the term's filler once: it tops the pool up on
 // each kick until the term ends. Each round is an operation of the term,
 // so Drain waits for it.
-func (n *Node) startCarriers() {
+func (n *Net) StartCarriers() {
 	if !n.carriersOn() {
 		return
 	}
@@ -132,7 +144,7 @@ func (n *Node) startCarriers() {
 	go func() {
 		for {
 			select {
-			case <-n.termCtx().Done():
+			case <-n.d.Term.Context().Done():
 				return
 			case <-kick:
 			}
@@ -141,18 +153,18 @@ func (n *Node) startCarriers() {
 			}
 		}
 	}()
-	n.kickCarriers()
+	n.KickCarriers()
 }
 
 // fillRound is one round of the filler, as an operation of the term; it
 // reports false once the term is over.
-func (n *Node) fillRound() bool {
-	ctx, done, err := n.begin(context.Background())
+func (n *Net) fillRound() bool {
+	ctx, done, err := n.d.Term.Begin(context.Background())
 	if err != nil {
 		return false
 	}
 	defer done()
-	if err := n.fillCarriers(ctx); err != nil && n.live() == nil {
+	if err := n.fillCarriers(ctx); err != nil && n.d.Term.Live() == nil {
 		n.log.Warn("warm carriers: refill stopped", "err", err)
 	}
 	return true
@@ -162,14 +174,14 @@ func (n *Node) fillRound() bool {
 // (made or being made) or the address pool has no free slot: carriers
 // never take a slot a claim could not get back (a claim takes a carrier
 // before it allocates a slot).
-func (n *Node) fillCarriers(ctx context.Context) error {
+func (n *Net) fillCarriers(ctx context.Context) error {
 	if !n.carriersOn() {
 		return nil
 	}
 	n.warm.fill.Lock()
 	defer n.warm.fill.Unlock()
 	for {
-		if err := n.live(); err != nil {
+		if err := n.d.Term.Live(); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -180,7 +192,7 @@ func (n *Node) fillCarriers(ctx context.Context) error {
 			return err
 		}
 		if err := n.makeCarrier(ctx, c); err != nil {
-			if n.live() != nil {
+			if n.d.Term.Live() != nil {
 				return err // the next primary destroys it
 			}
 			n.log.Warn("warm carrier could not be made; destroying it", "slot", c.Slot, "err", err)
@@ -192,8 +204,8 @@ func (n *Node) fillCarriers(ctx context.Context) error {
 // newCarrier journals the next carrier as making, on the lowest slot no
 // generation and no carrier holds; ok is false when the pool is full or
 // no slot is free.
-func (n *Node) newCarrier() (c journal.Carrier, ok bool, err error) {
-	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+func (n *Net) newCarrier() (c journal.Carrier, ok bool, err error) {
+	err = n.d.Run.J.Update(func(tx *journal.Tx) error {
 		cs, err := tx.Carriers()
 		if err != nil {
 			return err
@@ -204,7 +216,7 @@ func (n *Node) newCarrier() (c journal.Carrier, ok bool, err error) {
 				pending++
 			}
 		}
-		if pending >= n.cfg.Carriers {
+		if pending >= n.d.Carriers {
 			n.log.Debug("warm carriers: pool full", "carriers", pending)
 			return nil
 		}
@@ -217,7 +229,7 @@ func (n *Node) newCarrier() (c journal.Carrier, ok bool, err error) {
 			n.log.Debug("warm carriers: no free address slot", "err", err)
 			return nil
 		}
-		c = journal.Carrier{Slot: slot, Netns: carrierNetns(slot), State: journal.CarrierMaking, Epoch: n.d.Epoch}
+		c = journal.Carrier{Slot: slot, Netns: CarrierNetns(slot), State: journal.CarrierMaking, Epoch: n.d.Run.Epoch}
 		ok = true
 		return tx.PutCarrier(c)
 	})
@@ -235,21 +247,21 @@ func carrierSlots(cs []journal.Carrier) []netpolicy.Slot {
 	return out
 }
 
-func (n *Node) carrierOwner(slot uint32) (netpolicy.Owner, error) {
+func (n *Net) carrierOwner(slot uint32) (netpolicy.Owner, error) {
 	b, err := n.d.Pool.Block(netpolicy.Slot(slot))
 	if err != nil {
 		return netpolicy.Owner{}, fmt.Errorf("address block of carrier %d: %w", slot, err)
 	}
-	return netpolicy.Owner{ID: carrierID, Generation: uint64(slot), Block: b}, nil
+	return netpolicy.Owner{ID: CarrierID, Generation: uint64(slot), Block: b}, nil
 }
 
 // makeCarrier makes a journaled (making) carrier's netns and veth and
 // journals it ready, unless a claim or a takeover changed its record
 // meanwhile.
-func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
+func (n *Net) makeCarrier(ctx context.Context, c journal.Carrier) error {
 	defer n.warm.signal()
-	n.crash("carrier:intended")
-	if err := n.live(); err != nil {
+	n.d.Run.Crash("carrier:intended")
+	if err := n.d.Term.Live(); err != nil {
 		return err
 	}
 	o, err := n.carrierOwner(c.Slot)
@@ -263,15 +275,15 @@ func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
 	if err := n.d.Links.Make(ctx, o, path); err != nil {
 		return fmt.Errorf("carrier %d: make veth: %w", c.Slot, err)
 	}
-	n.crash("carrier:made")
+	n.d.Run.Crash("carrier:made")
 	if id, err := n.d.Netns.Identify(ctx, c.Netns); err == nil {
 		c.NetnsDev, c.NetnsIno, c.NetnsCookie = id.Dev, id.Ino, id.Cookie
 	}
-	if err := n.live(); err != nil {
+	if err := n.d.Term.Live(); err != nil {
 		return err
 	}
 	c.State = journal.CarrierReady
-	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+	err = n.d.Run.J.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.Carrier(c.Slot)
 		if err != nil || !ok || cur.State != journal.CarrierMaking {
 			return errors.Join(err, fmt.Errorf("carrier %d is no longer being made", c.Slot))
@@ -281,7 +293,7 @@ func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
 	if err != nil {
 		return fmt.Errorf("journal carrier %d ready: %w", c.Slot, err)
 	}
-	n.crash("carrier:done")
+	n.d.Run.Crash("carrier:done")
 	n.log.Debug("warm carrier made", "slot", c.Slot, "netns", c.Netns)
 	return nil
 }
@@ -289,19 +301,19 @@ func (n *Node) makeCarrier(ctx context.Context, c journal.Carrier) error {
 // destroyCarrier removes a carrier's veth and netns (journaled as
 // removing first) and forgets it once both are proven gone; otherwise its
 // record stays, and with it its slot, for the next takeover.
-func (n *Node) destroyCarrier(ctx context.Context, c journal.Carrier) error {
+func (n *Net) destroyCarrier(ctx context.Context, c journal.Carrier) error {
 	defer n.warm.signal()
-	if err := n.live(); err != nil {
+	if err := n.d.Term.Live(); err != nil {
 		return err
 	}
 	if c.State != journal.CarrierRemoving {
 		c.State = journal.CarrierRemoving
-		if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutCarrier(c) }); err != nil {
+		if err := n.d.Run.J.Update(func(tx *journal.Tx) error { return tx.PutCarrier(c) }); err != nil {
 			return fmt.Errorf("journal carrier %d removing: %w", c.Slot, err)
 		}
 	}
-	n.crash("carrier:removing")
-	if err := n.live(); err != nil {
+	n.d.Run.Crash("carrier:removing")
+	if err := n.d.Term.Live(); err != nil {
 		return err
 	}
 	o, err := n.carrierOwner(c.Slot)
@@ -315,7 +327,7 @@ func (n *Node) destroyCarrier(ctx context.Context, c journal.Carrier) error {
 	if err := n.d.Netns.Delete(ctx, c.Netns); err != nil {
 		errs = append(errs, fmt.Errorf("carrier %d: delete netns: %w", c.Slot, err))
 	}
-	n.crash("carrier:removed")
+	n.d.Run.Crash("carrier:removed")
 	if ok, d := n.d.Links.CheckGone(ctx, o); !ok {
 		errs = append(errs, fmt.Errorf("carrier %d: veth not gone: %s", c.Slot, d))
 	}
@@ -326,20 +338,20 @@ func (n *Node) destroyCarrier(ctx context.Context, c journal.Carrier) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...) // the record keeps the slot out
 	}
-	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.DeleteCarrier(c.Slot) }); err != nil {
+	if err := n.d.Run.J.Update(func(tx *journal.Tx) error { return tx.DeleteCarrier(c.Slot) }); err != nil {
 		return fmt.Errorf("journal carrier %d gone: %w", c.Slot, err)
 	}
 	return nil
 }
 
-// takeCarrier, inside a claim's admitting transaction, gives rec the
+// TakeCarrier, inside a claim's admitting transaction, gives rec the
 // slot and netns of a ready carrier, if there is one: the carrier record
 // goes, and rec's netns and links effect records are journaled done, so
 // the generation's teardown removes them. Without a carrier rec gets a
 // free slot (none a carrier holds), and the claim makes its network
 // inline. Either way the filler is asked to top the pool up. With no free
-// slot while a carrier is being made, the error is also errCarrierMaking.
-func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.Sandbox) error {
+// slot while a carrier is being made, the error is also ErrCarrierMaking.
+func (n *Net) TakeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.Sandbox) error {
 	if !n.hasPool() {
 		return nil
 	}
@@ -348,7 +360,7 @@ func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.
 		return err
 	}
 	if n.carriersOn() {
-		defer n.kickCarriers()
+		defer n.KickCarriers()
 		for _, c := range cs {
 			if c.State != journal.CarrierReady {
 				continue
@@ -360,7 +372,7 @@ func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.
 			rec.Slot, rec.Netns = c.Slot, c.Netns
 			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie = c.NetnsDev, c.NetnsIno, c.NetnsCookie
 			for _, k := range []journal.Kind{journal.KindNetns, journal.KindLinks} {
-				e := journal.Effect{Kind: k, Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Done, Epoch: n.d.Epoch, Slot: rec.Slot}
+				e := journal.Effect{Kind: k, Name: rec.ContainerID, SandboxID: rec.ID, Generation: rec.Generation, State: journal.Done, Epoch: n.d.Run.Epoch, Slot: rec.Slot}
 				if err := tx.PutEffect(e); err != nil {
 					return err
 				}
@@ -370,30 +382,30 @@ func (n *Node) takeCarrier(tx *journal.Tx, live []journal.Sandbox, rec *journal.
 	}
 	rec.Slot, err = n.allocSlot(live, carrierSlots(cs)...)
 	if err != nil && n.carriersOn() && slices.ContainsFunc(cs, func(c journal.Carrier) bool { return c.State == journal.CarrierMaking }) {
-		return errors.Join(errCarrierMaking, errdefs.Errorf(errdefs.CodeCapacityExhausted, "%v; a warm carrier is still being made on the last free one", err))
+		return errors.Join(ErrCarrierMaking, errdefs.Errorf(errdefs.CodeCapacityExhausted, "%v; a warm carrier is still being made on the last free one", err))
 	}
 	return err
 }
 
-// tookCarrier reports whether rec's generation took a warm carrier: its
+// TookCarrier reports whether rec's generation took a warm carrier: its
 // netns (named rec.Netns) and veth were made before its claim.
-func tookCarrier(rec journal.Sandbox) bool {
+func TookCarrier(rec journal.Sandbox) bool {
 	return rec.Netns != "" && rec.Netns != rec.ContainerID
 }
 
 // netnsName is the name of rec's netns: the carrier's if it took one,
 // else its container id.
 func netnsName(rec journal.Sandbox) string {
-	if tookCarrier(rec) {
+	if TookCarrier(rec) {
 		return rec.Netns
 	}
 	return rec.ContainerID
 }
 
-// adoptCarriers, on a takeover, keeps the ready carriers whose netns and
+// AdoptCarriers, on a takeover, keeps the ready carriers whose netns and
 // link exist, up to the pool size, and destroys the others: half made,
 // half removed, broken, or more than this primary keeps.
-func (n *Node) adoptCarriers(ctx context.Context) error {
+func (n *Net) AdoptCarriers(ctx context.Context) error {
 	if !n.hasNet() {
 		return nil
 	}
@@ -407,7 +419,7 @@ func (n *Node) adoptCarriers(ctx context.Context) error {
 	}
 	haveNetns, haveLink := resource.SetOf(netns), resource.SetOf(links)
 	var cs []journal.Carrier
-	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+	if err := n.d.Run.J.View(func(tx *journal.Tx) (err error) {
 		cs, err = tx.Carriers()
 		return err
 	}); err != nil {
@@ -418,12 +430,12 @@ func (n *Node) adoptCarriers(ctx context.Context) error {
 	for _, c := range cs {
 		link := netpolicy.LinkName(netpolicy.Slot(c.Slot))
 		whole := c.State == journal.CarrierReady && haveNetns[c.Netns] && haveLink[link]
-		if whole && adopted < n.cfg.Carriers {
+		if whole && adopted < n.d.Carriers {
 			adopted++
 			continue
 		}
 		if whole {
-			n.log.Info("destroying a warm carrier beyond the configured pool", "slot", c.Slot, "carriers", n.cfg.Carriers)
+			n.log.Info("destroying a warm carrier beyond the configured pool", "slot", c.Slot, "carriers", n.d.Carriers)
 		} else {
 			n.log.Warn("destroying a warm carrier that is not whole", "slot", c.Slot, "state", c.State, "netns", haveNetns[c.Netns], "link", haveLink[link])
 		}
@@ -435,11 +447,11 @@ func (n *Node) adoptCarriers(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// carriersOwned adds what the carrier records name to the orphan sweep's
+// CarriersOwned adds what the carrier records name to the orphan sweep's
 // owned names and held slots.
-func (n *Node) carriersOwned(owned map[journal.Kind]map[string]bool, slots map[uint32]bool) error {
+func (n *Net) CarriersOwned(owned map[journal.Kind]map[string]bool, slots map[uint32]bool) error {
 	var cs []journal.Carrier
-	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+	if err := n.d.Run.J.View(func(tx *journal.Tx) (err error) {
 		cs, err = tx.Carriers()
 		return err
 	}); err != nil {

@@ -1,13 +1,26 @@
-package node
+// Package network is the sandbox network of the node's generations
+// (docs/network-design.md): the netns, links, conntrack, nft and dns
+// entries of the resource table, address slots and owners, policies and
+// their live update, network status, the warm carriers and the node-wide
+// parts (forwarding, the nft table, the DNS proxy's registry). The node
+// orchestrates it: it builds a Net in node.New and calls it at claim
+// (Check, TakeCarrier), reconcile (Ensure, RegisterDNS, RedoUpdate,
+// AdoptCarriers, StartCarriers) and release (KickCarriers).
+package network
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"sync"
+	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -32,21 +45,100 @@ import (
 // without a Links or Firewall makes none of them and refuses the modes
 // that need them.
 
+// Deps are what the network needs from the node.
+type Deps struct {
+	Log *slog.Logger
+	// Term bounds every kernel effect and operation (op.Term); Run is the
+	// node's journal and epoch, and passes the crash points; Locks
+	// serialize a sandbox's network updates with the start of its release
+	// (the node's sandbox locks).
+	Term  *op.Term
+	Run   *op.Runner
+	Locks *op.Locks
+	// The subsystems (deps.go); see node.Deps for which are needed by
+	// what.
+	Netns    Netns
+	Links    Links
+	Firewall Firewall
+	Flows    Flows
+	DNSProxy DNSProxy
+	Pool     netpolicy.Pool
+	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
+	// reachable from a sandbox.
+	NodeAddrs []netip.Addr
+	// Limits bound a network policy (rules, ports per rule).
+	Limits netpolicy.Limits
+	// Carriers is the warm carrier pool's size; CarrierWait bounds a
+	// claim's wait for one being made (0: DefaultCarrierWait).
+	Carriers    int
+	CarrierWait time.Duration
+	// Identities reads and journals the kernel identities of a
+	// generation's objects (the netns entry journals them with its done
+	// record).
+	Identities Identities
+	// Ready is the sandbox's record if its generation is ready, else the
+	// node's error (not_found, conflict).
+	Ready func(id string) (journal.Sandbox, error)
+}
+
+// Identities are the kernel identities of a generation's objects
+// (overlay superblock, netns, block device), read once they exist and
+// journaled in its sandbox record: the node's, as they span concerns.
+type Identities interface {
+	// Read returns rec with the identities it does not have yet, and
+	// whether it found any.
+	Read(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool)
+	// Put journals rec's identities in its sandbox record (if it is
+	// still rec's generation).
+	Put(tx *journal.Tx, rec journal.Sandbox) error
+}
+
+// Net is the node's sandbox network.
+type Net struct {
+	d   Deps
+	log *slog.Logger
+
+	mu sync.Mutex
+	// netErr is why this term's node-wide network is not in place
+	// (Ensure): claims that need it are refused.
+	netErr error
+
+	// warm is the pool of warm network carriers (carriers.go).
+	warm warmPool
+}
+
+// New is the network of a node with d.
+func New(d Deps) *Net {
+	return &Net{d: d, log: logging.OrDiscard(d.Log)}
+}
+
+// Entries are the network's entries of the resource table, in claim
+// order: the netns before the links (which need its path), the conntrack
+// flush after the nft objects that mark flows are gone, the policy
+// before the DNS entry (which adds answers to its sets). A nil n
+// declares the same specs (CrashPoints).
+func Entries(n *Net) []resource.Entry[*resource.Claim] {
+	if n == nil {
+		n = New(Deps{})
+	}
+	return []resource.Entry[*resource.Claim]{netnsResource{n}, linksResource{n}, conntrackResource{n: n}, nftResource{n}, dnsResource{n: n}}
+}
+
 // hasNet reports whether the node makes a veth and nft objects for every
 // generation.
-func (n *Node) hasNet() bool {
+func (n *Net) hasNet() bool {
 	return n.d.Links != nil && n.d.Firewall != nil && n.d.Pool.V4.IsValid()
 }
 
 // hasPool reports whether generations get an address slot.
-func (n *Node) hasPool() bool { return n.d.Pool.V4.IsValid() }
+func (n *Net) hasPool() bool { return n.d.Pool.V4.IsValid() }
 
 // allocSlot picks the lowest slot of the pool that no generation holding
 // capacity (live, half done or withheld) uses, nor held (the warm
 // carriers'). It runs inside a write transaction, so two claims never
 // pick the same; a slot comes back only with the clean proof that ends
 // its record.
-func (n *Node) allocSlot(all []journal.Sandbox, held ...netpolicy.Slot) (uint32, error) {
+func (n *Net) allocSlot(all []journal.Sandbox, held ...netpolicy.Slot) (uint32, error) {
 	if !n.hasPool() {
 		return 0, nil
 	}
@@ -61,7 +153,7 @@ func (n *Node) allocSlot(all []journal.Sandbox, held ...netpolicy.Slot) (uint32,
 }
 
 // owner names rec's network objects; ok is false when rec has no slot.
-func (n *Node) owner(rec journal.Sandbox) (o netpolicy.Owner, ok bool, err error) {
+func (n *Net) owner(rec journal.Sandbox) (o netpolicy.Owner, ok bool, err error) {
 	if rec.Slot == 0 {
 		return o, false, nil
 	}
@@ -72,13 +164,13 @@ func (n *Node) owner(rec journal.Sandbox) (o netpolicy.Owner, ok bool, err error
 	return netpolicy.Owner{ID: rec.ID, Generation: rec.Generation, Block: b}, true, nil
 }
 
-// guestNameservers are what the guest's generated resolv.conf names: the
+// Nameservers are what the guest's generated resolv.conf names: the
 // gateways of its block, whose port 53 the node redirects to the DNS
 // proxy. Every mode gets them, deny_all too: the proxy refuses its names
 // at once (no resolver timeout), and a live update to another mode needs
 // no change in the guest. None without a proxy or a slot: then the
 // RootFS's own resolv.conf stays (nothing it names is reachable).
-func (n *Node) guestNameservers(rec journal.Sandbox) ([]netip.Addr, error) {
+func (n *Net) Nameservers(rec journal.Sandbox) ([]netip.Addr, error) {
 	if n.d.DNSProxy == nil || !n.hasNet() {
 		return nil, nil
 	}
@@ -115,21 +207,21 @@ func specOf(p journal.NetworkPolicy) netpolicy.Spec {
 	return s
 }
 
-// parsePolicy validates a policy with the node's limits.
-func (n *Node) parsePolicy(p journal.NetworkPolicy) (netpolicy.Policy, error) {
-	return n.cfg.NetLimits.Parse("network", specOf(p))
+// Parse validates a policy with the node's limits (Deps.Limits).
+func (n *Net) Parse(p journal.NetworkPolicy) (netpolicy.Policy, error) {
+	return n.d.Limits.Parse("network", specOf(p))
 }
 
 // effective resolves p for o on this node.
-func (n *Node) effective(o netpolicy.Owner, p netpolicy.Policy) netpolicy.Effective {
+func (n *Net) effective(o netpolicy.Owner, p netpolicy.Policy) netpolicy.Effective {
 	return netpolicy.Resolve(p, netpolicy.Facts{Pool: n.d.Pool, Block: o.Block, NodeAddrs: n.d.NodeAddrs})
 }
 
-// checkNetwork refuses, before anything is journaled, a policy this node
+// Check refuses, before anything is journaled, a policy this node
 // cannot enforce: every mode but deny_all needs the veth and the
 // firewall, and the conntrack flows (live updates cut them); a policy
 // that resolves names needs the DNS proxy.
-func (n *Node) checkNetwork(p netpolicy.Policy) error {
+func (n *Net) Check(p netpolicy.Policy) error {
 	if n.hasNet() {
 		// Every generation gets its chain: none without the table.
 		if err := n.netReady(); err != nil {
@@ -159,8 +251,8 @@ func (n *Node) checkNetwork(p netpolicy.Policy) error {
 	return n.netReady()
 }
 
-// netReady is nil once this term's firewall table is in place (Reconcile).
-func (n *Node) netReady() error {
+// netReady is nil once this term's firewall table is in place (Ensure).
+func (n *Net) netReady() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.netErr != nil {
@@ -169,12 +261,12 @@ func (n *Node) netReady() error {
 	return nil
 }
 
-// ensureNetwork makes the node-wide parts of the sandbox network once per
+// Ensure makes the node-wide parts of the sandbox network once per
 // term, before anything is served: the forwarding sysctls and the nft
 // table with its base chains (never flushed: the generations' objects in
 // it keep enforcing through a failover). A failure keeps the node from
 // claiming any generation that would need them.
-func (n *Node) ensureNetwork(ctx context.Context) error {
+func (n *Net) Ensure(ctx context.Context) error {
 	var err error
 	if n.hasNet() {
 		if e := n.d.Links.EnableForwarding(ctx, n.d.Pool.IPv6()); e != nil {
@@ -192,10 +284,10 @@ func (n *Node) ensureNetwork(ctx context.Context) error {
 	return err
 }
 
-// registerDNS rebuilds the DNS proxy's registry from the journal: every
+// RegisterDNS rebuilds the DNS proxy's registry from the journal: every
 // ready generation with a slot answers again at once (the registry is
 // memory; set elements already in the kernel keep working meanwhile).
-func (n *Node) registerDNS(ss []journal.Sandbox) {
+func (n *Net) RegisterDNS(ss []journal.Sandbox) {
 	if n.d.DNSProxy == nil {
 		return
 	}
@@ -207,7 +299,7 @@ func (n *Node) registerDNS(ss []journal.Sandbox) {
 		if err != nil || !ok {
 			continue
 		}
-		pol, err := n.parsePolicy(policyOf(s))
+		pol, err := n.Parse(policyOf(s))
 		if err != nil {
 			n.log.Error("journaled network policy no longer parses; DNS proxy entry not rebuilt", "sandbox", s.ID, "generation", s.Generation, "err", err)
 			continue
@@ -228,7 +320,7 @@ const (
 // ownedGone is the check of an entry made for the generation's owner
 // (slot and address block): a node without the subsystem, or a
 // generation without a slot, made nothing; an unreadable block fails.
-func (n *Node) ownedGone(name string, configured bool, rec journal.Sandbox, gone func(netpolicy.Owner) (bool, string)) proof.Check {
+func (n *Net) ownedGone(name string, configured bool, rec journal.Sandbox, gone func(netpolicy.Owner) (bool, string)) proof.Check {
 	if !configured {
 		return noNet(name, noSubsystem)
 	}
@@ -245,13 +337,13 @@ func (n *Node) ownedGone(name string, configured bool, rec journal.Sandbox, gone
 
 // linksResource is the veth pair: host end netpolicy.LinkName(slot)
 // with the gateway addresses, its peer eth0 in the netns.
-type linksResource struct{ n *Node }
+type linksResource struct{ n *Net }
 
 func (r linksResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindLinks, Phase: resource.PhaseNetwork, Check: "veth_gone_address_free", Sweeps: r.n.d.Links != nil}
 }
 func (r linksResource) Make(ctx context.Context, c *resource.Claim) error {
-	if !r.n.hasNet() || tookCarrier(c.Rec) {
+	if !r.n.hasNet() || TookCarrier(c.Rec) {
 		return nil // a warm carrier's veth is made already (carriers.go)
 	}
 	o, ok, err := r.n.owner(c.Rec)
@@ -308,7 +400,7 @@ func (r linksResource) Survey(ctx context.Context) (resource.Missing, error) {
 // conntrackResource is the generation's flows, marked with its slot by
 // its chain.
 type conntrackResource struct {
-	n *Node
+	n *Net
 	unswept
 }
 
@@ -336,7 +428,7 @@ func (r conntrackResource) Gone(ctx context.Context, rec journal.Sandbox) proof.
 
 // nftResource is the generation's objects in ctld's nft table: chain,
 // sets, counters, its dispatch and DNS elements.
-type nftResource struct{ n *Node }
+type nftResource struct{ n *Net }
 
 func (r nftResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindNft, Phase: resource.PhaseNetwork, Check: "nft_gone", Sweeps: r.n.d.Firewall != nil}
@@ -349,7 +441,7 @@ func (r nftResource) Make(ctx context.Context, c *resource.Claim) error {
 	if err != nil || !ok {
 		return fmt.Errorf("apply network policy: %w", orNoSlot(err, c.Rec))
 	}
-	pol, err := r.n.parsePolicy(policyOf(c.Rec))
+	pol, err := r.n.Parse(policyOf(c.Rec))
 	if err != nil {
 		return err
 	}
@@ -407,7 +499,7 @@ func (r nftResource) Survey(ctx context.Context) (resource.Missing, error) {
 
 // dnsResource is the generation's entry in the DNS proxy's registry.
 type dnsResource struct {
-	n *Node
+	n *Net
 	unswept
 }
 
@@ -422,7 +514,7 @@ func (r dnsResource) Make(_ context.Context, c *resource.Claim) error {
 	if err != nil || !ok {
 		return fmt.Errorf("register with the DNS proxy: %w", orNoSlot(err, c.Rec))
 	}
-	pol, err := r.n.parsePolicy(policyOf(c.Rec))
+	pol, err := r.n.Parse(policyOf(c.Rec))
 	if err != nil {
 		return err
 	}
@@ -466,3 +558,78 @@ type unswept struct{}
 func (unswept) List(context.Context) ([]string, error)     { return nil, nil }
 func (unswept) Name(journal.Sandbox) string                { return "" }
 func (unswept) RemoveOrphan(context.Context, string) error { return nil }
+
+// netnsResource is the generation's network namespace (a warm carrier's
+// if it took one).
+type netnsResource struct{ n *Net }
+
+func (netnsResource) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindNetns, Phase: resource.PhaseNetwork, Check: "netns_gone", Sweeps: true}
+}
+func (r netnsResource) Make(ctx context.Context, c *resource.Claim) (err error) {
+	if TookCarrier(c.Rec) {
+		// A warm carrier's netns, made before the claim (carriers.go).
+		c.NSPath = r.n.d.Netns.Path(c.Rec.Netns)
+	} else if c.NSPath, err = r.n.d.Netns.Create(ctx, c.Rec.ContainerID); err != nil {
+		return fmt.Errorf("create netns: %w", err)
+	}
+	// The overlay and the netns both exist now: journal their kernel
+	// identities (with this entry's done record), so the proof checks
+	// these objects and not only names.
+	var changed bool
+	if c.Rec, changed = r.n.d.Identities.Read(ctx, c.Rec); changed {
+		rec := c.Rec
+		c.WithDone(func(tx *journal.Tx) error { return r.n.d.Identities.Put(tx, rec) })
+	}
+	return nil
+}
+func (r netnsResource) Remove(ctx context.Context, rec journal.Sandbox) error {
+	return r.n.d.Netns.Delete(ctx, netnsName(rec))
+}
+func (r netnsResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	ok, d := r.n.d.Netns.CheckGone(ctx, netnsName(rec), netnsID(rec))
+	return resource.Check("netns_gone", ok, d)
+}
+func (r netnsResource) List(ctx context.Context) ([]string, error) {
+	return r.n.d.Netns.List(ctx)
+}
+func (netnsResource) Name(rec journal.Sandbox) string { return netnsName(rec) }
+func (r netnsResource) RemoveOrphan(ctx context.Context, name string) error {
+	return r.n.d.Netns.Delete(ctx, name)
+}
+func (r netnsResource) Survey(ctx context.Context) (resource.Missing, error) {
+	netns, err := r.n.d.Netns.Mounted(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list netns mounts: %w", err)
+	}
+	return missingUnless(resource.SetOf(netns), netnsName, "netns"), nil
+}
+
+// IdentifyNetns returns rec with its netns's kernel identity if it does
+// not have it yet, and whether it found it (node's identities).
+func (n *Net) IdentifyNetns(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool) {
+	if rec.NetnsIno != 0 {
+		return rec, false
+	}
+	id, err := n.d.Netns.Identify(ctx, netnsName(rec))
+	if err != nil {
+		return rec, false
+	}
+	rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie = id.Dev, id.Ino, id.Cookie
+	return rec, true
+}
+
+func netnsID(rec journal.Sandbox) netpolicy.NSID {
+	return netpolicy.NSID{Dev: rec.NetnsDev, Ino: rec.NetnsIno, Cookie: rec.NetnsCookie}
+}
+
+// missingUnless is the Missing of a survey that found the objects named in
+// set: rec's is gone when name(rec) is not among them (as node's).
+func missingUnless(set map[string]bool, name func(journal.Sandbox) string, what string) resource.Missing {
+	return func(_ context.Context, rec journal.Sandbox) string {
+		if n := name(rec); n != "" && !set[n] {
+			return what
+		}
+		return ""
+	}
+}
