@@ -21,6 +21,14 @@ import (
 // waits until it serves the API as primary.
 func startCtld(t *testing.T) (socket string) {
 	t.Helper()
+	socket, _ = startCtldState(t)
+	return socket
+}
+
+// startCtldState is startCtld that also returns ctld's state dir (its
+// block store is blockstore/ there, its node key blockstore.key).
+func startCtldState(t *testing.T) (socket, stateDir string) {
+	t.Helper()
 	bin := ktest.RequireBuilt(t, "ctld")
 	root := t.TempDir()
 	// The state dir is on the VM's state disk (XFS, prjquota): disk leases
@@ -66,7 +74,7 @@ func startCtld(t *testing.T) (socket string) {
 		st, perr := ha.Probe(ctx, filepath.Join(runDir, "ctld-a.sock"))
 		if perr == nil && st.Role == ha.RolePrimary && st.Health == "ok" {
 			if _, err := (&api.Client{SocketPath: socket}).Node(ctx); err == nil {
-				return socket
+				return socket, stateDir
 			}
 		}
 		select {

@@ -229,7 +229,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.StringVar(&cert, "tls-cert", "", "TLS certificate (PEM); with --tls-key, serve HTTPS")
 	f.StringVar(&key, "tls-key", "", "TLS private key (PEM)")
 	f.BoolVar(&allowPlain, "allow-plain-http", false, "serve plain HTTP on a non-loopback address (keys cross the network in clear)")
-	f.StringArrayVar(&templates, "template", []string{"busybox:overlay:sh"}, "a template sandboxes may be created from: NAME[:overlay|block[:LANG,...]], the languages its sandboxes run code in (repeatable)")
+	f.StringArrayVar(&templates, "template", []string{"busybox:overlay:sh"}, "a template sandboxes may be created from: NAME[:overlay|block[:LANG,...]], the languages its sandboxes run code in (a block template built from a recipe: its recipe's when none are given; repeatable)")
 	f.DurationVar(&defTimeout, "default-timeout", time.Hour, "a sandbox's timeout when its create names none (0: none)")
 	f.DurationVar(&maxTimeout, "max-timeout", 24*time.Hour, "the longest timeout a caller may ask for")
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
@@ -286,10 +286,13 @@ func (c *cli) serveCommand() *cobra.Command {
 		// Without the block store (no node key yet, a store that does not
 		// open) the service runs; its volume calls answer unavailable.
 		var vols service.VolumeBackend
-		if _, repo, err := tf.open(ctx, false); err != nil {
+		if bst, repo, err := tf.open(ctx, false); err != nil {
 			log.Warn("volumes are unavailable: the block store does not open", "store", tf.store, "err", err)
 		} else {
 			vols = service.BlockVolumes{Repo: repo, TmpDir: volumeTmp}
+			if err := recipeLanguages(ctx, bst, tpls); err != nil {
+				log.Warn("templates' languages from their recipes are unknown", "err", err)
+			}
 		}
 		srv := &service.Server{
 			Volumes:        vols,
