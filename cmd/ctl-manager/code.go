@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,12 @@ type sessionGuest struct {
 }
 
 func (g sessionGuest) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
-	x, err := g.Session(ctx, id, req, api.Streams{Stdin: g.stdin, Stdout: stdout, Stderr: stderr})
+	stdin := g.stdin
+	if len(req.Stdin) > 0 {
+		// The source itself (python3 -): a session streams it.
+		stdin, req.Stdin = bytes.NewReader(req.Stdin), nil
+	}
+	x, err := g.Session(ctx, id, req, api.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	*g.exit = x
 	return x.ExitCode, err
 }
@@ -85,7 +91,7 @@ func (c *cli) codeCommand() *cobra.Command {
 		if withStdin {
 			g.stdin = c.stdin
 		}
-		req := snippet.Request{Language: lang, Source: src, Env: env, Cwd: cwd, TimeoutSec: timeout, User: u}
+		req := snippet.Request{Language: lang, Source: src, Env: env, Cwd: cwd, TimeoutSec: timeout, User: u, StreamsStdin: withStdin}
 		if _, err := (snippet.Runner{Guest: g, Log: c.logger()}).Run(ctx, args[0], req, c.stdout, c.stderr); err != nil {
 			return err
 		}

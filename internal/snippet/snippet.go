@@ -2,8 +2,11 @@
 // interpreter of its language (the `code` call): the source goes into a
 // file of a fresh private directory through the guest agent's files
 // calls, the interpreter runs that file through the agent's exec (stdin,
-// env, timeout and user as exec's), and the directory is removed after.
-// The source never becomes part of a command line or a shell string.
+// env, timeout and user as exec's), and the directory is removed after;
+// or, for an interpreter that reads its whole program from stdin before
+// running it and a call without stdin of its own, the source is the
+// stdin of one exec. The source never becomes part of a command line or
+// a shell string.
 package snippet
 
 import (
@@ -39,14 +42,19 @@ type Language struct {
 	Name        string
 	Interpreter []string
 	File        string
+	// FromStdin, when set, runs a source given on stdin: only for
+	// interpreters that read the whole program before running any of it
+	// (a shell reads as it runs: its `read` would take the script's own
+	// lines).
+	FromStdin []string
 }
 
 // Languages is the table of languages, by name.
 func Languages() []Language {
 	return []Language{
 		{Name: "bash", Interpreter: []string{"bash"}, File: "main.sh"},
-		{Name: "node", Interpreter: []string{"node"}, File: "main.js"},
-		{Name: "python", Interpreter: []string{"python3"}, File: "main.py"},
+		{Name: "node", Interpreter: []string{"node"}, File: "main.js", FromStdin: []string{"node", "-"}},
+		{Name: "python", Interpreter: []string{"python3"}, File: "main.py", FromStdin: []string{"python3", "-"}},
 		{Name: "sh", Interpreter: []string{"sh"}, File: "main.sh"},
 	}
 }
@@ -94,10 +102,16 @@ type Request struct {
 	// User runs the interpreter (and owns the directory); nil: the
 	// sandbox's process user.
 	User *api.User
+	// StreamsStdin: the Guest gives the interpreter a stdin of its own
+	// (a session's stream), so the source never goes on stdin.
+	StreamsStdin bool
 }
 
 // Plan is the guest calls of one run, as data: make Dir (mode 0700),
-// write the source to File (mode 0600), run Exec, remove Dir.
+// write the source to File (mode 0600), run Exec, remove Dir. A run
+// whose caller gives no stdin, in a language that reads its program
+// whole from stdin, is one exec with the source as its stdin (Dir and
+// File empty): the snippet's own stdin is then empty, as asked.
 type Plan struct {
 	Dir  string
 	File string
@@ -120,6 +134,13 @@ func NewPlan(req Request, tmpDir, token string) (Plan, error) {
 	}
 	if token == "" || strings.ContainsAny(token, "/.") {
 		return Plan{}, fmt.Errorf("plan snippet: bad token %q", token)
+	}
+	if len(req.Stdin) == 0 && !req.StreamsStdin && lang.FromStdin != nil {
+		ex := api.ExecRequest{Args: slices.Clone(lang.FromStdin), Env: req.Env, Cwd: req.Cwd, Stdin: req.Source, TimeoutSec: req.TimeoutSec, User: req.User}
+		if err := ex.Validate(); err != nil {
+			return Plan{}, err
+		}
+		return Plan{Exec: ex}, nil
 	}
 	dir := path.Join(tmpDir, ".ctl-code-"+token)
 	file := path.Join(dir, lang.File)
@@ -179,6 +200,9 @@ func (r Runner) Run(ctx context.Context, id string, req Request, stdout, stderr 
 	p, err := NewPlan(req, tmp, tok)
 	if err != nil {
 		return -1, err
+	}
+	if p.Dir == "" {
+		return r.Guest.Exec(ctx, id, p.Exec, stdout, stderr)
 	}
 	// Not recursive: the parent must exist, and an existing name fails.
 	if err := r.Guest.MakeDir(ctx, id, p.Dir, 0o700, false, req.User); err != nil {

@@ -25,10 +25,26 @@ func TestNewPlan(t *testing.T) {
 		t.Fatalf("plan = %+v\nwant %+v", p, want)
 	}
 	for _, l := range Languages() {
-		p, err := NewPlan(Request{Language: l.Name, Source: []byte("x")}, "/tmp", "t")
-		if err != nil || p.Exec.Args[0] != l.Interpreter[0] || !strings.HasSuffix(p.File, l.File) {
+		p, err := NewPlan(Request{Language: l.Name, Source: []byte("x"), Stdin: []byte("in")}, "/tmp", "t")
+		if err != nil || p.Exec.Args[0] != l.Interpreter[0] || !strings.HasSuffix(p.File, l.File) || string(p.Exec.Stdin) != "in" {
 			t.Errorf("%s: plan %+v, %v", l.Name, p, err)
 		}
+	}
+	// No stdin of the caller's: python and node take the source on stdin
+	// (one exec); a shell would read its own script with `read`: a file.
+	for lang, want := range map[string][]string{"python": {"python3", "-"}, "node": {"node", "-"}, "sh": {"sh", "/tmp/.ctl-code-t/main.sh"}, "bash": {"bash", "/tmp/.ctl-code-t/main.sh"}} {
+		p, err := NewPlan(Request{Language: lang, Source: []byte("src")}, "/tmp", "t")
+		stdin := ""
+		if want[1] == "-" {
+			stdin = "src"
+		}
+		if err != nil || !slices.Equal(p.Exec.Args, want) || string(p.Exec.Stdin) != stdin || (p.Dir == "") != (want[1] == "-") {
+			t.Errorf("%s without stdin: plan %+v, %v", lang, p, err)
+		}
+	}
+	// A caller that streams stdin itself keeps it: the source goes in a file.
+	if p, err := NewPlan(Request{Language: "python", Source: []byte("x"), StreamsStdin: true}, "/tmp", "t"); err != nil || p.File != "/tmp/.ctl-code-t/main.py" || p.Exec.Stdin != nil {
+		t.Errorf("python with a streamed stdin: %+v, %v", p, err)
 	}
 	// The source never reaches the command line, whatever it holds.
 	hostile := "'; rm -rf / #\n$(reboot)"
@@ -112,7 +128,7 @@ func (g *guest) RemoveFile(_ context.Context, id, p string, recursive bool, u *a
 
 func TestRun(t *testing.T) {
 	tok := func() (string, error) { return "tok", nil }
-	req := Request{Language: "python", Source: []byte("print('hi')")}
+	req := Request{Language: "python", Source: []byte("print('hi')"), Stdin: []byte("in")}
 	cases := []struct {
 		fail     string
 		code     int
@@ -157,8 +173,14 @@ func TestRun(t *testing.T) {
 			t.Errorf("the interpreter's file held %q", out.String())
 		}
 	}
+	// Python without stdin: one exec, the source its stdin.
+	g := &guest{files: map[string]string{"-": "unused"}}
+	if code, err := (Runner{Guest: g, Token: tok}).Run(context.Background(), "sb", Request{Language: "python", Source: []byte("print(1)")}, io.Discard, io.Discard); err != nil || code != 7 ||
+		!slices.Equal(g.calls, []string{`exec sb ["python3" "-"]`}) {
+		t.Fatalf("python without stdin: %d, %v, calls %q", code, err, g.calls)
+	}
 	// An unknown language makes no call at all.
-	g := &guest{files: map[string]string{}}
+	g = &guest{files: map[string]string{}}
 	if _, err := (Runner{Guest: g}).Run(context.Background(), "sb", Request{Language: "perl"}, io.Discard, io.Discard); err == nil || len(g.calls) != 0 {
 		t.Fatalf("perl: %v, calls %q", err, g.calls)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 )
 
-// interpreters run a script file of the guest (the code call's shape:
-// interpreter, then the file).
+// interpreters run a script file of the guest, or "-": the script on
+// stdin (the code call's shapes).
 var interpreters = map[string]bool{"sh": true, "bash": true, "python3": true, "node": true}
 
 // script runs req when it is an interpreter over a file of the guest:
@@ -25,11 +25,19 @@ func (n *Node) script(id string, req api.ExecRequest, stdin io.Reader, stdout, s
 	if len(req.Args) != 2 || !interpreters[path.Base(req.Args[0])] {
 		return x, false
 	}
-	n.mu.Lock()
-	src, found := n.files[fsKey(id, req.Args[1])]
-	n.mu.Unlock()
-	if !found {
-		return x, false
+	var src []byte
+	if req.Args[1] == "-" {
+		// The program on stdin, read whole first (python3 -, node -).
+		src, _ = io.ReadAll(stdin)
+		stdin = bytes.NewReader(nil)
+	} else {
+		n.mu.Lock()
+		b, found := n.files[fsKey(id, req.Args[1])]
+		n.mu.Unlock()
+		if !found {
+			return x, false
+		}
+		src = b
 	}
 	for _, line := range strings.Split(string(src), "\n") {
 		args := strings.Fields(line)
