@@ -36,6 +36,8 @@ vet:
 # test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive;
 # test/s3/setup.sh the S3 server (versitygw) internal/blockstore/s3store's;
 # test/pg/setup.sh PostgreSQL (Debian's) internal/manager's store contract's.
+# test/recipe/setup.sh mmdebstrap and the shipped recipes' trees (cached),
+# which the VM's python template test builds from (the VM has no mirror).
 # test/unitcheck prints the package lines and failed tests' output, and
 # fails the stage on any skip but the kernel tests' own (ktest.Require).
 UNIT_ALLOWED_SKIP ?= kernel test: needs root in the test VM
@@ -43,6 +45,7 @@ test-unit:
 	@test/nbd/setup.sh
 	@test/s3/setup.sh >/dev/null
 	@test/pg/setup.sh >/dev/null
+	@test/recipe/setup.sh >/dev/null
 	@$(GO) build -o bin/unitcheck ./test/unitcheck
 	set -o pipefail; $(GO) test -count=1 -json $(PKGS) | bin/unitcheck -allow '$(UNIT_ALLOWED_SKIP)'
 

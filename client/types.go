@@ -360,6 +360,8 @@ type ForkRequest struct {
 type Template struct {
 	Name string `json:"name"`
 	Mode string `json:"mode"` // overlay or block
+	// Languages are what the code call runs in its sandboxes.
+	Languages []string `json:"languages,omitempty"`
 }
 
 // TemplateList answers GET /v1/templates.

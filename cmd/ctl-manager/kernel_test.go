@@ -25,7 +25,8 @@ func startCtld(t *testing.T) (socket string) {
 	return socket
 }
 
-// startCtldState is startCtld, also returning ctld's state dir.
+// startCtldState is startCtld that also returns ctld's state dir (its
+// block store is blockstore/ there, its node key blockstore.key).
 func startCtldState(t *testing.T) (socket, stateDir string) {
 	t.Helper()
 	bin := ktest.RequireBuilt(t, "ctld")

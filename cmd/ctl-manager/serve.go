@@ -19,6 +19,7 @@ import (
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/service"
+	"github.com/ctld/ctld/internal/snippet"
 )
 
 // The service: `serve` runs the HTTP API; `key` and `owner` manage who
@@ -182,18 +183,30 @@ func (c *cli) printQuota(ctx context.Context, st *manager.Store, o manager.Owner
 	return nil
 }
 
-// parseTemplates reads --template NAME[:MODE] values.
+// parseTemplates reads --template NAME[:MODE[:LANG,...]] values: the
+// languages are what the code call runs in the template's sandboxes.
 func parseTemplates(vals []string) ([]client.Template, error) {
 	var out []client.Template
 	for _, v := range vals {
-		name, mode, _ := strings.Cut(v, ":")
+		name, rest, _ := strings.Cut(v, ":")
+		mode, langs, _ := strings.Cut(rest, ":")
 		if mode == "" {
 			mode = string(api.RootFSOverlay)
 		}
 		if name == "" || (mode != string(api.RootFSOverlay) && mode != string(api.RootFSBlock)) {
-			return nil, usageError{fmt.Errorf("--template %q: want NAME or NAME:overlay or NAME:block", v)}
+			return nil, usageError{fmt.Errorf("--template %q: want NAME or NAME:overlay or NAME:block, then optionally :LANG,LANG", v)}
 		}
-		out = append(out, client.Template{Name: name, Mode: mode})
+		t := client.Template{Name: name, Mode: mode}
+		for _, l := range strings.Split(langs, ",") {
+			if l == "" {
+				continue
+			}
+			if _, err := snippet.Lookup(l); err != nil {
+				return nil, usageError{fmt.Errorf("--template %q: %w", v, err)}
+			}
+			t.Languages = append(t.Languages, l)
+		}
+		out = append(out, t)
 	}
 	return out, nil
 }
@@ -218,7 +231,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.StringVar(&cert, "tls-cert", "", "TLS certificate (PEM); with --tls-key, serve HTTPS")
 	f.StringVar(&key, "tls-key", "", "TLS private key (PEM)")
 	f.BoolVar(&allowPlain, "allow-plain-http", false, "serve plain HTTP on a non-loopback address (keys cross the network in clear)")
-	f.StringArrayVar(&templates, "template", []string{"busybox:overlay"}, "a template sandboxes may be created from: NAME[:overlay|block] (repeatable)")
+	f.StringArrayVar(&templates, "template", []string{"busybox:overlay:sh"}, "a template sandboxes may be created from: NAME[:overlay|block[:LANG,...]], the languages its sandboxes run code in (a block template built from a recipe: its recipe's when none are given; repeatable)")
 	f.DurationVar(&defTimeout, "default-timeout", time.Hour, "a sandbox's timeout when its create names none (0: none)")
 	f.DurationVar(&maxTimeout, "max-timeout", 24*time.Hour, "the longest timeout a caller may ask for")
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
@@ -280,10 +293,13 @@ func (c *cli) serveCommand() *cobra.Command {
 		// Without the block store (no node key yet, a store that does not
 		// open) the service runs; its volume calls answer unavailable.
 		var vols service.VolumeBackend
-		if _, repo, err := tf.open(ctx, false); err != nil {
+		if bst, repo, err := tf.open(ctx, false); err != nil {
 			log.Warn("volumes are unavailable: the block store does not open", "store", tf.store, "err", err)
 		} else {
 			vols = service.BlockVolumes{Repo: repo, TmpDir: volumeTmp}
+			if err := recipeLanguages(ctx, bst, tpls); err != nil {
+				log.Warn("templates' languages from their recipes are unknown", "err", err)
+			}
 		}
 		srv := &service.Server{
 			Volumes:        vols,

@@ -70,7 +70,7 @@ func TestCLIServe(t *testing.T) {
 	base := strings.TrimSpace(strings.TrimPrefix(line, "serving on "))
 	c := &client.Client{BaseURL: base, Key: key}
 	tpls, err := c.Templates(ctx)
-	if err != nil || len(tpls) != 2 || tpls[1] != (client.Template{Name: "debian", Mode: "block"}) {
+	if err != nil || len(tpls) != 2 || tpls[1].Name != "debian" || tpls[1].Mode != "block" || tpls[1].Languages != nil {
 		t.Fatalf("templates = %+v, %v", tpls, err)
 	}
 	sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox"})

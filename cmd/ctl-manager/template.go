@@ -61,6 +61,7 @@ func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
 	tf.register(g.PersistentFlags(), "import creates it")
 	c.readsStoreConfig(g)
 	g.AddCommand(c.templateImportCommand(tf), c.templateLsCommand(tf), c.templateRmCommand(tf))
+	g.AddCommand(c.templateBuildCommand(tf))
 	return g
 }
 

@@ -33,6 +33,7 @@ func (s *Server) routes() []route {
 		{"/v1/sandboxes", map[string]handlerFunc{http.MethodPost: s.create, http.MethodGet: s.list}},
 		{"/v1/sandboxes/{id}", map[string]handlerFunc{http.MethodGet: s.get, http.MethodDelete: s.destroy}},
 		{"/v1/sandboxes/{id}/exec", map[string]handlerFunc{http.MethodPost: s.active(s.exec)}},
+		{"/v1/sandboxes/{id}/code", map[string]handlerFunc{http.MethodPost: s.active(s.code)}},
 		{"/v1/sandboxes/{id}/files", map[string]handlerFunc{http.MethodGet: s.active(s.readFile), http.MethodPut: s.active(s.writeFile)}},
 		{"/v1/sandboxes/{id}/files/list", map[string]handlerFunc{http.MethodGet: s.active(s.listFiles)}},
 		{"/v1/sandboxes/{id}/files/stat", map[string]handlerFunc{http.MethodGet: s.active(s.statFile)}},

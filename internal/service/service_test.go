@@ -430,7 +430,9 @@ func TestPythonSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
 	}
-	e := newEnv(t, nil)
+	e := newEnv(t, func(s *Server) {
+		s.Templates = []client.Template{{Name: "busybox", Mode: "overlay", Languages: []string{"sh"}}, {Name: "debian", Mode: "block"}}
+	})
 	sdk, err := filepath.Abs("../../sdk/python")
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func startService(t testing.TB, e *env, tune func(*service.Server)) *svc {
 	logs := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := &manager.Manager{Store: st, Client: e.client(), Log: log}
-	srv := &service.Server{Manager: m, Store: st, Log: log, Templates: []client.Template{{Name: "busybox", Mode: "overlay"}},
+	srv := &service.Server{Manager: m, Store: st, Log: log, Templates: []client.Template{{Name: "busybox", Mode: "overlay", Languages: []string{"sh"}}},
 		TimerInterval: 100 * time.Millisecond, CreateTimeout: 3 * time.Minute}
 	if tune != nil {
 		tune(srv)

@@ -50,7 +50,13 @@ func (n *Node) Session(ctx context.Context, id string, req api.ExecRequest, s ap
 	// The command runs in its own goroutine; the session ends with it, on
 	// a signal (killed by it) or when ctx ends (the process group killed).
 	ended := make(chan api.ExecExit, 1)
-	go func() { ended <- run(req, term, stdin, stdout, stderr) }()
+	go func() {
+		if x, ok := n.script(id, req, stdin, stdout, stderr); ok {
+			ended <- x
+			return
+		}
+		ended <- run(req, term, stdin, stdout, stderr)
+	}()
 	for {
 		select {
 		case x := <-ended:

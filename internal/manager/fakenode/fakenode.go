@@ -248,6 +248,9 @@ func (n *Node) Exec(_ context.Context, id string, req api.ExecRequest, stdout, s
 	if err := n.ready(id); err != nil {
 		return 0, err
 	}
+	if code, ok, err := n.execScript(id, req, orDiscard(stdout), orDiscard(stderr)); ok {
+		return code, err
+	}
 	x := run(req, &termState{}, bytes.NewReader(req.Stdin), orDiscard(stdout), orDiscard(stderr))
 	return x.ExitCode, nil
 }

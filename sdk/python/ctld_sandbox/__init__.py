@@ -207,13 +207,29 @@ class Sandbox:
         comes; the generator's return value (StopIteration.value) and
         self.last_exit_code are the exit code."""
         body = {"args": list(args)}
+        return (yield from self._stream("/exec", body, stdin, env, timeout_sec))
+
+    def run_code(self, language, source, stdin=None, env=None, timeout_sec=None):
+        """Runs a snippet of source in a language the sandbox's template
+        serves (python, node, bash, sh), yielding output as run does."""
+        body = {"language": language, "source": source}
+        return (yield from self._stream("/code", body, stdin, env, timeout_sec))
+
+    def code(self, language, source, stdin=None, env=None, timeout_sec=None):
+        """Runs a snippet and returns a RunResult with all its output."""
+        out, err = bytearray(), bytearray()
+        for name, chunk in self.run_code(language, source, stdin, env, timeout_sec):
+            (out if name == "stdout" else err).extend(chunk)
+        return RunResult(self.last_exit_code, bytes(out), bytes(err))
+
+    def _stream(self, path, body, stdin, env, timeout_sec):
         if stdin is not None:
             body["stdin"] = base64.b64encode(stdin).decode()
         if env:
             body["env"] = env
         if timeout_sec:
             body["timeout_sec"] = timeout_sec
-        conn, resp = self._c._open("POST", _sb(self.id, "/exec"), body=json.dumps(body).encode(),
+        conn, resp = self._c._open("POST", _sb(self.id, path), body=json.dumps(body).encode(),
                                    headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
         try:
             for name, data in _events(resp):

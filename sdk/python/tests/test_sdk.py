@@ -24,6 +24,12 @@ class SDKTest(unittest.TestCase):
         r = sb.exec(["cat"], stdin=b"piped")
         self.assertEqual((r.exit_code, r.stdout), (0, b"piped"))
         self.assertEqual(sb.exec(["sh", "-c", "exit 4"]).exit_code, 4)
+        # code: the template serves sh (CTLD_SDK_TEMPLATE's languages).
+        r = sb.code("sh", "echo from code\ncat", stdin=b"in\n")
+        self.assertEqual((r.exit_code, r.stdout), (0, b"from code\nin\n"))
+        with self.assertRaises(APIError) as cm:
+            sb.code("cobol", "x")
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "invalid_argument"))
         sb.files.mkdir("/w/d", parents=True)
         sb.files.write("/w/d/a", b"\x00binary\xff")
         self.assertEqual(sb.files.read("/w/d/a"), b"\x00binary\xff")

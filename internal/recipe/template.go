@@ -1,0 +1,113 @@
+package recipe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/template"
+)
+
+// Record is what the block store keeps beside a template built from a
+// recipe (key RecordKey): the recipe, its digests and its languages.
+type Record struct {
+	Recipe     Recipe    `json:"recipe"`
+	Digest     string    `json:"digest"`
+	TreeDigest string    `json:"tree_digest"`
+	Languages  []string  `json:"languages"`
+	BuiltAt    time.Time `json:"built_at"`
+}
+
+// RecordKey is the store key of template name's record: inside the
+// template's volume, so `template rm` removes it with the template, and
+// GC leaves it (not a block store object).
+func RecordKey(name string) string { return blockstore.Template(name).String() + "/recipe" }
+
+// ReadRecord returns template name's record; ok is false when it has none.
+func ReadRecord(ctx context.Context, store blockstore.Store, name string) (rec Record, ok bool, err error) {
+	if err := blockstore.Template(name).Check(); err != nil {
+		return rec, false, fmt.Errorf("read recipe record of %q: %w", name, err)
+	}
+	b, err := store.Get(ctx, RecordKey(name))
+	if errors.Is(err, blockstore.ErrNotFound) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, fmt.Errorf("read recipe record of %s: %w", name, err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, false, fmt.Errorf("read recipe record of %s: %w", name, err)
+	}
+	return rec, true, nil
+}
+
+// Outcome is what Build did.
+type Outcome struct {
+	// UpToDate: the template exists, built from this recipe: nothing done.
+	UpToDate bool
+	// TreeCached: the tree came from the build cache (no mmdebstrap run).
+	TreeCached bool
+	Record     Record
+	Manifest   *blockstore.Manifest
+	Image      template.ImageResult
+}
+
+// Build makes template name from r: nothing when the template exists
+// with r's digest; refused when it exists otherwise (templates are
+// immutable: remove it first); else the tree (cached by its digest) is
+// imported like a local directory and the record written. A record that
+// cannot be written takes the template back out: a template from a
+// recipe always has its record.
+func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b Builder, name string, r Recipe, size int64, tmpDir string, progress func(template.Progress)) (Outcome, error) {
+	if err := blockstore.Template(name).Check(); err != nil {
+		return Outcome{}, fmt.Errorf("build template %q: %w", name, err)
+	}
+	r = r.normal()
+	if err := r.Validate(); err != nil {
+		return Outcome{}, err
+	}
+	rec := Record{Recipe: r, Digest: r.Digest(), TreeDigest: r.TreeDigest(), Languages: slices.Clone(r.Languages)}
+	have, err := template.List(ctx, store, repo)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	if slices.ContainsFunc(have, func(i template.Info) bool { return i.Name == name }) {
+		old, ok, err := ReadRecord(ctx, store, name)
+		switch {
+		case err != nil:
+			return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
+		case !ok:
+			return Outcome{}, fmt.Errorf("build template %s: %w, not built from a recipe: remove it first (ctl-manager template rm)", name, template.ErrTemplateExists)
+		case old.Digest != rec.Digest:
+			return Outcome{}, fmt.Errorf("build template %s: %w, built from another recipe (digest %.12s, this one %.12s): remove it first (ctl-manager template rm)", name, template.ErrTemplateExists, old.Digest, rec.Digest)
+		}
+		return Outcome{UpToDate: true, TreeCached: true, Record: old}, nil
+	}
+	// An earlier build that died between its import and its record, or
+	// a removed template's leftovers: a stale record goes first.
+	if err := store.Delete(ctx, RecordKey(name)); err != nil {
+		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	root, hit, err := b.Tree(ctx, r)
+	if err != nil {
+		return Outcome{}, err
+	}
+	m, res, err := template.ImportSource(ctx, repo, name, template.Source{Kind: template.KindDir, Path: root}, template.ImageOptions{Size: size, Progress: progress}, tmpDir)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	rec.BuiltAt = time.Now().UTC()
+	blob, err := json.Marshal(rec)
+	if err == nil {
+		err = store.Put(ctx, RecordKey(name), blob)
+	}
+	if err != nil {
+		rerr := template.Remove(context.WithoutCancel(ctx), store, repo, name)
+		return Outcome{}, errors.Join(fmt.Errorf("build template %s: record its recipe: %w", name, err), rerr)
+	}
+	return Outcome{TreeCached: hit, Record: rec, Manifest: m, Image: res}, nil
+}
