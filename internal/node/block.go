@@ -7,14 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/writer"
 )
@@ -28,45 +27,11 @@ import (
 // only the entries of its mode (tableFor), so an overlay generation's
 // claim, teardown and proof are what they were before block mode existed.
 
-// BlockConfig configures block-mode generations.
-type BlockConfig struct {
-	// WritersDir holds one writer dir per generation (the Supervisor's
-	// Root): dirty file, index, chunk cache, lock, state.
-	WritersDir string
-	// StoreDir is the block store (dirstore); NodeKeyFile and NodeKeyID
-	// the node key that unwraps its data keys (read by each writer).
-	StoreDir string
-	// Store, when its Location is set, names the block store instead of
-	// StoreDir (a directory or an S3 bucket; no secret in it).
-	Store       storecfg.Config
-	NodeKeyFile string
-	NodeKeyID   string
-	// BaseCache is the node's base cache directory, handed to every
-	// writer (writer.Spec.BaseCache); empty for none.
-	BaseCache string
-	// DeadConnTimeout is how long the kernel holds a device's I/O for a
-	// reconnect after its writer's socket died: a dead writer is
-	// restarted within it (writerwatch.go).
-	DeadConnTimeout time.Duration
-	// RequestTimeout is the kernel's per-request timeout (0: the
-	// writer's default). A request in flight when a writer died is
-	// retried on the restarted writer's socket only after it.
-	RequestTimeout time.Duration
-	// CheckEvery is how often the primary checks that each ready block
-	// generation's writer runs (0: DefaultWriterCheck).
-	CheckEvery time.Duration
-	// RestartAttempts bounds the restarts of one dead writer before its
-	// generation is lost (0: DefaultWriterRestarts).
-	RestartAttempts int
-}
+// BlockConfig configures block-mode generations (writers.Config).
+type BlockConfig = writers.Config
 
 // rootfsMode is rec's RootFS mode (records from before modes: overlay).
-func rootfsMode(rec journal.Sandbox) journal.RootFSMode {
-	if rec.RootFS.Mode == "" {
-		return journal.RootFSOverlay
-	}
-	return rec.RootFS.Mode
-}
+func rootfsMode(rec journal.Sandbox) journal.RootFSMode { return writers.RootFSMode(rec) }
 
 // tableFor is the resource table of rec's generation: every entry but
 // those of the other RootFS mode.
@@ -113,7 +78,7 @@ func (n *Node) blockBase(ctx context.Context, id, template string, expect journa
 		if err != nil {
 			return blockstore.GenRef{}, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head of sandbox %s's volume: %v", id, err)
 		}
-		if err := n.floorHead(sandboxVolume(id), h, expect); err != nil {
+		if err := n.marks().Floor(writers.SandboxVolume(id), h, expect); err != nil {
 			return blockstore.GenRef{}, journal.VolumeHead{}, 0, err
 		}
 		if h.Seq > 0 {

@@ -17,6 +17,7 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/writer"
@@ -68,7 +69,7 @@ func (n *Node) checkVolumes(ctx context.Context, req journal.ClaimRequest) error
 		if err != nil {
 			return errdefs.Errorf(errdefs.CodeUnavailable, "head of volume %s: %v", v.ID, err)
 		}
-		if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
+		if err := n.marks().Floor(writers.PersistentVolume(v.ID), h, v.ExpectHead); err != nil {
 			return err
 		}
 		if h.Seq == 0 {
@@ -175,7 +176,7 @@ func (r volumesResource) attach(ctx context.Context, c *resource.Claim, v journa
 	if err != nil {
 		return "", errdefs.Errorf(errdefs.CodeUnavailable, "head: %v", err)
 	}
-	if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
+	if err := n.marks().Floor(writers.PersistentVolume(v.ID), h, v.ExpectHead); err != nil {
 		return "", err
 	}
 	if h.Seq == 0 {
@@ -323,7 +324,7 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 		case av.Published == nil:
 			return av.PublishError
 		}
-		if err := n.noteHead(persistentVolume(id), *av.Published); err != nil {
+		if err := n.marks().Note(writers.PersistentVolume(id), *av.Published); err != nil {
 			return "published, but its head mark not journaled: " + err.Error()
 		}
 		log.Warn("sealed and published a volume writer no attach record names", "head", av.Published.Seq, "block_generation", av.Published.Generation, "writer_epoch", spec.Epoch)
@@ -339,11 +340,11 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av journal.AttachedVolume) error {
 	n := r.n
 	if av.Published == nil && av.PublishError == "" {
-		if err := n.writerRuns(ctx, *rec, av.ID); errors.Is(err, writer.ErrNotRunning) && av.Index >= 0 {
+		if err := n.writers().Runs(ctx, *rec, av.ID); errors.Is(err, writer.ErrNotRunning) && av.Index >= 0 {
 			// Its writer died before the watch restarted it: the next one
 			// re-attaches the device over the same dirty file, so the
 			// seal still has every write a flush acknowledged.
-			rs, rerr := n.restartWriter(ctx, *rec, av.ID, err)
+			rs, rerr := n.writers().Restart(ctx, *rec, av.ID, err)
 			if rerr != nil && n.live() != nil {
 				return rerr
 			}
@@ -428,7 +429,7 @@ func publishedMark(av journal.AttachedVolume) func(*journal.Tx) error {
 		if av.Published == nil {
 			return nil
 		}
-		return raiseMark(tx, persistentVolume(av.ID), *av.Published)
+		return writers.RaiseMark(tx, writers.PersistentVolume(av.ID), *av.Published)
 	}
 }
 

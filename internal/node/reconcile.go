@@ -92,9 +92,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 				// re-attach their devices (writerwatch.go) and the guest
 				// sees no error.
 				var err error
-				for _, vol := range n.deadWriters(ctx, s) {
+				for _, vol := range n.writers().Dead(ctx, s) {
 					var rs journal.Sandbox
-					if rs, err = n.restartWriter(ctx, s, vol, errors.New("writer found dead on takeover")); err != nil {
+					if rs, err = n.writers().Restart(ctx, s, vol, errors.New("writer found dead on takeover")); err != nil {
 						break
 					}
 					s = rs

@@ -11,6 +11,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/writers"
 )
 
 // Durable block roots (issue 10; DESIGN.md "RootFS"). A block-mode
@@ -183,7 +184,7 @@ func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head journal.Volu
 	if err != nil {
 		return err
 	}
-	also := func(tx *journal.Tx) error { return raiseMark(tx, sandboxVolume(rec.ID), head) }
+	also := func(tx *journal.Tx) error { return writers.RaiseMark(tx, writers.SandboxVolume(rec.ID), head) }
 	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
 		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: head, Result: result}
 		s.State, s.ReleaseOp = journal.StateReleasing, opID
@@ -425,7 +426,7 @@ func (n *Node) fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := n.noteHead(sandboxVolume(id), h); err != nil {
+	if err := n.marks().Note(writers.SandboxVolume(id), h); err != nil {
 		return VolumeInfo{}, txErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
@@ -450,14 +451,14 @@ func (n *Node) restore(ctx context.Context, id, snapshot string) (VolumeInfo, er
 	if err != nil {
 		return VolumeInfo{}, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
 	}
-	if err := n.floorHead(sandboxVolume(id), h, journal.VolumeHead{}); err != nil {
+	if err := n.marks().Floor(writers.SandboxVolume(id), h, journal.VolumeHead{}); err != nil {
 		return VolumeInfo{}, err
 	}
 	nh, err := n.d.Volumes.Publish(ctx, id, h, journal.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID})
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := n.noteHead(sandboxVolume(id), nh); err != nil {
+	if err := n.marks().Note(writers.SandboxVolume(id), nh); err != nil {
 		return VolumeInfo{}, txErr("journal the head mark of "+id, err)
 	}
 	n.log.Info("restored", "sandbox", id, "snapshot", snapshot, "generation", gen)
