@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/writers"
 )
 
@@ -31,8 +31,17 @@ func (n *Node) writers() *writers.Watch {
 	return &writers.Watch{
 		Config: n.cfg.Block, Devices: n.d.Block, Journal: n.d.Journal, Term: n.term, Locks: &n.locks,
 		Crash: n.crash, Stopped: n.isClosed, Log: n.log,
-		Root: rootWriters{n}, Volumes: volumeWriters{n}, Loser: writers.LoserFunc(n.loseWriter),
+		Root: rootWriters{n}, Volumes: pvolume.Writers{Journal: n.d.Journal}, Loser: writers.LoserFunc(n.loseWriter),
 	}
+}
+
+// pvolumes is this node's persistent volumes (the volumes entry).
+func (n *Node) pvolumes() *pvolume.Volumes {
+	return pvolume.New(pvolume.Deps{
+		Config: n.cfg.Block, Journal: n.d.Journal, Devices: n.d.Block, Sealer: n.d.Sealer,
+		Store: n.d.PVolumes, Mounts: n.d.VolumeMounts, Freezer: n.d.VolumeFreezer, NodeID: n.d.Identity.NodeID,
+		Term: n.term, Crash: n.crash, Log: n.log, Watch: n.writers(),
+	})
 }
 
 // marks are this node's head marks (writers.Marks).
@@ -94,56 +103,4 @@ func (r rootWriters) Put(s journal.Sandbox, w *writers.Writer, also func(*journa
 
 func (r rootWriters) Base(ctx context.Context, s journal.Sandbox, _ writers.Writer) (blockstore.GenRef, error) {
 	return r.n.baseOf(ctx, *s.Block)
-}
-
-// volumeWriters are the persistent volumes' writer records (writers.Set).
-type volumeWriters struct{ n *Node }
-
-func (volumeWriters) Watched(s journal.Sandbox) []string {
-	var out []string
-	for _, v := range s.Volumes {
-		if v.Published == nil && v.PublishError == "" {
-			out = append(out, v.ID)
-		}
-	}
-	return out
-}
-
-func (volumeWriters) Get(s journal.Sandbox, vol string) (writers.Writer, bool) {
-	i := slices.IndexFunc(s.Volumes, func(v journal.AttachedVolume) bool { return v.ID == vol })
-	if i < 0 {
-		return writers.Writer{Volume: vol, Index: -1}, false
-	}
-	v := s.Volumes[i]
-	return writers.Writer{Volume: vol, Epoch: v.WriterEpoch, Dir: v.Dir, Index: v.Index, PID: v.PID, Restarts: v.Restarts}, true
-}
-
-func (r volumeWriters) Put(s journal.Sandbox, w *writers.Writer, also func(*journal.Tx) error) (journal.Sandbox, error) {
-	i := slices.IndexFunc(s.Volumes, func(v journal.AttachedVolume) bool { return v.ID == w.Volume })
-	if i < 0 {
-		return s, fmt.Errorf("no attach of volume %s journaled", w.Volume)
-	}
-	av := s.Volumes[i]
-	err := r.n.putVolume(s, &av, func(tx *journal.Tx) error {
-		if also != nil {
-			if err := also(tx); err != nil {
-				return err
-			}
-		}
-		av.WriterEpoch, av.PID, av.Restarts = w.Epoch, w.PID, w.Restarts
-		return nil
-	})
-	if err != nil {
-		return s, err
-	}
-	setVolume(&s, av)
-	return s, nil
-}
-
-func (volumeWriters) Base(_ context.Context, s journal.Sandbox, w writers.Writer) (blockstore.GenRef, error) {
-	i := slices.IndexFunc(s.Volumes, func(v journal.AttachedVolume) bool { return v.ID == w.Volume })
-	if i < 0 {
-		return blockstore.GenRef{}, fmt.Errorf("no attach of volume %s journaled", w.Volume)
-	}
-	return blockstore.GenRef{Volume: blockstore.Vol(w.Volume), Generation: s.Volumes[i].Head.Generation}, nil
 }
