@@ -2,18 +2,72 @@ package node
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/blockroot"
 	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/writers"
+	"github.com/ctld/ctld/internal/proof"
 )
 
 // The node's wiring of block roots and persistent volumes: the writers'
 // watch (internal/node/writers) over the records of both, and what of it
 // the node still does itself (a lost generation's teardown).
+
+// BlockConfig configures block-mode generations (writers.Config).
+type BlockConfig = writers.Config
+
+// VolumeInfo is a sandbox volume's head, snapshots and committed
+// generations (blockroot.VolumeInfo).
+type VolumeInfo = blockroot.VolumeInfo
+
+// ForkRequest makes a sandbox a new identity over Source's committed
+// generation: its snapshot Snapshot, or its head without one.
+type ForkRequest = blockroot.ForkRequest
+
+// rootfsMode is rec's RootFS mode (records from before modes: overlay).
+func rootfsMode(rec journal.Sandbox) journal.RootFSMode { return writers.RootFSMode(rec) }
+
+// tableFor is the resource table of rec's generation: every entry but
+// those of the other RootFS mode.
+func (n *Node) tableFor(rec journal.Sandbox) []entry { return n.table.For(rec) }
+
+// claimTable is the entries rec's claim makes: tableFor(rec) but those
+// it does not need (resource.Needer).
+func (n *Node) claimTable(rec journal.Sandbox) []entry { return n.table.Claim(rec) }
+
+// Pause seals the running block generation, publishes it as the
+// sandbox's head and releases the generation; it returns the answer
+// stored with the cleanup proof (Answers.Paused).
+func (n *Node) Pause(ctx context.Context, id string, req PauseRequest) (json.RawMessage, error) {
+	return n.blockRoot().Pause(ctx, id, blockroot.PauseRequest{OperationID: req.OperationID, Generation: req.Generation, RequestHash: requestHash("pause", id, req)})
+}
+
+// Snapshot seals the running generation under name while the guest
+// runs, and returns the named snapshot and what the seal did.
+func (n *Node) Snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
+	return n.blockRoot().Snapshot(ctx, id, name)
+}
+
+// Volume is sandbox id's volume (not_found: it has none).
+func (n *Node) Volume(ctx context.Context, id string) (VolumeInfo, error) {
+	return n.blockRoot().Volume(ctx, id)
+}
+
+// Fork makes id's volume a generation 0 over the source's committed
+// generation, published as id's first head.
+func (n *Node) Fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
+	return n.blockRoot().Fork(ctx, id, req)
+}
+
+// Restore moves id's head to its snapshot (compare-and-swap over the head
+// read here).
+func (n *Node) Restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
+	return n.blockRoot().Restore(ctx, id, snapshot)
+}
 
 // Defaults of the writers' watch (writers.DefaultCheck, DefaultRestarts).
 const (
@@ -31,8 +85,27 @@ func (n *Node) writers() *writers.Watch {
 	return &writers.Watch{
 		Config: n.cfg.Block, Devices: n.d.Block, Journal: n.d.Journal, Term: n.term, Locks: &n.locks,
 		Crash: n.crash, Stopped: n.isClosed, Log: n.log,
-		Root: rootWriters{n}, Volumes: pvolume.Writers{Journal: n.d.Journal}, Loser: writers.LoserFunc(n.loseWriter),
+		Root: n.blockRoot().Writers(), Volumes: pvolume.Writers{Journal: n.d.Journal}, Loser: writers.LoserFunc(n.loseWriter),
 	}
+}
+
+// blockRoot is this node's block roots.
+func (n *Node) blockRoot() *blockroot.Root {
+	return blockroot.New(blockroot.Deps{
+		Config: n.cfg.Block, Journal: n.d.Journal, Devices: n.d.Block, Mounts: n.d.BlockMounts, Templates: n.d.Templates,
+		Volumes: n.d.Volumes, Sealer: n.d.Sealer, Freezer: n.d.Freezer, NodeID: n.d.Identity.NodeID, Epoch: n.d.Epoch,
+		Term: n.term, Ops: n.ops, Locks: &n.locks, Crash: n.crash, Log: n.log, Teardown: pauseTeardown{n},
+	})
+}
+
+// pauseTeardown is a pause's release: the node's teardown, then the
+// carriers' pool is refilled.
+type pauseTeardown struct{ n *Node }
+
+func (t pauseTeardown) Teardown(ctx context.Context, rec journal.Sandbox, opID string, final journal.State, reason string) (proof.Proof, error) {
+	p, err := t.n.teardown(ctx, rec, opID, final, reason)
+	t.n.kickCarriers()
+	return p, err
 }
 
 // pvolumes is this node's persistent volumes (the volumes entry).
@@ -43,9 +116,6 @@ func (n *Node) pvolumes() *pvolume.Volumes {
 		Term: n.term, Crash: n.crash, Log: n.log, Watch: n.writers(),
 	})
 }
-
-// marks are this node's head marks (writers.Marks).
-func (n *Node) marks() writers.Marks { return writers.Marks{Journal: n.d.Journal, Log: n.log} }
 
 // loseWriter ends a ready generation whose writer could not be restarted
 // as lost: torn down with a cleanup proof, as a takeover does with one
@@ -60,47 +130,4 @@ func (n *Node) loseWriter(ctx context.Context, s journal.Sandbox, cause error) {
 	if _, err := n.teardown(ctx, s, "lost-"+s.ContainerID, journal.StateReleased, reason); err != nil {
 		n.log.Warn("teardown of the lost generation", "sandbox", s.ID, "generation", s.Generation, "err", err)
 	}
-}
-
-// rootWriters are the block roots' writer records (writers.Set).
-type rootWriters struct{ n *Node }
-
-func (rootWriters) Watched(s journal.Sandbox) []string {
-	if rootfsMode(s) == journal.RootFSBlock {
-		return []string{""}
-	}
-	return nil
-}
-
-func (r rootWriters) Get(s journal.Sandbox, _ string) (writers.Writer, bool) {
-	if s.Block == nil {
-		return writers.Writer{Dir: r.n.writerDir(s), Index: -1}, false
-	}
-	b := s.Block
-	return writers.Writer{Epoch: b.WriterEpoch, Dir: r.n.writerDir(s), Index: b.Index, PID: b.PID, Restarts: b.Restarts}, true
-}
-
-func (r rootWriters) Put(s journal.Sandbox, w *writers.Writer, also func(*journal.Tx) error) (journal.Sandbox, error) {
-	if s.Block == nil {
-		return s, errors.New("no writer journaled")
-	}
-	b := *s.Block
-	err := r.n.putBlock(s, &b, func(tx *journal.Tx) error {
-		if also != nil {
-			if err := also(tx); err != nil {
-				return err
-			}
-		}
-		b.WriterEpoch, b.PID, b.Restarts = w.Epoch, w.PID, w.Restarts
-		return nil
-	})
-	if err != nil {
-		return s, err
-	}
-	s.Block = &b
-	return s, nil
-}
-
-func (r rootWriters) Base(ctx context.Context, s journal.Sandbox, _ writers.Writer) (blockstore.GenRef, error) {
-	return r.n.baseOf(ctx, *s.Block)
 }

@@ -79,7 +79,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 		}
 	case journal.RootFSBlock:
 		// The disk lease is the device size: no project quota.
-		if err := n.checkBlock(ctx, id, &req); err != nil {
+		if err := n.blockRoot().Check(ctx, id, &req); err != nil {
 			return nil, err
 		}
 	default:

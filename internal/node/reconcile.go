@@ -79,7 +79,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 					log.Warn("thaw the root of an interrupted seal", "err", err)
 				}
 			}
-			if settled, release := n.settleSeal(ctx, s); release {
+			if settled, release := n.blockRoot().Settle(ctx, s); release {
 				log.Info("completing a pause interrupted by failover")
 				_, err := n.teardown(ctx, settled, settled.ReleaseOp, journal.StateReleased, "paused")
 				errs = append(errs, err)

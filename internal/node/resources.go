@@ -56,7 +56,7 @@ func register(b *resource.Builder[*resource.Claim], n *Node) {
 	}
 	add(logsResource{n: n}, cgroupResource{n}, agentResource{n: n}, bundleResource{n: n}, runscResource{n}) // guest
 	add(diskResource{n: n}, mountResource{n})                                                               // overlay
-	add(writerResource{n}, blockMountResource{n})                                                           // blockroot
+	add(n.blockRoot().Entries()...)                                                                         // blockroot
 	add(n.pvolumes())                                                                                       // pvolume
 	add(netnsResource{n}, linksResource{n}, conntrackResource{n: n}, nftResource{n}, dnsResource{n: n})     // network
 }
