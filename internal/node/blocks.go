@@ -131,3 +131,45 @@ func (n *Node) loseWriter(ctx context.Context, s journal.Sandbox, cause error) {
 		n.log.Warn("teardown of the lost generation", "sandbox", s.ID, "generation", s.Generation, "err", err)
 	}
 }
+
+// The node's calls into block roots, volumes and the writers' watch
+// (one-line delegations, so claim, identify and reconcile read as before).
+
+// checkBlock refuses a block claim this node cannot serve before anything
+// is journaled, and fills in its disk lease (blockroot.Root.Check).
+func (n *Node) checkBlock(ctx context.Context, id string, req *journal.ClaimRequest) error {
+	return n.blockRoot().Check(ctx, id, req)
+}
+
+// identifyBlock fills in the device of a writer whose start the journal
+// saw intended but not done (blockroot.Root.Identify).
+func (n *Node) identifyBlock(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool) {
+	return n.blockRoot().Identify(ctx, rec)
+}
+
+// settleSeal resolves, on takeover, a pause that was sealing when the
+// last primary stopped (blockroot.Root.Settle).
+func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
+	return n.blockRoot().Settle(ctx, s)
+}
+
+// checkVolumes refuses a claim naming volumes this node cannot attach or
+// that do not exist (pvolume.Volumes.Check).
+func (n *Node) checkVolumes(ctx context.Context, req journal.ClaimRequest) error {
+	return n.pvolumes().Check(ctx, req)
+}
+
+// admitVolumes refuses a volume another generation holds (pvolume.Admit).
+func admitVolumes(live []journal.Sandbox, rec journal.Sandbox) error { return pvolume.Admit(live, rec) }
+
+// deadWriters are the writers of ready generation s that a takeover finds
+// not running with their journaled epochs (writers.Watch.Dead).
+func (n *Node) deadWriters(ctx context.Context, s journal.Sandbox) []string {
+	return n.writers().Dead(ctx, s)
+}
+
+// restartWriter starts the next writer of volume vol ("": the root's) of
+// s on its device (writers.Watch.Restart).
+func (n *Node) restartWriter(ctx context.Context, s journal.Sandbox, vol string, cause error) (journal.Sandbox, error) {
+	return n.writers().Restart(ctx, s, vol, cause)
+}

@@ -17,7 +17,6 @@ import (
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/node/op"
-	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/runsc"
 )
@@ -63,7 +62,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 			return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)
 		}
 	}
-	if err := n.pvolumes().Check(ctx, req); err != nil {
+	if err := n.checkVolumes(ctx, req); err != nil {
 		return nil, err
 	}
 	var lower string
@@ -79,7 +78,7 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 		}
 	case journal.RootFSBlock:
 		// The disk lease is the device size: no project quota.
-		if err := n.blockRoot().Check(ctx, id, &req); err != nil {
+		if err := n.checkBlock(ctx, id, &req); err != nil {
 			return nil, err
 		}
 	default:
@@ -239,7 +238,7 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), need); !ok {
 		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
 	}
-	if err := pvolume.Admit(all, rec); err != nil {
+	if err := admitVolumes(all, rec); err != nil {
 		return err
 	}
 	return tx.PutSandbox(rec)

@@ -46,7 +46,7 @@ func (n *Node) readIdentities(ctx context.Context, rec journal.Sandbox) (journal
 			rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie, changed = id.Dev, id.Ino, id.Cookie, true
 		}
 	}
-	if r, ok := n.blockRoot().Identify(ctx, rec); ok {
+	if r, ok := n.identifyBlock(ctx, rec); ok {
 		rec, changed = r, true
 	}
 	return rec, changed

@@ -79,7 +79,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 					log.Warn("thaw the root of an interrupted seal", "err", err)
 				}
 			}
-			if settled, release := n.blockRoot().Settle(ctx, s); release {
+			if settled, release := n.settleSeal(ctx, s); release {
 				log.Info("completing a pause interrupted by failover")
 				_, err := n.teardown(ctx, settled, settled.ReleaseOp, journal.StateReleased, "paused")
 				errs = append(errs, err)
@@ -92,9 +92,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 				// re-attach their devices (writerwatch.go) and the guest
 				// sees no error.
 				var err error
-				for _, vol := range n.writers().Dead(ctx, s) {
+				for _, vol := range n.deadWriters(ctx, s) {
 					var rs journal.Sandbox
-					if rs, err = n.writers().Restart(ctx, s, vol, errors.New("writer found dead on takeover")); err != nil {
+					if rs, err = n.restartWriter(ctx, s, vol, errors.New("writer found dead on takeover")); err != nil {
 						break
 					}
 					s = rs
