@@ -27,6 +27,7 @@ import (
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -128,23 +129,23 @@ type Deps struct {
 	// Block mode (block.go): writers and their devices, the devices'
 	// mounts, the block store's templates. A node without all three
 	// refuses block claims (unavailable).
-	Block       BlockDevices   // *writer.Supervisor
-	BlockMounts BlockMounts    // *rootfs.Block
-	Templates   BlockTemplates // the block store
+	Block       writers.Devices   // *writer.Supervisor
+	BlockMounts writers.Mounts    // *rootfs.Block
+	Templates   writers.Templates // the block store
 	// Volumes, Sealer and Freezer make block roots durable (pause,
 	// snapshot, resume, fork); nil: every block claim starts from its
 	// template and those calls are refused.
-	Volumes BlockVolumes
-	Sealer  BlockSealer
-	Freezer BlockFreezer
+	Volumes writers.Volumes
+	Sealer  writers.Sealer
+	Freezer writers.Freezer
 	// PVolumes, VolumeMounts and VolumeFreezer attach persistent volumes
 	// (pvolumes.go): the store's volumes of kind volumes, and the host
 	// mounts of their devices (a mount dir of their own, keyed by volume
 	// id: a volume is attached to one generation at a time). nil: claims
 	// naming volumes are refused.
-	PVolumes      BlockVolumes
-	VolumeMounts  BlockMounts
-	VolumeFreezer BlockFreezer
+	PVolumes      writers.Volumes
+	VolumeMounts  writers.Mounts
+	VolumeFreezer writers.Freezer
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr

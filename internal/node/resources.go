@@ -1,9 +1,6 @@
 package node
 
 import (
-	"context"
-
-	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
@@ -49,25 +46,14 @@ func register(b *resource.Builder[*resource.Claim], n *Node) {
 			b.Add(e, true)
 		}
 	}
-	add(guest.Entries(n.guest)...)                // guest
-	add(overlay.Entries(n.overlay)...)            // overlay
-	add(writerResource{n}, blockMountResource{n}) // blockroot
-	add(volumesResource{n})                       // pvolume
-	add(network.Entries(n.net)...)                // network
+	add(guest.Entries(n.guest)...)     // guest
+	add(overlay.Entries(n.overlay)...) // overlay
+	add(n.blockRoot().Entries()...)    // blockroot
+	add(n.pvolumes())                  // pvolume
+	add(network.Entries(n.net)...)     // network
 }
 
 // CrashPoints lists every crash point of a generation's life, in the order
 // a claim and then its teardown and a takeover's orphan handling reach
 // them (see Deps.Crash): derived from the table's declared specs.
 func CrashPoints() []string { return newTable(&Node{}).CrashPoints(network.UpdateCrashPoints()) }
-
-// missingUnless is the Missing of a survey that found the objects named in
-// set: what is gone when name(rec) is not among them.
-func missingUnless(set map[string]bool, name func(journal.Sandbox) string, what string) resource.Missing {
-	return func(_ context.Context, rec journal.Sandbox) string {
-		if n := name(rec); n != "" && !set[n] {
-			return what
-		}
-		return ""
-	}
-}

@@ -394,7 +394,7 @@ func (r linksResource) Survey(ctx context.Context) (resource.Missing, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sandbox links: %w", err)
 	}
-	return missingUnless(resource.SetOf(links), r.Name, "veth"), nil
+	return resource.MissingUnless(resource.SetOf(links), r.Name, "veth"), nil
 }
 
 // conntrackResource is the generation's flows, marked with its slot by
@@ -494,7 +494,7 @@ func (r nftResource) Survey(ctx context.Context) (resource.Missing, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list nft objects: %w", err)
 	}
-	return missingUnless(resource.SetOf(chains), r.Name, "nft chain"), nil
+	return resource.MissingUnless(resource.SetOf(chains), r.Name, "nft chain"), nil
 }
 
 // dnsResource is the generation's entry in the DNS proxy's registry.
@@ -602,7 +602,7 @@ func (r netnsResource) Survey(ctx context.Context) (resource.Missing, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list netns mounts: %w", err)
 	}
-	return missingUnless(resource.SetOf(netns), netnsName, "netns"), nil
+	return resource.MissingUnless(resource.SetOf(netns), netnsName, "netns"), nil
 }
 
 // IdentifyNetns returns rec with its netns's kernel identity if it does
@@ -621,15 +621,4 @@ func (n *Net) IdentifyNetns(ctx context.Context, rec journal.Sandbox) (journal.S
 
 func netnsID(rec journal.Sandbox) netpolicy.NSID {
 	return netpolicy.NSID{Dev: rec.NetnsDev, Ino: rec.NetnsIno, Cookie: rec.NetnsCookie}
-}
-
-// missingUnless is the Missing of a survey that found the objects named in
-// set: rec's is gone when name(rec) is not among them (as node's).
-func missingUnless(set map[string]bool, name func(journal.Sandbox) string, what string) resource.Missing {
-	return func(_ context.Context, rec journal.Sandbox) string {
-		if n := name(rec); n != "" && !set[n] {
-			return what
-		}
-		return ""
-	}
 }

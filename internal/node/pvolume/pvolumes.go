@@ -1,4 +1,7 @@
-package node
+// Package pvolume is the persistent volumes of generations (issue 10
+// item 6): the volumes entry of the resource table, and the claim's
+// checks of the volumes it names.
+package pvolume
 
 import (
 	"context"
@@ -6,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,7 +20,9 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/writer"
@@ -43,32 +49,63 @@ import (
 // one writer dir per volume and is removed last, so a teardown (or the
 // orphan sweep) finds every volume of a generation from its container id.
 
-// volumesRoot holds the volume writers' dirs, one dir per generation.
-func (n *Node) volumesRoot() string { return filepath.Join(n.cfg.Block.WritersDir, "vol") }
-
-// volumesDir is the dir of cid's volume writers.
-func (n *Node) volumesDir(cid string) string { return filepath.Join(n.volumesRoot(), cid) }
-
-func (n *Node) hasPVolumes() bool {
-	return n.d.Block != nil && n.d.Sealer != nil && n.d.PVolumes != nil && n.d.VolumeMounts != nil && n.d.VolumeFreezer != nil && n.cfg.Block.WritersDir != ""
+// Deps are what the persistent volumes use (the node's Deps and config).
+type Deps struct {
+	Config  writers.Config
+	Journal *journal.Journal
+	Devices writers.Devices // the writers (node.Deps.Block)
+	Sealer  writers.Sealer
+	Store   writers.Volumes // the store's volumes (node.Deps.PVolumes)
+	Mounts  writers.Mounts  // their host mounts (node.Deps.VolumeMounts)
+	Freezer writers.Freezer // (node.Deps.VolumeFreezer)
+	NodeID  string
+	Term    *op.Term
+	// Crash is the crash hook (op.Runner.Crash).
+	Crash func(point string)
+	Log   *slog.Logger
+	// Watch restarts a dead writer before its detach.
+	Watch *writers.Watch
 }
 
-// checkVolumes refuses, before anything is journaled, a claim naming
-// volumes this node cannot attach (unavailable) or that do not exist
+// Volumes is the persistent volumes of generations: the volumes entry of
+// the resource table.
+type Volumes struct{ d Deps }
+
+// New is the volumes entry over d.
+func New(d Deps) *Volumes { return &Volumes{d: d} }
+
+func (r *Volumes) live() error          { return r.d.Term.Live() }
+func (r *Volumes) crash(point string)   { r.d.Crash(point) }
+func (r *Volumes) marks() writers.Marks { return writers.Marks{Journal: r.d.Journal, Log: r.d.Log} }
+
+// volumesRoot holds the volume writers' dirs, one dir per generation.
+func (r *Volumes) volumesRoot() string { return filepath.Join(r.d.Config.WritersDir, "vol") }
+
+// volumesDir is the dir of cid's volume writers.
+func (r *Volumes) volumesDir(cid string) string { return filepath.Join(r.volumesRoot(), cid) }
+
+// Has says whether this node can attach persistent volumes.
+func (r *Volumes) Has() bool {
+	d := r.d
+	return d.Devices != nil && d.Sealer != nil && d.Store != nil && d.Mounts != nil && d.Freezer != nil && d.Config.WritersDir != ""
+}
+
+// Check refuses, before anything is journaled, a claim naming volumes
+// this node cannot attach (unavailable) or that do not exist
 // (not_found).
-func (n *Node) checkVolumes(ctx context.Context, req journal.ClaimRequest) error {
+func (r *Volumes) Check(ctx context.Context, req journal.ClaimRequest) error {
 	if len(req.Volumes) == 0 {
 		return nil
 	}
-	if !n.hasPVolumes() {
+	if !r.Has() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "persistent volumes: this node has no block store, writers and volume mounts configured")
 	}
 	for _, v := range req.Volumes {
-		h, err := n.d.PVolumes.Head(ctx, v.ID)
+		h, err := r.d.Store.Head(ctx, v.ID)
 		if err != nil {
 			return errdefs.Errorf(errdefs.CodeUnavailable, "head of volume %s: %v", v.ID, err)
 		}
-		if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
+		if err := r.marks().Floor(writers.PersistentVolume(v.ID), h, v.ExpectHead); err != nil {
 			return err
 		}
 		if h.Seq == 0 {
@@ -78,11 +115,11 @@ func (n *Node) checkVolumes(ctx context.Context, req journal.ClaimRequest) error
 	return nil
 }
 
-// admitVolumes refuses, inside the claim's admitting transaction, a
+// Admit refuses, inside the claim's admitting transaction, a
 // volume another generation holds: the single writer of a volume on this
 // node. (Across nodes the head's compare-and-swap at detach fences the
 // stale writer.)
-func admitVolumes(live []journal.Sandbox, rec journal.Sandbox) error {
+func Admit(live []journal.Sandbox, rec journal.Sandbox) error {
 	if rec.Request == nil {
 		return nil
 	}
@@ -104,8 +141,8 @@ func admitVolumes(live []journal.Sandbox, rec journal.Sandbox) error {
 
 // putVolume journals av as the generation's attach of av.ID; also runs
 // first in the same transaction and may fill in *av (the epoch).
-func (n *Node) putVolume(rec journal.Sandbox, av *journal.AttachedVolume, also func(*journal.Tx) error) error {
-	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
+func putVolume(j *journal.Journal, rec journal.Sandbox, av *journal.AttachedVolume, also func(*journal.Tx) error) error {
+	return op.PutGeneration(j, rec, also, func(s *journal.Sandbox) {
 		i := slices.IndexFunc(s.Volumes, func(v journal.AttachedVolume) bool { return v.ID == av.ID })
 		if i < 0 {
 			s.Volumes = append(s.Volumes, *av)
@@ -127,16 +164,13 @@ func setVolume(rec *journal.Sandbox, av journal.AttachedVolume) {
 	rec.Volumes = vs
 }
 
-// volumesResource is the persistent volumes of a generation.
-type volumesResource struct{ n *Node }
-
-func (r volumesResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindVolumes, Phase: resource.PhaseRootFS, Check: "volumes_detached", Sweeps: r.n.hasPVolumes(), RemovePoints: []string{"volumes:sealed"}}
+func (r *Volumes) Spec() resource.Spec {
+	return resource.Spec{Kind: journal.KindVolumes, Phase: resource.PhaseRootFS, Check: "volumes_detached", Sweeps: r.Has(), RemovePoints: []string{"volumes:sealed"}}
 }
 
 // needed: a claim that names no volumes neither journals nor runs this
 // entry (its proof check still runs).
-func (volumesResource) Needed(rec journal.Sandbox) bool { return len(wanted(rec)) > 0 }
+func (*Volumes) Needed(rec journal.Sandbox) bool { return len(wanted(rec)) > 0 }
 
 // wanted are the volumes rec's claim attaches.
 func wanted(rec journal.Sandbox) []journal.VolumeMount {
@@ -149,13 +183,12 @@ func wanted(rec journal.Sandbox) []journal.VolumeMount {
 // Make attaches each of the claim's volumes: epoch journaled, writer
 // started over the volume's head, device mounted on the host; the mounts
 // become the bundle's binds.
-func (r volumesResource) Make(ctx context.Context, c *resource.Claim) error {
-	n := r.n
+func (r *Volumes) Make(ctx context.Context, c *resource.Claim) error {
 	vs := wanted(c.Rec)
 	if len(vs) == 0 {
 		return nil
 	}
-	if !n.hasPVolumes() {
+	if !r.Has() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "attach volumes: this node has no persistent volumes configured")
 	}
 	for _, v := range vs {
@@ -168,21 +201,20 @@ func (r volumesResource) Make(ctx context.Context, c *resource.Claim) error {
 	return nil
 }
 
-func (r volumesResource) attach(ctx context.Context, c *resource.Claim, v journal.VolumeMount) (string, error) {
-	n := r.n
+func (r *Volumes) attach(ctx context.Context, c *resource.Claim, v journal.VolumeMount) (string, error) {
 	rec := c.Rec
-	h, err := n.d.PVolumes.Head(ctx, v.ID)
+	h, err := r.d.Store.Head(ctx, v.ID)
 	if err != nil {
 		return "", errdefs.Errorf(errdefs.CodeUnavailable, "head: %v", err)
 	}
-	if err := n.floorHead(persistentVolume(v.ID), h, v.ExpectHead); err != nil {
+	if err := r.marks().Floor(writers.PersistentVolume(v.ID), h, v.ExpectHead); err != nil {
 		return "", err
 	}
 	if h.Seq == 0 {
 		return "", errdefs.Errorf(errdefs.CodeNotFound, "volume %q has no head (deleted?)", v.ID)
 	}
-	av := journal.AttachedVolume{ID: v.ID, Path: v.Path, Dir: filepath.Join(n.volumesDir(rec.ContainerID), v.ID), Index: -1, Head: h}
-	err = n.putVolume(rec, &av, func(tx *journal.Tx) (err error) {
+	av := journal.AttachedVolume{ID: v.ID, Path: v.Path, Dir: filepath.Join(r.volumesDir(rec.ContainerID), v.ID), Index: -1, Head: h}
+	err = putVolume(r.d.Journal, rec, &av, func(tx *journal.Tx) (err error) {
 		av.WriterEpoch, err = tx.NextWriterEpoch()
 		return err
 	})
@@ -190,33 +222,30 @@ func (r volumesResource) attach(ctx context.Context, c *resource.Claim, v journa
 		return "", fmt.Errorf("journal writer epoch: %w", err)
 	}
 	setVolume(&c.Rec, av)
-	if err := n.live(); err != nil {
+	if err := r.live(); err != nil {
 		return "", err
 	}
 	vol := blockstore.Vol(v.ID)
-	st, err := n.d.Block.Start(ctx, writer.Spec{
-		Sandbox: rec.ID, Generation: rec.Generation, Epoch: av.WriterEpoch,
-		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID, BaseCache: n.cfg.Block.BaseCache,
-		Base: blockstore.GenRef{Volume: vol, Generation: h.Generation}, Volume: vol, Dir: av.Dir, Index: -1,
-		DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
-	})
+	spec := r.d.Config.Spec(rec.ID, rec.Generation, av.WriterEpoch, blockstore.GenRef{Volume: vol, Generation: h.Generation}, av.Dir)
+	spec.Volume = vol
+	st, err := r.d.Devices.Start(ctx, spec)
 	if err != nil {
 		return "", fmt.Errorf("start writer: %w", err)
 	}
 	av.Index, av.PID, av.Size = st.Index, st.PID, st.Size
-	if err := n.putVolume(rec, &av, nil); err != nil {
+	if err := putVolume(r.d.Journal, rec, &av, nil); err != nil {
 		return "", fmt.Errorf("journal writer device: %w", err)
 	}
 	setVolume(&c.Rec, av)
-	mnt, err := n.d.VolumeMounts.Mount(ctx, v.ID, st.Device)
+	mnt, err := r.d.Mounts.Mount(ctx, v.ID, st.Device)
 	if err != nil {
 		return "", fmt.Errorf("mount: %w", err)
 	}
 	av.Mount = mnt
-	if dev, err := n.d.VolumeMounts.Superblock(v.ID); err == nil {
+	if dev, err := r.d.Mounts.Superblock(v.ID); err == nil {
 		av.RootDev = dev
 	}
-	if err := n.putVolume(rec, &av, nil); err != nil {
+	if err := putVolume(r.d.Journal, rec, &av, nil); err != nil {
 		return "", fmt.Errorf("journal mount: %w", err)
 	}
 	setVolume(&c.Rec, av)
@@ -229,10 +258,9 @@ func (r volumesResource) attach(ctx context.Context, c *resource.Claim, v journa
 // record that moved on) are sealed and published if their spec proves
 // which attach they are (sealUnrecorded), and stopped. The generation's
 // dir goes last.
-func (r volumesResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	n := r.n
-	dir := n.volumesDir(rec.ContainerID)
-	if !n.hasPVolumes() {
+func (r *Volumes) Remove(ctx context.Context, rec journal.Sandbox) error {
+	dir := r.volumesDir(rec.ContainerID)
+	if !r.Has() {
 		if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) && len(rec.Volumes) == 0 {
 			return nil
 		}
@@ -267,7 +295,7 @@ func (r volumesResource) Remove(ctx context.Context, rec journal.Sandbox) error 
 	}
 	// The shared parent goes when empty (another attach's MkdirAll makes
 	// it again), so no dir of ctld's outlives its last volume.
-	if err := os.Remove(n.volumesRoot()); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+	if err := os.Remove(r.volumesRoot()); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
 		return fmt.Errorf("remove volume writers root: %w", err)
 	}
 	return nil
@@ -286,9 +314,8 @@ func (r volumesResource) Remove(ctx context.Context, rec journal.Sandbox) error 
 // spec's. The publish is then the compare-and-swap over that head.
 // Otherwise, or if the seal or publish fails, the writer is stopped
 // without a seal (logged), as a sweep cannot be withheld: best effort.
-func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string) {
-	n := r.n
-	log := n.log.With("container", cid, "volume", id, "dir", dir)
+func (r *Volumes) sealUnrecorded(ctx context.Context, cid, id, dir string) {
+	log := r.d.Log.With("container", cid, "volume", id, "dir", dir)
 	why := func() string {
 		b, err := os.ReadFile(filepath.Join(dir, writer.SpecName))
 		if err != nil {
@@ -303,15 +330,15 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 		if !ok || spec.Sandbox != sbx || spec.Generation != gen || spec.Volume != vol || spec.Base.Volume != vol {
 			return fmt.Sprintf("its spec (sandbox %s generation %d, volume %s over %s) is not this dir's attach", spec.Sandbox, spec.Generation, spec.Volume, spec.Base.Volume)
 		}
-		st, err := n.d.Block.Check(ctx, dir)
+		st, err := r.d.Devices.Check(ctx, dir)
 		if err != nil || st.Epoch != spec.Epoch {
 			return fmt.Sprintf("no writer of the spec's epoch %d runs (%v)", spec.Epoch, err)
 		}
 		rec := journal.Sandbox{ID: sbx, Generation: gen, ContainerID: cid}
-		if held, err := n.volumeHeldElsewhere(id, rec); err != nil || held {
+		if held, err := r.volumeHeldElsewhere(id, rec); err != nil || held {
 			return fmt.Sprintf("the volume is held by a journaled generation (%v)", err)
 		}
-		h, err := n.d.PVolumes.Head(ctx, id)
+		h, err := r.d.Store.Head(ctx, id)
 		if err != nil || h.Seq == 0 || h.Generation != spec.Base.Generation || h.WriterEpoch > spec.Epoch {
 			return fmt.Sprintf("the head %+v (%v) is not the attach's base generation %d", h, err, spec.Base.Generation)
 		}
@@ -323,7 +350,7 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 		case av.Published == nil:
 			return av.PublishError
 		}
-		if err := n.noteHead(persistentVolume(id), *av.Published); err != nil {
+		if err := r.marks().Note(writers.PersistentVolume(id), *av.Published); err != nil {
 			return "published, but its head mark not journaled: " + err.Error()
 		}
 		log.Warn("sealed and published a volume writer no attach record names", "head", av.Published.Seq, "block_generation", av.Published.Generation, "writer_epoch", spec.Epoch)
@@ -336,19 +363,18 @@ func (r volumesResource) sealUnrecorded(ctx context.Context, cid, id, dir string
 
 // detach seals and publishes av (unless done), then stops it. A dead
 // writer is restarted first (writerwatch.go).
-func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av journal.AttachedVolume) error {
-	n := r.n
+func (r *Volumes) detach(ctx context.Context, rec *journal.Sandbox, av journal.AttachedVolume) error {
 	if av.Published == nil && av.PublishError == "" {
-		if err := n.writerRuns(ctx, *rec, av.ID); errors.Is(err, writer.ErrNotRunning) && av.Index >= 0 {
+		if err := r.d.Watch.Runs(ctx, *rec, av.ID); errors.Is(err, writer.ErrNotRunning) && av.Index >= 0 {
 			// Its writer died before the watch restarted it: the next one
 			// re-attaches the device over the same dirty file, so the
 			// seal still has every write a flush acknowledged.
-			rs, rerr := n.restartWriter(ctx, *rec, av.ID, err)
-			if rerr != nil && n.live() != nil {
+			rs, rerr := r.d.Watch.Restart(ctx, *rec, av.ID, err)
+			if rerr != nil && r.live() != nil {
 				return rerr
 			}
 			if rerr != nil {
-				n.log.Error("volume writer not restarted for its detach", "sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "err", rerr)
+				r.d.Log.Error("volume writer not restarted for its detach", "sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "err", rerr)
 			}
 			*rec = rs
 			if i := slices.IndexFunc(rs.Volumes, func(v journal.AttachedVolume) bool { return v.ID == av.ID }); i >= 0 {
@@ -359,7 +385,7 @@ func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av jo
 		if av, err = r.sealAndPublish(ctx, *rec, av); err != nil {
 			return err
 		}
-		if err := n.putVolume(*rec, &av, publishedMark(av)); err != nil {
+		if err := putVolume(r.d.Journal, *rec, &av, publishedMark(av)); err != nil {
 			return fmt.Errorf("journal publish: %w", err)
 		}
 		setVolume(rec, av)
@@ -370,16 +396,15 @@ func (r volumesResource) detach(ctx context.Context, rec *journal.Sandbox, av jo
 // sealAndPublish seals av's device and publishes it over av.Head. A lost
 // compare-and-swap, or a writer that is not av's, is recorded on the
 // returned attach (the proof reports it); any other failure is an error.
-func (r volumesResource) sealAndPublish(ctx context.Context, rec journal.Sandbox, av journal.AttachedVolume) (journal.AttachedVolume, error) {
-	n := r.n
-	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "writer_epoch", av.WriterEpoch)
-	st, err := n.d.Block.Check(ctx, av.Dir)
+func (r *Volumes) sealAndPublish(ctx context.Context, rec journal.Sandbox, av journal.AttachedVolume) (journal.AttachedVolume, error) {
+	log := r.d.Log.With("sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "writer_epoch", av.WriterEpoch)
+	st, err := r.d.Devices.Check(ctx, av.Dir)
 	if err != nil || st.Epoch != av.WriterEpoch || av.Index < 0 {
 		av.PublishError = fmt.Sprintf("not sealed: the attach's writer (epoch %d) is not running; its writes are not in the volume", av.WriterEpoch)
 		log.Error("volume detached without a seal", "err", av.PublishError)
 		return av, nil
 	}
-	gens, err := n.d.PVolumes.Generations(ctx, av.ID)
+	gens, err := r.d.Store.Generations(ctx, av.ID)
 	if err != nil {
 		return av, fmt.Errorf("list generations: %w", err)
 	}
@@ -387,25 +412,25 @@ func (r volumesResource) sealAndPublish(ctx context.Context, rec journal.Sandbox
 	if len(gens) > 0 {
 		next = slices.Max(gens) + 1
 	}
-	if err := n.live(); err != nil {
+	if err := r.live(); err != nil {
 		return av, err
 	}
-	thaw, err := n.d.VolumeFreezer.Freeze(ctx, av.ID)
+	thaw, err := r.d.Freezer.Freeze(ctx, av.ID)
 	if err != nil {
 		return av, fmt.Errorf("freeze: %w", err)
 	}
-	res, serr := n.d.Sealer.Seal(ctx, av.Dir, next, av.WriterEpoch)
+	res, serr := r.d.Sealer.Seal(ctx, av.Dir, next, av.WriterEpoch)
 	if terr := thaw(); serr != nil || terr != nil {
 		return av, errors.Join(serr, terr)
 	}
-	n.crash("volumes:sealed")
+	r.crash("volumes:sealed")
 	cur := av.Head
-	h, err := n.d.PVolumes.Publish(ctx, av.ID, cur, journal.VolumeHead{Generation: res.Generation, WriterEpoch: av.WriterEpoch, Node: n.d.Identity.NodeID})
+	h, err := r.d.Store.Publish(ctx, av.ID, cur, journal.VolumeHead{Generation: res.Generation, WriterEpoch: av.WriterEpoch, Node: r.d.NodeID})
 	switch {
 	case err == nil:
 	case errdefs.CodeOf(err) == errdefs.CodeFenced:
 		// Our own publish of an earlier try (its journal record lost)?
-		if now, herr := n.d.PVolumes.Head(ctx, av.ID); herr == nil && now.Seq > cur.Seq && now.WriterEpoch == av.WriterEpoch {
+		if now, herr := r.d.Store.Head(ctx, av.ID); herr == nil && now.Seq > cur.Seq && now.WriterEpoch == av.WriterEpoch {
 			h = now
 			break
 		}
@@ -428,24 +453,23 @@ func publishedMark(av journal.AttachedVolume) func(*journal.Tx) error {
 		if av.Published == nil {
 			return nil
 		}
-		return raiseMark(tx, persistentVolume(av.ID), *av.Published)
+		return writers.RaiseMark(tx, writers.PersistentVolume(av.ID), *av.Published)
 	}
 }
 
 // stop unmounts volume id (unless another generation holds it) and stops
 // the writer of dir, removing dir.
-func (r volumesResource) stop(ctx context.Context, id, dir string, rec journal.Sandbox) error {
-	n := r.n
-	held, err := n.volumeHeldElsewhere(id, rec)
+func (r *Volumes) stop(ctx context.Context, id, dir string, rec journal.Sandbox) error {
+	held, err := r.volumeHeldElsewhere(id, rec)
 	if err != nil {
 		return err
 	}
 	if !held {
-		if err := n.d.VolumeMounts.Unmount(ctx, id); err != nil {
+		if err := r.d.Mounts.Unmount(ctx, id); err != nil {
 			return fmt.Errorf("unmount volume %s: %w", id, err)
 		}
 	}
-	if err := n.d.Block.Stop(ctx, dir); err != nil {
+	if err := r.d.Devices.Stop(ctx, dir); err != nil {
 		return fmt.Errorf("stop writer of volume %s: %w", id, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -456,9 +480,9 @@ func (r volumesResource) stop(ctx context.Context, id, dir string, rec journal.S
 
 // volumeHeldElsewhere reports whether a generation other than rec's
 // holds volume id (its mount is then that generation's).
-func (n *Node) volumeHeldElsewhere(id string, rec journal.Sandbox) (bool, error) {
+func (r *Volumes) volumeHeldElsewhere(id string, rec journal.Sandbox) (bool, error) {
 	held := false
-	err := n.d.Journal.View(func(tx *journal.Tx) error {
+	err := r.d.Journal.View(func(tx *journal.Tx) error {
 		live, err := tx.LiveSandboxes()
 		if err != nil {
 			return err
@@ -482,29 +506,31 @@ func (n *Node) volumeHeldElsewhere(id string, rec journal.Sandbox) (bool, error)
 // gone: every attach's writer gone and its device quiescent, its mount
 // gone, the generation's dir gone. The detail names each volume's
 // published head, or why none was published.
-func (r volumesResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	n := r.n
-	dir := n.volumesDir(rec.ContainerID)
+func (r *Volumes) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
+	dir := r.volumesDir(rec.ContainerID)
 	// The teardown journaled each detach's outcome after rec was read.
-	if s, err := n.sandbox(rec.ID); err == nil && s.Generation == rec.Generation {
-		rec.Volumes = s.Volumes
-	}
+	_ = r.d.Journal.View(func(tx *journal.Tx) error {
+		if s, ok, err := tx.Sandbox(rec.ID); err == nil && ok && s.Generation == rec.Generation {
+			rec.Volumes = s.Volumes
+		}
+		return nil
+	})
 	if len(rec.Volumes) == 0 && len(wanted(rec)) == 0 {
-		if n.cfg.Block.WritersDir == "" {
+		if r.d.Config.WritersDir == "" {
 			return resource.Check("volumes_detached", true, "no volumes")
 		}
 		ok, d := pathAbsent(dir)
 		return resource.Check("volumes_detached", ok, "no volumes; "+d)
 	}
-	if !n.hasPVolumes() {
+	if !r.Has() {
 		return resource.Check("volumes_detached", false, "this node has no persistent volumes configured")
 	}
 	ok := true
 	var parts []string
 	for _, av := range rec.Volumes {
-		wok, wd := n.d.Block.CheckGone(ctx, av.Dir, av.Index)
-		mok, md := n.d.VolumeMounts.CheckGone(ctx, av.ID, av.RootDev)
-		if held, err := n.volumeHeldElsewhere(av.ID, rec); err != nil {
+		wok, wd := r.d.Devices.CheckGone(ctx, av.Dir, av.Index)
+		mok, md := r.d.Mounts.CheckGone(ctx, av.ID, av.RootDev)
+		if held, err := r.volumeHeldElsewhere(av.ID, rec); err != nil {
 			mok, md = false, err.Error()
 		} else if held {
 			// Its mount is the holder's now; this attach's device is what
@@ -540,14 +566,14 @@ func pathAbsent(p string) (bool, string) {
 }
 
 // List names the generations (container ids) with a volume writers dir.
-func (r volumesResource) List(context.Context) ([]string, error) {
-	if r.n.cfg.Block.WritersDir == "" {
+func (r *Volumes) List(context.Context) ([]string, error) {
+	if r.d.Config.WritersDir == "" {
 		return nil, nil
 	}
-	return resource.DirEntries(r.n.volumesRoot())
+	return resource.DirEntries(r.volumesRoot())
 }
 
-func (volumesResource) Name(rec journal.Sandbox) string {
+func (*Volumes) Name(rec journal.Sandbox) string {
 	if len(wanted(rec)) == 0 && len(rec.Volumes) == 0 {
 		return ""
 	}
@@ -557,21 +583,21 @@ func (volumesResource) Name(rec journal.Sandbox) string {
 // RemoveOrphan stops what a generation no record owns left, each volume
 // writer sealed and published first if its spec proves its attach
 // (sealUnrecorded).
-func (r volumesResource) RemoveOrphan(ctx context.Context, cid string) error {
+func (r *Volumes) RemoveOrphan(ctx context.Context, cid string) error {
 	return r.Remove(ctx, journal.Sandbox{ContainerID: cid})
 }
 
 // missing: a ready generation's volume writers must run, of their epochs.
-func (r volumesResource) Survey(context.Context) (resource.Missing, error) {
+func (r *Volumes) Survey(context.Context) (resource.Missing, error) {
 	return func(ctx context.Context, rec journal.Sandbox) string {
 		if len(rec.Volumes) == 0 {
 			return ""
 		}
-		if r.n.d.Block == nil {
+		if r.d.Devices == nil {
 			return "volume writer"
 		}
 		for _, av := range rec.Volumes {
-			st, err := r.n.d.Block.Check(ctx, av.Dir)
+			st, err := r.d.Devices.Check(ctx, av.Dir)
 			if err != nil || st.Epoch != av.WriterEpoch {
 				return "volume writer " + av.ID
 			}

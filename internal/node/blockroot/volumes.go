@@ -1,4 +1,4 @@
-package node
+package blockroot
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
+	"github.com/ctld/ctld/internal/node/writers"
 )
 
 // Durable block roots (issue 10; DESIGN.md "RootFS"). A block-mode
@@ -26,12 +28,15 @@ import (
 // sandbox starts from the head (a resume). What the guest writes between
 // the thaw and the release is not part of the pause.
 
+// ms is d in milliseconds (a seal's timings).
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 // hasVolumes reports whether this node can seal and publish block roots.
-func (n *Node) hasVolumes() bool {
-	return n.hasBlock() && n.d.Volumes != nil && n.d.Sealer != nil && n.d.Freezer != nil
+func (n *Root) hasVolumes() bool {
+	return n.Has() && n.d.Volumes != nil && n.d.Sealer != nil && n.d.Freezer != nil
 }
 
-func (n *Node) needVolumes(call string) error {
+func (n *Root) needVolumes(call string) error {
 	if !n.hasVolumes() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "%s: this node has no durable block store (block store, writers and sealing configured)", call)
 	}
@@ -40,8 +45,8 @@ func (n *Node) needVolumes(call string) error {
 
 // sealable checks that s is a ready block-mode generation.
 func sealable(s journal.Sandbox, call string) error {
-	if rootfsMode(s) != journal.RootFSBlock {
-		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s of sandbox %q: its rootfs mode is %s; only block-mode roots are durable", call, s.ID, rootfsMode(s))
+	if writers.RootFSMode(s) != journal.RootFSBlock {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s of sandbox %q: its rootfs mode is %s; only block-mode roots are durable", call, s.ID, writers.RootFSMode(s))
 	}
 	if s.State != journal.StateReady || s.Block == nil {
 		return errdefs.Errorf(errdefs.CodeConflict, "%s of sandbox %q: generation %d is %s, not ready", call, s.ID, s.Generation, s.State)
@@ -53,7 +58,7 @@ func sealable(s journal.Sandbox, call string) error {
 // generation and thaws it; it journals the device's new base (the writer
 // rebased onto the sealed generation) and returns the seal with rec
 // updated.
-func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (journal.SealResult, error) {
+func (n *Root) seal(ctx context.Context, rec *journal.Sandbox) (journal.SealResult, error) {
 	t0 := time.Now()
 	gens, err := n.d.Volumes.Generations(ctx, rec.ID)
 	if err != nil {
@@ -87,30 +92,39 @@ func (n *Node) seal(ctx context.Context, rec *journal.Sandbox) (journal.SealResu
 	}
 	rec.Block = &b
 	res.TotalMS = ms(time.Since(t0))
-	n.log.Info("sealed", "sandbox", rec.ID, "generation", rec.Generation, "block_generation", res.Generation,
+	n.d.Log.Info("sealed", "sandbox", rec.ID, "generation", rec.Generation, "block_generation", res.Generation,
 		"chunks", res.Chunks, "bytes", res.Bytes, "freeze_ms", res.FreezeMS, "total_ms", res.TotalMS)
 	return res, nil
+}
+
+// PauseRequest is a pause of sandbox's generation Generation (0:
+// whichever runs) under operation OperationID, whose request hash is
+// RequestHash (the node's, over its wire request).
+type PauseRequest struct {
+	OperationID string
+	Generation  uint64
+	RequestHash string
 }
 
 // Pause seals the running block generation, publishes it as the
 // sandbox's head and releases the generation; it returns the answer
 // stored with the cleanup proof (Answers.Paused).
-func (n *Node) Pause(ctx context.Context, id string, req PauseRequest) (json.RawMessage, error) {
+func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.RawMessage, error) {
 	if err := n.needVolumes("pause"); err != nil {
 		return nil, err
 	}
 	op := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpPause, SandboxID: id, Generation: req.Generation,
-		RequestHash: requestHash("pause", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
+		RequestHash: req.RequestHash, State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
-	ctx, end, err := n.begin(ctx)
+	ctx, end, err := n.d.Term.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer end()
-	unlock := n.lockSandbox(id)
+	unlock := n.d.Locks.Lock(id)
 	var rec journal.Sandbox
-	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
+	op, started, err := n.d.Ops.Begin(ctx, op, func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(id)
 		if err != nil {
 			return err
@@ -135,7 +149,7 @@ func (n *Node) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 		}
 		return opOutcome(op)
 	}
-	defer n.endOp(op.ID)
+	defer n.d.Ops.End(op.ID)
 	head, res, err := n.sealAndPublish(ctx, &rec)
 	if err != nil {
 		unlock()
@@ -155,7 +169,7 @@ func (n *Node) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 
 // sealAndPublish seals rec's device and publishes it as the volume's head
 // over the head its claim started from.
-func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (journal.VolumeHead, journal.SealResult, error) {
+func (n *Root) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (journal.VolumeHead, journal.SealResult, error) {
 	res, err := n.seal(ctx, rec)
 	if err != nil {
 		return journal.VolumeHead{}, res, err
@@ -164,7 +178,7 @@ func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (journa
 	if err := n.live(); err != nil {
 		return journal.VolumeHead{}, res, err
 	}
-	next := journal.VolumeHead{Generation: res.Generation, WriterEpoch: rec.Block.WriterEpoch, Node: n.d.Identity.NodeID}
+	next := journal.VolumeHead{Generation: res.Generation, WriterEpoch: rec.Block.WriterEpoch, Node: n.d.NodeID}
 	head, err := n.d.Volumes.Publish(ctx, rec.ID, rec.Block.Head, next)
 	if err != nil {
 		if errdefs.CodeOf(err) == errdefs.CodeFenced {
@@ -178,13 +192,13 @@ func (n *Node) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (journa
 
 // publishedSeal journals a published pause: the generation is releasing
 // under the pause's operation.
-func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head journal.VolumeHead, res journal.SealResult) error {
+func (n *Root) publishedSeal(rec journal.Sandbox, opID string, head journal.VolumeHead, res journal.SealResult) error {
 	result, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}
-	also := func(tx *journal.Tx) error { return raiseMark(tx, sandboxVolume(rec.ID), head) }
-	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
+	also := func(tx *journal.Tx) error { return writers.RaiseMark(tx, writers.SandboxVolume(rec.ID), head) }
+	return op.PutGeneration(n.d.Journal, rec, also, func(s *journal.Sandbox) {
 		s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: res.Generation, Head: head, Result: result}
 		s.State, s.ReleaseOp = journal.StateReleasing, opID
 	})
@@ -192,7 +206,7 @@ func (n *Node) publishedSeal(rec journal.Sandbox, opID string, head journal.Volu
 
 // abandonSeal journals a pause that did not publish: the head is as it
 // was, the generation keeps running, and the operation failed with err.
-func (n *Node) abandonSeal(rec journal.Sandbox, opID string, cause error) {
+func (n *Root) abandonSeal(rec journal.Sandbox, opID string, cause error) {
 	code := errdefs.CodeOf(cause)
 	if code == "" {
 		code = errdefs.CodeInternal
@@ -214,23 +228,22 @@ func (n *Node) abandonSeal(rec journal.Sandbox, opID string, cause error) {
 		return tx.PutOperation(op)
 	})
 	if err != nil {
-		n.log.Error("journal abandoned seal", "sandbox", rec.ID, "op", opID, "err", err)
+		n.d.Log.Error("journal abandoned seal", "sandbox", rec.ID, "op", opID, "err", err)
 	}
-	n.log.Warn("pause abandoned; the head is unchanged and the generation keeps running", "sandbox", rec.ID, "generation", rec.Generation, "err", cause)
+	n.d.Log.Warn("pause abandoned; the head is unchanged and the generation keeps running", "sandbox", rec.ID, "generation", rec.Generation, "err", cause)
 }
 
 // finishPause releases a published pause's generation (the teardown stores
 // the pause's answer with its proof) and answers it.
-func (n *Node) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, error) {
-	td, cancel := n.background(2 * time.Minute)
+func (n *Root) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, error) {
+	td, cancel := n.d.Term.Background(2 * time.Minute)
 	defer cancel()
-	_, terr := n.teardown(td, rec, opID, journal.StateReleased, "paused")
-	n.kickCarriers()
-	if errors.Is(terr, ErrTermOver) {
+	_, terr := n.d.Teardown.Teardown(td, rec, opID, journal.StateReleased, "paused")
+	if errors.Is(terr, op.ErrTermOver) {
 		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: the head is published; its release was interrupted by the end of this primary's term and the next primary completes it; retry the same operation_id", opID)
 	}
 	if terr != nil {
-		n.log.Warn("pause's release left objects behind; capacity withheld", "sandbox", rec.ID, "generation", rec.Generation, "err", terr)
+		n.d.Log.Warn("pause's release left objects behind; capacity withheld", "sandbox", rec.ID, "generation", rec.Generation, "err", terr)
 	}
 	ans, err := n.storedAnswer(opID)
 	if err != nil {
@@ -239,12 +252,12 @@ func (n *Node) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, e
 	return ans, nil
 }
 
-// settleSeal resolves, on takeover, a pause that was sealing when the
+// Settle resolves, on takeover, a pause that was sealing when the
 // last primary stopped: if its head was published (the head names this
 // generation's writer epoch and moved past the one the claim started
 // from), the pause completes (the generation is released under it);
 // otherwise it is abandoned and the generation keeps running.
-func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
+func (n *Root) Settle(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
 	if s.Seal == nil || s.Seal.State != journal.SealSealing || s.Block == nil || n.d.Volumes == nil {
 		return s, false
 	}
@@ -255,7 +268,7 @@ func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandb
 		if perr := n.publishedSeal(s, opID, h, res); perr == nil {
 			s.State, s.ReleaseOp = journal.StateReleasing, opID
 			s.Seal = &journal.SealRecord{State: journal.SealPublished, OperationID: opID, Generation: h.Generation, Head: h}
-			n.log.Info("completing a pause interrupted by failover after its head was published", "sandbox", s.ID, "head", h.Seq)
+			n.d.Log.Info("completing a pause interrupted by failover after its head was published", "sandbox", s.ID, "head", h.Seq)
 			return s, true
 		}
 	}
@@ -270,7 +283,7 @@ func (n *Node) settleSeal(ctx context.Context, s journal.Sandbox) (journal.Sandb
 
 // Snapshot seals the running generation under name while the guest
 // runs, and returns the named snapshot and what the seal did.
-func (n *Node) Snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
+func (n *Root) Snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
 	var res journal.SealResult
 	snap, err := volumeCall(n, ctx, id, "snapshot", func(ctx context.Context) (snap blockstore.Snapshot, err error) {
 		snap, res, err = n.snapshot(ctx, id, name)
@@ -279,7 +292,7 @@ func (n *Node) Snapshot(ctx context.Context, id, name string) (blockstore.Snapsh
 	return snap, res, err
 }
 
-func (n *Node) snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
+func (n *Root) snapshot(ctx context.Context, id, name string) (blockstore.Snapshot, journal.SealResult, error) {
 	var none blockstore.Snapshot
 	rec, err := n.sandbox(id)
 	if err != nil {
@@ -317,7 +330,7 @@ type VolumeInfo struct {
 }
 
 // Volume is sandbox id's volume (not_found: it has none).
-func (n *Node) Volume(ctx context.Context, id string) (VolumeInfo, error) {
+func (n *Root) Volume(ctx context.Context, id string) (VolumeInfo, error) {
 	if err := n.needVolumes("volume"); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -340,7 +353,7 @@ func (n *Node) Volume(ctx context.Context, id string) (VolumeInfo, error) {
 
 // snapshotGen is the generation of src's snapshot name, or of its head
 // without a name.
-func (n *Node) snapshotGen(ctx context.Context, src, name string) (uint64, error) {
+func (n *Root) snapshotGen(ctx context.Context, src, name string) (uint64, error) {
 	if name == "" {
 		h, err := n.d.Volumes.Head(ctx, src)
 		if err != nil {
@@ -365,23 +378,23 @@ func (n *Node) snapshotGen(ctx context.Context, src, name string) (uint64, error
 
 // volumeCall runs fn as an operation of this term on sandbox id (the
 // sandbox's lock held), if this node has durable block roots.
-func volumeCall[T any](n *Node, ctx context.Context, id, call string, fn func(context.Context) (T, error)) (T, error) {
+func volumeCall[T any](n *Root, ctx context.Context, id, call string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	if err := n.needVolumes(call); err != nil {
 		return zero, err
 	}
-	ctx, end, err := n.begin(ctx)
+	ctx, end, err := n.d.Term.Begin(ctx)
 	if err != nil {
 		return zero, err
 	}
 	defer end()
-	unlock := n.lockSandbox(id)
+	unlock := n.d.Locks.Lock(id)
 	defer unlock()
 	return fn(ctx)
 }
 
 // notRunning refuses a call on a sandbox with a live generation.
-func (n *Node) notRunning(id, call string) error {
+func (n *Root) notRunning(id, call string) error {
 	s, err := n.sandbox(id)
 	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		return nil
@@ -403,14 +416,14 @@ type ForkRequest struct {
 
 // Fork makes id's volume a generation 0 over the source's committed
 // generation, published as id's first head.
-func (n *Node) Fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
+func (n *Root) Fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
 	if req.Source == id {
 		return VolumeInfo{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "fork of %s onto itself: use restore", id)
 	}
 	return volumeCall(n, ctx, id, "fork", func(ctx context.Context) (VolumeInfo, error) { return n.fork(ctx, id, req) })
 }
 
-func (n *Node) fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
+func (n *Root) fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo, error) {
 	if err := n.notRunning(id, "fork"); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -421,24 +434,24 @@ func (n *Node) fork(ctx context.Context, id string, req ForkRequest) (VolumeInfo
 	if err := n.d.Volumes.Fork(ctx, req.Source, gen, id); err != nil {
 		return VolumeInfo{}, err
 	}
-	h, err := n.d.Volumes.Publish(ctx, id, journal.VolumeHead{}, journal.VolumeHead{Generation: 0, Node: n.d.Identity.NodeID})
+	h, err := n.d.Volumes.Publish(ctx, id, journal.VolumeHead{}, journal.VolumeHead{Generation: 0, Node: n.d.NodeID})
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := n.noteHead(sandboxVolume(id), h); err != nil {
-		return VolumeInfo{}, txErr("journal the head mark of "+id, err)
+	if err := n.marks().Note(writers.SandboxVolume(id), h); err != nil {
+		return VolumeInfo{}, op.TxErr("journal the head mark of "+id, err)
 	}
-	n.log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
+	n.d.Log.Info("forked", "sandbox", id, "source", req.Source, "snapshot", req.Snapshot, "source_generation", gen)
 	return n.Volume(ctx, id)
 }
 
 // Restore moves id's head to its snapshot (compare-and-swap over the head
 // read here).
-func (n *Node) Restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
+func (n *Root) Restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
 	return volumeCall(n, ctx, id, "restore", func(ctx context.Context) (VolumeInfo, error) { return n.restore(ctx, id, snapshot) })
 }
 
-func (n *Node) restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
+func (n *Root) restore(ctx context.Context, id, snapshot string) (VolumeInfo, error) {
 	if err := n.notRunning(id, "restore"); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -450,16 +463,50 @@ func (n *Node) restore(ctx context.Context, id, snapshot string) (VolumeInfo, er
 	if err != nil {
 		return VolumeInfo{}, errdefs.Errorf(errdefs.CodeUnavailable, "head of %s: %v", id, err)
 	}
-	if err := n.floorHead(sandboxVolume(id), h, journal.VolumeHead{}); err != nil {
+	if err := n.marks().Floor(writers.SandboxVolume(id), h, journal.VolumeHead{}); err != nil {
 		return VolumeInfo{}, err
 	}
-	nh, err := n.d.Volumes.Publish(ctx, id, h, journal.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.Identity.NodeID})
+	nh, err := n.d.Volumes.Publish(ctx, id, h, journal.VolumeHead{Generation: gen, WriterEpoch: h.WriterEpoch, Node: n.d.NodeID})
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := n.noteHead(sandboxVolume(id), nh); err != nil {
-		return VolumeInfo{}, txErr("journal the head mark of "+id, err)
+	if err := n.marks().Note(writers.SandboxVolume(id), nh); err != nil {
+		return VolumeInfo{}, op.TxErr("journal the head mark of "+id, err)
 	}
-	n.log.Info("restored", "sandbox", id, "snapshot", snapshot, "generation", gen)
+	n.d.Log.Info("restored", "sandbox", id, "snapshot", snapshot, "generation", gen)
 	return n.Volume(ctx, id)
+}
+
+// opOutcome is a finished operation's stored answer or error.
+func opOutcome(o journal.Operation) (json.RawMessage, error) { return op.Outcome(o) }
+
+// storedAnswer is the answer journaled with the finished operation id: a
+// repeat of the operation gets exactly these bytes.
+func (n *Root) storedAnswer(id string) (json.RawMessage, error) {
+	var o journal.Operation
+	var ok bool
+	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		o, ok, err = tx.Operation(id)
+		return err
+	}); err != nil || !ok || o.State != journal.OpDone {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, o.State, err)
+	}
+	return opOutcome(o)
+}
+
+// sandbox is sandbox id's record (not_found: the journal never saw it).
+func (n *Root) sandbox(id string) (journal.Sandbox, error) {
+	var s journal.Sandbox
+	var ok bool
+	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		s, ok, err = tx.Sandbox(id)
+		return err
+	})
+	if err != nil {
+		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+	}
+	if !ok {
+		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	return s, nil
 }

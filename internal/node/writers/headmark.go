@@ -1,11 +1,13 @@
-package node
+package writers
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 )
 
 // Rollback by the bucket (issue 21): the store's head of a volume is the
@@ -17,9 +19,9 @@ import (
 // head the claim expects (the manager's record). Below is a conflict and
 // nothing is started; at or above, the mark moves up to it.
 
-// sandboxVolume and persistentVolume are the store's names of the marks.
-func sandboxVolume(id string) string    { return blockstore.Sandbox(id).String() }
-func persistentVolume(id string) string { return blockstore.Vol(id).String() }
+// SandboxVolume and PersistentVolume are the store's names of the marks.
+func SandboxVolume(id string) string    { return blockstore.Sandbox(id).String() }
+func PersistentVolume(id string) string { return blockstore.Vol(id).String() }
 
 // belowFloor says whether got is below floor: a lower Seq, or the same
 // Seq over another generation (a zero floor bounds nothing).
@@ -46,10 +48,16 @@ func checkHeadFloor(vol string, got journal.VolumeHead, mark journal.HeadMark, e
 	return nil
 }
 
-// floorHead checks got, the store's head of vol, against the node's mark
-// and expect, and raises the mark to it.
-func (n *Node) floorHead(vol string, got, expect journal.VolumeHead) error {
-	err := n.d.Journal.Update(func(tx *journal.Tx) error {
+// Marks are the node's head marks of volumes, in its journal.
+type Marks struct {
+	Journal *journal.Journal
+	Log     *slog.Logger
+}
+
+// Floor checks got, the store's head of vol, against the node's mark and
+// expect, and raises the mark to it.
+func (m Marks) Floor(vol string, got, expect journal.VolumeHead) error {
+	err := m.Journal.Update(func(tx *journal.Tx) error {
 		mark, err := tx.HeadMark(vol)
 		if err != nil {
 			return fmt.Errorf("read head mark: %w", err)
@@ -61,19 +69,19 @@ func (n *Node) floorHead(vol string, got, expect journal.VolumeHead) error {
 		return err
 	})
 	if err != nil {
-		n.log.Error("head of a volume not taken", "volume", vol, "err", err)
-		return txErr("journal head mark of "+vol, err)
+		m.Log.Error("head of a volume not taken", "volume", vol, "err", err)
+		return op.TxErr("journal head mark of "+vol, err)
 	}
 	return nil
 }
 
-// noteHead raises vol's mark to h, a head this node published.
-func (n *Node) noteHead(vol string, h journal.VolumeHead) error {
-	return n.d.Journal.Update(func(tx *journal.Tx) error { return raiseMark(tx, vol, h) })
+// Note raises vol's mark to h, a head this node published.
+func (m Marks) Note(vol string, h journal.VolumeHead) error {
+	return m.Journal.Update(func(tx *journal.Tx) error { return RaiseMark(tx, vol, h) })
 }
 
-// raiseMark raises vol's mark to h inside tx (a publish's journal write).
-func raiseMark(tx *journal.Tx, vol string, h journal.VolumeHead) error {
+// RaiseMark raises vol's mark to h inside tx (a publish's journal write).
+func RaiseMark(tx *journal.Tx, vol string, h journal.VolumeHead) error {
 	if _, err := tx.RaiseHeadMark(vol, h.Seq, h.Generation); err != nil {
 		return fmt.Errorf("raise head mark of %s: %w", vol, err)
 	}

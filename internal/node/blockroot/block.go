@@ -1,22 +1,26 @@
-package node
+// Package blockroot is block mode's roots (rootfs.mode = block): the
+// writer and block mount entries of the resource table, where a block
+// generation starts (its base), and the durable roots (volumes.go:
+// seal, pause, snapshot, volume, fork, restore, and the settling of an
+// interrupted pause on takeover).
+package blockroot
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
-	"github.com/ctld/ctld/internal/writer"
 )
 
 // Block mode (rootfs.mode = block): the generation's root is the ext4
@@ -25,68 +29,68 @@ import (
 // store. Two entries of the resource table: the writer with its device,
 // then the device's mount as the OCI root. They are block mode's; the
 // overlay's disk quota and mount are overlay mode's: each generation walks
-// only the entries of its mode (tableFor), so an overlay generation's
+// only the entries of its mode (resource.Table.For), so an overlay generation's
 // claim, teardown and proof are what they were before block mode existed.
 
-// BlockConfig configures block-mode generations.
-type BlockConfig struct {
-	// WritersDir holds one writer dir per generation (the Supervisor's
-	// Root): dirty file, index, chunk cache, lock, state.
-	WritersDir string
-	// StoreDir is the block store (dirstore); NodeKeyFile and NodeKeyID
-	// the node key that unwraps its data keys (read by each writer).
-	StoreDir string
-	// Store, when its Location is set, names the block store instead of
-	// StoreDir (a directory or an S3 bucket; no secret in it).
-	Store       storecfg.Config
-	NodeKeyFile string
-	NodeKeyID   string
-	// BaseCache is the node's base cache directory, handed to every
-	// writer (writer.Spec.BaseCache); empty for none.
-	BaseCache string
-	// DeadConnTimeout is how long the kernel holds a device's I/O for a
-	// reconnect after its writer's socket died: a dead writer is
-	// restarted within it (writerwatch.go).
-	DeadConnTimeout time.Duration
-	// RequestTimeout is the kernel's per-request timeout (0: the
-	// writer's default). A request in flight when a writer died is
-	// retried on the restarted writer's socket only after it.
-	RequestTimeout time.Duration
-	// CheckEvery is how often the primary checks that each ready block
-	// generation's writer runs (0: DefaultWriterCheck).
-	CheckEvery time.Duration
-	// RestartAttempts bounds the restarts of one dead writer before its
-	// generation is lost (0: DefaultWriterRestarts).
-	RestartAttempts int
+// Deps are what block roots use (the node's Deps and config).
+type Deps struct {
+	Config    writers.Config
+	Journal   *journal.Journal
+	Devices   writers.Devices // the writers (node.Deps.Block)
+	Mounts    writers.Mounts  // node.Deps.BlockMounts
+	Templates writers.Templates
+	// Volumes, Sealer and Freezer make block roots durable; nil: every
+	// block claim starts from its template and pause, snapshot, fork and
+	// restore are refused.
+	Volumes writers.Volumes
+	Sealer  writers.Sealer
+	Freezer writers.Freezer
+	NodeID  string
+	Epoch   uint64
+	Term    *op.Term
+	Ops     *op.Ops
+	Locks   *op.Locks // the sandboxes' locks
+	// Crash is the crash hook (op.Runner.Crash).
+	Crash func(point string)
+	Log   *slog.Logger
+	// Teardown releases a paused generation.
+	Teardown Teardowner
 }
 
-// rootfsMode is rec's RootFS mode (records from before modes: overlay).
-func rootfsMode(rec journal.Sandbox) journal.RootFSMode {
-	if rec.RootFS.Mode == "" {
-		return journal.RootFSOverlay
-	}
-	return rec.RootFS.Mode
+// Teardowner releases a generation with its cleanup proof (the node's
+// teardown): a pause ends its generation so.
+type Teardowner interface {
+	Teardown(ctx context.Context, rec journal.Sandbox, opID string, final journal.State, reason string) (proof.Proof, error)
 }
 
-// tableFor is the resource table of rec's generation: every entry but
-// those of the other RootFS mode.
-func (n *Node) tableFor(rec journal.Sandbox) []entry { return n.table.For(rec) }
+// Root is the block roots of a node's generations.
+type Root struct{ d Deps }
 
-// claimTable is the entries rec's claim makes: tableFor(rec) but those
-// it does not need (resource.Needer).
-func (n *Node) claimTable(rec journal.Sandbox) []entry { return n.table.Claim(rec) }
+// New is the block roots over d.
+func New(d Deps) *Root { return &Root{d: d} }
 
-func (n *Node) hasBlock() bool {
-	return n.d.Block != nil && n.d.BlockMounts != nil && n.d.Templates != nil
+// Entries are block mode's entries of the resource table, in claim
+// order: the writer with its device, then the device's mount.
+func (n *Root) Entries() []resource.Entry[*resource.Claim] {
+	return []resource.Entry[*resource.Claim]{writerResource{n}, blockMountResource{n}}
 }
 
-// checkBlock refuses, before anything is journaled, a block claim this
+func (n *Root) live() error          { return n.d.Term.Live() }
+func (n *Root) crash(point string)   { n.d.Crash(point) }
+func (n *Root) marks() writers.Marks { return writers.Marks{Journal: n.d.Journal, Log: n.d.Log} }
+
+// Has says whether this node can run block-mode generations.
+func (n *Root) Has() bool {
+	return n.d.Devices != nil && n.d.Mounts != nil && n.d.Templates != nil
+}
+
+// Check refuses, before anything is journaled, a block claim this
 // node cannot serve: no block subsystems (unavailable), a template its
 // block store does not have (not_found), a disk lease other than the
 // template's device size (invalid_argument). It fills in the disk lease:
 // the device size.
-func (n *Node) checkBlock(ctx context.Context, id string, req *journal.ClaimRequest) error {
-	if !n.hasBlock() {
+func (n *Root) Check(ctx context.Context, id string, req *journal.ClaimRequest) error {
+	if !n.Has() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "rootfs mode %q: this node has no block store and writers configured", journal.RootFSBlock)
 	}
 	base, _, size, err := n.blockBase(ctx, id, req.RootFS.Template, req.RootFS.ExpectHead)
@@ -107,13 +111,13 @@ func (n *Node) checkBlock(ctx context.Context, id string, req *journal.ClaimRequ
 // sandbox volume's head when it has one (a resume: its files as last
 // paused), else template's generation 0. A head below the volume's
 // floor (the node's mark, the claim's expect) is a conflict (headmark.go).
-func (n *Node) blockBase(ctx context.Context, id, template string, expect journal.VolumeHead) (blockstore.GenRef, journal.VolumeHead, int64, error) {
+func (n *Root) blockBase(ctx context.Context, id, template string, expect journal.VolumeHead) (blockstore.GenRef, journal.VolumeHead, int64, error) {
 	if n.d.Volumes != nil {
 		h, err := n.d.Volumes.Head(ctx, id)
 		if err != nil {
 			return blockstore.GenRef{}, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head of sandbox %s's volume: %v", id, err)
 		}
-		if err := n.floorHead(sandboxVolume(id), h, expect); err != nil {
+		if err := n.marks().Floor(writers.SandboxVolume(id), h, expect); err != nil {
 			return blockstore.GenRef{}, journal.VolumeHead{}, 0, err
 		}
 		if h.Seq > 0 {
@@ -137,7 +141,7 @@ func (n *Node) blockBase(ctx context.Context, id, template string, expect journa
 
 // baseOf is the generation b's device writes over (records from before
 // pause name none: the template's generation 0).
-func (n *Node) baseOf(ctx context.Context, b journal.BlockDevice) (blockstore.GenRef, error) {
+func (n *Root) baseOf(ctx context.Context, b journal.BlockDevice) (blockstore.GenRef, error) {
 	if b.BaseVolume == "" {
 		base, _, err := n.d.Templates.Template(ctx, b.Template)
 		if err != nil {
@@ -153,36 +157,30 @@ func (n *Node) baseOf(ctx context.Context, b journal.BlockDevice) (blockstore.Ge
 }
 
 // writerDir is the writer dir of rec's generation.
-func (n *Node) writerDir(rec journal.Sandbox) string {
+func (n *Root) writerDir(rec journal.Sandbox) string {
 	if rec.Block != nil && rec.Block.Dir != "" {
 		return rec.Block.Dir
 	}
-	return filepath.Join(n.cfg.Block.WritersDir, rec.ContainerID)
+	return filepath.Join(n.d.Config.WritersDir, rec.ContainerID)
 }
 
 // putBlock journals rec's writer record (*b) on its sandbox record; also
 // runs first in the same transaction and may fill in *b (the epoch).
-func (n *Node) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*journal.Tx) error) error {
-	return n.putGeneration(rec, also, func(s *journal.Sandbox) {
+func (n *Root) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*journal.Tx) error) error {
+	return op.PutGeneration(n.d.Journal, rec, also, func(s *journal.Sandbox) {
 		cp := *b
 		s.Block = &cp
 	})
-}
-
-// putGeneration rewrites rec's generation's sandbox record in one
-// transaction (putBlock, putVolume, publishedSeal): op.PutGeneration.
-func (n *Node) putGeneration(rec journal.Sandbox, also func(*journal.Tx) error, set func(*journal.Sandbox)) error {
-	return op.PutGeneration(n.d.Journal, rec, also, set)
 }
 
 var errNoBlock = errors.New("this node has no block subsystems configured")
 
 // writerResource is the writer process of a block-mode generation and the
 // /dev/nbdX it attached.
-type writerResource struct{ n *Node }
+type writerResource struct{ n *Root }
 
 func (r writerResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindWriter, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "nbd_quiescent", Sweeps: r.n.d.Block != nil}
+	return resource.Spec{Kind: journal.KindWriter, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "nbd_quiescent", Sweeps: r.n.d.Devices != nil}
 }
 
 // Make takes a new writer epoch and journals it with the writer dir
@@ -190,7 +188,7 @@ func (r writerResource) Spec() resource.Spec {
 // journals what it attached.
 func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 	n := r.n
-	if !n.hasBlock() {
+	if !n.Has() {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
 	}
 	rec := c.Rec
@@ -213,11 +211,7 @@ func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 	if err := n.live(); err != nil {
 		return err
 	}
-	st, err := n.d.Block.Start(ctx, writer.Spec{
-		Sandbox: rec.ID, Generation: rec.Generation, Epoch: b.WriterEpoch,
-		StoreDir: n.cfg.Block.StoreDir, Store: n.cfg.Block.Store, NodeKeyFile: n.cfg.Block.NodeKeyFile, NodeKeyID: n.cfg.Block.NodeKeyID, BaseCache: n.cfg.Block.BaseCache,
-		Base: base, Dir: b.Dir, Index: -1, DeadConnTimeout: n.cfg.Block.DeadConnTimeout, RequestTimeout: n.cfg.Block.RequestTimeout,
-	})
+	st, err := n.d.Devices.Start(ctx, n.d.Config.Spec(rec.ID, rec.Generation, b.WriterEpoch, base, b.Dir))
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
 	}
@@ -233,21 +227,21 @@ func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 // kernel to free it) and removes its dir: the generation's dirty data
 // goes with it (a release destroys; sealing is part 2's).
 func (r writerResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.Block == nil {
+	if r.n.d.Devices == nil {
 		return errNoBlock
 	}
 	return r.RemoveOrphan(ctx, r.n.writerDir(rec))
 }
 
 func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	if r.n.d.Block == nil {
+	if r.n.d.Devices == nil {
 		return resource.Check("nbd_quiescent", false, errNoBlock.Error())
 	}
 	dir, index := r.n.writerDir(rec), -1
 	if rec.Block != nil {
 		index = rec.Block.Index
 	}
-	ok, d := r.n.d.Block.CheckGone(ctx, dir, index)
+	ok, d := r.n.d.Devices.CheckGone(ctx, dir, index)
 	if _, err := os.Lstat(dir); err == nil {
 		ok, d = false, d+"; writer dir "+dir+" exists"
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -257,21 +251,21 @@ func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Che
 }
 
 func (r writerResource) List(ctx context.Context) ([]string, error) {
-	if r.n.d.Block == nil {
+	if r.n.d.Devices == nil {
 		return nil, nil
 	}
-	return r.n.d.Block.List(ctx)
+	return r.n.d.Devices.List(ctx)
 }
 
 func (r writerResource) Name(rec journal.Sandbox) string {
-	if rootfsMode(rec) != journal.RootFSBlock {
+	if writers.RootFSMode(rec) != journal.RootFSBlock {
 		return ""
 	}
 	return r.n.writerDir(rec)
 }
 
 func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
-	if err := r.n.d.Block.Stop(ctx, dir); err != nil {
+	if err := r.n.d.Devices.Stop(ctx, dir); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -284,10 +278,10 @@ func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
 // (a writer of another epoch is not this generation's).
 func (r writerResource) Survey(context.Context) (resource.Missing, error) {
 	return func(ctx context.Context, rec journal.Sandbox) string {
-		if r.n.d.Block == nil {
+		if r.n.d.Devices == nil {
 			return "writer"
 		}
-		st, err := r.n.d.Block.Check(ctx, r.n.writerDir(rec))
+		st, err := r.n.d.Devices.Check(ctx, r.n.writerDir(rec))
 		if err != nil || rec.Block == nil || st.Epoch != rec.Block.WriterEpoch {
 			return "writer"
 		}
@@ -296,26 +290,26 @@ func (r writerResource) Survey(context.Context) (resource.Missing, error) {
 }
 
 // blockMountResource is the device's filesystem mounted as the OCI root.
-type blockMountResource struct{ n *Node }
+type blockMountResource struct{ n *Root }
 
 func (r blockMountResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindBlockMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "mounts_gone", Sweeps: r.n.d.BlockMounts != nil}
+	return resource.Spec{Kind: journal.KindBlockMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "mounts_gone", Sweeps: r.n.d.Mounts != nil}
 }
 
 func (r blockMountResource) Make(ctx context.Context, c *resource.Claim) (err error) {
 	n := r.n
-	if n.d.BlockMounts == nil {
+	if n.d.Mounts == nil {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "mount block root: %v", errNoBlock)
 	}
 	if c.Device == "" {
 		return fmt.Errorf("mount block root: generation %d of %s has no attached device", c.Rec.Generation, c.Rec.ID)
 	}
-	if c.Root, err = n.d.BlockMounts.Mount(ctx, c.Rec.ContainerID, c.Device); err != nil {
+	if c.Root, err = n.d.Mounts.Mount(ctx, c.Rec.ContainerID, c.Device); err != nil {
 		return fmt.Errorf("mount block root: %w", err)
 	}
 	// The superblock's device, so the proof checks the filesystem and
 	// not only the mount point.
-	if dev, err := n.d.BlockMounts.Superblock(c.Rec.ContainerID); err == nil {
+	if dev, err := n.d.Mounts.Superblock(c.Rec.ContainerID); err == nil {
 		c.Rec.RootDev = dev
 		err := n.d.Journal.Update(func(tx *journal.Tx) error {
 			s, ok, err := tx.Sandbox(c.Rec.ID)
@@ -333,58 +327,64 @@ func (r blockMountResource) Make(ctx context.Context, c *resource.Claim) (err er
 }
 
 func (r blockMountResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.BlockMounts == nil {
+	if r.n.d.Mounts == nil {
 		return errNoBlock
 	}
-	return r.n.d.BlockMounts.Unmount(ctx, rec.ContainerID)
+	return r.n.d.Mounts.Unmount(ctx, rec.ContainerID)
 }
 
 func (r blockMountResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	if r.n.d.BlockMounts == nil {
+	if r.n.d.Mounts == nil {
 		return resource.Check("mounts_gone", false, errNoBlock.Error())
 	}
-	ok, d := r.n.d.BlockMounts.CheckGone(ctx, rec.ContainerID, rec.RootDev)
+	ok, d := r.n.d.Mounts.CheckGone(ctx, rec.ContainerID, rec.RootDev)
 	return resource.Check("mounts_gone", ok, d)
 }
 
 func (r blockMountResource) List(ctx context.Context) ([]string, error) {
-	if r.n.d.BlockMounts == nil {
+	if r.n.d.Mounts == nil {
 		return nil, nil
 	}
-	return r.n.d.BlockMounts.List(ctx)
+	return r.n.d.Mounts.List(ctx)
 }
 
 func (blockMountResource) Name(rec journal.Sandbox) string {
-	if rootfsMode(rec) != journal.RootFSBlock {
+	if writers.RootFSMode(rec) != journal.RootFSBlock {
 		return ""
 	}
 	return resource.NameOf(rec)
 }
 
 func (r blockMountResource) RemoveOrphan(ctx context.Context, name string) error {
-	return r.n.d.BlockMounts.Unmount(ctx, name)
+	return r.n.d.Mounts.Unmount(ctx, name)
 }
 
 func (r blockMountResource) Survey(ctx context.Context) (resource.Missing, error) {
 	var mounted []string
-	if r.n.d.BlockMounts != nil {
+	if r.n.d.Mounts != nil {
 		var err error
-		if mounted, err = r.n.d.BlockMounts.Mounted(ctx); err != nil {
+		if mounted, err = r.n.d.Mounts.Mounted(ctx); err != nil {
 			return nil, fmt.Errorf("list block root mounts: %w", err)
 		}
 	}
-	return missingUnless(resource.SetOf(mounted), resource.NameOf, "rootfs mount"), nil
+	set := resource.SetOf(mounted)
+	return func(_ context.Context, rec journal.Sandbox) string {
+		if n := resource.NameOf(rec); n != "" && !set[n] {
+			return "rootfs mount"
+		}
+		return ""
+	}, nil
 }
 
-// identifyBlock fills in the device of a writer whose start the journal
+// Identify fills in the device of a writer whose start the journal
 // saw intended but not done (a crash between the two): its state file
 // says which /dev/nbdX it attached, which the proof must check once the
 // writer is stopped (its state goes with it).
-func (n *Node) identifyBlock(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool) {
-	if rec.Block == nil || rec.Block.Index >= 0 || n.d.Block == nil {
+func (n *Root) Identify(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool) {
+	if rec.Block == nil || rec.Block.Index >= 0 || n.d.Devices == nil {
 		return rec, false
 	}
-	st, err := n.d.Block.Check(ctx, rec.Block.Dir)
+	st, err := n.d.Devices.Check(ctx, rec.Block.Dir)
 	if err != nil || st.Epoch != rec.Block.WriterEpoch {
 		return rec, false
 	}
