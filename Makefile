@@ -11,7 +11,7 @@ BENCH_TIMEOUT ?= 30m
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR"
 PREFIX ?= /usr/local
 
-.PHONY: all build agent test test-unit test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo bench bench-nbd churn bench-systemd install deb clean
+.PHONY: all build agent test test-unit test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo bench bench-nbd churn bench-systemd install deb clean
 
 all: build
 
@@ -48,6 +48,13 @@ test-unit:
 	@test/recipe/setup.sh >/dev/null
 	@$(GO) build -o bin/unitcheck ./test/unitcheck
 	set -o pipefail; $(GO) test -count=1 -json $(PKGS) | bin/unitcheck -allow '$(UNIT_ALLOWED_SKIP)'
+
+# The real recipe build from the Debian mirror (minutes; root): not in the
+# unit stage, whose test/recipe/setup.sh already builds the shipped
+# recipes' trees with the real mmdebstrap once per machine.
+test-recipes:
+	@test/recipe/setup.sh >/dev/null
+	$(GO) test -count=1 -tags recipes -run TestBuildRealPython -v ./internal/recipe
 
 # Kernel tests as root in the VM: nothing may skip there.
 # One package/test: make test-vm VM_PKGS=./internal/lease RUN=TestCreate

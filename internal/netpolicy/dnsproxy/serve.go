@@ -17,9 +17,18 @@ import (
 // the sandbox, answers, and fits the answer to the transport.
 func (p *Proxy) serveDNS(ctx context.Context, w dns.ResponseWriter, req *dns.Msg) {
 	src := addrOf(w.RemoteAddr())
+	// The bounds count queries worked on: each is left once the answer is
+	// made, before it is written, so a guest that asks again as soon as it
+	// reads an answer is not over its bound.
+	var leave []func()
+	defer func() {
+		for _, f := range leave {
+			f()
+		}
+	}()
 	select {
 	case p.slots <- struct{}{}:
-		defer func() { <-p.slots }()
+		leave = append(leave, func() { <-p.slots })
 	default:
 		p.drop(w, "proxy", src)
 		return
@@ -41,11 +50,16 @@ func (p *Proxy) serveDNS(ctx context.Context, w dns.ResponseWriter, req *dns.Msg
 			p.drop(w, e.owner.Alias(), src)
 			return
 		}
-		defer p.leave(slot)
+		leave = append(leave, func() { p.leave(slot) })
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.QueryTimeout)
-	defer cancel()
-	p.write(w, req, p.answer(ctx, e, req), src)
+	resp := p.answer(ctx, e, req)
+	cancel()
+	for _, f := range leave {
+		f()
+	}
+	leave = nil
+	p.write(w, req, resp, src)
 }
 
 // write fits resp to the transport and sends it.
