@@ -132,7 +132,11 @@ func connectionLost(err error) bool {
 	var ne net.Error
 	// SafeToRetry: pgx did not send the request (a connection found
 	// closed, as after a restart of the server: "conn closed").
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || pgconn.SafeToRetry(err)
+	// ErrConnClosed: the connection closed by a failure earlier in the
+	// same operation (a BEGIN after the server restarted answers "failed
+	// to deallocate cached statement(s): conn closed", not safe to retry).
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err)
 }
 
 func serializationFailure(err error) bool {

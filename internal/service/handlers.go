@@ -201,21 +201,25 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
-	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
+	// The create's lease, taken before the admission: a replica that dies
+	// from here on leaves the create, and its caller's Idempotency-Key, to
+	// another (replica.go), which finds it admitted or not. Taken after,
+	// a replica dying in between left an admitted create that no lease
+	// named: its key was forgotten as an orphan and the caller's retry
+	// made a second sandbox. No lease (the database is away): no create.
+	lease := s.opLease(r, leaseCreate, owner, id)
+	if err := s.holdLease(r.Context(), lease); err != nil {
 		return err
 	}
-	// The create's lease: a replica that dies from here on leaves the
-	// create to another (replica.go); one that died before the lease
-	// leaves it to the sweep of unleased creates.
-	lease := s.opLease(r, leaseCreate, owner, id)
-	leased := s.holdLease(r.Context(), lease) == nil
+	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
+		s.letGo(r.Context(), lease.ID, true)
+		return err
+	}
 	s.emit(owner, id, client.EventCreated, "")
 	claim := func(ctx context.Context) error {
 		err := s.claim(ctx, owner, id, spec)
-		if leased {
-			settled, serr := s.createSettled(ctx, owner, id)
-			s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
-		}
+		settled, serr := s.createSettled(ctx, owner, id)
+		s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
 		return err
 	}
 	if !wait {
