@@ -212,7 +212,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		return err
 	}
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
-		s.letGo(r.Context(), lease.ID, true)
+		// Refused (quota, bad input): nothing was admitted. Otherwise (the
+		// database went away) the admission may have committed: the lease
+		// and the Idempotency-Key are left to a sweeper, which finds out.
+		s.letGoOf(r.Context(), r, lease.ID, errdefs.CodeOf(err) != errdefs.CodeUnavailable)
 		return err
 	}
 	s.emit(owner, id, client.EventCreated, "")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 )
 
@@ -111,5 +112,53 @@ func TestCreateOfReplicaDeadAfterAdmissionIsAnsweredOnce(t *testing.T) {
 	e.node.Unlock()
 	if claims != 1 {
 		t.Fatalf("the node got %d claims, want 1", claims)
+	}
+}
+
+// lostAdmitStore commits the first admission but answers it as a lost
+// connection (the database restarted as it committed).
+type lostAdmitStore struct {
+	manager.ServiceStore
+	lost atomic.Bool
+}
+
+func (l *lostAdmitStore) AdmitCreate(ctx context.Context, in manager.Admission) error {
+	if err := l.ServiceStore.AdmitCreate(ctx, in); err != nil || l.lost.Swap(true) {
+		return err
+	}
+	return errdefs.Busy(time.Second, "database unavailable: conn closed")
+}
+
+// TestCreateWhoseAdmissionAnswerIsLostIsAnsweredOnce: an admission whose
+// commit's answer was lost may have committed: the create answers 503 but
+// keeps its Idempotency-Key and lease for a sweeper, which finds the
+// create admitted, completes it and answers the key: the retry gets that
+// sandbox, not a second one.
+func TestCreateWhoseAdmissionAnswerIsLostIsAnsweredOnce(t *testing.T) {
+	e := newEnv(t, func(s *Server) {
+		s.LeaseTTL = time.Second
+		s.Store = &lostAdmitStore{ServiceStore: s.Store}
+	})
+	ctx := context.Background()
+	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "lost-admit"}}
+	if _, err := e.a.Create(ctx, req, client.IdempotencyKey("k-lost")); errCode(err) != client.CodeUnavailable {
+		t.Fatalf("create whose admission's answer is lost: %v, want unavailable", err)
+	}
+	var sb client.Sandbox
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		sb, err = e.a.Create(ctx, req, client.IdempotencyKey("k-lost"))
+		var ce *client.Error
+		if err == nil || !errors.As(err, &ce) || (ce.Code != client.CodeConflict && ce.Code != client.CodeUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("retry: %+v, %v; want the admitted create, ready", sb, err)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: req.Labels})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != sb.ID {
+		t.Fatalf("sandboxes %+v, %v: want one, %s (the retry's answer)", l, err, sb.ID)
 	}
 }
