@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -19,14 +20,20 @@ func TestPgUnavailableConnClosed(t *testing.T) {
 	for _, err := range []error{
 		fmt.Errorf("begin transaction: %w", fmt.Errorf("failed to deallocate cached statement(s): %w", pgconn.ErrConnClosed)),
 		fmt.Errorf("read: %w", io.EOF),
+		fmt.Errorf("record node node-a: %w", errors.Join(driver.ErrBadConn, pgconn.ErrConnClosed)),
 	} {
-		got := pgUnavailable(err)
+		got := pgLost(err)
 		var e *errdefs.Error
-		if errdefs.CodeOf(got) != errdefs.CodeUnavailable || !errors.As(got, &e) || e.RetryAfter <= 0 {
+		if errdefs.CodeOf(got) != errdefs.CodeUnavailable || !errors.As(got, &e) || e.RetryAfter <= 0 || !errors.Is(got, ErrDatabaseLost) {
 			t.Errorf("pgUnavailable(%v) = %v, want unavailable with a retry hint", err, got)
 		}
 	}
-	if other := errors.New("some other failure"); pgUnavailable(other) != other {
-		t.Errorf("pgUnavailable passed a plain error as %v", pgUnavailable(other))
+	if other := errors.New("some other failure"); pgLost(other) != other {
+		t.Errorf("pgLost passed a plain error as %v", pgLost(other))
+	}
+	// Inside the driver a bad connection passes as it is: database/sql
+	// retries it on a fresh connection.
+	if bad := fmt.Errorf("prepare: %w", driver.ErrBadConn); pgUnavailable(bad) != bad {
+		t.Errorf("pgUnavailable classified a bad connection: %v", pgUnavailable(bad))
 	}
 }

@@ -271,6 +271,13 @@ func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec)
 		return nil
 	}
 	s.log().Warn("create failed", "sandbox", id, "err", err)
+	if errors.Is(err, manager.ErrDatabaseLost) {
+		// Interrupted, not refused: the create stays unsettled (its
+		// Idempotency-Key pending) for a sweeper, which claims it anew if
+		// the node does not have it. Failed here, a retry of the key made
+		// a second sandbox.
+		return err
+	}
 	sctx := context.WithoutCancel(ctx)
 	sb, serr := s.Manager.Store.Sandbox(sctx, id)
 	if errdefs.CodeOf(serr) == errdefs.CodeNotFound || (serr == nil && sb.State == api.StateFailed) {
