@@ -65,7 +65,7 @@ var pgDialect = dialect{
 	version:   postgresVersion,
 	txOpts:    &sql.TxOptions{Isolation: sql.LevelSerializable},
 	retryable: serializationFailure,
-	classify:  pgUnavailable,
+	classify:  pgLost,
 }
 
 // OpenPostgres opens the PostgreSQL database at dsn (a postgres:// URL)
@@ -118,8 +118,23 @@ func pgUnavailable(err error) error {
 	if err == nil || errors.Is(err, driver.ErrBadConn) || errdefs.CodeOf(err) == errdefs.CodeUnavailable || !connectionLost(err) {
 		return err
 	}
-	return &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "database unavailable: " + err.Error(), RetryAfter: time.Second, Cause: err}
+	return &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "database unavailable: " + err.Error(), RetryAfter: time.Second,
+		Cause: fmt.Errorf("%w: %w", ErrDatabaseLost, err)}
 }
+
+// pgLost is pgUnavailable at the store's edge, where a bad connection
+// is a lost one too: database/sql retried it and gave up.
+func pgLost(err error) error {
+	if errors.Is(err, driver.ErrBadConn) && errdefs.CodeOf(err) != errdefs.CodeUnavailable {
+		return &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "database unavailable: " + err.Error(), RetryAfter: time.Second,
+			Cause: fmt.Errorf("%w: %w", ErrDatabaseLost, err)}
+	}
+	return pgUnavailable(err)
+}
+
+// ErrDatabaseLost is in the chain of an error of a database that could
+// not be reached: what failed on it is not refused, only interrupted.
+var ErrDatabaseLost = errors.New("database connection lost")
 
 func connectionLost(err error) bool {
 	var pe *pgconn.PgError
@@ -132,7 +147,11 @@ func connectionLost(err error) bool {
 	var ne net.Error
 	// SafeToRetry: pgx did not send the request (a connection found
 	// closed, as after a restart of the server: "conn closed").
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || pgconn.SafeToRetry(err)
+	// ErrConnClosed: the connection closed by a failure earlier in the
+	// same operation (a BEGIN after the server restarted answers "failed
+	// to deallocate cached statement(s): conn closed", not safe to retry).
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err)
 }
 
 func serializationFailure(err error) bool {

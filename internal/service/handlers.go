@@ -201,21 +201,28 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
-	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
+	// The create's lease, taken before the admission: a replica that dies
+	// from here on leaves the create, and its caller's Idempotency-Key, to
+	// another (replica.go), which finds it admitted or not. Taken after,
+	// a replica dying in between left an admitted create that no lease
+	// named: its key was forgotten as an orphan and the caller's retry
+	// made a second sandbox. No lease (the database is away): no create.
+	lease := s.opLease(r, leaseCreate, owner, id)
+	if err := s.holdLease(r.Context(), lease); err != nil {
 		return err
 	}
-	// The create's lease: a replica that dies from here on leaves the
-	// create to another (replica.go); one that died before the lease
-	// leaves it to the sweep of unleased creates.
-	lease := s.opLease(r, leaseCreate, owner, id)
-	leased := s.holdLease(r.Context(), lease) == nil
+	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
+		// Refused (quota, bad input): nothing was admitted. Otherwise (the
+		// database went away) the admission may have committed: the lease
+		// and the Idempotency-Key are left to a sweeper, which finds out.
+		s.letGoOf(r.Context(), r, lease.ID, errdefs.CodeOf(err) != errdefs.CodeUnavailable)
+		return err
+	}
 	s.emit(owner, id, client.EventCreated, "")
 	claim := func(ctx context.Context) error {
 		err := s.claim(ctx, owner, id, spec)
-		if leased {
-			settled, serr := s.createSettled(ctx, owner, id)
-			s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
-		}
+		settled, serr := s.createSettled(ctx, owner, id)
+		s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
 		return err
 	}
 	if !wait {
@@ -264,6 +271,13 @@ func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec)
 		return nil
 	}
 	s.log().Warn("create failed", "sandbox", id, "err", err)
+	if errors.Is(err, manager.ErrDatabaseLost) {
+		// Interrupted, not refused: the create stays unsettled (its
+		// Idempotency-Key pending) for a sweeper, which claims it anew if
+		// the node does not have it. Failed here, a retry of the key made
+		// a second sandbox.
+		return err
+	}
 	sctx := context.WithoutCancel(ctx)
 	sb, serr := s.Manager.Store.Sandbox(sctx, id)
 	if errdefs.CodeOf(serr) == errdefs.CodeNotFound || (serr == nil && sb.State == api.StateFailed) {

@@ -1,0 +1,164 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/manager"
+)
+
+// dyingStore is the store of a replica that dies right after it admitted
+// a create: AdmitCreate commits, then never returns (until the test
+// ends), and from then on the replica renews no lease and sweeps nothing,
+// as a process killed there would.
+type dyingStore struct {
+	manager.ServiceStore
+	dead    atomic.Bool
+	release chan struct{}
+}
+
+var errDead = errors.New("replica is dead")
+
+func (d *dyingStore) AdmitCreate(ctx context.Context, in manager.Admission) error {
+	if err := d.ServiceStore.AdmitCreate(ctx, in); err != nil {
+		return err
+	}
+	d.dead.Store(true)
+	<-d.release
+	return errDead
+}
+
+func (d *dyingStore) RenewLeases(ctx context.Context, holder string, ids []string, ttl time.Duration) (int, error) {
+	if d.dead.Load() {
+		return 0, errDead
+	}
+	return d.ServiceStore.RenewLeases(ctx, holder, ids, ttl)
+}
+
+func (d *dyingStore) ExpiredLeases(ctx context.Context, kind string, limit int) ([]manager.OpLease, error) {
+	if d.dead.Load() {
+		return nil, errDead
+	}
+	return d.ServiceStore.ExpiredLeases(ctx, kind, limit)
+}
+
+func (d *dyingStore) AbandonOrphanIdempotent(ctx context.Context, olderThan time.Time) (int, error) {
+	if d.dead.Load() {
+		return 0, errDead
+	}
+	return d.ServiceStore.AbandonOrphanIdempotent(ctx, olderThan)
+}
+
+// TestCreateOfReplicaDeadAfterAdmissionIsAnsweredOnce: a replica that
+// dies between admitting a create and anything after leaves the create
+// to another replica, which finishes it and answers the caller's
+// Idempotency-Key with it: the caller's retry gets that sandbox, never a
+// second one. (With the create's lease taken after the admission, the
+// dead replica left an admitted create no lease named, its key was
+// forgotten as an orphan and the retry made a second sandbox.)
+func TestCreateOfReplicaDeadAfterAdmissionIsAnsweredOnce(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
+	ctx := context.Background()
+	dying := &dyingStore{ServiceStore: e.store, release: make(chan struct{})}
+	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
+	dead := &Server{Manager: m, Store: dying, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
+		LeaseTTL: time.Second, ReplicaID: "replica-dead"}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- dead.Serve(sctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+	})
+	t.Cleanup(func() { close(dying.release) })
+
+	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "dead-admit"}}
+	cd := &client.Client{BaseURL: "http://" + ln.Addr().String(), Key: e.keyA}
+	cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = cd.Create(cctx, req, client.IdempotencyKey("k-dead"))
+	ccancel()
+	if err == nil || !dying.dead.Load() {
+		t.Fatalf("create through the dying replica: %v (dead %v), want no answer after the admission", err, dying.dead.Load())
+	}
+	var sb client.Sandbox
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		sb, err = e.a.Create(ctx, req, client.IdempotencyKey("k-dead"))
+		var ce *client.Error
+		if err == nil || !errors.As(err, &ce) || (ce.Code != client.CodeConflict && ce.Code != client.CodeUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("retry through the live replica: %+v, %v; want the dead replica's create, ready", sb, err)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: req.Labels})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != sb.ID {
+		t.Fatalf("sandboxes %+v, %v: want one, %s (the retry's answer)", l, err, sb.ID)
+	}
+	e.node.Lock()
+	claims := len(e.node.ClaimOps)
+	e.node.Unlock()
+	if claims != 1 {
+		t.Fatalf("the node got %d claims, want 1", claims)
+	}
+}
+
+// lostAdmitStore commits the first admission but answers it as a lost
+// connection (the database restarted as it committed).
+type lostAdmitStore struct {
+	manager.ServiceStore
+	lost atomic.Bool
+}
+
+func (l *lostAdmitStore) AdmitCreate(ctx context.Context, in manager.Admission) error {
+	if err := l.ServiceStore.AdmitCreate(ctx, in); err != nil || l.lost.Swap(true) {
+		return err
+	}
+	return errdefs.Busy(time.Second, "database unavailable: conn closed")
+}
+
+// TestCreateWhoseAdmissionAnswerIsLostIsAnsweredOnce: an admission whose
+// commit's answer was lost may have committed: the create answers 503 but
+// keeps its Idempotency-Key and lease for a sweeper, which finds the
+// create admitted, completes it and answers the key: the retry gets that
+// sandbox, not a second one.
+func TestCreateWhoseAdmissionAnswerIsLostIsAnsweredOnce(t *testing.T) {
+	e := newEnv(t, func(s *Server) {
+		s.LeaseTTL = time.Second
+		s.Store = &lostAdmitStore{ServiceStore: s.Store}
+	})
+	ctx := context.Background()
+	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "lost-admit"}}
+	if _, err := e.a.Create(ctx, req, client.IdempotencyKey("k-lost")); errCode(err) != client.CodeUnavailable {
+		t.Fatalf("create whose admission's answer is lost: %v, want unavailable", err)
+	}
+	var sb client.Sandbox
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		sb, err = e.a.Create(ctx, req, client.IdempotencyKey("k-lost"))
+		var ce *client.Error
+		if err == nil || !errors.As(err, &ce) || (ce.Code != client.CodeConflict && ce.Code != client.CodeUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("retry: %+v, %v; want the admitted create, ready", sb, err)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: req.Labels})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != sb.ID {
+		t.Fatalf("sandboxes %+v, %v: want one, %s (the retry's answer)", l, err, sb.ID)
+	}
+}
