@@ -69,3 +69,10 @@ func TestBuildRealPython(t *testing.T) {
 		t.Fatalf("second build = %+v, %v: want a cache hit", out, err)
 	}
 }
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

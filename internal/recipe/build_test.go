@@ -166,10 +166,3 @@ func TestBuildCachesAndRecords(t *testing.T) {
 		t.Fatalf("templates = %q", names)
 	}
 }
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
