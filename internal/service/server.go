@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/manager"
 )
@@ -158,7 +159,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.log().Info("replica starts", "replica", s.ReplicaID, "lease_ttl", s.leaseTTL())
 	s.baseCtx = ctx
-	if err := s.settleVolumes(ctx); err != nil {
+	// Volumes left unsettled by a dead replica are settled before serving;
+	// if the database is away now, in the background: a replica must serve
+	// its 503s then, not exit (other replicas serve meanwhile anyway).
+	if err := s.settleVolumes(ctx); errdefs.Is(err, errdefs.CodeUnavailable) {
+		s.log().Warn("settle the volumes of dead replicas: database unavailable, retrying in the background", "err", err)
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.settleVolumesUntilDone(ctx)
+		}()
+	} else if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	// Interrupted operations (of this replica's previous life or of
@@ -201,4 +212,25 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		err = nil
 	}
 	return err
+}
+
+// settleVolumesUntilDone runs settleVolumes until it succeeds, retrying
+// while the database is unavailable.
+func (s *Server) settleVolumesUntilDone(ctx context.Context) {
+	for {
+		err := s.settleVolumes(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if !errdefs.Is(err, errdefs.CodeUnavailable) {
+			s.log().Error("settle the volumes of dead replicas", "err", err)
+			return
+		}
+		s.log().Warn("settle the volumes of dead replicas: database unavailable, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
