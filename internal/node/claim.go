@@ -175,6 +175,7 @@ admit:
 	if cerr == nil {
 		log.Info("sandbox ready", "container", cid, "total_ms", ready.Timings.TotalMS)
 		n.armExpiry(rec)
+		n.watchExit(ctx, rec)
 		return n.storedAnswer(op.ID)
 	}
 	if n.live() != nil {

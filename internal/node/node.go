@@ -94,6 +94,11 @@ type Config struct {
 	// agent (0: client.DefaultListBudget); ctld's MemoryMax is sized
 	// from it (docs/operations.md).
 	AgentListBytes int64
+	// ExitPoll is the exit watch's fallback look at every ready
+	// generation's lease (0: exitwatch.DefaultInterval; < 0: no watch, a
+	// guest's end is found by the next takeover); cgroup.events
+	// notifications wake it at once (exits.go).
+	ExitPoll time.Duration
 	// ExecTimeoutDefault is the timeout of an exec or session that names
 	// none (0: none); ExecIdle ends a non-TTY exec or session after that
 	// long with no output and no input (0: none). See agentcalls.go.
@@ -180,6 +185,7 @@ type Node struct {
 
 	mu     sync.Mutex
 	timers map[string]*time.Timer // container id → max-lifetime release
+	exits  exitWatch              // the ready generations' exit watch (exits.go)
 	closed bool
 	// unjournaled lists objects found and removed that no effect record
 	// named: the second line of defence worked, the first did not.

@@ -55,7 +55,8 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		return err
 	}
 	tList := time.Since(t0)
-	live := map[string]bool{} // container ids of generations that stay
+	live := map[string]bool{}    // container ids of generations that stay
+	var exited []journal.Sandbox // generations whose guest ended (exits.go)
 	for _, s := range ss {
 		log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 		switch s.State {
@@ -83,6 +84,10 @@ func (n *Node) Reconcile(ctx context.Context) error {
 				log.Info("completing a pause interrupted by failover")
 				_, err := n.teardown(ctx, settled, settled.ReleaseOp, journal.StateReleased, "paused")
 				errs = append(errs, err)
+				continue
+			}
+			if ex, ok := n.exitedUnwatched(ctx, s); ok {
+				exited = append(exited, ex) // released (on_exit) once reconciled
 				continue
 			}
 			missing := n.missing(ctx, s, alive)
@@ -121,6 +126,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			live[s.ContainerID] = true
 			errs = append(errs, n.net.RedoUpdate(ctx, s))
 			n.armExpiry(s)
+			n.watchExit(ctx, s)
+		case journal.StateExited:
+			exited = append(exited, s)
 		}
 	}
 	// Operations pending without a sandbox in flight (e.g. a claim refused
@@ -138,6 +146,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
 	n.net.StartCarriers() // after the sweep, so it never races a carrier being made
+	for _, s := range exited {
+		n.onExit(s) // an on_exit release a dead primary did not finish
+	}
 	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
 		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)

@@ -42,7 +42,7 @@ func (n *Node) Release(ctx context.Context, id string, req ReleaseRequest) (json
 			return errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, s.Generation)
 		}
 		switch s.State {
-		case journal.StateReady, journal.StateLost:
+		case journal.StateReady, journal.StateLost, journal.StateExited:
 		case journal.StateClaiming, journal.StateReleasing:
 			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s", id, s.Generation, s.State)
 		default:

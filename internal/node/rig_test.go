@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -88,6 +89,9 @@ type testKernel struct {
 	bootCPU, runtimePIDs int64
 	// readyTimeout is Config.ReadyTimeout (0: its default).
 	readyTimeout time.Duration
+	// exitPoll is Config.ExitPoll; 0 here: no exit watch, so a guest a
+	// test kills is found by the next takeover (exits_test.go sets it).
+	exitPoll time.Duration
 	// Block mode (nil: the node has none); blockMode makes every claim a
 	// block-mode one (its disk lease the template's device size).
 	block       BlockDevices
@@ -270,6 +274,7 @@ func (r *rig) boot() (returned bool, err error) {
 		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
 		Block:       r.k.blockConfig(),
 		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs, ReadyTimeout: r.k.readyTimeout,
+		ExitPoll: cmp.Or(r.k.exitPoll, -1),
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,

@@ -75,6 +75,7 @@ type Kernel struct {
 	mu          sync.Mutex
 	next        uint64
 	cgroups     map[string]bool    // lease id → exists
+	oomKills    map[string]int64   // lease id → memory.events oom_kill (exits.go)
 	cpuMax      map[string][]int64 // lease id → cpu.max in millis, each value it had
 	mounts      map[string]*mount
 	superblocks map[string]*superblock // dev → superblock, while alive
@@ -540,6 +541,7 @@ func (l *Leases) Stats(ctx context.Context, id string) (lease.Stats, error) {
 	if k.populatedLocked(id) {
 		st.Procs = 2 // sandbox and gofer
 	}
+	st.OOMKills = k.oomKills[id]
 	return st, nil
 }
 
