@@ -497,10 +497,12 @@ type OwnedSandbox struct {
 	// Deadline is the armed timeout (nil: none or already fired).
 	Deadline   *time.Time `json:"deadline,omitempty"`
 	TimerState string     `json:"timer_state,omitempty"`
+	// Exit is how its workload ended (nil: it did not, or not yet seen).
+	Exit *SandboxExit `json:"exit,omitempty"`
 }
 
 const ownedSelect = `SELECT o.id, o.owner, o.spec, o.labels, o.active, o.paused, o.reason, o.created_at, o.ended_at,
-	COALESCE(s.state, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, '')
+	COALESCE(s.state, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, ''), o.exit
 	FROM owned_sandboxes o
 	LEFT JOIN sandboxes s ON s.id = o.id
 	LEFT JOIN timers t ON t.sandbox_id = o.id AND t.kind = 'timeout'`
@@ -509,7 +511,8 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	var r OwnedSandbox
 	var spec, labels, created string
 	var ended, deadline sql.NullString
-	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.Generation, &deadline, &r.TimerState); err != nil {
+	var exit string
+	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.Generation, &deadline, &r.TimerState, &exit); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, notFound("sandbox not found")
 		}
@@ -525,6 +528,9 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	}
 	if r.EndedAt, err = parseNullTS(ended); err != nil {
 		return r, err
+	}
+	if r.Exit, err = exitOf(exit); err != nil {
+		return r, fmt.Errorf("sandbox %s: %w", r.ID, err)
 	}
 	if r.TimerState == "armed" || r.TimerState == "firing" {
 		r.Deadline, err = parseNullTS(deadline)

@@ -128,6 +128,8 @@ var migrations = []string{
 	fleetMigration,
 	// 12: operation leases of the service's replicas (oplease.go).
 	opLeaseMigration,
+	// 13: how a service sandbox's workload ended (service_exits.go).
+	exitMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
@@ -380,7 +382,7 @@ func notFound(format string, args ...any) error {
 // a claim or release in flight).
 func live(state api.SandboxState) bool {
 	switch state {
-	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost:
+	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost, api.StateExited:
 		return true
 	}
 	return false

@@ -39,7 +39,7 @@ func (n *Node) exitWatcher() *exitwatch.Watcher {
 			return
 		}
 		ctx, cancel := context.WithCancel(n.term.Context())
-		e.w, e.cancel = exitwatch.New(n.d.Leases, n.cfg.ExitPoll, n.log), cancel
+		e.w, e.cancel = exitwatch.New(n.cfg.ExitPoll, n.log), cancel
 		go e.w.Run(ctx)
 	})
 	return e.w
@@ -54,18 +54,36 @@ func (n *Node) stopExitWatch() {
 	}
 }
 
-// watchExit arms the exit watch of ready generation s.
+// watchExit arms the exit watch of ready generation s: woken by a change
+// of its lease's cgroup.events or of its agent's socket dir (the exit
+// report is renamed into it as the workload ends, before the runtime's
+// own teardown, which takes seconds under emulation).
 func (n *Node) watchExit(ctx context.Context, s journal.Sandbox) {
 	if s.LeaseID == "" || n.live() != nil {
 		return
 	}
 	id, gen, cid := s.ID, s.Generation, s.ContainerID
-	events := ""
+	paths := []string{n.guest.AgentSockDir(cid)}
 	if dir := n.d.Leases.Dir(s.LeaseID); dir != "" {
-		events = filepath.Join(dir, "cgroup.events")
+		paths = append(paths, filepath.Join(dir, "cgroup.events"))
 	}
 	if w := n.exitWatcher(); w != nil {
-		w.Watch(ctx, s.LeaseID, events, func() { n.guestGone(id, gen, cid) })
+		w.Watch(ctx, cid, paths, n.guestEnded(s), func() { n.guestGone(id, gen, cid) })
+	}
+}
+
+// guestEnded says whether the guest of generation s ended: its agent's
+// exit report is there (the workload ended; the guest's init is
+// exiting), or its lease has no process left (the kernel's word: it
+// died, by OOM kill or crash, or after its report).
+func (n *Node) guestEnded(s journal.Sandbox) exitwatch.Ended {
+	dir, leaseID := n.guest.AgentSockDir(s.ContainerID), s.LeaseID
+	return func(ctx context.Context) (bool, error) {
+		if _, found, _ := exitwatch.ReadReport(dir); found {
+			return true, nil
+		}
+		pop, err := n.d.Leases.Populated(ctx, leaseID)
+		return err == nil && !pop, err
 	}
 }
 
@@ -89,7 +107,7 @@ func (n *Node) exitedUnwatched(ctx context.Context, s journal.Sandbox) (journal.
 	if s.State != journal.StateReady || s.LeaseID == "" {
 		return s, false
 	}
-	if pop, err := n.d.Leases.Populated(ctx, s.LeaseID); err != nil || pop {
+	if ended, err := n.guestEnded(s)(ctx); err != nil || !ended {
 		return s, false
 	}
 	return n.recordExit(ctx, s.ID, s.Generation, s.ContainerID, true)

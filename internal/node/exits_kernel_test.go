@@ -36,7 +36,9 @@ func goNow(t *testing.T, r *rig, id string) time.Time {
 func TestKernelGuestExit(t *testing.T) {
 	ktest.Require(t)
 	k := realKernel(t)
-	k.exitPoll = time.Second // the fallback; cgroup.events wakes the watch
+	k.exitPoll = time.Second // the fallback; inotify wakes the watch
+	// Four small guests at once on the VM's two CPUs.
+	k.resources = &journal.Resources{CPUMillis: 250, MemoryBytes: 256 << 20, PIDs: 256, DiskBytes: 64 << 20}
 	r := newRig(t, k)
 	r.mustBoot()
 
@@ -68,7 +70,8 @@ func TestKernelGuestExit(t *testing.T) {
 	small.MemoryBytes = 160 << 20
 	k.resources = &small
 	req = claimReq("c-oom", 1)
-	req.Process.Args = []string{"/bin/sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; x=a; while :; do x=$x$x; done"}
+	// dd's 300 MiB buffer, filled by its read, outgrows memory.max.
+	req.Process.Args = []string{"/bin/sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; dd if=/dev/zero of=/dev/null bs=314572800 count=1; sleep 100"}
 	r.mustClaim("oom", req)
 	k.resources = &res
 	goNow(t, r, "oom")

@@ -102,14 +102,20 @@ func TestWatcherWakesOnNotification(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &probe{pop: map[string]bool{"a": true, "c": true}}
-	w := New(p, time.Hour, nil)
+	ended := func(id string) Ended {
+		return func(ctx context.Context) (bool, error) {
+			pop, err := p.Populated(ctx, id)
+			return !pop, err
+		}
+	}
+	w := New(time.Hour, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go w.Run(ctx)
 	fired := make(chan string, 4)
-	w.Watch(ctx, "a", ev, func() { fired <- "a" })
-	w.Watch(ctx, "b", "", func() { fired <- "b" }) // gone already
-	w.Watch(ctx, "c", "", func() { fired <- "c" })
+	w.Watch(ctx, "a", []string{ev}, ended("a"), func() { fired <- "a" })
+	w.Watch(ctx, "b", nil, ended("b"), func() { fired <- "b" }) // gone already
+	w.Watch(ctx, "c", nil, ended("c"), func() { fired <- "c" })
 	if got := <-fired; got != "b" {
 		t.Fatalf("fired %s first, want b (unpopulated when armed)", got)
 	}
@@ -138,5 +144,28 @@ func TestWatcherWakesOnNotification(t *testing.T) {
 	}
 	if left := w.Watched(); len(left) != 0 {
 		t.Errorf("still watched: %v", left)
+	}
+	// A file renamed into a watched directory (the agent's report) wakes
+	// the watch too.
+	dir = t.TempDir()
+	reported := false
+	w.Watch(ctx, "d", []string{dir}, func(context.Context) (bool, error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return reported, nil
+	}, func() { fired <- "d" })
+	p.mu.Lock()
+	reported = true
+	p.mu.Unlock()
+	tmp := filepath.Join(dir, ".exit.tmp")
+	os.WriteFile(tmp, []byte("{}"), 0o600)
+	os.Rename(tmp, filepath.Join(dir, wire.ExitReportName))
+	select {
+	case got := <-fired:
+		if got != "d" {
+			t.Fatalf("fired %s, want d", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake on a file renamed into the watched dir")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,44 +14,45 @@ import (
 	"github.com/ctld/ctld/internal/logging"
 )
 
-// Probe says whether a lease still has processes (lease.Manager's
-// Populated: the whole subtree, from cgroup.events).
-type Probe interface {
-	Populated(ctx context.Context, id string) (bool, error)
-}
+// Ended says whether a watched generation's guest ended (or said it
+// did); the node's: its agent's exit report is there, or its lease has no
+// process left.
+type Ended func(ctx context.Context) (bool, error)
 
-// DefaultInterval is the watch's fallback: every watched lease is looked
-// at this often even without a cgroup.events notification.
+// DefaultInterval is the watch's fallback: every watched generation is
+// looked at this often even without a notification.
 const DefaultInterval = time.Second
 
-// Watcher calls a lease's gone function once, the moment its cgroup is no
-// longer populated. The kernel notifies a change of cgroup.events as a
-// modification (inotify IN_MODIFY), so the watch wakes at once; a look at
-// every lease each Interval covers a notification missed (a lease whose
-// file could not be watched, a fake kernel).
+// Watcher calls a generation's gone function once, the moment its Ended
+// says so. Each watch names the files whose change may mean the end: the
+// lease's cgroup.events (the kernel notifies a change of it as a
+// modification, inotify IN_MODIFY) and the agent's socket directory (the
+// exit report is renamed into it); a change of one wakes the watch at
+// once. A look at every watch each Interval covers a notification missed
+// (a path that could not be watched, a fake kernel).
 type Watcher struct {
-	probe    Probe
 	interval time.Duration
 	log      *slog.Logger
 
 	mu     sync.Mutex
-	leases map[string]*watch // lease id → its watch
-	wds    map[int32]string  // inotify watch → lease id
+	leases map[string]*watch // watch id → its watch
+	wds    map[int32]string  // inotify watch → watch id
 	fd     int               // inotify; -1 when unavailable
 	closed bool
 }
 
 type watch struct {
-	wd   int32 // -1: no inotify watch
-	gone func()
+	wds   []int32
+	ended Ended
+	gone  func()
 }
 
 // New makes a watcher; Run serves it until its context ends.
-func New(probe Probe, interval time.Duration, log *slog.Logger) *Watcher {
+func New(interval time.Duration, log *slog.Logger) *Watcher {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	w := &Watcher{probe: probe, interval: interval, log: logging.OrDiscard(log),
+	w := &Watcher{interval: interval, log: logging.OrDiscard(log),
 		leases: map[string]*watch{}, wds: map[int32]string{}, fd: -1}
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
@@ -61,26 +63,30 @@ func New(probe Probe, interval time.Duration, log *slog.Logger) *Watcher {
 	return w
 }
 
-// Watch arms lease id: gone runs once (in a goroutine of its own) when
-// the lease has no process left, which may be at once. eventsPath is the
-// lease's cgroup.events. Arming a watched lease again replaces its gone.
-func (w *Watcher) Watch(ctx context.Context, id, eventsPath string, gone func()) {
-	wt := &watch{wd: -1, gone: gone}
+// Watch arms id: gone runs once (in a goroutine of its own) when ended
+// says so, which may be at once. paths are the files and directories
+// whose change may mean the end (watched for modification, and for files
+// created or renamed into a directory). Arming a watched id again
+// replaces it.
+func (w *Watcher) Watch(ctx context.Context, id string, paths []string, ended Ended, gone func()) {
+	wt := &watch{ended: ended, gone: gone}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		return
 	}
-	if old, ok := w.leases[id]; ok {
-		wt.wd = old.wd
-	} else if w.fd >= 0 && eventsPath != "" {
-		wd, err := unix.InotifyAddWatch(w.fd, eventsPath, unix.IN_MODIFY)
-		if err != nil {
-			w.log.Debug("no inotify watch on cgroup.events; looked at every interval", "lease", id, "path", eventsPath, "err", err)
-		} else {
-			wt.wd = int32(wd)
-			w.wds[wt.wd] = id
+	w.dropLocked(id)
+	for _, p := range paths {
+		if w.fd < 0 || p == "" {
+			continue
 		}
+		wd, err := unix.InotifyAddWatch(w.fd, p, unix.IN_MODIFY|unix.IN_MOVED_TO|unix.IN_CREATE)
+		if err != nil {
+			w.log.Debug("no inotify watch; looked at every interval", "watch", id, "path", p, "err", err)
+			continue
+		}
+		wt.wds = append(wt.wds, int32(wd))
+		w.wds[int32(wd)] = id
 	}
 	w.leases[id] = wt
 	w.mu.Unlock()
@@ -102,14 +108,14 @@ func (w *Watcher) dropLocked(id string) *watch {
 		return nil
 	}
 	delete(w.leases, id)
-	if wt.wd >= 0 {
-		delete(w.wds, wt.wd)
-		unix.InotifyRmWatch(w.fd, uint32(wt.wd)) // the cgroup may be gone: EINVAL
+	for _, wd := range wt.wds {
+		delete(w.wds, wd)
+		unix.InotifyRmWatch(w.fd, uint32(wd)) // the path may be gone: EINVAL
 	}
 	return wt
 }
 
-// Watched lists the armed leases.
+// Watched lists the armed watches.
 func (w *Watcher) Watched() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -120,23 +126,29 @@ func (w *Watcher) Watched() []string {
 	return out
 }
 
-// check fires lease id's gone if the lease has no process left.
+// check fires id's gone if its ended says so.
 func (w *Watcher) check(ctx context.Context, id string) {
-	pop, err := w.probe.Populated(ctx, id)
+	w.mu.Lock()
+	wt, ok := w.leases[id]
+	w.mu.Unlock()
+	if !ok {
+		return
+	}
+	ended, err := wt.ended(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			w.log.Warn("exit watch: read lease", "lease", id, "err", err)
+			w.log.Warn("exit watch: look at the guest", "watch", id, "err", err)
 		}
 		return
 	}
-	if pop {
+	if !ended {
 		return
 	}
 	w.mu.Lock()
-	wt := w.dropLocked(id)
+	cur := w.dropLocked(id)
 	w.mu.Unlock()
-	if wt != nil {
-		go wt.gone()
+	if cur != nil {
+		go cur.gone()
 	}
 }
 
@@ -191,7 +203,7 @@ func (w *Watcher) wait(buf []byte, d time.Duration) []string {
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			// struct inotify_event: wd, mask, cookie, len, then name.
 			wd := int32(binary.NativeEndian.Uint32(buf[off:]))
-			if id, ok := w.wds[wd]; ok {
+			if id, ok := w.wds[wd]; ok && !slices.Contains(out, id) {
 				out = append(out, id)
 			}
 			off += unix.SizeofInotifyEvent + int(binary.NativeEndian.Uint32(buf[off+12:]))
