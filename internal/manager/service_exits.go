@@ -14,6 +14,12 @@ import (
 // (the node's exit status, JSON; '' while it runs), issue 23's on_exit.
 const exitMigration = `ALTER TABLE owned_sandboxes ADD COLUMN exit TEXT NOT NULL DEFAULT '';`
 
+// ExitStore is the service store's part for on_exit.
+type ExitStore interface {
+	ExitCandidates(ctx context.Context, limit int) ([]OwnedSandbox, error)
+	RecordExit(ctx context.Context, id string, gen uint64, e SandboxExit) (first bool, err error)
+}
+
 // SandboxExit is how a sandbox's workload ended, as its node journaled it.
 type SandboxExit struct {
 	Kind string    `json:"kind"`

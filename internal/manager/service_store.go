@@ -134,6 +134,7 @@ type ServiceStore interface {
 	Timer(ctx context.Context, id string) (Timer, error)
 
 	LeaseStore
+	ExitStore
 }
 
 var _ ServiceStore = (*Store)(nil)

@@ -30,6 +30,8 @@ type record struct {
 	Fork *forkOf `json:"fork,omitempty"`
 	// IdleSec is the create's idle_timeout_sec (a fork inherits it).
 	IdleSec int64 `json:"idle_sec,omitempty"`
+	// OnExit is the create's on_exit (exits.go).
+	OnExit string `json:"on_exit,omitempty"`
 }
 
 var (
@@ -192,7 +194,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if err != nil {
 		return err
 	}
-	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec})
+	if req.OnExit != "" && req.OnExit != client.OnExitKeep && req.OnExit != client.OnExitDestroy {
+		return invalidf("on_exit must be %q or %q", client.OnExitKeep, client.OnExitDestroy)
+	}
+	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec, OnExit: req.OnExit})
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)
 	}
@@ -325,7 +330,7 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 		ID: o.ID, Generation: o.Generation, Template: rec.Spec.RootFS.Template, Labels: o.Labels, CreatedAt: o.CreatedAt,
 		Resources: client.SandboxResources{CPUMillis: rec.Spec.Resources.CPUMillis, MemoryBytes: rec.Spec.Resources.MemoryBytes,
 			DiskBytes: rec.Spec.Resources.DiskBytes, PIDs: rec.Spec.Resources.PIDs},
-		EndsAt: o.Deadline, Reason: o.Reason,
+		EndsAt: o.Deadline, Reason: o.Reason, Exit: viewExit(o.Exit),
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
@@ -346,6 +351,8 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 		sb.State = client.StateCreating
 	case st == api.StateReady:
 		sb.State = client.StateReady
+	case st == api.StateExited:
+		sb.State = client.StateExited
 	default:
 		sb.State = client.StateReleasing
 	}
@@ -377,7 +384,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, owner string) erro
 		limit = n
 	}
 	state := q.Get("state")
-	if state != "" && !slices.Contains([]string{client.StateCreating, client.StateReady, client.StatePaused, client.StateReleasing, client.StateDestroyed, client.StateFailed}, state) {
+	if state != "" && !slices.Contains([]string{client.StateCreating, client.StateReady, client.StatePaused, client.StateReleasing, client.StateDestroyed, client.StateFailed, client.StateExited}, state) {
 		return invalidf("unknown state %s", errdefs.Quote(state))
 	}
 	want := map[string]string{}

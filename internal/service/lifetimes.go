@@ -28,6 +28,7 @@ func (s *Server) runTimers(ctx context.Context) {
 	for {
 		s.fireDue(ctx)
 		s.fireIdleDue(ctx)
+		s.watchExits(ctx)
 		if now := s.now(); now.Sub(pruned) >= time.Minute {
 			pruned = now
 			if n, err := s.Store.PruneIdempotent(ctx, now.Add(-orDefault(s.IdempotencyTTL, DefaultIdempotencyTTL))); err != nil && ctx.Err() == nil {

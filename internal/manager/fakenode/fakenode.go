@@ -339,7 +339,7 @@ func (n *Node) release(id string, req api.ReleaseRequest) (api.ReleaseResponse, 
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
 	case req.Generation != 0 && sb.Generation != req.Generation: // 0: the current one
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, sb.Generation)
-	case sb.State != api.StateReady:
+	case sb.State != api.StateReady && sb.State != api.StateExited:
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
 	}
 	sb.State = api.StateReleased
