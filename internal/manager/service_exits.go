@@ -11,7 +11,7 @@ import (
 )
 
 // exitMigration: the service's record of how a sandbox's workload ended
-// (the node's exit status, JSON; '' while it runs), issue 23's on_exit.
+// (the node's exit status, JSON; ” while it runs), issue 23's on_exit.
 const exitMigration = `ALTER TABLE owned_sandboxes ADD COLUMN exit TEXT NOT NULL DEFAULT '';`
 
 // ExitStore is the service store's part for on_exit.
@@ -72,7 +72,7 @@ func (s *Store) RecordExit(ctx context.Context, id string, gen uint64, e Sandbox
 	return first, err
 }
 
-// exitOf decodes an owned sandbox's exit column ('': none).
+// exitOf decodes an owned sandbox's exit column (”: none).
 func exitOf(raw string) (*SandboxExit, error) {
 	if raw == "" {
 		return nil, nil
