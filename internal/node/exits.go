@@ -91,6 +91,9 @@ func (n *Node) guestEnded(s journal.Sandbox) exitwatch.Ended {
 // has no process left, if it is still ready (a release or pause ends its
 // guest after leaving ready: that is no exit), then acts on its on_exit.
 func (n *Node) guestGone(id string, gen uint64, cid string) {
+	if n.live() != nil {
+		return // the next primary's reconcile journals it
+	}
 	ctx, cancel := n.background(time.Minute)
 	defer cancel()
 	if s, ok := n.recordExit(ctx, id, gen, cid, false); ok {
