@@ -117,6 +117,8 @@ type Spec struct {
 	// User, if set, is the main process's user, root included: it wins
 	// over Process's ids and the template image's user (templates.go).
 	User *api.User `json:"user,omitempty"`
+	// OnExit is the claim's on_exit (api.OnExitKeep, api.OnExitRelease).
+	OnExit string `json:"on_exit,omitempty"`
 }
 
 func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
@@ -129,6 +131,7 @@ func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
 		Process:        s.Process,
 		MaxLifetimeSec: s.MaxLifetimeSec,
 		Volumes:        s.Volumes,
+		OnExit:         s.OnExit,
 	}
 }
 
