@@ -23,6 +23,7 @@ import (
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -90,18 +91,18 @@ type testKernel struct {
 	readyTimeout time.Duration
 	// Block mode (nil: the node has none); blockMode makes every claim a
 	// block-mode one (its disk lease the template's device size).
-	block       BlockDevices
-	blockMounts BlockMounts
-	templates   BlockTemplates
+	block       writers.Devices
+	blockMounts writers.Mounts
+	templates   writers.Templates
 	// volumes, sealer and freezer make block roots durable (nil: none).
-	volumes BlockVolumes
-	sealer  BlockSealer
-	freezer BlockFreezer
+	volumes writers.Volumes
+	sealer  writers.Sealer
+	freezer writers.Freezer
 	// pvolumes, volumeMounts and volumeFreezer attach persistent volumes
 	// (nil: none).
-	pvolumes      BlockVolumes
-	volumeMounts  BlockMounts
-	volumeFreezer BlockFreezer
+	pvolumes      writers.Volumes
+	volumeMounts  writers.Mounts
+	volumeFreezer writers.Freezer
 	writersDir    string
 	blockMode     bool
 	// volume, when set, is a persistent volume every claim that names

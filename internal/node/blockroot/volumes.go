@@ -113,7 +113,7 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 	if err := n.needVolumes("pause"); err != nil {
 		return nil, err
 	}
-	op := journal.Operation{
+	o := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpPause, SandboxID: id, Generation: req.Generation,
 		RequestHash: req.RequestHash, State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
@@ -124,7 +124,7 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 	defer end()
 	unlock := n.d.Locks.Lock(id)
 	var rec journal.Sandbox
-	op, started, err := n.d.Ops.Begin(ctx, op, func(tx *journal.Tx) error {
+	got, started, err := n.d.Ops.Begin(ctx, o, func(tx *journal.Tx) error {
 		s, ok, err := tx.Sandbox(id)
 		if err != nil {
 			return err
@@ -147,24 +147,24 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 		if err != nil {
 			return nil, err
 		}
-		return opOutcome(op)
+		return op.Outcome(got)
 	}
-	defer n.d.Ops.End(op.ID)
+	defer n.d.Ops.End(o.ID)
 	head, res, err := n.sealAndPublish(ctx, &rec)
 	if err != nil {
 		unlock()
-		n.abandonSeal(rec, op.ID, err)
+		n.abandonSeal(rec, o.ID, err)
 		return nil, err
 	}
-	err = n.publishedSeal(rec, op.ID, head, res)
+	err = n.publishedSeal(rec, o.ID, head, res)
 	unlock()
 	if err != nil {
 		// The head moved; the takeover's reconcile finds it and completes
 		// the pause (settleSeal).
-		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", o.ID, err)
 	}
-	rec.State, rec.ReleaseOp = journal.StateReleasing, op.ID
-	return n.finishPause(rec, op.ID)
+	rec.State, rec.ReleaseOp = journal.StateReleasing, o.ID
+	return n.finishPause(rec, o.ID)
 }
 
 // sealAndPublish seals rec's device and publishes it as the volume's head
@@ -477,36 +477,5 @@ func (n *Root) restore(ctx context.Context, id, snapshot string) (VolumeInfo, er
 	return n.Volume(ctx, id)
 }
 
-// opOutcome is a finished operation's stored answer or error.
-func opOutcome(o journal.Operation) (json.RawMessage, error) { return op.Outcome(o) }
-
-// storedAnswer is the answer journaled with the finished operation id: a
-// repeat of the operation gets exactly these bytes.
-func (n *Root) storedAnswer(id string) (json.RawMessage, error) {
-	var o journal.Operation
-	var ok bool
-	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		o, ok, err = tx.Operation(id)
-		return err
-	}); err != nil || !ok || o.State != journal.OpDone {
-		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, o.State, err)
-	}
-	return opOutcome(o)
-}
-
-// sandbox is sandbox id's record (not_found: the journal never saw it).
-func (n *Root) sandbox(id string) (journal.Sandbox, error) {
-	var s journal.Sandbox
-	var ok bool
-	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		s, ok, err = tx.Sandbox(id)
-		return err
-	})
-	if err != nil {
-		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
-	}
-	if !ok {
-		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-	}
-	return s, nil
-}
+func (n *Root) storedAnswer(id string) (json.RawMessage, error) { return op.Stored(n.d.Journal, id) }
+func (n *Root) sandbox(id string) (journal.Sandbox, error)      { return op.Sandbox(n.d.Journal, id) }

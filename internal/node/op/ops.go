@@ -128,3 +128,34 @@ func TxErr(what string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
+
+// Stored is the answer journaled with the finished operation id: a repeat
+// of the operation gets exactly these bytes.
+func Stored(j *journal.Journal, id string) (json.RawMessage, error) {
+	var o journal.Operation
+	var ok bool
+	if err := j.View(func(tx *journal.Tx) (err error) {
+		o, ok, err = tx.Operation(id)
+		return err
+	}); err != nil || !ok || o.State != journal.OpDone {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, o.State, err)
+	}
+	return Outcome(o)
+}
+
+// Sandbox is sandbox id's record (not_found: the journal never saw it).
+func Sandbox(j *journal.Journal, id string) (journal.Sandbox, error) {
+	var s journal.Sandbox
+	var ok bool
+	err := j.View(func(tx *journal.Tx) (err error) {
+		s, ok, err = tx.Sandbox(id)
+		return err
+	})
+	if err != nil {
+		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+	}
+	if !ok {
+		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	return s, nil
+}
