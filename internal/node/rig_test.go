@@ -599,18 +599,22 @@ func isSweepPoint(k *testKernel, p string) bool {
 	if !ok {
 		return false
 	}
-	n := &Node{}
+	var d Deps
+	var cfg Config
 	if k != nil {
-		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool, Block: k.block, BlockMounts: k.blockMounts,
+		d = Deps{Leases: k.leases, RootFS: k.rootfs, Runtime: k.runtime, Netns: k.netns,
+			Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool,
+			Block: k.block, BlockMounts: k.blockMounts, Templates: k.templates,
 			Sealer: k.sealer, PVolumes: k.pvolumes, VolumeMounts: k.volumeMounts, VolumeFreezer: k.volumeFreezer}
-		n.cfg.Block.WritersDir = k.writersDir
+		cfg.Block.WritersDir = k.writersDir
 	} else {
-		n.d = Deps{Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil),
-			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil),
+		d = Deps{Leases: (*fakekernel.Leases)(nil), RootFS: (*fakekernel.RootFS)(nil), Runtime: (*fakekernel.Runtime)(nil), Netns: (*fakekernel.Netns)(nil),
+			Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil), Pool: testPool,
+			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil), Templates: (*fakekernel.Templates)(nil),
 			Sealer: (*fakekernel.Sealer)(nil), PVolumes: (*fakekernel.PVolumes)(nil), VolumeMounts: (*fakekernel.VolumeMounts)(nil), VolumeFreezer: (*fakekernel.VolumeMounts)(nil)}
-		n.cfg.Block.WritersDir = "writers"
+		cfg.Block.WritersDir = "writers"
 	}
-	n.table = newTable(n)
+	n := New(cfg, d)
 	r := n.table.Kind(journal.Kind(kind))
 	return r != nil && r.Spec().Sweeps
 }

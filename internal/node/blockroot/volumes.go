@@ -32,9 +32,7 @@ import (
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // hasVolumes reports whether this node can seal and publish block roots.
-func (n *Root) hasVolumes() bool {
-	return n.Has() && n.d.Volumes != nil && n.d.Sealer != nil && n.d.Freezer != nil
-}
+func (n *Root) hasVolumes() bool { return n.durable }
 
 func (n *Root) needVolumes(call string) error {
 	if !n.hasVolumes() {
@@ -258,7 +256,14 @@ func (n *Root) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, e
 // from), the pause completes (the generation is released under it);
 // otherwise it is abandoned and the generation keeps running.
 func (n *Root) Settle(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
-	if s.Seal == nil || s.Seal.State != journal.SealSealing || s.Block == nil || n.d.Volumes == nil {
+	if s.Seal == nil || s.Seal.State != journal.SealSealing || !n.durable {
+		return s, false
+	}
+	// The last primary may have died with the root frozen.
+	if err := n.d.Freezer.Thaw(ctx, s.ContainerID); err != nil {
+		n.d.Log.Warn("thaw the root of an interrupted seal", "sandbox", s.ID, "generation", s.Generation, "err", err)
+	}
+	if s.Block == nil {
 		return s, false
 	}
 	opID := s.Seal.OperationID
