@@ -123,15 +123,9 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 	unlock := n.d.Locks.Lock(id)
 	var rec journal.Sandbox
 	got, started, err := n.d.Ops.Begin(ctx, o, func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(id)
+		s, err := op.Current(tx, id, req.Generation, "pause")
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-		}
-		if req.Generation != 0 && req.Generation != s.Generation {
-			return errdefs.Errorf(errdefs.CodeFenced, "pause of generation %d refused: current generation is %d", req.Generation, s.Generation)
 		}
 		if err := sealable(s, "pause"); err != nil {
 			return err

@@ -159,3 +159,20 @@ func Sandbox(j *journal.Journal, id string) (journal.Sandbox, error) {
 	}
 	return s, nil
 }
+
+// Current is sandbox id's record in tx for a call (what: "release") on
+// its generation gen (0: whichever is current): not_found when the
+// journal never saw it, fenced when gen is not its current generation.
+func Current(tx *journal.Tx, id string, gen uint64, what string) (journal.Sandbox, error) {
+	s, ok, err := tx.Sandbox(id)
+	if err != nil {
+		return s, err
+	}
+	if !ok {
+		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	if gen != 0 && gen != s.Generation {
+		return s, errdefs.Errorf(errdefs.CodeFenced, "%s of generation %d refused: current generation is %d", what, gen, s.Generation)
+	}
+	return s, nil
+}
