@@ -385,21 +385,7 @@ func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
 	return out
 }
 
-func (n *Node) sandbox(id string) (journal.Sandbox, error) {
-	var s journal.Sandbox
-	var ok bool
-	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		s, ok, err = tx.Sandbox(id)
-		return err
-	})
-	if err != nil {
-		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
-	}
-	if !ok {
-		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-	}
-	return s, nil
-}
+func (n *Node) sandbox(id string) (journal.Sandbox, error) { return op.Sandbox(n.d.Journal, id) }
 
 // Proof is the signed cleanup proof stored under operation opID.
 func (n *Node) Proof(ctx context.Context, opID string) (proof.Proof, error) {

@@ -74,12 +74,6 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			_, err := n.teardown(ctx, s, s.ReleaseOp, journal.StateReleased, reason)
 			errs = append(errs, err)
 		case journal.StateReady, journal.StateLost:
-			if s.Seal != nil && s.Seal.State == journal.SealSealing && n.d.Freezer != nil {
-				// The last primary may have died with the root frozen.
-				if err := n.d.Freezer.Thaw(ctx, s.ContainerID); err != nil {
-					log.Warn("thaw the root of an interrupted seal", "err", err)
-				}
-			}
 			if settled, release := n.settleSeal(ctx, s); release {
 				log.Info("completing a pause interrupted by failover")
 				_, err := n.teardown(ctx, settled, settled.ReleaseOp, journal.StateReleased, "paused")

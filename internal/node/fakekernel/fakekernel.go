@@ -473,11 +473,7 @@ func (l *Leases) Remove(ctx context.Context, id string) error {
 	}
 	// cgroup.kill first, as the real one: even a lease that then refuses
 	// rmdir has no process left.
-	for _, c := range k.containers {
-		if c.cgroup == id {
-			k.stopLocked(c)
-		}
-	}
+	k.killLeaseLocked(id)
 	if err := k.refused(journal.KindCgroup, id); err != nil {
 		return fmt.Errorf("remove lease %s: %w", id, err)
 	}
@@ -498,13 +494,18 @@ func (l *Leases) Kill(ctx context.Context, id string) error {
 	if !k.cgroups[id] {
 		return nil
 	}
+	k.killLeaseLocked(id)
+	k.call("lease kill %s", id)
+	return nil
+}
+
+// killLeaseLocked stops every guest in lease id (cgroup.kill).
+func (k *Kernel) killLeaseLocked(id string) {
 	for _, c := range k.containers {
 		if c.cgroup == id {
 			k.stopLocked(c)
 		}
 	}
-	k.call("lease kill %s", id)
-	return nil
 }
 
 // Populated reports whether the lease exists and has processes.
