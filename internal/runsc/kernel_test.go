@@ -67,6 +67,18 @@ func newLease(t testing.TB, name string) string {
 	return "/" + name
 }
 
+// runscVersion is the build on PATH (`make RUNSC=current|debian`), which
+// the runtime records per container as ctld's wiring does.
+func runscVersion(t testing.TB) string {
+	t.Helper()
+	v, err := Version(context.Background(), "runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("runsc %s", v)
+	return v
+}
+
 type kernelEnv struct {
 	r          *Runtime
 	rootfs     string
@@ -85,7 +97,7 @@ func setupKernel(t testing.TB, name string) kernelEnv {
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{runscRoot}})
 
 	e := kernelEnv{
-		r:      &Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")},
+		r:      &Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs"), Version: runscVersion(t)},
 		rootfs: filepath.Join(tmp, "rootfs"),
 		bundle: filepath.Join(tmp, "bundle"),
 	}
