@@ -45,7 +45,10 @@ import (
 // each): Debian's 20221219 and the pinned current build of
 // test/vm/setup.sh. Add a build only after reading its Destroy and running
 // internal/runsc's release kernel tests on it.
-var StateFormats = []string{"0.0~20221219.0", CurrentVersion}
+var StateFormats = []string{DebianVersion, CurrentVersion}
+
+// DebianVersion is Version of Debian 12's runsc (release 20221219).
+const DebianVersion = "0.0~20221219.0"
 
 // CurrentVersion is Version of the current gVisor build test/vm/setup.sh
 // installs (its `runsc --version` says VERSION_MISSING: go install links no

@@ -83,7 +83,7 @@ func TestKernelDeleteAfterLeaseKill(t *testing.T) {
 	}
 	files, err := stateFiles(r.Root, id)
 	want := []string{stateName(id, "lock"), stateName(id, "state")}
-	if r.Version != StateFormats[0] {
+	if r.Version != DebianVersion {
 		// A current build's control socket file.
 		want = append(want, controlSocketName(id))
 	}

@@ -197,6 +197,12 @@ func (r *Runtime) GlobalArgs(id string) []string {
 	// build's default (root:self) would also refuse --file-access=shared.
 	// 20221219's default is none already.
 	args = append(args, "--network="+network, "--overlay2=none", "--log="+r.logFile(id))
+	if r.Version != "" && r.Version != DebianVersion {
+		// Builds after 20221219 give their gofers one shared empty netns,
+		// bind-mounted at <root>/null-netns and never unmounted; "new" gives
+		// each gofer its own, gone with it. 20221219 has no such flag.
+		args = append(args, "--gofer-network-namespace=new")
+	}
 	if id != "" {
 		// runsc 20221219 expands no %ID% in it: the path names the
 		// container. Only the commands that start a sandbox or gofer

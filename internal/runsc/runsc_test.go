@@ -84,6 +84,14 @@ func TestGlobalArgs(t *testing.T) {
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("all set: %q, want %q", got, want)
 	}
+	r.Version = CurrentVersion
+	if got := r.GlobalArgs("c1"); !slices.Contains(got, "--gofer-network-namespace=new") {
+		t.Errorf("current build: %q, want its gofers in netns of their own", got)
+	}
+	r.Version = DebianVersion
+	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
+		t.Errorf("Debian's build: %q, want %q (it has no --gofer-network-namespace)", got, want)
+	}
 	if got := r.GlobalArgs(""); got[4] != "--log=/l/runsc.log" || slices.Contains(got, "--debug") || strings.Contains(strings.Join(got, " "), "--panic-log") {
 		t.Errorf("no container: %q", got)
 	}
