@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 }
 
 func helperCreateStart() int {
-	r := &Runtime{Root: os.Getenv("HELPER_ROOT"), LogDir: os.Getenv("HELPER_LOGDIR")}
+	r := &Runtime{Root: os.Getenv("HELPER_ROOT"), LogDir: os.Getenv("HELPER_LOGDIR"), Version: os.Getenv("HELPER_VERSION")}
 	id, bundle := os.Getenv("HELPER_ID"), os.Getenv("HELPER_BUNDLE")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -262,7 +262,7 @@ func TestRunscGuestOutlivesCreator(t *testing.T) {
 
 	cmd := exec.CommandContext(ctx, os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"=create-start",
-		"HELPER_ROOT="+e.r.Root, "HELPER_LOGDIR="+e.r.LogDir, "HELPER_ID="+id, "HELPER_BUNDLE="+e.bundle)
+		"HELPER_ROOT="+e.r.Root, "HELPER_VERSION="+e.r.Version, "HELPER_LOGDIR="+e.r.LogDir, "HELPER_ID="+id, "HELPER_BUNDLE="+e.bundle)
 	// If the sandbox inherited the helper's stdout pipe, Output would wait
 	// for the guest to die; WaitDelay turns that into an error.
 	cmd.WaitDelay = 10 * time.Second

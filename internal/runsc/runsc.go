@@ -197,12 +197,7 @@ func (r *Runtime) GlobalArgs(id string) []string {
 	// build's default (root:self) would also refuse --file-access=shared.
 	// 20221219's default is none already.
 	args = append(args, "--network="+network, "--overlay2=none", "--log="+r.logFile(id))
-	if r.Version != "" && r.Version != DebianVersion {
-		// Builds after 20221219 give their gofers one shared empty netns,
-		// bind-mounted at <root>/null-netns and never unmounted; "new" gives
-		// each gofer its own, gone with it. 20221219 has no such flag.
-		args = append(args, "--gofer-network-namespace=new")
-	}
+	args = append(args, BuildFlags(r.Version)...)
 	if id != "" {
 		// runsc 20221219 expands no %ID% in it: the path names the
 		// container. Only the commands that start a sandbox or gofer
@@ -222,6 +217,18 @@ func (r *Runtime) GlobalArgs(id string) []string {
 		args = append(args, "--debug", "--debug-log="+filepath.Join(r.ContainerLogDir(id), "debug")+"/")
 	}
 	return args
+}
+
+// BuildFlags are the global flags a runsc build needs beside the ones
+// every build takes (version as Version reports it; "" for unknown).
+func BuildFlags(version string) []string {
+	if version == "" || version == DebianVersion {
+		return nil
+	}
+	// Builds after 20221219 give their gofers one shared empty netns,
+	// bind-mounted at <root>/null-netns and never unmounted; "new" gives
+	// each gofer its own, gone with it. 20221219 has no such flag.
+	return []string{"--gofer-network-namespace=new"}
 }
 
 // MinimalEnv is runsc's environment unless Runtime.Env says otherwise:
