@@ -99,12 +99,16 @@ func BenchmarkRunscBuilds(b *testing.B) {
 			names[k], pct(res[k]["total"], 50)/pct(res[k]["runsc"], 50), pct(res[k]["proof"], 50)/pct(res[k]["runsc"], 50), n, blocks)
 	}
 	// The second env's leak check runs first and would count the first
-	// env's live ctld and cgroup parent as its leaks: end the first now.
+	// env's live ctld, cgroup parent and nft table as its leaks: end the
+	// first now.
 	envs[0].releaseAll()
 	for slot := range envs[0].procs {
 		envs[0].stop(slot)
 	}
 	if err := os.Remove(filepath.Join(ktest.CgroupRoot, envs[0].parent)); err != nil && !os.IsNotExist(err) {
 		b.Errorf("remove cgroup parent: %v", err)
+	}
+	if err := ktest.DeleteNftTable(envs[0].nftTable); err != nil {
+		b.Errorf("delete nft table: %v", err)
 	}
 }
