@@ -8,7 +8,16 @@ RUN ?=
 BENCH ?= .
 VM_MEM ?= 4096
 BENCH_TIMEOUT ?= 30m
-VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR"
+# RUNSC: the runsc the VM's tests and ctld use: debian (Debian's 20221219,
+# ptrace) or current (the pinned gVisor build test/vm/setup.sh installs, put
+# first on the guest's PATH; its default platform is systrap). The systemd
+# VM's units and the demo keep the runsc on the host's PATH.
+RUNSC ?= debian
+ifeq ($(filter debian current,$(RUNSC)),)
+$(error RUNSC must be debian or current, got "$(RUNSC)")
+endif
+RUNSC_ENV = $(if $(filter current,$(RUNSC)),-env "PATH=$$(test/vm/setup.sh --runsc-dir):/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin")
+VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR" $(RUNSC_ENV)
 PREFIX ?= /usr/local
 
 .PHONY: all build agent test test-unit test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo bench bench-nbd churn bench-systemd install deb clean
@@ -150,7 +159,7 @@ demo:
 	fi
 
 bench:
-	$(VMRUN) -timeout 45m -job-timeout $(BENCH_TIMEOUT) -mem $(VM_MEM) $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) $(if $(CTLD_BENCH_CLAIMS),-env CTLD_BENCH_CLAIMS=$(CTLD_BENCH_CLAIMS)) $(if $(CTLD_BENCH_FAILOVERS),-env CTLD_BENCH_FAILOVERS=$(CTLD_BENCH_FAILOVERS)) $(if $(CTLD_BENCH_APPLIES),-env CTLD_BENCH_APPLIES=$(CTLD_BENCH_APPLIES)) $(if $(CTLD_BENCH_FILE_BYTES),-env CTLD_BENCH_FILE_BYTES=$(CTLD_BENCH_FILE_BYTES)) -bench '$(BENCH)' $(VM_PKGS)
+	$(VMRUN) -timeout 45m -job-timeout $(BENCH_TIMEOUT) -mem $(VM_MEM) -env "CTLD_RUNSC_CURRENT=$$(test/vm/setup.sh --runsc-dir)/runsc" $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) $(if $(CTLD_BENCH_CLAIMS),-env CTLD_BENCH_CLAIMS=$(CTLD_BENCH_CLAIMS)) $(if $(CTLD_BENCH_FAILOVERS),-env CTLD_BENCH_FAILOVERS=$(CTLD_BENCH_FAILOVERS)) $(if $(CTLD_BENCH_APPLIES),-env CTLD_BENCH_APPLIES=$(CTLD_BENCH_APPLIES)) $(if $(CTLD_BENCH_FILE_BYTES),-env CTLD_BENCH_FILE_BYTES=$(CTLD_BENCH_FILE_BYTES)) -bench '$(BENCH)' $(VM_PKGS)
 
 # Issue 9's NBD benchmark on the host (root): our cowdev+nbdsrv vs qemu-nbd/qcow2.
 bench-nbd:

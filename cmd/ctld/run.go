@@ -51,6 +51,9 @@ type runOpts struct {
 	diskProjBase uint32
 	busybox      string
 	guestOOMAdj  int
+
+	// runscPlatform is runsc's --platform ("": the binary's default).
+	runscPlatform string
 	// agentBinary is the static ctl-agent every guest runs as its init.
 	agentBinary string
 	// agentStreamIdle bounds each wait of a file stream on a guest agent.
@@ -117,6 +120,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
 				return usagef("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
 			}
+			if err := validPlatform(o.runscPlatform); err != nil {
+				return usagef("--runsc-platform: %v", err)
+			}
 			if o.maxClaims < 1 || o.maxExecs < 1 {
 				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
 			}
@@ -175,7 +181,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.StringVar(&o.group, "group", "ctld", "group allowed on the API socket (besides root)")
 	f.StringVar(&o.cgroupRoot, "cgroup-root", lease.DefaultRoot, "cgroup v2 mount point")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", lease.DefaultParent, "ctld-owned parent cgroup of the leases")
-	f.StringVar(&o.runsc, "runsc", "runsc", "runsc binary")
+	runscFlags(f, &o.runsc, &o.runscPlatform)
 	f.Int64Var(&o.reserveCPU, "reserve-cpu-millis", 250, "CPU kept back from sandboxes for the host")
 	f.Int64Var(&o.reserveMem, "reserve-memory-bytes", 512<<20, "memory kept back from sandboxes for the host")
 	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
@@ -576,7 +582,8 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	// --host-uds=create: each guest's agent listens in its bind-mounted
 	// socket dir, and the node connects from the host.
-	rt := &runsc.Runtime{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, HostUDS: "create",
+	rt := &runsc.Runtime{Binary: o.runsc, Platform: o.runscPlatform, Version: facts.versions.Runsc,
+		Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, HostUDS: "create",
 		Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
 	agentBin, err := stageAgent(o.agentBinary, g.runDir)
 	if err != nil {
