@@ -128,6 +128,8 @@ var migrations = []string{
 	fleetMigration,
 	// 12: operation leases of the service's replicas (oplease.go).
 	opLeaseMigration,
+	// 13: a fleet node's stream channel address (nodes.go).
+	`ALTER TABLE nodes ADD COLUMN channel TEXT NOT NULL DEFAULT '';`,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

@@ -48,6 +48,9 @@ type Agent struct {
 	Grace time.Duration
 	// Poll is how often the database is asked for work (default 1s).
 	Poll time.Duration
+	// Channel is the host:port managers reach this node's stream channel
+	// on (nodechannel; registered with the node). Empty: none.
+	Channel string
 	// ListenDSN, a postgres:// URL (the Store's database), makes the agent
 	// LISTEN for the notifications Place and RequestRelease send, so work
 	// is taken at once rather than at the next poll. Empty: polling only.
@@ -100,6 +103,7 @@ func (a *Agent) registration(n api.Node) (manager.Registration, error) {
 		NodeID: n.NodeID, Name: name, PublicKey: n.NodeKey,
 		Allocatable:  manager.NodeAlloc{CPUMillis: alloc.CPUMillis, MemoryBytes: alloc.MemoryBytes, DiskBytes: alloc.DiskBytes, Sandboxes: sandboxes},
 		RunscVersion: n.Versions.Runsc, Platform: a.Platform, RootModes: modes, Templates: a.Templates, TTL: a.ttl(),
+		Channel: a.Channel,
 	}, nil
 }
 
