@@ -680,7 +680,11 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 
 // FinishClaim records a claim's answer: the generation is what ctld says.
 func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.finishClaimTx(ctx, tx, opID, sb) })
+}
+
+func (s *Store) finishClaimTx(ctx context.Context, tx *sql.Tx, opID string, sb api.Sandbox) error {
+	{
 		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
 		if err != nil {
 			return fmt.Errorf("finish claim %s: %w", opID, err)
@@ -700,7 +704,7 @@ func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) er
 			return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
 		}
 		return finishOp(ctx, tx, opID, OpDone, "", now)
-	})
+	}
 }
 
 // SetNetwork records the network policy now in force for a generation
@@ -913,7 +917,11 @@ func (s *Store) Head(ctx context.Context, id string) (api.VolumeHead, error) {
 // moves forward, so two managers (or a late answer) cannot move it back.
 // A stale head is fenced and changes nothing.
 func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.publishHeadTx(ctx, tx, id, h) })
+}
+
+func (s *Store) publishHeadTx(ctx context.Context, tx *sql.Tx, id string, h api.VolumeHead) error {
+	{
 		var cur api.VolumeHead
 		err := tx.QueryRowContext(ctx, `SELECT seq, writer_epoch FROM heads WHERE sandbox_id = ?`, id).Scan(&cur.Seq, &cur.WriterEpoch)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
@@ -930,7 +938,7 @@ func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) er
 			return fmt.Errorf("record head of %s: %w", id, err)
 		}
 		return nil
-	})
+	}
 }
 
 // VolumeMark returns the highest head of persistent volume id the manager

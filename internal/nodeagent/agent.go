@@ -125,6 +125,7 @@ func (a *Agent) Register(ctx context.Context) (manager.FleetNode, error) {
 	if err := a.releaseAbandoned(ctx, rec.NodeID); err != nil {
 		a.log().Warn("release what the database no longer gives this node", "node", rec.NodeID, "err", err)
 	}
+	a.releaseStale(ctx, rec.NodeID)
 	return rec, nil
 }
 
@@ -156,6 +157,20 @@ func (a *Agent) releaseAbandoned(ctx context.Context, nodeID string) error {
 		a.log().Info("releasing a generation the database no longer gives this node", "sandbox", r.ID, "generation", r.Generation, "was", r.State)
 	}
 	return errors.Join(errs...)
+}
+
+// releaseStale records a release of each generation this node still
+// holds while the database gave its sandbox to a newer generation (taken
+// over elsewhere while this node was lost); the next steps carry them out
+// on ctld, and each verified proof returns the capacity.
+func (a *Agent) releaseStale(ctx context.Context, nodeID string) {
+	stale, err := a.Store.ReleaseStale(ctx, nodeID, newOpID)
+	if err != nil {
+		a.log().Warn("release the generations taken over elsewhere", "node", nodeID, "err", err)
+	}
+	for _, g := range stale {
+		a.log().Info("releasing a generation the database gave to another", "sandbox", g.SandboxID, "generation", g.Generation, "operation", g.Operation.OperationID)
+	}
 }
 
 func newOpID() (string, error) {
@@ -219,7 +234,17 @@ func (a *Agent) heartbeat(ctx context.Context, id string) error {
 	for _, l := range lost {
 		a.log().Warn("node marked lost", "node", l.NodeID, "reason", l.Reason, "failed", l.Failed, "lost", l.Lost)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	// Lost block sandboxes (of this sweep or an earlier one that found no
+	// room) resume elsewhere from their committed head.
+	moved, errs := a.Store.TakeOverLost(ctx, newOpID)
+	for _, t := range moved {
+		a.log().Warn("lost block sandbox resumed on another node", "sandbox", t.SandboxID, "from", t.From, "from_generation", t.FromGen,
+			"to", t.NodeID, "generation", t.Operation.Generation, "head", t.Head.Seq)
+	}
+	return errors.Join(errs...)
 }
 
 // Step carries out the pending operations placed on node id, oldest
@@ -240,7 +265,7 @@ func (a *Agent) Step(ctx context.Context, id string) (int, error) {
 		var err error
 		switch op.Kind {
 		case manager.KindClaim:
-			err = a.claim(ctx, op)
+			err = a.claim(ctx, id, op)
 		case manager.KindRelease:
 			err = a.release(ctx, op)
 		}
@@ -253,7 +278,7 @@ func (a *Agent) Step(ctx context.Context, id string) (int, error) {
 	return done, errors.Join(errs...)
 }
 
-func (a *Agent) claim(ctx context.Context, op manager.OperationRecord) error {
+func (a *Agent) claim(ctx context.Context, nodeID string, op manager.OperationRecord) error {
 	req, err := manager.ClaimRequestOf(op)
 	if err != nil {
 		return errors.Join(err, a.Store.FailPlacedClaim(ctx, op.OperationID, "internal: "+err.Error()))
@@ -261,8 +286,16 @@ func (a *Agent) claim(ctx context.Context, op manager.OperationRecord) error {
 	resp, err := a.Client.Claim(ctx, op.SandboxID, req)
 	switch {
 	case err == nil:
-		if err := a.Store.FinishClaim(ctx, op.OperationID, resp.Sandbox); err != nil {
-			return fmt.Errorf("record claim %s: %w", op.OperationID, err)
+		ferr := a.Store.FinishPlacedClaim(ctx, nodeID, op.OperationID, resp.Sandbox)
+		if errdefs.CodeOf(ferr) == errdefs.CodeFenced {
+			// The database gave the sandbox to another generation while
+			// ctld made this one: release it.
+			a.log().Warn("claim answered too late; releasing it", "sandbox", op.SandboxID, "generation", op.Generation, "err", ferr)
+			a.releaseStale(ctx, nodeID)
+			return nil
+		}
+		if ferr != nil {
+			return fmt.Errorf("record claim %s: %w", op.OperationID, ferr)
 		}
 		a.log().Info("claimed", "sandbox", op.SandboxID, "generation", op.Generation, "operation", op.OperationID)
 		return nil
