@@ -115,7 +115,7 @@ func TestServeFleetOnPostgres(t *testing.T) {
 	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "1000", "--cpu", "1000", "--memory", "1000Gi", "--creates-per-min", "100000")
 	e.socket = "/nonexistent/ctld.sock" // the replicas must not need a ctld
 	mgr := channelArgs(f.ca.Issue(t, "manager", false))
-	args := append([]string{"--fleet", "--template", "busybox", "--default-timeout", "0"}, mgr...)
+	args := append([]string{"--fleet", "--template", "busybox", "--default-timeout", "0", "--lease-ttl", "1s"}, mgr...)
 	a := e.startServeChild("127.0.0.1:0", append(args, "--replica-id", "replica-a")...)
 	b := e.startServeChild("127.0.0.1:0", append(args, "--replica-id", "replica-b")...)
 	cs := []*client.Client{{BaseURL: "http://" + a.addr, Key: key}, {BaseURL: "http://" + b.addr, Key: key}}
@@ -222,4 +222,57 @@ func TestServeFleetOnPostgres(t *testing.T) {
 			t.Fatalf("node %s: %d claims, %d releases; want 4 each", id, claims, releases)
 		}
 	}
+
+	// Replica A is SIGKILLed while a create it placed is held on its node
+	// (done there, the node process's answer held) and a destroy it asked
+	// for is held too: the node processes finish both, B answers the
+	// callers' retries with their keys, each happened once.
+	x, err := cs[0].Create(ctx, client.CreateRequest{Template: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, released := newGate("claim", true), newGate("release", false)
+	for _, id := range ids {
+		n := f.nodes[id]
+		n.Lock()
+		n.Hold = func(kind, id string, after bool) error {
+			if err := created.hold(kind, id, after); err != nil {
+				return err
+			}
+			return released.hold(kind, id, after)
+		}
+		n.Unlock()
+	}
+	go cs[0].Create(ctx, client.CreateRequest{Template: "busybox"}, client.IdempotencyKey("held-create"))
+	heldID := <-created.arrived
+	go cs[0].Destroy(ctx, x.ID, client.IdempotencyKey("held-destroy"))
+	if got := <-released.arrived; got != x.ID {
+		t.Fatalf("held release of %s, want %s", got, x.ID)
+	}
+	a.kill()
+	created.release <- nil
+	released.release <- nil
+	seen := &sync.Map{}
+	sb, err := retried(ctx, t, cs[1:], 0, seen, func(c *client.Client) (client.Sandbox, error) {
+		return c.Create(ctx, client.CreateRequest{Template: "busybox"}, client.IdempotencyKey("held-create"))
+	})
+	if err != nil || sb.ID != heldID || sb.State != client.StateReady {
+		t.Fatalf("retried held create through B: %+v, %v; want %s ready", sb, err, heldID)
+	}
+	d, err := retried(ctx, t, cs[1:], 0, seen, func(c *client.Client) (client.DestroyResult, error) {
+		return c.Destroy(ctx, x.ID, client.IdempotencyKey("held-destroy"))
+	})
+	if err != nil || !d.Proof.Verified || d.Sandbox.State != client.StateDestroyed {
+		t.Fatalf("retried held destroy through B: %+v, %v", d, err)
+	}
+	var claimOps, releaseOps, owned int
+	if err := pc.QueryRow(ctx, `SELECT (SELECT count(*) FROM operations WHERE kind = 'claim' AND sandbox_id IN ($1, $2)),
+		(SELECT count(*) FROM operations WHERE kind = 'release' AND sandbox_id IN ($1, $2)), (SELECT count(*) FROM owned_sandboxes WHERE id IN ($1, $2))`,
+		x.ID, heldID).Scan(&claimOps, &releaseOps, &owned); err != nil {
+		t.Fatal(err)
+	}
+	if claimOps != 2 || releaseOps != 1 || owned != 2 {
+		t.Fatalf("after the kill: %d claim operations, %d releases, %d sandboxes; want 2, 1, 2", claimOps, releaseOps, owned)
+	}
+	t.Logf("replica A killed mid-create and mid-destroy: B answered both retries (retryable answers seen: %v)", keys(seen))
 }
