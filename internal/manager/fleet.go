@@ -2,6 +2,8 @@ package manager
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"net"
 	"strings"
 	"time"
@@ -216,4 +218,67 @@ func (m *Manager) notPlaced(what string) error {
 		return nil
 	}
 	return errdefs.Errorf(errdefs.CodeUnavailable, "%s is not available in fleet mode yet", what)
+}
+
+// pauseRequest marks a placed release as a pause: the node process seals
+// the generation's root as the sandbox's head (ctld's pause) and records
+// the head (PublishPlacedHead) before the release.
+const pauseRequest = `{"pause":true}`
+
+// IsPause reports whether a placed release operation is a pause.
+func IsPause(op OperationRecord) bool {
+	var r struct {
+		Pause bool `json:"pause"`
+	}
+	return op.Kind == KindRelease && len(op.Request) > 0 && json.Unmarshal(op.Request, &r) == nil && r.Pause
+}
+
+// RequestPause records the pause of a placed sandbox (a release that
+// seals its root first) and wakes its node's process.
+func (s *Store) RequestPause(ctx context.Context, id, newOpID string) (OperationRecord, bool, error) {
+	var op OperationRecord
+	var reused bool
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		op, reused, err = s.beginReleaseTx(ctx, tx, id, newOpID, pauseRequest)
+		if err == nil && reused && !IsPause(op) {
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s is being destroyed (operation %s)", id, op.OperationID)
+		}
+		return err
+	})
+	if err != nil {
+		return op, reused, err
+	}
+	if sb, err := s.Sandbox(ctx, id); err == nil {
+		_ = s.NotifyNode(ctx, sb.NodeID)
+	}
+	return op, reused, nil
+}
+
+// pausePlaced records the pause of a placed block sandbox, waits for its
+// node's answer, and returns the proof's verdict and the head recorded.
+func (m *Manager) pausePlaced(ctx context.Context, id string) (PauseResult, error) {
+	opID, err := m.newOpID()
+	if err != nil {
+		return PauseResult{}, err
+	}
+	op, reused, err := m.Store.RequestPause(ctx, id, opID)
+	if err != nil {
+		return PauseResult{}, err
+	}
+	res := PauseResult{DestroyResult: DestroyResult{OperationID: op.OperationID, Reused: reused}}
+	if op, err = m.waitPlaced(ctx, op.OperationID); err != nil {
+		return res, err
+	}
+	if op.State == OpFailed {
+		return res, placedError(op.Error)
+	}
+	if res.Verdict, err = m.VerifyProof(context.WithoutCancel(ctx), op.OperationID); err != nil {
+		return res, err
+	}
+	if res.Sandbox, err = m.placedSandbox(ctx, id, op.Generation); err != nil {
+		return res, err
+	}
+	res.Head, err = m.Store.Head(ctx, id)
+	return res, err
 }

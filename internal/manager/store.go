@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -793,6 +794,16 @@ func (s *Store) AdoptSandbox(ctx context.Context, nodeID string, sb api.Sandbox)
 // pending, is a conflict.
 func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op OperationRecord, reused bool, err error) {
 	err = s.tx(ctx, func(tx *sql.Tx) error {
+		op, reused, err = s.beginReleaseTx(ctx, tx, id, newOpID, "")
+		return err
+	})
+	return op, reused, err
+}
+
+// beginReleaseTx is BeginRelease in tx; request is recorded with a new
+// release ("" none; a fleet pause says so there: fleet.go).
+func (s *Store) beginReleaseTx(ctx context.Context, tx *sql.Tx, id, newOpID, request string) (op OperationRecord, reused bool, err error) {
+	err = func() error {
 		pending, ok, err := pendingOp(ctx, tx, id, KindRelease)
 		if err != nil {
 			return err
@@ -822,13 +833,13 @@ func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op Operat
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ?`, api.StateReleasing, id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, created_at) VALUES (?, 'release', ?, ?, 'pending', ?)`,
-			newOpID, id, sb.Generation, now); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'release', ?, ?, 'pending', ?, ?)`,
+			newOpID, id, sb.Generation, cmp.Or(request, "{}"), now); err != nil {
 			return fmt.Errorf("record operation %s: %w", newOpID, err)
 		}
 		op, err = scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, newOpID))
 		return err
-	})
+	}()
 	return op, reused, err
 }
 

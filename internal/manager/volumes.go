@@ -28,8 +28,8 @@ func (m *Manager) Pause(ctx context.Context, id string) (PauseResult, error) {
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return PauseResult{}, err
 	}
-	if err := m.notPlaced("pause"); err != nil {
-		return PauseResult{}, err
+	if m.Fleet != nil {
+		return m.pausePlaced(ctx, id)
 	}
 	opID, err := m.newOpID()
 	if err != nil {

@@ -173,6 +173,23 @@ func (a *Agent) releaseStale(ctx context.Context, nodeID string) {
 	}
 }
 
+// publishHead records the head a pause sealed, unless it is recorded
+// already (this pause's answer seen before).
+func (a *Agent) publishHead(ctx context.Context, nodeID string, op manager.OperationRecord, h api.VolumeHead) error {
+	cur, err := a.Store.Head(ctx, op.SandboxID)
+	if err != nil {
+		return err
+	}
+	if cur.Seq == h.Seq && cur.Generation == h.Generation {
+		return nil
+	}
+	if err := a.Store.PublishPlacedHead(ctx, nodeID, op.SandboxID, op.Generation, h); err != nil {
+		return err
+	}
+	a.log().Info("head recorded", "sandbox", op.SandboxID, "generation", op.Generation, "head", h.Seq, "block_generation", h.Generation)
+	return nil
+}
+
 func newOpID() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -267,7 +284,7 @@ func (a *Agent) Step(ctx context.Context, id string) (int, error) {
 		case manager.KindClaim:
 			err = a.claim(ctx, id, op)
 		case manager.KindRelease:
-			err = a.release(ctx, op)
+			err = a.release(ctx, id, op)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -309,8 +326,24 @@ func (a *Agent) claim(ctx context.Context, nodeID string, op manager.OperationRe
 	return fmt.Errorf("claim %s of %s (left pending): %w", op.OperationID, op.SandboxID, err)
 }
 
-func (a *Agent) release(ctx context.Context, op manager.OperationRecord) error {
-	resp, err := a.Client.Release(ctx, op.SandboxID, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+func (a *Agent) release(ctx context.Context, nodeID string, op manager.OperationRecord) error {
+	var resp api.ReleaseResponse
+	var err error
+	if manager.IsPause(op) {
+		var pr api.PauseResponse
+		pr, err = a.Client.Pause(ctx, op.SandboxID, api.PauseRequest{OperationID: op.OperationID, Generation: op.Generation})
+		if err == nil {
+			// The head first: the release's record ends the generation,
+			// and a head is recorded only for the generation the node
+			// holds. A repeat (the same answer again) finds it recorded.
+			if herr := a.publishHead(ctx, nodeID, op, pr.Head); herr != nil {
+				return fmt.Errorf("record the head of pause %s (left pending): %w", op.OperationID, herr)
+			}
+		}
+		resp = api.ReleaseResponse{Sandbox: pr.Sandbox, Proof: pr.Proof}
+	} else {
+		resp, err = a.Client.Release(ctx, op.SandboxID, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+	}
 	switch {
 	case err == nil:
 		rec, err := a.Store.FinishPlacedRelease(ctx, op.OperationID, resp.Sandbox, resp.Proof)
