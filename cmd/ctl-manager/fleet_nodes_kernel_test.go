@@ -76,6 +76,9 @@ func startIsolatedCtld(t *testing.T, i int) *isolatedCtld {
 		st, perr := ha.Probe(ctx, filepath.Join(runDir, "ctld-a.sock"))
 		if perr == nil && st.Role == ha.RolePrimary && st.Health == "ok" {
 			if _, err := (&api.Client{SocketPath: c.socket}).Node(ctx); err == nil {
+				// Guests outlive ctld: whatever a failed test left running
+				// is released before ctld stops (cleanups run last first).
+				t.Cleanup(func() { releaseAll(t, c.socket) })
 				return c
 			}
 		}
@@ -256,4 +259,23 @@ func TestKernelFleetTwoNodesLostAndBack(t *testing.T) {
 		}
 	}
 	t.Logf("two-node scenario took %v", time.Since(began).Round(time.Second))
+}
+
+// releaseAll releases every generation ctld at socket still runs.
+func releaseAll(t *testing.T, socket string) {
+	ctx := context.Background()
+	cl := &api.Client{SocketPath: socket}
+	l, err := cl.List(ctx)
+	if err != nil {
+		t.Errorf("list sandboxes to clean up: %v", err)
+		return
+	}
+	for _, sb := range l.Sandboxes {
+		if sb.State == api.StateReleased || sb.State == api.StateFailed {
+			continue
+		}
+		if _, err := cl.Release(ctx, sb.ID, api.ReleaseRequest{OperationID: "cleanup-" + sb.ID, Generation: sb.Generation}); err != nil {
+			t.Errorf("clean up %s: %v", sb.ID, err)
+		}
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -48,6 +49,9 @@ type Agent struct {
 	Grace time.Duration
 	// Poll is how often the database is asked for work (default 1s).
 	Poll time.Duration
+	// MaxConcurrent bounds the operations carried out at once (default 8,
+	// ctld's default of concurrent claims); a sandbox's run one by one.
+	MaxConcurrent int
 	// Channel is the host:port managers reach this node's stream channel
 	// on (nodechannel; registered with the node). Empty: none.
 	Channel string
@@ -201,39 +205,110 @@ func newOpID() (string, error) {
 // Run registers the node, then heartbeats, sweeps for lost nodes and
 // carries out the node's work until ctx ends. A registration refused for
 // good (another key pinned for this id) ends it with that error.
+// Heartbeats run on their own: a claim takes seconds (runsc), and a node
+// busy with its work must not look silent. The work runs up to
+// MaxConcurrent operations at once, one at a time per sandbox.
 func (a *Agent) Run(ctx context.Context) error {
 	rec, err := a.Register(ctx)
 	if err != nil {
 		return err
 	}
 	id := rec.NodeID
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wake chan struct{} // nil: never ready
 	if manager.IsPostgresURL(a.ListenDSN) {
 		wake = make(chan struct{}, 1)
-		lctx, stop := context.WithCancel(ctx)
-		listened := make(chan struct{})
-		go func() { defer close(listened); listen(lctx, a.ListenDSN, id, a.log(), wake) }()
-		defer func() { stop(); <-listened }()
+		wg.Add(1)
+		go func() { defer wg.Done(); listen(ctx, a.ListenDSN, id, a.log(), wake) }()
 	}
-	beat := time.NewTicker(a.ttl() / 3)
-	defer beat.Stop()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		beat := time.NewTicker(a.ttl() / 3)
+		defer beat.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-beat.C:
+				if err := a.heartbeat(ctx, id); err != nil && ctx.Err() == nil {
+					a.log().Warn("heartbeat", "node", id, "err", err)
+				}
+			}
+		}
+	}()
 	poll := time.NewTicker(a.poll())
 	defer poll.Stop()
+	w := &workers{a: a, node: id, busy: map[string]bool{}, done: make(chan struct{}, 1)}
 	for {
-		if _, err := a.Step(ctx, id); err != nil && ctx.Err() == nil {
+		if err := w.dispatch(ctx, &wg); err != nil && ctx.Err() == nil {
 			a.log().Warn("node work", "node", id, "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-beat.C:
-			if err := a.heartbeat(ctx, id); err != nil && ctx.Err() == nil {
-				a.log().Warn("heartbeat", "node", id, "err", err)
-			}
 		case <-poll.C:
 		case <-wake:
+		case <-w.done:
 		}
 	}
+}
+
+// workers runs a node's operations concurrently, one per sandbox.
+type workers struct {
+	a    *Agent
+	node string
+	mu   sync.Mutex
+	busy map[string]bool // sandboxes with an operation running
+	done chan struct{}   // an operation settled: look for more
+}
+
+func (w *workers) dispatch(ctx context.Context, wg *sync.WaitGroup) error {
+	work, err := w.a.Store.NodeWork(ctx, w.node)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, op := range work {
+		if len(w.busy) >= w.a.maxConcurrent() {
+			break
+		}
+		if w.busy[op.SandboxID] {
+			continue
+		}
+		w.busy[op.SandboxID] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := w.a.do(ctx, w.node, op)
+			if err != nil && ctx.Err() == nil {
+				w.a.log().Warn("node work", "node", w.node, "operation", op.OperationID, "err", err)
+			}
+			w.mu.Lock()
+			delete(w.busy, op.SandboxID)
+			w.mu.Unlock()
+			if err == nil {
+				// Settled: the sandbox's next operation may wait. One left
+				// pending is tried again at the next poll, not at once.
+				select {
+				case w.done <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+func (a *Agent) maxConcurrent() int {
+	if a.MaxConcurrent > 0 {
+		return a.MaxConcurrent
+	}
+	return 8
 }
 
 // heartbeat renews the node's TTL (registering again if the node was
@@ -279,20 +354,24 @@ func (a *Agent) Step(ctx context.Context, id string) (int, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		var err error
-		switch op.Kind {
-		case manager.KindClaim:
-			err = a.claim(ctx, id, op)
-		case manager.KindRelease:
-			err = a.release(ctx, id, op)
-		}
-		if err != nil {
+		if err := a.do(ctx, id, op); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		done++
 	}
 	return done, errors.Join(errs...)
+}
+
+// do carries out one operation of node nodeID.
+func (a *Agent) do(ctx context.Context, nodeID string, op manager.OperationRecord) error {
+	switch op.Kind {
+	case manager.KindClaim:
+		return a.claim(ctx, nodeID, op)
+	case manager.KindRelease:
+		return a.release(ctx, nodeID, op)
+	}
+	return fmt.Errorf("operation %s: unknown kind %q", op.OperationID, op.Kind)
 }
 
 func (a *Agent) claim(ctx context.Context, nodeID string, op manager.OperationRecord) error {
