@@ -120,7 +120,7 @@ func TestKernelFleetTwoNodesLostAndBack(t *testing.T) {
 		}
 		ids[i] = n.NodeID
 		procs[i] = e.startChild(append([]string{"--socket", ctlds[i].socket, "--db", e.db, "node", "run", "--template", "busybox",
-			"--ttl", "2s", "--grace", "2s", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
+			"--ttl", "3s", "--grace", "3s", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
 	}
 	if ids[0] == ids[1] {
 		t.Fatalf("both ctlds are node %s", ids[0])
