@@ -20,7 +20,7 @@ RUNSC_ENV = $(if $(filter current,$(RUNSC)),-env "PATH=$$(test/vm/setup.sh --run
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR" $(RUNSC_ENV)
 PREFIX ?= /usr/local
 
-.PHONY: all build agent test test-unit test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo bench bench-nbd churn bench-systemd install deb clean
+.PHONY: all build agent test test-unit test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo demo-fleet bench bench-nbd churn bench-systemd install deb clean
 
 all: build
 
@@ -147,6 +147,13 @@ test:
 	@test/stage.sh vm+systemd $(MAKE) --no-print-directory test-vm-all
 
 # The demo runs natively where `ctld doctor` passes, otherwise in the test VM.
+# Two real ctld nodes (each in its own network and mount namespace), their
+# node processes, a serve --fleet replica and PostgreSQL in the test VM: one
+# node stopped past its grace (its sandbox failed, creates go to the other)
+# and back (its stale generation released with a verified proof).
+demo-fleet:
+	@$(VMRUN) -timeout 20m -job-timeout 15m -run '^TestKernelFleetTwoNodesLostAndBack$$' ./cmd/ctl-manager
+
 demo:
 	@$(GO) build -o bin/ ./cmd/...
 	@$(MAKE) --no-print-directory agent

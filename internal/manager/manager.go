@@ -49,6 +49,9 @@ type Manager struct {
 	// Templates, if set, gives claims their template image's defaults
 	// (templates.go); nil: a claim runs what it says.
 	Templates TemplateDefaults
+	// Fleet, if set, places sandboxes on the fleet's nodes instead of
+	// driving Client (fleet.go).
+	Fleet *Fleet
 }
 
 // whileBusy calls fn again while the node answers busy, after the node's
@@ -177,6 +180,9 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	}
 	if spec, err = m.expectHeads(ctx, id, spec); err != nil {
 		return CreateResult{}, err
+	}
+	if m.Fleet != nil {
+		return m.createPlaced(ctx, id, opID, spec)
 	}
 	node, err := m.contact(ctx)
 	if err != nil {
@@ -392,6 +398,9 @@ func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error)
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return DestroyResult{}, err
 	}
+	if m.Fleet != nil {
+		return m.destroyPlaced(ctx, id)
+	}
 	sb, err := m.Store.Sandbox(ctx, id)
 	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		sb, err = m.adopt(ctx, id)
@@ -561,9 +570,13 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 	if err := req.Validate(); err != nil {
 		return 0, err
 	}
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return 0, err
+	}
 	var code int
-	err := m.whileBusy(ctx, "exec in "+id, func() (err error) {
-		code, err = m.Client.ExecStream(ctx, id, req, stdout, stderr)
+	err = m.whileBusy(ctx, "exec in "+id, func() (err error) {
+		code, err = c.ExecStream(ctx, id, req, stdout, stderr)
 		return err
 	})
 	return code, err
@@ -580,7 +593,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p api.NetworkPol
 	if err := p.Validate(); err != nil {
 		return api.Sandbox{}, err
 	}
-	sb, err := m.Client.UpdateNetwork(ctx, id, p)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := c.UpdateNetwork(ctx, id, p)
 	if err != nil {
 		return sb, err
 	}
@@ -604,7 +621,11 @@ func (m *Manager) Logs(ctx context.Context, id string, req api.LogsRequest, w io
 	if err := req.Validate(); err != nil {
 		return api.LogsEnd{}, err
 	}
-	return m.Client.Logs(ctx, id, req, w)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return api.LogsEnd{}, err
+	}
+	return c.Logs(ctx, id, req, w)
 }
 
 // ReadFile reads a file inside the sandbox.
@@ -612,7 +633,11 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) ([]byte, error)
 	if err := errors.Join(names.CheckID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
 		return nil, err
 	}
-	return m.Client.ReadFile(ctx, id, path)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.ReadFile(ctx, id, path)
 }
 
 // WriteFile writes a file inside the sandbox.
@@ -620,7 +645,11 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, data []byte) e
 	if err := errors.Join(names.CheckID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
 		return err
 	}
-	return m.Client.WriteFile(ctx, id, path, data)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.WriteFile(ctx, id, path, data)
 }
 
 // Entry is one sandbox of Ls: what the manager recorded next to what the
@@ -736,7 +765,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Detail, error) {
 	case errdefs.CodeOf(err) != errdefs.CodeNotFound:
 		return d, err
 	}
-	ns, nerr := m.Client.Get(ctx, id)
+	ns, nerr := m.NodeSandbox(ctx, id)
 	switch {
 	case nerr == nil:
 		d.Node = &ns

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -130,6 +131,8 @@ var migrations = []string{
 	opLeaseMigration,
 	// 13: how a service sandbox's workload ended (service_exits.go).
 	exitMigration,
+	// 14: a fleet node's stream channel address (nodes.go).
+	`ALTER TABLE nodes ADD COLUMN channel TEXT NOT NULL DEFAULT '';`,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
@@ -680,7 +683,11 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 
 // FinishClaim records a claim's answer: the generation is what ctld says.
 func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.finishClaimTx(ctx, tx, opID, sb) })
+}
+
+func (s *Store) finishClaimTx(ctx context.Context, tx *sql.Tx, opID string, sb api.Sandbox) error {
+	{
 		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
 		if err != nil {
 			return fmt.Errorf("finish claim %s: %w", opID, err)
@@ -700,7 +707,7 @@ func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) er
 			return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
 		}
 		return finishOp(ctx, tx, opID, OpDone, "", now)
-	})
+	}
 }
 
 // SetNetwork records the network policy now in force for a generation
@@ -789,6 +796,16 @@ func (s *Store) AdoptSandbox(ctx context.Context, nodeID string, sb api.Sandbox)
 // pending, is a conflict.
 func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op OperationRecord, reused bool, err error) {
 	err = s.tx(ctx, func(tx *sql.Tx) error {
+		op, reused, err = s.beginReleaseTx(ctx, tx, id, newOpID, "")
+		return err
+	})
+	return op, reused, err
+}
+
+// beginReleaseTx is BeginRelease in tx; request is recorded with a new
+// release ("" none; a fleet pause says so there: fleet.go).
+func (s *Store) beginReleaseTx(ctx context.Context, tx *sql.Tx, id, newOpID, request string) (op OperationRecord, reused bool, err error) {
+	err = func() error {
 		pending, ok, err := pendingOp(ctx, tx, id, KindRelease)
 		if err != nil {
 			return err
@@ -818,13 +835,13 @@ func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op Operat
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ?`, api.StateReleasing, id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, created_at) VALUES (?, 'release', ?, ?, 'pending', ?)`,
-			newOpID, id, sb.Generation, now); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'release', ?, ?, 'pending', ?, ?)`,
+			newOpID, id, sb.Generation, cmp.Or(request, "{}"), now); err != nil {
 			return fmt.Errorf("record operation %s: %w", newOpID, err)
 		}
 		op, err = scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, newOpID))
 		return err
-	})
+	}()
 	return op, reused, err
 }
 
@@ -913,7 +930,11 @@ func (s *Store) Head(ctx context.Context, id string) (api.VolumeHead, error) {
 // moves forward, so two managers (or a late answer) cannot move it back.
 // A stale head is fenced and changes nothing.
 func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.publishHeadTx(ctx, tx, id, h) })
+}
+
+func (s *Store) publishHeadTx(ctx context.Context, tx *sql.Tx, id string, h api.VolumeHead) error {
+	{
 		var cur api.VolumeHead
 		err := tx.QueryRowContext(ctx, `SELECT seq, writer_epoch FROM heads WHERE sandbox_id = ?`, id).Scan(&cur.Seq, &cur.WriterEpoch)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
@@ -930,7 +951,7 @@ func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) er
 			return fmt.Errorf("record head of %s: %w", id, err)
 		}
 		return nil
-	})
+	}
 }
 
 // VolumeMark returns the highest head of persistent volume id the manager

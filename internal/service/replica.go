@@ -384,7 +384,7 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 	}
 	complete := o.Paused
 	if !complete {
-		nsb, err := s.Manager.Client.Get(ctx, o.ID)
+		nsb, err := s.Manager.NodeSandbox(ctx, o.ID)
 		switch {
 		case err == nil && (nsb.State == api.StateReady || nsb.State == api.StateClaiming):
 			log.Info("completing a create another replica left: the node has it "+string(nsb.State), "generation", nsb.Generation)
