@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -77,7 +78,9 @@ func busyboxTar(t *testing.T) []byte {
 // password) is imported as a block template, and a real gVisor guest
 // claimed from it runs the image's entrypoint and cmd with its env, as its
 // user (a name resolved in the image's /etc/passwd and /etc/group), in its
-// working dir; a second claim overrides each.
+// working dir; a second claim overrides each; an overlay claim of the same
+// import (over the tree the import kept in ctld's templates directory)
+// runs with the same defaults.
 func TestKernelImageConfig(t *testing.T) {
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
@@ -118,12 +121,13 @@ func TestKernelImageConfig(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		id    string
-		flags []string
-		want  string
+		id, mode string
+		flags    []string
+		want     string
 	}{
-		{"ki1", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
-		{"ki2", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n"},
+		{"ki1", "block", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
+		{"ki2", "block", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n"},
+		{"ki3", "overlay", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
 	} {
 		created := false
 		t.Cleanup(func() {
@@ -131,7 +135,7 @@ func TestKernelImageConfig(t *testing.T) {
 				e.run("", "sandbox", "destroy", c.id)
 			}
 		})
-		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", "block", "--template", "app"}, c.flags...)...)
+		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", c.mode, "--template", "app"}, c.flags...)...)
 		created = true
 		if !strings.Contains(out, "sandbox "+c.id+" ready") {
 			t.Fatalf("create %s:\n%s", c.id, out)
@@ -141,5 +145,9 @@ func TestKernelImageConfig(t *testing.T) {
 			t.Fatalf("destroy %s:\n%s", c.id, out)
 		}
 		created = false
+	}
+	e.ok("--config", cfg, "template", "rm", "app")
+	if _, err := os.Stat(filepath.Join(stateDir, "templates", "app")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("overlay tree after template rm: %v", err)
 	}
 }

@@ -54,12 +54,16 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 		if tf.compress, err = blockstore.ParseCompression(compress); err != nil {
 			return usageError{fmt.Errorf("--compress: %w", err)}
 		}
+		trees, err := tf.trees()
+		if err != nil {
+			return err
+		}
 		st, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
-		b := recipe.Builder{CacheDir: cache, Output: c.stderr, Log: c.logger()}
+		b := recipe.Builder{CacheDir: cache, Output: c.stderr, Log: c.logger(), Trees: trees}
 		out, err := recipe.Build(ctx, st, repo, b, args[0], r, size, tf.tmpDir(tmp), c.progressPrinter())
 		if err != nil {
 			return err

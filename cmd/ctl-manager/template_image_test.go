@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -195,8 +197,10 @@ func TestPullProgressFormat(t *testing.T) {
 
 // TestCLICreateImageDefaults: a block claim of a template imported from an
 // image gets its entrypoint and cmd, env, user (resolved in the image) and
-// working dir; each flag of create overrides its part (--user 0 too); a
-// template without image config, or an overlay claim, gets nothing.
+// working dir; each flag of create overrides its part (--user 0 too); an
+// overlay claim of the same import gets them too (the import kept its tree
+// in ctld's templates directory); a template without image config gets
+// nothing; rm removes both.
 func TestCLICreateImageDefaults(t *testing.T) {
 	for _, b := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
 		if _, err := exec.LookPath(b); err != nil {
@@ -213,7 +217,13 @@ func TestCLICreateImageDefaults(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("state-dir = \""+dir+"\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Mkdir(filepath.Join(dir, "templates"), 0o755); err != nil { // ctld's, beside its store
+		t.Fatal(err)
+	}
 	e.ok("template", "import", "web", "--image", ref, "--size", "16Mi", "--config", cfg)
+	if fi, err := os.Stat(filepath.Join(dir, "templates", "web", "etc", "passwd")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("overlay tree of web: %v %v", fi, err)
+	}
 	tree := t.TempDir()
 	if err := os.WriteFile(filepath.Join(tree, "motd"), []byte("hi"), 0o644); err != nil {
 		t.Fatal(err)
@@ -232,9 +242,15 @@ func TestCLICreateImageDefaults(t *testing.T) {
 		{Args: []string{"/entry", "serve"}, Env: []string{"PATH=/bin", "MODE=prod"}, Cwd: "/srv", UID: 33, GID: 34},
 		{Args: []string{"/bin/sh", "-c", "true"}, Env: []string{"PATH=/bin", "MODE=dev"}, Cwd: "/tmp"},
 		{},
-		{},
+		{Args: []string{"/entry", "serve"}, Env: []string{"PATH=/bin", "MODE=prod"}, Cwd: "/srv", UID: 33, GID: 34},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("claims' processes:\n%+v\nwant\n%+v", got, want)
+	}
+	for _, name := range []string{"web", "tree"} {
+		e.ok("--config", cfg, "template", "rm", name)
+		if _, err := os.Stat(filepath.Join(dir, "templates", name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("overlay tree of %s after rm: %v", name, err)
+		}
 	}
 }

@@ -76,6 +76,12 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 	if _, err := repo.Meta(ctx, vol); err == nil {
 		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: an unfinished import left its metadata (`template rm %s` removes it): %w", name, name, ErrTemplateExists)
 	}
+	tree, err := o.Trees.begin(name) // before the pull: refused early
+	if err != nil {
+		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	o.tree = tree
+	defer o.Trees.drop(tree) // gone once published
 	p, err := PullImage(ctx, ref, po)
 	if err != nil {
 		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
@@ -137,7 +143,7 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 		return nil, res, Meta{}, err
 	}
 	ok = true
-	return m, res, meta, nil
+	return m, res, meta, o.Trees.publishImported(o.tree, name)
 }
 
 // maxIDFile bounds what is read of the image's /etc/passwd and /etc/group.
