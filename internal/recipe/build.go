@@ -84,6 +84,7 @@ type Builder struct {
 // Tree returns the root of r's tree, built when the cache has none; hit
 // says it came from the cache.
 func (b Builder) Tree(ctx context.Context, r Recipe) (root string, hit bool, err error) {
+	r = r.normal()
 	if err := r.Validate(); err != nil {
 		return "", false, err
 	}
