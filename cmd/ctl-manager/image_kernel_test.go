@@ -1,10 +1,7 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"errors"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,6 +13,7 @@ import (
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
 // busyboxTar is the busybox template (the host's static busybox) as a tar.
@@ -29,49 +27,7 @@ func busyboxTar(t *testing.T) []byte {
 	if err := template.BuildBusybox(dir, bb); err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		target := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if target, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, target)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = rel, 0, 0, "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(tw, f)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return templatetest.TarDir(t, dir)
 }
 
 // TestKernelImageConfig: an image pushed to a registry on loopback (with a

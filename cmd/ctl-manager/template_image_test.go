@@ -4,15 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"log"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,80 +17,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
-// loopRegistry is go-containerregistry's registry on loopback behind a
-// password, with DOCKER_CONFIG pointing at a config file that has it.
-type loopRegistry struct {
-	host string
-	auth authn.Authenticator
-}
+// loopRegistry is a registry on loopback behind a password, with
+// DOCKER_CONFIG pointing at a config file that has it.
+type loopRegistry struct{ *templatetest.Registry }
 
 func startLoopRegistry(t *testing.T) *loopRegistry {
 	t.Helper()
-	const user, pass = "ci", "pull-secret"
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
-			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED"}]}`, http.StatusUnauthorized)
-			return
-		}
-		inner.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	reg := &loopRegistry{host: strings.TrimPrefix(srv.URL, "http://"), auth: &authn.Basic{Username: user, Password: pass}}
-	dir := t.TempDir()
-	cfg := fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, reg.host, base64.StdEncoding.EncodeToString([]byte(user+":"+pass)))
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("DOCKER_CONFIG", dir)
-	return reg
+	r := templatetest.NewRegistry(t)
+	r.DockerConfig(t, r.Pass)
+	return &loopRegistry{r}
 }
 
 // push uploads an image of the given tar layers and config as repoTag.
 func (r *loopRegistry) push(t *testing.T, repoTag string, cfg v1.Config, layers ...[]byte) (string, v1.Hash) {
 	t.Helper()
-	img := empty.Image
+	var ls []v1.Layer
 	for _, b := range layers {
-		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-		if err != nil {
-			t.Fatal(err)
-		}
-		if img, err = mutate.AppendLayers(img, l); err != nil {
-			t.Fatal(err)
-		}
+		ls = append(ls, templatetest.GzLayer(t, b))
 	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture, cf.Config = "linux", runtime.GOARCH, cfg
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	ref, err := name.ParseReference(r.host + "/" + repoTag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img, remote.WithAuth(r.auth)); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := img.Digest()
-	return ref.String(), d
+	return r.Push(repoTag, templatetest.Image(t, cfg, ls...))
 }
 
 type tfile struct {

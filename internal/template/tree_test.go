@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
 // dirTree reads a directory's tree as imageTree reads an image's.
@@ -61,7 +62,7 @@ func TestImportKeepsTree(t *testing.T) {
 	if err := os.WriteFile(src, mkTar(t, es), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	store, repo := testRepo(t)
+	store, repo := templatetest.Repo(t)
 	dir := t.TempDir()
 	mounts := filepath.Join(t.TempDir(), "mountinfo")
 	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
@@ -80,7 +81,7 @@ func TestImportKeepsTree(t *testing.T) {
 	}
 
 	// The same name again: refused, the tree untouched.
-	_, other := testRepo(t) // the tree is checked, not only the block store
+	_, other := templatetest.Repo(t) // the tree is checked, not only the block store
 	if _, _, err := ImportSource(t.Context(), other, "sample", Source{Path: src}, ImageOptions{Size: 32 << 20, Trees: trees}, t.TempDir()); !errors.Is(err, ErrTemplateExists) {
 		t.Errorf("second import of sample with a tree: %v, want %v", err, ErrTemplateExists)
 	}
