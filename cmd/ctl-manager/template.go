@@ -98,7 +98,7 @@ func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
 	for _, cmd := range []*cobra.Command{imp, rm, build} {
 		tf.registerTrees(cmd.Flags())
 	}
-	g.AddCommand(imp, c.templateLsCommand(tf), rm, build)
+	g.AddCommand(imp, c.templateLsCommand(tf), rm, build, c.templatePruneCommand(tf))
 	return g
 }
 
@@ -176,7 +176,7 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		opts := template.ImageOptions{Size: n, Progress: c.progressPrinter(), Trees: trees}
 		if image != "" {
 			if layerCache == "" {
-				layerCache = filepath.Join(tf.tmpDir(""), "layercache")
+				layerCache = tf.layerCache()
 			}
 			po := template.PullOptions{CacheDir: layerCache, Platform: plat, MaxBytes: n, Progress: c.pullProgress()}
 			m, res, meta, err := template.ImportImage(ctx, repo, args[0], image, po, opts, tf.tmpDir(tmp))
@@ -207,6 +207,36 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		}
 		fmt.Fprintf(c.stdout, "template %s: %d entries, file data %s, device %s, %d data chunks stored, %s\n", args[0], res.Entries,
 			manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), len(m.Entries), time.Since(start).Round(time.Millisecond))
+		return nil
+	})
+	return cmd
+}
+
+// layerCache is the default layer cache: layercache beside the store
+// (under $TMPDIR for an S3 store).
+func (tf *templateFlags) layerCache() string { return filepath.Join(tf.tmpDir(""), "layercache") }
+
+func (c *cli) templatePruneCommand(tf *templateFlags) *cobra.Command {
+	var layerCache string
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove the layers of the layer cache that no template of the store uses (waits for imports in flight)",
+		Args:  noArgs,
+	}
+	cmd.Flags().StringVar(&layerCache, "layer-cache", "", "the layer cache (default: layercache beside the store; under $TMPDIR for an S3 store)")
+	cmd.RunE = c.action(fixed("template prune"), func(ctx context.Context, _ []string) error {
+		st, repo, err := tf.open(ctx, false)
+		if err != nil {
+			return err
+		}
+		res, err := template.Prune(ctx, st, repo, cmp.Or(layerCache, tf.layerCache()))
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"removed": res.Removed, "bytes": res.Bytes, "kept": res.Kept})
+		}
+		fmt.Fprintf(c.stdout, "pruned %d layers (%s), kept %d\n", res.Removed, manager.FormatMemory(res.Bytes), res.Kept)
 		return nil
 	})
 	return cmd

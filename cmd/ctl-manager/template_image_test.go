@@ -125,6 +125,15 @@ func TestCLITemplateImage(t *testing.T) {
 	if r := tmpl("--json", "ls"); !strings.Contains(r.stdout, `"Name": "web2"`) || strings.Contains(r.stdout, "web3") {
 		t.Errorf("ls after the refused import:\n%s", r.stdout)
 	}
+	// prune: the shared layer stays while web2 uses it, then goes.
+	if r := tmpl("prune"); r.code != 0 || r.stdout != "pruned 0 layers (0), kept 1\n" {
+		t.Errorf("prune: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	tmpl("rm", "web")
+	tmpl("rm", "web2")
+	if r := tmpl("prune"); r.code != 0 || !strings.HasPrefix(r.stdout, "pruned 1 layers (") || !strings.HasSuffix(r.stdout, "kept 0\n") {
+		t.Errorf("prune after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 }
 
 // The bar and the lines carry bytes, layers and an ETA.

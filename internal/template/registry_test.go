@@ -69,6 +69,15 @@ var appConfig = v1.Config{
 	WorkingDir: "/work",
 }
 
+func layerDigest(t testing.TB, l v1.Layer) string {
+	t.Helper()
+	d, err := l.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.String()
+}
+
 // storeKeys lists every object of the store under templates/.
 func storeKeys(t *testing.T, st blockstore.Store) []string {
 	t.Helper()
@@ -125,7 +134,8 @@ func TestRegistryImport(t *testing.T) {
 	}
 	t.Logf("imported %s: %d entries, %d bytes, %d chunks", ref, res.Entries, res.Bytes, len(m.Entries))
 	want := Meta{Source: "registry", Ref: ref, Digest: digest.String(), Platform: "linux/" + runtime.GOARCH,
-		Config: ImageConfig{Entrypoint: appConfig.Entrypoint, Cmd: appConfig.Cmd, Env: appConfig.Env, WorkingDir: "/work", User: "app:staff", UID: 1234, GID: 2345}}
+		Config: ImageConfig{Entrypoint: appConfig.Entrypoint, Cmd: appConfig.Cmd, Env: appConfig.Env, WorkingDir: "/work", User: "app:staff", UID: 1234, GID: 2345},
+		Layers: []string{layerDigest(t, bb), layerDigest(t, app)}}
 	got, ok, err := ReadMeta(t.Context(), repo, "app")
 	if err != nil || !ok {
 		t.Fatalf("ReadMeta = %v, %v", ok, err)

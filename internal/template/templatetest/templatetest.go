@@ -144,12 +144,15 @@ type Registry struct {
 	blobGets map[string]int    // by digest
 	cut      map[string]int    // digest: cut this many more GETs of it half-way
 	rewrite  map[string]string // manifest digest: serve this other one's bytes
+	hold     map[string]held   // digest: GETs of it wait for release
 }
+
+type held struct{ reached, release chan struct{} }
 
 // NewRegistry starts a registry, closed at the test's end.
 func NewRegistry(t testing.TB) *Registry {
 	t.Helper()
-	r := &Registry{t: t, User: "puller", Pass: "s3cret pass", blobGets: map[string]int{}, cut: map[string]int{}, rewrite: map[string]string{}}
+	r := &Registry{t: t, User: "puller", Pass: "s3cret pass", blobGets: map[string]int{}, cut: map[string]int{}, rewrite: map[string]string{}, hold: map[string]held{}}
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		u, p, ok := req.BasicAuth()
@@ -174,7 +177,19 @@ func NewRegistry(t testing.TB) *Registry {
 			if cut {
 				r.cut[d]--
 			}
+			h, hold := r.hold[d]
 			r.mu.Unlock()
+			if hold {
+				select {
+				case h.reached <- struct{}{}:
+				default:
+				}
+				select {
+				case <-h.release:
+				case <-req.Context().Done():
+					return
+				}
+			}
 			if cut {
 				rec := httptest.NewRecorder()
 				inner.ServeHTTP(rec, req)
@@ -239,6 +254,17 @@ func (r *Registry) Cut(h v1.Hash, n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cut[h.String()] = n
+}
+
+// Hold makes GETs of blob h wait until release is called; reached gets a
+// value when one is waiting.
+func (r *Registry) Hold(h v1.Hash) (reached <-chan struct{}, release func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := held{reached: make(chan struct{}, 1), release: make(chan struct{})}
+	r.hold[h.String()] = c
+	var once sync.Once
+	return c.reached, func() { once.Do(func() { close(c.release) }) }
 }
 
 // Rewrite serves manifest other's bytes when manifest h is asked for.
