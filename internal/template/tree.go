@@ -39,7 +39,7 @@ func (t Trees) begin(name string) (string, error) {
 		return "", nil
 	}
 	if os.Geteuid() != 0 {
-		return "", fmt.Errorf("keep the overlay tree of %s in %s: %w (or no --templates-dir)", name, t.Dir, ErrTreeNeedsRoot)
+		return "", fmt.Errorf("keep the overlay tree of %s in %s: %w (--templates-dir none keeps no tree)", name, t.Dir, ErrTreeNeedsRoot)
 	}
 	if _, err := os.Lstat(filepath.Join(t.Dir, name)); err == nil {
 		return "", fmt.Errorf("overlay tree %s: %w", filepath.Join(t.Dir, name), ErrTemplateExists)
@@ -62,7 +62,18 @@ func (t Trees) publish(p, name string) error {
 	if p == "" {
 		return nil
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, p, unix.AT_FDCWD, filepath.Join(t.Dir, name), unix.RENAME_NOREPLACE); err != nil {
+	dst := filepath.Join(t.Dir, name)
+	err := unix.Renameat2(unix.AT_FDCWD, p, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// A file system without RENAME_NOREPLACE: check, then rename
+		// (rename(2) still refuses a non-empty directory).
+		if _, lerr := os.Lstat(dst); lerr == nil {
+			err = unix.EEXIST
+		} else {
+			err = unix.Rename(p, dst)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			err = ErrTemplateExists
 		}
