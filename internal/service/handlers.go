@@ -509,10 +509,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, owner string) erro
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if req.TimeoutSec < 0 || time.Duration(req.TimeoutSec)*time.Second > maxExecTimeout {
-		return invalidf("timeout_sec must be between 0 and %d", int64(maxExecTimeout/time.Second))
-	}
-	env, err := envList(req.Env)
+	env, err := runEnv(req.TimeoutSec, req.Env)
 	if err != nil {
 		return err
 	}
@@ -520,17 +517,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, owner string) erro
 	if err := ereq.Validate(); err != nil {
 		return err
 	}
-	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
-		return s.execStream(w, r, o.ID, ereq)
-	}
-	limit := orDefault(s.MaxBodyBytes, DefaultMaxBodyBytes)
-	stdout, stderr := &capped{limit: limit}, &capped{limit: limit}
-	code, err := s.Manager.Exec(r.Context(), o.ID, ereq, stdout, stderr)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, client.ExecResult{ExitCode: code, Stdout: stdout.b, Stderr: stderr.b, StdoutTruncated: stdout.cut, StderrTruncated: stderr.cut})
-	return nil
+	return s.answerRun(w, r, func(stdout, stderr io.Writer) (int, error) {
+		return s.Manager.Exec(r.Context(), o.ID, ereq, stdout, stderr)
+	})
 }
 
 // capped keeps the first limit bytes written to it.
@@ -596,23 +585,6 @@ func (s sseStream) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
-}
-
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req api.ExecRequest) error {
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	e := &sse{w: w, rc: http.NewResponseController(w)}
-	code, err := s.Manager.Exec(r.Context(), id, req, sseStream{e, client.EventStdout}, sseStream{e, client.EventStderr})
-	if err != nil {
-		c, msg, _ := classify(err)
-		b, _ := json.Marshal(client.ErrorBody{Error: client.ErrorDetail{Code: c, Message: msg}})
-		e.event(client.EventError, b)
-		return nil
-	}
-	b, _ := json.Marshal(client.ExecExit{ExitCode: code})
-	e.event(client.EventExit, b)
-	return nil
 }
 
 // filePath checks a guest path: absolute and clean (no "." or ".."
