@@ -101,6 +101,7 @@ type ServiceStore interface {
 	OwnedSandboxes(ctx context.Context, owner, after string, limit int) ([]OwnedSandbox, error)
 	UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error)
 	EndOwnedSandbox(ctx context.Context, id, reason string) error
+	FailCreate(ctx context.Context, id, opErr, reason string) error
 	SetPaused(ctx context.Context, id string, paused bool) error
 
 	AdmitVolume(ctx context.Context, in VolumeAdmission) error
@@ -483,24 +484,27 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 // the manager's (State and Generation are the manager's; empty before the
 // claim is recorded).
 type OwnedSandbox struct {
-	ID         string            `json:"id"`
-	Owner      string            `json:"owner"`
-	Spec       json.RawMessage   `json:"spec"`
-	Labels     map[string]string `json:"labels"`
-	Active     bool              `json:"active"`
-	Paused     bool              `json:"paused"`
-	Reason     string            `json:"reason,omitempty"`
-	CreatedAt  time.Time         `json:"created_at"`
-	EndedAt    *time.Time        `json:"ended_at,omitempty"`
-	State      string            `json:"state"`
-	Generation uint64            `json:"generation"`
+	ID        string            `json:"id"`
+	Owner     string            `json:"owner"`
+	Spec      json.RawMessage   `json:"spec"`
+	Labels    map[string]string `json:"labels"`
+	Active    bool              `json:"active"`
+	Paused    bool              `json:"paused"`
+	Reason    string            `json:"reason,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	EndedAt   *time.Time        `json:"ended_at,omitempty"`
+	State     string            `json:"state"`
+	// StateReason is why the generation failed or was lost, as the
+	// manager recorded it (its words, not the caller's: Reason is those).
+	StateReason string `json:"state_reason,omitempty"`
+	Generation  uint64 `json:"generation"`
 	// Deadline is the armed timeout (nil: none or already fired).
 	Deadline   *time.Time `json:"deadline,omitempty"`
 	TimerState string     `json:"timer_state,omitempty"`
 }
 
 const ownedSelect = `SELECT o.id, o.owner, o.spec, o.labels, o.active, o.paused, o.reason, o.created_at, o.ended_at,
-	COALESCE(s.state, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, '')
+	COALESCE(s.state, ''), COALESCE(s.reason, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, '')
 	FROM owned_sandboxes o
 	LEFT JOIN sandboxes s ON s.id = o.id
 	LEFT JOIN timers t ON t.sandbox_id = o.id AND t.kind = 'timeout'`
@@ -509,7 +513,7 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	var r OwnedSandbox
 	var spec, labels, created string
 	var ended, deadline sql.NullString
-	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.Generation, &deadline, &r.TimerState); err != nil {
+	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.StateReason, &r.Generation, &deadline, &r.TimerState); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, notFound("sandbox not found")
 		}
@@ -555,18 +559,23 @@ func (s *Store) OwnedSandboxes(ctx context.Context, owner, after string, limit i
 // EndOwnedSandbox returns a sandbox's reservation to its owner's quota
 // (released, or its create failed for good) and cancels its armed timers.
 // Ending an ended sandbox changes nothing.
+// The reason is required (service_fail.go).
 func (s *Store) EndOwnedSandbox(ctx context.Context, id, reason string) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		now := ts(s.now())
-		if _, err := tx.ExecContext(ctx, `UPDATE owned_sandboxes SET active = 0, reason = CASE WHEN reason = '' THEN ? ELSE reason END, ended_at = ? WHERE id = ? AND active = 1`,
-			reason, now, id); err != nil {
-			return fmt.Errorf("end sandbox %s: %w", id, err)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE timers SET state = 'cancelled', finished_at = ? WHERE sandbox_id = ? AND state = 'armed'`, now, id); err != nil {
-			return fmt.Errorf("cancel timers of %s: %w", id, err)
-		}
-		return nil
-	})
+	if reason == "" {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "end sandbox %s: no reason given", id)
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error { return endOwnedTx(ctx, tx, id, reason, ts(s.now())) })
+}
+
+func endOwnedTx(ctx context.Context, tx *sql.Tx, id, reason, now string) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE owned_sandboxes SET active = 0, reason = CASE WHEN reason = '' THEN ? ELSE reason END, ended_at = ? WHERE id = ? AND active = 1`,
+		reason, now, id); err != nil {
+		return fmt.Errorf("end sandbox %s: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE timers SET state = 'cancelled', finished_at = ? WHERE sandbox_id = ? AND state = 'armed'`, now, id); err != nil {
+		return fmt.Errorf("cancel timers of %s: %w", id, err)
+	}
+	return nil
 }
 
 // SetPaused records whether the sandbox is paused (its head published,

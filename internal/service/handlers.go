@@ -336,6 +336,9 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 	switch st := api.SandboxState(o.State); {
 	case st == api.StateFailed || st == api.StateLost:
 		sb.State = client.StateFailed
+		if sb.Reason == "" {
+			sb.Reason = stateReason(o.StateReason)
+		}
 	case st == api.StateReleased && o.Paused && o.Active:
 		sb.State = client.StatePaused
 	case st == api.StateReleased:
@@ -350,6 +353,20 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 		sb.State = client.StateReleasing
 	}
 	return sb
+}
+
+// stateReason is what a caller reads of the manager's reason for a
+// failed generation the service has not ended in its own words (yet, or
+// ever: a failed resume): the "kind: message" of the node's refusal,
+// classified as an answer would be, so internal detail stays in the log.
+func stateReason(stored string) string {
+	kind, msg, ok := strings.Cut(stored, ": ")
+	err := error(errdefs.Errorf(errdefs.Code(kind), "%s", msg))
+	if !ok || codeOfKind[errdefs.Code(kind)] == "" {
+		err = errors.New(stored)
+	}
+	_, text, _ := classify(err)
+	return "failed: " + text
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) error {
