@@ -242,3 +242,67 @@ func TestStateReasonKeepsInternalDetailInTheLog(t *testing.T) {
 		}
 	}
 }
+
+// endDyingStore is the store of a replica that dies as it ends a failed
+// create's sandbox: the claim's failure is recorded, the end never is.
+type endDyingStore struct {
+	*dyingStore
+	end chan struct{}
+}
+
+func (d endDyingStore) AdmitCreate(ctx context.Context, in manager.Admission) error {
+	return d.ServiceStore.AdmitCreate(ctx, in)
+}
+
+func (d endDyingStore) EndOwnedSandbox(ctx context.Context, id, reason string) error {
+	d.dead.Store(true)
+	<-d.end
+	return errDead
+}
+
+// TestCreateFailedByADeadReplicaIsEnded: a replica that dies between the
+// node's refusal of a claim (recorded: the generation failed) and the end
+// of the owner's sandbox leaves the create to a sweeper, which ends it
+// with the reason: the owner's share comes back. (The sweeper found the
+// create settled, the claim failed, and left the sandbox active: its
+// share was taken for good.)
+func TestCreateFailedByADeadReplicaIsEnded(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
+	ctx := context.Background()
+	dying := endDyingStore{dyingStore: &dyingStore{ServiceStore: e.store}, end: make(chan struct{})}
+	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
+	dead := e.serveExtra(t, &Server{Manager: m, Store: dying, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
+		LeaseTTL: time.Second, ReplicaID: "replica-dead"}, e.keyA)
+	t.Cleanup(func() { close(dying.end) })
+	var id sync.Map
+	e.node.Lock()
+	e.node.FailClaim = func(req api.ClaimRequest) error {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "template busybox has no image")
+	}
+	e.node.Hold = func(kind, sid string, after bool) error {
+		id.Store("id", sid)
+		return nil
+	}
+	e.node.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err := dead.Create(cctx, client.CreateRequest{Template: "busybox"})
+	cancel()
+	if err == nil || !dying.dead.Load() {
+		t.Fatalf("create through the dying replica: %v (dead %v), want no answer", err, dying.dead.Load())
+	}
+	v, _ := id.Load("id")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		u, err := e.store.Usage(ctx, "team-a")
+		if err == nil && u.Sandboxes == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("usage %+v, %v; want the failed create's share back", u, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sb := waitState(t, e.a, v.(string), client.StateFailed)
+	if !strings.Contains(sb.Reason, "create failed: template busybox has no image") {
+		t.Fatalf("reason %q, want the node's refusal", sb.Reason)
+	}
+}

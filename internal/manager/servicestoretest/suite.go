@@ -32,6 +32,7 @@ func Run(t *testing.T, open Opener) {
 		{"IdempotencyRecords", idempotencyRecords},
 		{"Volumes", volumes},
 		{"Events", events},
+		{"FailedSandboxSaysWhy", failedSaysWhy},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
