@@ -402,13 +402,22 @@ type Admission struct {
 	Idle time.Duration
 	// Volumes are the owner's volumes the sandbox holds until it ends.
 	Volumes []string
+	// Lease, when set, is the create's operation lease, taken for
+	// LeaseTTL in the admission's transaction (TakeLease's rules): the
+	// create is admitted only with its lease, in one write. Held live by
+	// another holder, it refuses the admission (unavailable).
+	Lease    *OpLease
+	LeaseTTL time.Duration
 }
 
 // AdmitCreate checks owner's quota and create rate and, in the same
 // transaction, records the sandbox as the owner's (reserving its share),
-// the create in the rate log and its timeout timer. Over quota it records
-// nothing and returns a *QuotaError.
+// the create in the rate log, its timeout timer and its operation lease.
+// Over quota it records nothing and returns a *QuotaError.
 func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
+	if l := in.Lease; l != nil && (l.ID == "" || l.Holder == "" || in.LeaseTTL <= 0) {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "an operation lease needs an id, a holder and a positive TTL")
+	}
 	labels, err := json.Marshal(in.Labels)
 	if err != nil {
 		return fmt.Errorf("encode labels: %w", err)
@@ -449,6 +458,15 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 		} {
 			if c.used+c.asked > c.limt {
 				return &QuotaError{Owner: in.Owner, Resource: c.what, Limit: c.limt, Used: c.used, Asked: c.asked}
+			}
+		}
+		if in.Lease != nil {
+			cur, ok, err := takeLeaseTx(ctx, tx, *in.Lease, in.LeaseTTL, now)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: %w", ErrLeaseHeld, errdefs.Busy(time.Second, "operation %s is running on replica %s; retry", cur.ID, cur.Holder))
 			}
 		}
 		// The log only needs the last minute: older entries go here.

@@ -201,21 +201,30 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
-	// The create's lease, taken before the admission: a replica that dies
-	// from here on leaves the create, and its caller's Idempotency-Key, to
-	// another (replica.go), which finds it admitted or not. Taken after,
-	// a replica dying in between left an admitted create that no lease
-	// named: its key was forgotten as an orphan and the caller's retry
-	// made a second sandbox. No lease (the database is away): no create.
+	// The create's lease is taken in the admission's transaction: a
+	// replica that dies from here on leaves the create, and its caller's
+	// Idempotency-Key, to another (replica.go), which finds it admitted
+	// or not. Taken after, a replica dying in between left an admitted
+	// create that no lease named: its key was forgotten as an orphan and
+	// the caller's retry made a second sandbox. Taken before in a
+	// transaction of its own, a create cost one write more (SQLITE_BUSY
+	// under load). No lease (the database is away): no create.
 	lease := s.opLease(r, leaseCreate, owner, id)
-	if err := s.holdLease(r.Context(), lease); err != nil {
-		return err
+	if !s.startOp(lease.ID) {
+		return errdefs.Busy(time.Second, "operation %s is running here; retry", lease.ID)
 	}
+	in.Lease, in.LeaseTTL = &lease, s.leaseTTL()
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
-		// Refused (quota, bad input): nothing was admitted. Otherwise (the
-		// database went away) the admission may have committed: the lease
-		// and the Idempotency-Key are left to a sweeper, which finds out.
-		s.letGoOf(r.Context(), r, lease.ID, errdefs.CodeOf(err) != errdefs.CodeUnavailable)
+		if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errors.Is(err, manager.ErrLeaseHeld) {
+			// Refused (quota, bad input, the lease held): neither the
+			// admission nor the lease was recorded.
+			s.endOp(lease.ID)
+			return err
+		}
+		// The database went away: the admission and its lease may have
+		// committed (both or neither): they and the Idempotency-Key are
+		// left to a sweeper, which finds out.
+		s.letGoOf(r.Context(), r, lease.ID, false)
 		return err
 	}
 	s.emit(owner, id, client.EventCreated, "")

@@ -33,6 +33,7 @@ func Run(t *testing.T, open Opener) {
 		{"Volumes", volumes},
 		{"Events", events},
 		{"FailedSandboxSaysWhy", failedSaysWhy},
+		{"AdmitWithLease", admitWithLease},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
