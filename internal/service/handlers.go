@@ -229,7 +229,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	}
 	s.emit(owner, id, client.EventCreated, "")
 	claim := func(ctx context.Context) error {
-		err := s.claim(ctx, owner, id, spec)
+		err := s.claim(ctx, owner, id, spec, failedPrefix)
 		settled, serr := s.createSettled(ctx, owner, id)
 		s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
 		return err
@@ -267,14 +267,30 @@ func (s *Server) deadline(timeoutSec int64) (time.Time, error) {
 	return s.now().Add(timeout), nil
 }
 
+// Reasons of a create the node refused: one run to its end by its
+// replica, and one another replica took over (ctld rolls back a claim
+// whose caller went away, and answers its repeat the same way).
+const (
+	failedPrefix      = "create failed: "
+	interruptedPrefix = "create interrupted: its replica stopped during it and the node refused the claim: "
+)
+
 // claim runs the manager's create within CreateTimeout. A create that
-// failed for good (the manager recorded it failed, or it never reached
-// the node) gives the owner's share back; one whose outcome is unknown
-// keeps it until it is settled.
-func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec) error {
+// failed for good (the node refused it, or it never reached the node)
+// ends with failPrefix and the refusal as its reason, the owner's share
+// back; one whose outcome is unknown keeps it until it is settled.
+func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec, failPrefix string) error {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(s.CreateTimeout, DefaultCreateTimeout))
 	defer cancel()
-	_, err := s.Manager.Create(ctx, id, spec)
+	reasonOf := func(err error) string {
+		_, msg, _ := classify(err)
+		return failPrefix + msg
+	}
+	// The node's refusal fails the claim and ends the sandbox in one
+	// transaction: a reader never sees it failed without its reason.
+	_, err := s.Manager.CreateWith(ctx, id, spec, func(ctx context.Context, op manager.OperationRecord, err error) error {
+		return s.Store.FailCreate(ctx, id, err.Error(), reasonOf(err))
+	})
 	if err == nil {
 		s.emit(owner, id, client.EventReady, "")
 		return nil
@@ -290,11 +306,12 @@ func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec)
 	sctx := context.WithoutCancel(ctx)
 	sb, serr := s.Manager.Store.Sandbox(sctx, id)
 	if errdefs.CodeOf(serr) == errdefs.CodeNotFound || (serr == nil && sb.State == api.StateFailed) {
-		_, msg, _ := classify(err)
-		if eerr := s.Store.EndOwnedSandbox(sctx, id, "create failed: "+msg); eerr != nil {
+		// Ended already when the node refused it (EndOwnedSandbox keeps
+		// the first reason); here when it never reached the node.
+		if eerr := s.Store.EndOwnedSandbox(sctx, id, reasonOf(err)); eerr != nil {
 			return errors.Join(err, eerr)
 		}
-		s.emit(owner, id, client.EventFailed, "create failed: "+msg)
+		s.emit(owner, id, client.EventFailed, reasonOf(err))
 	}
 	return err
 }

@@ -419,7 +419,7 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 			s.emit(o.Owner, o.ID, client.EventResumed, "")
 		}
 	default:
-		s.claim(ctx, o.Owner, o.ID, rec.Spec)
+		s.claim(ctx, o.Owner, o.ID, rec.Spec, interruptedPrefix)
 	}
 	if settled, err = s.createSettled(ctx, l.Owner, l.SandboxID); err != nil || !settled {
 		return false

@@ -114,7 +114,7 @@ func TestFailedCreateIsNeverSeenWithoutItsReason(t *testing.T) {
 		t.Fatal("no look at the failed sandbox while it settled: the test checks nothing")
 	}
 	for _, r := range got {
-		if !strings.Contains(r, "has no image") {
+		if r != "create failed: template busybox has no image" {
 			t.Fatalf("a caller saw the create failed without its reason (looks: %q)", got)
 		}
 	}
@@ -124,12 +124,26 @@ func TestFailedCreateIsNeverSeenWithoutItsReason(t *testing.T) {
 // TestKernelServeReplicaKilledMidCreate on the fake node: a replica dies
 // while the node holds its claim, the node rolls the claim back (its
 // caller went away), and the surviving replica's sweeper takes the
-// create over, finds it failed on the node and fails it with the reason.
-// A caller reading the sandbox at any moment of that settling sees it
-// creating, or failed with the reason, never failed with none (the
+// create over and fails it with the reason: it finds it failed on the
+// node, or still claiming, sends the claim again with its operation id
+// and the node answers the rollback. A caller reading the sandbox at any
+// moment of that settling sees it creating, or failed with the reason
+// ("create interrupted: ..."), never failed with none or another (the
 // pending claim was failed in one transaction, the reason recorded in a
 // second), and the owner's share comes back.
 func TestTakenOverCreateIsNeverSeenFailedWithoutItsReason(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// rolledBack: the node has finished its rollback when the
+		// sweeper looks; else it is still claiming and refuses the
+		// claim's repeat.
+		rolledBack bool
+	}{{"RolledBack", true}, {"RollingBack", false}} {
+		t.Run(tc.name, func(t *testing.T) { takenOverFailed(t, tc.rolledBack) })
+	}
+}
+
+func takenOverFailed(t *testing.T, rolledBack bool) {
 	var peek *peekStore
 	e := newEnv(t, func(s *Server) {
 		s.LeaseTTL = time.Second
@@ -142,15 +156,31 @@ func TestTakenOverCreateIsNeverSeenFailedWithoutItsReason(t *testing.T) {
 	seen := watchFailedReasons(t, peek, e.a, &id)
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
+	rollback := errdefs.Errorf(errdefs.CodeInternal, "mount rootfs: mount overlay: context canceled")
+	var claims int
 	e.node.Lock()
 	e.node.Hold = func(kind, sid string, after bool) error {
 		if kind != "claim" || after {
 			return nil
 		}
+		e.node.Lock()
+		claims++
+		first := claims == 1
+		e.node.Unlock()
+		if !first {
+			// The repeat of the claim: answered as ctld answers a claim
+			// it rolled back.
+			e.node.Put(api.Sandbox{ID: sid, Generation: 1, State: api.StateFailed, Reason: rollback.Message})
+			return rollback
+		}
 		// The replica that sent the claim dies; ctld, seeing its caller
 		// gone, rolls the claim back.
 		dead.store.dead.Store(true)
-		e.node.Put(api.Sandbox{ID: sid, Generation: 1, State: api.StateFailed, Reason: "mount rootfs: mount overlay: context canceled"})
+		state := api.StateClaiming
+		if rolledBack {
+			state = api.StateFailed
+		}
+		e.node.Put(api.Sandbox{ID: sid, Generation: 1, State: state, Reason: rollback.Message})
 		id.Store("id", sid)
 		<-release
 		return errdefs.Errorf(errdefs.CodeUnavailable, "connection reset")
@@ -164,7 +194,7 @@ func TestTakenOverCreateIsNeverSeenFailedWithoutItsReason(t *testing.T) {
 	}
 	v, _ := id.Load("id")
 	sb := waitState(t, e.a, v.(string), client.StateFailed)
-	if !strings.Contains(sb.Reason, "create interrupted") {
+	if !strings.HasPrefix(sb.Reason, "create interrupted: ") {
 		t.Fatalf("taken-over create's reason %q, want create interrupted: ...", sb.Reason)
 	}
 	if !strings.Contains(e.logs.String(), "taking over an operation") {
@@ -175,13 +205,18 @@ func TestTakenOverCreateIsNeverSeenFailedWithoutItsReason(t *testing.T) {
 		t.Fatal("no look at the failed sandbox while it settled: the test checks nothing")
 	}
 	for _, r := range got {
-		if !strings.Contains(r, "create interrupted") {
-			t.Fatalf("a caller saw the create failed without its reason (looks: %q)", got)
+		if r != sb.Reason {
+			t.Fatalf("a caller saw the create failed without its reason (looks: %q, reason %q)", got, sb.Reason)
 		}
 	}
 	if u, err := e.store.Usage(ctx, "team-a"); err != nil || u.Sandboxes != 0 {
 		t.Fatalf("usage %+v, %v; want the share back", u, err)
 	}
+	ops, err := e.store.Operations(ctx, v.(string))
+	if err != nil || len(ops) != 1 || ops[0].State != manager.OpFailed || ops[0].Error == "" {
+		t.Fatalf("operations %+v, %v; want the one claim, failed with the node's error", ops, err)
+	}
+	t.Logf("%s: %s", v, sb.Reason)
 }
 
 // deadReplica is a second server on the env's store and node whose store
