@@ -431,10 +431,10 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 // endFailedCreate ends a create whose claim failed but whose owner's
 // sandbox is still active: its replica died between the two (the share
 // came back only at the end). A paused sandbox whose resume failed stays:
-// it may be resumed again.
+// it may be resumed again; so does one past its first generation.
 func (s *Server) endFailedCreate(ctx context.Context, o manager.OwnedSandbox) error {
 	st := api.SandboxState(o.State)
-	if !o.Active || o.Paused || (st != api.StateFailed && st != api.StateLost) {
+	if !o.Active || o.Paused || o.Generation > 1 || (st != api.StateFailed && st != api.StateLost) {
 		return nil
 	}
 	reason := "create failed: " + strings.TrimPrefix(stateReason(o.StateReason), "failed: ")
