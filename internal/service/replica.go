@@ -437,7 +437,7 @@ func (s *Server) endFailedCreate(ctx context.Context, o manager.OwnedSandbox) er
 	if !o.Active || o.Paused || o.Generation > 1 || (st != api.StateFailed && st != api.StateLost) {
 		return nil
 	}
-	reason := "create failed: " + strings.TrimPrefix(stateReason(o.StateReason), "failed: ")
+	reason := failedPrefix + strings.TrimPrefix(stateReason(o.StateReason), "failed: ")
 	if err := s.Store.EndOwnedSandbox(ctx, o.ID, reason); err != nil {
 		return err
 	}
