@@ -200,6 +200,16 @@ func takenOverFailed(t *testing.T, rolledBack bool) {
 	if !strings.Contains(e.logs.String(), "taking over an operation") {
 		t.Fatal("the live replica did not take the create over")
 	}
+	// The taker's last write lets the lease go (a look comes before it).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := e.store.Lease(ctx, leaseCreate+"/"+v.(string)); errdefs.CodeOf(err) == errdefs.CodeNotFound {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the taker never let the create's lease go")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	got := seen()
 	if len(got) == 0 {
 		t.Fatal("no look at the failed sandbox while it settled: the test checks nothing")
