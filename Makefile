@@ -108,11 +108,8 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
 	internal/cleanup internal/testutil internal/nodeagent
-# TestKernelServeReplicaKilledMidCreate is left out of `make test` until its
-# race is found (one CI run in three saw the create failed without its
-# reason); run it with `make test-vm VM_PKGS=./cmd/ctl-manager RUN=...`.
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
-	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^(TestCLIOnPostgres|TestCLINodeProcessOnPostgres|TestKernelServeReplicaKilledMidCreate)$$'
+	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^(TestCLIOnPostgres|TestCLINodeProcessOnPostgres)$$'
 
 test-vm-e2e:
 	$(VMRUN) -timeout 45m -job-timeout 35m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e

@@ -164,6 +164,17 @@ func definitive(err error) bool {
 
 // Create claims the next generation of sandbox id on the node.
 func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResult, error) {
+	return m.CreateWith(ctx, id, spec, nil)
+}
+
+// ClaimFailer records a claim the node refused for good (err says why).
+type ClaimFailer func(ctx context.Context, op OperationRecord, err error) error
+
+// CreateWith is Create with fail, when set, recording a claim the node
+// refused for good in place of Store.FailOperation: the service fails the
+// claim and ends its owner's sandbox with its reason in one transaction
+// (Store.FailCreate), so no reader sees the one without the other.
+func (m *Manager) CreateWith(ctx context.Context, id string, spec Spec, fail ClaimFailer) (CreateResult, error) {
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return CreateResult{}, err
 	}
@@ -227,7 +238,12 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	})
 	if err != nil {
 		if definitive(err) {
-			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
+			if fail == nil {
+				fail = func(ctx context.Context, op OperationRecord, err error) error {
+					return m.Store.FailOperation(ctx, op.OperationID, err.Error())
+				}
+			}
+			if ferr := fail(context.WithoutCancel(ctx), op, err); ferr != nil {
 				return res, errors.Join(err, ferr)
 			}
 			log.Warn("claim failed", "err", err)

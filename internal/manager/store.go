@@ -663,7 +663,7 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 			in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), string(network), now); err != nil {
 			return fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = NULLIF(?, '') WHERE id = ?`,
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = NULLIF(?, ''), reason = '' WHERE id = ?`,
 			api.StateClaiming, gen, in.NodeID, in.SandboxID); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
 		}
@@ -737,10 +737,15 @@ func finishOp(ctx context.Context, tx *sql.Tx, opID, state, msg, now string) err
 	return nil
 }
 
-// FailOperation records that ctld refused an operation for good. A failed
-// claim fails its generation; a failed release leaves the sandbox state as
+// FailOperation records that ctld refused an operation for good, msg
+// saying why (required). A failed claim fails its generation with msg as
+// the sandbox's reason, in the same transaction: no reader sees the
+// sandbox failed without it. A failed release leaves the sandbox state as
 // it was before the release, since ctld still has it.
 func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
+	if msg == "" {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "fail operation %s: no reason given", opID)
+	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
 		if err != nil {
@@ -749,13 +754,7 @@ func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
 		now := ts(s.now())
 		switch op.Kind {
 		case KindClaim:
-			if _, err := tx.ExecContext(ctx, `UPDATE generations SET state = ?, ended_at = ? WHERE sandbox_id = ? AND generation = ?`,
-				api.StateFailed, now, op.SandboxID, op.Generation); err != nil {
-				return fmt.Errorf("update generation %s/%d: %w", op.SandboxID, op.Generation, err)
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ? AND generation = ?`, api.StateFailed, op.SandboxID, op.Generation); err != nil {
-				return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
-			}
+			return failClaimTx(ctx, tx, op, msg, now)
 		case KindRelease:
 			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ?`,
 				op.SandboxID, op.Generation, op.SandboxID); err != nil {

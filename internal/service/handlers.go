@@ -206,26 +206,35 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
-	// The create's lease, taken before the admission: a replica that dies
-	// from here on leaves the create, and its caller's Idempotency-Key, to
-	// another (replica.go), which finds it admitted or not. Taken after,
-	// a replica dying in between left an admitted create that no lease
-	// named: its key was forgotten as an orphan and the caller's retry
-	// made a second sandbox. No lease (the database is away): no create.
+	// The create's lease is taken in the admission's transaction: a
+	// replica that dies from here on leaves the create, and its caller's
+	// Idempotency-Key, to another (replica.go), which finds it admitted
+	// or not. Taken after, a replica dying in between left an admitted
+	// create that no lease named: its key was forgotten as an orphan and
+	// the caller's retry made a second sandbox. Taken before in a
+	// transaction of its own, a create cost one write more (SQLITE_BUSY
+	// under load). No lease (the database is away): no create.
 	lease := s.opLease(r, leaseCreate, owner, id)
-	if err := s.holdLease(r.Context(), lease); err != nil {
-		return err
+	if !s.startOp(lease.ID) {
+		return errdefs.Busy(time.Second, "operation %s is running here; retry", lease.ID)
 	}
+	in.Lease, in.LeaseTTL = &lease, s.leaseTTL()
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
-		// Refused (quota, bad input): nothing was admitted. Otherwise (the
-		// database went away) the admission may have committed: the lease
-		// and the Idempotency-Key are left to a sweeper, which finds out.
-		s.letGoOf(r.Context(), r, lease.ID, errdefs.CodeOf(err) != errdefs.CodeUnavailable)
+		if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errors.Is(err, manager.ErrLeaseHeld) {
+			// Refused (quota, bad input, the lease held): neither the
+			// admission nor the lease was recorded.
+			s.endOp(lease.ID)
+			return err
+		}
+		// The database went away: the admission and its lease may have
+		// committed (both or neither): they and the Idempotency-Key are
+		// left to a sweeper, which finds out.
+		s.letGoOf(r.Context(), r, lease.ID, false)
 		return err
 	}
 	s.emit(owner, id, client.EventCreated, "")
 	claim := func(ctx context.Context) error {
-		err := s.claim(ctx, owner, id, spec)
+		err := s.claim(ctx, owner, id, spec, failedPrefix)
 		settled, serr := s.createSettled(ctx, owner, id)
 		s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
 		return err
@@ -263,14 +272,30 @@ func (s *Server) deadline(timeoutSec int64) (time.Time, error) {
 	return s.now().Add(timeout), nil
 }
 
+// Reasons of a create the node refused: one run to its end by its
+// replica, and one another replica took over (ctld rolls back a claim
+// whose caller went away, and answers its repeat the same way).
+const (
+	failedPrefix      = "create failed: "
+	interruptedPrefix = "create interrupted: its replica stopped during it and the node refused the claim: "
+)
+
 // claim runs the manager's create within CreateTimeout. A create that
-// failed for good (the manager recorded it failed, or it never reached
-// the node) gives the owner's share back; one whose outcome is unknown
-// keeps it until it is settled.
-func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec) error {
+// failed for good (the node refused it, or it never reached the node)
+// ends with failPrefix and the refusal as its reason, the owner's share
+// back; one whose outcome is unknown keeps it until it is settled.
+func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec, failPrefix string) error {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(s.CreateTimeout, DefaultCreateTimeout))
 	defer cancel()
-	_, err := s.Manager.Create(ctx, id, spec)
+	reasonOf := func(err error) string {
+		_, msg, _ := classify(err)
+		return failPrefix + msg
+	}
+	// The node's refusal fails the claim and ends the sandbox in one
+	// transaction: a reader never sees it failed without its reason.
+	_, err := s.Manager.CreateWith(ctx, id, spec, func(ctx context.Context, op manager.OperationRecord, err error) error {
+		return s.Store.FailCreate(ctx, id, err.Error(), reasonOf(err))
+	})
 	if err == nil {
 		s.emit(owner, id, client.EventReady, "")
 		return nil
@@ -286,11 +311,12 @@ func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec)
 	sctx := context.WithoutCancel(ctx)
 	sb, serr := s.Manager.Store.Sandbox(sctx, id)
 	if errdefs.CodeOf(serr) == errdefs.CodeNotFound || (serr == nil && sb.State == api.StateFailed) {
-		_, msg, _ := classify(err)
-		if eerr := s.Store.EndOwnedSandbox(sctx, id, "create failed: "+msg); eerr != nil {
+		// Ended already when the node refused it (EndOwnedSandbox keeps
+		// the first reason); here when it never reached the node.
+		if eerr := s.Store.EndOwnedSandbox(sctx, id, reasonOf(err)); eerr != nil {
 			return errors.Join(err, eerr)
 		}
-		s.emit(owner, id, client.EventFailed, "create failed: "+msg)
+		s.emit(owner, id, client.EventFailed, reasonOf(err))
 	}
 	return err
 }
@@ -341,6 +367,9 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 	switch st := api.SandboxState(o.State); {
 	case st == api.StateFailed || st == api.StateLost:
 		sb.State = client.StateFailed
+		if sb.Reason == "" {
+			sb.Reason = stateReason(o.StateReason)
+		}
 	case st == api.StateReleased && o.Paused && o.Active:
 		sb.State = client.StatePaused
 	case st == api.StateReleased:
@@ -357,6 +386,20 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 		sb.State = client.StateReleasing
 	}
 	return sb
+}
+
+// stateReason is what a caller reads of the manager's reason for a
+// failed generation the service has not ended in its own words (yet, or
+// ever: a failed resume): the "kind: message" of the node's refusal,
+// classified as an answer would be, so internal detail stays in the log.
+func stateReason(stored string) string {
+	kind, msg, ok := strings.Cut(stored, ": ")
+	err := error(errdefs.Errorf(errdefs.Code(kind), "%s", msg))
+	if !ok || codeOfKind[errdefs.Code(kind)] == "" {
+		err = errors.New(stored)
+	}
+	_, text, _ := classify(err)
+	return "failed: " + text
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) error {
