@@ -30,7 +30,7 @@ func writeCgroup(t *testing.T, dir string, files map[string]string) {
 
 func cgroupFiles(cpu, cur, peak, pids, rbytes, wbytes int) map[string]string {
 	return map[string]string{
-		"cpu.stat": "usage_usec " + itoa(cpu) + "\nuser_usec 1\nsystem_usec 2\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
+		"cpu.stat":       "usage_usec " + itoa(cpu) + "\nuser_usec 1\nsystem_usec 2\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
 		"memory.current": itoa(cur) + "\n",
 		"memory.peak":    itoa(peak) + "\n",
 		"pids.peak":      itoa(pids) + "\n",
