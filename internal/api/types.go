@@ -273,6 +273,9 @@ type Sandbox struct {
 	// Volumes are the persistent volumes the generation's claim attached
 	// (held until its teardown ends).
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Usage is what the generation used (usage.go): live while it runs,
+	// the totals of its final usage record once over (absent: unknown).
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // PauseStatus is a generation's last pause.
