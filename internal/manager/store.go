@@ -128,6 +128,9 @@ var migrations = []string{
 	fleetMigration,
 	// 12: operation leases of the service's replicas (oplease.go).
 	opLeaseMigration,
+	// 13: usage records of the nodes' metering streams and their cursors;
+	// the egress total an idle timer last saw (usage.go).
+	usageMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
