@@ -18,7 +18,9 @@ type fakeStream struct {
 	fail     map[int]bool
 }
 
-func (f *fakeStream) Node(ctx context.Context) (api.Node, error) { return api.Node{NodeID: "node-1"}, nil }
+func (f *fakeStream) Node(ctx context.Context) (api.Node, error) {
+	return api.Node{NodeID: "node-1"}, nil
+}
 
 func (f *fakeStream) Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error) {
 	f.calls++
