@@ -212,9 +212,17 @@ type UsageSource interface {
 	Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error)
 }
 
+// UsageStore is where a puller commits a node's records (*Store).
+type UsageStore interface {
+	UsageCursor(ctx context.Context, node string) (uint64, error)
+	StoreUsage(ctx context.Context, node string, recs []api.UsageRecord, next uint64) (int, error)
+}
+
+var _ UsageStore = (*Store)(nil)
+
 // UsagePuller pages a node's stream into the store.
 type UsagePuller struct {
-	Store  *Store
+	Store  UsageStore
 	Source UsageSource
 	// Page is the records per read (0: 500).
 	Page int
