@@ -286,3 +286,32 @@ func (p UsagePuller) Run(ctx context.Context, every time.Duration) {
 		}
 	}
 }
+
+// SeeIdleEgress records total, the egress counter of sandbox id's
+// running generation, on its idle timer and reports whether it grew
+// since the last look (egress is activity: the service's idle.go). A
+// total below the one recorded is a new generation's counter (a resume):
+// any egress of it is growth.
+func (s *Store) SeeIdleEgress(ctx context.Context, id string, total uint64) (bool, error) {
+	var grew bool
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		grew = false
+		var seen int64
+		err := tx.QueryRowContext(ctx, `SELECT egress_bytes FROM idle_timers WHERE sandbox_id = ?`, id).Scan(&seen)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("read idle egress of %s: %w", id, err)
+		}
+		v := clampCounter(total)
+		if v == seen {
+			return nil
+		}
+		grew = v > seen || v > 0
+		if _, err := tx.ExecContext(ctx, `UPDATE idle_timers SET egress_bytes = ? WHERE sandbox_id = ?`, v, id); err != nil {
+			return fmt.Errorf("record idle egress of %s: %w", id, err)
+		}
+		return nil
+	})
+	return grew, err
+}

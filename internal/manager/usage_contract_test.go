@@ -145,4 +145,25 @@ func usageContract(t *testing.T, b backend) {
 			t.Fatalf("b1 = %+v, %v", sb, err)
 		}
 	})
+	t.Run("IdleEgress", func(t *testing.T) {
+		ctx := context.Background()
+		s, _ := b.open(t, nil)
+		if _, err := s.CreateOwner(ctx, "t"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AdmitCreate(ctx, manager.Admission{Owner: "t", ID: "x", Spec: []byte("{}"), Idle: time.Minute, Deadline: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range []struct {
+			total uint64
+			grew  bool
+		}{{0, false}, {100, true}, {100, false}, {50, true} /* a resumed generation's counter */, {50, false}, {1 << 63, true}} {
+			if grew, err := s.SeeIdleEgress(ctx, "x", c.total); err != nil || grew != c.grew {
+				t.Fatalf("step %d: SeeIdleEgress(%d) = %v, %v; want %v", i, c.total, grew, err, c.grew)
+			}
+		}
+		if grew, err := s.SeeIdleEgress(ctx, "no-timer", 10); err != nil || grew {
+			t.Fatalf("a sandbox without an idle timer: %v, %v", grew, err)
+		}
+	})
 }

@@ -29,3 +29,18 @@ func (n *Node) Usage(ctx context.Context, after uint64, limit int) (api.UsagePag
 	}
 	return p, nil
 }
+
+// SetEgress sets the egress counter of sandbox id's network (its nft
+// chain's accepted bytes on a real node).
+func (n *Node) SetEgress(id string, txBytes uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sb, ok := n.sandboxes[id]
+	if !ok || sb.Network == nil {
+		return
+	}
+	st := *sb.Network
+	st.TxBytes = txBytes
+	sb.Network = &st
+	n.sandboxes[id] = sb
+}
