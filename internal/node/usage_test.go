@@ -98,3 +98,60 @@ func TestUsageFinalRecordBeforeTeardown(t *testing.T) {
 		t.Fatal("a page above the bound was served")
 	}
 }
+
+// TestUsageCursorAcrossFailover: the next primary (a new term over the
+// same journal at the next epoch) goes on with the stream's numbers and
+// with what the last record said: no record lost, repeated or counted
+// twice. A primary that dies mid-teardown, after the final record, leaves
+// the next one nothing to write of the generation: one final record.
+func TestUsageCursorAcrossFailover(t *testing.T) {
+	ctx := context.Background()
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	r.mustClaim(sb, claimReq("c1", 1))
+	dir := tk.leases.Dir(r.sandbox(sb).LeaseID)
+	chain := netpolicy.ChainName(sb, 1)
+	step := func(cpu int, tx uint64) {
+		t.Helper()
+		writeFakeCgroup(t, dir, cpu, 1<<20)
+		k.SetCounters(chain, netpolicy.Counters{TxBytes: tx})
+		if err := r.n.meter.Tick(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(1000, 10)
+	step(2500, 30)
+	r.mustBoot() // ctld@a's term ends; ctld@b takes the journal over
+	step(4000, 70)
+	r.arm("runsc:removing")
+	if _, _, returned := r.release(sb, "r1", 1); returned {
+		t.Fatal("the release did not crash at runsc:removing")
+	}
+	r.mustBoot() // the next primary completes the teardown
+	r.checkProof("r1")
+	p, err := r.n.Usage(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpu, tx uint64
+	var epochs []uint64
+	finals := 0
+	for i, rec := range p.Records {
+		if rec.Seq != uint64(i+1) {
+			t.Fatalf("record %d has seq %d: %+v", i, rec.Seq, p.Records)
+		}
+		cpu += rec.Usage.CPUUsec
+		tx += rec.Usage.TxBytes
+		epochs = append(epochs, rec.Epoch)
+		if rec.Final {
+			finals++
+		}
+	}
+	if len(p.Records) != 4 || finals != 1 || !p.Records[3].Final || cpu != 4000 || tx != 70 {
+		t.Fatalf("stream across two failovers: %d records, %d final, cpu %d, tx %d: %+v", len(p.Records), finals, cpu, tx, p.Records)
+	}
+	if epochs[0] != 1 || epochs[1] != 1 || epochs[2] != 2 || epochs[3] != 2 {
+		t.Fatalf("epochs %v, want [1 1 2 2]", epochs)
+	}
+}
