@@ -22,7 +22,9 @@ func BenchmarkClaimMetering(b *testing.B) {
 	names := []string{"metering off", "metering 1s"}
 	envs := []*env{newDiskEnv(b), newDiskEnv(b)}
 	envs[0].args = append(envs[0].args, "--usage-interval", "0")
-	envs[1].args = append(envs[1].args, "--usage-interval", "1s")
+	// Both hold live generations on one scratch filesystem: their disk
+	// project ranges must not meet.
+	envs[1].args = append(envs[1].args, "--usage-interval", "1s", "--disk-project-base", "33554432")
 	for _, e := range envs {
 		e.start("a")
 		e.waitPrimary("a", 2*time.Minute)
