@@ -31,7 +31,8 @@ func BenchmarkClaimMetering(b *testing.B) {
 	}
 	for k, e := range envs {
 		for i := range live {
-			id := fmt.Sprintf("live%d", i)
+			// Ids differ between the nodes: runsc names its sockets by them.
+			id := fmt.Sprintf("live%d-%d", k, i)
 			if _, err := e.client().Claim(ctx(b, 3*time.Minute), id, claimReq("claim-"+id, 1)); err != nil {
 				b.Fatalf("%s: claim %s: %v", names[k], id, err)
 			}
@@ -42,7 +43,7 @@ func BenchmarkClaimMetering(b *testing.B) {
 		for k, e := range envs {
 			c := e.client()
 			cx := ctx(b, 3*time.Minute)
-			id := fmt.Sprintf("bench%d", i)
+			id := fmt.Sprintf("bench%d-%d", k, i)
 			t0 := time.Now()
 			if _, err := c.Claim(cx, id, claimReq("claim-"+id, 1)); err != nil {
 				b.Fatalf("%s: claim %s: %v", names[k], id, err)
