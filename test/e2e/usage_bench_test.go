@@ -76,14 +76,16 @@ func BenchmarkClaimMetering(b *testing.B) {
 			after = p.Next
 		}
 	}
-	if records[0].interval != 0 || records[0].final != n || records[1].interval == 0 || records[1].final != n {
-		b.Fatalf("usage records (interval, final): off %+v, 1s %+v; want (0, %d) and (>0, %d)", records[0], records[1], n, n)
-	}
 	c0, c1 := pct(res[0]["claim"], 50), pct(res[1]["claim"], 50)
 	r0, r1 := pct(res[0]["release"], 50), pct(res[1]["release"], 50)
 	b.Logf("claim (client wall), n=%d each, %d live generations per node: %s p50 %.0f ms p99 %.0f ms; %s p50 %.0f ms p99 %.0f ms; ratio 1s/off p50 %.3f p99 %.3f",
 		n, live, names[0], c0, pct(res[0]["claim"], 99), names[1], c1, pct(res[1]["claim"], 99), ratio(c1, c0), ratio(pct(res[1]["claim"], 99), pct(res[0]["claim"], 99)))
 	b.Logf("release p50: off %.0f ms, 1s %.0f ms (ratio %.3f); usage records: off %d interval + %d final, 1s %d interval + %d final",
 		r0, r1, ratio(r1, r0), records[0].interval, records[0].final, records[1].interval, records[1].final)
+	// Interval records need a generation ready at a tick: with no live
+	// ones, the claims' short ready windows may see none.
+	if records[0].interval != 0 || records[0].final != n || records[1].final != n || (live > 0 && records[1].interval == 0) {
+		b.Fatalf("usage records (interval, final): off %+v, 1s %+v; want (0, %d) and (>0 with live generations, %d)", records[0], records[1], n, n)
+	}
 	b.ReportMetric(ratio(c1, c0), "claim-1s/off-p50")
 }
