@@ -172,6 +172,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
 	root.AddCommand(c.serviceCommands()...)
 	root.AddCommand(c.versionCommand())
+	root.AddCommand(c.usageCommand())
 	sandbox.AddCommand(c.codeCommand())
 	root.AddCommand(c.codeCommand()) // `ctl-manager code ID` = `sandbox code ID`
 	c.completeSandboxIDs(sandbox, c.findCommand(root, "snapshot"))

@@ -218,7 +218,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	var defTimeout, maxTimeout, createTimeout time.Duration
 	var maxFile, volumeTmp string
 	var replicaID string
-	var leaseTTL time.Duration
+	var leaseTTL, usagePull time.Duration
 	var inFleet bool
 	var chf channelFlags
 	cmd := &cobra.Command{Use: "serve [--listen 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE]", Short: "Serve the sandbox API (HTTP/1.1 + JSON, API keys, quotas, lifetimes)", Args: noArgs}
@@ -239,6 +239,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
 	f.StringVar(&maxFile, "max-file-size", "64Mi", "largest file upload")
 	f.StringVar(&replicaID, "replica-id", "", "this replica's id among the servers on the database (default: random)")
+	f.DurationVar(&usagePull, "usage-pull", 10*time.Second, "pull the node's usage records (ctl-manager usage) this often (0: never)")
 	f.DurationVar(&leaseTTL, "lease-ttl", service.DefaultLeaseTTL, "how long an operation lease lasts unrenewed: a dead replica's operations are taken over after it")
 	f.BoolVar(&inFleet, "fleet", false, "place sandboxes on the fleet's nodes (their node processes drive their ctlds) instead of driving --socket's ctld")
 	chf.register(f)
@@ -326,6 +327,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			MaxFileBytes:   fileCap,
 			ReplicaID:      replicaID,
 			LeaseTTL:       leaseTTL,
+			UsagePull:      usagePull,
 		}
 		fmt.Fprintf(c.stdout, "serving on %s://%s\n", scheme, ln.Addr())
 		if err := srv.Serve(ctx, ln); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/meter"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -85,6 +86,8 @@ type runOpts struct {
 	// Withheld teardown retries: timer and first backoff step, and cap.
 	withheldRetry    time.Duration
 	withheldRetryMax time.Duration
+	usageInterval    time.Duration // usage metering (node/usage.go)
+	usageKeep        int
 	// The sandbox network (network.go).
 	net netOpts
 	// Block-mode RootFS (block.go).
@@ -214,6 +217,8 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after the term ends, how long to wait for cancelled work before exiting with the lock held")
 	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
+	f.DurationVar(&o.usageInterval, "usage-interval", time.Minute, "journal a usage record of every ready generation this often (GET /v1/usage; 0: off; a generation's final record is written at its end either way)")
+	f.IntVar(&o.usageKeep, "usage-records", meter.DefaultKeep, "at most this many usage records stay in the journal; the oldest go first (a reader behind them sees the gap: docs/operations.md, Usage metering)")
 	f.StringSliceVar(&o.metricsListen, "metrics-listen", nil, "also serve /metrics (not pprof) over TCP at HOST:PORT; SLOT=HOST:PORT for one slot only, as both instances of a pair need their own port (repeatable; the root-only debug socket <run-dir>/debug-SLOT.sock always serves /metrics and pprof)")
 	o.net.flags(f)
 	o.block.flags(f)
@@ -457,6 +462,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	}
 	defer removeNode()
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
+	go n.MeterUsage(termCtx, o.usageInterval)
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
 		Service: metrics.Service{Service: svc, M: m}, Observer: m, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
@@ -465,6 +471,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),
 		Streams:        apiserver.NewLimiter("streams", "--max-concurrent-streams", o.maxStreams, 5*time.Second),
 		SandboxStreams: apiserver.NewKeyedLimiter("streams", "--max-streams-per-sandbox", o.maxSandboxStreams, 5*time.Second),
+		Usage:          svc,
 	}
 	err = srv.Serve(termCtx, apiLn)
 	cause := context.Cause(termCtx)
@@ -610,7 +617,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Reserve:  node.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
-		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
+		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax, UsageKeep: o.usageKeep,
 		DefaultDiskBytes:   o.defaultDisk,
 		DiskProjects:       node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 		NetLimits:          netpolicy.Limits{MaxRules: o.net.maxRules},

@@ -309,6 +309,9 @@ type Sandbox struct {
 	// Exit is how the generation's guest ended (state exited, and kept
 	// once released).
 	Exit *ExitStatus `json:"exit,omitempty"`
+	// Usage is what the generation used (usage.go): live while it runs,
+	// the totals of its final usage record once over (absent: unknown).
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // PauseStatus is a generation's last pause.

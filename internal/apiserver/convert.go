@@ -173,6 +173,10 @@ func apiView(v node.SandboxView) api.Sandbox {
 	if st := v.Network; st != nil {
 		out.Network = &api.NetworkStatus{Mode: api.NetworkMode(st.Mode), TxBytes: st.TxBytes, TxPackets: st.TxPackets, DroppedPackets: st.DroppedPackets}
 	}
+	if v.Usage != nil {
+		u := apiUsage(*v.Usage)
+		out.Usage = &u
+	}
 	return out
 }
 

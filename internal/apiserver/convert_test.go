@@ -70,6 +70,10 @@ func TestAPISandboxCarriesEveryField(t *testing.T) {
 	// Network is live, not of the record: view fills it from the firewall's
 	// counters.
 	got.Network = &api.NetworkStatus{Mode: api.NetworkOpen, TxBytes: 1, TxPackets: 1, DroppedPackets: 1}
+	// Usage is live too: view converts the meter's totals, every field.
+	u := journal.Usage{CPUUsec: 1, MemoryCurrentBytes: 2, MemoryPeakBytes: 3, PIDsPeak: 4, IOReadBytes: 5, IOWriteBytes: 6,
+		DiskUsedBytes: 7, TxBytes: 8, TxPackets: 9, DroppedPackets: 10, WallMS: 11}
+	got.Usage = apiView(node.SandboxView{Sandbox: fullRecord(), Usage: &u}).Usage
 	if z := zeroFields(reflect.ValueOf(got), "api.Sandbox"); len(z) != 0 {
 		t.Fatalf("apiSandbox leaves fields zero: %v", z)
 	}

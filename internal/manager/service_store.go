@@ -86,6 +86,8 @@ const serviceMigration = `CREATE TABLE owners (
 // SQLite Store implements it; a PostgreSQL backend (the fleet) implements
 // the same contract.
 type ServiceStore interface {
+	// SeeIdleEgress: egress counts as idle activity (usage.go).
+	SeeIdleEgress(ctx context.Context, id string, total uint64) (bool, error)
 	CreateOwner(ctx context.Context, name string) (Owner, error)
 	Owner(ctx context.Context, name string) (Owner, error)
 	SetQuota(ctx context.Context, owner string, q Quota) (Owner, error)

@@ -133,6 +133,9 @@ var migrations = []string{
 	exitMigration,
 	// 14: a fleet node's stream channel address (nodes.go).
 	`ALTER TABLE nodes ADD COLUMN channel TEXT NOT NULL DEFAULT '';`,
+	// 15: usage records of the nodes' metering streams and their cursors;
+	// the egress total an idle timer last saw (usage.go).
+	usageMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

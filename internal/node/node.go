@@ -23,6 +23,7 @@ import (
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/meter"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/overlay"
@@ -103,6 +104,9 @@ type Config struct {
 	// none (0: none); ExecIdle ends a non-TTY exec or session after that
 	// long with no output and no input (0: none). See agentcalls.go.
 	ExecTimeoutDefault, ExecIdle time.Duration
+	// UsageKeep is how many usage records the journal keeps (usage.go;
+	// 0: meter.DefaultKeep).
+	UsageKeep int
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
@@ -200,6 +204,7 @@ type Node struct {
 	// guest and overlay are the concerns (internal/node/guest, overlay).
 	guest   *guest.Guest
 	overlay *overlay.Overlay
+	meter   *meter.Meter // usage metering (usage.go)
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -234,6 +239,7 @@ func New(cfg Config, d Deps) *Node {
 		Identities: identities{n}, Ready: n.ready,
 	})
 	n.table = newTable(n)
+	n.meter = n.newMeter()
 	return n
 }
 
@@ -341,6 +347,8 @@ type SandboxView struct {
 	// Network is the generation's network mode and packet counters (nil:
 	// no sandbox network).
 	Network *NetworkStatus
+	// Usage is the generation's usage totals (nil: none known).
+	Usage *journal.Usage
 }
 
 // NetworkStatus is a generation's network as the node enforces it: its
@@ -376,7 +384,7 @@ func (n *Node) Get(ctx context.Context, id string) (SandboxView, error) {
 // view adds live facts (OOM kills, network counters) to a sandbox's
 // record.
 func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
-	out := SandboxView{Sandbox: s, Network: n.net.Status(ctx, s)}
+	out := SandboxView{Sandbox: s, Network: n.net.Status(ctx, s), Usage: n.liveUsage(ctx, s)}
 	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills

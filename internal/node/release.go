@@ -91,6 +91,9 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 	start := time.Now()
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
 	rec = n.identify(ctx, rec)
+	// Usage metering's final record, while the cgroup and the counters
+	// are there to read and before the proof returns the capacity.
+	n.meterFinal(ctx, rec)
 	tab := n.tableFor(rec)
 	recorded, err := n.effectsOf(rec)
 	if err != nil {

@@ -63,7 +63,7 @@ func (s *Server) watchExits(ctx context.Context) {
 
 // nodeExit asks the node whether o's generation exited.
 func (s *Server) nodeExit(ctx context.Context, o manager.OwnedSandbox) (manager.SandboxExit, bool) {
-	nsb, err := s.Manager.Client.Get(ctx, o.ID)
+	nsb, err := s.Manager.NodeSandbox(ctx, o.ID)
 	if err != nil || nsb.Generation != o.Generation || nsb.Exit == nil || nsb.State != api.StateExited {
 		return manager.SandboxExit{}, false
 	}
