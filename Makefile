@@ -112,10 +112,10 @@ VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^(TestCLIOnPostgres|TestCLINodeProcessOnPostgres)$$'
 
 test-vm-e2e:
-	$(VMRUN) -timeout 45m -job-timeout 35m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e
+	$(VMRUN) -timeout 55m -job-timeout 50m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e
 
 test-vm-rest:
-	$(VMRUN) -timeout 40m -job-timeout 20m -pkg-run 'test/e2e=$(E2E_IN_REST)' $(VM_HOST_ONLY) \
+	$(VMRUN) -timeout 55m -job-timeout 20m -pkg-run 'test/e2e=$(E2E_IN_REST)' $(VM_HOST_ONLY) \
 		$$($(GO) list ./... | grep -vxE '$(subst $() ,|,$(addprefix .*/,$(VM_HOST_ONLY_PKGS)))')
 
 # Issue 8's churn size: 200 generations' networks (CI makes 50).

@@ -95,7 +95,7 @@ func TestCLIServe(t *testing.T) {
 	if strings.Contains(errb.String(), key) {
 		t.Fatal("the key is in serve's log")
 	}
-	e.ok("key", "revoke", key[4:16])
+	e.ok("key", "revoke", "--", key[4:16]) // an id may begin with "-"
 	if out := e.ok("--json", "key", "ls", "--owner", "team-a"); !strings.Contains(out, `"revoked_at"`) {
 		t.Fatalf("after revoke: %q", out)
 	}
