@@ -27,6 +27,10 @@ import (
 //     kernel objects under ctld's names that no live generation owns are
 //     removed and reported as unjournaled.
 func (n *Node) Reconcile(ctx context.Context) error {
+	// The exit watch starts with the term, not at its first claim: its
+	// inotify descriptor belongs to the term (a claim and its release
+	// leave ctld's descriptors as they found them).
+	n.exitWatcher()
 	var ss []journal.Sandbox
 	var ops []journal.Operation
 	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
