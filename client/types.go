@@ -96,6 +96,25 @@ type CreateRequest struct {
 	// Volumes are the caller's persistent volumes the sandbox mounts; it
 	// holds each until it ends (one sandbox at a time).
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// OnExit is what happens when the workload's main process exits:
+	// OnExitKeep (also when empty: the sandbox shows state exited and its
+	// exit until destroyed) or OnExitDestroy (destroyed with its proof).
+	OnExit string `json:"on_exit,omitempty"`
+}
+
+// OnExit values of a create.
+const (
+	OnExitKeep    = "keep"
+	OnExitDestroy = "destroy"
+)
+
+// ExitStatus is how a sandbox's workload ended, as its node saw it: Kind
+// "exit" (Code is its status, 128+n for signal n), "oom" (killed at its
+// memory limit) or "crash" (its runtime died); Code is -1 but for "exit".
+type ExitStatus struct {
+	Kind string    `json:"kind"`
+	Code int       `json:"code"`
+	At   time.Time `json:"at"`
 }
 
 // VolumeMount mounts a persistent volume at an absolute guest path.
@@ -157,6 +176,9 @@ const (
 	StateReleasing = "releasing"
 	StateDestroyed = "destroyed"
 	StateFailed    = "failed"
+	// StateExited: the workload exited and the sandbox was kept
+	// (on_exit keep); Sandbox.Exit says how. Destroy it to end it.
+	StateExited = "exited"
 )
 
 // Sandbox is a sandbox of the caller's owner.
@@ -174,6 +196,8 @@ type Sandbox struct {
 	Reason string `json:"reason,omitempty"`
 	// Volumes are the persistent volumes it mounts.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Exit is how its workload ended (absent: it did not, or not yet seen).
+	Exit *ExitStatus `json:"exit,omitempty"`
 }
 
 // SandboxList is a page of GET /v1/sandboxes; NextCursor, when set, is
@@ -249,6 +273,7 @@ const (
 	EventPaused    = "paused"
 	EventResumed   = "resumed"
 	EventDestroyed = "destroyed"
+	EventExited    = "exited" // the workload exited; reason says how
 )
 
 // Event is something that happened to one of the caller's sandboxes.

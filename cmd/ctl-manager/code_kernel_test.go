@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -27,33 +26,9 @@ func TestKernelCode(t *testing.T) {
 	ktest.RequireBinary(t, "runsc")
 	socket := startCtld(t)
 	e := &env{t: t, socket: socket, db: filepath.Join(t.TempDir(), "manager.db")}
-	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
-	base, stop := e.startServe("--listen", "127.0.0.1:0", "--template", "busybox:overlay:sh", "--node-key", filepath.Join(t.TempDir(), "none.key"))
-	defer func() {
-		if code := stop(); code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	}()
-	c := &client.Client{BaseURL: base, Key: key}
-	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox", Resources: &client.Resources{CPU: "500m", Memory: "256Mi", PIDs: 128}})
-	if err != nil || sb.State != client.StateReady {
-		t.Fatalf("create = %+v, %v", sb, err)
-	}
-	destroyed := false
-	defer func() {
-		if !destroyed {
-			c.Destroy(context.Background(), sb.ID)
-		}
-	}()
-	code := func(req client.CodeRequest) client.ExecResult {
-		t.Helper()
-		res, err := c.Code(ctx, sb.ID, req)
-		if err != nil {
-			t.Fatalf("code %q: %v", req.Source, err)
-		}
-		return res
-	}
+	r := startCodeSandbox(t, e, []string{"--template", "busybox:overlay:sh", "--node-key", filepath.Join(t.TempDir(), "none.key")},
+		client.CreateRequest{Template: "busybox", Resources: &client.Resources{CPU: "500m", Memory: "256Mi", PIDs: 128}}, "sh")
+	c, sb, code, ctx := r.c, r.sb, r.code, context.Background()
 
 	// Prints.
 	if res := code(client.CodeRequest{Language: "sh", Source: "echo hello; echo $((6 * 7))"}); res.ExitCode != 0 || string(res.Stdout) != "hello\n42\n" || len(res.Stderr) != 0 {
@@ -127,30 +102,91 @@ func TestKernelCode(t *testing.T) {
 	}
 
 	// code of a hello vs exec of the same interpreter command.
-	const n = 7
+	benchCodeVsExec(t, c, sb.ID, 7, client.CodeRequest{Language: "sh", Source: "echo hello"}, []string{"sh", "-c", "echo hello"}, "code sh hello", "exec sh -c hello")
+	r.destroy()
+}
+
+// codeRig is a sandbox created through a real serve for code tests.
+type codeRig struct {
+	t         *testing.T
+	c         *client.Client
+	sb        client.Sandbox
+	lang      string
+	destroyed bool
+}
+
+// startCodeSandbox starts serve (on loopback, with serveArgs) over e's
+// ctld and creates a sandbox of req through it with a key of team-a;
+// serve stops and the sandbox is destroyed at the test's end, unless
+// destroy did it. Its code runs snippets in lang unless they name one.
+func startCodeSandbox(t *testing.T, e *env, serveArgs []string, req client.CreateRequest, lang string) *codeRig {
+	t.Helper()
+	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
+	base, stop := e.startServe(append([]string{"--listen", "127.0.0.1:0"}, serveArgs...)...)
+	t.Cleanup(func() {
+		if code := stop(); code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	})
+	r := &codeRig{t: t, c: &client.Client{BaseURL: base, Key: key}, lang: lang}
+	sb, err := r.c.Create(context.Background(), req)
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("create = %+v, %v", sb, err)
+	}
+	r.sb = sb
+	t.Cleanup(func() {
+		if !r.destroyed {
+			r.c.Destroy(context.Background(), sb.ID)
+		}
+	})
+	return r
+}
+
+// code runs req in the sandbox; an error fails the test.
+func (r *codeRig) code(req client.CodeRequest) client.ExecResult {
+	r.t.Helper()
+	if req.Language == "" {
+		req.Language = r.lang
+	}
+	res, err := r.c.Code(context.Background(), r.sb.ID, req)
+	if err != nil {
+		r.t.Fatalf("code %q: %v", req.Source, err)
+	}
+	return res
+}
+
+// destroy destroys the sandbox and checks its cleanup proof.
+func (r *codeRig) destroy() {
+	r.t.Helper()
+	d, err := r.c.Destroy(context.Background(), r.sb.ID)
+	r.destroyed = true
+	if err != nil || !d.Proof.Verified {
+		r.t.Fatalf("destroy = %+v, %v", d, err)
+	}
+}
+
+// benchCodeVsExec logs the p50 of n code calls of req against n execs of
+// args in sandbox id (each must print "hello"), and their ratio.
+func benchCodeVsExec(t *testing.T, c *client.Client, id string, n int, req client.CodeRequest, args []string, codeName, execName string) {
+	t.Helper()
+	ctx := context.Background()
 	var codeD, execD []time.Duration
 	for range n {
 		t0 := time.Now()
-		if res := code(client.CodeRequest{Language: "sh", Source: "echo hello"}); string(res.Stdout) != "hello\n" {
-			t.Fatalf("bench code: %+v", res)
+		if res, err := c.Code(ctx, id, req); err != nil || string(res.Stdout) != "hello\n" {
+			t.Fatalf("bench code: %+v, %v", res, err)
 		}
 		codeD = append(codeD, time.Since(t0))
 		t0 = time.Now()
-		if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Args: []string{"sh", "-c", "echo hello"}}); err != nil || string(res.Stdout) != "hello\n" {
+		if res, err := c.Exec(ctx, id, client.ExecRequest{Args: args}); err != nil || string(res.Stdout) != "hello\n" {
 			t.Fatalf("bench exec: %+v, %v", res, err)
 		}
 		execD = append(execD, time.Since(t0))
 	}
 	p50 := func(d []time.Duration) time.Duration {
-		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		slices.Sort(d)
 		return d[len(d)/2]
 	}
 	cp, ep := p50(codeD), p50(execD)
-	t.Logf("bench (n=%d, same sandbox): code sh hello p50 %v, exec sh -c hello p50 %v, ratio %.2f", n, cp, ep, float64(cp)/float64(ep))
-
-	d, err := c.Destroy(ctx, sb.ID)
-	destroyed = true
-	if err != nil || !d.Proof.Verified {
-		t.Fatalf("destroy = %+v, %v", d, err)
-	}
+	t.Logf("bench (n=%d, same sandbox): %s p50 %v, %s p50 %v, ratio %.2f", n, codeName, cp, execName, ep, float64(cp)/float64(ep))
 }

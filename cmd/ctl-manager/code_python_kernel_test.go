@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -58,36 +57,11 @@ func TestKernelCodePython(t *testing.T) {
 		t.Fatalf("second template build: %s", out)
 	}
 
-	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
-	base, stop := e.startServe(append([]string{"--listen", "127.0.0.1:0", "--template", "python:block"}, store...)...)
-	defer func() {
-		if code := stop(); code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	}()
-	c := &client.Client{BaseURL: base, Key: key}
-	ctx := context.Background()
+	rig := startCodeSandbox(t, e, append([]string{"--template", "python:block"}, store...),
+		client.CreateRequest{Template: "python", Resources: &client.Resources{CPU: "1", Memory: "512Mi", PIDs: 128}, User: &client.User{UID: 1000, GID: 1000}}, "python")
+	c, sb, code, ctx := rig.c, rig.sb, rig.code, context.Background()
 	if tpls, err := c.Templates(ctx); err != nil || len(tpls) != 1 || strings.Join(tpls[0].Languages, ",") != "python,sh" {
 		t.Fatalf("templates = %+v, %v", tpls, err)
-	}
-	sb, err := c.Create(ctx, client.CreateRequest{Template: "python", Resources: &client.Resources{CPU: "1", Memory: "512Mi", PIDs: 128}, User: &client.User{UID: 1000, GID: 1000}})
-	if err != nil || sb.State != client.StateReady {
-		t.Fatalf("create = %+v, %v", sb, err)
-	}
-	destroyed := false
-	defer func() {
-		if !destroyed {
-			c.Destroy(context.Background(), sb.ID)
-		}
-	}()
-	code := func(req client.CodeRequest) client.ExecResult {
-		t.Helper()
-		req.Language = cmpOr(req.Language, "python")
-		res, err := c.Code(ctx, sb.ID, req)
-		if err != nil {
-			t.Fatalf("code %q: %v", req.Source, err)
-		}
-		return res
 	}
 	if res := code(client.CodeRequest{Source: "import os, sys\nprint('hello', sys.version_info[0], os.getuid())"}); res.ExitCode != 0 || string(res.Stdout) != "hello 3 1000\n" {
 		t.Fatalf("print: %+v (stderr %s)", res, res.Stderr)
@@ -126,37 +100,6 @@ func TestKernelCodePython(t *testing.T) {
 	}
 
 	// code of a Python hello vs exec of python3 -c, same sandbox.
-	const n = 3
-	var codeD, execD []time.Duration
-	for range n {
-		t1 := time.Now()
-		if res := code(client.CodeRequest{Source: "print('hello')"}); string(res.Stdout) != "hello\n" {
-			t.Fatalf("bench code: %+v", res)
-		}
-		codeD = append(codeD, time.Since(t1))
-		t1 = time.Now()
-		if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Args: []string{"python3", "-c", "print('hello')"}}); err != nil || string(res.Stdout) != "hello\n" {
-			t.Fatalf("bench exec: %+v, %v", res, err)
-		}
-		execD = append(execD, time.Since(t1))
-	}
-	p50 := func(d []time.Duration) time.Duration {
-		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-		return d[len(d)/2]
-	}
-	cp, ep := p50(codeD), p50(execD)
-	t.Logf("bench (n=%d, same sandbox): code python hello p50 %v, exec python3 -c p50 %v, ratio %.2f", n, cp, ep, float64(cp)/float64(ep))
-
-	d, err := c.Destroy(ctx, sb.ID)
-	destroyed = true
-	if err != nil || !d.Proof.Verified {
-		t.Fatalf("destroy = %+v, %v", d, err)
-	}
-}
-
-func cmpOr(s, alt string) string {
-	if s == "" {
-		return alt
-	}
-	return s
+	benchCodeVsExec(t, c, sb.ID, 3, client.CodeRequest{Language: "python", Source: "print('hello')"}, []string{"python3", "-c", "print('hello')"}, "code python hello", "exec python3 -c")
+	rig.destroy()
 }

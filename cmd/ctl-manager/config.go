@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -51,6 +52,9 @@ func (c *cli) applyStoreConfig(fs *pflag.FlagSet) error {
 		key = filepath.Join(stateDir, "blockstore.key")
 	}
 	mine := map[string]string{"store": store, "node-key": key, "node-key-id": keyID}
+	if strings.HasPrefix(store, "s3://") {
+		mine["templates-dir"] = filepath.Join(stateDir, "templates") // no local store beside it
+	}
 	for _, n := range []string{"s3-endpoint", "s3-region", "s3-virtual-hosted", "s3-credentials-file"} {
 		mine[n] = nodeFS.Lookup(n).Value.String()
 	}

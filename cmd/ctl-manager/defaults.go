@@ -13,14 +13,16 @@ import (
 	"github.com/ctld/ctld/internal/template"
 )
 
-// storeDefaults gives a block claim its template image's defaults, read
-// from the block store ctld's configuration file names (as the template
-// commands find it). A host without the node key has no block store to
-// read: no defaults. Any other failure fails the claim.
+// storeDefaults gives a claim its template image's defaults, read from
+// the block store ctld's configuration file names (as the template
+// commands find it), in either root mode: an import keeps the overlay
+// tree of the same template beside its block image. A host without the
+// node key has no block store to read: no defaults. Any other failure
+// fails the claim.
 type storeDefaults struct{ c *cli }
 
 func (s storeDefaults) Defaults(ctx context.Context, r api.RootFS) (manager.ImageDefaults, bool, error) {
-	if r.Mode != api.RootFSBlock {
+	if r.Template == "" {
 		return manager.ImageDefaults{}, false, nil
 	}
 	tf := &templateFlags{getenv: s.c.getenv}

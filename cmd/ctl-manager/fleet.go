@@ -40,6 +40,12 @@ func (c *cli) nodeRunCommand() *cobra.Command {
 	f.DurationVar(&a.TTL, "ttl", 15*time.Second, "a heartbeat keeps the node alive this long")
 	f.DurationVar(&a.Grace, "grace", 30*time.Second, "a node silent this long past its TTL is marked lost")
 	f.DurationVar(&a.Poll, "poll", time.Second, "ask the database for work this often")
+	f.IntVar(&a.MaxConcurrent, "max-concurrent", 8, "operations carried out on ctld at once (a sandbox's one at a time)")
+	var chf channelFlags
+	var chListen string
+	chf.register(f)
+	f.StringVar(&chListen, "channel-listen", "", "serve the node channel (mTLS: exec, files, logs of this node's sandboxes for the managers) on this address; needs --cluster-ca, --channel-cert, --channel-key")
+	f.StringVar(&a.Channel, "channel-advertise", "", "the node channel's host:port as managers reach it (default: --channel-listen's address)")
 	// Not c.action: the process runs until it is stopped, not --timeout.
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		c.ran = true
@@ -59,7 +65,30 @@ func (c *cli) nodeRunCommand() *cobra.Command {
 			level = slog.LevelDebug
 		}
 		a.Log = logging.New(c.stderr, level)
-		if err := a.Run(cmd.Context()); err != nil {
+		ctx, cancel := context.WithCancel(cmd.Context())
+		defer cancel()
+		switch ok, err := chf.set(); {
+		case err != nil:
+			return err
+		case ok != (chListen != ""):
+			return usageError{fmt.Errorf("--channel-listen and --cluster-ca, --channel-cert, --channel-key go together")}
+		case ok:
+			addr, errc, err := chf.serveChannel(ctx, chListen, c.socket)
+			if err != nil {
+				return opError{"node run", err}
+			}
+			if a.Channel == "" {
+				a.Channel = addr.String()
+			}
+			a.Log.Info("node channel serving", "listen", addr.String(), "advertise", a.Channel)
+			go func() {
+				if err := <-errc; err != nil && ctx.Err() == nil {
+					a.Log.Error("node channel stopped", "err", err)
+					cancel()
+				}
+			}()
+		}
+		if err := a.Run(ctx); err != nil {
 			return opError{"node run", err}
 		}
 		return nil

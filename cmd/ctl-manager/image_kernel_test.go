@@ -1,9 +1,7 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
-	"io"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
 // busyboxTar is the busybox template (the host's static busybox) as a tar.
@@ -28,56 +27,16 @@ func busyboxTar(t *testing.T) []byte {
 	if err := template.BuildBusybox(dir, bb); err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		target := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if target, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, target)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = rel, 0, 0, "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(tw, f)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return templatetest.TarDir(t, dir)
 }
 
 // TestKernelImageConfig: an image pushed to a registry on loopback (with a
 // password) is imported as a block template, and a real gVisor guest
 // claimed from it runs the image's entrypoint and cmd with its env, as its
 // user (a name resolved in the image's /etc/passwd and /etc/group), in its
-// working dir; a second claim overrides each.
+// working dir; a second claim overrides each; an overlay claim of the same
+// import (over the tree the import kept in ctld's templates directory)
+// runs with the same defaults.
 func TestKernelImageConfig(t *testing.T) {
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
@@ -118,12 +77,13 @@ func TestKernelImageConfig(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		id    string
-		flags []string
-		want  string
+		id, mode string
+		flags    []string
+		want     string
 	}{
-		{"ki1", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
-		{"ki2", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n"},
+		{"ki1", "block", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
+		{"ki2", "block", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n"},
+		{"ki3", "overlay", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
 	} {
 		created := false
 		t.Cleanup(func() {
@@ -131,7 +91,7 @@ func TestKernelImageConfig(t *testing.T) {
 				e.run("", "sandbox", "destroy", c.id)
 			}
 		})
-		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", "block", "--template", "app"}, c.flags...)...)
+		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", c.mode, "--template", "app"}, c.flags...)...)
 		created = true
 		if !strings.Contains(out, "sandbox "+c.id+" ready") {
 			t.Fatalf("create %s:\n%s", c.id, out)
@@ -141,5 +101,9 @@ func TestKernelImageConfig(t *testing.T) {
 			t.Fatalf("destroy %s:\n%s", c.id, out)
 		}
 		created = false
+	}
+	e.ok("--config", cfg, "template", "rm", "app")
+	if _, err := os.Stat(filepath.Join(stateDir, "templates", "app")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("overlay tree after template rm: %v", err)
 	}
 }

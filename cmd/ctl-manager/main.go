@@ -172,6 +172,7 @@ func (c *cli) rootCommand(getenv func(string) string) *cobra.Command {
 	root.AddCommand(sandbox, node, proof, c.templateCommand(getenv), c.volumeCommand(getenv), c.snapshotCommand(), c.storeCommand(getenv))
 	root.AddCommand(c.serviceCommands()...)
 	root.AddCommand(c.versionCommand())
+	root.AddCommand(c.usageCommand())
 	sandbox.AddCommand(c.codeCommand())
 	root.AddCommand(c.codeCommand()) // `ctl-manager code ID` = `sandbox code ID`
 	c.completeSandboxIDs(sandbox, c.findCommand(root, "snapshot"))
@@ -319,6 +320,7 @@ func (c *cli) createCommand() *cobra.Command {
 	f.StringVar(&cwd, "cwd", "", "working directory of the main process (default: the template image's)")
 	f.StringVar(&user, "user", "", "UID[:GID] of the main process, numeric (default: the template image's user, else root)")
 	f.Int64Var(&lifetime, "max-lifetime", 0, "seconds until the node releases it (0: none)")
+	onExit := f.String("on-exit", "", "when its main process exits: keep (default: state exited until released) or release (released with its proof)")
 	f.StringArrayVar(&vols, "volume", nil, "attach persistent volume ID at PATH in the guest (ID:/PATH, repeatable; block store volumes, see `volume create`)")
 	nf.register(f, "network", string(api.NetworkDenyAll))
 	cmd.PreRunE = func(*cobra.Command, []string) error {
@@ -363,6 +365,7 @@ func (c *cli) createCommand() *cobra.Command {
 			MaxLifetimeSec: lifetime,
 			Volumes:        mounts,
 			User:           u,
+			OnExit:         *onExit,
 		})
 		if err != nil {
 			if res.OperationID != "" && !res.Reused && errdefs.CodeOf(err) == errdefs.CodeUnavailable {

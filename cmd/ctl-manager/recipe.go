@@ -19,6 +19,7 @@ const defaultRecipeCache = "/var/cache/ctld-recipes"
 
 func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 	var file, cache, tmp, compress string
+	var treeOnly bool
 	cmd := &cobra.Command{
 		Use:   "build NAME -f RECIPE.toml",
 		Short: "Build a template from a recipe (a Debian suite, packages, files, commands) and store it; an unchanged recipe is not built again",
@@ -35,6 +36,7 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 	f.StringVar(&cache, "cache", defaultRecipeCache, "directory of built trees, by digest")
 	f.StringVar(&tmp, "tmp-dir", "", "directory for the image while building (default: the store's parent; $TMPDIR for an S3 store)")
 	f.StringVar(&compress, "compress", string(blockstore.CompressS2), "compression of the stored chunks: s2, zstd or none")
+	f.BoolVar(&treeOnly, "tree-only", false, "only make sure the recipe's tree is in --cache (built when it is not); store no template")
 	cmd.RunE = c.action(named("template build"), func(ctx context.Context, args []string) error {
 		if file == "" {
 			return usageError{fmt.Errorf("template build needs the recipe: -f RECIPE.toml")}
@@ -54,12 +56,27 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 		if tf.compress, err = blockstore.ParseCompression(compress); err != nil {
 			return usageError{fmt.Errorf("--compress: %w", err)}
 		}
+		b := recipe.Builder{CacheDir: cache, Output: c.stderr, Log: c.logger()}
+		if treeOnly {
+			root, hit, err := b.Tree(ctx, r)
+			if err != nil {
+				return err
+			}
+			how := "built"
+			if hit {
+				how = "in the cache"
+			}
+			fmt.Fprintf(c.stdout, "tree of %s (%.12s): %s, %s\n", args[0], r.TreeDigest(), how, root)
+			return nil
+		}
+		if b.Trees, err = tf.trees(); err != nil {
+			return err
+		}
 		st, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
-		b := recipe.Builder{CacheDir: cache, Output: c.stderr, Log: c.logger()}
 		out, err := recipe.Build(ctx, st, repo, b, args[0], r, size, tf.tmpDir(tmp), c.progressPrinter())
 		if err != nil {
 			return err

@@ -56,7 +56,20 @@ func TestCLITemplateBuild(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "runs")); strings.Count(string(b), "run") != 1 {
 		t.Fatalf("mmdebstrap ran %d times, want 1", strings.Count(string(b), "run"))
 	}
-	if r := e.run("", append([]string{"template", "ls"}, store...)...); r.code != 0 || !strings.Contains(r.stdout, "py") {
+	// --tree-only: the tree into the cache (built once), no template.
+	node := filepath.Join(dir, "node.toml")
+	if err := os.WriteFile(node, []byte("packages = [\"nodejs\"]\n[base]\nsuite = \"bookworm\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{": built, ", ": in the cache, "} {
+		if r := build("node", "-f", node, "--tree-only"); r.code != 0 || !strings.Contains(r.stdout, "tree of node (") || !strings.Contains(r.stdout, want) {
+			t.Fatalf("tree-only %d: %+v, want %q", i, r, want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "runs")); strings.Count(string(b), "run") != 2 {
+		t.Fatalf("mmdebstrap ran %d times, want 2", strings.Count(string(b), "run"))
+	}
+	if r := e.run("", append([]string{"template", "ls"}, store...)...); r.code != 0 || !strings.Contains(r.stdout, "py") || strings.Contains(r.stdout, "node") {
 		t.Fatalf("template ls: %+v", r)
 	}
 	for _, c := range []struct {

@@ -218,7 +218,9 @@ func (c *cli) serveCommand() *cobra.Command {
 	var defTimeout, maxTimeout, createTimeout time.Duration
 	var maxFile, volumeTmp string
 	var replicaID string
-	var leaseTTL time.Duration
+	var leaseTTL, usagePull time.Duration
+	var inFleet bool
+	var chf channelFlags
 	cmd := &cobra.Command{Use: "serve [--listen 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE]", Short: "Serve the sandbox API (HTTP/1.1 + JSON, API keys, quotas, lifetimes)", Args: noArgs}
 	f := cmd.Flags()
 	// Volumes live in ctld's block store: its settings come from ctld's
@@ -237,12 +239,24 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
 	f.StringVar(&maxFile, "max-file-size", "64Mi", "largest file upload")
 	f.StringVar(&replicaID, "replica-id", "", "this replica's id among the servers on the database (default: random)")
+	f.DurationVar(&usagePull, "usage-pull", 10*time.Second, "pull the node's usage records (ctl-manager usage) this often (0: never)")
 	f.DurationVar(&leaseTTL, "lease-ttl", service.DefaultLeaseTTL, "how long an operation lease lasts unrenewed: a dead replica's operations are taken over after it")
+	f.BoolVar(&inFleet, "fleet", false, "place sandboxes on the fleet's nodes (their node processes drive their ctlds) instead of driving --socket's ctld")
+	chf.register(f)
 	var lf logging.Flags
 	lf.Register(f)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		c.ran = true
 		ctx := cmd.Context()
+		var fleet *manager.Fleet
+		if inFleet {
+			var err error
+			if fleet, err = chf.fleet(); err != nil {
+				return err
+			}
+		} else if ok, err := chf.set(); err != nil || ok {
+			return usageError{errors.Join(err, errors.New("--cluster-ca and the channel's certificate are for --fleet"))}
+		}
 		if c.verbose && !f.Changed("log-level") {
 			lf.Level = "debug"
 		}
@@ -289,7 +303,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		}
 		defer st.Close()
 		log := logging.NewWith(c.stderr, lo)
-		log.Info("manager database open", "backend", st.Backend(), "db", redactDB(c.db))
+		log.Info("manager database open", "backend", st.Backend(), "db", redactDB(c.db), "fleet", inFleet)
 		// Without the block store (no node key yet, a store that does not
 		// open) the service runs; its volume calls answer unavailable.
 		var vols service.VolumeBackend
@@ -303,7 +317,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		}
 		srv := &service.Server{
 			Volumes:        vols,
-			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Templates: storeDefaults{c}},
+			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Templates: storeDefaults{c}, Fleet: fleet},
 			Store:          st,
 			Log:            log,
 			Templates:      tpls,
@@ -313,6 +327,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			MaxFileBytes:   fileCap,
 			ReplicaID:      replicaID,
 			LeaseTTL:       leaseTTL,
+			UsagePull:      usagePull,
 		}
 		fmt.Fprintf(c.stdout, "serving on %s://%s\n", scheme, ln.Addr())
 		if err := srv.Serve(ctx, ln); err != nil {

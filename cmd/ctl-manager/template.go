@@ -32,6 +32,9 @@ type templateFlags struct {
 	// "" (none) for the commands that only read and delete. Reads take
 	// what each object says.
 	compress blockstore.Compression
+	// templates is ctld's overlay templates directory (--templates-dir);
+	// "" is the one beside a local store. See trees.
+	templates string
 }
 
 // register adds the block store's flags (template and volume commands);
@@ -41,6 +44,37 @@ func (tf *templateFlags) register(pf *pflag.FlagSet, creates string) {
 	tf.s3.Flags(pf)
 	pf.StringVar(&tf.keyFile, "node-key", "/var/lib/ctld/blockstore.key", "node key file (64 hex digits; "+creates+", mode 0600, if missing)")
 	pf.StringVar(&tf.keyID, "node-key-id", "node", "node key ID")
+}
+
+// registerTrees adds --templates-dir (the commands that make or remove
+// templates).
+func (tf *templateFlags) registerTrees(pf *pflag.FlagSet) {
+	pf.StringVar(&tf.templates, "templates-dir", "", "ctld's overlay templates directory, where an import keeps the template's tree for overlay mode "+
+		"(default: ctld's, the state dir's templates beside the store, when it exists; none to keep no tree)")
+}
+
+// trees is where imports keep overlay trees: --templates-dir (none: no
+// tree), else ctld's templates directory beside a local store (the state
+// dir's), or from ctld's config for an S3 store, when it exists: a host
+// without ctld keeps no tree.
+func (tf *templateFlags) trees() (template.Trees, error) {
+	dir, explicit := tf.templates, tf.templates != ""
+	switch {
+	case dir == "none":
+		return template.Trees{}, nil
+	case dir == "" && !strings.HasPrefix(tf.store, "s3://"):
+		dir = filepath.Join(filepath.Dir(filepath.Clean(tf.store)), "templates")
+	}
+	if dir == "" {
+		return template.Trees{}, nil
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		if explicit {
+			return template.Trees{}, usageError{fmt.Errorf("--templates-dir %s: not a directory", dir)}
+		}
+		return template.Trees{}, nil
+	}
+	return template.Trees{Dir: dir}, nil
 }
 
 // tmpDir is the build directory: tmp (--tmp-dir) if set, else the
@@ -60,8 +94,11 @@ func (c *cli) templateCommand(getenv func(string) string) *cobra.Command {
 	g := group("template", "Import, list and remove block-mode RootFS templates (in the local block store)")
 	tf.register(g.PersistentFlags(), "import creates it")
 	c.readsStoreConfig(g)
-	g.AddCommand(c.templateImportCommand(tf), c.templateLsCommand(tf), c.templateRmCommand(tf))
-	g.AddCommand(c.templateBuildCommand(tf))
+	imp, rm, build := c.templateImportCommand(tf), c.templateRmCommand(tf), c.templateBuildCommand(tf)
+	for _, cmd := range []*cobra.Command{imp, rm, build} {
+		tf.registerTrees(cmd.Flags())
+	}
+	g.AddCommand(imp, c.templateLsCommand(tf), rm, build, c.templatePruneCommand(tf))
 	return g
 }
 
@@ -127,17 +164,22 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 			}
 			plat = *p
 		}
+		trees, err := tf.trees()
+		if err != nil {
+			return err
+		}
 		_, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
+		opts := template.ImageOptions{Size: n, Progress: c.progressPrinter(), Trees: trees}
 		if image != "" {
 			if layerCache == "" {
-				layerCache = filepath.Join(tf.tmpDir(""), "layercache")
+				layerCache = tf.layerCache()
 			}
 			po := template.PullOptions{CacheDir: layerCache, Platform: plat, MaxBytes: n, Progress: c.pullProgress()}
-			m, res, meta, err := template.ImportImage(ctx, repo, args[0], image, po, template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tf.tmpDir(tmp))
+			m, res, meta, err := template.ImportImage(ctx, repo, args[0], image, po, opts, tf.tmpDir(tmp))
 			if err != nil {
 				return err
 			}
@@ -152,8 +194,7 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 				res.Entries, manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), len(m.Entries), time.Since(start).Round(time.Millisecond))
 			return nil
 		}
-		m, res, err := template.ImportSource(ctx, repo, args[0], template.Source{Kind: template.Kind(kind), Path: args[1]},
-			template.ImageOptions{Size: n, Progress: c.progressPrinter()}, tf.tmpDir(tmp))
+		m, res, err := template.ImportSource(ctx, repo, args[0], template.Source{Kind: template.Kind(kind), Path: args[1]}, opts, tf.tmpDir(tmp))
 		if err != nil {
 			return err
 		}
@@ -166,6 +207,36 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		}
 		fmt.Fprintf(c.stdout, "template %s: %d entries, file data %s, device %s, %d data chunks stored, %s\n", args[0], res.Entries,
 			manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), len(m.Entries), time.Since(start).Round(time.Millisecond))
+		return nil
+	})
+	return cmd
+}
+
+// layerCache is the default layer cache: layercache beside the store
+// (under $TMPDIR for an S3 store).
+func (tf *templateFlags) layerCache() string { return filepath.Join(tf.tmpDir(""), "layercache") }
+
+func (c *cli) templatePruneCommand(tf *templateFlags) *cobra.Command {
+	var layerCache string
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove the layers of the layer cache that no template of the store uses (waits for imports in flight)",
+		Args:  noArgs,
+	}
+	cmd.Flags().StringVar(&layerCache, "layer-cache", "", "the layer cache (default: layercache beside the store; under $TMPDIR for an S3 store)")
+	cmd.RunE = c.action(fixed("template prune"), func(ctx context.Context, _ []string) error {
+		st, repo, err := tf.open(ctx, false)
+		if err != nil {
+			return err
+		}
+		res, err := template.Prune(ctx, st, repo, cmp.Or(layerCache, tf.layerCache()))
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"removed": res.Removed, "bytes": res.Bytes, "kept": res.Kept})
+		}
+		fmt.Fprintf(c.stdout, "pruned %d layers (%s), kept %d\n", res.Removed, manager.FormatMemory(res.Bytes), res.Kept)
 		return nil
 	})
 	return cmd
@@ -234,11 +305,15 @@ func storeLs[T any](c *cli, tf *templateFlags, name string, list func(context.Co
 func (c *cli) templateRmCommand(tf *templateFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "rm NAME", Short: "Remove a template no sandbox generation is built over", Args: exactArgs(1, "NAME")}
 	cmd.RunE = c.action(named("template rm"), func(ctx context.Context, args []string) error {
+		trees, err := tf.trees()
+		if err != nil {
+			return err
+		}
 		st, repo, err := tf.open(ctx, false)
 		if err != nil {
 			return err
 		}
-		if err := template.Remove(ctx, st, repo, args[0]); err != nil {
+		if err := trees.RemoveTemplate(ctx, st, repo, args[0]); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.stdout, "removed template %s\n", args[0])

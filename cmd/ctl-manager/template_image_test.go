@@ -4,13 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,80 +17,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
-// loopRegistry is go-containerregistry's registry on loopback behind a
-// password, with DOCKER_CONFIG pointing at a config file that has it.
-type loopRegistry struct {
-	host string
-	auth authn.Authenticator
-}
+// loopRegistry is a registry on loopback behind a password, with
+// DOCKER_CONFIG pointing at a config file that has it.
+type loopRegistry struct{ *templatetest.Registry }
 
 func startLoopRegistry(t *testing.T) *loopRegistry {
 	t.Helper()
-	const user, pass = "ci", "pull-secret"
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
-			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED"}]}`, http.StatusUnauthorized)
-			return
-		}
-		inner.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	reg := &loopRegistry{host: strings.TrimPrefix(srv.URL, "http://"), auth: &authn.Basic{Username: user, Password: pass}}
-	dir := t.TempDir()
-	cfg := fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, reg.host, base64.StdEncoding.EncodeToString([]byte(user+":"+pass)))
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("DOCKER_CONFIG", dir)
-	return reg
+	r := templatetest.NewRegistry(t)
+	r.DockerConfig(t, r.Pass)
+	return &loopRegistry{r}
 }
 
 // push uploads an image of the given tar layers and config as repoTag.
 func (r *loopRegistry) push(t *testing.T, repoTag string, cfg v1.Config, layers ...[]byte) (string, v1.Hash) {
 	t.Helper()
-	img := empty.Image
+	var ls []v1.Layer
 	for _, b := range layers {
-		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-		if err != nil {
-			t.Fatal(err)
-		}
-		if img, err = mutate.AppendLayers(img, l); err != nil {
-			t.Fatal(err)
-		}
+		ls = append(ls, templatetest.GzLayer(t, b))
 	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture, cf.Config = "linux", runtime.GOARCH, cfg
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	ref, err := name.ParseReference(r.host + "/" + repoTag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img, remote.WithAuth(r.auth)); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := img.Digest()
-	return ref.String(), d
+	return r.Push(repoTag, templatetest.Image(t, cfg, ls...))
 }
 
 type tfile struct {
@@ -175,6 +125,15 @@ func TestCLITemplateImage(t *testing.T) {
 	if r := tmpl("--json", "ls"); !strings.Contains(r.stdout, `"Name": "web2"`) || strings.Contains(r.stdout, "web3") {
 		t.Errorf("ls after the refused import:\n%s", r.stdout)
 	}
+	// prune: the shared layer stays while web2 uses it, then goes.
+	if r := tmpl("prune"); r.code != 0 || r.stdout != "pruned 0 layers (0), kept 1\n" {
+		t.Errorf("prune: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	tmpl("rm", "web")
+	tmpl("rm", "web2")
+	if r := tmpl("prune"); r.code != 0 || !strings.HasPrefix(r.stdout, "pruned 1 layers (") || !strings.HasSuffix(r.stdout, "kept 0\n") {
+		t.Errorf("prune after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 }
 
 // The bar and the lines carry bytes, layers and an ETA.
@@ -195,8 +154,10 @@ func TestPullProgressFormat(t *testing.T) {
 
 // TestCLICreateImageDefaults: a block claim of a template imported from an
 // image gets its entrypoint and cmd, env, user (resolved in the image) and
-// working dir; each flag of create overrides its part (--user 0 too); a
-// template without image config, or an overlay claim, gets nothing.
+// working dir; each flag of create overrides its part (--user 0 too); an
+// overlay claim of the same import gets them too (the import kept its tree
+// in ctld's templates directory); a template without image config gets
+// nothing; rm removes both.
 func TestCLICreateImageDefaults(t *testing.T) {
 	for _, b := range []string{"mkfs.ext4", "debugfs", "e2fsck"} {
 		if _, err := exec.LookPath(b); err != nil {
@@ -213,7 +174,13 @@ func TestCLICreateImageDefaults(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("state-dir = \""+dir+"\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Mkdir(filepath.Join(dir, "templates"), 0o755); err != nil { // ctld's, beside its store
+		t.Fatal(err)
+	}
 	e.ok("template", "import", "web", "--image", ref, "--size", "16Mi", "--config", cfg)
+	if fi, err := os.Stat(filepath.Join(dir, "templates", "web", "etc", "passwd")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("overlay tree of web: %v %v", fi, err)
+	}
 	tree := t.TempDir()
 	if err := os.WriteFile(filepath.Join(tree, "motd"), []byte("hi"), 0o644); err != nil {
 		t.Fatal(err)
@@ -232,9 +199,15 @@ func TestCLICreateImageDefaults(t *testing.T) {
 		{Args: []string{"/entry", "serve"}, Env: []string{"PATH=/bin", "MODE=prod"}, Cwd: "/srv", UID: 33, GID: 34},
 		{Args: []string{"/bin/sh", "-c", "true"}, Env: []string{"PATH=/bin", "MODE=dev"}, Cwd: "/tmp"},
 		{},
-		{},
+		{Args: []string{"/entry", "serve"}, Env: []string{"PATH=/bin", "MODE=prod"}, Cwd: "/srv", UID: 33, GID: 34},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("claims' processes:\n%+v\nwant\n%+v", got, want)
+	}
+	for _, name := range []string{"web", "tree"} {
+		e.ok("--config", cfg, "template", "rm", name)
+		if _, err := os.Stat(filepath.Join(dir, "templates", name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("overlay tree of %s after rm: %v", name, err)
+		}
 	}
 }

@@ -12,14 +12,17 @@ import (
 // applyConfig sets cmd's flags from the configuration file at path where
 // the command line did not. `ctld run` takes every key (each is one of its
 // flags; anything else is an error); status, doctor and key take only the
-// directories, so they find what run made. The per-process helpers the
+// directories, so they find what run made, and doctor the runsc settings. The per-process helpers the
 // primary starts (writer, logshim) get everything on their command line.
 func applyConfig(cmd *cobra.Command, path string) error {
 	var keys map[string]string
 	switch strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ") {
 	case "run":
-	case "status", "doctor", "key rotate":
+	case "status", "key rotate":
 		keys = map[string]string{"state-dir": "state-dir", "run-dir": "run-dir"}
+	case "doctor":
+		// and the runsc settings, whose build and platform it reports.
+		keys = map[string]string{"state-dir": "state-dir", "run-dir": "run-dir", "runsc": "runsc", "runsc-platform": "runsc-platform"}
 	default:
 		return nil
 	}

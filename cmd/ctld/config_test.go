@@ -45,6 +45,7 @@ func TestRunConfigFile(t *testing.T) {
 		{"journal-retention = 60\n", nil, `key "journal-retention": want a duration string`},
 		{"journal-retention = \"forever\"\n", nil, `key "journal-retention": invalid argument "forever"`},
 		{"max-concurrent-claims = \n", nil, "ctld.toml:1: "},
+		{"runsc-platform = \"gvisor\"\n", nil, `--runsc-platform: unknown platform "gvisor"`},
 	} {
 		p := writeConfig(t, dir, tc.src)
 		args := append(append(append([]string{}, base...), "--config", p, "run"), tc.args...)

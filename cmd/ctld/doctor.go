@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/spf13/cobra"
+
+	"github.com/ctld/ctld/internal/runsc"
 )
 
 // check is one host requirement: ok, what was seen, and how to fix it.
@@ -21,7 +24,7 @@ type check struct {
 }
 
 func doctorCmd(g *globalOpts) *cobra.Command {
-	var cgroupRoot string
+	var cgroupRoot, runscBin, platform string
 	c := &cobra.Command{
 		Use:   "doctor",
 		Short: "check that this host can run ctld (cgroup v2, nbd, nf_tables, runsc, mkfs tools)",
@@ -30,7 +33,9 @@ func doctorCmd(g *globalOpts) *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 20*time.Second)
 			defer cancel()
 			failed := 0
-			for _, c := range append(doctorChecks(ctx, cgroupRoot), stateChecks(g.stateDir)...) {
+			checks := doctorChecks(ctx, cgroupRoot)
+			checks = append(checks, runscChecks(ctx, runscBin, platform)...)
+			for _, c := range append(checks, stateChecks(g.stateDir)...) {
 				mark := "ok  "
 				if !c.ok {
 					mark = "FAIL"
@@ -48,6 +53,7 @@ func doctorCmd(g *globalOpts) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup v2 mount point")
+	runscFlags(c.Flags(), &runscBin, &platform)
 	return c
 }
 
@@ -88,7 +94,7 @@ func doctorChecks(ctx context.Context, cgroupRoot string) []check {
 	}
 	out = append(out, c)
 
-	for _, bin := range []struct{ name, pkg string }{{"runsc", "runsc"}, {"mkfs.ext4", "e2fsprogs"}, {"mkfs.xfs", "xfsprogs"}, {"ip", "iproute2"}} {
+	for _, bin := range []struct{ name, pkg string }{{"mkfs.ext4", "e2fsprogs"}, {"mkfs.xfs", "xfsprogs"}, {"ip", "iproute2"}} {
 		p, err := exec.LookPath(bin.name)
 		c := check{name: bin.name, ok: err == nil, fix: "apt-get install " + bin.pkg}
 		if err != nil {
@@ -105,6 +111,33 @@ func doctorChecks(ctx context.Context, cgroupRoot string) []check {
 	}
 	_ = ctx
 	return out
+}
+
+// runscChecks: the runsc binary ctld runs, its build (`runsc --version`)
+// and the platform it will use, which the binary must offer.
+func runscChecks(ctx context.Context, binary, platform string) []check {
+	const fix = "apt-get install runsc, or set runsc = PATH to a current gVisor build (docs/operations.md, \"runsc\")"
+	p, err := exec.LookPath(binary)
+	if err != nil {
+		return []check{{name: "runsc", detail: err.Error(), fix: fix}}
+	}
+	v, err := runsc.Version(ctx, p)
+	if err != nil {
+		return []check{{name: "runsc", detail: err.Error(), fix: fix}}
+	}
+	out := []check{{name: "runsc", ok: true, detail: fmt.Sprintf("%s: version %s", p, v)}}
+	c := check{name: "runsc platform", fix: "set runsc-platform to one the build offers, or leave it empty for its default"}
+	def, all, err := runsc.Platforms(ctx, p)
+	switch {
+	case err != nil:
+		c.detail = err.Error()
+	case platform == "":
+		c.ok, c.detail = true, fmt.Sprintf("%s (the build's default; it offers %s)", def, strings.Join(all, ", "))
+	default:
+		c.ok = slices.Contains(all, platform)
+		c.detail = fmt.Sprintf("%s (set; the build offers %s)", platform, strings.Join(all, ", "))
+	}
+	return append(out, c)
 }
 
 func statDetail(p string, err error) string {

@@ -29,6 +29,7 @@ import (
 	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/meter"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -51,6 +52,9 @@ type runOpts struct {
 	diskProjBase uint32
 	busybox      string
 	guestOOMAdj  int
+
+	// runscPlatform is runsc's --platform ("": the binary's default).
+	runscPlatform string
 	// agentBinary is the static ctl-agent every guest runs as its init.
 	agentBinary string
 	// agentStreamIdle bounds each wait of a file stream on a guest agent.
@@ -82,6 +86,8 @@ type runOpts struct {
 	// Withheld teardown retries: timer and first backoff step, and cap.
 	withheldRetry    time.Duration
 	withheldRetryMax time.Duration
+	usageInterval    time.Duration // usage metering (node/usage.go)
+	usageKeep        int
 	// The sandbox network (network.go).
 	net netOpts
 	// Block-mode RootFS (block.go).
@@ -116,6 +122,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if o.guestOOMAdj < 0 || o.guestOOMAdj > 1000 {
 				return usagef("--guest-oom-score-adj must be between 0 and 1000, got %d", o.guestOOMAdj)
+			}
+			if err := validPlatform(o.runscPlatform); err != nil {
+				return usagef("--runsc-platform: %v", err)
 			}
 			if o.maxClaims < 1 || o.maxExecs < 1 {
 				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
@@ -175,7 +184,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.StringVar(&o.group, "group", "ctld", "group allowed on the API socket (besides root)")
 	f.StringVar(&o.cgroupRoot, "cgroup-root", lease.DefaultRoot, "cgroup v2 mount point")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", lease.DefaultParent, "ctld-owned parent cgroup of the leases")
-	f.StringVar(&o.runsc, "runsc", "runsc", "runsc binary")
+	runscFlags(f, &o.runsc, &o.runscPlatform)
 	f.Int64Var(&o.reserveCPU, "reserve-cpu-millis", 250, "CPU kept back from sandboxes for the host")
 	f.Int64Var(&o.reserveMem, "reserve-memory-bytes", 512<<20, "memory kept back from sandboxes for the host")
 	f.Int64Var(&o.reservePIDs, "reserve-pids", 4096, "PIDs kept back from sandboxes for the host")
@@ -208,6 +217,8 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after the term ends, how long to wait for cancelled work before exiting with the lock held")
 	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
+	f.DurationVar(&o.usageInterval, "usage-interval", time.Minute, "journal a usage record of every ready generation this often (GET /v1/usage; 0: off; a generation's final record is written at its end either way)")
+	f.IntVar(&o.usageKeep, "usage-records", meter.DefaultKeep, "at most this many usage records stay in the journal; the oldest go first (a reader behind them sees the gap: docs/operations.md, Usage metering)")
 	f.StringSliceVar(&o.metricsListen, "metrics-listen", nil, "also serve /metrics (not pprof) over TCP at HOST:PORT; SLOT=HOST:PORT for one slot only, as both instances of a pair need their own port (repeatable; the root-only debug socket <run-dir>/debug-SLOT.sock always serves /metrics and pprof)")
 	o.net.flags(f)
 	o.block.flags(f)
@@ -451,6 +462,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 	}
 	defer removeNode()
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
+	go n.MeterUsage(termCtx, o.usageInterval)
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).
 	srv := &apiserver.Server{
 		Service: metrics.Service{Service: svc, M: m}, Observer: m, Logger: log, AllowedGID: gid, MaxStreamFileBytes: o.maxFileBytes,
@@ -459,6 +471,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		SandboxExecs:   apiserver.NewKeyedLimiter("execs", "--max-execs-per-sandbox", o.maxSandboxExecs, time.Second),
 		Streams:        apiserver.NewLimiter("streams", "--max-concurrent-streams", o.maxStreams, 5*time.Second),
 		SandboxStreams: apiserver.NewKeyedLimiter("streams", "--max-streams-per-sandbox", o.maxSandboxStreams, 5*time.Second),
+		Usage:          svc,
 	}
 	err = srv.Serve(termCtx, apiLn)
 	cause := context.Cause(termCtx)
@@ -576,7 +589,8 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	}
 	// --host-uds=create: each guest's agent listens in its bind-mounted
 	// socket dir, and the node connects from the host.
-	rt := &runsc.Runtime{Binary: o.runsc, Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, HostUDS: "create",
+	rt := &runsc.Runtime{Binary: o.runsc, Platform: o.runscPlatform, Version: facts.versions.Runsc,
+		Root: filepath.Join(g.runDir, "runsc"), SharedRoot: true, HostUDS: "create",
 		Logger: log, ExecOOMScoreAdj: &o.guestOOMAdj, LogMaxBytes: o.logMax}
 	agentBin, err := stageAgent(o.agentBinary, g.runDir)
 	if err != nil {
@@ -603,7 +617,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Reserve:  node.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
-		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax,
+		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax, UsageKeep: o.usageKeep,
 		DefaultDiskBytes:   o.defaultDisk,
 		DiskProjects:       node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 		NetLimits:          netpolicy.Limits{MaxRules: o.net.maxRules},

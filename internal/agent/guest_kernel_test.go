@@ -168,6 +168,8 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		t.Fatal(err)
 	}
 	r := &runsc.Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs"), HostUDS: "create"}
+	// The build on PATH, as ctld records it (make RUNSC=current|debian).
+	r.Version, _ = runsc.Version(context.Background(), "runsc")
 	if o.host {
 		r.Network, r.IgnoreCgroups = "none", true
 	}

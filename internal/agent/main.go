@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"syscall"
 	"time"
@@ -99,6 +100,11 @@ func Main(args, env []string, stderr io.Writer) int {
 	}()
 	code, err := w.Wait(ctx)
 	if err != nil {
+		fmt.Fprintln(stderr, "ctl-agent:", err)
+	}
+	// The host's exit watch reads the status from here once the guest
+	// is gone (a failed write leaves it to see a crash instead).
+	if err := WriteExitReport(filepath.Dir(*socket), code); err != nil {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 	}
 	return code

@@ -176,7 +176,17 @@ type ClaimRequest struct {
 	// Volumes are persistent volumes to attach (block store volumes of
 	// their own, kept after the sandbox), each mounted at its Path.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// OnExit is what the node does when the guest's main process ends:
+	// OnExitKeep (also when empty: journal the exit, the generation waits
+	// for a release) or OnExitRelease (release it with a cleanup proof).
+	OnExit string `json:"on_exit,omitempty"`
 }
+
+// OnExit values of a claim.
+const (
+	OnExitKeep    = "keep"
+	OnExitRelease = "release"
+)
 
 // VolumeMount attaches persistent volume ID at Path in the guest: an
 // absolute, clean path, not "/" nor under a path the node mounts itself.
@@ -239,7 +249,30 @@ const (
 	StateReleased  SandboxState = "released"
 	StateFailed    SandboxState = "failed"
 	StateLost      SandboxState = "lost"
+	// StateExited: the guest ended (Sandbox.Exit says how); it holds its
+	// capacity until a release.
+	StateExited SandboxState = "exited"
 )
+
+// Exit kinds (ExitStatus.Kind).
+const (
+	ExitNormal = "exit"  // the workload exited; Code is its status
+	ExitOOM    = "oom"   // killed at the lease's memory.max
+	ExitCrash  = "crash" // the guest died without its agent's report
+)
+
+// ExitStatus is how and when a generation's guest ended, as the primary
+// journaled it the moment it saw it.
+type ExitStatus struct {
+	Kind string `json:"kind"`
+	// Code is the workload's exit status (128+n: signal n); -1 for oom
+	// and crash.
+	Code     int       `json:"code"`
+	At       time.Time `json:"at"`
+	SeenBy   uint64    `json:"seen_by"`
+	OOMKills int64     `json:"oom_kills,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
+}
 
 // Sandbox is a sandbox as ctld sees it: the identity and its current runtime
 // generation.
@@ -273,6 +306,12 @@ type Sandbox struct {
 	// Volumes are the persistent volumes the generation's claim attached
 	// (held until its teardown ends).
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Exit is how the generation's guest ended (state exited, and kept
+	// once released).
+	Exit *ExitStatus `json:"exit,omitempty"`
+	// Usage is what the generation used (usage.go): live while it runs,
+	// the totals of its final usage record once over (absent: unknown).
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // PauseStatus is a generation's last pause.

@@ -163,6 +163,9 @@ func (r ClaimRequest) Validate() error {
 	if r.MaxLifetimeSec < 0 || r.MaxLifetimeSec > MaxLifetimeSec {
 		return invalid("max_lifetime_sec must be between 0 (none) and %d, got %d", MaxLifetimeSec, r.MaxLifetimeSec)
 	}
+	if r.OnExit != "" && r.OnExit != OnExitKeep && r.OnExit != OnExitRelease {
+		return invalid("on_exit must be %q or %q, got %q", OnExitKeep, OnExitRelease, r.OnExit)
+	}
 	return validateVolumes(r.Volumes)
 }
 

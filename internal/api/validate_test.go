@@ -115,6 +115,7 @@ func TestClaimValidate(t *testing.T) {
 		{"uid -1", func(r *ClaimRequest) { r.Process.UID = ^uint32(0) }, "not a user or group id"},
 		{"gid -1", func(r *ClaimRequest) { r.Process.GID = ^uint32(0) }, "not a user or group id"},
 		{"lifetime negative", func(r *ClaimRequest) { r.MaxLifetimeSec = -1 }, "max_lifetime_sec"},
+		{"on_exit unknown", func(r *ClaimRequest) { r.OnExit = "vanish" }, "on_exit"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

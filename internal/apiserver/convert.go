@@ -24,7 +24,16 @@ func apiSandbox(s journal.Sandbox) api.Sandbox {
 		LeaseID: s.LeaseID, Resources: apiResources(s.Resources), RootFS: apiRootFS(s.RootFS), Epoch: s.Epoch,
 		CreatedAt: s.CreatedAt, Timings: apiTimings(s.Timings), ReleaseTimings: apiReleaseTimings(s.ReleaseTimings),
 		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s), Pause: apiPause(s), Volumes: apiVolumes(s),
+		Exit: apiExit(s.Exit),
 	}
+}
+
+// apiExit is the wire form of a generation's exit.
+func apiExit(e *journal.ExitRecord) *api.ExitStatus {
+	if e == nil {
+		return nil
+	}
+	return &api.ExitStatus{Kind: string(e.Kind), Code: e.Code, At: e.At, SeenBy: e.SeenBy, OOMKills: e.OOMKills, Detail: e.Detail}
 }
 
 // apiWriter is s's writer while the generation holds its device.
@@ -75,7 +84,7 @@ func claimRecord(r api.ClaimRequest) journal.ClaimRequest {
 			Args: append([]string(nil), r.Process.Args...), Env: append([]string(nil), r.Process.Env...),
 			Cwd: r.Process.Cwd, UID: r.Process.UID, GID: r.Process.GID,
 		},
-		MaxLifetimeSec: r.MaxLifetimeSec, Volumes: volumeMountsRecord(r.Volumes),
+		MaxLifetimeSec: r.MaxLifetimeSec, Volumes: volumeMountsRecord(r.Volumes), OnExit: r.OnExit,
 	}
 }
 
@@ -163,6 +172,10 @@ func apiView(v node.SandboxView) api.Sandbox {
 	out := apiSandbox(v.Sandbox)
 	if st := v.Network; st != nil {
 		out.Network = &api.NetworkStatus{Mode: api.NetworkMode(st.Mode), TxBytes: st.TxBytes, TxPackets: st.TxPackets, DroppedPackets: st.DroppedPackets}
+	}
+	if v.Usage != nil {
+		u := apiUsage(*v.Usage)
+		out.Usage = &u
 	}
 	return out
 }

@@ -59,6 +59,7 @@ func fullRecord() journal.Sandbox {
 		Request: &journal.ClaimRequest{Volumes: []journal.VolumeMount{{ID: "data", Path: "/data", ExpectHead: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}}}},
 		Volumes: []journal.AttachedVolume{{ID: "data", Head: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "n"}}},
 		Seal:    &journal.SealRecord{State: journal.SealAbandoned, OperationID: "p1", Generation: 3, Head: journal.VolumeHead{Seq: 1, Generation: 3, WriterEpoch: 5, Node: "n"}, Error: "fenced"},
+		Exit:    &journal.ExitRecord{Kind: journal.ExitNormal, Code: 7, At: at, SeenBy: 4, OOMKills: 1, Detail: "d"},
 	}
 }
 
@@ -69,6 +70,10 @@ func TestAPISandboxCarriesEveryField(t *testing.T) {
 	// Network is live, not of the record: view fills it from the firewall's
 	// counters.
 	got.Network = &api.NetworkStatus{Mode: api.NetworkOpen, TxBytes: 1, TxPackets: 1, DroppedPackets: 1}
+	// Usage is live too: view converts the meter's totals, every field.
+	u := journal.Usage{CPUUsec: 1, MemoryCurrentBytes: 2, MemoryPeakBytes: 3, PIDsPeak: 4, IOReadBytes: 5, IOWriteBytes: 6,
+		DiskUsedBytes: 7, TxBytes: 8, TxPackets: 9, DroppedPackets: 10, WallMS: 11}
+	got.Usage = apiView(node.SandboxView{Sandbox: fullRecord(), Usage: &u}).Usage
 	if z := zeroFields(reflect.ValueOf(got), "api.Sandbox"); len(z) != 0 {
 		t.Fatalf("apiSandbox leaves fields zero: %v", z)
 	}
@@ -91,7 +96,7 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
 			{CIDR: "203.0.113.0/24", Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}},
 		}},
-		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2}, MaxLifetimeSec: 60,
+		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2}, MaxLifetimeSec: 60, OnExit: api.OnExitRelease,
 		// Head is the node's answer (a claim with it is invalid): set
 		// only so every field of the request is seen.
 		Volumes: []api.VolumeMount{{ID: "data", Path: "/data", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}, Head: &api.VolumeHead{Seq: 1, Generation: 1, WriterEpoch: 1, Node: "n"}}},

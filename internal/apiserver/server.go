@@ -72,6 +72,8 @@ type Server struct {
 	// Observer, if set, is told of every request once it is answered
 	// (metrics); nil: nobody is.
 	Observer RequestObserver
+	// Usage serves GET /v1/usage (usage.go); nil: unavailable.
+	Usage UsageService
 }
 
 // RequestObserver sees each request once answered: route is the matched
@@ -275,6 +277,7 @@ func (s *Server) Handler() http.Handler {
 	route(http.MethodPost, "/v1/sandboxes/{id}/fork", s.handleFork)
 	route(http.MethodPost, "/v1/sandboxes/{id}/restore", s.handleRestore)
 	route(http.MethodGet, "/v1/proofs/{operation_id}", s.handleProof)
+	route(http.MethodGet, "/v1/usage", s.handleUsage)
 	// A pattern without a method is less specific than the routes above,
 	// so it catches exactly the other methods on the same path; ServeMux's
 	// own 405 would not be in the JSON error shape.

@@ -114,6 +114,42 @@ const (
 	StateReleased  State = "released"
 	StateFailed    State = "failed"
 	StateLost      State = "lost"
+	// StateExited: the guest's main process (or the guest itself) ended;
+	// the generation still holds its objects and capacity until a release
+	// (Sandbox.Exit says how it ended).
+	StateExited State = "exited"
+)
+
+// ExitKind tells how a generation's guest ended.
+type ExitKind string
+
+// Exit kinds.
+const (
+	ExitNormal ExitKind = "exit"  // the workload exited; Code is its status
+	ExitOOM    ExitKind = "oom"   // the lease's memory.max killed the guest
+	ExitCrash  ExitKind = "crash" // the guest (sentry, gofer) died without its agent's report
+)
+
+// ExitRecord is how and when a generation's guest ended, journaled the
+// moment a primary saw it.
+type ExitRecord struct {
+	Kind ExitKind `json:"kind"`
+	// Code is the workload's exit status (128+n when signal n ended it);
+	// -1 when the guest left no report (oom, crash).
+	Code int `json:"code"`
+	// At is when the primary saw the exit; SeenBy the epoch that saw it
+	// (a later epoch than the generation's: it ended while no primary
+	// watched, or during a failover).
+	At       time.Time `json:"at"`
+	SeenBy   uint64    `json:"seen_by"`
+	OOMKills int64     `json:"oom_kills,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
+}
+
+// OnExit values of a claim: what the node does when the guest ends.
+const (
+	OnExitKeep    = "keep"    // journal the exit; the generation waits for a release
+	OnExitRelease = "release" // journal the exit, then release it with a proof
 )
 
 // Resources of a generation, as claimed.
@@ -180,6 +216,8 @@ type ClaimRequest struct {
 	Process        Process       `json:"process"`
 	MaxLifetimeSec int64         `json:"max_lifetime_sec,omitempty"`
 	Volumes        []VolumeMount `json:"volumes,omitempty"`
+	// OnExit is OnExitKeep (also when empty) or OnExitRelease.
+	OnExit string `json:"on_exit,omitempty"`
 }
 
 // VolumeMount is a claim's persistent volume ID, mounted at Path in the
@@ -291,6 +329,9 @@ type Sandbox struct {
 	// Volumes are the persistent volumes the generation attached, each
 	// journaled with its writer epoch before its writer starts.
 	Volumes []AttachedVolume `json:"volumes,omitempty"`
+	// Exit is how the generation's guest ended (nil: it did not, or
+	// nobody saw it).
+	Exit *ExitRecord `json:"exit,omitempty"`
 }
 
 // AttachedVolume is a persistent volume attached to a generation: its
@@ -415,7 +456,7 @@ type NetworkUpdate struct {
 // cleanup is unproven moved to the withheld ledger instead.
 func (s Sandbox) Holds() bool {
 	switch s.State {
-	case StateClaiming, StateReady, StateReleasing, StateLost:
+	case StateClaiming, StateReady, StateReleasing, StateLost, StateExited:
 		return !s.Withheld
 	}
 	return false

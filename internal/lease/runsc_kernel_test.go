@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ctld/ctld/internal/ktest"
+	runscpkg "github.com/ctld/ctld/internal/runsc"
 )
 
 // TestKernelRunscPrecreatedLease pins how runsc (release 20221219) treats
@@ -24,6 +25,8 @@ import (
 // limits, and runsc delete leaves the (empty) cgroup for ctld to remove.
 func TestKernelRunscPrecreatedLease(t *testing.T) {
 	runsc := ktest.RequireBinary(t, "runsc")
+	// The build on PATH (make RUNSC=current|debian) and the flags it needs.
+	build, _ := runscpkg.Version(context.Background(), runsc)
 	busybox := ktest.RequireBinary(t, "busybox")
 	stateRoot := filepath.Join(t.TempDir(), "runsc")
 	// Before kernelManager, so this check runs after the lease cleanup.
@@ -81,7 +84,7 @@ func TestKernelRunscPrecreatedLease(t *testing.T) {
 	}
 
 	run := func(args ...string) (string, error) {
-		full := append([]string{"--root", stateRoot, "--network=none"}, args...)
+		full := append(append([]string{"--root", stateRoot, "--network=none"}, runscpkg.BuildFlags(build)...), args...)
 		// Output goes to a file, not a pipe: the sandbox runsc create
 		// starts inherits stdout/stderr and would hold a pipe open forever.
 		out, err := os.CreateTemp(t.TempDir(), "out")

@@ -22,7 +22,11 @@ func (m *Manager) Session(ctx context.Context, id string, req api.ExecRequest, s
 	if err := req.ValidateSession(); err != nil {
 		return api.ExecExit{}, err
 	}
-	return m.Client.Session(ctx, id, req, s)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return api.ExecExit{}, err
+	}
+	return c.Session(ctx, id, req, s)
 }
 
 // ExecViaRunsc is Exec through `runsc exec` (the operator's fallback when
@@ -34,9 +38,13 @@ func (m *Manager) ExecViaRunsc(ctx context.Context, id string, req api.ExecReque
 	if err := req.Validate(); err != nil {
 		return 0, err
 	}
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return 0, err
+	}
 	var code int
-	err := m.whileBusy(ctx, "exec via runsc in "+id, func() (err error) {
-		code, err = m.Client.ExecViaRunsc(ctx, id, req, stdout, stderr)
+	err = m.whileBusy(ctx, "exec via runsc in "+id, func() (err error) {
+		code, err = c.ExecViaRunsc(ctx, id, req, stdout, stderr)
 		return err
 	})
 	return code, err
@@ -51,7 +59,11 @@ func (m *Manager) StatFile(ctx context.Context, id, p string, u *api.User) (api.
 	if err := checkFile(id, p, u); err != nil {
 		return api.FileInfo{}, err
 	}
-	return m.Client.StatFile(ctx, id, p, u)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return api.FileInfo{}, err
+	}
+	return c.StatFile(ctx, id, p, u)
 }
 
 // ListDir returns the entries of a directory in the guest.
@@ -59,7 +71,11 @@ func (m *Manager) ListDir(ctx context.Context, id, p string, u *api.User) ([]api
 	if err := checkFile(id, p, u); err != nil {
 		return nil, err
 	}
-	return m.Client.ListDir(ctx, id, p, u)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.ListDir(ctx, id, p, u)
 }
 
 // MakeDir makes a directory in the guest.
@@ -67,7 +83,11 @@ func (m *Manager) MakeDir(ctx context.Context, id, p string, mode uint32, parent
 	if err := errors.Join(names.CheckID("sandbox id", id), api.MkdirRequest{Path: p, Mode: mode, Parents: parents, User: u}.Validate()); err != nil {
 		return err
 	}
-	return m.Client.MakeDir(ctx, id, p, mode, parents, u)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.MakeDir(ctx, id, p, mode, parents, u)
 }
 
 // RemoveFile removes a file or directory in the guest.
@@ -75,7 +95,11 @@ func (m *Manager) RemoveFile(ctx context.Context, id, p string, recursive bool, 
 	if err := errors.Join(names.CheckID("sandbox id", id), api.RemoveRequest{Path: p, Recursive: recursive, User: u}.Validate()); err != nil {
 		return err
 	}
-	return m.Client.RemoveFile(ctx, id, p, recursive, u)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.RemoveFile(ctx, id, p, recursive, u)
 }
 
 // RenameFile renames a file or directory in the guest.
@@ -83,7 +107,11 @@ func (m *Manager) RenameFile(ctx context.Context, id, from, to string, u *api.Us
 	if err := errors.Join(names.CheckID("sandbox id", id), api.RenameRequest{From: from, To: to, User: u}.Validate()); err != nil {
 		return err
 	}
-	return m.Client.RenameFile(ctx, id, from, to, u)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.RenameFile(ctx, id, from, to, u)
 }
 
 // ReadFileTo streams a file of the guest to w.
@@ -91,7 +119,11 @@ func (m *Manager) ReadFileTo(ctx context.Context, id, p string, u *api.User, w i
 	if err := checkFile(id, p, u); err != nil {
 		return 0, err
 	}
-	return m.Client.ReadFileTo(ctx, id, p, u, w)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	return c.ReadFileTo(ctx, id, p, u, w)
 }
 
 // WriteFileFrom streams r into a file of the guest (size: r's length, -1
@@ -100,5 +132,9 @@ func (m *Manager) WriteFileFrom(ctx context.Context, id, p string, u *api.User, 
 	if err := errors.Join(checkFile(id, p, u), api.ValidateFileMode(mode)); err != nil {
 		return err
 	}
-	return m.Client.WriteFileFrom(ctx, id, p, u, mode, r, size)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.WriteFileFrom(ctx, id, p, u, mode, r, size)
 }

@@ -49,6 +49,9 @@ type Manager struct {
 	// Templates, if set, gives claims their template image's defaults
 	// (templates.go); nil: a claim runs what it says.
 	Templates TemplateDefaults
+	// Fleet, if set, places sandboxes on the fleet's nodes instead of
+	// driving Client (fleet.go).
+	Fleet *Fleet
 }
 
 // whileBusy calls fn again while the node answers busy, after the node's
@@ -117,6 +120,8 @@ type Spec struct {
 	// User, if set, is the main process's user, root included: it wins
 	// over Process's ids and the template image's user (templates.go).
 	User *api.User `json:"user,omitempty"`
+	// OnExit is the claim's on_exit (api.OnExitKeep, api.OnExitRelease).
+	OnExit string `json:"on_exit,omitempty"`
 }
 
 func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
@@ -129,6 +134,7 @@ func (s Spec) claim(opID string, gen uint64) api.ClaimRequest {
 		Process:        s.Process,
 		MaxLifetimeSec: s.MaxLifetimeSec,
 		Volumes:        s.Volumes,
+		OnExit:         s.OnExit,
 	}
 }
 
@@ -158,6 +164,17 @@ func definitive(err error) bool {
 
 // Create claims the next generation of sandbox id on the node.
 func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResult, error) {
+	return m.CreateWith(ctx, id, spec, nil)
+}
+
+// ClaimFailer records a claim the node refused for good (err says why).
+type ClaimFailer func(ctx context.Context, op OperationRecord, err error) error
+
+// CreateWith is Create with fail, when set, recording a claim the node
+// refused for good in place of Store.FailOperation: the service fails the
+// claim and ends its owner's sandbox with its reason in one transaction
+// (Store.FailCreate), so no reader sees the one without the other.
+func (m *Manager) CreateWith(ctx context.Context, id string, spec Spec, fail ClaimFailer) (CreateResult, error) {
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return CreateResult{}, err
 	}
@@ -174,6 +191,9 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	}
 	if spec, err = m.expectHeads(ctx, id, spec); err != nil {
 		return CreateResult{}, err
+	}
+	if m.Fleet != nil {
+		return m.createPlaced(ctx, id, opID, spec)
 	}
 	node, err := m.contact(ctx)
 	if err != nil {
@@ -218,7 +238,12 @@ func (m *Manager) Create(ctx context.Context, id string, spec Spec) (CreateResul
 	})
 	if err != nil {
 		if definitive(err) {
-			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {
+			if fail == nil {
+				fail = func(ctx context.Context, op OperationRecord, err error) error {
+					return m.Store.FailOperation(ctx, op.OperationID, err.Error())
+				}
+			}
+			if ferr := fail(context.WithoutCancel(ctx), op, err); ferr != nil {
 				return res, errors.Join(err, ferr)
 			}
 			log.Warn("claim failed", "err", err)
@@ -389,6 +414,9 @@ func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error)
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return DestroyResult{}, err
 	}
+	if m.Fleet != nil {
+		return m.destroyPlaced(ctx, id)
+	}
 	sb, err := m.Store.Sandbox(ctx, id)
 	if errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		sb, err = m.adopt(ctx, id)
@@ -558,9 +586,13 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, stdo
 	if err := req.Validate(); err != nil {
 		return 0, err
 	}
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return 0, err
+	}
 	var code int
-	err := m.whileBusy(ctx, "exec in "+id, func() (err error) {
-		code, err = m.Client.ExecStream(ctx, id, req, stdout, stderr)
+	err = m.whileBusy(ctx, "exec in "+id, func() (err error) {
+		code, err = c.ExecStream(ctx, id, req, stdout, stderr)
 		return err
 	})
 	return code, err
@@ -577,7 +609,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p api.NetworkPol
 	if err := p.Validate(); err != nil {
 		return api.Sandbox{}, err
 	}
-	sb, err := m.Client.UpdateNetwork(ctx, id, p)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := c.UpdateNetwork(ctx, id, p)
 	if err != nil {
 		return sb, err
 	}
@@ -601,7 +637,11 @@ func (m *Manager) Logs(ctx context.Context, id string, req api.LogsRequest, w io
 	if err := req.Validate(); err != nil {
 		return api.LogsEnd{}, err
 	}
-	return m.Client.Logs(ctx, id, req, w)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return api.LogsEnd{}, err
+	}
+	return c.Logs(ctx, id, req, w)
 }
 
 // ReadFile reads a file inside the sandbox.
@@ -609,7 +649,11 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) ([]byte, error)
 	if err := errors.Join(names.CheckID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
 		return nil, err
 	}
-	return m.Client.ReadFile(ctx, id, path)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.ReadFile(ctx, id, path)
 }
 
 // WriteFile writes a file inside the sandbox.
@@ -617,7 +661,11 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, data []byte) e
 	if err := errors.Join(names.CheckID("sandbox id", id), api.ValidateFilePath(path)); err != nil {
 		return err
 	}
-	return m.Client.WriteFile(ctx, id, path, data)
+	c, err := m.client(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.WriteFile(ctx, id, path, data)
 }
 
 // Entry is one sandbox of Ls: what the manager recorded next to what the
@@ -733,7 +781,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Detail, error) {
 	case errdefs.CodeOf(err) != errdefs.CodeNotFound:
 		return d, err
 	}
-	ns, nerr := m.Client.Get(ctx, id)
+	ns, nerr := m.NodeSandbox(ctx, id)
 	switch {
 	case nerr == nil:
 		d.Node = &ns

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -109,6 +110,10 @@ type Registration struct {
 	Templates []string
 	// TTL is how long a heartbeat keeps the node alive.
 	TTL time.Duration
+	// Channel is the host:port of the node process's stream channel
+	// (mTLS, nodechannel): how managers reach the node's sandboxes for
+	// exec, files and logs. Empty: the node offers none.
+	Channel string
 }
 
 // maxNodeList bounds the lists of a registration (root modes, templates).
@@ -127,8 +132,13 @@ func (r Registration) validate() error {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: the heartbeat TTL must be positive", r.NodeID)
 	case len(r.RootModes) > maxNodeList || len(r.Templates) > maxNodeList:
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: more than %d root modes or templates", r.NodeID, maxNodeList)
-	case len(r.Name) > 253 || len(r.RunscVersion) > 256 || len(r.Platform) > 64:
-		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: name, runsc version or platform too long", r.NodeID)
+	case len(r.Name) > 253 || len(r.RunscVersion) > 256 || len(r.Platform) > 64 || len(r.Channel) > 260:
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: name, runsc version, platform or channel too long", r.NodeID)
+	}
+	if r.Channel != "" {
+		if _, port, err := net.SplitHostPort(r.Channel); err != nil || port == "" {
+			return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: channel %q is not host:port", r.NodeID, r.Channel)
+		}
 	}
 	for _, m := range r.RootModes {
 		if m != string(api.RootFSOverlay) && m != string(api.RootFSBlock) {
@@ -158,6 +168,7 @@ type FleetNode struct {
 	Templates    []string  `json:"templates"`
 	HeartbeatAt  time.Time `json:"heartbeat_at"`
 	TTL          Duration  `json:"ttl"`
+	Channel      string    `json:"channel,omitempty"`
 }
 
 // Duration is a time.Duration that prints as text in JSON ("30s").
@@ -183,7 +194,7 @@ func (n FleetNode) Expires() time.Time { return n.HeartbeatAt.Add(time.Duration(
 const fleetSelect = `SELECT n.node_id, n.name, n.state, n.state_reason, n.public_key,
 	n.alloc_cpu_millis, n.alloc_memory_bytes, n.alloc_disk_bytes, n.alloc_sandboxes,
 	n.reserved_cpu_millis, n.reserved_memory_bytes, n.reserved_disk_bytes, n.reserved_sandboxes,
-	n.runsc_version, n.platform, n.root_modes, n.templates, n.heartbeat_at, n.ttl_ms
+	n.runsc_version, n.platform, n.root_modes, n.templates, n.heartbeat_at, n.ttl_ms, n.channel
 	FROM nodes n WHERE n.state <> ''`
 
 func scanFleetNode(row rowScanner) (FleetNode, error) {
@@ -193,7 +204,7 @@ func scanFleetNode(row rowScanner) (FleetNode, error) {
 	if err := row.Scan(&n.NodeID, &n.Name, &n.State, &n.Reason, &n.PublicKey,
 		&n.Allocatable.CPUMillis, &n.Allocatable.MemoryBytes, &n.Allocatable.DiskBytes, &n.Allocatable.Sandboxes,
 		&n.Reserved.CPUMillis, &n.Reserved.MemoryBytes, &n.Reserved.DiskBytes, &n.Reserved.Sandboxes,
-		&n.RunscVersion, &n.Platform, &modes, &templates, &hb, &ttl); err != nil {
+		&n.RunscVersion, &n.Platform, &modes, &templates, &hb, &ttl, &n.Channel); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return n, notFound("node not registered")
 		}
@@ -264,11 +275,11 @@ func (s *Store) RegisterNode(ctx context.Context, r Registration) (FleetNode, er
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET public_key = ?, name = ?, state = ?, state_reason = '', last_seen = ?,
 			alloc_cpu_millis = ?, alloc_memory_bytes = ?, alloc_disk_bytes = ?, alloc_sandboxes = ?,
-			runsc_version = ?, platform = ?, root_modes = ?, templates = ?, heartbeat_at = ?, ttl_ms = ?
+			runsc_version = ?, platform = ?, root_modes = ?, templates = ?, heartbeat_at = ?, ttl_ms = ?, channel = ?
 			WHERE node_id = ?`,
 			r.PublicKey, r.Name, next, now,
 			r.Allocatable.CPUMillis, r.Allocatable.MemoryBytes, r.Allocatable.DiskBytes, r.Allocatable.Sandboxes,
-			r.RunscVersion, r.Platform, string(modes), string(templates), now, r.TTL.Milliseconds(), r.NodeID); err != nil {
+			r.RunscVersion, r.Platform, string(modes), string(templates), now, r.TTL.Milliseconds(), r.Channel, r.NodeID); err != nil {
 			return fmt.Errorf("register node %s: %w", r.NodeID, err)
 		}
 		out, err = fleetNodeTx(ctx, tx, r.NodeID)

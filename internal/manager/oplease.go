@@ -58,6 +58,10 @@ type OpLease struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
+// ErrLeaseHeld marks an admission refused because another live holder
+// has its operation lease (Admission.Lease): nothing was recorded.
+var ErrLeaseHeld = errors.New("operation lease held")
+
 // LeaseStore keeps the operation leases.
 type LeaseStore interface {
 	TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (OpLease, bool, error)
@@ -106,37 +110,39 @@ func (s *Store) TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (Op
 	}
 	var out OpLease
 	var ok bool
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) (err error) {
 		// A commit that fails is run again: nothing of a try survives it.
-		out, ok = OpLease{}, false
-		now := s.now()
-		cur, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
-		switch {
-		case errdefs.CodeOf(err) == errdefs.CodeNotFound:
-			if _, err := tx.ExecContext(ctx, `INSERT INTO op_leases (operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at)
-				VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)`, l.ID, l.Kind, l.SandboxID, l.Owner, l.Holder, ts(now.Add(ttl)), l.IdemOwner, l.IdemKey, l.RequestHash, ts(now)); err != nil {
-				return fmt.Errorf("take lease of %s: %w", l.ID, err)
-			}
-		case err != nil:
-			return err
-		case cur.Holder != l.Holder && cur.ExpiresAt.After(now):
-			out = cur
-			return nil
-		default:
-			attempts := cur.Attempts
-			if cur.Holder != l.Holder {
-				attempts++
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE op_leases SET holder = ?, expires_at = ?, attempts = ? WHERE operation_id = ?`,
-				l.Holder, ts(now.Add(ttl)), attempts, l.ID); err != nil {
-				return fmt.Errorf("take lease of %s: %w", l.ID, err)
-			}
-		}
-		ok = true
-		out, err = scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
+		out, ok, err = takeLeaseTx(ctx, tx, l, ttl, s.now())
 		return err
 	})
 	return out, ok, err
+}
+
+// takeLeaseTx is TakeLease in tx.
+func takeLeaseTx(ctx context.Context, tx *sql.Tx, l OpLease, ttl time.Duration, now time.Time) (OpLease, bool, error) {
+	cur, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
+	switch {
+	case errdefs.CodeOf(err) == errdefs.CodeNotFound:
+		if _, err := tx.ExecContext(ctx, `INSERT INTO op_leases (operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)`, l.ID, l.Kind, l.SandboxID, l.Owner, l.Holder, ts(now.Add(ttl)), l.IdemOwner, l.IdemKey, l.RequestHash, ts(now)); err != nil {
+			return OpLease{}, false, fmt.Errorf("take lease of %s: %w", l.ID, err)
+		}
+	case err != nil:
+		return OpLease{}, false, err
+	case cur.Holder != l.Holder && cur.ExpiresAt.After(now):
+		return cur, false, nil
+	default:
+		attempts := cur.Attempts
+		if cur.Holder != l.Holder {
+			attempts++
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE op_leases SET holder = ?, expires_at = ?, attempts = ? WHERE operation_id = ?`,
+			l.Holder, ts(now.Add(ttl)), attempts, l.ID); err != nil {
+			return OpLease{}, false, fmt.Errorf("take lease of %s: %w", l.ID, err)
+		}
+	}
+	out, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
+	return out, err == nil, err
 }
 
 // RenewLeases moves the leases ids that holder holds to expire ttl from

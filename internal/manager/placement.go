@@ -136,7 +136,6 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 	if err != nil {
 		return Placement{}, fmt.Errorf("encode the claim of %s: %w", in.SandboxID, err)
 	}
-	want := need(in.Spec.Resources)
 	var out Placement
 	err = s.tx(ctx, func(tx *sql.Tx) error {
 		out = Placement{}
@@ -149,7 +148,6 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 			out = Placement{NodeID: sb.NodeID, Operation: pending, Reused: true}
 			return err
 		}
-		now := s.now()
 		sb, err := sandboxTx(ctx, tx, in.SandboxID)
 		exists := err == nil
 		switch {
@@ -159,46 +157,7 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 		case live(sb.State):
 			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s is %s (generation %d); destroy it first", sb.ID, sb.State, sb.Generation)
 		}
-		nodes, err := collect(ctx, tx, scanFleetNode, fleetSelect+` AND n.state = 'ready' ORDER BY n.node_id`)
-		if err != nil {
-			return fmt.Errorf("list nodes: %w", err)
-		}
-		n, err := choose(nodes, want, in.Spec.RootFS, now)
-		if err != nil {
-			return err
-		}
-		at := ts(now)
-		if !exists {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation, node_id) VALUES (?, ?, ?, 0, ?)`,
-				in.SandboxID, at, api.StateClaiming, n.NodeID); err != nil {
-				return fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
-			}
-		}
-		gen := sb.Generation + 1
-		res, _ := json.Marshal(in.Spec.Resources)
-		rootfs, _ := json.Marshal(in.Spec.RootFS)
-		network, _ := json.Marshal(in.Spec.Network)
-		if _, err := tx.ExecContext(ctx, `INSERT INTO generations (sandbox_id, generation, state, resources, rootfs, network, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), string(network), at); err != nil {
-			return fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = ?, reason = '' WHERE id = ?`,
-			api.StateClaiming, gen, n.NodeID, in.SandboxID); err != nil {
-			return fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'claim', ?, ?, 'pending', ?, ?)`,
-			in.OperationID, in.SandboxID, gen, string(request), at); err != nil {
-			return fmt.Errorf("record operation %s: %w", in.OperationID, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (sandbox_id, generation, node_id, cpu_millis, memory_bytes, disk_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			in.SandboxID, gen, n.NodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
-			return fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, n.NodeID, err)
-		}
-		if err := addReserved(ctx, tx, n.NodeID, want); err != nil {
-			return err
-		}
-		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, in.OperationID))
-		out = Placement{NodeID: n.NodeID, Operation: op}
+		out, err = s.placeTx(ctx, tx, in, request, sb, exists, "")
 		return err
 	})
 	if err == nil && !out.Reused {
@@ -210,6 +169,54 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 	return out, err
 }
 
+// placeTx chooses a node for in (sb: the sandbox as recorded, if exists)
+// and records the next generation on it, its pending claim (request) and
+// its reservation; reason is recorded on the sandbox.
+func (s *Store) placeTx(ctx context.Context, tx *sql.Tx, in PlaceIntent, request []byte, sb SandboxRecord, exists bool, reason string) (Placement, error) {
+	want := need(in.Spec.Resources)
+	now := s.now()
+	nodes, err := collect(ctx, tx, scanFleetNode, fleetSelect+` AND n.state = 'ready' ORDER BY n.node_id`)
+	if err != nil {
+		return Placement{}, fmt.Errorf("list nodes: %w", err)
+	}
+	n, err := choose(nodes, want, in.Spec.RootFS, now)
+	if err != nil {
+		return Placement{}, err
+	}
+	at := ts(now)
+	if !exists {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation, node_id) VALUES (?, ?, ?, 0, ?)`,
+			in.SandboxID, at, api.StateClaiming, n.NodeID); err != nil {
+			return Placement{}, fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
+		}
+	}
+	gen := sb.Generation + 1
+	res, _ := json.Marshal(in.Spec.Resources)
+	rootfs, _ := json.Marshal(in.Spec.RootFS)
+	network, _ := json.Marshal(in.Spec.Network)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO generations (sandbox_id, generation, state, resources, rootfs, network, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), string(network), at); err != nil {
+		return Placement{}, fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = ?, reason = ? WHERE id = ?`,
+		api.StateClaiming, gen, n.NodeID, reason, in.SandboxID); err != nil {
+		return Placement{}, fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'claim', ?, ?, 'pending', ?, ?)`,
+		in.OperationID, in.SandboxID, gen, string(request), at); err != nil {
+		return Placement{}, fmt.Errorf("record operation %s: %w", in.OperationID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (sandbox_id, generation, node_id, cpu_millis, memory_bytes, disk_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		in.SandboxID, gen, n.NodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
+		return Placement{}, fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, n.NodeID, err)
+	}
+	if err := addReserved(ctx, tx, n.NodeID, want); err != nil {
+		return Placement{}, err
+	}
+	op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, in.OperationID))
+	return Placement{NodeID: n.NodeID, Operation: op}, err
+}
+
 // maxNodeWork bounds one NodeWork answer; the node process asks again.
 const maxNodeWork = 100
 
@@ -217,9 +224,13 @@ const maxNodeWork = 100
 // on node nodeID, oldest first (at most maxNodeWork): what its node
 // process has to carry out.
 func (s *Store) NodeWork(ctx context.Context, nodeID string) ([]OperationRecord, error) {
+	// An operation is the work of the node its generation is reserved on:
+	// a stale generation's release goes to the node that ran it, not to
+	// the node the sandbox was taken over by (takeover.go).
 	out, err := collect(ctx, s.db, scanOperation, `SELECT o.operation_id, o.kind, o.sandbox_id, o.generation, o.state, o.request, o.error, o.created_at, o.finished_at
 		FROM operations o JOIN sandboxes s ON s.id = o.sandbox_id
-		WHERE s.node_id = ? AND o.state = 'pending' ORDER BY o.created_at, o.operation_id LIMIT ?`, nodeID, maxNodeWork)
+		LEFT JOIN reservations r ON r.sandbox_id = o.sandbox_id AND r.generation = o.generation
+		WHERE COALESCE(r.node_id, s.node_id) = ? AND o.state = 'pending' ORDER BY o.created_at, o.operation_id LIMIT ?`, nodeID, maxNodeWork)
 	if err != nil {
 		return nil, fmt.Errorf("list the work of node %s: %w", nodeID, err)
 	}

@@ -77,6 +77,7 @@ func runContracts(t *testing.T, b backend) {
 			return a, another()
 		})
 	})
+	t.Run("Usage", func(t *testing.T) { usageContract(t, b) })
 }
 
 // TestStoreContractSQLite runs the store contracts on SQLite.

@@ -86,6 +86,8 @@ const serviceMigration = `CREATE TABLE owners (
 // SQLite Store implements it; a PostgreSQL backend (the fleet) implements
 // the same contract.
 type ServiceStore interface {
+	// SeeIdleEgress: egress counts as idle activity (usage.go).
+	SeeIdleEgress(ctx context.Context, id string, total uint64) (bool, error)
 	CreateOwner(ctx context.Context, name string) (Owner, error)
 	Owner(ctx context.Context, name string) (Owner, error)
 	SetQuota(ctx context.Context, owner string, q Quota) (Owner, error)
@@ -101,6 +103,7 @@ type ServiceStore interface {
 	OwnedSandboxes(ctx context.Context, owner, after string, limit int) ([]OwnedSandbox, error)
 	UnsettledCreates(ctx context.Context) ([]OwnedSandbox, error)
 	EndOwnedSandbox(ctx context.Context, id, reason string) error
+	FailCreate(ctx context.Context, id, opErr, reason string) error
 	SetPaused(ctx context.Context, id string, paused bool) error
 
 	AdmitVolume(ctx context.Context, in VolumeAdmission) error
@@ -134,6 +137,7 @@ type ServiceStore interface {
 	Timer(ctx context.Context, id string) (Timer, error)
 
 	LeaseStore
+	ExitStore
 }
 
 var _ ServiceStore = (*Store)(nil)
@@ -401,13 +405,22 @@ type Admission struct {
 	Idle time.Duration
 	// Volumes are the owner's volumes the sandbox holds until it ends.
 	Volumes []string
+	// Lease, when set, is the create's operation lease, taken for
+	// LeaseTTL in the admission's transaction (TakeLease's rules): the
+	// create is admitted only with its lease, in one write. Held live by
+	// another holder, it refuses the admission (unavailable).
+	Lease    *OpLease
+	LeaseTTL time.Duration
 }
 
 // AdmitCreate checks owner's quota and create rate and, in the same
 // transaction, records the sandbox as the owner's (reserving its share),
-// the create in the rate log and its timeout timer. Over quota it records
-// nothing and returns a *QuotaError.
+// the create in the rate log, its timeout timer and its operation lease.
+// Over quota it records nothing and returns a *QuotaError.
 func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
+	if l := in.Lease; l != nil && (l.ID == "" || l.Holder == "" || in.LeaseTTL <= 0) {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "an operation lease needs an id, a holder and a positive TTL")
+	}
 	labels, err := json.Marshal(in.Labels)
 	if err != nil {
 		return fmt.Errorf("encode labels: %w", err)
@@ -450,6 +463,15 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 				return &QuotaError{Owner: in.Owner, Resource: c.what, Limit: c.limt, Used: c.used, Asked: c.asked}
 			}
 		}
+		if in.Lease != nil {
+			cur, ok, err := takeLeaseTx(ctx, tx, *in.Lease, in.LeaseTTL, now)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: %w", ErrLeaseHeld, errdefs.Busy(time.Second, "operation %s is running on replica %s; retry", cur.ID, cur.Holder))
+			}
+		}
 		// The log only needs the last minute: older entries go here.
 		if _, err := tx.ExecContext(ctx, `DELETE FROM create_log WHERE owner = ? AND at <= ?`, in.Owner, ts(now.Add(-time.Minute))); err != nil {
 			return fmt.Errorf("trim create log: %w", err)
@@ -483,24 +505,29 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 // the manager's (State and Generation are the manager's; empty before the
 // claim is recorded).
 type OwnedSandbox struct {
-	ID         string            `json:"id"`
-	Owner      string            `json:"owner"`
-	Spec       json.RawMessage   `json:"spec"`
-	Labels     map[string]string `json:"labels"`
-	Active     bool              `json:"active"`
-	Paused     bool              `json:"paused"`
-	Reason     string            `json:"reason,omitempty"`
-	CreatedAt  time.Time         `json:"created_at"`
-	EndedAt    *time.Time        `json:"ended_at,omitempty"`
-	State      string            `json:"state"`
-	Generation uint64            `json:"generation"`
+	ID        string            `json:"id"`
+	Owner     string            `json:"owner"`
+	Spec      json.RawMessage   `json:"spec"`
+	Labels    map[string]string `json:"labels"`
+	Active    bool              `json:"active"`
+	Paused    bool              `json:"paused"`
+	Reason    string            `json:"reason,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	EndedAt   *time.Time        `json:"ended_at,omitempty"`
+	State     string            `json:"state"`
+	// StateReason is why the generation failed or was lost, as the
+	// manager recorded it (its words, not the caller's: Reason is those).
+	StateReason string `json:"state_reason,omitempty"`
+	Generation  uint64 `json:"generation"`
 	// Deadline is the armed timeout (nil: none or already fired).
 	Deadline   *time.Time `json:"deadline,omitempty"`
 	TimerState string     `json:"timer_state,omitempty"`
+	// Exit is how its workload ended (nil: it did not, or not yet seen).
+	Exit *SandboxExit `json:"exit,omitempty"`
 }
 
 const ownedSelect = `SELECT o.id, o.owner, o.spec, o.labels, o.active, o.paused, o.reason, o.created_at, o.ended_at,
-	COALESCE(s.state, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, '')
+	COALESCE(s.state, ''), COALESCE(s.reason, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, ''), o.exit
 	FROM owned_sandboxes o
 	LEFT JOIN sandboxes s ON s.id = o.id
 	LEFT JOIN timers t ON t.sandbox_id = o.id AND t.kind = 'timeout'`
@@ -509,7 +536,8 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	var r OwnedSandbox
 	var spec, labels, created string
 	var ended, deadline sql.NullString
-	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.Generation, &deadline, &r.TimerState); err != nil {
+	var exit string
+	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.StateReason, &r.Generation, &deadline, &r.TimerState, &exit); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, notFound("sandbox not found")
 		}
@@ -525,6 +553,9 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	}
 	if r.EndedAt, err = parseNullTS(ended); err != nil {
 		return r, err
+	}
+	if r.Exit, err = exitOf(exit); err != nil {
+		return r, fmt.Errorf("sandbox %s: %w", r.ID, err)
 	}
 	if r.TimerState == "armed" || r.TimerState == "firing" {
 		r.Deadline, err = parseNullTS(deadline)
@@ -555,18 +586,23 @@ func (s *Store) OwnedSandboxes(ctx context.Context, owner, after string, limit i
 // EndOwnedSandbox returns a sandbox's reservation to its owner's quota
 // (released, or its create failed for good) and cancels its armed timers.
 // Ending an ended sandbox changes nothing.
+// The reason is required (service_fail.go).
 func (s *Store) EndOwnedSandbox(ctx context.Context, id, reason string) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		now := ts(s.now())
-		if _, err := tx.ExecContext(ctx, `UPDATE owned_sandboxes SET active = 0, reason = CASE WHEN reason = '' THEN ? ELSE reason END, ended_at = ? WHERE id = ? AND active = 1`,
-			reason, now, id); err != nil {
-			return fmt.Errorf("end sandbox %s: %w", id, err)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE timers SET state = 'cancelled', finished_at = ? WHERE sandbox_id = ? AND state = 'armed'`, now, id); err != nil {
-			return fmt.Errorf("cancel timers of %s: %w", id, err)
-		}
-		return nil
-	})
+	if reason == "" {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "end sandbox %s: no reason given", id)
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error { return endOwnedTx(ctx, tx, id, reason, ts(s.now())) })
+}
+
+func endOwnedTx(ctx context.Context, tx *sql.Tx, id, reason, now string) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE owned_sandboxes SET active = 0, reason = CASE WHEN reason = '' THEN ? ELSE reason END, ended_at = ? WHERE id = ? AND active = 1`,
+		reason, now, id); err != nil {
+		return fmt.Errorf("end sandbox %s: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE timers SET state = 'cancelled', finished_at = ? WHERE sandbox_id = ? AND state = 'armed'`, now, id); err != nil {
+		return fmt.Errorf("cancel timers of %s: %w", id, err)
+	}
+	return nil
 }
 
 // SetPaused records whether the sandbox is paused (its head published,

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -128,6 +129,13 @@ var migrations = []string{
 	fleetMigration,
 	// 12: operation leases of the service's replicas (oplease.go).
 	opLeaseMigration,
+	// 13: how a service sandbox's workload ended (service_exits.go).
+	exitMigration,
+	// 14: a fleet node's stream channel address (nodes.go).
+	`ALTER TABLE nodes ADD COLUMN channel TEXT NOT NULL DEFAULT '';`,
+	// 15: usage records of the nodes' metering streams and their cursors;
+	// the egress total an idle timer last saw (usage.go).
+	usageMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
@@ -380,7 +388,7 @@ func notFound(format string, args ...any) error {
 // a claim or release in flight).
 func live(state api.SandboxState) bool {
 	switch state {
-	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost:
+	case api.StateClaiming, api.StateReady, api.StateReleasing, api.StateLost, api.StateExited:
 		return true
 	}
 	return false
@@ -658,7 +666,7 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 			in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), string(network), now); err != nil {
 			return fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = NULLIF(?, '') WHERE id = ?`,
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = NULLIF(?, ''), reason = '' WHERE id = ?`,
 			api.StateClaiming, gen, in.NodeID, in.SandboxID); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
 		}
@@ -678,7 +686,11 @@ func (s *Store) BeginClaim(ctx context.Context, in ClaimIntent) (op OperationRec
 
 // FinishClaim records a claim's answer: the generation is what ctld says.
 func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.finishClaimTx(ctx, tx, opID, sb) })
+}
+
+func (s *Store) finishClaimTx(ctx context.Context, tx *sql.Tx, opID string, sb api.Sandbox) error {
+	{
 		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
 		if err != nil {
 			return fmt.Errorf("finish claim %s: %w", opID, err)
@@ -698,7 +710,7 @@ func (s *Store) FinishClaim(ctx context.Context, opID string, sb api.Sandbox) er
 			return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
 		}
 		return finishOp(ctx, tx, opID, OpDone, "", now)
-	})
+	}
 }
 
 // SetNetwork records the network policy now in force for a generation
@@ -728,10 +740,15 @@ func finishOp(ctx context.Context, tx *sql.Tx, opID, state, msg, now string) err
 	return nil
 }
 
-// FailOperation records that ctld refused an operation for good. A failed
-// claim fails its generation; a failed release leaves the sandbox state as
+// FailOperation records that ctld refused an operation for good, msg
+// saying why (required). A failed claim fails its generation with msg as
+// the sandbox's reason, in the same transaction: no reader sees the
+// sandbox failed without it. A failed release leaves the sandbox state as
 // it was before the release, since ctld still has it.
 func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
+	if msg == "" {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "fail operation %s: no reason given", opID)
+	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, opID))
 		if err != nil {
@@ -740,13 +757,7 @@ func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
 		now := ts(s.now())
 		switch op.Kind {
 		case KindClaim:
-			if _, err := tx.ExecContext(ctx, `UPDATE generations SET state = ?, ended_at = ? WHERE sandbox_id = ? AND generation = ?`,
-				api.StateFailed, now, op.SandboxID, op.Generation); err != nil {
-				return fmt.Errorf("update generation %s/%d: %w", op.SandboxID, op.Generation, err)
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ? AND generation = ?`, api.StateFailed, op.SandboxID, op.Generation); err != nil {
-				return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
-			}
+			return failClaimTx(ctx, tx, op, msg, now)
 		case KindRelease:
 			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ?`,
 				op.SandboxID, op.Generation, op.SandboxID); err != nil {
@@ -787,6 +798,16 @@ func (s *Store) AdoptSandbox(ctx context.Context, nodeID string, sb api.Sandbox)
 // pending, is a conflict.
 func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op OperationRecord, reused bool, err error) {
 	err = s.tx(ctx, func(tx *sql.Tx) error {
+		op, reused, err = s.beginReleaseTx(ctx, tx, id, newOpID, "")
+		return err
+	})
+	return op, reused, err
+}
+
+// beginReleaseTx is BeginRelease in tx; request is recorded with a new
+// release ("" none; a fleet pause says so there: fleet.go).
+func (s *Store) beginReleaseTx(ctx context.Context, tx *sql.Tx, id, newOpID, request string) (op OperationRecord, reused bool, err error) {
+	err = func() error {
 		pending, ok, err := pendingOp(ctx, tx, id, KindRelease)
 		if err != nil {
 			return err
@@ -816,13 +837,13 @@ func (s *Store) BeginRelease(ctx context.Context, id, newOpID string) (op Operat
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ? WHERE id = ?`, api.StateReleasing, id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, created_at) VALUES (?, 'release', ?, ?, 'pending', ?)`,
-			newOpID, id, sb.Generation, now); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'release', ?, ?, 'pending', ?, ?)`,
+			newOpID, id, sb.Generation, cmp.Or(request, "{}"), now); err != nil {
 			return fmt.Errorf("record operation %s: %w", newOpID, err)
 		}
 		op, err = scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, newOpID))
 		return err
-	})
+	}()
 	return op, reused, err
 }
 
@@ -911,7 +932,11 @@ func (s *Store) Head(ctx context.Context, id string) (api.VolumeHead, error) {
 // moves forward, so two managers (or a late answer) cannot move it back.
 // A stale head is fenced and changes nothing.
 func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.publishHeadTx(ctx, tx, id, h) })
+}
+
+func (s *Store) publishHeadTx(ctx context.Context, tx *sql.Tx, id string, h api.VolumeHead) error {
+	{
 		var cur api.VolumeHead
 		err := tx.QueryRowContext(ctx, `SELECT seq, writer_epoch FROM heads WHERE sandbox_id = ?`, id).Scan(&cur.Seq, &cur.WriterEpoch)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
@@ -928,7 +953,7 @@ func (s *Store) PublishHead(ctx context.Context, id string, h api.VolumeHead) er
 			return fmt.Errorf("record head of %s: %w", id, err)
 		}
 		return nil
-	})
+	}
 }
 
 // VolumeMark returns the highest head of persistent volume id the manager

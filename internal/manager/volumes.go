@@ -28,6 +28,9 @@ func (m *Manager) Pause(ctx context.Context, id string) (PauseResult, error) {
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return PauseResult{}, err
 	}
+	if m.Fleet != nil {
+		return m.pausePlaced(ctx, id)
+	}
 	opID, err := m.newOpID()
 	if err != nil {
 		return PauseResult{}, err
@@ -87,22 +90,34 @@ func (m *Manager) Resume(ctx context.Context, id string) (CreateResult, error) {
 
 // Snapshot seals the running generation under name.
 func (m *Manager) Snapshot(ctx context.Context, id, name string) (api.SnapshotResponse, error) {
+	if err := m.notPlaced("snapshot"); err != nil {
+		return api.SnapshotResponse{}, err
+	}
 	return m.Client.Snapshot(ctx, id, api.SnapshotRequest{Name: name})
 }
 
 // Volume returns the sandbox volume's head, snapshots and generations.
 func (m *Manager) Volume(ctx context.Context, id string) (api.VolumeInfo, error) {
+	if err := m.notPlaced("volume"); err != nil {
+		return api.VolumeInfo{}, err
+	}
 	return m.Client.Volume(ctx, id)
 }
 
 // Fork makes dst a new identity on src's head or snapshot; `sandbox create
 // DST --mode block` then runs it from there.
 func (m *Manager) Fork(ctx context.Context, src, dst, snapshot string) (api.VolumeInfo, error) {
+	if err := m.notPlaced("fork"); err != nil {
+		return api.VolumeInfo{}, err
+	}
 	return m.Client.Fork(ctx, dst, api.ForkRequest{Source: src, Snapshot: snapshot})
 }
 
 // Restore moves the sandbox's head to its snapshot and records it.
 func (m *Manager) Restore(ctx context.Context, id, snapshot string) (api.VolumeInfo, error) {
+	if err := m.notPlaced("restore"); err != nil {
+		return api.VolumeInfo{}, err
+	}
 	v, err := m.Client.Restore(ctx, id, api.RestoreRequest{Snapshot: snapshot})
 	if err != nil {
 		return v, err

@@ -128,6 +128,7 @@ ctld_node_cpu_cores{pool="withheld"} 0.25
 # HELP ctld_generations Sandboxes by the state of their current generation (finished ones stay until the journal's retention prunes them).
 # TYPE ctld_generations gauge
 ctld_generations{state="claiming"} 0
+ctld_generations{state="exited"} 0
 ctld_generations{state="failed"} 1
 ctld_generations{state="lost"} 0
 ctld_generations{state="ready"} 2

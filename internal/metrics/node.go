@@ -43,7 +43,7 @@ var (
 )
 
 // states are every state of a sandbox, so each series exists at 0.
-var states = []api.SandboxState{api.StateClaiming, api.StateReady, api.StateReleasing, api.StateReleased, api.StateFailed, api.StateLost}
+var states = []api.SandboxState{api.StateClaiming, api.StateReady, api.StateReleasing, api.StateReleased, api.StateFailed, api.StateLost, api.StateExited}
 
 type nodeCollector struct {
 	node    NodeSource

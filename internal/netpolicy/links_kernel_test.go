@@ -421,6 +421,7 @@ func TestKernelLinksRunscGuest(t *testing.T) {
 	ktest.RequireBinary(t, "runsc")
 	tmp := t.TempDir()
 	rt := &runsc.Runtime{Root: filepath.Join(tmp, "runsc"), LogDir: filepath.Join(tmp, "logs")}
+	rt.Version, _ = runsc.Version(context.Background(), "runsc") // the build on PATH (make RUNSC=...)
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{rt.Root}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

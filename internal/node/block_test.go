@@ -11,6 +11,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/writer"
 )
 
@@ -243,7 +244,7 @@ func epochAtStart(r *rig) {
 }
 
 type epochCheck struct {
-	BlockDevices
+	writers.Devices
 	r *rig
 }
 
@@ -253,7 +254,7 @@ func (e epochCheck) Start(ctx context.Context, spec writer.Spec) (writer.State, 
 	if err != nil || s.Block == nil || s.Block.WriterEpoch != spec.Epoch || s.Block.Dir != spec.Dir {
 		e.r.t.Errorf("writer of epoch %d started while the journal has %+v (%v)", spec.Epoch, s.Block, err)
 	}
-	return e.BlockDevices.Start(ctx, spec)
+	return e.Devices.Start(ctx, spec)
 }
 
 // TestBlockOrphanWriter: a writer no journal names (another node's) is
@@ -324,13 +325,13 @@ func TestBlockWriterRestartOutlivesTerm(t *testing.T) {
 }
 
 type startHook struct {
-	BlockDevices
+	writers.Devices
 	hook func(context.Context, writer.Spec)
 }
 
 func (h startHook) Start(ctx context.Context, spec writer.Spec) (writer.State, error) {
 	h.hook(ctx, spec)
-	return h.BlockDevices.Start(ctx, spec)
+	return h.Devices.Start(ctx, spec)
 }
 
 // TestBlockWriterWatchUnsureKeeps: a writer check that fails without
@@ -364,7 +365,7 @@ func TestBlockWriterWatchUnsureKeeps(t *testing.T) {
 }
 
 type checkHook struct {
-	BlockDevices
+	writers.Devices
 	fail func() error
 }
 

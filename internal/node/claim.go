@@ -175,6 +175,7 @@ admit:
 	if cerr == nil {
 		log.Info("sandbox ready", "container", cid, "total_ms", ready.Timings.TotalMS)
 		n.armExpiry(rec)
+		n.watchExit(ctx, rec)
 		return n.storedAnswer(op.ID)
 	}
 	if n.live() != nil {
@@ -196,19 +197,8 @@ admit:
 	return nil, n.failOp(op, cerr)
 }
 
-// storedAnswer is the answer journaled with the finished operation id: a
-// repeat of the operation gets exactly these bytes.
-func (n *Node) storedAnswer(id string) (json.RawMessage, error) {
-	var op journal.Operation
-	var ok bool
-	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		op, ok, err = tx.Operation(id)
-		return err
-	}); err != nil || !ok || op.State != journal.OpDone {
-		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, op.State, err)
-	}
-	return opOutcome(op)
-}
+// storedAnswer is the answer journaled with the finished operation id.
+func (n *Node) storedAnswer(id string) (json.RawMessage, error) { return op.Stored(n.d.Journal, id) }
 
 // admitClaim decides, inside the transaction that records the claim as
 // pending, whether generation rec may start: no live generation, newer than

@@ -78,7 +78,7 @@ func realKernel(t *testing.T) *testKernel {
 		leases:       leases,
 		rootfs:       &rootfs.Overlay{ScratchDir: filepath.Join(state, "scratch")},
 		netns:        &netpolicy.Netns{Dir: filepath.Join(run, "netns")},
-		runtime:      &runsc.Runtime{Binary: bin, Root: runscRoot, SharedRoot: true, HostUDS: "create"},
+		runtime:      &runsc.Runtime{Binary: bin, Root: runscRoot, SharedRoot: true, HostUDS: "create", Version: runscBuild(bin)},
 		runDir:       run,
 		agentBinary:  agentBinary(t),
 		agentDirs:    TmpfsAgentDirs{},
@@ -434,4 +434,10 @@ func TestKernelReconcileBranches(t *testing.T) {
 			t.Fatal("crashed without a crash point")
 		}
 	})
+}
+
+// runscBuild is bin's build, as ctld records it (make RUNSC=current|debian).
+func runscBuild(bin string) string {
+	v, _ := runsc.Version(context.Background(), bin)
+	return v
 }

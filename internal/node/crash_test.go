@@ -15,16 +15,17 @@ import (
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
+	"github.com/ctld/ctld/internal/node/writers"
 )
 
 // The fake kernel is what the interfaces say.
 var (
-	_ guest.Leases   = (*fakekernel.Leases)(nil)
-	_ overlay.RootFS = (*fakekernel.RootFS)(nil)
-	_ guest.Runtime  = (*fakekernel.Runtime)(nil)
-	_ BlockDevices   = (*fakekernel.Blocks)(nil)
-	_ BlockMounts    = (*fakekernel.BlockMounts)(nil)
-	_ BlockTemplates = (*fakekernel.Templates)(nil)
+	_ guest.Leases      = (*fakekernel.Leases)(nil)
+	_ overlay.RootFS    = (*fakekernel.RootFS)(nil)
+	_ guest.Runtime     = (*fakekernel.Runtime)(nil)
+	_ writers.Devices   = (*fakekernel.Blocks)(nil)
+	_ writers.Mounts    = (*fakekernel.BlockMounts)(nil)
+	_ writers.Templates = (*fakekernel.Templates)(nil)
 )
 
 // fakeKernel is a testKernel over a new fake kernel.

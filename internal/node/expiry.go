@@ -52,6 +52,7 @@ func (n *Node) armExpiry(s journal.Sandbox) {
 
 // Close stops the node's timers; the next primary re-arms them.
 func (n *Node) Close() {
+	n.stopExitWatch()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.closed = true

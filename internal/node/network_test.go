@@ -216,7 +216,8 @@ func TestDNSRegistryRebuiltOnTakeover(t *testing.T) {
 // TestNetworkModesFailClosed: a node without the network subsystems runs
 // deny_all sandboxes (netns with lo only, no slot objects) and refuses
 // open and restricted before anything is journaled; one without a DNS
-// proxy refuses policies that resolve names.
+// proxy refuses policies that resolve names. The entries of the parts it
+// lacks are absent: its claims journal and make none of them.
 func TestNetworkModesFailClosed(t *testing.T) {
 	open := journal.NetworkPolicy{Mode: "open"}
 	cidr := journal.NetworkPolicy{Mode: "restricted", Rules: []journal.NetworkRule{{CIDR: "203.0.113.0/24"}}}
@@ -226,13 +227,14 @@ func TestNetworkModesFailClosed(t *testing.T) {
 		strip  func(*testKernel)
 		refuse []journal.NetworkPolicy
 		allow  []journal.NetworkPolicy
+		absent []journal.Kind
 	}{
-		{"no links", func(k *testKernel) { k.links = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil},
-		{"no firewall", func(k *testKernel) { k.firewall = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil},
-		{"no conntrack", func(k *testKernel) { k.flows = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil},
-		{"no pool", func(k *testKernel) { k.pool = netpolicy.Pool{} }, []journal.NetworkPolicy{open, cidr, domain}, nil},
-		{"no dns proxy", func(k *testKernel) { k.dns = nil }, []journal.NetworkPolicy{open, domain}, []journal.NetworkPolicy{cidr}},
-		{"everything", func(*testKernel) {}, nil, []journal.NetworkPolicy{open, cidr, domain}},
+		{"no links", func(k *testKernel) { k.links = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil, vethKinds},
+		{"no firewall", func(k *testKernel) { k.firewall = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil, vethKinds},
+		{"no conntrack", func(k *testKernel) { k.flows = nil }, []journal.NetworkPolicy{open, cidr, domain}, nil, []journal.Kind{journal.KindConntrack}},
+		{"no pool", func(k *testKernel) { k.pool = netpolicy.Pool{} }, []journal.NetworkPolicy{open, cidr, domain}, nil, vethKinds},
+		{"no dns proxy", func(k *testKernel) { k.dns = nil }, []journal.NetworkPolicy{open, domain}, []journal.NetworkPolicy{cidr}, []journal.Kind{journal.KindDNS}},
+		{"everything", func(*testKernel) {}, nil, []journal.NetworkPolicy{open, cidr, domain}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tk, k := fakeKernel(t)
@@ -255,6 +257,15 @@ func TestNetworkModesFailClosed(t *testing.T) {
 				req := claimReq(fmt.Sprintf("c%d", gen), gen)
 				req.Network = p
 				r.mustClaim(sb, req)
+				effects := r.effects()
+				for _, kind := range c.absent {
+					if e, ok := effects[string(kind)+"/"+containerID(sb, gen)]; ok {
+						t.Errorf("claim with %+v journaled %s (%s), which this node lacks", p, kind, e.State)
+					}
+				}
+				if _, ok := effects["netns/"+containerID(sb, gen)]; !ok {
+					t.Errorf("claim with %+v journaled no netns", p)
+				}
 				if p.Mode != "" {
 					eff, ok := k.Effective(netpolicy.ChainName(sb, gen))
 					if !ok || string(eff.Mode) != string(p.Mode) {
@@ -268,6 +279,10 @@ func TestNetworkModesFailClosed(t *testing.T) {
 		})
 	}
 }
+
+// vethKinds are the entries a node without a veth (links, firewall and
+// pool) lacks.
+var vethKinds = []journal.Kind{journal.KindLinks, journal.KindNft, journal.KindDNS}
 
 // TestFirewallNotReadyRefusesClaims: when the term cannot make the nft
 // table, every claim that would need it is refused (fail closed).

@@ -23,6 +23,7 @@ import (
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/meter"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/overlay"
@@ -94,10 +95,18 @@ type Config struct {
 	// agent (0: client.DefaultListBudget); ctld's MemoryMax is sized
 	// from it (docs/operations.md).
 	AgentListBytes int64
+	// ExitPoll is the exit watch's fallback look at every ready
+	// generation's lease (0: exitwatch.DefaultInterval; < 0: no watch, a
+	// guest's end is found by the next takeover); cgroup.events
+	// notifications wake it at once (exits.go).
+	ExitPoll time.Duration
 	// ExecTimeoutDefault is the timeout of an exec or session that names
 	// none (0: none); ExecIdle ends a non-TTY exec or session after that
 	// long with no output and no input (0: none). See agentcalls.go.
 	ExecTimeoutDefault, ExecIdle time.Duration
+	// UsageKeep is how many usage records the journal keeps (usage.go;
+	// 0: meter.DefaultKeep).
+	UsageKeep int
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
@@ -180,6 +189,7 @@ type Node struct {
 
 	mu     sync.Mutex
 	timers map[string]*time.Timer // container id → max-lifetime release
+	exits  exitWatch              // the ready generations' exit watch (exits.go)
 	closed bool
 	// unjournaled lists objects found and removed that no effect record
 	// named: the second line of defence worked, the first did not.
@@ -194,6 +204,7 @@ type Node struct {
 	// guest and overlay are the concerns (internal/node/guest, overlay).
 	guest   *guest.Guest
 	overlay *overlay.Overlay
+	meter   *meter.Meter // usage metering (usage.go)
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -228,6 +239,7 @@ func New(cfg Config, d Deps) *Node {
 		Identities: identities{n}, Ready: n.ready,
 	})
 	n.table = newTable(n)
+	n.meter = n.newMeter()
 	return n
 }
 
@@ -335,6 +347,8 @@ type SandboxView struct {
 	// Network is the generation's network mode and packet counters (nil:
 	// no sandbox network).
 	Network *NetworkStatus
+	// Usage is the generation's usage totals (nil: none known).
+	Usage *journal.Usage
 }
 
 // NetworkStatus is a generation's network as the node enforces it: its
@@ -370,7 +384,7 @@ func (n *Node) Get(ctx context.Context, id string) (SandboxView, error) {
 // view adds live facts (OOM kills, network counters) to a sandbox's
 // record.
 func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
-	out := SandboxView{Sandbox: s, Network: n.net.Status(ctx, s)}
+	out := SandboxView{Sandbox: s, Network: n.net.Status(ctx, s), Usage: n.liveUsage(ctx, s)}
 	if s.State == journal.StateReady {
 		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills
@@ -379,21 +393,7 @@ func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
 	return out
 }
 
-func (n *Node) sandbox(id string) (journal.Sandbox, error) {
-	var s journal.Sandbox
-	var ok bool
-	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		s, ok, err = tx.Sandbox(id)
-		return err
-	})
-	if err != nil {
-		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
-	}
-	if !ok {
-		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-	}
-	return s, nil
-}
+func (n *Node) sandbox(id string) (journal.Sandbox, error) { return op.Sandbox(n.d.Journal, id) }
 
 // Proof is the signed cleanup proof stored under operation opID.
 func (n *Node) Proof(ctx context.Context, opID string) (proof.Proof, error) {

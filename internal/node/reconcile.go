@@ -27,6 +27,10 @@ import (
 //     kernel objects under ctld's names that no live generation owns are
 //     removed and reported as unjournaled.
 func (n *Node) Reconcile(ctx context.Context) error {
+	// The exit watch starts with the term, not at its first claim: its
+	// inotify descriptor belongs to the term (a claim and its release
+	// leave ctld's descriptors as they found them).
+	n.exitWatcher()
 	var ss []journal.Sandbox
 	var ops []journal.Operation
 	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
@@ -55,7 +59,8 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		return err
 	}
 	tList := time.Since(t0)
-	live := map[string]bool{} // container ids of generations that stay
+	live := map[string]bool{}    // container ids of generations that stay
+	var exited []journal.Sandbox // generations whose guest ended (exits.go)
 	for _, s := range ss {
 		log := n.log.With("sandbox", s.ID, "generation", s.Generation)
 		switch s.State {
@@ -73,16 +78,14 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			_, err := n.teardown(ctx, s, s.ReleaseOp, journal.StateReleased, reason)
 			errs = append(errs, err)
 		case journal.StateReady, journal.StateLost:
-			if s.Seal != nil && s.Seal.State == journal.SealSealing && n.d.Freezer != nil {
-				// The last primary may have died with the root frozen.
-				if err := n.d.Freezer.Thaw(ctx, s.ContainerID); err != nil {
-					log.Warn("thaw the root of an interrupted seal", "err", err)
-				}
-			}
 			if settled, release := n.settleSeal(ctx, s); release {
 				log.Info("completing a pause interrupted by failover")
 				_, err := n.teardown(ctx, settled, settled.ReleaseOp, journal.StateReleased, "paused")
 				errs = append(errs, err)
+				continue
+			}
+			if ex, ok := n.exitedUnwatched(ctx, s); ok {
+				exited = append(exited, ex) // released (on_exit) once reconciled
 				continue
 			}
 			missing := n.missing(ctx, s, alive)
@@ -121,6 +124,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			live[s.ContainerID] = true
 			errs = append(errs, n.net.RedoUpdate(ctx, s))
 			n.armExpiry(s)
+			n.watchExit(ctx, s)
+		case journal.StateExited:
+			exited = append(exited, s)
 		}
 	}
 	// Operations pending without a sandbox in flight (e.g. a claim refused
@@ -138,6 +144,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
 	n.net.StartCarriers() // after the sweep, so it never races a carrier being made
+	for _, s := range exited {
+		n.onExit(s) // an on_exit release a dead primary did not finish
+	}
 	n.log.Info("reconciled", "sandboxes", len(ss), "adopted", len(live), "inventory_ms", tList.Milliseconds(),
 		"check_ms", tCheck.Milliseconds(), "orphans_ms", (time.Since(t0) - tList - tCheck).Milliseconds())
 	return errors.Join(errs...)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -17,7 +18,7 @@ import (
 // Release destroys a sandbox's current generation and returns the answer
 // stored with its signed cleanup proof (Answers.Released).
 func (n *Node) Release(ctx context.Context, id string, req ReleaseRequest) (json.RawMessage, error) {
-	op := journal.Operation{
+	o := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpRelease, SandboxID: id, Generation: req.Generation,
 		RequestHash: requestHash("release", id, req), State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
@@ -30,19 +31,13 @@ func (n *Node) Release(ctx context.Context, id string, req ReleaseRequest) (json
 	// A network update in flight finishes before the generation leaves
 	// ready (network_update.go).
 	unlock := n.lockSandbox(id)
-	op, started, err := n.beginOp(ctx, op, func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(id)
+	got, started, err := n.beginOp(ctx, o, func(tx *journal.Tx) error {
+		s, err := op.Current(tx, id, req.Generation, "release")
 		if err != nil {
 			return err
 		}
-		if !ok {
-			return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-		}
-		if req.Generation != 0 && req.Generation != s.Generation {
-			return errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, s.Generation)
-		}
 		switch s.State {
-		case journal.StateReady, journal.StateLost:
+		case journal.StateReady, journal.StateLost, journal.StateExited:
 		case journal.StateClaiming, journal.StateReleasing:
 			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is %s", id, s.Generation, s.State)
 		default:
@@ -57,24 +52,24 @@ func (n *Node) Release(ctx context.Context, id string, req ReleaseRequest) (json
 		if err != nil {
 			return nil, err
 		}
-		return opOutcome(op)
+		return opOutcome(got)
 	}
-	defer n.endOp(op.ID)
+	defer n.endOp(o.ID)
 	// Not stopped by the caller going away, but by the end of the term.
 	td, cancel := n.background(2 * time.Minute)
 	defer cancel()
-	_, terr := n.teardown(td, rec, op.ID, journal.StateReleased, "released")
+	_, terr := n.teardown(td, rec, o.ID, journal.StateReleased, "released")
 	n.kickCarriers() // a slot may be free again
 	if errors.Is(terr, ErrTermOver) {
 		n.log.Warn("release interrupted by the end of the term; the next primary completes it", "sandbox", id, "generation", rec.Generation, "err", terr)
-		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", op.ID)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "release %s interrupted: this primary's term ended; the next primary completes it; retry the same operation_id", o.ID)
 	}
 	if terr != nil {
 		n.log.Warn("release left objects behind; capacity withheld", "sandbox", id, "generation", rec.Generation, "err", terr)
 	}
 	// The answer is what the journal stored with the proof, so a repeat of
 	// this operation id gets exactly the same bytes.
-	ans, err := n.storedAnswer(op.ID)
+	ans, err := n.storedAnswer(o.ID)
 	if err != nil {
 		return nil, errdefs.Errorf(errdefs.CodeInternal, "release of %s: cleanup proof not journaled: %v", id, errors.Join(err, terr))
 	}
@@ -96,6 +91,9 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 	start := time.Now()
 	log := n.log.With("sandbox", rec.ID, "generation", rec.Generation, "op", opID)
 	rec = n.identify(ctx, rec)
+	// Usage metering's final record, while the cgroup and the counters
+	// are there to read and before the proof returns the capacity.
+	n.meterFinal(ctx, rec)
 	tab := n.tableFor(rec)
 	recorded, err := n.effectsOf(rec)
 	if err != nil {

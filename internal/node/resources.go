@@ -1,9 +1,11 @@
 package node
 
 import (
+	"github.com/ctld/ctld/internal/node/blockroot"
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
+	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/resource"
 )
 
@@ -29,28 +31,23 @@ func newTable(n *Node) *resource.Table[*resource.Claim] {
 	return b.Table()
 }
 
-// register adds the node's entries to b, one line per concern. Within a
-// phase, claim order is the order here: the log dir before the lease (the
-// log writer of runsc create needs it) before the agent dir, the bundle
-// and runsc (last: the guest); the disk quota before the overlay mount
-// (the quota bounds the scratch dir before the upper is used); the writer
+// register adds the node's entries to b, one line per concern; each
+// concern decides once which of its subsystems this node has and adds the
+// entries of the others absent (resource.Builder.Add). Within a phase,
+// claim order is the order here: the log dir before the lease (the log
+// writer of runsc create needs it) before the agent dir, the bundle and
+// runsc (last: the guest); the disk quota before the overlay mount (the
+// quota bounds the scratch dir before the upper is used); the writer
 // before the block mount; persistent volumes after the root (the bundle
 // binds them); the netns before the links (which need its path), the
 // conntrack flush after the nft objects that mark flows are gone, the
 // policy before the DNS entry (which adds answers to its sets).
 func register(b *resource.Builder[*resource.Claim], n *Node) {
-	add := func(es ...entry) {
-		for _, e := range es {
-			// The entries still check their subsystems themselves (issue
-			// 26: the concern packages register only what is configured).
-			b.Add(e, true)
-		}
-	}
-	add(guest.Entries(n.guest)...)     // guest
-	add(overlay.Entries(n.overlay)...) // overlay
-	add(n.blockRoot().Entries()...)    // blockroot
-	add(n.pvolumes())                  // pvolume
-	add(network.Entries(n.net)...)     // network
+	guest.Register(b, n.guest)
+	overlay.Register(b, n.overlay)
+	blockroot.Register(b, n.blockRoot())
+	pvolume.Register(b, n.pvolumes())
+	network.Register(b, n.net)
 }
 
 // CrashPoints lists every crash point of a generation's life, in the order

@@ -123,6 +123,40 @@ func TestAddingAKind(t *testing.T) {
 	}
 }
 
+// TestAddedKindRunsThroughTheNode: the kind added by its one line is
+// journaled and made by a claim, removed by the release, and its check is
+// in the clean proof, with no other edit of the node.
+func TestAddedKindRunsThroughTheNode(t *testing.T) {
+	tk, k := fakeKernel(t)
+	r := newRig(t, tk)
+	r.mustBoot()
+	var made []string
+	var b resource.Builder[*resource.Claim]
+	register(&b, r.n)
+	b.Add(scratchKind{&made}, true) // the one registration line
+	r.n.table = b.Table()
+
+	cid := containerID(sb, 1)
+	r.mustClaim(sb, claimReq("c1", 1))
+	if !slices.Equal(made, []string{cid}) {
+		t.Errorf("after the claim the scratch kind holds %q, want [%s]", made, cid)
+	}
+	if e, ok := r.effects()["scratch/"+cid]; !ok || e.State != journal.Done {
+		t.Errorf("scratch effect of the claim: %v %+v, want done", ok, e)
+	}
+	r.mustRelease(sb, "r1", 1)
+	if len(made) != 0 {
+		t.Errorf("after the release the scratch kind holds %q", made)
+	}
+	p := r.checkProof("r1")
+	if !slices.ContainsFunc(p.Checks, func(c proof.Check) bool { return c.Name == "scratch_gone" && c.OK }) {
+		t.Errorf("proof checks %+v lack an ok scratch_gone", p.Checks)
+	}
+	if got := k.String(); got != "" {
+		t.Errorf("the kernel after the release:\n%s", got)
+	}
+}
+
 func kinds(t []entry) []journal.Kind {
 	var out []journal.Kind
 	for _, r := range t {

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -88,20 +90,23 @@ type testKernel struct {
 	bootCPU, runtimePIDs int64
 	// readyTimeout is Config.ReadyTimeout (0: its default).
 	readyTimeout time.Duration
+	// exitPoll is Config.ExitPoll; 0 here: no exit watch, so a guest a
+	// test kills is found by the next takeover (exits_test.go sets it).
+	exitPoll time.Duration
 	// Block mode (nil: the node has none); blockMode makes every claim a
 	// block-mode one (its disk lease the template's device size).
-	block       BlockDevices
-	blockMounts BlockMounts
-	templates   BlockTemplates
+	block       writers.Devices
+	blockMounts writers.Mounts
+	templates   writers.Templates
 	// volumes, sealer and freezer make block roots durable (nil: none).
-	volumes BlockVolumes
-	sealer  BlockSealer
-	freezer BlockFreezer
+	volumes writers.Volumes
+	sealer  writers.Sealer
+	freezer writers.Freezer
 	// pvolumes, volumeMounts and volumeFreezer attach persistent volumes
 	// (nil: none).
-	pvolumes      BlockVolumes
-	volumeMounts  BlockMounts
-	volumeFreezer BlockFreezer
+	pvolumes      writers.Volumes
+	volumeMounts  writers.Mounts
+	volumeFreezer writers.Freezer
 	writersDir    string
 	blockMode     bool
 	// volume, when set, is a persistent volume every claim that names
@@ -270,6 +275,7 @@ func (r *rig) boot() (returned bool, err error) {
 		DefaultDiskBytes: 16 << 20, DiskProjects: r.k.diskProjects, Carriers: r.k.carriers, CarrierWait: r.k.carrierWait,
 		Block:       r.k.blockConfig(),
 		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs, ReadyTimeout: r.k.readyTimeout,
+		ExitPoll: cmp.Or(r.k.exitPoll, -1),
 	}, Deps{
 		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
 		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,
@@ -598,18 +604,22 @@ func isSweepPoint(k *testKernel, p string) bool {
 	if !ok {
 		return false
 	}
-	n := &Node{}
+	var d Deps
+	var cfg Config
 	if k != nil {
-		n.d = Deps{Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool, Block: k.block, BlockMounts: k.blockMounts,
+		d = Deps{Leases: k.leases, RootFS: k.rootfs, Runtime: k.runtime, Netns: k.netns,
+			Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool,
+			Block: k.block, BlockMounts: k.blockMounts, Templates: k.templates,
 			Sealer: k.sealer, PVolumes: k.pvolumes, VolumeMounts: k.volumeMounts, VolumeFreezer: k.volumeFreezer}
-		n.cfg.Block.WritersDir = k.writersDir
+		cfg.Block.WritersDir = k.writersDir
 	} else {
-		n.d = Deps{Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil),
-			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil),
+		d = Deps{Leases: (*fakekernel.Leases)(nil), RootFS: (*fakekernel.RootFS)(nil), Runtime: (*fakekernel.Runtime)(nil), Netns: (*fakekernel.Netns)(nil),
+			Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil), Pool: testPool,
+			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil), Templates: (*fakekernel.Templates)(nil),
 			Sealer: (*fakekernel.Sealer)(nil), PVolumes: (*fakekernel.PVolumes)(nil), VolumeMounts: (*fakekernel.VolumeMounts)(nil), VolumeFreezer: (*fakekernel.VolumeMounts)(nil)}
-		n.cfg.Block.WritersDir = "writers"
+		cfg.Block.WritersDir = "writers"
 	}
-	n.table = newTable(n)
+	n := New(cfg, d)
 	r := n.table.Kind(journal.Kind(kind))
 	return r != nil && r.Spec().Sweeps
 }

@@ -73,6 +73,9 @@ func runscBoundCase(t *testing.T, k *testKernel, step string, limit time.Duratio
 	if took >= limit {
 		t.Errorf("the claim took %v with a ready timeout of %v: the runsc step was not bounded", took, k.readyTimeout)
 	}
+	if s := r.sandbox(sb); !strings.Contains(s.Reason, want) {
+		t.Errorf("rolled back record's reason %q; want it to say %q", s.Reason, want)
+	}
 	claimFailed(r, claimReq("c1", 1), errdefs.CodeOf(err))
 	reuse(r, 2)
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -48,6 +49,12 @@ type Agent struct {
 	Grace time.Duration
 	// Poll is how often the database is asked for work (default 1s).
 	Poll time.Duration
+	// MaxConcurrent bounds the operations carried out at once (default 8,
+	// ctld's default of concurrent claims); a sandbox's run one by one.
+	MaxConcurrent int
+	// Channel is the host:port managers reach this node's stream channel
+	// on (nodechannel; registered with the node). Empty: none.
+	Channel string
 	// ListenDSN, a postgres:// URL (the Store's database), makes the agent
 	// LISTEN for the notifications Place and RequestRelease send, so work
 	// is taken at once rather than at the next poll. Empty: polling only.
@@ -100,6 +107,7 @@ func (a *Agent) registration(n api.Node) (manager.Registration, error) {
 		NodeID: n.NodeID, Name: name, PublicKey: n.NodeKey,
 		Allocatable:  manager.NodeAlloc{CPUMillis: alloc.CPUMillis, MemoryBytes: alloc.MemoryBytes, DiskBytes: alloc.DiskBytes, Sandboxes: sandboxes},
 		RunscVersion: n.Versions.Runsc, Platform: a.Platform, RootModes: modes, Templates: a.Templates, TTL: a.ttl(),
+		Channel: a.Channel,
 	}, nil
 }
 
@@ -121,6 +129,7 @@ func (a *Agent) Register(ctx context.Context) (manager.FleetNode, error) {
 	if err := a.releaseAbandoned(ctx, rec.NodeID); err != nil {
 		a.log().Warn("release what the database no longer gives this node", "node", rec.NodeID, "err", err)
 	}
+	a.releaseStale(ctx, rec.NodeID)
 	return rec, nil
 }
 
@@ -154,6 +163,37 @@ func (a *Agent) releaseAbandoned(ctx context.Context, nodeID string) error {
 	return errors.Join(errs...)
 }
 
+// releaseStale records a release of each generation this node still
+// holds while the database gave its sandbox to a newer generation (taken
+// over elsewhere while this node was lost); the next steps carry them out
+// on ctld, and each verified proof returns the capacity.
+func (a *Agent) releaseStale(ctx context.Context, nodeID string) {
+	stale, err := a.Store.ReleaseStale(ctx, nodeID, newOpID)
+	if err != nil {
+		a.log().Warn("release the generations taken over elsewhere", "node", nodeID, "err", err)
+	}
+	for _, g := range stale {
+		a.log().Info("releasing a generation the database gave to another", "sandbox", g.SandboxID, "generation", g.Generation, "operation", g.Operation.OperationID)
+	}
+}
+
+// publishHead records the head a pause sealed, unless it is recorded
+// already (this pause's answer seen before).
+func (a *Agent) publishHead(ctx context.Context, nodeID string, op manager.OperationRecord, h api.VolumeHead) error {
+	cur, err := a.Store.Head(ctx, op.SandboxID)
+	if err != nil {
+		return err
+	}
+	if cur.Seq == h.Seq && cur.Generation == h.Generation {
+		return nil
+	}
+	if err := a.Store.PublishPlacedHead(ctx, nodeID, op.SandboxID, op.Generation, h); err != nil {
+		return err
+	}
+	a.log().Info("head recorded", "sandbox", op.SandboxID, "generation", op.Generation, "head", h.Seq, "block_generation", h.Generation)
+	return nil
+}
+
 func newOpID() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -165,39 +205,110 @@ func newOpID() (string, error) {
 // Run registers the node, then heartbeats, sweeps for lost nodes and
 // carries out the node's work until ctx ends. A registration refused for
 // good (another key pinned for this id) ends it with that error.
+// Heartbeats run on their own: a claim takes seconds (runsc), and a node
+// busy with its work must not look silent. The work runs up to
+// MaxConcurrent operations at once, one at a time per sandbox.
 func (a *Agent) Run(ctx context.Context) error {
 	rec, err := a.Register(ctx)
 	if err != nil {
 		return err
 	}
 	id := rec.NodeID
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wake chan struct{} // nil: never ready
 	if manager.IsPostgresURL(a.ListenDSN) {
 		wake = make(chan struct{}, 1)
-		lctx, stop := context.WithCancel(ctx)
-		listened := make(chan struct{})
-		go func() { defer close(listened); listen(lctx, a.ListenDSN, id, a.log(), wake) }()
-		defer func() { stop(); <-listened }()
+		wg.Add(1)
+		go func() { defer wg.Done(); listen(ctx, a.ListenDSN, id, a.log(), wake) }()
 	}
-	beat := time.NewTicker(a.ttl() / 3)
-	defer beat.Stop()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		beat := time.NewTicker(a.ttl() / 3)
+		defer beat.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-beat.C:
+				if err := a.heartbeat(ctx, id); err != nil && ctx.Err() == nil {
+					a.log().Warn("heartbeat", "node", id, "err", err)
+				}
+			}
+		}
+	}()
 	poll := time.NewTicker(a.poll())
 	defer poll.Stop()
+	w := &workers{a: a, node: id, busy: map[string]bool{}, done: make(chan struct{}, 1)}
 	for {
-		if _, err := a.Step(ctx, id); err != nil && ctx.Err() == nil {
+		if err := w.dispatch(ctx, &wg); err != nil && ctx.Err() == nil {
 			a.log().Warn("node work", "node", id, "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-beat.C:
-			if err := a.heartbeat(ctx, id); err != nil && ctx.Err() == nil {
-				a.log().Warn("heartbeat", "node", id, "err", err)
-			}
 		case <-poll.C:
 		case <-wake:
+		case <-w.done:
 		}
 	}
+}
+
+// workers runs a node's operations concurrently, one per sandbox.
+type workers struct {
+	a    *Agent
+	node string
+	mu   sync.Mutex
+	busy map[string]bool // sandboxes with an operation running
+	done chan struct{}   // an operation settled: look for more
+}
+
+func (w *workers) dispatch(ctx context.Context, wg *sync.WaitGroup) error {
+	work, err := w.a.Store.NodeWork(ctx, w.node)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, op := range work {
+		if len(w.busy) >= w.a.maxConcurrent() {
+			break
+		}
+		if w.busy[op.SandboxID] {
+			continue
+		}
+		w.busy[op.SandboxID] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := w.a.do(ctx, w.node, op)
+			if err != nil && ctx.Err() == nil {
+				w.a.log().Warn("node work", "node", w.node, "operation", op.OperationID, "err", err)
+			}
+			w.mu.Lock()
+			delete(w.busy, op.SandboxID)
+			w.mu.Unlock()
+			if err == nil {
+				// Settled: the sandbox's next operation may wait. One left
+				// pending is tried again at the next poll, not at once.
+				select {
+				case w.done <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+func (a *Agent) maxConcurrent() int {
+	if a.MaxConcurrent > 0 {
+		return a.MaxConcurrent
+	}
+	return 8
 }
 
 // heartbeat renews the node's TTL (registering again if the node was
@@ -215,7 +326,17 @@ func (a *Agent) heartbeat(ctx context.Context, id string) error {
 	for _, l := range lost {
 		a.log().Warn("node marked lost", "node", l.NodeID, "reason", l.Reason, "failed", l.Failed, "lost", l.Lost)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	// Lost block sandboxes (of this sweep or an earlier one that found no
+	// room) resume elsewhere from their committed head.
+	moved, errs := a.Store.TakeOverLost(ctx, newOpID)
+	for _, t := range moved {
+		a.log().Warn("lost block sandbox resumed on another node", "sandbox", t.SandboxID, "from", t.From, "from_generation", t.FromGen,
+			"to", t.NodeID, "generation", t.Operation.Generation, "head", t.Head.Seq)
+	}
+	return errors.Join(errs...)
 }
 
 // Step carries out the pending operations placed on node id, oldest
@@ -233,14 +354,7 @@ func (a *Agent) Step(ctx context.Context, id string) (int, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		var err error
-		switch op.Kind {
-		case manager.KindClaim:
-			err = a.claim(ctx, op)
-		case manager.KindRelease:
-			err = a.release(ctx, op)
-		}
-		if err != nil {
+		if err := a.do(ctx, id, op); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -249,7 +363,18 @@ func (a *Agent) Step(ctx context.Context, id string) (int, error) {
 	return done, errors.Join(errs...)
 }
 
-func (a *Agent) claim(ctx context.Context, op manager.OperationRecord) error {
+// do carries out one operation of node nodeID.
+func (a *Agent) do(ctx context.Context, nodeID string, op manager.OperationRecord) error {
+	switch op.Kind {
+	case manager.KindClaim:
+		return a.claim(ctx, nodeID, op)
+	case manager.KindRelease:
+		return a.release(ctx, nodeID, op)
+	}
+	return fmt.Errorf("operation %s: unknown kind %q", op.OperationID, op.Kind)
+}
+
+func (a *Agent) claim(ctx context.Context, nodeID string, op manager.OperationRecord) error {
 	req, err := manager.ClaimRequestOf(op)
 	if err != nil {
 		return errors.Join(err, a.Store.FailPlacedClaim(ctx, op.OperationID, "internal: "+err.Error()))
@@ -257,8 +382,16 @@ func (a *Agent) claim(ctx context.Context, op manager.OperationRecord) error {
 	resp, err := a.Client.Claim(ctx, op.SandboxID, req)
 	switch {
 	case err == nil:
-		if err := a.Store.FinishClaim(ctx, op.OperationID, resp.Sandbox); err != nil {
-			return fmt.Errorf("record claim %s: %w", op.OperationID, err)
+		ferr := a.Store.FinishPlacedClaim(ctx, nodeID, op.OperationID, resp.Sandbox)
+		if errdefs.CodeOf(ferr) == errdefs.CodeFenced {
+			// The database gave the sandbox to another generation while
+			// ctld made this one: release it.
+			a.log().Warn("claim answered too late; releasing it", "sandbox", op.SandboxID, "generation", op.Generation, "err", ferr)
+			a.releaseStale(ctx, nodeID)
+			return nil
+		}
+		if ferr != nil {
+			return fmt.Errorf("record claim %s: %w", op.OperationID, ferr)
 		}
 		a.log().Info("claimed", "sandbox", op.SandboxID, "generation", op.Generation, "operation", op.OperationID)
 		return nil
@@ -272,8 +405,24 @@ func (a *Agent) claim(ctx context.Context, op manager.OperationRecord) error {
 	return fmt.Errorf("claim %s of %s (left pending): %w", op.OperationID, op.SandboxID, err)
 }
 
-func (a *Agent) release(ctx context.Context, op manager.OperationRecord) error {
-	resp, err := a.Client.Release(ctx, op.SandboxID, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+func (a *Agent) release(ctx context.Context, nodeID string, op manager.OperationRecord) error {
+	var resp api.ReleaseResponse
+	var err error
+	if manager.IsPause(op) {
+		var pr api.PauseResponse
+		pr, err = a.Client.Pause(ctx, op.SandboxID, api.PauseRequest{OperationID: op.OperationID, Generation: op.Generation})
+		if err == nil {
+			// The head first: the release's record ends the generation,
+			// and a head is recorded only for the generation the node
+			// holds. A repeat (the same answer again) finds it recorded.
+			if herr := a.publishHead(ctx, nodeID, op, pr.Head); herr != nil {
+				return fmt.Errorf("record the head of pause %s (left pending): %w", op.OperationID, herr)
+			}
+		}
+		resp = api.ReleaseResponse{Sandbox: pr.Sandbox, Proof: pr.Proof}
+	} else {
+		resp, err = a.Client.Release(ctx, op.SandboxID, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
+	}
 	switch {
 	case err == nil:
 		rec, err := a.Store.FinishPlacedRelease(ctx, op.OperationID, resp.Sandbox, resp.Proof)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ctld/ctld/internal/fsutil"
 	"github.com/ctld/ctld/internal/logging"
+	"github.com/ctld/ctld/internal/template"
 )
 
 // scriptPath is where the commands' script is in the tree while it runs.
@@ -75,11 +76,15 @@ type Builder struct {
 	// Output gets mmdebstrap's output (nil: discarded).
 	Output io.Writer
 	Log    *slog.Logger
+	// Trees, if set, is where Build keeps a template's tree as its overlay
+	// lower too (ctld's templates directory).
+	Trees template.Trees
 }
 
 // Tree returns the root of r's tree, built when the cache has none; hit
 // says it came from the cache.
 func (b Builder) Tree(ctx context.Context, r Recipe) (root string, hit bool, err error) {
+	r = r.normal()
 	if err := r.Validate(); err != nil {
 		return "", false, err
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
 // TestBuildRealPython builds the shipped python recipe with the real
@@ -39,7 +40,7 @@ func TestBuildRealPython(t *testing.T) {
 		return string(out)
 	}
 	before := dpkg()
-	st, repo := testRepo(t)
+	st, repo := templatetest.Repo(t)
 	b := Builder{CacheDir: filepath.Join(t.TempDir(), "cache"), Output: testWriter{t}}
 	ctx := context.Background()
 	out, err := Build(ctx, st, repo, b, "python", r, 1<<30, t.TempDir(), nil)

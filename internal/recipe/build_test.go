@@ -10,27 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
-
-func testRepo(t *testing.T) (blockstore.Store, *blockstore.Repo) {
-	t.Helper()
-	st, err := dirstore.Open(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nk, _, err := blockstore.GenerateNodeKey("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, repo
-}
 
 // fakeMmdebstrap stands for mmdebstrap: it counts its runs in the file
 // $FAKE_RUNS, makes the target directory with a file, carries out the
@@ -87,7 +69,7 @@ func TestBuildCachesAndRecords(t *testing.T) {
 	count := filepath.Join(dir, "runs")
 	t.Setenv("FAKE_RUNS", count)
 	t.Setenv("FAKE_FAIL", "")
-	st, repo := testRepo(t)
+	st, repo := templatetest.Repo(t)
 	b := Builder{CacheDir: filepath.Join(dir, "cache"), Mmdebstrap: fake}
 	ctx := context.Background()
 	r, err := Parse([]byte("languages = [\"sh\", \"python\"]\npackages = [\"python3\"]\n[base]\nsuite = \"bookworm\"\n[[file]]\npath = \"/etc/app/conf\"\ncontent = \"hello\"\n"))

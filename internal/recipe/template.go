@@ -96,7 +96,7 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 	if err != nil {
 		return Outcome{}, err
 	}
-	m, res, err := template.ImportSource(ctx, repo, name, template.Source{Kind: template.KindDir, Path: root}, template.ImageOptions{Size: size, Progress: progress}, tmpDir)
+	m, res, err := template.ImportSource(ctx, repo, name, template.Source{Kind: template.KindDir, Path: root}, template.ImageOptions{Size: size, Progress: progress, Trees: b.Trees}, tmpDir)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
 	}
@@ -106,7 +106,7 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 		err = store.Put(ctx, RecordKey(name), blob)
 	}
 	if err != nil {
-		rerr := template.Remove(context.WithoutCancel(ctx), store, repo, name)
+		rerr := b.Trees.RemoveTemplate(context.WithoutCancel(ctx), store, repo, name)
 		return Outcome{}, errors.Join(fmt.Errorf("build template %s: record its recipe: %w", name, err), rerr)
 	}
 	return Outcome{TreeCached: hit, Record: rec, Manifest: m, Image: res}, nil

@@ -29,6 +29,35 @@ import (
 // 0.3-1 s to start in the test VM) and without its polls (1.8 s on a build
 // machine whose init reaps zombies late). Anything else - a live process,
 // a held lock, a state it does not recognise - is left to runsc.
+//
+// The state files are runsc's private format, so removeDead only reads
+// them for a runsc build it was checked against: Create records the build
+// (Runtime.Version) beside the container's logs, and a container with no
+// record or another build's is left to `runsc delete --force`. The current
+// gVisor build (issue 27) destroys the same way, plus: the sandbox's
+// control socket is a file <root>/runsc-<id>.sock (20221219 used an
+// abstract one), which removeDead removes too; and a self-backed rootfs
+// overlay leaves a filestore file in the root, so a state with any gofer
+// overlay is left to runsc (ctld runs with --overlay2=none).
+
+// StateFormats are the runsc builds, by their `runsc --version`, whose
+// Destroy removeDead was checked against (runsc/container/container.go of
+// each): Debian's 20221219 and the pinned current build of
+// test/vm/setup.sh. Add a build only after reading its Destroy and running
+// internal/runsc's release kernel tests on it.
+var StateFormats = []string{DebianVersion, CurrentVersion}
+
+// DebianVersion is Version of Debian 12's runsc (release 20221219).
+const DebianVersion = "0.0~20221219.0"
+
+// CurrentVersion is Version of the current gVisor build test/vm/setup.sh
+// installs (its `runsc --version` says VERSION_MISSING: go install links no
+// release name, so Version names it by its module).
+const CurrentVersion = "gvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237"
+
+// versionFile is the file in a container's log directory that names the
+// runsc build that created it (Runtime.Version).
+const versionFile = "runsc.version"
 
 // runscState is the part of runsc's state file (the Container struct
 // runsc 20221219 saves as JSON) that says whether deleting the container
@@ -46,17 +75,37 @@ type runscState struct {
 		ID     string                     `json:"id"`
 		Pid    int                        `json:"pid"`
 		Cgroup map[string]json.RawMessage `json:"cgroup"`
+		// ControlSocketPath (current builds): runsc-<id>.sock in the root.
+		ControlSocketPath string `json:"controlSocketPath"`
 	} `json:"sandbox"`
 	CompatCgroup map[string]json.RawMessage `json:"compatCgroup"`
+	// GoferMountConfs (current builds): an entry with an upper layer
+	// (upper != 0, NoOverlay) may have a filestore file runsc delete removes.
+	GoferMountConfs []struct {
+		Upper int `json:"upper"`
+	} `json:"goferMountConfs"`
 }
+
+// controlSocket is the sandbox's control socket file of a current build
+// (sandbox.controlSocketPath), "" when the state names none.
+func (s runscState) controlSocket() string {
+	if s.Sandbox == nil {
+		return ""
+	}
+	return s.Sandbox.ControlSocketPath
+}
+
+// controlSocketName is a current runsc's control socket file in its root.
+func controlSocketName(id string) string { return "runsc-" + id + ".sock" }
 
 // stateName is runsc's file name for root container id ("<container>_sandbox:<sandbox>").
 func stateName(id, ext string) string { return id + "_sandbox:" + id + "." + ext }
 
-// plainDelete says why deleting container id needs runsc ("" when it does
-// not): anything but a stopped-or-running root container with no poststop
-// hook whose cgroups runsc did not create.
-func (s runscState) plainDelete(id string) string {
+// plainDelete says why deleting container id under root needs runsc (""
+// when it does not): anything but a stopped-or-running root container with
+// no poststop hook, no gofer overlay, whose cgroups runsc did not create and
+// whose control socket, if a file, is the one runsc makes in root.
+func (s runscState) plainDelete(root, id string) string {
 	switch {
 	case s.ID != id:
 		return fmt.Sprintf("state names container %q", s.ID)
@@ -66,6 +115,13 @@ func (s runscState) plainDelete(id string) string {
 		return fmt.Sprintf("status %q", s.Status)
 	case s.Spec != nil && s.Spec.Hooks != nil && len(s.Spec.Hooks.Poststop) > 0:
 		return "poststop hooks"
+	case s.controlSocket() != "" && s.controlSocket() != filepath.Join(root, controlSocketName(id)):
+		return fmt.Sprintf("control socket %q outside the runsc root", s.controlSocket())
+	}
+	for _, g := range s.GoferMountConfs {
+		if g.Upper != 0 {
+			return "a gofer mount has an overlay (its filestore is runsc's to remove)"
+		}
 	}
 	for _, cg := range []map[string]json.RawMessage{s.Sandbox.Cgroup, s.CompatCgroup} {
 		for kind, raw := range cg {
@@ -224,12 +280,15 @@ func (r *Runtime) removeDead(id string) (removed bool, why string, err error) {
 		return false, err.Error(), nil
 	}
 	for _, f := range files {
-		if f != filepath.Base(statePath) && f != filepath.Base(lockPath) {
+		if f != filepath.Base(statePath) && f != filepath.Base(lockPath) && f != controlSocketName(id) {
 			return false, "unknown state file " + f, nil
 		}
 	}
 	if !slices.Contains(files, filepath.Base(statePath)) {
 		return false, "no state file " + filepath.Base(statePath), nil
+	}
+	if why := r.knownFormat(id); why != "" {
+		return false, why, nil
 	}
 	// runsc takes this flock for every command that loads or changes the
 	// container: holding it, no runsc command is half way through it.
@@ -249,7 +308,7 @@ func (r *Runtime) removeDead(id string) (removed bool, why string, err error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return false, fmt.Sprintf("decode state: %v", err), nil
 	}
-	if why := s.plainDelete(id); why != "" {
+	if why := s.plainDelete(r.Root, id); why != "" {
 		return false, why, nil
 	}
 	for _, pid := range []int{s.Sandbox.Pid, s.GoferPid} {
@@ -266,7 +325,13 @@ func (r *Runtime) removeDead(id string) (removed bool, why string, err error) {
 	if len(procs) > 0 {
 		return false, "processes left: " + strings.Join(procs, ", "), nil
 	}
-	// In runsc's order: the state first, then the lock it holds.
+	// In runsc's order: the control socket, the state, then the lock it
+	// holds.
+	if slices.Contains(files, controlSocketName(id)) {
+		if err := os.Remove(filepath.Join(r.Root, controlSocketName(id))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, "", fmt.Errorf("remove runsc control socket of %s: %w", id, err)
+		}
+	}
 	if err := os.Remove(statePath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, "", fmt.Errorf("remove runsc state of %s: %w", id, err)
 	}
@@ -274,4 +339,31 @@ func (r *Runtime) removeDead(id string) (removed bool, why string, err error) {
 		return true, "", fmt.Errorf("remove runsc lock of %s: %w", id, err)
 	}
 	return true, "", nil
+}
+
+// knownFormat says why the state of container id is not in a format
+// removeDead knows ("" when it is): the build that created it, as Create
+// recorded it, must be one of StateFormats.
+func (r *Runtime) knownFormat(id string) string {
+	b, err := os.ReadFile(filepath.Join(r.ContainerLogDir(id), versionFile))
+	if err != nil {
+		return fmt.Sprintf("no record of the runsc build that made it (%v)", err)
+	}
+	v := strings.TrimSpace(string(b))
+	if !slices.Contains(StateFormats, v) {
+		return fmt.Sprintf("made by runsc %q, whose state files are not known", truncate(b, 64))
+	}
+	return ""
+}
+
+// recordVersion notes, before runsc create, which runsc build makes
+// container id's state (Runtime.Version; nothing when it is not known).
+func (r *Runtime) recordVersion(id string) error {
+	if r.Version == "" {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(r.ContainerLogDir(id), versionFile), []byte(r.Version+"\n"), 0o600); err != nil {
+		return fmt.Errorf("record runsc version: %w", err)
+	}
+	return nil
 }

@@ -3,6 +3,8 @@ package runsc
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,6 +44,19 @@ func writeState(t *testing.T, r *Runtime, id string, st map[string]any) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(r.Root, stateName(id, "lock")), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeVersion(t, r, id, StateFormats[0])
+}
+
+// writeVersion records build as the runsc that made container id, as
+// Create does.
+func writeVersion(t *testing.T, r *Runtime, id, build string) {
+	t.Helper()
+	if err := os.MkdirAll(r.ContainerLogDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.ContainerLogDir(id), versionFile), []byte(build+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -194,11 +209,35 @@ func TestDeleteLeavesLiveOrUnusualToRunsc(t *testing.T) {
 			delete(st, "sandbox")
 			return st
 		}},
+		"no build recorded": {"no record of the runsc build", func(t *testing.T, r *Runtime) map[string]any {
+			return deadState("c1", reapedPid(t), 0)
+		}},
+		"unknown build": {"not known", func(t *testing.T, r *Runtime) map[string]any {
+			return deadState("c1", reapedPid(t), 0)
+		}},
+		"control socket elsewhere": {"control socket", func(t *testing.T, r *Runtime) map[string]any {
+			st := deadState("c1", reapedPid(t), 0)
+			st["sandbox"].(map[string]any)["controlSocketPath"] = "/tmp/runsc-c1.sock"
+			return st
+		}},
+		"gofer overlay": {"overlay", func(t *testing.T, r *Runtime) map[string]any {
+			st := deadState("c1", reapedPid(t), 0)
+			st["goferMountConfs"] = []any{map[string]any{"lower": 1, "upper": 2}}
+			return st
+		}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			r, dir := newFake(t)
 			writeState(t, r, "c1", c.state(t, r))
+			switch name {
+			case "no build recorded":
+				if err := os.Remove(filepath.Join(r.ContainerLogDir("c1"), versionFile)); err != nil {
+					t.Fatal(err)
+				}
+			case "unknown build":
+				writeVersion(t, r, "c1", "release-20990101.0")
+			}
 			if removed, why, err := r.removeDead("c1"); removed || err != nil || !strings.Contains(why, c.why) {
 				t.Fatalf("removeDead = %v, %q, %v; want not removed because %q", removed, why, err, c.why)
 			}
@@ -246,6 +285,52 @@ func TestDeleteLeavesLiveOrUnusualToRunsc(t *testing.T) {
 			t.Fatalf("Delete did not ask runsc: calls %q", b)
 		}
 	})
+}
+
+// TestDeleteCurrentBuildRemovesControlSocket: a dead container of the
+// current build also leaves its control socket file in the root, which
+// Delete removes with the state, without runsc.
+func TestDeleteCurrentBuildRemovesControlSocket(t *testing.T) {
+	r, dir := newFake(t)
+	st := deadState("c1", reapedPid(t), reapedPid(t))
+	sock := filepath.Join(r.Root, controlSocketName("c1"))
+	st["sandbox"].(map[string]any)["controlSocketPath"] = sock
+	st["goferMountConfs"] = []any{map[string]any{"lower": 1, "upper": 0}}
+	writeState(t, r, "c1", st)
+	writeVersion(t, r, "c1", CurrentVersion)
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Delete(context.Background(), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "calls")); err == nil {
+		t.Fatalf("Delete of a dead container ran runsc: %s", b)
+	}
+	ents, err := os.ReadDir(r.Root)
+	if err != nil || len(ents) != 0 {
+		t.Fatalf("runsc root after Delete: %v, %v", ents, err)
+	}
+}
+
+// TestCreateRecordsVersion: Create notes the build that makes the state,
+// and only when it knows it.
+func TestCreateRecordsVersion(t *testing.T) {
+	r, _ := newFake(t)
+	r.Version = CurrentVersion
+	if err := r.Create(context.Background(), "c1", "/bundles/c1"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(r.ContainerLogDir("c1"), versionFile)); err != nil || string(b) != CurrentVersion+"\n" {
+		t.Fatalf("version record %q, %v", b, err)
+	}
+	r.Version = ""
+	if err := r.Create(context.Background(), "c2", "/bundles/c2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(r.ContainerLogDir("c2"), versionFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("version recorded without a known version: %v", err)
+	}
 }
 
 // TestDeleteRefusesBadID: an id that is no valid container id never

@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 }
 
 func helperCreateStart() int {
-	r := &Runtime{Root: os.Getenv("HELPER_ROOT"), LogDir: os.Getenv("HELPER_LOGDIR")}
+	r := &Runtime{Root: os.Getenv("HELPER_ROOT"), LogDir: os.Getenv("HELPER_LOGDIR"), Version: os.Getenv("HELPER_VERSION")}
 	id, bundle := os.Getenv("HELPER_ID"), os.Getenv("HELPER_BUNDLE")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -67,6 +67,18 @@ func newLease(t testing.TB, name string) string {
 	return "/" + name
 }
 
+// runscVersion is the build on PATH (`make RUNSC=current|debian`), which
+// the runtime records per container as ctld's wiring does.
+func runscVersion(t testing.TB) string {
+	t.Helper()
+	v, err := Version(context.Background(), "runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("runsc %s", v)
+	return v
+}
+
 type kernelEnv struct {
 	r          *Runtime
 	rootfs     string
@@ -85,7 +97,7 @@ func setupKernel(t testing.TB, name string) kernelEnv {
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{runscRoot}})
 
 	e := kernelEnv{
-		r:      &Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")},
+		r:      &Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs"), Version: runscVersion(t)},
 		rootfs: filepath.Join(tmp, "rootfs"),
 		bundle: filepath.Join(tmp, "bundle"),
 	}
@@ -250,7 +262,7 @@ func TestRunscGuestOutlivesCreator(t *testing.T) {
 
 	cmd := exec.CommandContext(ctx, os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"=create-start",
-		"HELPER_ROOT="+e.r.Root, "HELPER_LOGDIR="+e.r.LogDir, "HELPER_ID="+id, "HELPER_BUNDLE="+e.bundle)
+		"HELPER_ROOT="+e.r.Root, "HELPER_VERSION="+e.r.Version, "HELPER_LOGDIR="+e.r.LogDir, "HELPER_ID="+id, "HELPER_BUNDLE="+e.bundle)
 	// If the sandbox inherited the helper's stdout pipe, Output would wait
 	// for the guest to die; WaitDelay turns that into an error.
 	cmd.WaitDelay = 10 * time.Second

@@ -82,7 +82,12 @@ func TestKernelDeleteAfterLeaseKill(t *testing.T) {
 		t.Fatalf("runsc list = %q, state files name %q (%v); want both [%s]", listed, known, err, id)
 	}
 	files, err := stateFiles(r.Root, id)
-	if want := []string{stateName(id, "lock"), stateName(id, "state")}; err != nil || !slices.Equal(files, want) {
+	want := []string{stateName(id, "lock"), stateName(id, "state")}
+	if r.Version != DebianVersion {
+		// A current build's control socket file.
+		want = append(want, controlSocketName(id))
+	}
+	if err != nil || !slices.Equal(files, want) {
 		t.Fatalf("state files %q, %v; want %q", files, err, want)
 	}
 	b, err := os.ReadFile(filepath.Join(r.Root, stateName(id, "state")))
@@ -93,7 +98,7 @@ func TestKernelDeleteAfterLeaseKill(t *testing.T) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)
 	}
-	if why := s.plainDelete(id); why != "" || s.Sandbox.Pid != pid || s.GoferPid <= 0 {
+	if why := s.plainDelete(r.Root, id); why != "" || s.Sandbox.Pid != pid || s.GoferPid <= 0 {
 		t.Fatalf("runsc's state of a ctld container: %q, sandbox pid %d (runsc state says %d), gofer %d; want a plain delete:\n%s", why, s.Sandbox.Pid, pid, s.GoferPid, b)
 	}
 
@@ -114,6 +119,9 @@ func TestKernelDeleteAfterLeaseKill(t *testing.T) {
 		t.Fatalf("removeDead after cgroup.kill = %v, %q, %v; want removed", removed, why, err)
 	}
 	t.Logf("removed the state of the killed container in %v", time.Since(t0))
+	if ents, err := os.ReadDir(r.Root); err != nil || len(ents) != 0 {
+		t.Errorf("runsc root after removeDead: %v, %v; want empty", ents, err)
+	}
 	for _, p := range []int{s.Sandbox.Pid, s.GoferPid} {
 		if dead, why := r.pidDead(p); !dead {
 			t.Errorf("pid %d after cgroup.kill: %s", p, why)

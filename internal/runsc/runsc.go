@@ -3,6 +3,7 @@ package runsc
 import (
 	"bytes"
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,9 +59,15 @@ type ExecProcess struct {
 // the file init.log there), and commands not about one container log to
 // LogDir/runsc.log. LogDir defaults to Root+".logs".
 type Runtime struct {
-	Binary   string // default "runsc"
-	Root     string // runsc state root, e.g. /run/ctld/runsc
-	Platform string // default "ptrace": the test VM has no KVM
+	Binary string // default "runsc"
+	Root   string // runsc state root, e.g. /run/ctld/runsc
+	// Platform is runsc's --platform; "" passes none: the binary's own
+	// default (ptrace on Debian's 20221219, systrap on a current build).
+	Platform string
+	// Version is `runsc --version` of Binary, when known: Create records
+	// it per container, and Delete reads runsc's state files itself only
+	// for a build listed in StateFormats.
+	Version string
 	// Network is runsc's --network: "sandbox" (default) runs gVisor's
 	// netstack in the spec's netns; "none" is for hosts that cannot give a
 	// netns (it ignores the spec's netns).
@@ -176,19 +184,20 @@ func (r *Runtime) prepareLog(id string) error {
 // GlobalArgs are the flags before the subcommand for a command about
 // container id ("" for none).
 func (r *Runtime) GlobalArgs(id string) []string {
-	platform, network := r.Platform, r.Network
-	if platform == "" {
-		platform = "ptrace"
-	}
+	network := r.Network
 	if network == "" {
 		network = "sandbox"
 	}
-	args := []string{
-		"--root=" + r.Root,
-		"--platform=" + platform,
-		"--network=" + network,
-		"--log=" + r.logFile(id),
+	args := []string{"--root=" + r.Root}
+	if r.Platform != "" {
+		args = append(args, "--platform="+r.Platform)
 	}
+	// --overlay2=none: the guest writes into the root ctld made (overlay
+	// upper or block device), never into a sentry overlay; a current
+	// build's default (root:self) would also refuse --file-access=shared.
+	// 20221219's default is none already.
+	args = append(args, "--network="+network, "--overlay2=none", "--log="+r.logFile(id))
+	args = append(args, BuildFlags(r.Version)...)
 	if id != "" {
 		// runsc 20221219 expands no %ID% in it: the path names the
 		// container. Only the commands that start a sandbox or gofer
@@ -208,6 +217,18 @@ func (r *Runtime) GlobalArgs(id string) []string {
 		args = append(args, "--debug", "--debug-log="+filepath.Join(r.ContainerLogDir(id), "debug")+"/")
 	}
 	return args
+}
+
+// BuildFlags are the global flags a runsc build needs beside the ones
+// every build takes (version as Version reports it; "" for unknown).
+func BuildFlags(version string) []string {
+	if version == "" || version == DebianVersion {
+		return nil
+	}
+	// Builds after 20221219 give their gofers one shared empty netns,
+	// bind-mounted at <root>/null-netns and never unmounted; "new" gives
+	// each gofer its own, gone with it. 20221219 has no such flag.
+	return []string{"--gofer-network-namespace=new"}
 }
 
 // MinimalEnv is runsc's environment unless Runtime.Env says otherwise:
@@ -279,6 +300,9 @@ func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 	}
 	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("create runsc root: %w", err)
+	}
+	if err := r.recordVersion(id); err != nil {
+		return err
 	}
 	out, wait, err := r.initOutput(id)
 	if err != nil {
@@ -634,7 +658,8 @@ func (r *Runtime) Known() ([]string, error) {
 }
 
 // stateFiles lists runsc's files for container id in root. runsc 20221219
-// names them "<container>_sandbox:<sandbox>.state" (and ".lock").
+// names them "<container>_sandbox:<sandbox>.state" (and ".lock"); a
+// current build adds the sandbox's control socket runsc-<container>.sock.
 func stateFiles(root, id string) ([]string, error) {
 	ents, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
@@ -645,7 +670,7 @@ func stateFiles(root, id string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), id+"_sandbox:") || e.Name() == id {
+		if strings.HasPrefix(e.Name(), id+"_sandbox:") || e.Name() == id || e.Name() == controlSocketName(id) {
 			out = append(out, e.Name())
 		}
 	}
@@ -699,7 +724,33 @@ func Version(ctx context.Context, binary string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("run %s --version: %w", binary, err)
 	}
-	return ParseVersion(string(out))
+	v, err := ParseVersion(string(out))
+	if err != nil || v != versionMissing {
+		return v, err
+	}
+	// A build by `go install` (test/vm/setup.sh's current build) has no
+	// release version linked in: it is named by its Go module version.
+	p, err := exec.LookPath(binary)
+	if err != nil {
+		return v, nil
+	}
+	bi, err := buildinfo.ReadFile(p)
+	if err != nil {
+		return v, nil
+	}
+	return ModuleVersion(v, bi), nil
+}
+
+// versionMissing is what a runsc built without bazel's stamping says.
+const versionMissing = "VERSION_MISSING"
+
+// ModuleVersion names a build that reported no version by the module it
+// was built from ("gvisor.dev/gvisor@v0.0.0-..."), or returns reported.
+func ModuleVersion(reported string, bi *debug.BuildInfo) string {
+	if reported != versionMissing || bi == nil || bi.Main.Path == "" || bi.Main.Version == "" || bi.Main.Version == "(devel)" {
+		return reported
+	}
+	return bi.Main.Path + "@" + bi.Main.Version
 }
 
 // ParseVersion reads the version from `runsc --version` output.
@@ -710,4 +761,45 @@ func ParseVersion(out string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("parse runsc version from %q", truncate([]byte(out), 256))
+}
+
+// Platforms reads which platforms binary offers and which it uses when
+// given no --platform, from `runsc flags` (the platform flag's help:
+// "specifies which platform to use: ptrace (default), kvm. (default
+// \"ptrace\")"). For `ctld doctor`: ctld passes --platform or nothing.
+func Platforms(ctx context.Context, binary string) (def string, all []string, err error) {
+	if binary == "" {
+		binary = "runsc"
+	}
+	out, err := exec.CommandContext(ctx, binary, "flags").CombinedOutput()
+	if err != nil {
+		return "", nil, fmt.Errorf("run %s flags: %w", binary, err)
+	}
+	return ParsePlatforms(string(out))
+}
+
+// ParsePlatforms reads the platform flag's help of `runsc flags` output.
+func ParsePlatforms(out string) (def string, all []string, err error) {
+	for _, line := range strings.Split(out, "\n") {
+		_, list, ok := strings.Cut(line, "specifies which platform to use:")
+		if !ok {
+			continue
+		}
+		if i := strings.Index(list, `(default "`); i >= 0 {
+			def, _, _ = strings.Cut(list[i+len(`(default "`):], `"`)
+			list = list[:i]
+		}
+		for _, p := range strings.Split(list, ",") {
+			p = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(p), "."))
+			p = strings.TrimSpace(strings.TrimSuffix(p, "(default)"))
+			if p != "" {
+				all = append(all, p)
+			}
+		}
+		if def == "" || len(all) == 0 {
+			break
+		}
+		return def, all, nil
+	}
+	return "", nil, fmt.Errorf("parse runsc platforms from %q", truncate([]byte(out), 256))
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -74,16 +75,24 @@ func calls(t *testing.T, dir string) []string {
 
 func TestGlobalArgs(t *testing.T) {
 	r := &Runtime{Root: "/run/ctld/runsc"}
-	want := []string{"--root=/run/ctld/runsc", "--platform=ptrace", "--network=sandbox", "--log=/run/ctld/runsc.logs/c1/runsc.log", "--panic-log=/run/ctld/runsc.logs/c1/panic.log"}
+	want := []string{"--root=/run/ctld/runsc", "--network=sandbox", "--overlay2=none", "--log=/run/ctld/runsc.logs/c1/runsc.log", "--panic-log=/run/ctld/runsc.logs/c1/panic.log"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("defaults: %q, want %q", got, want)
 	}
 	r = &Runtime{Root: "/r", LogDir: "/l", Platform: "kvm", Network: "none", IgnoreCgroups: true, HostUDS: "create", Debug: true}
-	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--log=/l/c1/runsc.log", "--panic-log=/l/c1/panic.log", "--ignore-cgroups", "--host-uds=create", "--debug", "--debug-log=/l/c1/debug/"}
+	want = []string{"--root=/r", "--platform=kvm", "--network=none", "--overlay2=none", "--log=/l/c1/runsc.log", "--panic-log=/l/c1/panic.log", "--ignore-cgroups", "--host-uds=create", "--debug", "--debug-log=/l/c1/debug/"}
 	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
 		t.Errorf("all set: %q, want %q", got, want)
 	}
-	if got := r.GlobalArgs(""); got[3] != "--log=/l/runsc.log" || slices.Contains(got, "--debug") || strings.Contains(strings.Join(got, " "), "--panic-log") {
+	r.Version = CurrentVersion
+	if got := r.GlobalArgs("c1"); !slices.Contains(got, "--gofer-network-namespace=new") {
+		t.Errorf("current build: %q, want its gofers in netns of their own", got)
+	}
+	r.Version = DebianVersion
+	if got := r.GlobalArgs("c1"); !slices.Equal(got, want) {
+		t.Errorf("Debian's build: %q, want %q (it has no --gofer-network-namespace)", got, want)
+	}
+	if got := r.GlobalArgs(""); got[4] != "--log=/l/runsc.log" || slices.Contains(got, "--debug") || strings.Contains(strings.Join(got, " "), "--panic-log") {
 		t.Errorf("no container: %q", got)
 	}
 }
@@ -249,6 +258,37 @@ func TestParseVersion(t *testing.T) {
 	}
 	if _, err := ParseVersion("something else"); err == nil {
 		t.Error("accepted garbage")
+	}
+}
+
+// A go-installed build says VERSION_MISSING: it is named by its module;
+// a stamped release keeps its own name.
+func TestModuleVersion(t *testing.T) {
+	bi := &debug.BuildInfo{Main: debug.Module{Path: "gvisor.dev/gvisor", Version: "v0.0.0-20260905035102-160fafc42237"}}
+	if v := ModuleVersion("VERSION_MISSING", bi); v != CurrentVersion {
+		t.Errorf("go-installed build: %q, want %q", v, CurrentVersion)
+	}
+	if v := ModuleVersion("0.0~20221219.0", bi); v != "0.0~20221219.0" {
+		t.Errorf("stamped build: %q", v)
+	}
+	if v := ModuleVersion("VERSION_MISSING", &debug.BuildInfo{Main: debug.Module{Path: "gvisor.dev/gvisor", Version: "(devel)"}}); v != "VERSION_MISSING" {
+		t.Errorf("devel build: %q", v)
+	}
+}
+
+// The platform flag's help of both builds: Debian's and the current one.
+func TestParsePlatforms(t *testing.T) {
+	for _, tc := range []struct{ out, def, all string }{
+		{"  -platform string\n    \tspecifies which platform to use: ptrace (default), kvm. (default \"ptrace\")\n  -platform_device_path string\n", "ptrace", "ptrace kvm"},
+		{"  -platform string\n    \tspecifies which platform to use: systrap (default), ptrace, kvm. (default \"systrap\")\n", "systrap", "systrap ptrace kvm"},
+	} {
+		def, all, err := ParsePlatforms(tc.out)
+		if err != nil || def != tc.def || strings.Join(all, " ") != tc.all {
+			t.Errorf("ParsePlatforms = %q, %q, %v; want %q, %q", def, all, err, tc.def, tc.all)
+		}
+	}
+	if _, _, err := ParsePlatforms("no such flag"); err == nil {
+		t.Error("accepted output without the platform flag")
 	}
 }
 

@@ -24,10 +24,7 @@ func (s *Server) code(w http.ResponseWriter, r *http.Request, owner string) erro
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if req.TimeoutSec < 0 || time.Duration(req.TimeoutSec)*time.Second > maxExecTimeout {
-		return invalidf("timeout_sec must be between 0 and %d", int64(maxExecTimeout/time.Second))
-	}
-	env, err := envList(req.Env)
+	env, err := runEnv(req.TimeoutSec, req.Env)
 	if err != nil {
 		return err
 	}
@@ -51,25 +48,34 @@ func (s *Server) code(w http.ResponseWriter, r *http.Request, owner string) erro
 	if _, err := snippet.NewPlan(sreq, "/tmp", "check"); err != nil {
 		return err
 	}
-	run := func(stdout, stderr io.Writer) (int, error) {
+	return s.answerRun(w, r, func(stdout, stderr io.Writer) (int, error) {
 		return snippet.Runner{Guest: s.Manager, Log: s.log()}.Run(r.Context(), o.ID, sreq, stdout, stderr)
-	}
-	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
-		return s.streamRun(w, run)
-	}
-	limit := orDefault(s.MaxBodyBytes, DefaultMaxBodyBytes)
-	stdout, stderr := &capped{limit: limit}, &capped{limit: limit}
-	code, err := run(stdout, stderr)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, client.ExecResult{ExitCode: code, Stdout: stdout.b, Stderr: stderr.b, StdoutTruncated: stdout.cut, StderrTruncated: stderr.cut})
-	return nil
+	})
 }
 
-// streamRun answers run as exec's event stream: stdout and stderr events
-// as output comes, then exit or error.
-func (s *Server) streamRun(w http.ResponseWriter, run func(stdout, stderr io.Writer) (int, error)) error {
+// runEnv checks what exec and code share of a request, its timeout's
+// bound and its env, and returns the env as a list.
+func runEnv(timeoutSec int64, env map[string]string) ([]string, error) {
+	if timeoutSec < 0 || time.Duration(timeoutSec)*time.Second > maxExecTimeout {
+		return nil, invalidf("timeout_sec must be between 0 and %d", int64(maxExecTimeout/time.Second))
+	}
+	return envList(env)
+}
+
+// answerRun answers an exec or code call: run's output as one JSON result
+// (each stream capped), or as an event stream when the caller accepts
+// one: stdout and stderr events as output comes, then exit or error.
+func (s *Server) answerRun(w http.ResponseWriter, r *http.Request, run func(stdout, stderr io.Writer) (int, error)) error {
+	if !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		limit := orDefault(s.MaxBodyBytes, DefaultMaxBodyBytes)
+		stdout, stderr := &capped{limit: limit}, &capped{limit: limit}
+		code, err := run(stdout, stderr)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, client.ExecResult{ExitCode: code, Stdout: stdout.b, Stderr: stderr.b, StdoutTruncated: stdout.cut, StderrTruncated: stderr.cut})
+		return nil
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)

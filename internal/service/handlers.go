@@ -30,6 +30,8 @@ type record struct {
 	Fork *forkOf `json:"fork,omitempty"`
 	// IdleSec is the create's idle_timeout_sec (a fork inherits it).
 	IdleSec int64 `json:"idle_sec,omitempty"`
+	// OnExit is the create's on_exit (exits.go).
+	OnExit string `json:"on_exit,omitempty"`
 }
 
 var (
@@ -192,7 +194,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if err != nil {
 		return err
 	}
-	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec})
+	if req.OnExit != "" && req.OnExit != client.OnExitKeep && req.OnExit != client.OnExitDestroy {
+		return invalidf("on_exit must be %q or %q", client.OnExitKeep, client.OnExitDestroy)
+	}
+	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec, OnExit: req.OnExit})
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)
 	}
@@ -201,26 +206,35 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 		CPUMillis: spec.Resources.CPUMillis, Memory: spec.Resources.MemoryBytes, Disk: spec.Resources.DiskBytes,
 		Deadline: deadline, Idle: time.Duration(req.IdleTimeoutSec) * time.Second, Volumes: volumeIDs(spec.Volumes),
 	}
-	// The create's lease, taken before the admission: a replica that dies
-	// from here on leaves the create, and its caller's Idempotency-Key, to
-	// another (replica.go), which finds it admitted or not. Taken after,
-	// a replica dying in between left an admitted create that no lease
-	// named: its key was forgotten as an orphan and the caller's retry
-	// made a second sandbox. No lease (the database is away): no create.
+	// The create's lease is taken in the admission's transaction: a
+	// replica that dies from here on leaves the create, and its caller's
+	// Idempotency-Key, to another (replica.go), which finds it admitted
+	// or not. Taken after, a replica dying in between left an admitted
+	// create that no lease named: its key was forgotten as an orphan and
+	// the caller's retry made a second sandbox. Taken before in a
+	// transaction of its own, a create cost one write more (SQLITE_BUSY
+	// under load). No lease (the database is away): no create.
 	lease := s.opLease(r, leaseCreate, owner, id)
-	if err := s.holdLease(r.Context(), lease); err != nil {
-		return err
+	if !s.startOp(lease.ID) {
+		return errdefs.Busy(time.Second, "operation %s is running here; retry", lease.ID)
 	}
+	in.Lease, in.LeaseTTL = &lease, s.leaseTTL()
 	if err := s.Store.AdmitCreate(r.Context(), in); err != nil {
-		// Refused (quota, bad input): nothing was admitted. Otherwise (the
-		// database went away) the admission may have committed: the lease
-		// and the Idempotency-Key are left to a sweeper, which finds out.
-		s.letGoOf(r.Context(), r, lease.ID, errdefs.CodeOf(err) != errdefs.CodeUnavailable)
+		if errdefs.CodeOf(err) != errdefs.CodeUnavailable || errors.Is(err, manager.ErrLeaseHeld) {
+			// Refused (quota, bad input, the lease held): neither the
+			// admission nor the lease was recorded.
+			s.endOp(lease.ID)
+			return err
+		}
+		// The database went away: the admission and its lease may have
+		// committed (both or neither): they and the Idempotency-Key are
+		// left to a sweeper, which finds out.
+		s.letGoOf(r.Context(), r, lease.ID, false)
 		return err
 	}
 	s.emit(owner, id, client.EventCreated, "")
 	claim := func(ctx context.Context) error {
-		err := s.claim(ctx, owner, id, spec)
+		err := s.claim(ctx, owner, id, spec, failedPrefix)
 		settled, serr := s.createSettled(ctx, owner, id)
 		s.letGoOf(ctx, r, lease.ID, serr == nil && settled)
 		return err
@@ -258,14 +272,30 @@ func (s *Server) deadline(timeoutSec int64) (time.Time, error) {
 	return s.now().Add(timeout), nil
 }
 
+// Reasons of a create the node refused: one run to its end by its
+// replica, and one another replica took over (ctld rolls back a claim
+// whose caller went away, and answers its repeat the same way).
+const (
+	failedPrefix      = "create failed: "
+	interruptedPrefix = "create interrupted: its replica stopped during it and the node refused the claim: "
+)
+
 // claim runs the manager's create within CreateTimeout. A create that
-// failed for good (the manager recorded it failed, or it never reached
-// the node) gives the owner's share back; one whose outcome is unknown
-// keeps it until it is settled.
-func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec) error {
+// failed for good (the node refused it, or it never reached the node)
+// ends with failPrefix and the refusal as its reason, the owner's share
+// back; one whose outcome is unknown keeps it until it is settled.
+func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec, failPrefix string) error {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(s.CreateTimeout, DefaultCreateTimeout))
 	defer cancel()
-	_, err := s.Manager.Create(ctx, id, spec)
+	reasonOf := func(err error) string {
+		_, msg, _ := classify(err)
+		return failPrefix + msg
+	}
+	// The node's refusal fails the claim and ends the sandbox in one
+	// transaction: a reader never sees it failed without its reason.
+	_, err := s.Manager.CreateWith(ctx, id, spec, func(ctx context.Context, op manager.OperationRecord, err error) error {
+		return s.Store.FailCreate(ctx, id, err.Error(), reasonOf(err))
+	})
 	if err == nil {
 		s.emit(owner, id, client.EventReady, "")
 		return nil
@@ -281,11 +311,12 @@ func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec)
 	sctx := context.WithoutCancel(ctx)
 	sb, serr := s.Manager.Store.Sandbox(sctx, id)
 	if errdefs.CodeOf(serr) == errdefs.CodeNotFound || (serr == nil && sb.State == api.StateFailed) {
-		_, msg, _ := classify(err)
-		if eerr := s.Store.EndOwnedSandbox(sctx, id, "create failed: "+msg); eerr != nil {
+		// Ended already when the node refused it (EndOwnedSandbox keeps
+		// the first reason); here when it never reached the node.
+		if eerr := s.Store.EndOwnedSandbox(sctx, id, reasonOf(err)); eerr != nil {
 			return errors.Join(err, eerr)
 		}
-		s.emit(owner, id, client.EventFailed, "create failed: "+msg)
+		s.emit(owner, id, client.EventFailed, reasonOf(err))
 	}
 	return err
 }
@@ -325,7 +356,7 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 		ID: o.ID, Generation: o.Generation, Template: rec.Spec.RootFS.Template, Labels: o.Labels, CreatedAt: o.CreatedAt,
 		Resources: client.SandboxResources{CPUMillis: rec.Spec.Resources.CPUMillis, MemoryBytes: rec.Spec.Resources.MemoryBytes,
 			DiskBytes: rec.Spec.Resources.DiskBytes, PIDs: rec.Spec.Resources.PIDs},
-		EndsAt: o.Deadline, Reason: o.Reason,
+		EndsAt: o.Deadline, Reason: o.Reason, Exit: viewExit(o.Exit),
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
@@ -336,6 +367,9 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 	switch st := api.SandboxState(o.State); {
 	case st == api.StateFailed || st == api.StateLost:
 		sb.State = client.StateFailed
+		if sb.Reason == "" {
+			sb.Reason = stateReason(o.StateReason)
+		}
 	case st == api.StateReleased && o.Paused && o.Active:
 		sb.State = client.StatePaused
 	case st == api.StateReleased:
@@ -346,10 +380,26 @@ func (s *Server) view(o manager.OwnedSandbox) client.Sandbox {
 		sb.State = client.StateCreating
 	case st == api.StateReady:
 		sb.State = client.StateReady
+	case st == api.StateExited:
+		sb.State = client.StateExited
 	default:
 		sb.State = client.StateReleasing
 	}
 	return sb
+}
+
+// stateReason is what a caller reads of the manager's reason for a
+// failed generation the service has not ended in its own words (yet, or
+// ever: a failed resume): the "kind: message" of the node's refusal,
+// classified as an answer would be, so internal detail stays in the log.
+func stateReason(stored string) string {
+	kind, msg, ok := strings.Cut(stored, ": ")
+	err := error(errdefs.Errorf(errdefs.Code(kind), "%s", msg))
+	if !ok || codeOfKind[errdefs.Code(kind)] == "" {
+		err = errors.New(stored)
+	}
+	_, text, _ := classify(err)
+	return "failed: " + text
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) error {
@@ -377,7 +427,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, owner string) erro
 		limit = n
 	}
 	state := q.Get("state")
-	if state != "" && !slices.Contains([]string{client.StateCreating, client.StateReady, client.StatePaused, client.StateReleasing, client.StateDestroyed, client.StateFailed}, state) {
+	if state != "" && !slices.Contains([]string{client.StateCreating, client.StateReady, client.StatePaused, client.StateReleasing, client.StateDestroyed, client.StateFailed, client.StateExited}, state) {
 		return invalidf("unknown state %s", errdefs.Quote(state))
 	}
 	want := map[string]string{}
@@ -502,10 +552,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, owner string) erro
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if req.TimeoutSec < 0 || time.Duration(req.TimeoutSec)*time.Second > maxExecTimeout {
-		return invalidf("timeout_sec must be between 0 and %d", int64(maxExecTimeout/time.Second))
-	}
-	env, err := envList(req.Env)
+	env, err := runEnv(req.TimeoutSec, req.Env)
 	if err != nil {
 		return err
 	}
@@ -513,17 +560,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, owner string) erro
 	if err := ereq.Validate(); err != nil {
 		return err
 	}
-	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
-		return s.execStream(w, r, o.ID, ereq)
-	}
-	limit := orDefault(s.MaxBodyBytes, DefaultMaxBodyBytes)
-	stdout, stderr := &capped{limit: limit}, &capped{limit: limit}
-	code, err := s.Manager.Exec(r.Context(), o.ID, ereq, stdout, stderr)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, client.ExecResult{ExitCode: code, Stdout: stdout.b, Stderr: stderr.b, StdoutTruncated: stdout.cut, StderrTruncated: stderr.cut})
-	return nil
+	return s.answerRun(w, r, func(stdout, stderr io.Writer) (int, error) {
+		return s.Manager.Exec(r.Context(), o.ID, ereq, stdout, stderr)
+	})
 }
 
 // capped keeps the first limit bytes written to it.
@@ -589,23 +628,6 @@ func (s sseStream) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
-}
-
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, id string, req api.ExecRequest) error {
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	e := &sse{w: w, rc: http.NewResponseController(w)}
-	code, err := s.Manager.Exec(r.Context(), id, req, sseStream{e, client.EventStdout}, sseStream{e, client.EventStderr})
-	if err != nil {
-		c, msg, _ := classify(err)
-		b, _ := json.Marshal(client.ErrorBody{Error: client.ErrorDetail{Code: c, Message: msg}})
-		e.event(client.EventError, b)
-		return nil
-	}
-	b, _ := json.Marshal(client.ExecExit{ExitCode: code})
-	e.event(client.EventExit, b)
-	return nil
 }
 
 // filePath checks a guest path: absolute and clean (no "." or ".."

@@ -85,7 +85,7 @@ func (s *Server) fireIdleDue(ctx context.Context) {
 }
 
 func (s *Server) fireIdle(ctx context.Context, t manager.IdleTimer) error {
-	if t.State == "armed" && s.inFlight.busy(t.SandboxID) {
+	if t.State == "armed" && (s.inFlight.busy(t.SandboxID) || s.egressGrew(ctx, t)) {
 		s.touch(ctx, t.Owner, t.SandboxID)
 		return nil
 	}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/client"
-	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 )
 
@@ -28,6 +27,7 @@ func (s *Server) runTimers(ctx context.Context) {
 	for {
 		s.fireDue(ctx)
 		s.fireIdleDue(ctx)
+		s.watchExits(ctx)
 		if now := s.now(); now.Sub(pruned) >= time.Minute {
 			pruned = now
 			if n, err := s.Store.PruneIdempotent(ctx, now.Add(-orDefault(s.IdempotencyTTL, DefaultIdempotencyTTL))); err != nil && ctx.Err() == nil {
@@ -100,18 +100,9 @@ func (s *Server) fire(ctx context.Context, t manager.Timer) error {
 }
 
 // failUnsettled fails the sandbox's pending claim in the manager's
-// records (when it got that far) and ends the owner's sandbox.
+// records (when it got that far) and ends the owner's sandbox with the
+// reason, in one transaction: a reader never sees it failed without
+// the reason (it once did, between two writes).
 func (s *Server) failUnsettled(ctx context.Context, o manager.OwnedSandbox, reason string) error {
-	ops, err := s.Manager.Store.Operations(ctx, o.ID)
-	if err != nil && errdefs.CodeOf(err) != errdefs.CodeNotFound {
-		return err
-	}
-	for _, op := range ops {
-		if op.Kind == manager.KindClaim && op.State == manager.OpPending {
-			if err := s.Manager.Store.FailOperation(ctx, op.OperationID, reason); err != nil {
-				return err
-			}
-		}
-	}
-	return s.Store.EndOwnedSandbox(ctx, o.ID, reason)
+	return s.Store.FailCreate(ctx, o.ID, reason, reason)
 }

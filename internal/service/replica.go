@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -361,6 +362,10 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 		return false
 	}
 	if settled {
+		if err := s.endFailedCreate(ctx, o); err != nil {
+			log.Warn("end a failed create another replica left", "err", err)
+			return false
+		}
 		s.answerCreate(ctx, l)
 		return true
 	}
@@ -384,7 +389,7 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 	}
 	complete := o.Paused
 	if !complete {
-		nsb, err := s.Manager.Client.Get(ctx, o.ID)
+		nsb, err := s.Manager.NodeSandbox(ctx, o.ID)
 		switch {
 		case err == nil && (nsb.State == api.StateReady || nsb.State == api.StateClaiming):
 			log.Info("completing a create another replica left: the node has it "+string(nsb.State), "generation", nsb.Generation)
@@ -414,13 +419,30 @@ func (s *Server) finishCreate(ctx context.Context, l manager.OpLease) bool {
 			s.emit(o.Owner, o.ID, client.EventResumed, "")
 		}
 	default:
-		s.claim(ctx, o.Owner, o.ID, rec.Spec)
+		s.claim(ctx, o.Owner, o.ID, rec.Spec, interruptedPrefix)
 	}
 	if settled, err = s.createSettled(ctx, l.Owner, l.SandboxID); err != nil || !settled {
 		return false
 	}
 	s.answerCreate(ctx, l)
 	return true
+}
+
+// endFailedCreate ends a create whose claim failed but whose owner's
+// sandbox is still active: its replica died between the two (the share
+// came back only at the end). A paused sandbox whose resume failed stays:
+// it may be resumed again; so does one past its first generation.
+func (s *Server) endFailedCreate(ctx context.Context, o manager.OwnedSandbox) error {
+	st := api.SandboxState(o.State)
+	if !o.Active || o.Paused || o.Generation > 1 || (st != api.StateFailed && st != api.StateLost) {
+		return nil
+	}
+	reason := failedPrefix + strings.TrimPrefix(stateReason(o.StateReason), "failed: ")
+	if err := s.Store.EndOwnedSandbox(ctx, o.ID, reason); err != nil {
+		return err
+	}
+	s.emit(o.Owner, o.ID, client.EventFailed, reason)
+	return nil
 }
 
 // answerCreate records a finished create's answer for its caller's

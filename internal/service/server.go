@@ -105,6 +105,9 @@ type Server struct {
 	// EventPoll is how often an event follower reads the journal for
 	// other replicas' events (0: DefaultEventPoll).
 	EventPoll time.Duration
+	// UsagePull is how often the node's metering stream is pulled into
+	// the store (usage.go); 0: not pulled.
+	UsagePull time.Duration
 	replica   replicaState
 
 	bg      sync.WaitGroup
@@ -187,6 +190,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(s.log().Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	s.pullUsage(ctx)
 	timersDone := make(chan struct{})
 	go func() {
 		defer close(timersDone)

@@ -184,5 +184,5 @@ func (s *Server) forkAndClaim(ctx context.Context, owner, id string, rec record)
 		// Unknown outcome: the create stays unsettled; the next start repeats it.
 		return err
 	}
-	return s.claim(ctx, owner, id, rec.Spec)
+	return s.claim(ctx, owner, id, rec.Spec, failedPrefix)
 }

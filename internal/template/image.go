@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // ImageOptions says what file system image to build.
@@ -23,6 +25,12 @@ type ImageOptions struct {
 	// Inspect, if set, reads the unpacked tree (through an os.Root: nothing
 	// outside it) before the image is made: an error stops the build.
 	Inspect func(*os.Root) error
+	// Trees, if set, is where ImportSource and ImportImage keep the
+	// unpacked tree as the template's overlay lower (Trees.Dir/NAME).
+	Trees Trees
+	// tree is where BuildImage moves the unpacked tree when the image is
+	// built (an empty directory: Trees.begin), instead of removing it.
+	tree string
 }
 
 // ImageResult tells what went into an image.
@@ -62,7 +70,11 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 			o.Progress(p)
 		}
 	}
-	stage, err := os.MkdirTemp(filepath.Dir(out), "."+filepath.Base(out)+".stage-")
+	stageDir := filepath.Dir(out)
+	if o.tree != "" {
+		stageDir = filepath.Dir(o.tree) // the tree is renamed out of the stage
+	}
+	stage, err := os.MkdirTemp(stageDir, "."+filepath.Base(out)+".stage-")
 	if err != nil {
 		return res, fmt.Errorf("create stage for %s: %w", out, err)
 	}
@@ -141,6 +153,13 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 	}
 	if err := syncFile(filepath.Dir(out)); err != nil {
 		return res, err
+	}
+	if o.tree != "" {
+		// rename(2) itself: os.Rename refuses to replace even an empty
+		// directory.
+		if err := unix.Rename(tree, o.tree); err != nil {
+			return res, fmt.Errorf("keep the tree of %s: %w", out, err)
+		}
 	}
 	progress(Progress{Phase: "done", Entries: u.entries, Bytes: u.bytes})
 	return res, nil

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ctld/ctld/internal/blockstore"
 )
 
@@ -24,6 +26,9 @@ type Meta struct {
 	IndexDigest string      `json:"index_digest,omitempty"`
 	Platform    string      `json:"platform,omitempty"`
 	Config      ImageConfig `json:"config"`
+	// Layers are the image's layer digests: what the layer cache keeps
+	// for it (Prune).
+	Layers []string `json:"layers,omitempty"`
 }
 
 // ImageConfig is the part of an image's config a claim of the template
@@ -76,6 +81,19 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 	if _, err := repo.Meta(ctx, vol); err == nil {
 		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: an unfinished import left its metadata (`template rm %s` removes it): %w", name, name, ErrTemplateExists)
 	}
+	tree, err := o.Trees.begin(name) // before the pull: refused early
+	if err != nil {
+		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	o.tree = tree
+	defer o.Trees.drop(tree) // gone once published
+	// The cache's lock, shared, from before the pull looks for layers
+	// until the template records them: Prune waits for it.
+	unlock, err := lockCache(ctx, po.CacheDir, unix.LOCK_SH)
+	if err != nil {
+		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	defer unlock()
 	p, err := PullImage(ctx, ref, po)
 	if err != nil {
 		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
@@ -93,6 +111,14 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 	}
 	meta := Meta{Source: "registry", Ref: ref, Digest: p.Digest.String(), Platform: p.Platform.String(),
 		Config: ImageConfig{Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd, Env: cf.Config.Env, WorkingDir: cf.Config.WorkingDir, User: cf.Config.User}}
+	im, err := p.Image.Manifest()
+	if err != nil {
+		err = fmt.Errorf("import template %s: image manifest: %w: %w", name, ErrBadSource, err)
+		return nil, ImageResult{}, Meta{}, err
+	}
+	for _, l := range im.Layers {
+		meta.Layers = append(meta.Layers, l.Digest.String())
+	}
 	if p.IndexDigest.Hex != "" {
 		meta.IndexDigest = p.IndexDigest.String()
 	}
@@ -137,7 +163,7 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 		return nil, res, Meta{}, err
 	}
 	ok = true
-	return m, res, meta, nil
+	return m, res, meta, o.Trees.publishImported(o.tree, name)
 }
 
 // maxIDFile bounds what is read of the image's /etc/passwd and /etc/group.

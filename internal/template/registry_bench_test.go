@@ -12,6 +12,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/crane"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
 // BenchmarkRegistryImportShared: the import of an image (busybox and 32
@@ -21,32 +23,32 @@ import (
 // still does. Reports both and their ratio.
 func BenchmarkRegistryImportShared(b *testing.B) {
 	needTools(b)
-	reg := newTestRegistry(b)
+	reg := templatetest.NewRegistry(b)
 	data := make([]byte, 32<<20)
 	rand.Read(data)
-	big := gzLayer(b, mkTar(b, []tent{{h: regH("data/blob", 0o644, 0, 0), content: string(data)}}))
+	big := templatetest.GzLayer(b, mkTar(b, []tent{{h: regH("data/blob", 0o644, 0, 0), content: string(data)}}))
 	bb, app := busyboxLayer(b), appLayer(b)
 	cfg2 := appConfig
 	cfg2.Env = []string{"SECOND=1"}
-	ref1, _ := reg.push("bench/a:v1", imageOf(b, appConfig, bb, app, big))
-	ref2, _ := reg.push("bench/b:v1", imageOf(b, cfg2, bb, app, big))
-	reg.dockerConfig(b, reg.pass)
+	ref1, _ := reg.Push("bench/a:v1", templatetest.Image(b, appConfig, bb, app, big))
+	ref2, _ := reg.Push("bench/b:v1", templatetest.Image(b, cfg2, bb, app, big))
+	reg.DockerConfig(b, reg.Pass)
 	var first, second, pullCold, pullWarm time.Duration
 	b.ResetTimer()
 	for range b.N {
-		_, repo := testRepo(b)
+		_, repo := templatetest.Repo(b)
 		cache, work := b.TempDir(), b.TempDir()
 		t0 := time.Now()
 		if _, _, _, err := ImportImage(b.Context(), repo, "a", ref1, PullOptions{CacheDir: cache}, ImageOptions{Size: 128 << 20}, work); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		before := reg.totalGets()
+		before := reg.TotalGets()
 		if _, _, _, err := ImportImage(b.Context(), repo, "b", ref2, PullOptions{CacheDir: cache}, ImageOptions{Size: 128 << 20}, work); err != nil {
 			b.Fatal(err)
 		}
 		first, second = first+t1.Sub(t0), second+time.Since(t1)
-		if n := reg.totalGets() - before; n != 1 {
+		if n := reg.TotalGets() - before; n != 1 {
 			b.Fatalf("second import made %d blob GETs, want 1 (its config)", n)
 		}
 		// The pull alone: into an empty cache, then from the warm one.
@@ -78,17 +80,17 @@ func BenchmarkRegistryImportShared(b *testing.B) {
 // size (nothing stored). Reports the ratio.
 func BenchmarkRegistryImportVsCrane(b *testing.B) {
 	needTools(b)
-	reg := newTestRegistry(b)
+	reg := templatetest.NewRegistry(b)
 	data := make([]byte, 32<<20)
 	rand.Read(data)
-	big := gzLayer(b, mkTar(b, []tent{{h: regH("data/blob", 0o644, 0, 0), content: string(data)}}))
-	ref, _ := reg.push("bench/c:v1", imageOf(b, appConfig, busyboxLayer(b), appLayer(b), big))
-	reg.dockerConfig(b, reg.pass)
+	big := templatetest.GzLayer(b, mkTar(b, []tent{{h: regH("data/blob", 0o644, 0, 0), content: string(data)}}))
+	ref, _ := reg.Push("bench/c:v1", templatetest.Image(b, appConfig, busyboxLayer(b), appLayer(b), big))
+	reg.DockerConfig(b, reg.Pass)
 	const size = 128 << 20
 	var ours, crane time.Duration
 	b.ResetTimer()
 	for range b.N {
-		_, repo := testRepo(b)
+		_, repo := templatetest.Repo(b)
 		t0 := time.Now()
 		if _, _, _, err := ImportImage(b.Context(), repo, "c", ref, PullOptions{CacheDir: b.TempDir()}, ImageOptions{Size: size}, b.TempDir()); err != nil {
 			b.Fatal(err)

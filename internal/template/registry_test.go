@@ -3,159 +3,28 @@ package template
 import (
 	"archive/tar"
 	"bytes"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"log"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
-
-// testRegistry is go-containerregistry's registry over real HTTP on
-// loopback, behind basic auth, counting blob GETs and able to misbehave.
-type testRegistry struct {
-	t          testing.TB
-	srv        *httptest.Server
-	host       string
-	user, pass string
-
-	mu        sync.Mutex
-	blobGets  map[string]int    // by digest
-	cut       map[string]int    // digest: cut this many more GETs of it half-way
-	rewrite   map[string]string // manifest digest: serve this other one's bytes
-	authFails int
-}
-
-func newTestRegistry(t testing.TB) *testRegistry {
-	t.Helper()
-	r := &testRegistry{t: t, user: "puller", pass: "s3cret pass", blobGets: map[string]int{}, cut: map[string]int{}, rewrite: map[string]string{}}
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		u, p, ok := req.BasicAuth()
-		if !ok || u != r.user || p != r.pass {
-			r.mu.Lock()
-			r.authFails++
-			r.mu.Unlock()
-			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED"}]}`, http.StatusUnauthorized)
-			return
-		}
-		if i := strings.Index(req.URL.Path, "/manifests/"); i >= 0 && req.Method == http.MethodGet {
-			r.mu.Lock()
-			other, ok := r.rewrite[req.URL.Path[i+len("/manifests/"):]]
-			r.mu.Unlock()
-			if ok {
-				req.URL.Path = req.URL.Path[:i] + "/manifests/" + other
-			}
-		}
-		if i := strings.Index(req.URL.Path, "/blobs/sha256:"); i >= 0 && req.Method == http.MethodGet {
-			d := req.URL.Path[i+len("/blobs/"):]
-			r.mu.Lock()
-			r.blobGets[d]++
-			cut := r.cut[d] > 0
-			if cut {
-				r.cut[d]--
-			}
-			r.mu.Unlock()
-			if cut {
-				rec := httptest.NewRecorder()
-				inner.ServeHTTP(rec, req)
-				body := rec.Body.Bytes()
-				w.Header().Set("Content-Length", fmt.Sprint(len(body)))
-				w.WriteHeader(rec.Code)
-				w.Write(body[:len(body)/2])
-				w.(http.Flusher).Flush()
-				panic(http.ErrAbortHandler) // the connection is cut mid-blob
-			}
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	t.Cleanup(r.srv.Close)
-	r.host = strings.TrimPrefix(r.srv.URL, "http://")
-	return r
-}
-
-func (r *testRegistry) auth() remote.Option {
-	return remote.WithAuth(&authn.Basic{Username: r.user, Password: r.pass})
-}
-
-func (r *testRegistry) push(repoTag string, img v1.Image) (ref string, digest v1.Hash) {
-	r.t.Helper()
-	ref = r.host + "/" + repoTag
-	tag, err := name.ParseReference(ref)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	if err := remote.Write(tag, img, r.auth()); err != nil {
-		r.t.Fatalf("push %s: %v", ref, err)
-	}
-	d, err := img.Digest()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return ref, d
-}
-
-func (r *testRegistry) gets(h v1.Hash) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.blobGets[h.String()]
-}
-
-func (r *testRegistry) totalGets() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, c := range r.blobGets {
-		n += c
-	}
-	return n
-}
-
-// dockerConfig points DOCKER_CONFIG (what authn.DefaultKeychain reads) at
-// a config.json holding the registry's password.
-func (r *testRegistry) dockerConfig(t testing.TB, pass string) {
-	dir := t.TempDir()
-	auth := base64.StdEncoding.EncodeToString([]byte(r.user + ":" + pass))
-	cfg := fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, r.host, auth)
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("DOCKER_CONFIG", dir)
-}
-
-// gzLayer is a gzip layer of a tar's bytes.
-func gzLayer(t testing.TB, tarBytes []byte) v1.Layer {
-	t.Helper()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(tarBytes)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
 
 // busyboxLayer is the busybox template (the host's static busybox) as a
 // layer.
@@ -169,52 +38,7 @@ func busyboxLayer(t testing.TB) v1.Layer {
 	if err := BuildBusybox(dir, bb); err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		target := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if target, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, target)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = rel, 0, 0, "", ""
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(tw, f)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return gzLayer(t, buf.Bytes())
+	return templatetest.GzLayer(t, templatetest.TarDir(t, dir))
 }
 
 func findBusybox() (string, error) {
@@ -228,7 +52,7 @@ func findBusybox() (string, error) {
 
 // appLayer adds a user and group, a working dir and an entrypoint script.
 func appLayer(t testing.TB) v1.Layer {
-	return gzLayer(t, mkTar(t, []tent{
+	return templatetest.GzLayer(t, mkTar(t, []tent{
 		{h: regH("etc/passwd", 0o644, 0, 0), content: passwd + "app:x:1234:1000:app:/work:/bin/sh\n"},
 		{h: regH("etc/group", 0o644, 0, 0), content: group + "staff:x:2345:\n"},
 		{h: dirH("work/", 0o755, 1234, 2345)},
@@ -245,25 +69,13 @@ var appConfig = v1.Config{
 	WorkingDir: "/work",
 }
 
-func imageOf(t testing.TB, cfg v1.Config, layers ...v1.Layer) v1.Image {
+func layerDigest(t testing.TB, l v1.Layer) string {
 	t.Helper()
-	img, err := mutate.AppendLayers(empty.Image, layers...)
+	d, err := l.Digest()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if img, err = mutate.Config(img, cfg); err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return d.String()
 }
 
 // storeKeys lists every object of the store under templates/.
@@ -296,17 +108,17 @@ func cacheBlobs(t *testing.T, dir string) []string {
 // password is refused and leaves nothing.
 func TestRegistryImport(t *testing.T) {
 	needTools(t)
-	reg := newTestRegistry(t)
+	reg := templatetest.NewRegistry(t)
 	bb, app := busyboxLayer(t), appLayer(t)
-	img := imageOf(t, appConfig, bb, app)
-	ref, digest := reg.push("team/app:v1", img)
+	img := templatetest.Image(t, appConfig, bb, app)
+	ref, digest := reg.Push("team/app:v1", img)
 	cfg2 := appConfig
 	cfg2.Env = []string{"GREETING=second"}
-	ref2, _ := reg.push("team/app2:v1", imageOf(t, cfg2, bb, app))
+	ref2, _ := reg.Push("team/app2:v1", templatetest.Image(t, cfg2, bb, app))
 
-	st, repo := testRepo(t)
+	st, repo := templatetest.Repo(t)
 	cache := t.TempDir()
-	reg.dockerConfig(t, "wrong")
+	reg.DockerConfig(t, "wrong")
 	if _, _, _, err := ImportImage(t.Context(), repo, "app", ref, PullOptions{CacheDir: cache}, ImageOptions{Size: 64 << 20}, t.TempDir()); err == nil || !strings.Contains(err.Error(), "UNAUTHORIZED") {
 		t.Fatalf("import with a wrong password = %v, want UNAUTHORIZED", err)
 	}
@@ -314,7 +126,7 @@ func TestRegistryImport(t *testing.T) {
 		t.Fatalf("a refused pull left %v in the store, %v in the cache", k, c)
 	}
 
-	reg.dockerConfig(t, reg.pass)
+	reg.DockerConfig(t, reg.Pass)
 	var last PullProgress
 	m, res, meta, err := ImportImage(t.Context(), repo, "app", ref, PullOptions{CacheDir: cache, Progress: func(p PullProgress) { last = p }}, ImageOptions{Size: 64 << 20}, t.TempDir())
 	if err != nil {
@@ -322,7 +134,8 @@ func TestRegistryImport(t *testing.T) {
 	}
 	t.Logf("imported %s: %d entries, %d bytes, %d chunks", ref, res.Entries, res.Bytes, len(m.Entries))
 	want := Meta{Source: "registry", Ref: ref, Digest: digest.String(), Platform: "linux/" + runtime.GOARCH,
-		Config: ImageConfig{Entrypoint: appConfig.Entrypoint, Cmd: appConfig.Cmd, Env: appConfig.Env, WorkingDir: "/work", User: "app:staff", UID: 1234, GID: 2345}}
+		Config: ImageConfig{Entrypoint: appConfig.Entrypoint, Cmd: appConfig.Cmd, Env: appConfig.Env, WorkingDir: "/work", User: "app:staff", UID: 1234, GID: 2345},
+		Layers: []string{layerDigest(t, bb), layerDigest(t, app)}}
 	got, ok, err := ReadMeta(t.Context(), repo, "app")
 	if err != nil || !ok {
 		t.Fatalf("ReadMeta = %v, %v", ok, err)
@@ -337,7 +150,7 @@ func TestRegistryImport(t *testing.T) {
 	}
 	for _, l := range []v1.Layer{bb, app} {
 		d, _ := l.Digest()
-		if n := reg.gets(d); n != 1 {
+		if n := reg.Gets(d); n != 1 {
 			t.Errorf("layer %s fetched %d times, want 1", d, n)
 		}
 	}
@@ -354,13 +167,13 @@ func TestRegistryImport(t *testing.T) {
 		t.Errorf("bin/sh = %+v", n)
 	}
 
-	before := reg.totalGets()
+	before := reg.TotalGets()
 	if _, _, meta2, err := ImportImage(t.Context(), repo, "app2", ref2, PullOptions{CacheDir: cache, Progress: func(p PullProgress) { last = p }}, ImageOptions{Size: 64 << 20}, t.TempDir()); err != nil {
 		t.Fatal(err)
 	} else if meta2.Config.Env[0] != "GREETING=second" {
 		t.Errorf("second template's config %+v", meta2.Config)
 	}
-	if n := reg.totalGets() - before; n != 1 { // its config blob only
+	if n := reg.TotalGets() - before; n != 1 { // its config blob only
 		t.Errorf("second template sharing every layer made %d blob GETs, want 1 (the config)", n)
 	}
 	if last.Cached != 2 {
@@ -411,20 +224,18 @@ func exportTemplate(t *testing.T, repo *blockstore.Repo, name string) string {
 // that answers the digest with another manifest is refused.
 func TestRegistryDigestPinning(t *testing.T) {
 	needTools(t)
-	reg := newTestRegistry(t)
-	reg.dockerConfig(t, reg.pass)
+	reg := templatetest.NewRegistry(t)
+	reg.DockerConfig(t, reg.Pass)
 	bb := busyboxLayer(t)
-	ref, digest := reg.push("pin/a:v1", imageOf(t, appConfig, bb, appLayer(t)))
-	_, other := reg.push("pin/a:other", imageOf(t, v1.Config{Env: []string{"X=1"}}, bb))
-	_, repo := testRepo(t)
+	ref, digest := reg.Push("pin/a:v1", templatetest.Image(t, appConfig, bb, appLayer(t)))
+	_, other := reg.Push("pin/a:other", templatetest.Image(t, v1.Config{Env: []string{"X=1"}}, bb))
+	_, repo := templatetest.Repo(t)
 	pinned := strings.TrimSuffix(ref, ":v1") + "@" + digest.String()
 	if _, _, meta, err := ImportImage(t.Context(), repo, "pinned", pinned, PullOptions{CacheDir: t.TempDir()}, ImageOptions{Size: 64 << 20}, t.TempDir()); err != nil || meta.Digest != digest.String() {
 		t.Fatalf("pinned import: %+v, %v", meta, err)
 	}
-	reg.mu.Lock()
-	reg.rewrite[digest.String()] = other.String()
-	reg.mu.Unlock()
-	st, repo := testRepo(t)
+	reg.Rewrite(digest, other)
+	st, repo := templatetest.Repo(t)
 	cache := t.TempDir()
 	_, _, _, err := ImportImage(t.Context(), repo, "pinned", pinned, PullOptions{CacheDir: cache}, ImageOptions{Size: 64 << 20}, t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "does not match requested digest") {
@@ -439,9 +250,9 @@ func TestRegistryDigestPinning(t *testing.T) {
 // machine's platform; an index without it is refused.
 func TestRegistryIndexPlatform(t *testing.T) {
 	needTools(t)
-	reg := newTestRegistry(t)
-	reg.dockerConfig(t, reg.pass)
-	mine := imageOf(t, appConfig, busyboxLayer(t), appLayer(t))
+	reg := templatetest.NewRegistry(t)
+	reg.DockerConfig(t, reg.Pass)
+	mine := templatetest.Image(t, appConfig, busyboxLayer(t), appLayer(t))
 	foreign, err := random.Image(1024, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -455,11 +266,11 @@ func TestRegistryIndexPlatform(t *testing.T) {
 		mutate.IndexAddendum{Add: mine, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}}},
 	)
 	push := func(tag string, idx v1.ImageIndex) (string, v1.Hash) {
-		r, err := name.ParseReference(reg.host + "/multi:" + tag)
+		r, err := name.ParseReference(reg.Host + "/multi:" + tag)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := remote.WriteIndex(r, idx, reg.auth()); err != nil {
+		if err := remote.WriteIndex(r, idx, reg.Auth()); err != nil {
 			t.Fatal(err)
 		}
 		d, _ := idx.Digest()
@@ -467,7 +278,7 @@ func TestRegistryIndexPlatform(t *testing.T) {
 	}
 	ref, idxDigest := push("v1", idx)
 	mineDigest, _ := mine.Digest()
-	_, repo := testRepo(t)
+	_, repo := templatetest.Repo(t)
 	_, _, meta, err := ImportImage(t.Context(), repo, "multi", ref, PullOptions{CacheDir: t.TempDir()}, ImageOptions{Size: 64 << 20}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -477,12 +288,12 @@ func TestRegistryIndexPlatform(t *testing.T) {
 	}
 	fd, _ := foreign.Layers()
 	fdd, _ := fd[0].Digest()
-	if n := reg.gets(fdd); n != 0 {
+	if n := reg.Gets(fdd); n != 0 {
 		t.Errorf("the other platform's layer was fetched %d times", n)
 	}
 	ref2, _ := push("foreign-only", mutate.AppendManifests(empty.Index,
 		mutate.IndexAddendum{Add: foreign, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: otherArch}}}))
-	st, repo := testRepo(t)
+	st, repo := templatetest.Repo(t)
 	if _, _, _, err := ImportImage(t.Context(), repo, "x", ref2, PullOptions{CacheDir: t.TempDir()}, ImageOptions{Size: 64 << 20}, t.TempDir()); !errors.Is(err, ErrBadSource) || !strings.Contains(err.Error(), "no image for linux/"+runtime.GOARCH) {
 		t.Errorf("index without this platform: %v", err)
 	}
@@ -496,29 +307,25 @@ func TestRegistryIndexPlatform(t *testing.T) {
 // layers it finished, and the next pull fetches only the missing one.
 func TestRegistryInterruptedPull(t *testing.T) {
 	needTools(t)
-	reg := newTestRegistry(t)
-	reg.dockerConfig(t, reg.pass)
+	reg := templatetest.NewRegistry(t)
+	reg.DockerConfig(t, reg.Pass)
 	bb, app := busyboxLayer(t), appLayer(t)
-	ref, _ := reg.push("cut/app:v1", imageOf(t, appConfig, bb, app))
+	ref, _ := reg.Push("cut/app:v1", templatetest.Image(t, appConfig, bb, app))
 	bbd, _ := bb.Digest()
 	appd, _ := app.Digest()
 
-	reg.mu.Lock()
-	reg.cut[bbd.String()] = 1
-	reg.mu.Unlock()
-	_, repo := testRepo(t)
+	reg.Cut(bbd, 1)
+	_, repo := templatetest.Repo(t)
 	if _, _, _, err := ImportImage(t.Context(), repo, "once", ref, PullOptions{CacheDir: t.TempDir()}, ImageOptions{Size: 64 << 20}, t.TempDir()); err != nil {
 		t.Fatalf("a pull cut once: %v", err)
 	}
-	if n := reg.gets(bbd); n != 2 {
+	if n := reg.Gets(bbd); n != 2 {
 		t.Errorf("cut layer fetched %d times, want 2", n)
 	}
 
 	cache := t.TempDir()
-	reg.mu.Lock()
-	reg.cut[appd.String()] = 2
-	reg.mu.Unlock()
-	st, repo := testRepo(t)
+	reg.Cut(appd, 2)
+	st, repo := templatetest.Repo(t)
 	_, _, _, err := ImportImage(t.Context(), repo, "again", ref, PullOptions{CacheDir: cache, Attempts: 2}, ImageOptions{Size: 64 << 20}, t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "layer 1") {
 		t.Fatalf("a pull cut on every try: %v", err)
@@ -530,11 +337,11 @@ func TestRegistryInterruptedPull(t *testing.T) {
 	if c := cacheBlobs(t, cache); len(c) != 1 || c[0] != bbd.Hex {
 		t.Fatalf("cache after the failed pull: %v, want the finished layer %s", c, bbd.Hex)
 	}
-	b4, a4 := reg.gets(bbd), reg.gets(appd)
+	b4, a4 := reg.Gets(bbd), reg.Gets(appd)
 	if _, _, _, err := ImportImage(t.Context(), repo, "again", ref, PullOptions{CacheDir: cache}, ImageOptions{Size: 64 << 20}, t.TempDir()); err != nil {
 		t.Fatalf("the next pull: %v", err)
 	}
-	if b, a := reg.gets(bbd)-b4, reg.gets(appd)-a4; b != 0 || a != 1 {
+	if b, a := reg.Gets(bbd)-b4, reg.Gets(appd)-a4; b != 0 || a != 1 {
 		t.Errorf("the next pull fetched the finished layer %d times, the missing one %d times; want 0 and 1", b, a)
 	}
 }
@@ -552,8 +359,8 @@ func (a artifact) MediaType() (types.MediaType, error) {
 // good layers downloaded with them).
 func TestRegistryBadInput(t *testing.T) {
 	needTools(t)
-	reg := newTestRegistry(t)
-	reg.dockerConfig(t, reg.pass)
+	reg := templatetest.NewRegistry(t)
+	reg.DockerConfig(t, reg.Pass)
 	bb := busyboxLayer(t)
 	hugeTar := func() []byte { // a header claiming 10 GiB, then 1 KiB of it
 		var b bytes.Buffer
@@ -571,22 +378,22 @@ func TestRegistryBadInput(t *testing.T) {
 		msg   string
 	}{
 		{name: "dotdot", layer: func() v1.Layer {
-			return gzLayer(t, mkTar(t, []tent{{h: regH("etc/../../escape", 0o644, 0, 0), content: "x"}}))
+			return templatetest.GzLayer(t, mkTar(t, []tent{{h: regH("etc/../../escape", 0o644, 0, 0), content: "x"}}))
 		}, want: ErrUnsafePath, msg: `unsafe tar path "../escape"`},
-		{name: "sparse-10gib", layer: func() v1.Layer { return gzLayer(t, hugeTar()) }, want: ErrImageTooSmall, msg: "file sparse of 10737418240 bytes"},
+		{name: "sparse-10gib", layer: func() v1.Layer { return templatetest.GzLayer(t, hugeTar()) }, want: ErrImageTooSmall, msg: "file sparse of 10737418240 bytes"},
 		{name: "not-gzip", layer: func() v1.Layer { return static.NewLayer(plainTar, types.OCILayer) }, want: ErrBadSource, msg: "does not start with its magic"},
 		{name: "artifact-manifest", ref: func() string {
-			r, err := name.ParseReference(reg.host + "/bad/artifact:v1")
+			r, err := name.ParseReference(reg.Host + "/bad/artifact:v1")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := remote.Put(r, artifact{raw: []byte(`{"schemaVersion":2,"mediaType":"application/vnd.example.artifact.v1+json"}`)}, reg.auth()); err != nil {
+			if err := remote.Put(r, artifact{raw: []byte(`{"schemaVersion":2,"mediaType":"application/vnd.example.artifact.v1+json"}`)}, reg.Auth()); err != nil {
 				t.Fatal(err)
 			}
 			return r.String()
 		}, want: ErrBadSource, msg: `manifest of media type "application/vnd.example.artifact.v1+json" is not an image`},
 		{name: "user-not-in-passwd", layer: func() v1.Layer {
-			return gzLayer(t, mkTar(t, []tent{{h: regH("marker", 0o644, 0, 0), content: "x"}}))
+			return templatetest.GzLayer(t, mkTar(t, []tent{{h: regH("marker", 0o644, 0, 0), content: "x"}}))
 		}, want: ErrBadSource, msg: `image user "app" is not in the image's /etc/passwd`},
 	}
 	for _, c := range cases {
@@ -599,9 +406,9 @@ func TestRegistryBadInput(t *testing.T) {
 				if c.name == "user-not-in-passwd" {
 					cfg.User = "app"
 				}
-				ref, _ = reg.push("bad/"+c.name+":v1", imageOf(t, cfg, bb, c.layer()))
+				ref, _ = reg.Push("bad/"+c.name+":v1", templatetest.Image(t, cfg, bb, c.layer()))
 			}
-			st, repo := testRepo(t)
+			st, repo := templatetest.Repo(t)
 			cache, work := t.TempDir(), t.TempDir()
 			_, _, _, err := ImportImage(t.Context(), repo, "bad", ref, PullOptions{CacheDir: cache}, ImageOptions{Size: 64 << 20}, work)
 			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.msg) {
@@ -621,16 +428,16 @@ func TestRegistryBadInput(t *testing.T) {
 // upper layer writes nothing outside the tree.
 func TestRegistryDevicesAndSymlinks(t *testing.T) {
 	needTools(t)
-	reg := newTestRegistry(t)
-	reg.dockerConfig(t, reg.pass)
+	reg := templatetest.NewRegistry(t)
+	reg.DockerConfig(t, reg.Pass)
 	outside := t.TempDir()
-	dev := gzLayer(t, mkTar(t, []tent{
+	dev := templatetest.GzLayer(t, mkTar(t, []tent{
 		{h: tar.Header{Typeflag: tar.TypeChar, Name: "dev/kmem", Mode: 0o666, Devmajor: 1, Devminor: 2}},
 		{h: linkH("out", outside)},
 	}))
-	through := gzLayer(t, mkTar(t, []tent{{h: regH("out/evil", 0o644, 0, 0), content: "x"}}))
-	ref, _ := reg.push("dev/app:v1", imageOf(t, v1.Config{}, busyboxLayer(t), dev, through))
-	_, repo := testRepo(t)
+	through := templatetest.GzLayer(t, mkTar(t, []tent{{h: regH("out/evil", 0o644, 0, 0), content: "x"}}))
+	ref, _ := reg.Push("dev/app:v1", templatetest.Image(t, v1.Config{}, busyboxLayer(t), dev, through))
+	_, repo := templatetest.Repo(t)
 	_, res, _, err := ImportImage(t.Context(), repo, "dev", ref, PullOptions{CacheDir: t.TempDir()}, ImageOptions{Size: 64 << 20}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -116,7 +116,8 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 }
 
 // ImportSource builds src into an ext4 image (in tmpDir, removed after) and
-// imports it as template name.
+// imports it as template name; with o.Trees, the tree stays as the
+// template's overlay lower too.
 func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src Source, o ImageOptions, tmpDir string) (*blockstore.Manifest, ImageResult, error) {
 	if err := blockstore.Template(name).Check(); err != nil {
 		return nil, ImageResult{}, fmt.Errorf("import template %q: %w", name, err)
@@ -127,6 +128,11 @@ func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src S
 	} else if len(gens) > 0 {
 		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
 	}
+	var err error
+	if o.tree, err = o.Trees.begin(name); err != nil {
+		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	defer o.Trees.drop(o.tree) // gone once published
 	dir, err := os.MkdirTemp(tmpDir, "template-import-")
 	if err != nil {
 		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, err)
@@ -138,7 +144,10 @@ func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src S
 		return nil, res, err
 	}
 	m, err := Import(ctx, repo, name, img, o.Progress)
-	return m, res, err
+	if err != nil {
+		return nil, res, err
+	}
+	return m, res, o.Trees.publishImported(o.tree, name)
 }
 
 // Info is one template of a store.

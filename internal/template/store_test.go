@@ -9,25 +9,8 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/blockstore"
-	"github.com/ctld/ctld/internal/blockstore/dirstore"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
-
-func testRepo(t testing.TB) (blockstore.Store, *blockstore.Repo) {
-	t.Helper()
-	st, err := dirstore.Open(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nk, _, err := blockstore.GenerateNodeKey("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo, err := blockstore.New(st, nk, blockstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, repo
-}
 
 // TestImportTemplate: a built image goes in as generation 0 and reads back
 // byte for byte; zeros are not stored; import, list and remove behave as
@@ -39,7 +22,7 @@ func TestImportTemplate(t *testing.T) {
 	if err := os.WriteFile(src, mkTar(t, es), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	store, repo := testRepo(t)
+	store, repo := templatetest.Repo(t)
 	var last Progress
 	m, _, err := ImportSource(t.Context(), repo, "sample", Source{Path: src},
 		ImageOptions{Size: 32 << 20, Progress: func(p Progress) { last = p }}, t.TempDir())

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/template/templatetest"
 )
 
 // TestVolumeLifecycle: create stores an empty ext4 of the size asked as
@@ -17,7 +18,7 @@ import (
 func TestVolumeLifecycle(t *testing.T) {
 	needTools(t)
 	ctx := t.Context()
-	store, repo := testRepo(t)
+	store, repo := templatetest.Repo(t)
 	if _, err := CreateVolume(ctx, repo, "data", 1000, t.TempDir()); err == nil {
 		t.Fatal("create of a size that is not a multiple of the chunk size succeeded")
 	}

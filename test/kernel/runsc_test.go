@@ -73,6 +73,8 @@ func TestRunscGuestTCPOverVeth(t *testing.T) {
 	}()
 
 	r := &runsc.Runtime{Root: runscRoot, LogDir: filepath.Join(tmp, "logs")}
+	// The build on PATH, as ctld records it (make RUNSC=current|debian).
+	r.Version, _ = runsc.Version(context.Background(), "runsc")
 	spec, err := runsc.BuildSpec(runsc.BundleSpec{
 		ContainerID: id, RootPath: rootfs, Hostname: id, NetnsPath: ns.Path,
 		PIDs: 64, MemoryBytes: 256 << 20, Args: []string{"sleep", "1000"},

@@ -36,6 +36,8 @@ type Node struct {
 	pauses map[string]api.VolumeHead
 	// snaps are the sandbox volumes' snapshots (BlockStore only).
 	snaps map[string][]api.Snapshot
+	// usage is the metering stream (usage.go).
+	usage []api.UsageRecord
 
 	// BlockStore, when set, makes snapshot, fork and restore work on the
 	// heads in memory (no files move); unset, they are refused as on a
@@ -136,7 +138,7 @@ func Serve(t testing.TB, n *Node) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := &apiserver.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second}
+	srv := &apiserver.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second, Usage: n}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
 	t.Cleanup(func() {
@@ -339,7 +341,7 @@ func (n *Node) release(id string, req api.ReleaseRequest) (api.ReleaseResponse, 
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
 	case req.Generation != 0 && sb.Generation != req.Generation: // 0: the current one
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeFenced, "release of generation %d refused: current generation is %d", req.Generation, sb.Generation)
-	case sb.State != api.StateReady:
+	case sb.State != api.StateReady && sb.State != api.StateExited:
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
 	}
 	sb.State = api.StateReleased

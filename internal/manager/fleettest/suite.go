@@ -36,6 +36,7 @@ func Run(t *testing.T, open Opener) {
 		{"PlacementChoosesANode", placementChoosesANode},
 		{"ReservationNeedsAVerifiedCleanProof", reservationNeedsAVerifiedCleanProof},
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
+		{"LostBlockTakenOver", lostBlockTakenOver},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}

@@ -32,6 +32,8 @@ func Run(t *testing.T, open Opener) {
 		{"IdempotencyRecords", idempotencyRecords},
 		{"Volumes", volumes},
 		{"Events", events},
+		{"FailedSandboxSaysWhy", failedSaysWhy},
+		{"AdmitWithLease", admitWithLease},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}

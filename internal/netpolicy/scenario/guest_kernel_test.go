@@ -49,6 +49,7 @@ func newNode(t *testing.T) *node {
 	ktest.RequireBinary(t, "nft")
 	n := &node{t: t, tmp: t.TempDir(), links: &netpolicy.Links{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}}
 	n.rt = &runsc.Runtime{Root: filepath.Join(n.tmp, "runsc"), LogDir: filepath.Join(n.tmp, "logs")}
+	n.rt.Version, _ = runsc.Version(context.Background(), "runsc") // the build on PATH (make RUNSC=...)
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunscRoots: []string{n.rt.Root}})
 	before := ruleset(t)
 	t.Cleanup(func() {

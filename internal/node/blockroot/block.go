@@ -64,15 +64,26 @@ type Teardowner interface {
 }
 
 // Root is the block roots of a node's generations.
-type Root struct{ d Deps }
+type Root struct {
+	d Deps
+	// has says the node runs block-mode generations (Devices, Mounts and
+	// Templates); durable, that it also seals and resumes them (Volumes,
+	// Sealer and Freezer). New decides both once.
+	has, durable bool
+}
 
 // New is the block roots over d.
-func New(d Deps) *Root { return &Root{d: d} }
+func New(d Deps) *Root {
+	has := d.Devices != nil && d.Mounts != nil && d.Templates != nil
+	return &Root{d: d, has: has, durable: has && d.Volumes != nil && d.Sealer != nil && d.Freezer != nil}
+}
 
-// Entries are block mode's entries of the resource table, in claim
-// order: the writer with its device, then the device's mount.
-func (n *Root) Entries() []resource.Entry[*resource.Claim] {
-	return []resource.Entry[*resource.Claim]{writerResource{n}, blockMountResource{n}}
+// Register adds block mode's entries to b, in claim order: the writer
+// with its device, then the device's mount; absent on a node without
+// block subsystems. n may be nil where only the entries' specs are read.
+func Register(b *resource.Builder[*resource.Claim], n *Root) {
+	b.Add(writerResource{n}, n != nil && n.has)
+	b.Add(blockMountResource{n}, n != nil && n.has)
 }
 
 func (n *Root) live() error          { return n.d.Term.Live() }
@@ -80,9 +91,7 @@ func (n *Root) crash(point string)   { n.d.Crash(point) }
 func (n *Root) marks() writers.Marks { return writers.Marks{Journal: n.d.Journal, Log: n.d.Log} }
 
 // Has says whether this node can run block-mode generations.
-func (n *Root) Has() bool {
-	return n.d.Devices != nil && n.d.Mounts != nil && n.d.Templates != nil
-}
+func (n *Root) Has() bool { return n.has }
 
 // Check refuses, before anything is journaled, a block claim this
 // node cannot serve: no block subsystems (unavailable), a template its
@@ -112,7 +121,7 @@ func (n *Root) Check(ctx context.Context, id string, req *journal.ClaimRequest) 
 // paused), else template's generation 0. A head below the volume's
 // floor (the node's mark, the claim's expect) is a conflict (headmark.go).
 func (n *Root) blockBase(ctx context.Context, id, template string, expect journal.VolumeHead) (blockstore.GenRef, journal.VolumeHead, int64, error) {
-	if n.d.Volumes != nil {
+	if n.durable {
 		h, err := n.d.Volumes.Head(ctx, id)
 		if err != nil {
 			return blockstore.GenRef{}, journal.VolumeHead{}, 0, errdefs.Errorf(errdefs.CodeUnavailable, "head of sandbox %s's volume: %v", id, err)
@@ -173,14 +182,12 @@ func (n *Root) putBlock(rec journal.Sandbox, b *journal.BlockDevice, also func(*
 	})
 }
 
-var errNoBlock = errors.New("this node has no block subsystems configured")
-
 // writerResource is the writer process of a block-mode generation and the
 // /dev/nbdX it attached.
 type writerResource struct{ n *Root }
 
 func (r writerResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindWriter, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "nbd_quiescent", Sweeps: r.n.d.Devices != nil}
+	return resource.Spec{Kind: journal.KindWriter, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "nbd_quiescent", Sweeps: true}
 }
 
 // Make takes a new writer epoch and journals it with the writer dir
@@ -188,9 +195,6 @@ func (r writerResource) Spec() resource.Spec {
 // journals what it attached.
 func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 	n := r.n
-	if !n.Has() {
-		return errdefs.Errorf(errdefs.CodeUnavailable, "start writer: %v", errNoBlock)
-	}
 	rec := c.Rec
 	base, head, _, err := n.blockBase(ctx, rec.ID, rec.RootFS.Template, rec.RootFS.ExpectHead)
 	if err != nil {
@@ -227,16 +231,10 @@ func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 // kernel to free it) and removes its dir: the generation's dirty data
 // goes with it (a release destroys; sealing is part 2's).
 func (r writerResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.Devices == nil {
-		return errNoBlock
-	}
 	return r.RemoveOrphan(ctx, r.n.writerDir(rec))
 }
 
 func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	if r.n.d.Devices == nil {
-		return resource.Check("nbd_quiescent", false, errNoBlock.Error())
-	}
 	dir, index := r.n.writerDir(rec), -1
 	if rec.Block != nil {
 		index = rec.Block.Index
@@ -251,9 +249,6 @@ func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Che
 }
 
 func (r writerResource) List(ctx context.Context) ([]string, error) {
-	if r.n.d.Devices == nil {
-		return nil, nil
-	}
 	return r.n.d.Devices.List(ctx)
 }
 
@@ -278,9 +273,6 @@ func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
 // (a writer of another epoch is not this generation's).
 func (r writerResource) Survey(context.Context) (resource.Missing, error) {
 	return func(ctx context.Context, rec journal.Sandbox) string {
-		if r.n.d.Devices == nil {
-			return "writer"
-		}
 		st, err := r.n.d.Devices.Check(ctx, r.n.writerDir(rec))
 		if err != nil || rec.Block == nil || st.Epoch != rec.Block.WriterEpoch {
 			return "writer"
@@ -293,14 +285,11 @@ func (r writerResource) Survey(context.Context) (resource.Missing, error) {
 type blockMountResource struct{ n *Root }
 
 func (r blockMountResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindBlockMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "mounts_gone", Sweeps: r.n.d.Mounts != nil}
+	return resource.Spec{Kind: journal.KindBlockMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSBlock, Check: "mounts_gone", Sweeps: true}
 }
 
 func (r blockMountResource) Make(ctx context.Context, c *resource.Claim) (err error) {
 	n := r.n
-	if n.d.Mounts == nil {
-		return errdefs.Errorf(errdefs.CodeUnavailable, "mount block root: %v", errNoBlock)
-	}
 	if c.Device == "" {
 		return fmt.Errorf("mount block root: generation %d of %s has no attached device", c.Rec.Generation, c.Rec.ID)
 	}
@@ -327,24 +316,15 @@ func (r blockMountResource) Make(ctx context.Context, c *resource.Claim) (err er
 }
 
 func (r blockMountResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.Mounts == nil {
-		return errNoBlock
-	}
 	return r.n.d.Mounts.Unmount(ctx, rec.ContainerID)
 }
 
 func (r blockMountResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	if r.n.d.Mounts == nil {
-		return resource.Check("mounts_gone", false, errNoBlock.Error())
-	}
 	ok, d := r.n.d.Mounts.CheckGone(ctx, rec.ContainerID, rec.RootDev)
 	return resource.Check("mounts_gone", ok, d)
 }
 
 func (r blockMountResource) List(ctx context.Context) ([]string, error) {
-	if r.n.d.Mounts == nil {
-		return nil, nil
-	}
 	return r.n.d.Mounts.List(ctx)
 }
 
@@ -360,20 +340,11 @@ func (r blockMountResource) RemoveOrphan(ctx context.Context, name string) error
 }
 
 func (r blockMountResource) Survey(ctx context.Context) (resource.Missing, error) {
-	var mounted []string
-	if r.n.d.Mounts != nil {
-		var err error
-		if mounted, err = r.n.d.Mounts.Mounted(ctx); err != nil {
-			return nil, fmt.Errorf("list block root mounts: %w", err)
-		}
+	mounted, err := r.n.d.Mounts.Mounted(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list block root mounts: %w", err)
 	}
-	set := resource.SetOf(mounted)
-	return func(_ context.Context, rec journal.Sandbox) string {
-		if n := resource.NameOf(rec); n != "" && !set[n] {
-			return "rootfs mount"
-		}
-		return ""
-	}, nil
+	return resource.MissingUnless(resource.SetOf(mounted), resource.NameOf, "rootfs mount"), nil
 }
 
 // Identify fills in the device of a writer whose start the journal
@@ -381,7 +352,7 @@ func (r blockMountResource) Survey(ctx context.Context) (resource.Missing, error
 // says which /dev/nbdX it attached, which the proof must check once the
 // writer is stopped (its state goes with it).
 func (n *Root) Identify(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, bool) {
-	if rec.Block == nil || rec.Block.Index >= 0 || n.d.Devices == nil {
+	if rec.Block == nil || rec.Block.Index >= 0 || !n.has {
 		return rec, false
 	}
 	st, err := n.d.Devices.Check(ctx, rec.Block.Dir)

@@ -32,9 +32,7 @@ import (
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // hasVolumes reports whether this node can seal and publish block roots.
-func (n *Root) hasVolumes() bool {
-	return n.Has() && n.d.Volumes != nil && n.d.Sealer != nil && n.d.Freezer != nil
-}
+func (n *Root) hasVolumes() bool { return n.durable }
 
 func (n *Root) needVolumes(call string) error {
 	if !n.hasVolumes() {
@@ -113,7 +111,7 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 	if err := n.needVolumes("pause"); err != nil {
 		return nil, err
 	}
-	op := journal.Operation{
+	o := journal.Operation{
 		ID: req.OperationID, Kind: journal.OpPause, SandboxID: id, Generation: req.Generation,
 		RequestHash: req.RequestHash, State: journal.OpPending, Epoch: n.d.Epoch, Created: time.Now().UTC(),
 	}
@@ -124,16 +122,10 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 	defer end()
 	unlock := n.d.Locks.Lock(id)
 	var rec journal.Sandbox
-	op, started, err := n.d.Ops.Begin(ctx, op, func(tx *journal.Tx) error {
-		s, ok, err := tx.Sandbox(id)
+	got, started, err := n.d.Ops.Begin(ctx, o, func(tx *journal.Tx) error {
+		s, err := op.Current(tx, id, req.Generation, "pause")
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-		}
-		if req.Generation != 0 && req.Generation != s.Generation {
-			return errdefs.Errorf(errdefs.CodeFenced, "pause of generation %d refused: current generation is %d", req.Generation, s.Generation)
 		}
 		if err := sealable(s, "pause"); err != nil {
 			return err
@@ -147,24 +139,24 @@ func (n *Root) Pause(ctx context.Context, id string, req PauseRequest) (json.Raw
 		if err != nil {
 			return nil, err
 		}
-		return opOutcome(op)
+		return op.Outcome(got)
 	}
-	defer n.d.Ops.End(op.ID)
+	defer n.d.Ops.End(o.ID)
 	head, res, err := n.sealAndPublish(ctx, &rec)
 	if err != nil {
 		unlock()
-		n.abandonSeal(rec, op.ID, err)
+		n.abandonSeal(rec, o.ID, err)
 		return nil, err
 	}
-	err = n.publishedSeal(rec, op.ID, head, res)
+	err = n.publishedSeal(rec, o.ID, head, res)
 	unlock()
 	if err != nil {
 		// The head moved; the takeover's reconcile finds it and completes
 		// the pause (settleSeal).
-		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", op.ID, err)
+		return nil, errdefs.Errorf(errdefs.CodeUnavailable, "pause %s: head published, but journaling it failed: %v", o.ID, err)
 	}
-	rec.State, rec.ReleaseOp = journal.StateReleasing, op.ID
-	return n.finishPause(rec, op.ID)
+	rec.State, rec.ReleaseOp = journal.StateReleasing, o.ID
+	return n.finishPause(rec, o.ID)
 }
 
 // sealAndPublish seals rec's device and publishes it as the volume's head
@@ -258,7 +250,14 @@ func (n *Root) finishPause(rec journal.Sandbox, opID string) (json.RawMessage, e
 // from), the pause completes (the generation is released under it);
 // otherwise it is abandoned and the generation keeps running.
 func (n *Root) Settle(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
-	if s.Seal == nil || s.Seal.State != journal.SealSealing || s.Block == nil || n.d.Volumes == nil {
+	if s.Seal == nil || s.Seal.State != journal.SealSealing || !n.durable {
+		return s, false
+	}
+	// The last primary may have died with the root frozen.
+	if err := n.d.Freezer.Thaw(ctx, s.ContainerID); err != nil {
+		n.d.Log.Warn("thaw the root of an interrupted seal", "sandbox", s.ID, "generation", s.Generation, "err", err)
+	}
+	if s.Block == nil {
 		return s, false
 	}
 	opID := s.Seal.OperationID
@@ -477,36 +476,5 @@ func (n *Root) restore(ctx context.Context, id, snapshot string) (VolumeInfo, er
 	return n.Volume(ctx, id)
 }
 
-// opOutcome is a finished operation's stored answer or error.
-func opOutcome(o journal.Operation) (json.RawMessage, error) { return op.Outcome(o) }
-
-// storedAnswer is the answer journaled with the finished operation id: a
-// repeat of the operation gets exactly these bytes.
-func (n *Root) storedAnswer(id string) (json.RawMessage, error) {
-	var o journal.Operation
-	var ok bool
-	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		o, ok, err = tx.Operation(id)
-		return err
-	}); err != nil || !ok || o.State != journal.OpDone {
-		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, o.State, err)
-	}
-	return opOutcome(o)
-}
-
-// sandbox is sandbox id's record (not_found: the journal never saw it).
-func (n *Root) sandbox(id string) (journal.Sandbox, error) {
-	var s journal.Sandbox
-	var ok bool
-	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
-		s, ok, err = tx.Sandbox(id)
-		return err
-	})
-	if err != nil {
-		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
-	}
-	if !ok {
-		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
-	}
-	return s, nil
-}
+func (n *Root) storedAnswer(id string) (json.RawMessage, error) { return op.Stored(n.d.Journal, id) }
+func (n *Root) sandbox(id string) (journal.Sandbox, error)      { return op.Sandbox(n.d.Journal, id) }

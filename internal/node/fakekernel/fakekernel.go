@@ -75,6 +75,7 @@ type Kernel struct {
 	mu          sync.Mutex
 	next        uint64
 	cgroups     map[string]bool    // lease id → exists
+	oomKills    map[string]int64   // lease id → memory.events oom_kill (exits.go)
 	cpuMax      map[string][]int64 // lease id → cpu.max in millis, each value it had
 	mounts      map[string]*mount
 	superblocks map[string]*superblock // dev → superblock, while alive
@@ -472,11 +473,7 @@ func (l *Leases) Remove(ctx context.Context, id string) error {
 	}
 	// cgroup.kill first, as the real one: even a lease that then refuses
 	// rmdir has no process left.
-	for _, c := range k.containers {
-		if c.cgroup == id {
-			k.stopLocked(c)
-		}
-	}
+	k.killLeaseLocked(id)
 	if err := k.refused(journal.KindCgroup, id); err != nil {
 		return fmt.Errorf("remove lease %s: %w", id, err)
 	}
@@ -497,13 +494,18 @@ func (l *Leases) Kill(ctx context.Context, id string) error {
 	if !k.cgroups[id] {
 		return nil
 	}
+	k.killLeaseLocked(id)
+	k.call("lease kill %s", id)
+	return nil
+}
+
+// killLeaseLocked stops every guest in lease id (cgroup.kill).
+func (k *Kernel) killLeaseLocked(id string) {
 	for _, c := range k.containers {
 		if c.cgroup == id {
 			k.stopLocked(c)
 		}
 	}
-	k.call("lease kill %s", id)
-	return nil
 }
 
 // Populated reports whether the lease exists and has processes.
@@ -540,6 +542,7 @@ func (l *Leases) Stats(ctx context.Context, id string) (lease.Stats, error) {
 	if k.populatedLocked(id) {
 		st.Procs = 2 // sandbox and gofer
 	}
+	st.OOMKills = k.oomKills[id]
 	return st, nil
 }
 

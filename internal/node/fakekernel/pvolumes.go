@@ -50,7 +50,7 @@ func (k *Kernel) MoveVolumeHead(id string, epoch uint64) {
 	v.head = journal.VolumeHead{Seq: v.head.Seq + 1, Generation: 0, WriterEpoch: epoch, Node: "elsewhere"}
 }
 
-// PVolumes is the fake's persistent volumes (node.BlockVolumes).
+// PVolumes is the fake's persistent volumes (writers.Volumes).
 func (k *Kernel) PVolumes() *PVolumes { return (*PVolumes)(k) }
 
 // VolumeMounts is the fake's volume mounts (node.BlockMounts and

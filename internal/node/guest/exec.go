@@ -14,13 +14,8 @@ import (
 func (g *Guest) begin(ctx context.Context) (context.Context, func(), error) { return g.d.Begin(ctx) }
 func (g *Guest) sandbox(id string) (journal.Sandbox, error)                 { return g.d.Sandbox(id) }
 
-// live is the term's Live (nil: a Guest outside a node, always live).
-func (g *Guest) live() error {
-	if g.d.Live == nil {
-		return nil
-	}
-	return g.d.Live()
-}
+// live is the term's Live.
+func (g *Guest) live() error { return g.d.Live() }
 
 // ReadySandbox is sandbox id's record if its generation is ready
 // (conflict if not, not_found if the journal never saw it).

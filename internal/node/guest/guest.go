@@ -115,15 +115,23 @@ func New(cfg Config, d Deps) *Guest {
 	if d.AgentPeers == nil {
 		d.AgentPeers = AnyPeer{}
 	}
+	if d.Live == nil {
+		d.Live = func() error { return nil } // a Guest outside a node: always live
+	}
 	return &Guest{cfg: cfg, d: d, log: logging.OrDiscard(d.Log)}
 }
 
-// Entries are the guest concern's entries in claim order: the log dir
-// before the lease (the log writer of runsc create needs it) before the
-// agent dir, the bundle and runsc (last: the guest). g may be nil where
-// only the entries' specs are read.
-func Entries(g *Guest) []resource.Entry[*resource.Claim] {
-	return []resource.Entry[*resource.Claim]{logsResource{g}, cgroupResource{g}, agentResource{g}, bundleResource{g}, runscResource{g}}
+// Register adds the guest concern's entries to b in claim order: the log
+// dir before the lease (the log writer of runsc create needs it) before
+// the agent dir, the bundle and runsc (last: the guest). The lease and
+// runsc are absent without their subsystems; g may be nil where only the
+// entries' specs are read.
+func Register(b *resource.Builder[*resource.Claim], g *Guest) {
+	b.Add(logsResource{g}, g != nil)
+	b.Add(cgroupResource{g}, g != nil && g.d.Leases != nil)
+	b.Add(agentResource{g}, g != nil)
+	b.Add(bundleResource{g}, g != nil)
+	b.Add(runscResource{g}, g != nil && g.d.Runtime != nil)
 }
 
 // BundleDir is the OCI bundle dir of generation cid under the run dir.

@@ -87,7 +87,7 @@ func TestKernelNetworkAlone(t *testing.T) {
 		t.Errorf("status after the update: %+v", st)
 	}
 	// Teardown: the entries in reverse order, each proven gone.
-	es := Entries(tn.Net)
+	es := presentEntries(tn.Net)
 	slices.Reverse(es)
 	for _, e := range es {
 		if err := e.Remove(ctx, s); err != nil {

@@ -97,6 +97,10 @@ type Identities interface {
 type Net struct {
 	d   Deps
 	log *slog.Logger
+	// has is which parts of the network this node has, decided once by
+	// New: an entry of a part it lacks is registered absent, and nothing
+	// else asks its subsystem whether it is there.
+	has parts
 
 	mu sync.Mutex
 	// netErr is why this term's node-wide network is not in place
@@ -107,28 +111,43 @@ type Net struct {
 	warm warmPool
 }
 
-// New is the network of a node with d.
-func New(d Deps) *Net {
-	return &Net{d: d, log: logging.OrDiscard(d.Log)}
+// parts are the parts of the sandbox network a node has.
+type parts struct {
+	netns bool // network namespaces (Netns)
+	// veth: every generation gets a veth and nft objects (Links and
+	// Firewall over a Pool; one without the others makes neither).
+	veth  bool
+	flows bool // conntrack (Flows)
+	dns   bool // the DNS proxy's registry (DNSProxy, with the veth)
 }
 
-// Entries are the network's entries of the resource table, in claim
-// order: the netns before the links (which need its path), the conntrack
-// flush after the nft objects that mark flows are gone, the policy
-// before the DNS entry (which adds answers to its sets). A nil n
-// declares the same specs (CrashPoints).
-func Entries(n *Net) []resource.Entry[*resource.Claim] {
+// New is the network of a node with d.
+func New(d Deps) *Net {
+	veth := d.Links != nil && d.Firewall != nil && d.Pool.V4.IsValid()
+	return &Net{d: d, log: logging.OrDiscard(d.Log), has: parts{
+		netns: d.Netns != nil, veth: veth, flows: d.Flows != nil, dns: veth && d.DNSProxy != nil,
+	}}
+}
+
+// Register adds the network's entries to b, in claim order: the netns
+// before the links (which need its path), the conntrack flush after the
+// nft objects that mark flows are gone, the policy before the DNS entry
+// (which adds answers to its sets). Those of parts the node lacks are
+// absent; a nil n declares the same specs (CrashPoints).
+func Register(b *resource.Builder[*resource.Claim], n *Net) {
 	if n == nil {
 		n = New(Deps{})
 	}
-	return []resource.Entry[*resource.Claim]{netnsResource{n}, linksResource{n}, conntrackResource{n: n}, nftResource{n}, dnsResource{n: n}}
+	b.Add(netnsResource{n}, n.has.netns)
+	b.Add(linksResource{n}, n.has.veth)
+	b.Add(conntrackResource{n: n}, n.has.flows)
+	b.Add(nftResource{n}, n.has.veth)
+	b.Add(dnsResource{n: n}, n.has.dns)
 }
 
 // hasNet reports whether the node makes a veth and nft objects for every
 // generation.
-func (n *Net) hasNet() bool {
-	return n.d.Links != nil && n.d.Firewall != nil && n.d.Pool.V4.IsValid()
-}
+func (n *Net) hasNet() bool { return n.has.veth }
 
 // hasPool reports whether generations get an address slot.
 func (n *Net) hasPool() bool { return n.d.Pool.V4.IsValid() }
@@ -171,7 +190,7 @@ func (n *Net) owner(rec journal.Sandbox) (o netpolicy.Owner, ok bool, err error)
 // no change in the guest. None without a proxy or a slot: then the
 // RootFS's own resolv.conf stays (nothing it names is reachable).
 func (n *Net) Nameservers(rec journal.Sandbox) ([]netip.Addr, error) {
-	if n.d.DNSProxy == nil || !n.hasNet() {
+	if !n.has.dns {
 		return nil, nil
 	}
 	o, ok, err := n.owner(rec)
@@ -235,14 +254,14 @@ func (n *Net) Check(p netpolicy.Policy) error {
 	if !n.hasNet() {
 		missing = append(missing, "links and firewall")
 	}
-	if n.d.Flows == nil {
+	if !n.has.flows {
 		missing = append(missing, "conntrack")
 	}
 	domains := p.Mode == netpolicy.ModeOpen
 	for _, r := range p.Rules {
 		domains = domains || r.IsDomain()
 	}
-	if domains && n.d.DNSProxy == nil {
+	if domains && !n.has.dns {
 		missing = append(missing, "DNS proxy")
 	}
 	if len(missing) > 0 {
@@ -288,7 +307,7 @@ func (n *Net) Ensure(ctx context.Context) error {
 // ready generation with a slot answers again at once (the registry is
 // memory; set elements already in the kernel keep working meanwhile).
 func (n *Net) RegisterDNS(ss []journal.Sandbox) {
-	if n.d.DNSProxy == nil {
+	if !n.has.dns {
 		return
 	}
 	for _, s := range ss {
@@ -308,28 +327,22 @@ func (n *Net) RegisterDNS(ss []journal.Sandbox) {
 	}
 }
 
-// noNet is the check of an entry this node or generation has no object
-// of.
-func noNet(name, why string) proof.Check { return resource.Check(name, true, why) }
-
-const (
-	noSlot      = "no address slot: no network object was made"
-	noSubsystem = "this node makes no such object (not configured)"
-)
+// noSlot is the check of an entry a generation without an address slot
+// has no object of.
+func noSlot(name string) proof.Check {
+	return resource.Check(name, true, "no address slot: no network object was made")
+}
 
 // ownedGone is the check of an entry made for the generation's owner
-// (slot and address block): a node without the subsystem, or a
-// generation without a slot, made nothing; an unreadable block fails.
-func (n *Net) ownedGone(name string, configured bool, rec journal.Sandbox, gone func(netpolicy.Owner) (bool, string)) proof.Check {
-	if !configured {
-		return noNet(name, noSubsystem)
-	}
+// (slot and address block): a generation without a slot made nothing; an
+// unreadable block fails.
+func (n *Net) ownedGone(name string, rec journal.Sandbox, gone func(netpolicy.Owner) (bool, string)) proof.Check {
 	o, ok, err := n.owner(rec)
 	switch {
 	case err != nil:
 		return resource.Check(name, false, err.Error())
 	case !ok:
-		return noNet(name, noSlot)
+		return noSlot(name)
 	}
 	ok, d := gone(o)
 	return resource.Check(name, ok, d)
@@ -340,10 +353,10 @@ func (n *Net) ownedGone(name string, configured bool, rec journal.Sandbox, gone 
 type linksResource struct{ n *Net }
 
 func (r linksResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindLinks, Phase: resource.PhaseNetwork, Check: "veth_gone_address_free", Sweeps: r.n.d.Links != nil}
+	return resource.Spec{Kind: journal.KindLinks, Phase: resource.PhaseNetwork, Check: "veth_gone_address_free", Sweeps: true, Optional: true}
 }
 func (r linksResource) Make(ctx context.Context, c *resource.Claim) error {
-	if !r.n.hasNet() || TookCarrier(c.Rec) {
+	if TookCarrier(c.Rec) {
 		return nil // a warm carrier's veth is made already (carriers.go)
 	}
 	o, ok, err := r.n.owner(c.Rec)
@@ -356,20 +369,17 @@ func (r linksResource) Make(ctx context.Context, c *resource.Claim) error {
 	return nil
 }
 func (r linksResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.Links == nil || rec.Slot == 0 {
+	if rec.Slot == 0 {
 		return nil
 	}
 	return r.n.d.Links.Remove(ctx, netpolicy.LinkName(netpolicy.Slot(rec.Slot)))
 }
 func (r linksResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	return r.n.ownedGone("veth_gone_address_free", r.n.d.Links != nil, rec, func(o netpolicy.Owner) (bool, string) {
+	return r.n.ownedGone("veth_gone_address_free", rec, func(o netpolicy.Owner) (bool, string) {
 		return r.n.d.Links.CheckGone(ctx, o)
 	})
 }
 func (r linksResource) List(ctx context.Context) ([]string, error) {
-	if r.n.d.Links == nil {
-		return nil, nil
-	}
 	return r.n.d.Links.List(ctx)
 }
 func (linksResource) Name(rec journal.Sandbox) string {
@@ -387,9 +397,6 @@ func (r linksResource) RemoveOrphan(ctx context.Context, name string) error {
 
 // missing: a ready generation whose veth is gone has lost its network.
 func (r linksResource) Survey(ctx context.Context) (resource.Missing, error) {
-	if !r.n.hasNet() {
-		return func(context.Context, journal.Sandbox) string { return "" }, nil
-	}
 	links, err := r.n.d.Links.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list sandbox links: %w", err)
@@ -405,22 +412,19 @@ type conntrackResource struct {
 }
 
 func (conntrackResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindConntrack, Phase: resource.PhaseNetwork, Check: "conntrack_gone", Sweeps: false}
+	return resource.Spec{Kind: journal.KindConntrack, Phase: resource.PhaseNetwork, Check: "conntrack_gone", Sweeps: false, Optional: true}
 }
 func (conntrackResource) Make(context.Context, *resource.Claim) error { return nil }
 func (r conntrackResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.Flows == nil || rec.Slot == 0 {
+	if rec.Slot == 0 {
 		return nil
 	}
 	return r.n.d.Flows.Flush(ctx, netpolicy.Slot(rec.Slot))
 }
 func (r conntrackResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	const name = "conntrack_gone"
-	switch {
-	case r.n.d.Flows == nil:
-		return noNet(name, noSubsystem)
-	case rec.Slot == 0:
-		return noNet(name, noSlot)
+	if rec.Slot == 0 {
+		return noSlot(name)
 	}
 	ok, d := r.n.d.Flows.CheckGone(ctx, netpolicy.Slot(rec.Slot))
 	return resource.Check(name, ok, d)
@@ -431,12 +435,9 @@ func (r conntrackResource) Gone(ctx context.Context, rec journal.Sandbox) proof.
 type nftResource struct{ n *Net }
 
 func (r nftResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindNft, Phase: resource.PhaseNetwork, Check: "nft_gone", Sweeps: r.n.d.Firewall != nil}
+	return resource.Spec{Kind: journal.KindNft, Phase: resource.PhaseNetwork, Check: "nft_gone", Sweeps: true, Optional: true}
 }
 func (r nftResource) Make(ctx context.Context, c *resource.Claim) error {
-	if !r.n.hasNet() {
-		return nil
-	}
 	o, ok, err := r.n.owner(c.Rec)
 	if err != nil || !ok {
 		return fmt.Errorf("apply network policy: %w", orNoSlot(err, c.Rec))
@@ -451,9 +452,6 @@ func (r nftResource) Make(ctx context.Context, c *resource.Claim) error {
 	return nil
 }
 func (r nftResource) Remove(ctx context.Context, rec journal.Sandbox) error {
-	if r.n.d.Firewall == nil {
-		return nil
-	}
 	o, ok, err := r.n.owner(rec)
 	if err != nil || !ok {
 		return err // no slot: nothing was made (make needs one)
@@ -461,14 +459,11 @@ func (r nftResource) Remove(ctx context.Context, rec journal.Sandbox) error {
 	return r.n.d.Firewall.Remove(ctx, o)
 }
 func (r nftResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
-	return r.n.ownedGone("nft_gone", r.n.d.Firewall != nil, rec, func(o netpolicy.Owner) (bool, string) {
+	return r.n.ownedGone("nft_gone", rec, func(o netpolicy.Owner) (bool, string) {
 		return r.n.d.Firewall.CheckGone(ctx, o)
 	})
 }
 func (r nftResource) List(ctx context.Context) ([]string, error) {
-	if r.n.d.Firewall == nil {
-		return nil, nil
-	}
 	return r.n.d.Firewall.List(ctx)
 }
 func (nftResource) Name(rec journal.Sandbox) string {
@@ -487,9 +482,6 @@ func (r nftResource) RemoveOrphan(ctx context.Context, chain string) error {
 // missing: without its chain a ready generation's traffic is dropped
 // (the base chain's catch-all): its network is lost.
 func (r nftResource) Survey(ctx context.Context) (resource.Missing, error) {
-	if !r.n.hasNet() {
-		return func(context.Context, journal.Sandbox) string { return "" }, nil
-	}
 	chains, err := r.n.d.Firewall.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list nft objects: %w", err)
@@ -504,12 +496,9 @@ type dnsResource struct {
 }
 
 func (dnsResource) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindDNS, Phase: resource.PhaseNetwork, Check: "dns_state_gone", Sweeps: false}
+	return resource.Spec{Kind: journal.KindDNS, Phase: resource.PhaseNetwork, Check: "dns_state_gone", Sweeps: false, Optional: true}
 }
 func (r dnsResource) Make(_ context.Context, c *resource.Claim) error {
-	if r.n.d.DNSProxy == nil || !r.n.hasNet() {
-		return nil
-	}
 	o, ok, err := r.n.owner(c.Rec)
 	if err != nil || !ok {
 		return fmt.Errorf("register with the DNS proxy: %w", orNoSlot(err, c.Rec))
@@ -522,7 +511,7 @@ func (r dnsResource) Make(_ context.Context, c *resource.Claim) error {
 	return nil
 }
 func (r dnsResource) Remove(_ context.Context, rec journal.Sandbox) error {
-	if r.n.d.DNSProxy != nil && rec.Slot != 0 {
+	if rec.Slot != 0 {
 		r.n.d.DNSProxy.Unregister(netpolicy.Slot(rec.Slot))
 	}
 	return nil
@@ -530,10 +519,8 @@ func (r dnsResource) Remove(_ context.Context, rec journal.Sandbox) error {
 func (r dnsResource) Gone(_ context.Context, rec journal.Sandbox) proof.Check {
 	const name = "dns_state_gone"
 	switch {
-	case r.n.d.DNSProxy == nil:
-		return noNet(name, noSubsystem)
 	case rec.Slot == 0:
-		return noNet(name, noSlot)
+		return noSlot(name)
 	case r.n.d.DNSProxy.Registered(netpolicy.Slot(rec.Slot)):
 		return resource.Check(name, false, fmt.Sprintf("slot %d is registered with the DNS proxy", rec.Slot))
 	}

@@ -127,7 +127,7 @@ func (tn testNet) claim(t *testing.T, id string, p journal.NetworkPolicy) journa
 		t.Fatalf("admit %s: %v", id, err)
 	}
 	c := &resource.Claim{Rec: rec}
-	for _, e := range Entries(tn.Net) {
+	for _, e := range presentEntries(tn.Net) {
 		if err := e.Make(t.Context(), c); err != nil {
 			t.Fatalf("make %s of %s: %v", e.Spec().Kind, id, err)
 		}
@@ -145,7 +145,7 @@ func (tn testNet) claim(t *testing.T, id string, p journal.NetworkPolicy) journa
 // in claim order (the node's crash points and proofs depend on it).
 func TestEntriesInClaimOrder(t *testing.T) {
 	var kinds, checks []string
-	for _, e := range Entries(nil) {
+	for _, e := range entries(nil) {
 		sp := e.Spec()
 		if sp.Phase != resource.PhaseNetwork {
 			t.Errorf("%s in phase %v, want the network's", sp.Kind, sp.Phase)
@@ -393,3 +393,55 @@ func (tn testNet) carriers(t *testing.T) (cs []journal.Carrier) {
 }
 
 func sorted(ss []string) []string { slices.Sort(ss); return ss }
+
+// entries are what Register adds for n, in claim order.
+func entries(n *Net) []resource.Entry[*resource.Claim] {
+	var b resource.Builder[*resource.Claim]
+	Register(&b, n)
+	return b.Table().All()
+}
+
+// presentEntries are n's entries whose subsystem the test configured: a
+// claim skips the absent ones (resource's runner does the same).
+func presentEntries(n *Net) []resource.Entry[*resource.Claim] {
+	var es []resource.Entry[*resource.Claim]
+	for _, e := range entries(n) {
+		if resource.Present(e) {
+			es = append(es, e)
+		}
+	}
+	return es
+}
+
+// TestUnconfiguredPartsAreAbsent: a node with a netns but no veth,
+// firewall, conntrack or DNS proxy registers those entries absent (its
+// claims skip them: a deny_all sandbox with only lo), decided once by New;
+// with them all, every entry is present.
+func TestUnconfiguredPartsAreAbsent(t *testing.T) {
+	bare := newTestNet(t, 0).Net
+	var present []string
+	for _, e := range entries(bare) {
+		if resource.Present(e) {
+			present = append(present, string(e.Spec().Kind))
+		}
+	}
+	if want := []string{"netns"}; !slices.Equal(present, want) {
+		t.Errorf("present on a node with only netns: %q, want %q", present, want)
+	}
+	var b resource.Builder[*resource.Claim]
+	Register(&b, bare)
+	var all resource.Builder[*resource.Claim]
+	Register(&all, newTestNet(t, 0, everyPart).Net)
+	for _, e := range all.Table().All() {
+		if !resource.Present(e) {
+			t.Errorf("%s absent on a node with every part", e.Spec().Kind)
+		}
+	}
+	var claimed []string
+	for _, e := range b.Table().Claim(journal.Sandbox{}) {
+		claimed = append(claimed, string(e.Spec().Kind))
+	}
+	if want := []string{"netns"}; !slices.Equal(claimed, want) {
+		t.Errorf("a claim on a node with only netns makes %q, want %q", claimed, want)
+	}
+}

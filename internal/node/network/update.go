@@ -92,7 +92,7 @@ func (n *Net) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.Ow
 	// returns after the old entry's last set addition, so no answer of a
 	// name the update removes lands in a set after the apply emptied it
 	// (where it would stay until its timeout, its flows not cut).
-	if n.d.DNSProxy != nil {
+	if n.has.dns {
 		n.d.DNSProxy.Register(o, eff)
 	}
 	if err := n.d.Firewall.Apply(ctx, o, eff); err != nil {
@@ -102,7 +102,7 @@ func (n *Net) applyUpdate(ctx context.Context, s journal.Sandbox, o netpolicy.Ow
 		log.Warn("network update not applied; the old policy holds", "err", err)
 		prev := s
 		prev.NetworkUpdate = nil
-		if old, perr := n.Parse(policyOf(prev)); perr == nil && n.d.DNSProxy != nil {
+		if old, perr := n.Parse(policyOf(prev)); perr == nil && n.has.dns {
 			n.d.DNSProxy.Register(o, n.effective(o, old))
 		}
 		if jerr := n.endUpdate(s, false); jerr != nil {
@@ -154,7 +154,7 @@ func (n *Net) RedoUpdate(ctx context.Context, s journal.Sandbox) error {
 		return nil
 	}
 	o, ok, err := n.owner(s)
-	if err == nil && (!ok || !n.hasNet() || n.d.Flows == nil) {
+	if err == nil && (!ok || !n.has.veth || !n.has.flows) {
 		err = errors.New("this node has no sandbox network for it")
 	}
 	pol, perr := n.Parse(s.NetworkUpdate.Policy)
@@ -188,7 +188,7 @@ func (n *Net) Status(ctx context.Context, s journal.Sandbox) *Status {
 		mode = pol.Mode
 	}
 	st := &Status{Mode: mode}
-	if s.State != journal.StateReady || n.d.Firewall == nil {
+	if s.State != journal.StateReady || !n.has.veth {
 		return st
 	}
 	if o, ok, err := n.owner(s); err == nil && ok {

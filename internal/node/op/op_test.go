@@ -186,3 +186,33 @@ func TestDrainWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCurrentAndSandbox: a call on a sandbox the journal never saw is
+// not_found, on a generation that is not the current one fenced.
+func TestCurrentAndSandbox(t *testing.T) {
+	j := testJournal(t)
+	if err := j.Update(func(tx *journal.Tx) error {
+		return tx.PutSandbox(journal.Sandbox{ID: "sb", Generation: 2, State: journal.StateReady, Epoch: 1})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id   string
+		gen  uint64
+		want errdefs.Code
+	}{{"sb", 0, ""}, {"sb", 2, ""}, {"sb", 1, errdefs.CodeFenced}, {"other", 0, errdefs.CodeNotFound}} {
+		err := j.View(func(tx *journal.Tx) error {
+			_, err := Current(tx, c.id, c.gen, "release")
+			return err
+		})
+		if got := errdefs.CodeOf(err); (c.want == "" && err != nil) || (c.want != "" && got != c.want) {
+			t.Errorf("Current(%s, %d): %v, want %q", c.id, c.gen, err, c.want)
+		}
+	}
+	if s, err := Sandbox(j, "sb"); err != nil || s.Generation != 2 {
+		t.Errorf("Sandbox(sb): %+v, %v", s, err)
+	}
+	if _, err := Sandbox(j, "other"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Errorf("Sandbox(other): %v, want not_found", err)
+	}
+}

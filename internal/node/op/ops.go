@@ -128,3 +128,51 @@ func TxErr(what string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
+
+// Stored is the answer journaled with the finished operation id: a repeat
+// of the operation gets exactly these bytes.
+func Stored(j *journal.Journal, id string) (json.RawMessage, error) {
+	var o journal.Operation
+	var ok bool
+	if err := j.View(func(tx *journal.Tx) (err error) {
+		o, ok, err = tx.Operation(id)
+		return err
+	}); err != nil || !ok || o.State != journal.OpDone {
+		return nil, errdefs.Errorf(errdefs.CodeInternal, "answer of operation %s not journaled (found %v, state %q): %v", id, ok, o.State, err)
+	}
+	return Outcome(o)
+}
+
+// Sandbox is sandbox id's record (not_found: the journal never saw it).
+func Sandbox(j *journal.Journal, id string) (journal.Sandbox, error) {
+	var s journal.Sandbox
+	var ok bool
+	err := j.View(func(tx *journal.Tx) (err error) {
+		s, ok, err = tx.Sandbox(id)
+		return err
+	})
+	if err != nil {
+		return s, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+	}
+	if !ok {
+		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	return s, nil
+}
+
+// Current is sandbox id's record in tx for a call (what: "release") on
+// its generation gen (0: whichever is current): not_found when the
+// journal never saw it, fenced when gen is not its current generation.
+func Current(tx *journal.Tx, id string, gen uint64, what string) (journal.Sandbox, error) {
+	s, ok, err := tx.Sandbox(id)
+	if err != nil {
+		return s, err
+	}
+	if !ok {
+		return s, errdefs.Errorf(errdefs.CodeNotFound, "sandbox %q not found", id)
+	}
+	if gen != 0 && gen != s.Generation {
+		return s, errdefs.Errorf(errdefs.CodeFenced, "%s of generation %d refused: current generation is %d", what, gen, s.Generation)
+	}
+	return s, nil
+}

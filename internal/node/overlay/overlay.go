@@ -50,9 +50,12 @@ type Overlay struct {
 // New is the overlay concern over fs.
 func New(cfg Config, fs RootFS) *Overlay { return &Overlay{cfg: cfg, fs: fs} }
 
-// Entries are the overlay concern's entries in claim order: the disk
-// quota before the overlay mount (the quota bounds the scratch dir before
-// the upper is used). o may be nil where only the entries' specs are read.
-func Entries(o *Overlay) []resource.Entry[*resource.Claim] {
-	return []resource.Entry[*resource.Claim]{diskResource{o}, mountResource{o}}
+// Register adds the overlay concern's entries to b in claim order: the
+// disk quota before the overlay mount (the quota bounds the scratch dir
+// before the upper is used). They are absent without a RootFS; o may be
+// nil where only the entries' specs are read.
+func Register(b *resource.Builder[*resource.Claim], o *Overlay) {
+	present := o != nil && o.fs != nil
+	b.Add(diskResource{o}, present)
+	b.Add(mountResource{o}, present)
 }

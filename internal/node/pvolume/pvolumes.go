@@ -69,10 +69,24 @@ type Deps struct {
 
 // Volumes is the persistent volumes of generations: the volumes entry of
 // the resource table.
-type Volumes struct{ d Deps }
+type Volumes struct {
+	d Deps
+	// has says the node attaches persistent volumes: New decides it once
+	// from d (writers, sealer, store, mounts, freezer and a writers dir).
+	has bool
+}
 
 // New is the volumes entry over d.
-func New(d Deps) *Volumes { return &Volumes{d: d} }
+func New(d Deps) *Volumes {
+	has := d.Devices != nil && d.Sealer != nil && d.Store != nil && d.Mounts != nil && d.Freezer != nil && d.Config.WritersDir != ""
+	return &Volumes{d: d, has: has}
+}
+
+// Register adds the volumes entry to b; absent on a node without
+// persistent volumes (r may be nil where only its spec is read).
+func Register(b *resource.Builder[*resource.Claim], r *Volumes) {
+	b.Add(r, r != nil && r.has)
+}
 
 func (r *Volumes) live() error          { return r.d.Term.Live() }
 func (r *Volumes) crash(point string)   { r.d.Crash(point) }
@@ -85,10 +99,7 @@ func (r *Volumes) volumesRoot() string { return filepath.Join(r.d.Config.Writers
 func (r *Volumes) volumesDir(cid string) string { return filepath.Join(r.volumesRoot(), cid) }
 
 // Has says whether this node can attach persistent volumes.
-func (r *Volumes) Has() bool {
-	d := r.d
-	return d.Devices != nil && d.Sealer != nil && d.Store != nil && d.Mounts != nil && d.Freezer != nil && d.Config.WritersDir != ""
-}
+func (r *Volumes) Has() bool { return r.has }
 
 // Check refuses, before anything is journaled, a claim naming volumes
 // this node cannot attach (unavailable) or that do not exist
@@ -165,7 +176,7 @@ func setVolume(rec *journal.Sandbox, av journal.AttachedVolume) {
 }
 
 func (r *Volumes) Spec() resource.Spec {
-	return resource.Spec{Kind: journal.KindVolumes, Phase: resource.PhaseRootFS, Check: "volumes_detached", Sweeps: r.Has(), RemovePoints: []string{"volumes:sealed"}}
+	return resource.Spec{Kind: journal.KindVolumes, Phase: resource.PhaseRootFS, Check: "volumes_detached", Sweeps: true, RemovePoints: []string{"volumes:sealed"}}
 }
 
 // needed: a claim that names no volumes neither journals nor runs this
@@ -185,12 +196,6 @@ func wanted(rec journal.Sandbox) []journal.VolumeMount {
 // become the bundle's binds.
 func (r *Volumes) Make(ctx context.Context, c *resource.Claim) error {
 	vs := wanted(c.Rec)
-	if len(vs) == 0 {
-		return nil
-	}
-	if !r.Has() {
-		return errdefs.Errorf(errdefs.CodeUnavailable, "attach volumes: this node has no persistent volumes configured")
-	}
 	for _, v := range vs {
 		mnt, err := r.attach(ctx, c, v)
 		if err != nil {
@@ -260,12 +265,6 @@ func (r *Volumes) attach(ctx context.Context, c *resource.Claim, v journal.Volum
 // dir goes last.
 func (r *Volumes) Remove(ctx context.Context, rec journal.Sandbox) error {
 	dir := r.volumesDir(rec.ContainerID)
-	if !r.Has() {
-		if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) && len(rec.Volumes) == 0 {
-			return nil
-		}
-		return errors.New("this node has no persistent volumes configured")
-	}
 	var errs []error
 	seen := map[string]bool{}
 	for _, av := range rec.Volumes {
@@ -516,14 +515,8 @@ func (r *Volumes) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 		return nil
 	})
 	if len(rec.Volumes) == 0 && len(wanted(rec)) == 0 {
-		if r.d.Config.WritersDir == "" {
-			return resource.Check("volumes_detached", true, "no volumes")
-		}
 		ok, d := pathAbsent(dir)
 		return resource.Check("volumes_detached", ok, "no volumes; "+d)
-	}
-	if !r.Has() {
-		return resource.Check("volumes_detached", false, "this node has no persistent volumes configured")
 	}
 	ok := true
 	var parts []string
@@ -567,9 +560,6 @@ func pathAbsent(p string) (bool, string) {
 
 // List names the generations (container ids) with a volume writers dir.
 func (r *Volumes) List(context.Context) ([]string, error) {
-	if r.d.Config.WritersDir == "" {
-		return nil, nil
-	}
 	return resource.DirEntries(r.volumesRoot())
 }
 
@@ -592,9 +582,6 @@ func (r *Volumes) Survey(context.Context) (resource.Missing, error) {
 	return func(ctx context.Context, rec journal.Sandbox) string {
 		if len(rec.Volumes) == 0 {
 			return ""
-		}
-		if r.d.Devices == nil {
-			return "volume writer"
 		}
 		for _, av := range rec.Volumes {
 			st, err := r.d.Devices.Check(ctx, av.Dir)

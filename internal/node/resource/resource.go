@@ -49,6 +49,11 @@ type Spec struct {
 	// Absent is the proof check's detail when the subsystem is not
 	// configured ("" : "<kind> not configured on this node").
 	Absent string
+	// Optional says a generation goes without the entry on a node
+	// without its subsystem (a deny_all sandbox without a veth): its
+	// claim skips the absent entry. An absent entry that is not optional
+	// refuses the claims that need it (unavailable).
+	Optional bool
 }
 
 // Entry is one kind of kernel object of a generation. C is the claim's
@@ -86,13 +91,20 @@ type Builder[C any] struct {
 	entries []Entry[C]
 }
 
-// Add registers e; present says whether its subsystem is configured. An
-// absent entry keeps only its Spec: its claim step refuses, its removal
-// and the sweep do nothing, and its proof check holds while the journal
-// has no effect of its kind for the generation (Table.AbsentCheck).
+// Add registers e; present says whether its subsystem is configured
+// (decided once, by the concern that registers it: the entries of a
+// present subsystem never check for it again). An absent entry keeps
+// only its Spec (and whether a generation needs it): a claim skips it if
+// it is optional and refuses otherwise, its removal refuses, the sweep
+// passes it over, and its proof check holds while the journal has no
+// effect of its kind for the generation (AbsentCheck).
 func (b *Builder[C]) Add(e Entry[C], present bool) {
 	if !present {
-		e = absent[C]{e.Spec()}
+		a := absent[C]{spec: e.Spec()}
+		if n, ok := e.(Needer); ok {
+			a.need = n.Needed
+		}
+		e = a
 	}
 	b.entries = append(b.entries, e)
 }
@@ -208,7 +220,16 @@ func AbsentCheck(sp Spec, recorded bool) proof.Check {
 }
 
 // absent stands for an entry whose subsystem is not configured.
-type absent[C any] struct{ spec Spec }
+type absent[C any] struct {
+	spec Spec
+	need func(journal.Sandbox) bool // the entry's Needed (nil: every generation)
+}
+
+// Needed: a claim skips an optional absent entry, and one its generation
+// does not need; the others refuse in Make.
+func (a absent[C]) Needed(rec journal.Sandbox) bool {
+	return !a.spec.Optional && (a.need == nil || a.need(rec))
+}
 
 func (a absent[C]) Spec() Spec { s := a.spec; s.Sweeps = false; return s }
 func (a absent[C]) Make(context.Context, C) error {
@@ -219,4 +240,16 @@ func (a absent[C]) Remove(context.Context, journal.Sandbox) error {
 }
 func (a absent[C]) Gone(context.Context, journal.Sandbox) proof.Check {
 	return AbsentCheck(a.spec, false)
+}
+
+// Survey: a ready generation that needs the entry (made by an earlier
+// term, on a node that had the subsystem) has lost it here; one that
+// goes without it (optional) has lost nothing.
+func (a absent[C]) Survey(context.Context) (Missing, error) {
+	return func(_ context.Context, rec journal.Sandbox) string {
+		if a.Needed(rec) {
+			return string(a.spec.Kind) + " (not configured on this node)"
+		}
+		return ""
+	}, nil
 }

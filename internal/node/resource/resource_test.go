@@ -85,3 +85,53 @@ func TestTableOrderAndViews(t *testing.T) {
 		t.Errorf("absent Gone: %+v", c)
 	}
 }
+
+// TestAbsentEntriesInAClaim: a claim skips an absent optional entry (a
+// node without the subsystem runs its generations without it) and an
+// absent entry its generation does not need; an absent entry it needs
+// stays, and its Make refuses.
+func TestAbsentEntriesInAClaim(t *testing.T) {
+	var b Builder[struct{}]
+	b.Add(testEntry{spec: Spec{Kind: "lease", Phase: PhaseLease, Check: "l"}}, true)
+	b.Add(testEntry{spec: Spec{Kind: "veth", Phase: PhaseNetwork, Check: "v", Optional: true}}, false)
+	b.Add(neededEntry{testEntry{spec: Spec{Kind: "vol", Phase: PhaseRootFS, Check: "o"},
+		needed: func(rec journal.Sandbox) bool { return rec.Request != nil }}}, false)
+	b.Add(testEntry{spec: Spec{Kind: "blk", Phase: PhaseRootFS, Check: "b"}}, false)
+	tab := b.Table()
+	if got, want := kinds(tab.Claim(journal.Sandbox{})), []journal.Kind{"lease", "blk"}; !slices.Equal(got, want) {
+		t.Errorf("claim without volumes %v, want %v", got, want)
+	}
+	got := tab.Claim(journal.Sandbox{Request: &journal.ClaimRequest{}})
+	if want := []journal.Kind{"lease", "vol", "blk"}; !slices.Equal(kinds(got), want) {
+		t.Errorf("claim with volumes %v, want %v", kinds(got), want)
+	}
+	if err := got[1].Make(context.Background(), struct{}{}); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
+		t.Errorf("absent vol's Make: %v, want unavailable", err)
+	}
+	if got, want := kinds(tab.For(journal.Sandbox{})), []journal.Kind{"lease", "vol", "blk", "veth"}; !slices.Equal(got, want) {
+		t.Errorf("teardown entries %v, want %v (every check runs)", got, want)
+	}
+}
+
+// TestAbsentEntrySurvey: on a node without its subsystem, a ready
+// generation that needs the entry has lost it; an optional one, nothing.
+func TestAbsentEntrySurvey(t *testing.T) {
+	var b Builder[struct{}]
+	b.Add(testEntry{spec: Spec{Kind: "veth", Phase: PhaseNetwork, Check: "v", Optional: true}}, false)
+	b.Add(testEntry{spec: Spec{Kind: "blk", Phase: PhaseRootFS, Check: "b"}}, false)
+	tab := b.Table()
+	ctx := context.Background()
+	for kind, want := range map[journal.Kind]string{"veth": "", "blk": "blk (not configured on this node)"} {
+		l, ok := tab.Kind(kind).(Liveness)
+		if !ok {
+			t.Fatalf("absent %s has no survey", kind)
+		}
+		m, err := l.Survey(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m(ctx, journal.Sandbox{}); got != want {
+			t.Errorf("absent %s: missing %q, want %q", kind, got, want)
+		}
+	}
+}

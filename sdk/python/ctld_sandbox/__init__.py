@@ -84,7 +84,8 @@ class Client:
 
     def create(self, template, wait=True, idempotency_key=None, **spec):
         """Creates a sandbox (spec: resources, network, env, args, cwd,
-        user, labels, timeout_sec, idle_timeout_sec, volumes) and returns
+        user, labels, timeout_sec, idle_timeout_sec, volumes, on_exit:
+        "keep" or "destroy") and returns
         it once ready."""
         body = dict(spec, template=template)
         q = None if wait else {"wait": "false"}

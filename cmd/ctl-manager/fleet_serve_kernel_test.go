@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ctld/ctld/client"
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/ktest"
+	"github.com/ctld/ctld/internal/manager"
+	"github.com/ctld/ctld/internal/nodechannel/channeltest"
+	"github.com/ctld/ctld/internal/pgtest"
+)
+
+// TestKernelServeFleetAgainstRealCtld: a `serve --fleet` replica (whose
+// own --socket leads nowhere) and a `node run` process next to a real
+// ctld, on a real PostgreSQL. A create through the replica is placed,
+// claimed by the node process on ctld (a real gVisor guest) and answered
+// ready; exec and files reach the guest through the node channel (mTLS);
+// the destroy's proof verifies against the node's pinned key and ctld
+// leases nothing after. Then create→ready through the replica and the
+// node process is timed against the same claim sent to ctld directly,
+// interleaved, CTLD_FLEET_BENCH_ROUNDS each (default 0 in make test: six
+// more guest starts under TCG; the ratio is logged, and the guest's start
+// dominates both).
+func TestKernelServeFleetAgainstRealCtld(t *testing.T) {
+	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
+	ktest.RequireBinary(t, "runsc")
+	ctx := context.Background()
+	socket := startCtld(t)
+	srv := pgtest.Start(t)
+	e := &env{t: t, socket: socket, db: srv.NewDatabase(t)}
+	ca := channeltest.NewCA(t, "cluster")
+	ctld := &api.Client{SocketPath: socket}
+	node, err := ctld.Node(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	np := e.startChild(append([]string{"--socket", socket, "--db", e.db, "node", "run", "--template", "busybox", "--ttl", "10s", "--poll", "200ms",
+		"--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, node.NodeID, true))...)...)
+	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
+	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "100", "--cpu", "100", "--memory", "100Gi", "--creates-per-min", "1000")
+	e.socket = "/nonexistent/ctld.sock"
+	r := e.startServeChild("127.0.0.1:0", append([]string{"--fleet", "--template", "busybox", "--default-timeout", "0", "--create-timeout", "3m"},
+		channelArgs(ca.Issue(t, "manager", false))...)...)
+	c := &client.Client{BaseURL: "http://" + r.addr, Key: key}
+	defer func() {
+		if t.Failed() {
+			t.Logf("replica:\n%s\nnode process:\n%s", r.stderr(), np.stderr())
+		}
+	}()
+	st, err := manager.Open(ctx, e.db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if n, err := st.FleetNode(ctx, node.NodeID); err == nil && n.Channel != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("node not registered with a channel in 1m")
+		}
+	}
+
+	sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox"})
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("create: %+v, %v", sb, err)
+	}
+	released := map[string]bool{}
+	t.Cleanup(func() {
+		for id, ok := range released {
+			if !ok {
+				ctld.Release(context.Background(), id, api.ReleaseRequest{OperationID: "cleanup-" + id})
+			}
+		}
+	})
+	released[sb.ID] = false
+	if on, err := ctld.Get(ctx, sb.ID); err != nil || on.State != api.StateReady {
+		t.Fatalf("ctld has %+v, %v", on, err)
+	}
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Args: []string{"/bin/hostname"}})
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != sb.ID {
+		t.Fatalf("exec through the node channel: %+v, %v", res, err)
+	}
+	data := []byte("through the node channel\n")
+	if err := c.WriteFile(ctx, sb.ID, "/tmp/f", bytes.NewReader(data), int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	var back bytes.Buffer
+	if _, err := c.ReadFile(ctx, sb.ID, "/tmp/f", &back); err != nil || back.String() != string(data) {
+		t.Fatalf("read back %q, %v", back.String(), err)
+	}
+	// The claim the node process sent, for the direct baseline below.
+	pc, err := pgx.Connect(ctx, e.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	var request []byte
+	if err := pc.QueryRow(ctx, `SELECT request FROM operations WHERE sandbox_id = $1 AND kind = 'claim'`, sb.ID).Scan(&request); err != nil {
+		t.Fatal(err)
+	}
+	claim, err := manager.ClaimRequestOf(manager.OperationRecord{OperationID: "x", Generation: 1, Request: request})
+	if err != nil {
+		t.Fatal(err)
+	}
+	destroy := func(id string) {
+		t.Helper()
+		d, err := c.Destroy(ctx, id)
+		if err != nil || !d.Proof.Verified || !d.Proof.Clean || d.Sandbox.State != client.StateDestroyed {
+			t.Fatalf("destroy %s: %+v, %v", id, d, err)
+		}
+		released[id] = true
+	}
+	destroy(sb.ID)
+
+	rounds, _ := strconv.Atoi(os.Getenv("CTLD_FLEET_BENCH_ROUNDS"))
+	var viaFleet, direct []time.Duration
+	for i := range rounds {
+		start := time.Now()
+		sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox"})
+		if err != nil || sb.State != client.StateReady {
+			t.Fatalf("create %d: %+v, %v", i, sb, err)
+		}
+		viaFleet = append(viaFleet, time.Since(start))
+		released[sb.ID] = false
+		destroy(sb.ID)
+
+		id := fmt.Sprintf("direct-%d", i)
+		claim.OperationID = "c-" + id
+		start = time.Now()
+		if _, err := ctld.Claim(ctx, id, claim); err != nil {
+			t.Fatalf("direct claim %s: %v", id, err)
+		}
+		direct = append(direct, time.Since(start))
+		released[id] = false
+		if _, err := ctld.Release(ctx, id, api.ReleaseRequest{OperationID: "r-" + id, Generation: 1}); err != nil {
+			t.Fatal(err)
+		}
+		released[id] = true
+	}
+	if n, _ := st.FleetNode(ctx, node.NodeID); n.Reserved != (manager.NodeAlloc{}) {
+		t.Fatalf("reservations held after verified releases: %+v", n.Reserved)
+	}
+	if n, err := ctld.Node(ctx); err != nil || n.Capacity.Leased.CPUMillis != 0 {
+		t.Fatalf("ctld still leases %+v, %v", n.Capacity.Leased, err)
+	}
+	if rounds == 0 {
+		return
+	}
+	p50 := func(d []time.Duration) time.Duration { s := slices.Clone(d); slices.Sort(s); return s[len(s)/2] }
+	t.Logf("create→ready through a replica and the node process: %v (p50 %v); the same claim on ctld directly: %v (p50 %v); ratio %.2f",
+		viaFleet, p50(viaFleet), direct, p50(direct), float64(p50(viaFleet))/float64(p50(direct)))
+}

@@ -1,0 +1,84 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// Usage is what a runtime generation used. In a sandbox's view every
+// field is the generation's total so far. In a usage record the counters
+// (CPU, IO, egress, wall time) are what was used over the record's period
+// and the levels (memory current, the peaks, disk used) are as they were
+// at its end.
+type Usage struct {
+	CPUUsec            uint64 `json:"cpu_usec"`             // cpu.stat usage_usec
+	MemoryCurrentBytes uint64 `json:"memory_current_bytes"` // memory.current
+	MemoryPeakBytes    uint64 `json:"memory_peak_bytes"`    // memory.peak
+	PIDsPeak           uint64 `json:"pids_peak"`            // pids.peak
+	IOReadBytes        uint64 `json:"io_read_bytes"`        // io.stat rbytes
+	IOWriteBytes       uint64 `json:"io_write_bytes"`       // io.stat wbytes
+	DiskUsedBytes      uint64 `json:"disk_used_bytes"`      // the disk project's usage
+	TxBytes            uint64 `json:"tx_bytes"`             // egress the nft chain accepted
+	TxPackets          uint64 `json:"tx_packets"`
+	DroppedPackets     uint64 `json:"dropped_packets"`
+	WallMS             uint64 `json:"wall_ms"` // from ready
+}
+
+// UsageRecord is one record of the metering stream (GET /v1/usage).
+type UsageRecord struct {
+	Seq        uint64    `json:"seq"`
+	SandboxID  string    `json:"sandbox_id"`
+	Generation uint64    `json:"generation"`
+	Final      bool      `json:"final,omitempty"`
+	Epoch      uint64    `json:"epoch"`
+	Start      time.Time `json:"start"`
+	End        time.Time `json:"end"`
+	Usage      Usage     `json:"usage"`
+}
+
+// UsagePage answers GET /v1/usage?after=CURSOR&limit=N: the records with
+// a sequence number above the cursor, in order. Next is the cursor of the
+// following read. First is the oldest record the node still keeps (0:
+// none); a cursor below First-1 missed the records its retention
+// dropped. Last is the newest record ever written.
+type UsagePage struct {
+	Records []UsageRecord `json:"records"`
+	Next    uint64        `json:"next"`
+	First   uint64        `json:"first"`
+	Last    uint64        `json:"last"`
+}
+
+// MaxUsageLimit bounds limit in GET /v1/usage.
+const MaxUsageLimit = 1000
+
+// ParseUsageQuery reads after and limit (default 100) of GET /v1/usage.
+func ParseUsageQuery(q url.Values) (after uint64, limit int, err error) {
+	limit = 100
+	if v := q.Get("after"); v != "" {
+		if after, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return 0, 0, invalid("after %q: not a cursor (a sequence number)", v)
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxUsageLimit {
+			return 0, 0, invalid("limit %q: want 1..%d", v, MaxUsageLimit)
+		}
+		limit = n
+	}
+	return after, limit, nil
+}
+
+// Usage reads at most limit usage records after the cursor.
+func (c *Client) Usage(ctx context.Context, after uint64, limit int) (UsagePage, error) {
+	var out UsagePage
+	q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {strconv.Itoa(limit)}}
+	if err := c.callQuery(ctx, http.MethodGet, "/v1/usage", q, nil, &out); err != nil {
+		return out, fmt.Errorf("read usage after %d: %w", after, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,132 @@
+package fleettest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/api"
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/manager"
+)
+
+func opIDs(prefix string) func() (string, error) {
+	n := 0
+	return func() (string, error) { n++; return fmt.Sprintf("%s-%d", prefix, n), nil }
+}
+
+// lostBlockTakenOver: a lost node's block sandbox is placed anew on a
+// live node, at the next generation, from its recorded head; the lost
+// node's late claim answer and late head are refused (fenced) and change
+// nothing; when it registers again, the generation it still holds is
+// released on it (its node's work, not the new node's), and its verified
+// proof returns its capacity while the new generation runs on.
+func lostBlockTakenOver(t *testing.T, open Opener) {
+	ctx := context.Background()
+	clk := newClock()
+	s, b := open(t, clk.now)
+	n1, n2 := newNode("n1"), newNode("n2")
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	must(s.RegisterNode(ctx, n2.reg(small(), both, "busybox")))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeCordoned))(t) // everything on n1 first
+	blk := must(s.Place(ctx, manager.PlaceIntent{SandboxID: "blk", OperationID: "c-blk", Spec: spec(300, api.RootFSBlock, "busybox")}))(t)
+	ovl := must(s.Place(ctx, manager.PlaceIntent{SandboxID: "ovl", OperationID: "c-ovl", Spec: spec(100, api.RootFSOverlay, "busybox")}))(t)
+	if blk.NodeID != "n1" || ovl.NodeID != "n1" {
+		t.Fatalf("placed on %s and %s, want n1", blk.NodeID, ovl.NodeID)
+	}
+	for _, p := range []manager.Placement{blk, ovl} {
+		if err := s.FinishPlacedClaim(ctx, "n1", p.Operation.OperationID, api.Sandbox{ID: p.Operation.SandboxID, Generation: 1, State: api.StateReady}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// n2 may not record anything of n1's sandbox.
+	if err := s.PublishPlacedHead(ctx, "n2", "blk", 1, api.VolumeHead{Seq: 1, Generation: 1, WriterEpoch: 1, Node: "n2"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("n2 publishing n1's head: %v, want fenced", err)
+	}
+	must(0, s.PublishPlacedHead(ctx, "n1", "blk", 1, api.VolumeHead{Seq: 1, Generation: 1, WriterEpoch: 7, Node: "n1"}))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeReady))(t)
+
+	// A pause-free takeover: no room anywhere is retried later.
+	clk.add(16 * time.Second)
+	must(s.Heartbeat(ctx, "n2"))(t)
+	must(b.MarkLostNodes(ctx, 5*time.Second))(t)
+	moved, errs := b.TakeOverLost(ctx, opIDs("to"))
+	if len(errs) != 0 || len(moved) != 1 {
+		t.Fatalf("takeover: %+v, %v; want blk moved", moved, errs)
+	}
+	m := moved[0]
+	if m.SandboxID != "blk" || m.From != "n1" || m.FromGen != 1 || m.NodeID != "n2" || m.Operation.Generation != 2 || m.Head.Seq != 1 {
+		t.Fatalf("takeover = %+v", m)
+	}
+	req, err := manager.ClaimRequestOf(m.Operation)
+	if err != nil || req.RootFS.ExpectHead.Seq != 1 || req.RootFS.ExpectHead.Generation != 1 || req.RootFS.Mode != api.RootFSBlock || req.Generation != 2 {
+		t.Fatalf("the new claim asks %+v, %v; want generation 2 from head 1", req, err)
+	}
+	sb := must(s.Sandbox(ctx, "blk"))(t)
+	if sb.NodeID != "n2" || sb.Generation != 2 || sb.State != api.StateClaiming {
+		t.Fatalf("blk = %+v", sb)
+	}
+	if again, errs := s.TakeOverLost(ctx, opIDs("again")); len(again) != 0 || len(errs) != 0 {
+		t.Fatalf("a second takeover: %+v, %v", again, errs)
+	}
+	// The work: n2 has the new claim; n1 has nothing of blk.
+	if w := must(s.NodeWork(ctx, "n2"))(t); len(w) != 1 || w[0].OperationID != m.Operation.OperationID {
+		t.Fatalf("n2's work: %+v", w)
+	}
+	if w := must(s.NodeWork(ctx, "n1"))(t); len(w) != 0 {
+		t.Fatalf("lost n1's work: %+v", w)
+	}
+	// n1 comes back late: its answer and its head are refused.
+	if err := s.PublishPlacedHead(ctx, "n1", "blk", 1, api.VolumeHead{Seq: 2, Generation: 2, WriterEpoch: 8, Node: "n1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("the lost node's late head: %v, want fenced", err)
+	}
+	if h := must(s.Head(ctx, "blk"))(t); h.Seq != 1 || h.Node != "n1" || h.WriterEpoch != 2 {
+		t.Fatalf("head after the late publish: %+v, want seq 1 under writer epoch 2", h)
+	}
+	// The head's compare-and-swap alone refuses the old writer epoch too.
+	if err := s.PublishHead(ctx, "blk", api.VolumeHead{Seq: 2, Generation: 2, WriterEpoch: 1, Node: "n1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("a head of writer epoch 1 after the takeover: %v, want fenced", err)
+	}
+	if err := s.FinishPlacedClaim(ctx, "n1", blk.Operation.OperationID, api.Sandbox{ID: "blk", Generation: 1, State: api.StateReady}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("the lost node's late claim answer: %v, want fenced", err)
+	}
+	if err := s.FinishPlacedClaim(ctx, "n2", m.Operation.OperationID, api.Sandbox{ID: "blk", Generation: 2, State: api.StateReady}); err != nil {
+		t.Fatal(err)
+	}
+	must(0, s.PublishPlacedHead(ctx, "n2", "blk", 2, api.VolumeHead{Seq: 2, Generation: 3, WriterEpoch: 1, Node: "n2"}))(t)
+
+	// n1 registers again: its stale generation is released on n1.
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	stale := must(s.ReleaseStale(ctx, "n1", opIDs("stale")))(t)
+	if len(stale) != 1 || stale[0].SandboxID != "blk" || stale[0].Generation != 1 {
+		t.Fatalf("stale on n1: %+v", stale)
+	}
+	if again := must(s.ReleaseStale(ctx, "n1", opIDs("stale2")))(t); len(again) != 1 || again[0].Operation.OperationID != stale[0].Operation.OperationID {
+		t.Fatalf("ReleaseStale again: %+v, want the pending one", again)
+	}
+	if w := must(s.NodeWork(ctx, "n2"))(t); len(w) != 0 {
+		t.Fatalf("n2 got work of n1's stale generation: %+v", w)
+	}
+	w := must(s.NodeWork(ctx, "n1"))(t)
+	if len(w) != 1 || w[0].Kind != manager.KindRelease || w[0].Generation != 1 {
+		t.Fatalf("n1's work: %+v", w)
+	}
+	before := must(s.FleetNode(ctx, "n1"))(t).Reserved
+	rec := must(s.FinishPlacedRelease(ctx, w[0].OperationID, api.Sandbox{ID: "blk", Generation: 1, State: api.StateReleased}, n1.proofOf(w[0].OperationID, "blk", 1)))(t)
+	if !rec.Verified || rec.VerifyError != "" {
+		t.Fatalf("stale release proof: %+v", rec)
+	}
+	after := must(s.FleetNode(ctx, "n1"))(t).Reserved
+	if after.Sandboxes != before.Sandboxes-1 || after.CPUMillis != before.CPUMillis-300 {
+		t.Fatalf("n1 reserved %+v -> %+v, want blk's returned", before, after)
+	}
+	sb = must(s.Sandbox(ctx, "blk"))(t)
+	if sb.NodeID != "n2" || sb.Generation != 2 || sb.State != api.StateReady || !strings.Contains(must(s.SandboxReason(ctx, "blk"))(t), "resumed from head 1") {
+		t.Fatalf("blk after the stale release: %+v", sb)
+	}
+	if n := must(s.FleetNode(ctx, "n2"))(t).Reserved; n.Sandboxes != 1 || n.CPUMillis != 300 {
+		t.Fatalf("n2 reserved %+v", n)
+	}
+}
