@@ -527,7 +527,7 @@ type OwnedSandbox struct {
 }
 
 const ownedSelect = `SELECT o.id, o.owner, o.spec, o.labels, o.active, o.paused, o.reason, o.created_at, o.ended_at,
-	COALESCE(s.state, ''), COALESCE(s.reason, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, ''), o.exit
+	COALESCE(s.state, ''), COALESCE(s.reason, ''), COALESCE(s.generation, 0), t.deadline, COALESCE(t.state, ''), o.exit, o.exit_generation
 	FROM owned_sandboxes o
 	LEFT JOIN sandboxes s ON s.id = o.id
 	LEFT JOIN timers t ON t.sandbox_id = o.id AND t.kind = 'timeout'`
@@ -537,7 +537,8 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	var spec, labels, created string
 	var ended, deadline sql.NullString
 	var exit string
-	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.StateReason, &r.Generation, &deadline, &r.TimerState, &exit); err != nil {
+	var exitGen uint64
+	if err := row.Scan(&r.ID, &r.Owner, &spec, &labels, &r.Active, &r.Paused, &r.Reason, &created, &ended, &r.State, &r.StateReason, &r.Generation, &deadline, &r.TimerState, &exit, &exitGen); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, notFound("sandbox not found")
 		}
@@ -554,7 +555,7 @@ func scanOwned(row rowScanner) (OwnedSandbox, error) {
 	if r.EndedAt, err = parseNullTS(ended); err != nil {
 		return r, err
 	}
-	if r.Exit, err = exitOf(exit); err != nil {
+	if r.Exit, err = exitOf(exit, exitGen, r.Generation); err != nil {
 		return r, fmt.Errorf("sandbox %s: %w", r.ID, err)
 	}
 	if r.TimerState == "armed" || r.TimerState == "firing" {

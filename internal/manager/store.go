@@ -136,6 +136,9 @@ var migrations = []string{
 	// 15: usage records of the nodes' metering streams and their cursors;
 	// the egress total an idle timer last saw (usage.go).
 	usageMigration,
+	// 16: a recorded exit's generation, and whether it asks for its
+	// sandbox's destroy (service_exits.go).
+	exitGenerationMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/exitwatch"
 )
@@ -72,16 +71,15 @@ func (n *Node) watchExit(ctx context.Context, s journal.Sandbox) {
 	}
 }
 
-// guestEnded says whether the guest of generation s ended: its agent's
-// exit report is there (the workload ended; the guest's init is
-// exiting), or its lease has no process left (the kernel's word: it
-// died, by OOM kill or crash, or after its report).
+// guestEnded says whether the guest of generation s ended: its lease has
+// no process left (cgroup.events populated 0, the kernel's word). The
+// agent's exit report alone is no end: it lies in the agent socket dir,
+// which the guest's root can write, so a workload could leave one and run
+// on unmetered; the report only wakes the watch (the runtime's teardown
+// follows it) and gives the code once the lease is empty.
 func (n *Node) guestEnded(s journal.Sandbox) exitwatch.Ended {
-	dir, leaseID := n.guest.AgentSockDir(s.ContainerID), s.LeaseID
+	leaseID := s.LeaseID
 	return func(ctx context.Context) (bool, error) {
-		if _, found, _ := exitwatch.ReadReport(dir); found {
-			return true, nil
-		}
 		pop, err := n.d.Leases.Populated(ctx, leaseID)
 		return err == nil && !pop, err
 	}
@@ -103,9 +101,10 @@ func (n *Node) guestGone(id string, gen uint64, cid string) {
 
 // exitedUnwatched journals the exit of ready generation s if its guest
 // ended while no primary watched (Reconcile, before the kernel check
-// that would call it lost); ok says it did. Only an end the guest
-// explains (its agent's report) or the lease does (an OOM kill) counts:
-// a guest that vanished without either, unseen, is lost as before.
+// that would call it lost); ok says it did. Only an empty lease whose end
+// the guest explains (its agent's report) or the lease does (an OOM
+// kill) counts: a guest that vanished without either, unseen, is lost as
+// before.
 func (n *Node) exitedUnwatched(ctx context.Context, s journal.Sandbox) (journal.Sandbox, bool) {
 	if s.State != journal.StateReady || s.LeaseID == "" {
 		return s, false
@@ -122,6 +121,12 @@ func (n *Node) exitedUnwatched(ctx context.Context, s journal.Sandbox) (journal.
 // so is a crash when explained is set.
 func (n *Node) recordExit(ctx context.Context, id string, gen uint64, cid string, explained bool) (journal.Sandbox, bool) {
 	log := n.log.With("sandbox", id, "generation", gen, "container", cid)
+	// A pause holds the sandbox's lock from its seal until the generation
+	// is releasing (or the seal abandoned), a release until it left ready:
+	// the exit is judged after them, never journaled under a seal that
+	// then overwrites it.
+	unlock := n.lockSandbox(id)
+	defer unlock()
 	cur, err := n.sandbox(id)
 	if err != nil || cur.Generation != gen || cur.ContainerID != cid || cur.State != journal.StateReady {
 		return journal.Sandbox{}, false
@@ -168,19 +173,5 @@ func (n *Node) onExit(s journal.Sandbox) {
 		return
 	}
 	id, gen, cid := s.ID, s.Generation, s.ContainerID
-	go func() {
-		ctx, cancel := n.background(5 * time.Minute)
-		defer cancel()
-		_, err := n.Release(ctx, id, ReleaseRequest{OperationID: exitOp(cid), Generation: gen})
-		switch errdefs.CodeOf(err) {
-		case "":
-			n.log.Info("released on exit", "sandbox", id, "generation", gen)
-		case errdefs.CodeConflict, errdefs.CodeFenced, errdefs.CodeNotFound:
-			// Released by a caller first.
-		case errdefs.CodeNotPrimary, errdefs.CodeUnavailable:
-			n.log.Info("release on exit left to the next primary", "sandbox", id, "generation", gen, "err", err)
-		default:
-			n.log.Error("release on exit failed", "sandbox", id, "generation", gen, "err", err)
-		}
-	}()
+	go n.releaseInBackground(id, gen, exitOp(cid), "on exit")
 }

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -31,23 +30,33 @@ func (n *Node) armExpiry(s journal.Sandbox) {
 		t.Stop()
 	}
 	n.timers[cid] = time.AfterFunc(time.Until(deadline), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		_, err := n.Release(ctx, id, ReleaseRequest{OperationID: expiryOp(cid), Generation: gen})
-		switch errdefs.CodeOf(err) {
-		case "":
-			n.log.Info("released at max lifetime", "sandbox", id, "generation", gen)
-		case errdefs.CodeConflict, errdefs.CodeFenced, errdefs.CodeNotFound:
-			// Released or replaced before its deadline.
-		case errdefs.CodeNotPrimary, errdefs.CodeUnavailable:
-			n.log.Info("release at max lifetime left to the next primary", "sandbox", id, "generation", gen, "err", err)
-		default:
-			n.log.Error("release at max lifetime failed", "sandbox", id, "generation", gen, "err", err)
-		}
+		n.releaseInBackground(id, gen, expiryOp(cid), "at max lifetime")
 		n.mu.Lock()
 		delete(n.timers, cid)
 		n.mu.Unlock()
 	})
+}
+
+// releaseInBackground releases generation gen of sandbox id under
+// operation opID on behalf of the node itself (a max lifetime, an on_exit
+// release), bounded by the term; why names the trigger in the log. A
+// generation released or replaced first is no error; one the term's end
+// interrupted is the next primary's (it re-arms the trigger).
+func (n *Node) releaseInBackground(id string, gen uint64, opID, why string) {
+	ctx, cancel := n.background(5 * time.Minute)
+	defer cancel()
+	_, err := n.Release(ctx, id, ReleaseRequest{OperationID: opID, Generation: gen})
+	log := n.log.With("sandbox", id, "generation", gen, "operation", opID)
+	switch errdefs.CodeOf(err) {
+	case "":
+		log.Info("released " + why)
+	case errdefs.CodeConflict, errdefs.CodeFenced, errdefs.CodeNotFound:
+		// Released or replaced first.
+	case errdefs.CodeNotPrimary, errdefs.CodeUnavailable:
+		log.Info("release "+why+" left to the next primary", "err", err)
+	default:
+		log.Error("release "+why+" failed", "err", err)
+	}
 }
 
 // Close stops the node's timers; the next primary re-arms them.

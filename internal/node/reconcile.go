@@ -86,6 +86,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			}
 			if ex, ok := n.exitedUnwatched(ctx, s); ok {
 				exited = append(exited, ex) // released (on_exit) once reconciled
+				n.armExpiry(ex)             // on_exit keep: still ends at its max lifetime
 				continue
 			}
 			missing := n.missing(ctx, s, alive)
@@ -127,6 +128,7 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			n.watchExit(ctx, s)
 		case journal.StateExited:
 			exited = append(exited, s)
+			n.armExpiry(s) // it holds capacity until released
 		}
 	}
 	// Operations pending without a sandbox in flight (e.g. a claim refused

@@ -25,13 +25,24 @@ import (
 // exitsPage bounds one store read of the sandboxes to watch.
 const exitsPage = 200
 
+// watchExits looks at one page of the sandboxes to watch, after the last
+// one the previous tick looked at (exitsAfter): every sandbox is looked
+// at within a few ticks however many there are.
 func (s *Server) watchExits(ctx context.Context) {
-	cands, err := s.Store.ExitCandidates(ctx, exitsPage)
+	page := s.exitsPage
+	if page <= 0 {
+		page = exitsPage
+	}
+	cands, err := s.Store.ExitCandidates(ctx, s.exitsAfter, page)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log().Error("read sandboxes to watch for exits", "err", err)
 		}
 		return
+	}
+	s.exitsAfter = ""
+	if len(cands) == page {
+		s.exitsAfter = cands[len(cands)-1].ID
 	}
 	for _, o := range cands {
 		if ctx.Err() != nil {
@@ -44,7 +55,7 @@ func (s *Server) watchExits(ctx context.Context) {
 			if !ok {
 				continue
 			}
-			first, err := s.Store.RecordExit(ctx, o.ID, o.Generation, e)
+			first, err := s.Store.RecordExit(ctx, o.ID, o.Generation, e, rec.OnExit == client.OnExitDestroy)
 			if err != nil {
 				s.log().Error("record a sandbox's exit", "sandbox", o.ID, "err", err)
 				continue

@@ -67,6 +67,25 @@ func TestOnExit(t *testing.T) {
 	if u, _ := e.store.Usage(ctx, "team-a"); u.Sandboxes != 1 {
 		t.Fatalf("usage after the destroy on exit: %+v, want 1 sandbox (the kept one)", u)
 	}
+	// Both exited events reached the follower (before the restart ends
+	// its stream).
+	exited := map[string]string{}
+	for timeout := time.After(10 * time.Second); len(exited) < 2; {
+		select {
+		case ev := <-events:
+			if ev.Type == client.EventExited {
+				if _, dup := exited[ev.SandboxID]; dup {
+					t.Fatalf("a second exited event for %s", ev.SandboxID)
+				}
+				exited[ev.SandboxID] = ev.Reason
+			}
+		case <-timeout:
+			t.Fatalf("exited events %v after 10s, want one each", exited)
+		}
+	}
+	if exited[keep.ID] != "exited: code 7" || exited[gone.ID] != "exited: code 3" {
+		t.Fatalf("exited events %v, want one each with its code", exited)
+	}
 	// A restart neither forgets the exit nor sends its event again.
 	e.restart(nil)
 	time.Sleep(100 * time.Millisecond) // a few timer ticks
@@ -78,22 +97,18 @@ func TestOnExit(t *testing.T) {
 	if err != nil || !res.Proof.Verified || !res.Proof.Clean || res.Sandbox.Exit == nil || res.Sandbox.Exit.Code != 7 {
 		t.Fatalf("destroy of the exited sandbox: %+v %v", res, err)
 	}
-	cancel()
-	exited := map[string]string{}
-	n := 0
-	for {
-		select {
-		case ev := <-events:
-			if ev.Type == client.EventExited {
-				n++
-				exited[ev.SandboxID] = ev.Reason
-			}
-			continue
-		default:
-		}
-		break
+	// The journal holds one exited event each, across the restart.
+	evs, err := e.store.Events(ctx, "team-a", "", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n != 2 || exited[keep.ID] != "exited: code 7" || exited[gone.ID] != "exited: code 3" {
-		t.Fatalf("exited events: %d %v, want one each with its code", n, exited)
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == client.EventExited {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d exited events journaled, want 2", n)
 	}
 }

@@ -117,6 +117,10 @@ type Server struct {
 	inFlight counter
 	events   broker
 	emitMu   sync.Mutex
+	// exitsAfter is where the exit watch's next page starts (runTimers'
+	// goroutine only); exitsPage its page (0: exitsPage; tests page small).
+	exitsAfter string
+	exitsPage  int
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Log) }

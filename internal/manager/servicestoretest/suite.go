@@ -34,6 +34,7 @@ func Run(t *testing.T, open Opener) {
 		{"Events", events},
 		{"FailedSandboxSaysWhy", failedSaysWhy},
 		{"AdmitWithLease", admitWithLease},
+		{"ExitCandidates", exitCandidates},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
