@@ -470,6 +470,9 @@ func (m *Manager) releaseWith(ctx context.Context, what string, sb SandboxRecord
 		// Perhaps the node released the generation itself.
 		nout, v, ok, nerr := m.nodeRelease(ctx, sb, op)
 		switch {
+		case ok && nerr == nil && what != "release":
+			// Recorded, but what was asked (a pause: a head) did not happen.
+			return nout, v, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d was released by the node itself (operation %s) before the %s", sb.ID, op.Generation, v.OperationID, what)
 		case ok:
 			return nout, v, nerr
 		case nerr != nil:

@@ -36,9 +36,12 @@ func NodeReleaseOf(op OperationRecord, got api.Sandbox) (string, bool) {
 	return got.ProofOperationID, api.ValidateOperationID(got.ProofOperationID) == nil
 }
 
-// supersededMsg is the error recorded on a release the node made itself.
+// supersededMsg is the error recorded on the manager's release when the
+// node had made the release itself; its "conflict: " prefix is the code a
+// fleet waiter answers with (placedError): a pause waiting on it did not
+// happen, while a destroy finds the sandbox released.
 func supersededMsg(nodeOpID string) string {
-	return "superseded: the node released the generation itself (operation " + nodeOpID + ")"
+	return "conflict: the node released the generation itself (operation " + nodeOpID + ")"
 }
 
 // recordNodeReleaseTx records in tx that the node released op's

@@ -116,3 +116,29 @@ func TestDestroyConflictNotAReleaseStaysRefused(t *testing.T) {
 }
 
 var errConflictForTest = errdefs.Errorf(errdefs.CodeConflict, "sandbox is busy")
+
+// A pause of a generation the node released itself records that release
+// and answers conflict: no head was sealed.
+func TestPauseAfterNodeReleasedItself(t *testing.T) {
+	ctx := context.Background()
+	m, n := setup(t)
+	spec := testSpec()
+	spec.RootFS = api.RootFS{Mode: api.RootFSBlock, Template: "busybox"}
+	res, err := m.Create(ctx, "sb1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeOp := "expire-" + res.Sandbox.ContainerID
+	if _, err := n.SelfRelease("sb1", nodeOp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Pause(ctx, "sb1"); errdefs.CodeOf(err) != errdefs.CodeConflict || !strings.Contains(err.Error(), nodeOp) {
+		t.Fatalf("pause after the node's own release: %v, want conflict naming %s", err, nodeOp)
+	}
+	if rec, err := m.Store.Sandbox(ctx, "sb1"); err != nil || rec.State != api.StateReleased {
+		t.Fatalf("recorded = %+v, %v; want released", rec, err)
+	}
+	if h, err := m.Store.Head(ctx, "sb1"); err != nil || h.Seq != 0 {
+		t.Fatalf("head = %+v, %v; want none", h, err)
+	}
+}
