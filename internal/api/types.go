@@ -312,6 +312,11 @@ type Sandbox struct {
 	// Usage is what the generation used (usage.go): live while it runs,
 	// the totals of its final usage record once over (absent: unknown).
 	Usage *Usage `json:"usage,omitempty"`
+	// ProofOperationID is the operation whose cleanup proof ctld stored
+	// for this generation's teardown, once torn down: a manager whose
+	// release ctld refused (conflict) finds here the proof of a release
+	// ctld made itself (on_exit release, max lifetime).
+	ProofOperationID string `json:"proof_operation_id,omitempty"`
 }
 
 // PauseStatus is a generation's last pause.

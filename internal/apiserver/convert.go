@@ -24,7 +24,7 @@ func apiSandbox(s journal.Sandbox) api.Sandbox {
 		LeaseID: s.LeaseID, Resources: apiResources(s.Resources), RootFS: apiRootFS(s.RootFS), Epoch: s.Epoch,
 		CreatedAt: s.CreatedAt, Timings: apiTimings(s.Timings), ReleaseTimings: apiReleaseTimings(s.ReleaseTimings),
 		Reason: s.Reason, OOMKills: s.OOMKills, Writer: apiWriter(s), Pause: apiPause(s), Volumes: apiVolumes(s),
-		Exit: apiExit(s.Exit),
+		Exit: apiExit(s.Exit), ProofOperationID: s.ProofOp,
 	}
 }
 

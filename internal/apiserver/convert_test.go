@@ -60,6 +60,7 @@ func fullRecord() journal.Sandbox {
 		Volumes: []journal.AttachedVolume{{ID: "data", Head: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "n"}}},
 		Seal:    &journal.SealRecord{State: journal.SealAbandoned, OperationID: "p1", Generation: 3, Head: journal.VolumeHead{Seq: 1, Generation: 3, WriterEpoch: 5, Node: "n"}, Error: "fenced"},
 		Exit:    &journal.ExitRecord{Kind: journal.ExitNormal, Code: 7, At: at, SeenBy: 4, OOMKills: 1, Detail: "d"},
+		ProofOp: "exit-sb-g2",
 	}
 }
 

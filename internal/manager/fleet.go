@@ -80,22 +80,19 @@ func (m *Manager) destroyPlaced(ctx context.Context, id string) (DestroyResult, 
 	if err != nil {
 		return DestroyResult{}, err
 	}
-	if sb.State == api.StateReleased {
-		return m.released(ctx, sb)
+	res, op, done, err := m.beginDestroy(ctx, sb, m.Store.RequestRelease)
+	if done || err != nil {
+		return res, err
 	}
-	opID, err := m.newOpID()
-	if err != nil {
-		return DestroyResult{}, err
-	}
-	op, reused, err := m.Store.RequestRelease(ctx, id, opID)
-	if err != nil {
-		return DestroyResult{}, err
-	}
-	res := DestroyResult{OperationID: op.OperationID, Reused: reused}
 	if op, err = m.waitPlaced(ctx, op.OperationID); err != nil {
 		return res, err
 	}
 	if op.State == OpFailed {
+		// The node may have released the generation itself: its
+		// process recorded that release (FinishPlacedNodeRelease).
+		if now, serr := m.Store.Sandbox(ctx, id); serr == nil && now.State == api.StateReleased && now.Generation == op.Generation {
+			return m.released(ctx, now)
+		}
 		return res, placedError(op.Error)
 	}
 	if res.Verdict, err = m.VerifyProof(context.WithoutCancel(ctx), op.OperationID); err != nil {

@@ -424,23 +424,39 @@ func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error)
 	if err != nil {
 		return DestroyResult{}, err
 	}
-	if sb.State == api.StateReleased {
-		return m.released(ctx, sb)
+	res, op, done, err := m.beginDestroy(ctx, sb, m.Store.BeginRelease)
+	if done || err != nil {
+		return res, err
 	}
-	opID, err := m.newOpID()
-	if err != nil {
-		return DestroyResult{}, err
-	}
-	op, reused, err := m.Store.BeginRelease(ctx, id, opID)
-	if err != nil {
-		return DestroyResult{}, err
-	}
-	res := DestroyResult{OperationID: op.OperationID, Reused: reused}
 	res.Sandbox, res.Verdict, err = m.releaseWith(ctx, "release", sb, op, func() (api.Sandbox, api.CleanupProof, error) {
 		resp, err := m.Client.Release(ctx, id, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
 		return resp.Sandbox, resp.Proof, err
 	})
+	if err == nil && res.Verdict.OperationID != "" && res.Verdict.OperationID != op.OperationID {
+		// The node had released it itself (nodeRelease).
+		res.OperationID, res.AlreadyReleased = res.Verdict.OperationID, true
+	}
 	return res, err
+}
+
+// beginDestroy is the part of a destroy both modes share: an already
+// released sandbox is answered with the proof of its release (done);
+// otherwise begin records the release (a new operation, or the pending
+// one reused) and the caller carries it out.
+func (m *Manager) beginDestroy(ctx context.Context, sb SandboxRecord, begin func(ctx context.Context, id, opID string) (OperationRecord, bool, error)) (DestroyResult, OperationRecord, bool, error) {
+	if sb.State == api.StateReleased {
+		res, err := m.released(ctx, sb)
+		return res, OperationRecord{}, true, err
+	}
+	opID, err := m.newOpID()
+	if err != nil {
+		return DestroyResult{}, OperationRecord{}, false, err
+	}
+	op, reused, err := begin(ctx, sb.ID, opID)
+	if err != nil {
+		return DestroyResult{}, op, false, err
+	}
+	return DestroyResult{OperationID: op.OperationID, Reused: reused}, op, false, nil
 }
 
 // releaseWith sends op, a release of sb's generation (call: the node's
@@ -450,6 +466,20 @@ func (m *Manager) Destroy(ctx context.Context, id string) (DestroyResult, error)
 func (m *Manager) releaseWith(ctx context.Context, what string, sb SandboxRecord, op OperationRecord, call func() (api.Sandbox, api.CleanupProof, error)) (api.Sandbox, Verdict, error) {
 	log := m.log().With("sandbox", sb.ID, "generation", op.Generation, "operation", op.OperationID)
 	out, p, err := call()
+	if errdefs.CodeOf(err) == errdefs.CodeConflict {
+		// Perhaps the node released the generation itself.
+		nout, v, ok, nerr := m.nodeRelease(ctx, sb, op)
+		switch {
+		case ok && nerr == nil && what != "release":
+			// Recorded, but what was asked (a pause: a head) did not happen.
+			return nout, v, errdefs.Errorf(errdefs.CodeConflict, "sandbox %s generation %d was released by the node itself (operation %s) before the %s", sb.ID, op.Generation, v.OperationID, what)
+		case ok:
+			return nout, v, nerr
+		case nerr != nil:
+			log.Warn(what+" refused and the node's view unknown; operation stays pending for a retry", "err", err, "lookup_err", nerr)
+			return out, Verdict{}, errors.Join(err, nerr)
+		}
+	}
 	if err != nil {
 		if definitive(err) {
 			if ferr := m.Store.FailOperation(context.WithoutCancel(ctx), op.OperationID, err.Error()); ferr != nil {

@@ -423,6 +423,12 @@ func (a *Agent) release(ctx context.Context, nodeID string, op manager.Operation
 	} else {
 		resp, err = a.Client.Release(ctx, op.SandboxID, api.ReleaseRequest{OperationID: op.OperationID, Generation: op.Generation})
 	}
+	if errdefs.CodeOf(err) == errdefs.CodeConflict {
+		// Perhaps ctld released the generation itself.
+		if done, nerr := a.recordNodeRelease(ctx, op); done || nerr != nil {
+			return nerr
+		}
+	}
 	switch {
 	case err == nil:
 		rec, err := a.Store.FinishPlacedRelease(ctx, op.OperationID, resp.Sandbox, resp.Proof)

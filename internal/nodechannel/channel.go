@@ -52,14 +52,38 @@ func Load(f Files) (*x509.CertPool, tls.Certificate, error) {
 	return pool, cert, nil
 }
 
+// ManagerURI is the identity a manager replica's client certificate must
+// carry as a URI SAN (openssl: -addext subjectAltName=URI:urn:ctld:manager).
+// The cluster CA issues the nodes' certificates too; one of those issued
+// with clientAuth as well must not reach every other node's sandboxes.
+const ManagerURI = "urn:ctld:manager"
+
+// IsManager reports whether c names the manager identity (ManagerURI).
+func IsManager(c *x509.Certificate) bool {
+	for _, u := range c.URIs {
+		if u.String() == ManagerURI {
+			return true
+		}
+	}
+	return false
+}
+
 // ServerTLS is the node's side: TLS 1.3, and a client certificate the
-// cluster CA issued (for client authentication) is required.
+// cluster CA issued (for client authentication) naming the manager
+// identity (ManagerURI) is required.
 func ServerTLS(ca *x509.CertPool, cert tls.Certificate) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{cert},
 		ClientCAs:    ca,
 		ClientAuth:   tls.RequireAndVerifyClientCert,
+		// Runs after the chain is verified against the cluster CA.
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 || !IsManager(cs.PeerCertificates[0]) {
+				return fmt.Errorf("client certificate does not name the manager identity %s", ManagerURI)
+			}
+			return nil
+		},
 	}
 }
 

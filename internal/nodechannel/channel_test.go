@@ -124,3 +124,34 @@ func TestChannelPassesOnlyStreamsToAuthenticatedManagers(t *testing.T) {
 		t.Fatalf("a manager dialling node-b accepted node-a's certificate: %v", err)
 	}
 }
+
+// TestChannelRefusesANodesCertificate: the cluster CA issues the nodes'
+// certificates too; a node's certificate that the CA also let
+// authenticate clients (clientAuth) must not reach another node's
+// sandboxes: the channel wants the manager identity (ManagerURI).
+func TestChannelRefusesANodesCertificate(t *testing.T) {
+	ctx := context.Background()
+	ca := channeltest.NewCA(t, "cluster")
+	n := fakenode.New("node-a")
+	if _, err := n.Claim(ctx, "sb-1", api.ClaimRequest{OperationID: "op-claim-1", Generation: 1,
+		RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"}, Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 32}}); err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, ca, "node-a", n)
+	pool, cert, err := nodechannel.Load(ca.IssueNodeWithClientAuth(t, "node-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := nodechannel.Dialer(nodechannel.ClientTLS(pool, cert))
+	nodeB := &api.Client{Dial: func(ctx context.Context) (net.Conn, error) { return dial(ctx, "node-a", addr) }}
+	if _, err := nodeB.Exec(ctx, "sb-1", api.ExecRequest{Args: []string{"echo", "owned"}}); err == nil {
+		t.Fatal("node-b's certificate (with clientAuth) ran an exec in node-a's sandbox")
+	}
+	if _, err := nodeB.Get(ctx, "sb-1"); err == nil {
+		t.Fatal("node-b's certificate (with clientAuth) read node-a's sandbox")
+	}
+	// The manager's certificate still passes.
+	if sb, err := clientOf(t, ca, "manager", "node-a", addr).Get(ctx, "sb-1"); err != nil || sb.State != api.StateReady {
+		t.Fatalf("manager's get: %+v, %v", sb, err)
+	}
+}

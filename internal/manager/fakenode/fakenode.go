@@ -344,7 +344,7 @@ func (n *Node) release(id string, req api.ReleaseRequest) (api.ReleaseResponse, 
 	case sb.State != api.StateReady && sb.State != api.StateExited:
 		return api.ReleaseResponse{}, errdefs.Errorf(errdefs.CodeConflict, "sandbox %q generation %d is already %s", id, sb.Generation, sb.State)
 	}
-	sb.State = api.StateReleased
+	sb.State, sb.ProofOperationID = api.StateReleased, req.OperationID
 	n.sandboxes[id] = sb
 	p := api.CleanupProof{
 		OperationID: req.OperationID, NodeID: n.NodeID, BootID: "boot-1", Epoch: 3,

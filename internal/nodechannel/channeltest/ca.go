@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -51,8 +52,24 @@ func NewCA(t testing.TB, name string) *CA {
 var serial int64 = 100
 
 // Issue makes a certificate of the CA: a node's (server, DNS SAN name)
-// or a manager's (client), and returns its files with the CA's.
+// or a manager's (client, URI SAN nodechannel.ManagerURI), and returns
+// its files with the CA's.
 func (ca *CA) Issue(t testing.TB, name string, server bool) nodechannel.Files {
+	t.Helper()
+	if server {
+		return ca.issue(t, name, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, []string{name}, nil)
+	}
+	return ca.issue(t, name, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, []string{nodechannel.ManagerURI})
+}
+
+// IssueNodeWithClientAuth makes a node's certificate (DNS SAN name) that
+// the CA also let authenticate clients: a hostile peer of the channel.
+func (ca *CA) IssueNodeWithClientAuth(t testing.TB, name string) nodechannel.Files {
+	t.Helper()
+	return ca.issue(t, name, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, []string{name}, nil)
+}
+
+func (ca *CA) issue(t testing.TB, name string, usage []x509.ExtKeyUsage, dns, uris []string) nodechannel.Files {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -62,13 +79,14 @@ func (ca *CA) Issue(t testing.TB, name string, server bool) nodechannel.Files {
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usage, DNSNames: dns,
 	}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.DNSNames = []string{name}
-	} else {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	for _, u := range uris {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, pu)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
