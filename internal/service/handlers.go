@@ -303,6 +303,16 @@ func (s *Server) claim(ctx context.Context, owner, id string, spec manager.Spec,
 		s.emit(owner, id, client.EventReady, "")
 		return nil
 	}
+	if errdefs.CodeOf(err) == errdefs.CodeConflict {
+		// The id is this create's own: a live sandbox under it is this
+		// create, finished by the replica that took it over while this
+		// one stalled past its lease (it emitted ready).
+		if sb, serr := s.Manager.Store.Sandbox(context.WithoutCancel(ctx), id); serr == nil && sb.Generation >= 1 &&
+			(sb.State == api.StateReady || sb.State == api.StateExited) {
+			s.log().Info("create finished by the replica that took it over", "sandbox", id, "state", sb.State)
+			return nil
+		}
+	}
 	s.log().Warn("create failed", "sandbox", id, "err", err)
 	if errors.Is(err, manager.ErrDatabaseLost) {
 		// Interrupted, not refused: the create stays unsettled (its

@@ -162,3 +162,93 @@ func TestCreateWhoseAdmissionAnswerIsLostIsAnsweredOnce(t *testing.T) {
 		t.Fatalf("sandboxes %+v, %v: want one, %s (the retry's answer)", l, err, sb.ID)
 	}
 }
+
+// stallStore is the store of a replica whose database stalls right after
+// it admitted a create (the commit landed; its answer came late): while
+// stalled the replica renews no lease and sweeps nothing, so its lease
+// expires; then it goes on with the create.
+type stallStore struct {
+	dyingStore
+}
+
+func (s *stallStore) AdmitCreate(ctx context.Context, in manager.Admission) error {
+	if err := s.ServiceStore.AdmitCreate(ctx, in); err != nil {
+		return err
+	}
+	s.dead.Store(true)
+	<-s.release
+	s.dead.Store(false)
+	return nil
+}
+
+// TestCreateOfStalledReplicaTakenOverAnswersTheSandbox: a replica whose
+// database stalls between a create's admission and its claim loses the
+// create's lease; another replica takes the create over and finishes
+// it. When the stalled replica goes on, it finds its sandbox already
+// made and answers it (201): the same sandbox its caller's retry got.
+// (It claimed again and answered 409 "sandbox ... is ready; destroy it
+// first": TestServeReplicasOnPostgres saw it after a database restart.)
+func TestCreateOfStalledReplicaTakenOverAnswersTheSandbox(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
+	ctx := context.Background()
+	stalled := &stallStore{dyingStore{ServiceStore: e.store, release: make(chan struct{})}}
+	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
+	slow := &Server{Manager: m, Store: stalled, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
+		LeaseTTL: time.Second, ReplicaID: "replica-stalled"}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- slow.Serve(sctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+	})
+	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "stalled-admit"}}
+	cs := &client.Client{BaseURL: "http://" + ln.Addr().String(), Key: e.keyA}
+	type answer struct {
+		sb  client.Sandbox
+		err error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		sb, err := cs.Create(ctx, req, client.IdempotencyKey("k-stall"))
+		first <- answer{sb, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !stalled.dead.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("waited 10s for the replica to admit the create and stall")
+		}
+	}
+	var sb client.Sandbox
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		sb, err = e.a.Create(ctx, req, client.IdempotencyKey("k-stall"))
+		var ce *client.Error
+		if err == nil || !errors.As(err, &ce) || (ce.Code != client.CodeConflict && ce.Code != client.CodeUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("retry through the live replica while the other stalls: %+v, %v; want the create taken over, ready", sb, err)
+	}
+	close(stalled.release)
+	var a answer
+	select {
+	case a = <-first:
+	case <-time.After(15 * time.Second):
+		t.Fatal("waited 15s for the stalled replica's answer")
+	}
+	if a.err != nil || a.sb.ID != sb.ID || a.sb.State != client.StateReady {
+		t.Fatalf("the stalled replica answered %+v, %v; want %s ready (the create another replica finished)", a.sb, a.err, sb.ID)
+	}
+	l, err := e.a.List(ctx, client.ListOptions{Labels: req.Labels})
+	if err != nil || len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != sb.ID {
+		t.Fatalf("sandboxes %+v, %v: want one, %s", l, err, sb.ID)
+	}
+	if st := e.nodeState(sb.ID); st != api.StateReady {
+		t.Fatalf("node has %s %s, want ready", sb.ID, st)
+	}
+}
