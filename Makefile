@@ -101,7 +101,9 @@ E2E_IN_REST ?= ^(TestDiskLeaseStopsGuestAtENOSPC|TestWithheldRetriedOnTimer|Test
 # nbdsrv's interop tests 114 s, s3store's 108 s). VM_HOST_ONLY_PKGS have no
 # kernel test at all (test/lint checks it): in the VM they only repeated the
 # unit stage (template 35 s, cmd/ctld 12 s, blockstore 11 s, ...), and each
-# binary is one build and one copy less.
+# binary is one build and one copy less. cmd/ctl-manager's kernel tests are
+# its TestKernel* (test/lint checks it); the rest (the PostgreSQL replicas
+# and fleet tests with fake nodes: ~270 s under TCG) run in the unit stage.
 VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store internal/cowdev \
 	internal/template internal/blockstore internal/blockstore/dirstore internal/api cmd/ctld cmd/ctl-agent \
 	internal/manager internal/manager/fakenode internal/pgtest internal/journal internal/proof \
@@ -109,7 +111,7 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
 	internal/cleanup internal/testutil internal/nodeagent
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
-	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-skip 'cmd/ctl-manager=^(TestCLIOnPostgres|TestCLINodeProcessOnPostgres)$$'
+	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-run 'cmd/ctl-manager=^TestKernel'
 
 test-vm-e2e:
 	$(VMRUN) -timeout 55m -job-timeout 50m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e
