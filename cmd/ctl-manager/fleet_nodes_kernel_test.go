@@ -196,8 +196,11 @@ func TestKernelFleetTwoNodesLostAndBack(t *testing.T) {
 	v := where[victim.ID]
 	survivor := made[1]
 
-	// The whole node stops past its grace.
+	// The whole node stops past its grace. A failure before SIGCONT must
+	// not leave it stopped: the cleanups that release its sandboxes would
+	// wait on it for ever (cleanups run last registered first).
 	for _, p := range []*os.Process{ctlds[v].cmd.Process, procs[v].cmd.Process} {
+		t.Cleanup(func() { p.Signal(syscall.SIGCONT) })
 		if err := p.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}

@@ -59,6 +59,10 @@ const pgMaxConns = 10
 // start together migrate one after the other.
 const pgMigrationLock = 0x63746c6d // "ctlm"
 
+// pgIdleInTxTimeout ends a session idle inside a transaction: none of the
+// store's transactions waits on anything but the database.
+const pgIdleInTxTimeout = 10 * time.Second
+
 var pgDialect = dialect{
 	name:      "postgres",
 	migrate:   migratePostgres,
@@ -78,6 +82,13 @@ func OpenPostgres(ctx context.Context, dsn string, now func() time.Time) (*Store
 	if err != nil {
 		// pgx's message may quote the URL, password included.
 		return nil, fmt.Errorf("open database %s: parse the URL: %w", RedactDSN(dsn), errors.New(redactErr(err, dsn)))
+	}
+	// A client stopped inside a transaction (SIGSTOP, a frozen VM) holds
+	// its row locks for ever, and a heartbeat's lock blocks the sweep that
+	// would mark that very node lost: the server ends such a session (the
+	// URL may set its own).
+	if _, ok := cfg.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		cfg.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.Itoa(int(pgIdleInTxTimeout / time.Millisecond))
 	}
 	db := sql.OpenDB(pgConnector{stdlib.GetConnector(*cfg)})
 	db.SetMaxOpenConns(pgMaxConns)
