@@ -139,6 +139,7 @@ func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src S
 	}
 	defer os.RemoveAll(dir)
 	img := filepath.Join(dir, "root.ext4")
+	o.transient = true
 	res, err := BuildImage(ctx, src, img, o)
 	if err != nil {
 		return nil, res, err
@@ -177,8 +178,17 @@ func List(ctx context.Context, store blockstore.Store, repo *blockstore.Repo) ([
 			return nil, fmt.Errorf("list templates: %w", err)
 		}
 		info := Info{Name: v, DeviceSize: m.DeviceSize, ChunkSize: m.ChunkSize, DataChunks: len(m.Entries)}
+		if m.Parent != nil { // a fork of a registry image's base
+			p, err := repo.Manifest(ctx, *m.Parent)
+			if err != nil {
+				return nil, fmt.Errorf("list templates: %w", err)
+			}
+			info.DataChunks = len(p.Entries)
+		}
 		if meta, ok, err := ReadMeta(ctx, repo, v); err != nil {
 			return nil, fmt.Errorf("list templates: %w", err)
+		} else if ok && meta.Source == sourceBase {
+			continue // not a template of its own: its forks are
 		} else if ok {
 			info.Image = meta.Ref + "@" + meta.Digest
 			if strings.Contains(meta.Ref, "@") {
@@ -208,20 +218,27 @@ func Remove(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, 
 	if len(keys) == 0 {
 		return fmt.Errorf("remove template %s: %w", name, ErrTemplateNotFound)
 	}
-	users, err := store.List(ctx, string(blockstore.KindSandbox)+"/")
-	if err != nil {
-		return fmt.Errorf("remove template %s: %w", name, err)
+	// A sandbox generation, or a template that is a fork of this one (a
+	// registry image's base).
+	var users []string
+	for _, kind := range []blockstore.VolumeKind{blockstore.KindSandbox, blockstore.KindTemplate} {
+		ks, err := store.List(ctx, string(kind)+"/")
+		if err != nil {
+			return fmt.Errorf("remove template %s: %w", name, err)
+		}
+		users = append(users, ks...)
 	}
 	for _, k := range users {
-		v, rest, ok := strings.Cut(strings.TrimPrefix(k, string(blockstore.KindSandbox)+"/"), "/")
-		if !ok || !strings.HasPrefix(rest, "gen/") {
+		kind, k, _ := strings.Cut(k, "/")
+		v, rest, ok := strings.Cut(k, "/")
+		if !ok || !strings.HasPrefix(rest, "gen/") || (kind == string(blockstore.KindTemplate) && v == name) {
 			continue
 		}
 		var g uint64
 		if _, err := fmt.Sscanf(strings.TrimPrefix(rest, "gen/"), "%d", &g); err != nil {
 			continue
 		}
-		ref := blockstore.GenRef{Volume: blockstore.Sandbox(v), Generation: g}
+		ref := blockstore.GenRef{Volume: blockstore.Volume{Kind: blockstore.VolumeKind(kind), ID: v}, Generation: g}
 		m, err := repo.Manifest(ctx, ref)
 		if err != nil {
 			// Fail closed: a manifest we cannot read might be a user.
