@@ -110,7 +110,7 @@ func storeBase(ctx context.Context, repo *blockstore.Repo, key, img string, bm b
 	} else if err != nil {
 		return false, fmt.Errorf("store image %s: %w", vol.ID, err)
 	}
-	if _, err := importImage(ctx, repo, vol, img, progress); err != nil && !errors.Is(err, blockstore.ErrExists) {
+	if _, err := importImage(ctx, repo, vol, img, progress, func(ctx context.Context) error { return checkImage(ctx, img) }); err != nil && !errors.Is(err, blockstore.ErrExists) {
 		return false, fmt.Errorf("store image %s: %w", vol.ID, err)
 	}
 	return true, nil

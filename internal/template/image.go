@@ -32,7 +32,8 @@ type ImageOptions struct {
 	// built (an empty directory: Trees.begin), instead of removing it.
 	tree string
 	// transient: out is a scratch file the caller stores and removes (an
-	// import), so it is not fsynced: the store's own writes are durable.
+	// import), so it is not fsynced (the store's own writes are durable),
+	// and the caller checks it (checkImage) while it uploads it.
 	transient bool
 	// noImage: only the tree is wanted (kept at tree, read by Inspect);
 	// the image of the same layers is stored already.
@@ -162,8 +163,10 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 	if err := applyFixups(ctx, tmp, stage, fixes); err != nil {
 		return res, err
 	}
-	if out, err := exec.CommandContext(ctx, "e2fsck", "-fn", tmp).CombinedOutput(); err != nil {
-		return res, fmt.Errorf("e2fsck -fn of the new image: %w: %s", err, strings.TrimSpace(string(out)))
+	if !o.transient {
+		if err := checkImage(ctx, tmp); err != nil {
+			return res, err
+		}
 	}
 	if !o.transient {
 		if err := syncFile(tmp); err != nil {
@@ -258,6 +261,14 @@ func syncFile(p string) error {
 	defer f.Close()
 	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
 		return fmt.Errorf("sync %s: %w", p, err)
+	}
+	return nil
+}
+
+// checkImage runs `e2fsck -fn` on the image file at img: it must be clean.
+func checkImage(ctx context.Context, img string) error {
+	if out, err := exec.CommandContext(ctx, "e2fsck", "-fn", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("e2fsck -fn of the new image: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

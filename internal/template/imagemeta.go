@@ -216,7 +216,7 @@ func importOwn(ctx context.Context, repo *blockstore.Repo, name, img string, met
 		}
 		return nil, fmt.Errorf("import template %s: %w", name, err)
 	}
-	m, err := Import(ctx, repo, name, img, progress)
+	m, err := importChecked(ctx, repo, name, img, progress)
 	if err != nil {
 		// Ours (PutMeta was create-once), unless another import of the
 		// name won the manifest: then the template is theirs, with it.

@@ -35,7 +35,26 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 	if err := vol.Check(); err != nil {
 		return nil, fmt.Errorf("import template %q: %w", name, err)
 	}
-	m, err := importImage(ctx, repo, vol, image, progress)
+	m, err := importImage(ctx, repo, vol, image, progress, nil)
+	if errors.Is(err, blockstore.ErrExists) {
+		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// importUploads bounds an import's parallel chunk writes: many at once,
+// so a local store's fsyncs share journal commits and a remote one's
+// round trips overlap.
+const importUploads = 32
+
+// importChecked is Import of a transient image that BuildImage left
+// unchecked: e2fsck runs while it uploads.
+func importChecked(ctx context.Context, repo *blockstore.Repo, name, image string, progress func(Progress)) (*blockstore.Manifest, error) {
+	vol := blockstore.Template(name)
+	m, err := importImage(ctx, repo, vol, image, progress, func(ctx context.Context) error { return checkImage(ctx, image) })
 	if errors.Is(err, blockstore.ErrExists) {
 		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
 	}
@@ -46,8 +65,10 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 }
 
 // importImage stores the image file at image as generation 0 of vol (an
-// error wrapping blockstore.ErrExists if it has one).
-func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, image string, progress func(Progress)) (*blockstore.Manifest, error) {
+// error wrapping blockstore.ErrExists if it has one). A non-nil check
+// runs while the chunks upload: an error from it stops the import before
+// the manifest is written (the image checked while it is stored).
+func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, image string, progress func(Progress), check func(context.Context) error) (*blockstore.Manifest, error) {
 	name := vol.String()
 	f, err := os.Open(image)
 	if err != nil {
@@ -63,7 +84,7 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 	if !fi.Mode().IsRegular() || size <= 0 || size%cs != 0 {
 		return nil, fmt.Errorf("import %s: image %s of %d bytes is not a regular file of a positive multiple of %d bytes", name, image, size, cs)
 	}
-	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs})
+	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs, Uploads: importUploads})
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
@@ -73,6 +94,14 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 			w.Abort()
 		}
 	}()
+	checked := make(chan error, 1)
+	if check != nil {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { checked <- check(cctx) }()
+	} else {
+		checked <- nil
+	}
 	buf := make([]byte, cs)
 	var chunks int64
 	for off := int64(0); off < size; {
@@ -103,6 +132,9 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 			}
 		}
 		off = (hole + cs - 1) / cs * cs
+	}
+	if err := <-checked; err != nil {
+		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
 	m, err := w.Commit(ctx)
 	committed = true
@@ -144,7 +176,7 @@ func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src S
 	if err != nil {
 		return nil, res, err
 	}
-	m, err := Import(ctx, repo, name, img, o.Progress)
+	m, err := importChecked(ctx, repo, name, img, o.Progress)
 	if err != nil {
 		return nil, res, err
 	}
