@@ -2,6 +2,8 @@ package template
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -199,5 +201,46 @@ func TestRegistryDiffIDMismatch(t *testing.T) {
 	}
 	if k, cb, w := storeKeys(t, st), cacheBlobs(t, cache), onlyFiles(t, work); len(k) != 0 || len(cb) != 0 || len(w) != 0 {
 		t.Fatalf("left %v in the store, %v in the cache, %v in the work dir", k, cb, w)
+	}
+}
+
+// TestRegistrySharedImageWithTree: with a templates directory, a second
+// template of the same layers still gets its own overlay tree (unpacked
+// again), but its block image is the stored one: no mkfs, no upload.
+func TestRegistrySharedImageWithTree(t *testing.T) {
+	needTools(t)
+	if os.Geteuid() != 0 {
+		t.Fatal("TestRegistrySharedImageWithTree needs root (the tree keeps the image's owners)")
+	}
+	reg := templatetest.NewRegistry(t)
+	reg.DockerConfig(t, reg.Pass)
+	bb, app := busyboxLayer(t), appLayer(t)
+	ref, _ := reg.Push("t:1", templatetest.Image(t, appConfig, bb, app))
+	_, repo := templatetest.Repo(t)
+	dir := t.TempDir()
+	trees := Trees{Dir: dir}
+	cache := t.TempDir()
+	imp := func(name string) (ImageResult, []string) {
+		var stages []string
+		_, res, _, err := ImportImage(t.Context(), repo, name, ref, PullOptions{CacheDir: cache},
+			ImageOptions{Size: 64 << 20, Trees: trees, Progress: func(p Progress) { stages = append(stages, p.Phase) }}, t.TempDir())
+		if err != nil {
+			t.Fatalf("import %s: %v", name, err)
+		}
+		return res, slices.Compact(stages)
+	}
+	r1, s1 := imp("t1")
+	r2, s2 := imp("t2")
+	if r1.Reused || !slices.Contains(s1, "mkfs") || !slices.Contains(s1, "upload") {
+		t.Errorf("first import %+v through %v", r1, s1)
+	}
+	if !r2.Reused || r2.Base != r1.Base || !slices.Contains(s2, "unpack") || slices.Contains(s2, "mkfs") || slices.Contains(s2, "upload") {
+		t.Errorf("second import %+v through %v; want its tree unpacked, the image of %s reused", r2, s2, r1.Base)
+	}
+	for _, name := range []string{"t1", "t2"} {
+		tree := dirTree(t, filepath.Join(dir, name))
+		if n := tree["work"]; n.UID != 1234 || n.GID != 2345 {
+			t.Errorf("%s's tree: work = %+v", name, n)
+		}
 	}
 }
