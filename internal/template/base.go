@@ -147,3 +147,19 @@ func forkBase(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume,
 func isBase(id string) bool {
 	return strings.HasPrefix(id, basePrefix) && len(id) == len(basePrefix)+56
 }
+
+// maxBaseSkipped bounds the skipped entries a base keeps (names and
+// reasons together): its metadata has a size limit, and an image may
+// skip millions of device nodes.
+const maxBaseSkipped = 16 << 10
+
+// keptSkipped is the first of skipped that fit in maxBaseSkipped.
+func keptSkipped(skipped []Skipped) []Skipped {
+	n := 0
+	for i, s := range skipped {
+		if n += len(s.Path) + len(s.Reason); n > maxBaseSkipped {
+			return skipped[:i]
+		}
+	}
+	return skipped
+}

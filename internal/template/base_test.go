@@ -244,3 +244,21 @@ func TestRegistrySharedImageWithTree(t *testing.T) {
 		}
 	}
 }
+
+func TestKeptSkippedIsBounded(t *testing.T) {
+	var many []Skipped
+	for range 100000 {
+		many = append(many, Skipped{Path: strings.Repeat("d", 200), Reason: "device node or fifo"})
+	}
+	kept := keptSkipped(many)
+	n := 0
+	for _, s := range kept {
+		n += len(s.Path) + len(s.Reason)
+	}
+	if len(kept) == 0 || n > maxBaseSkipped || len(kept) == len(many) {
+		t.Fatalf("kept %d of %d skipped entries, %d bytes", len(kept), len(many), n)
+	}
+	if few := many[:3]; len(keptSkipped(few)) != 3 {
+		t.Fatal("a few skipped entries not all kept")
+	}
+}

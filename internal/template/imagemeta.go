@@ -180,7 +180,7 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 	based := o.noImage
 	res.Reused = o.noImage
 	if !based {
-		bm = baseMeta{Source: sourceBase, Key: key, Layers: meta.Layers, Entries: res.Entries, Bytes: res.Bytes, Skipped: res.Skipped}
+		bm = baseMeta{Source: sourceBase, Key: key, Layers: meta.Layers, Entries: res.Entries, Bytes: res.Bytes, Skipped: keptSkipped(res.Skipped)}
 		if len(ids.passwd)+len(ids.group) <= maxBaseIDs {
 			bm.Passwd, bm.Group, bm.HasIDs = ids.passwd, ids.group, true
 		}
