@@ -65,7 +65,7 @@ func TestKernelImageConfig(t *testing.T) {
 	}
 	t.Logf("import: %s", out)
 	// A second template of the same layers: a fork of the image the first
-	// stored (its tree still unpacked for overlay mode), another config.
+	// stored, its overlay tree a hard-linked copy of app's; another config.
 	ref2, _ := reg.push(t, "team/app2:v1", v1.Config{
 		Entrypoint: []string{"/app/entry.sh"}, Cmd: []string{"second"},
 		Env: []string{"PATH=/bin:/usr/bin", "GREETING=hello-second"}, User: "0", WorkingDir: "/",
@@ -95,7 +95,7 @@ func TestKernelImageConfig(t *testing.T) {
 		{"ki1", "block", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n", "app"},
 		{"ki2", "block", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n", "app"},
 		{"ki3", "overlay", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n", "app"},
-		{"ki4", "block", nil, "greeting=hello-second cwd=/ id=0:0 args=second\n", "app2"},
+		{"ki4", "overlay", nil, "greeting=hello-second cwd=/ id=0:0 args=second\n", "app2"}, // its tree: a linked copy of app's
 	} {
 		created := false
 		t.Cleanup(func() {

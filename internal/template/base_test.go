@@ -12,6 +12,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/template/templatetest"
@@ -204,9 +205,10 @@ func TestRegistryDiffIDMismatch(t *testing.T) {
 	}
 }
 
-// TestRegistrySharedImageWithTree: with a templates directory, a second
-// template of the same layers still gets its own overlay tree (unpacked
-// again), but its block image is the stored one: no mkfs, no upload.
+// TestRegistrySharedImageWithTree: with a templates directory, a template
+// of layers whose image is stored gets its overlay tree unpacked (no
+// mkfs, no upload) when no other fork has a tree, else as a hard-linked
+// copy of that tree (no pull, no unpack), which outlives the original.
 func TestRegistrySharedImageWithTree(t *testing.T) {
 	needTools(t)
 	if os.Geteuid() != 0 {
@@ -216,11 +218,15 @@ func TestRegistrySharedImageWithTree(t *testing.T) {
 	reg.DockerConfig(t, reg.Pass)
 	bb, app := busyboxLayer(t), appLayer(t)
 	ref, _ := reg.Push("t:1", templatetest.Image(t, appConfig, bb, app))
-	_, repo := templatetest.Repo(t)
+	st, repo := templatetest.Repo(t)
 	dir := t.TempDir()
-	trees := Trees{Dir: dir}
+	mounts := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trees := Trees{Dir: dir, Mountinfo: mounts}
 	cache := t.TempDir()
-	imp := func(name string) (ImageResult, []string) {
+	imp := func(name string, trees Trees) (ImageResult, []string) {
 		var stages []string
 		_, res, _, err := ImportImage(t.Context(), repo, name, ref, PullOptions{CacheDir: cache},
 			ImageOptions{Size: 64 << 20, Trees: trees, Progress: func(p Progress) { stages = append(stages, p.Phase) }}, t.TempDir())
@@ -229,20 +235,34 @@ func TestRegistrySharedImageWithTree(t *testing.T) {
 		}
 		return res, slices.Compact(stages)
 	}
-	r1, s1 := imp("t1")
-	r2, s2 := imp("t2")
-	if r1.Reused || !slices.Contains(s1, "mkfs") || !slices.Contains(s1, "upload") {
-		t.Errorf("first import %+v through %v", r1, s1)
+	r0, _ := imp("t0", Trees{})
+	r1, s1 := imp("t1", trees)
+	if !r1.Reused || r1.Base != r0.Base || !slices.Contains(s1, "unpack") || slices.Contains(s1, "mkfs") || slices.Contains(s1, "upload") {
+		t.Errorf("t1 %+v through %v; want its tree unpacked, the image of %s reused", r1, s1, r0.Base)
 	}
-	if !r2.Reused || r2.Base != r1.Base || !slices.Contains(s2, "unpack") || slices.Contains(s2, "mkfs") || slices.Contains(s2, "upload") {
-		t.Errorf("second import %+v through %v; want its tree unpacked, the image of %s reused", r2, s2, r1.Base)
+	r2, s2 := imp("t2", trees)
+	if !r2.Reused || r2.Base != r0.Base || slices.Contains(s2, "unpack") || slices.Contains(s2, "mkfs") {
+		t.Errorf("t2 %+v through %v; want t1's tree cloned, the image reused", r2, s2)
 	}
-	for _, name := range []string{"t1", "t2"} {
-		tree := dirTree(t, filepath.Join(dir, name))
-		if n := tree["work"]; n.UID != 1234 || n.GID != 2345 {
-			t.Errorf("%s's tree: work = %+v", name, n)
-		}
+	want := dirTree(t, filepath.Join(dir, "t1"))
+	if n := want["work"]; n.UID != 1234 || n.GID != 2345 || n.Mode&0o7777 != 0o755 {
+		t.Errorf("t1's tree: work = %+v", n)
 	}
+	compareTree(t, dirTree(t, filepath.Join(dir, "t2")), want)
+	var a, b unix.Stat_t
+	if err := unix.Stat(filepath.Join(dir, "t1", "bin", "busybox"), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Join(dir, "t2", "bin", "busybox"), &b); err != nil {
+		t.Fatal(err)
+	}
+	if a.Ino != b.Ino {
+		t.Errorf("t2's bin/busybox is a copy (inode %d), not a link to t1's (%d)", b.Ino, a.Ino)
+	}
+	if err := trees.RemoveTemplate(t.Context(), st, repo, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	compareTree(t, dirTree(t, filepath.Join(dir, "t2")), want)
 }
 
 func TestKeptSkippedIsBounded(t *testing.T) {

@@ -127,7 +127,22 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 	if err != nil {
 		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	}
-	if haveBase && stored && o.tree == "" && (meta.Config.User == "" || bm.HasIDs) {
+	cloned := false
+	if haveBase && stored && o.tree != "" && (meta.Config.User == "" || bm.HasIDs) {
+		// The tree too: a hard-linked copy of another fork's, if any.
+		src, err := o.Trees.sharedTree(ctx, repo, baseVolume(key).ID)
+		if err != nil {
+			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+		if src != "" {
+			if cerr := cloneTree(ctx, src, o.tree); cerr == nil {
+				cloned = true
+			} else if err := resetDir(o.tree); err != nil { // unpacked instead
+				return nil, res, Meta{}, fmt.Errorf("import template %s: %w (after %w)", name, err, cerr)
+			}
+		}
+	}
+	if haveBase && stored && (o.tree == "" || cloned) && (meta.Config.User == "" || bm.HasIDs) {
 		// The image of these layers is stored: nothing to pull or build.
 		meta.Config.UID, meta.Config.GID, err = resolveUser(bm.Passwd, bm.Group, meta.Config.User)
 		if err != nil {
@@ -143,7 +158,7 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 		if o.Progress != nil {
 			o.Progress(Progress{Phase: "stored", Entries: 0, Bytes: int64(m.DeviceSize)})
 		}
-		return m, res, meta, nil
+		return m, res, meta, o.Trees.publishImported(o.tree, name)
 	}
 	p, err := r.pull(ctx)
 	if err != nil {
