@@ -299,9 +299,6 @@ type CommitSpec struct {
 	// ChunkSize must equal the parent's; 0 means the parent's, or
 	// DefaultChunkSize without a parent.
 	ChunkSize uint32
-	// Uploads bounds this writer's parallel object writes (0: the repo's
-	// Options.Uploads): a template import's many chunks at once.
-	Uploads int
 }
 
 // Commit writes chunks (index → ChunkSize bytes; nil or all zeros is a
@@ -364,11 +361,7 @@ func (r *Repo) NewWriter(ctx context.Context, spec CommitSpec) (*Writer, error) 
 	if err != nil {
 		return nil, err
 	}
-	w, err := r.newWriter(ctx, m)
-	if err == nil && spec.Uploads > 0 {
-		w.sem = make(chan struct{}, spec.Uploads)
-	}
-	return w, err
+	return r.newWriter(ctx, m)
 }
 
 // planManifest validates spec into an empty manifest.

@@ -45,11 +45,6 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 	return m, nil
 }
 
-// importUploads bounds an import's parallel chunk writes: many at once,
-// so a local store's fsyncs share journal commits and a remote one's
-// round trips overlap.
-const importUploads = 32
-
 // importChecked is Import of a transient image that BuildImage left
 // unchecked: e2fsck runs while it uploads.
 func importChecked(ctx context.Context, repo *blockstore.Repo, name, image string, progress func(Progress)) (*blockstore.Manifest, error) {
@@ -84,7 +79,7 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 	if !fi.Mode().IsRegular() || size <= 0 || size%cs != 0 {
 		return nil, fmt.Errorf("import %s: image %s of %d bytes is not a regular file of a positive multiple of %d bytes", name, image, size, cs)
 	}
-	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs, Uploads: importUploads})
+	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs})
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
