@@ -127,8 +127,8 @@ func TestRegistrySharedImage(t *testing.T) {
 }
 
 // TestRegistrySharedImageConcurrent: two imports of the same new layers
-// at once (both held until each has asked for the layer) both succeed,
-// and both templates are forks of one stored image.
+// at once through one layer cache (both held until each has asked for the
+// layer) both succeed, and both templates are forks of one stored image.
 func TestRegistrySharedImageConcurrent(t *testing.T) {
 	needTools(t)
 	ctx := t.Context()
@@ -143,10 +143,10 @@ func TestRegistrySharedImageConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	metas := make([]Meta, 2)
 	errs := make([]error, 2)
+	cache := t.TempDir() // one cache: both download the layer into it, both build
 	for i, name := range []string{"x1", "x2"} {
 		wg.Go(func() {
-			// Separate caches: both download, both build.
-			_, _, metas[i], errs[i] = ImportImage(ctx, repo, name, ref, PullOptions{CacheDir: t.TempDir()}, ImageOptions{Size: 64 << 20}, t.TempDir())
+			_, _, metas[i], errs[i] = ImportImage(ctx, repo, name, ref, PullOptions{CacheDir: cache}, ImageOptions{Size: 64 << 20}, t.TempDir())
 		})
 	}
 	<-reached
