@@ -52,10 +52,11 @@ func TestKernelImageConfig(t *testing.T) {
 		tfile{name: "work/", dir: true, mode: 0o755, uid: 1234, gid: 2345},
 		tfile{name: "app/", dir: true, mode: 0o755},
 		tfile{name: "app/entry.sh", mode: 0o755, body: "#!/bin/sh\necho \"greeting=$GREETING cwd=$(pwd) id=$(id -u):$(id -g) args=$*\"\nexec sleep 1000000\n"})
+	bb := busyboxTar(t)
 	ref, digest := reg.push(t, "team/app:v1", v1.Config{
 		Entrypoint: []string{"/app/entry.sh"}, Cmd: []string{"from-cmd"},
 		Env: []string{"PATH=/bin:/usr/bin", "GREETING=hello-image"}, User: "app:staff", WorkingDir: "/work",
-	}, busyboxTar(t), app)
+	}, bb, app)
 
 	e := &env{t: t, socket: socket, db: filepath.Join(t.TempDir(), "manager.db")}
 	out := e.ok("--config", cfg, "template", "import", "app", "--image", ref, "--size", "64Mi")
@@ -63,6 +64,15 @@ func TestKernelImageConfig(t *testing.T) {
 		t.Fatalf("import:\n%s", out)
 	}
 	t.Logf("import: %s", out)
+	// A second template of the same layers: a fork of the image the first
+	// stored, its overlay tree a hard-linked copy of app's; another config.
+	ref2, _ := reg.push(t, "team/app2:v1", v1.Config{
+		Entrypoint: []string{"/app/entry.sh"}, Cmd: []string{"second"},
+		Env: []string{"PATH=/bin:/usr/bin", "GREETING=hello-second"}, User: "0", WorkingDir: "/",
+	}, bb, app)
+	if out := e.ok("--config", cfg, "template", "import", "app2", "--image", ref2, "--size", "64Mi"); !strings.Contains(out, "(stored before: nothing built)") {
+		t.Fatalf("import of app2:\n%s", out)
+	}
 
 	logs := func(id, want string) {
 		t.Helper()
@@ -80,10 +90,12 @@ func TestKernelImageConfig(t *testing.T) {
 		id, mode string
 		flags    []string
 		want     string
+		template string
 	}{
-		{"ki1", "block", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
-		{"ki2", "block", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n"},
-		{"ki3", "overlay", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n"},
+		{"ki1", "block", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n", "app"},
+		{"ki2", "block", []string{"--user", "0", "--cwd", "/tmp", "--env", "GREETING=claim", "--", "/app/entry.sh", "mine"}, "greeting=claim cwd=/tmp id=0:0 args=mine\n", "app"},
+		{"ki3", "overlay", nil, "greeting=hello-image cwd=/work id=1234:2345 args=from-cmd\n", "app"},
+		{"ki4", "overlay", nil, "greeting=hello-second cwd=/ id=0:0 args=second\n", "app2"}, // its tree: a linked copy of app's
 	} {
 		created := false
 		t.Cleanup(func() {
@@ -91,7 +103,7 @@ func TestKernelImageConfig(t *testing.T) {
 				e.run("", "sandbox", "destroy", c.id)
 			}
 		})
-		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", c.mode, "--template", "app"}, c.flags...)...)
+		out := e.ok(append([]string{"--config", cfg, "sandbox", "create", c.id, "--mode", c.mode, "--template", c.template}, c.flags...)...)
 		created = true
 		if !strings.Contains(out, "sandbox "+c.id+" ready") {
 			t.Fatalf("create %s:\n%s", c.id, out)
@@ -103,6 +115,7 @@ func TestKernelImageConfig(t *testing.T) {
 		created = false
 	}
 	e.ok("--config", cfg, "template", "rm", "app")
+	e.ok("--config", cfg, "template", "rm", "app2")
 	if _, err := os.Stat(filepath.Join(stateDir, "templates", "app")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("overlay tree after template rm: %v", err)
 	}

@@ -58,6 +58,15 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 		}
 		b := recipe.Builder{CacheDir: cache, Output: c.stderr, Log: c.logger()}
 		if treeOnly {
+			if r.Base.Template != "" {
+				st, _, err := tf.open(ctx, false)
+				if err != nil {
+					return err
+				}
+				if r, _, err = recipe.Resolve(ctx, st, r); err != nil {
+					return fmt.Errorf("%s: %w", file, err)
+				}
+			}
 			root, hit, err := b.Tree(ctx, r)
 			if err != nil {
 				return err

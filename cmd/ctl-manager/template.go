@@ -190,8 +190,15 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 				return c.printJSON(map[string]any{"name": args[0], "device_size": m.DeviceSize, "chunk_size": m.ChunkSize,
 					"data_chunks": len(m.Entries), "entries": res.Entries, "bytes": res.Bytes, "skipped": len(res.Skipped), "image": meta})
 			}
-			fmt.Fprintf(c.stdout, "template %s: image %s (%s, %s), %d entries, file data %s, device %s, %d data chunks stored, %s\n", args[0], image, meta.Digest, meta.Platform,
-				res.Entries, manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), len(m.Entries), time.Since(start).Round(time.Millisecond))
+			stored := fmt.Sprintf("%d data chunks stored", len(m.Entries))
+			if res.Base != "" {
+				stored = "image " + res.Base
+				if res.Reused {
+					stored += " (stored before: nothing built)"
+				}
+			}
+			fmt.Fprintf(c.stdout, "template %s: image %s (%s, %s), %d entries, file data %s, device %s, %s, %s\n", args[0], image, meta.Digest, meta.Platform,
+				res.Entries, manager.FormatMemory(res.Bytes), manager.FormatMemory(int64(m.DeviceSize)), stored, time.Since(start).Round(time.Millisecond))
 			return nil
 		}
 		m, res, err := template.ImportSource(ctx, repo, args[0], template.Source{Kind: template.Kind(kind), Path: args[1]}, opts, tf.tmpDir(tmp))
@@ -234,9 +241,12 @@ func (c *cli) templatePruneCommand(tf *templateFlags) *cobra.Command {
 			return err
 		}
 		if c.json {
-			return c.printJSON(map[string]any{"removed": res.Removed, "bytes": res.Bytes, "kept": res.Kept})
+			return c.printJSON(map[string]any{"removed": res.Removed, "bytes": res.Bytes, "kept": res.Kept, "images": res.Images})
 		}
 		fmt.Fprintf(c.stdout, "pruned %d layers (%s), kept %d\n", res.Removed, manager.FormatMemory(res.Bytes), res.Kept)
+		if res.Images > 0 {
+			fmt.Fprintf(c.stdout, "removed %d stored images of layers no template uses\n", res.Images)
+		}
 		return nil
 	})
 	return cmd

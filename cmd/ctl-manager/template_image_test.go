@@ -115,7 +115,10 @@ func TestCLITemplateImage(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &got) != nil || got.Image.Config.User != "0" || !strings.Contains(r.stderr, "pull: layers 1/1 (1 cached)") {
 		t.Errorf("second import (shared layer): exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := tmpl("ls"); r.code != 0 || !strings.Contains(r.stdout, "IMAGE") || !strings.Contains(r.stdout, ref+"@"+digest.String()) {
+	if !strings.HasPrefix(got.Image.Image, "img-") {
+		t.Errorf("second import is not a fork of the stored image of its layers:\n%s", r.stdout)
+	}
+	if r := tmpl("ls"); r.code != 0 || !strings.Contains(r.stdout, "IMAGE") || !strings.Contains(r.stdout, ref+"@"+digest.String()) || strings.Contains(r.stdout, "img-") {
 		t.Errorf("ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	t.Setenv("DOCKER_CONFIG", t.TempDir()) // no credentials
@@ -131,7 +134,7 @@ func TestCLITemplateImage(t *testing.T) {
 	}
 	tmpl("rm", "web")
 	tmpl("rm", "web2")
-	if r := tmpl("prune"); r.code != 0 || !strings.HasPrefix(r.stdout, "pruned 1 layers (") || !strings.HasSuffix(r.stdout, "kept 0\n") {
+	if r := tmpl("prune"); r.code != 0 || !strings.HasPrefix(r.stdout, "pruned 1 layers (") || !strings.HasSuffix(r.stdout, "kept 0\nremoved 1 stored images of layers no template uses\n") {
 		t.Errorf("prune after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

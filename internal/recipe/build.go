@@ -88,6 +88,9 @@ func (b Builder) Tree(ctx context.Context, r Recipe) (root string, hit bool, err
 	if err := r.Validate(); err != nil {
 		return "", false, err
 	}
+	if r.Base.Template != "" {
+		return "", false, fmt.Errorf("build recipe: its base is template %s: Resolve it first", r.Base.Template)
+	}
 	if !safeDir.MatchString(b.CacheDir) {
 		return "", false, fmt.Errorf("build recipe: cache directory %q: an absolute path of letters, digits and ._-", b.CacheDir)
 	}

@@ -148,3 +148,85 @@ func TestBuildCachesAndRecords(t *testing.T) {
 		t.Fatalf("templates = %q", names)
 	}
 }
+
+// TestBuildOnTemplate: a recipe whose base is a recipe template is that
+// template's recipe with its own packages, files (its own where both
+// have a path) and commands added, built as one recipe and cached; the
+// same again is up to date, and out of date once the base is built from
+// another recipe; a base that is not a recipe template is refused.
+func TestBuildOnTemplate(t *testing.T) {
+	needRootAndMkfs(t)
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "mmdebstrap")
+	if err := os.WriteFile(fake, []byte(fakeMmdebstrap), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	count := filepath.Join(dir, "runs")
+	t.Setenv("FAKE_RUNS", count)
+	t.Setenv("FAKE_FAIL", "")
+	st, repo := templatetest.Repo(t)
+	b := Builder{CacheDir: filepath.Join(dir, "cache"), Mmdebstrap: fake}
+	ctx := context.Background()
+	parse := func(s string) Recipe {
+		t.Helper()
+		r, err := Parse([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	build := func(name string, r Recipe) (Outcome, error) {
+		return Build(ctx, st, repo, b, name, r, 64<<20, t.TempDir(), nil)
+	}
+	base := parse("languages = [\"sh\"]\npackages = [\"python3\"]\ncommands = [\"echo base\"]\n[base]\nsuite = \"bookworm\"\n" +
+		"[[file]]\npath = \"/etc/app/conf\"\ncontent = \"base\"\n[[file]]\npath = \"/etc/app/keep\"\ncontent = \"kept\"\n")
+	if _, err := build("base", base); err != nil {
+		t.Fatal(err)
+	}
+	onBase := parse("size = \"32Mi\"\nlanguages = [\"python\"]\npackages = [\"git\"]\ncommands = [\"echo mine\"]\n[base]\ntemplate = \"base\"\n" +
+		"[[file]]\npath = \"/etc/app/conf\"\ncontent = \"mine\"\n")
+	out, err := build("app", onBase)
+	if err != nil || out.UpToDate || out.TreeCached || runs(t, count) != 2 {
+		t.Fatalf("build on the base = %+v, %v (runs %d)", out, err, runs(t, count))
+	}
+	res := out.Record.Resolved
+	if res == nil || res.Base.Suite != "bookworm" || !slices.Equal(res.Packages, []string{"git", "python3"}) ||
+		!slices.Equal(res.Commands, []string{"echo base", "echo mine"}) || !slices.Equal(out.Record.Languages, []string{"python", "sh"}) ||
+		res.Size != "32Mi" || out.Record.TreeDigest != res.TreeDigest() {
+		t.Fatalf("resolved recipe %+v, record %+v", res, out.Record)
+	}
+	for file, want := range map[string]string{"conf": "mine", "keep": "kept"} {
+		if got, err := os.ReadFile(filepath.Join(b.CacheDir, res.TreeDigest(), "root", "etc", "app", file)); err != nil || string(got) != want {
+			t.Errorf("/etc/app/%s in the tree = %q, %v; want %q", file, got, err, want)
+		}
+	}
+	if out, err := build("app", onBase); err != nil || !out.UpToDate {
+		t.Fatalf("the same again = %+v, %v", out, err)
+	}
+	// The base built anew from another recipe: app's recipe is out of date.
+	if err := template.Remove(ctx, st, repo, "base"); err != nil {
+		t.Fatal(err)
+	}
+	base.Commands = []string{"echo base2"}
+	if _, err := build("base", base); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := build("app", onBase); !errors.Is(err, template.ErrTemplateExists) || !strings.Contains(err.Error(), "built from another recipe") {
+		t.Fatalf("app after its base changed: %v", err)
+	}
+	// Bases that are not recipe templates.
+	if _, _, err := template.ImportSource(ctx, repo, "plain", template.Source{Kind: template.KindDir, Path: filepath.Join(b.CacheDir, base.TreeDigest(), "root")},
+		template.ImageOptions{Size: 64 << 20}, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"plain", "missing"} {
+		r := onBase
+		r.Base.Template = name
+		if _, err := build("app2", r); !errors.Is(err, template.ErrTemplateNotFound) || !strings.Contains(err.Error(), "not built from a recipe") {
+			t.Errorf("base %s: %v", name, err)
+		}
+	}
+	if _, err := Parse([]byte("[base]\ntemplate = \"base\"\nsuite = \"bookworm\"\n")); err == nil || !strings.Contains(err.Error(), "with base.suite") {
+		t.Errorf("template and suite: %v", err)
+	}
+}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/snippet"
 )
 
@@ -52,9 +53,15 @@ type Recipe struct {
 	Files    []File   `toml:"file" json:"files,omitempty"`
 }
 
-// Base is where the tree starts: a Debian suite.
+// Base is where the tree starts: a Debian suite, or a template built
+// from a recipe (Template; then nothing else): the recipe is that
+// template's with this one's packages, files (a path of both: this one's)
+// and commands (after the base's) added, built from the suite as one
+// recipe (see On). A template from elsewhere (a registry) cannot be a
+// base: its programs would run as root on the host at build time.
 type Base struct {
-	Suite string `toml:"suite" json:"suite"`
+	Template string `toml:"template" json:"template,omitempty"`
+	Suite    string `toml:"suite" json:"suite"`
 	// Variant is mmdebstrap's: essential, minbase (default) or apt.
 	Variant string `toml:"variant" json:"variant,omitempty"`
 	Mirror  string `toml:"mirror" json:"mirror,omitempty"`
@@ -105,10 +112,10 @@ func (r Recipe) normal() Recipe {
 	if r.Size == "" {
 		r.Size = "1Gi"
 	}
-	if r.Base.Variant == "" {
+	if r.Base.Variant == "" && r.Base.Template == "" {
 		r.Base.Variant = "minbase"
 	}
-	if r.Base.Mirror == "" {
+	if r.Base.Mirror == "" && r.Base.Template == "" {
 		r.Base.Mirror = DefaultMirror
 	}
 	r.Packages = slices.Clone(r.Packages)
@@ -131,14 +138,23 @@ func (r Recipe) normal() Recipe {
 func (r Recipe) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if !suiteRe.MatchString(r.Base.Suite) {
-		bad("base.suite %q: a Debian suite name (bookworm, trixie, ...)", r.Base.Suite)
-	}
-	if !slices.Contains([]string{"essential", "minbase", "apt"}, r.Base.Variant) {
-		bad("base.variant %q: essential, minbase or apt", r.Base.Variant)
-	}
-	if !mirrorRe.MatchString(r.Base.Mirror) {
-		bad("base.mirror %q: an http(s) URL", r.Base.Mirror)
+	if r.Base.Template != "" {
+		if !names.Valid(r.Base.Template) {
+			bad("base.template %q: a template name (%s)", r.Base.Template, names.Rule)
+		}
+		if r.Base.Suite != "" || r.Base.Variant != "" || r.Base.Mirror != "" {
+			bad("base.template %q with base.suite, variant or mirror: the template's recipe names them", r.Base.Template)
+		}
+	} else {
+		if !suiteRe.MatchString(r.Base.Suite) {
+			bad("base.suite %q: a Debian suite name (bookworm, trixie, ...)", r.Base.Suite)
+		}
+		if !slices.Contains([]string{"essential", "minbase", "apt"}, r.Base.Variant) {
+			bad("base.variant %q: essential, minbase or apt", r.Base.Variant)
+		}
+		if !mirrorRe.MatchString(r.Base.Mirror) {
+			bad("base.mirror %q: an http(s) URL", r.Base.Mirror)
+		}
 	}
 	if len(r.Packages) > MaxPackages {
 		bad("%d packages: at most %d", len(r.Packages), MaxPackages)
@@ -212,4 +228,26 @@ func (r Recipe) TreeDigest() string {
 		Files    []File
 		Commands []string
 	}{n.Base, n.Packages, n.Files, n.Commands})
+}
+
+// On is r on base (the resolved recipe of r.Base.Template): base's suite,
+// its packages and r's, its files and r's (r's where both have a path),
+// its commands then r's, both's languages, r's size.
+func (r Recipe) On(base Recipe) Recipe {
+	r, base = r.normal(), base.normal()
+	out := Recipe{Size: r.Size, Base: base.Base}
+	out.Packages = append(slices.Clone(base.Packages), r.Packages...)
+	out.Languages = append(slices.Clone(base.Languages), r.Languages...)
+	mine := map[string]bool{}
+	for _, f := range r.Files {
+		mine[f.Path] = true
+	}
+	for _, f := range base.Files {
+		if !mine[f.Path] {
+			out.Files = append(out.Files, f)
+		}
+	}
+	out.Files = append(out.Files, r.Files...)
+	out.Commands = append(slices.Clone(base.Commands), r.Commands...)
+	return out.normal()
 }

@@ -20,6 +20,37 @@ type Record struct {
 	TreeDigest string    `json:"tree_digest"`
 	Languages  []string  `json:"languages"`
 	BuiltAt    time.Time `json:"built_at"`
+	// Resolved is the recipe built when Recipe's base is a template
+	// (Recipe.On its base's resolved recipe); BaseDigest that base's
+	// digest, part of Digest: a base built anew makes this out of date.
+	Resolved   *Recipe `json:"resolved,omitempty"`
+	BaseDigest string  `json:"base_digest,omitempty"`
+}
+
+// Resolve returns the recipe that builds r: r itself, or, when its base
+// is a template, r on that template's recipe, and that template's
+// digest. The base must be a template built from a recipe.
+func Resolve(ctx context.Context, store blockstore.Store, r Recipe) (Recipe, string, error) {
+	r = r.normal()
+	if r.Base.Template == "" {
+		return r, "", nil
+	}
+	rec, ok, err := ReadRecord(ctx, store, r.Base.Template)
+	if err != nil {
+		return Recipe{}, "", fmt.Errorf("base template: %w", err)
+	}
+	if !ok {
+		return Recipe{}, "", fmt.Errorf("base template %s: not built from a recipe (or not there): a recipe's base is a recipe template, whose build runs only Debian's packages and recipes' commands: %w", r.Base.Template, template.ErrTemplateNotFound)
+	}
+	base := rec.Recipe
+	if rec.Resolved != nil {
+		base = *rec.Resolved
+	}
+	out := r.On(base)
+	if err := out.Validate(); err != nil {
+		return Recipe{}, "", fmt.Errorf("on base template %s: %w", r.Base.Template, err)
+	}
+	return out, rec.Digest, nil
 }
 
 // RecordKey is the store key of template name's record: inside the
@@ -70,7 +101,18 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 	if err := r.Validate(); err != nil {
 		return Outcome{}, err
 	}
-	rec := Record{Recipe: r, Digest: r.Digest(), TreeDigest: r.TreeDigest(), Languages: slices.Clone(r.Languages)}
+	built, baseDigest, err := Resolve(ctx, store, r)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	rec := Record{Recipe: r, Digest: r.Digest(), TreeDigest: built.TreeDigest(), Languages: slices.Clone(built.Languages)}
+	if baseDigest != "" {
+		rec.Resolved, rec.BaseDigest = &built, baseDigest
+		rec.Digest = digestOf(struct {
+			Recipe Recipe
+			Base   string
+		}{r, baseDigest})
+	}
 	have, err := template.List(ctx, store, repo)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
@@ -92,7 +134,7 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 	if err := store.Delete(ctx, RecordKey(name)); err != nil {
 		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
 	}
-	root, hit, err := b.Tree(ctx, r)
+	root, hit, err := b.Tree(ctx, built)
 	if err != nil {
 		return Outcome{}, err
 	}

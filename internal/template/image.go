@@ -31,6 +31,13 @@ type ImageOptions struct {
 	// tree is where BuildImage moves the unpacked tree when the image is
 	// built (an empty directory: Trees.begin), instead of removing it.
 	tree string
+	// transient: out is a scratch file the caller stores and removes (an
+	// import), so it is not fsynced (the store's own writes are durable),
+	// and the caller checks it (checkImage) while it uploads it.
+	transient bool
+	// noImage: only the tree is wanted (kept at tree, read by Inspect);
+	// the image of the same layers is stored already.
+	noImage bool
 }
 
 // ImageResult tells what went into an image.
@@ -38,6 +45,11 @@ type ImageResult struct {
 	Entries int64
 	Bytes   int64
 	Skipped []Skipped // device nodes, fifos, sockets: not in the image
+	// Base is the stored image of the same layers a registry template is
+	// a fork of (see base.go); Reused says it was stored before, so this
+	// import built and uploaded nothing.
+	Base   string `json:",omitempty"`
+	Reused bool   `json:",omitempty"`
 }
 
 // BuildImage makes a file system image at out from src, in userspace: the
@@ -106,6 +118,15 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 		return res, fmt.Errorf("build %s: content needs %d bytes, size is %d: %w", out, need, o.Size, ErrImageTooSmall)
 	}
 
+	if o.noImage {
+		if o.tree != "" {
+			if err := unix.Rename(tree, o.tree); err != nil {
+				return res, fmt.Errorf("keep the tree of %s: %w", out, err)
+			}
+		}
+		progress(Progress{Phase: "done", Entries: u.entries, Bytes: u.bytes})
+		return res, nil
+	}
 	progress(Progress{Phase: "mkfs", Entries: u.entries, Bytes: u.bytes})
 	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-")
 	if err != nil {
@@ -142,17 +163,23 @@ func BuildImage(ctx context.Context, src Source, out string, o ImageOptions) (Im
 	if err := applyFixups(ctx, tmp, stage, fixes); err != nil {
 		return res, err
 	}
-	if out, err := exec.CommandContext(ctx, "e2fsck", "-fn", tmp).CombinedOutput(); err != nil {
-		return res, fmt.Errorf("e2fsck -fn of the new image: %w: %s", err, strings.TrimSpace(string(out)))
+	if !o.transient {
+		if err := checkImage(ctx, tmp); err != nil {
+			return res, err
+		}
 	}
-	if err := syncFile(tmp); err != nil {
-		return res, err
+	if !o.transient {
+		if err := syncFile(tmp); err != nil {
+			return res, err
+		}
 	}
 	if err := os.Rename(tmp, out); err != nil {
 		return res, fmt.Errorf("rename image to %s: %w", out, err)
 	}
-	if err := syncFile(filepath.Dir(out)); err != nil {
-		return res, err
+	if !o.transient {
+		if err := syncFile(filepath.Dir(out)); err != nil {
+			return res, err
+		}
 	}
 	if o.tree != "" {
 		// rename(2) itself: os.Rename refuses to replace even an empty
@@ -234,6 +261,14 @@ func syncFile(p string) error {
 	defer f.Close()
 	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
 		return fmt.Errorf("sync %s: %w", p, err)
+	}
+	return nil
+}
+
+// checkImage runs `e2fsck -fn` on the image file at img: it must be clean.
+func checkImage(ctx context.Context, img string) error {
+	if out, err := exec.CommandContext(ctx, "e2fsck", "-fn", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("e2fsck -fn of the new image: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package template
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
 	"github.com/ctld/ctld/internal/blockstore"
@@ -29,6 +31,9 @@ type Meta struct {
 	// Layers are the image's layer digests: what the layer cache keeps
 	// for it (Prune).
 	Layers []string `json:"layers,omitempty"`
+	// Image is the stored image of these layers this template is a fork
+	// of (base.go); empty for one that has its own.
+	Image string `json:"image,omitempty"`
 }
 
 // ImageConfig is the part of an image's config a claim of the template
@@ -65,25 +70,29 @@ func ReadMeta(ctx context.Context, repo *blockstore.Repo, name string) (Meta, bo
 // ImportImage pulls ref (PullImage: through the layer cache), builds it
 // into an ext4 image and stores it as template name with its Meta: the
 // metadata is written before the manifest, so a template that exists has
-// it. An image refused for its content leaves nothing, neither in the
-// store nor in the cache; a transport failure keeps the layers it
-// finished in the cache for the next try.
-func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, po PullOptions, o ImageOptions, tmpDir string) (*blockstore.Manifest, ImageResult, Meta, error) {
+// it. The image is stored once per image key (base.go): a template whose
+// layers, size and label an earlier import had is a fork of that image,
+// made without downloading, unpacking or building anything (with
+// o.Trees, the tree is still unpacked; its image is not built again). An
+// image refused for its content leaves nothing, neither in the store nor
+// in the cache; a transport failure keeps the layers it finished in the
+// cache for the next try.
+func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, po PullOptions, o ImageOptions, tmpDir string) (_ *blockstore.Manifest, res ImageResult, _ Meta, err error) {
 	vol := blockstore.Template(name)
 	if err := vol.Check(); err != nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %q: %w", name, err)
+		return nil, res, Meta{}, fmt.Errorf("import template %q: %w", name, err)
 	}
 	if gens, err := repo.Generations(ctx, vol); err != nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	} else if len(gens) > 0 {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
 	}
 	if _, err := repo.Meta(ctx, vol); err == nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: an unfinished import left its metadata (`template rm %s` removes it): %w", name, name, ErrTemplateExists)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: an unfinished import left its metadata (`template rm %s` removes it): %w", name, name, ErrTemplateExists)
 	}
 	tree, err := o.Trees.begin(name) // before the pull: refused early
 	if err != nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	}
 	o.tree = tree
 	defer o.Trees.drop(tree) // gone once published
@@ -91,12 +100,69 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 	// until the template records them: Prune waits for it.
 	unlock, err := lockCache(ctx, po.CacheDir, unix.LOCK_SH)
 	if err != nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	}
 	defer unlock()
-	p, err := PullImage(ctx, ref, po)
+	r, err := resolveImage(ctx, ref, po)
 	if err != nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	cf, err := v1.ParseConfigFile(bytes.NewReader(r.rawConfig))
+	if err != nil {
+		return nil, res, Meta{}, fmt.Errorf("import template %s: image config: %w: %w", name, ErrBadSource, err)
+	}
+	meta := Meta{Source: "registry", Ref: ref, Digest: r.p.Digest.String(), Platform: r.p.Platform.String(),
+		Config: ImageConfig{Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd, Env: cf.Config.Env, WorkingDir: cf.Config.WorkingDir, User: cf.Config.User}}
+	for _, l := range r.m.Layers {
+		meta.Layers = append(meta.Layers, l.Digest.String())
+	}
+	if r.p.IndexDigest.Hex != "" {
+		meta.IndexDigest = r.p.IndexDigest.String()
+	}
+	if wd := meta.Config.WorkingDir; wd != "" && (!path.IsAbs(wd) || path.Clean(wd) != wd) {
+		return nil, res, Meta{}, fmt.Errorf("import template %s: working dir %q is not an absolute clean path: %w", name, wd, ErrBadSource)
+	}
+	key := imageKey(r.m.Layers, o)
+	bm, haveBase, stored, err := readBase(ctx, repo, key)
+	if err != nil {
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+	}
+	cloned := false
+	if haveBase && stored && o.tree != "" && (meta.Config.User == "" || bm.HasIDs) {
+		// The tree too: a hard-linked copy of another fork's, if any.
+		src, err := o.Trees.sharedTree(ctx, repo, baseVolume(key).ID)
+		if err != nil {
+			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+		if src != "" {
+			if cerr := cloneTree(ctx, src, o.tree); cerr == nil {
+				cloned = true
+			} else if err := resetDir(o.tree); err != nil { // unpacked instead
+				return nil, res, Meta{}, fmt.Errorf("import template %s: %w (after %w)", name, err, cerr)
+			}
+		}
+	}
+	if haveBase && stored && (o.tree == "" || cloned) && (meta.Config.User == "" || bm.HasIDs) {
+		// The image of these layers is stored: nothing to pull or build.
+		meta.Config.UID, meta.Config.GID, err = resolveUser(bm.Passwd, bm.Group, meta.Config.User)
+		if err != nil {
+			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+		r.reportCached()
+		meta.Image = baseVolume(key).ID
+		res = ImageResult{Entries: bm.Entries, Bytes: bm.Bytes, Skipped: bm.Skipped, Base: meta.Image, Reused: true}
+		m, err := forkBase(ctx, repo, vol, key, meta)
+		if err != nil {
+			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+		if o.Progress != nil {
+			o.Progress(Progress{Phase: "stored", Entries: 0, Bytes: int64(m.DeviceSize)})
+		}
+		return m, res, meta, o.Trees.publishImported(o.tree, name)
+	}
+	p, err := r.pull(ctx)
+	if err != nil {
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	}
 	ok := false
 	defer func() {
@@ -104,54 +170,68 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 			p.Discard()
 		}
 	}()
-	cf, err := p.Image.ConfigFile()
-	if err != nil {
-		err = fmt.Errorf("import template %s: image config: %w: %w", name, ErrBadSource, err)
-		return nil, ImageResult{}, Meta{}, err
-	}
-	meta := Meta{Source: "registry", Ref: ref, Digest: p.Digest.String(), Platform: p.Platform.String(),
-		Config: ImageConfig{Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd, Env: cf.Config.Env, WorkingDir: cf.Config.WorkingDir, User: cf.Config.User}}
-	im, err := p.Image.Manifest()
-	if err != nil {
-		err = fmt.Errorf("import template %s: image manifest: %w: %w", name, ErrBadSource, err)
-		return nil, ImageResult{}, Meta{}, err
-	}
-	for _, l := range im.Layers {
-		meta.Layers = append(meta.Layers, l.Digest.String())
-	}
-	if p.IndexDigest.Hex != "" {
-		meta.IndexDigest = p.IndexDigest.String()
-	}
-	if wd := meta.Config.WorkingDir; wd != "" && (!path.IsAbs(wd) || path.Clean(wd) != wd) {
-		err = fmt.Errorf("import template %s: working dir %q is not an absolute clean path: %w", name, wd, ErrBadSource)
-		return nil, ImageResult{}, Meta{}, err
-	}
+	var ids struct{ passwd, group []byte }
 	o.Inspect = func(root *os.Root) error {
-		uid, gid, rerr := resolveUser(root, meta.Config.User)
-		meta.Config.UID, meta.Config.GID = uid, gid
+		var rerr error
+		if ids.passwd, ids.group, rerr = readIDFiles(root); rerr != nil {
+			return rerr
+		}
+		meta.Config.UID, meta.Config.GID, rerr = resolveUser(ids.passwd, ids.group, meta.Config.User)
 		return rerr
 	}
+	// Stored already (only the tree or the user was wanted): no image.
+	o.noImage = haveBase && stored
 	dir, err := os.MkdirTemp(tmpDir, "template-import-")
 	if err != nil {
-		return nil, ImageResult{}, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	}
 	defer os.RemoveAll(dir)
 	img := dir + "/root.ext4"
-	res, err := BuildImage(ctx, Source{Kind: KindImage, Path: ref, Image: p.Image}, img, o)
+	o.transient = true
+	res, err = BuildImage(ctx, Source{Kind: KindImage, Path: ref, Image: p.Image}, img, o)
 	if err != nil {
 		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
 	}
+	based := o.noImage
+	res.Reused = o.noImage
+	if !based {
+		bm = baseMeta{Source: sourceBase, Key: key, Layers: meta.Layers, Entries: res.Entries, Bytes: res.Bytes, Skipped: keptSkipped(res.Skipped)}
+		if len(ids.passwd)+len(ids.group) <= maxBaseIDs {
+			bm.Passwd, bm.Group, bm.HasIDs = ids.passwd, ids.group, true
+		}
+		if based, err = storeBase(ctx, repo, key, img, bm, o.Progress); err != nil {
+			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+	}
+	var m *blockstore.Manifest
+	if based {
+		meta.Image = baseVolume(key).ID
+		res.Base = meta.Image
+		if m, err = forkBase(ctx, repo, vol, key, meta); err != nil {
+			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+	} else if m, err = importOwn(ctx, repo, name, img, meta, o.Progress); err != nil {
+		return nil, res, Meta{}, err
+	}
+	ok = true
+	return m, res, meta, o.Trees.publishImported(o.tree, name)
+}
+
+// importOwn stores the image file img as template name with meta, not as
+// a fork of a base (the base's name is another template's).
+func importOwn(ctx context.Context, repo *blockstore.Repo, name, img string, meta Meta, progress func(Progress)) (*blockstore.Manifest, error) {
+	vol := blockstore.Template(name)
 	b, err := json.Marshal(meta)
 	if err != nil {
-		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, fmt.Errorf("import template %s: %w", name, err)
 	}
 	if err = repo.PutMeta(ctx, vol, b); err != nil {
 		if errors.Is(err, blockstore.ErrExists) {
 			err = fmt.Errorf("%w: %w", ErrTemplateExists, err)
 		}
-		return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		return nil, fmt.Errorf("import template %s: %w", name, err)
 	}
-	m, err := Import(ctx, repo, name, img, o.Progress)
+	m, err := importChecked(ctx, repo, name, img, progress)
 	if err != nil {
 		// Ours (PutMeta was create-once), unless another import of the
 		// name won the manifest: then the template is theirs, with it.
@@ -160,10 +240,9 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 				err = errors.Join(err, derr)
 			}
 		}
-		return nil, res, Meta{}, err
+		return nil, err
 	}
-	ok = true
-	return m, res, meta, o.Trees.publishImported(o.tree, name)
+	return m, nil
 }
 
 // maxIDFile bounds what is read of the image's /etc/passwd and /etc/group.
@@ -173,7 +252,7 @@ const maxIDFile = 1 << 20
 // UID:GID, ...) into ids, looked up in the tree's /etc/passwd and
 // /etc/group as Docker does: a numeric user missing from passwd is that
 // uid with gid 0; a name that is not there is an error.
-func resolveUser(root *os.Root, user string) (uid, gid uint32, err error) {
+func resolveUser(passwdFile, groupFile []byte, user string) (uid, gid uint32, err error) {
 	if user == "" {
 		return 0, 0, nil
 	}
@@ -181,7 +260,7 @@ func resolveUser(root *os.Root, user string) (uid, gid uint32, err error) {
 	if u == "" || (hasGroup && g == "") {
 		return 0, 0, fmt.Errorf("image user %q: want USER[:GROUP]: %w", user, ErrBadSource)
 	}
-	passwd, err := idFile(root, "etc/passwd")
+	passwd, err := idLines(passwdFile, "etc/passwd")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -218,7 +297,7 @@ func resolveUser(root *os.Root, user string) (uid, gid uint32, err error) {
 	if n, err := strconv.ParseUint(g, 10, 32); err == nil {
 		return uid, uint32(n), nil
 	}
-	groups, err := idFile(root, "etc/group")
+	groups, err := idLines(groupFile, "etc/group")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -234,9 +313,19 @@ func resolveUser(root *os.Root, user string) (uid, gid uint32, err error) {
 	return 0, 0, fmt.Errorf("image group %q is not in the image's /etc/group: %w", g, ErrBadSource)
 }
 
-// idFile reads a passwd-style file of the tree as lines of at least four
-// colon-separated fields (group lines are padded); a missing file is none.
-func idFile(root *os.Root, name string) ([][]string, error) {
+// readIDFiles reads the tree's /etc/passwd and /etc/group (at most
+// maxIDFile bytes each); a missing file is empty.
+func readIDFiles(root *os.Root) (passwd, group []byte, err error) {
+	if passwd, err = idFile(root, "etc/passwd"); err != nil {
+		return nil, nil, err
+	}
+	if group, err = idFile(root, "etc/group"); err != nil {
+		return nil, nil, err
+	}
+	return passwd, group, nil
+}
+
+func idFile(root *os.Root, name string) ([]byte, error) {
 	f, err := root.Open(name)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -245,8 +334,18 @@ func idFile(root *os.Root, name string) ([][]string, error) {
 		return nil, escapeErr(name, fmt.Errorf("open image's /%s: %w", name, err))
 	}
 	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxIDFile))
+	if err != nil {
+		return nil, fmt.Errorf("read image's /%s: %w: %w", name, ErrBadSource, err)
+	}
+	return b, nil
+}
+
+// idLines reads a passwd-style file as lines of at least four
+// colon-separated fields (group lines are padded).
+func idLines(b []byte, name string) ([][]string, error) {
 	var out [][]string
-	sc := bufio.NewScanner(io.LimitReader(f, maxIDFile))
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		line := sc.Text()
 		if line == "" || strings.HasPrefix(line, "#") {

@@ -2,6 +2,7 @@ package template
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -48,10 +49,15 @@ type PruneResult struct {
 	Removed int   // blobs and partial downloads
 	Bytes   int64 // their size
 	Kept    int   // blobs a template references
+	// Images are the stored images of registry layers (base.go) that no
+	// template is a fork of any more, removed from the store.
+	Images int
 }
 
 // Prune removes from the layer cache at dir every blob no template of the
-// store references (Meta.Layers), and what interrupted downloads left.
+// store references (Meta.Layers), and what interrupted downloads left;
+// and from the store the images of registry layers (base.go) no template
+// is a fork of.
 // It holds the cache's lock exclusively: an import in flight (which
 // holds it shared from before it looks for its layers until its template
 // records them) finishes first, and the next waits. A registry template
@@ -84,6 +90,9 @@ func Prune(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, d
 			keep[l] = true
 		}
 	}
+	if res.Images, err = pruneBases(ctx, store, repo); err != nil {
+		return res, fmt.Errorf("prune layer cache: %w", err)
+	}
 	blobs := filepath.Join(dir, "blobs", "sha256")
 	ents, err := os.ReadDir(blobs)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -111,4 +120,64 @@ func Prune(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, d
 		res.Bytes += fi.Size()
 	}
 	return res, syncFile(blobs)
+}
+
+// pruneBases removes the bases no template is a fork of (Remove checks
+// again, failing closed). The caller holds the cache lock exclusively:
+// an import that found a base forks it before it lets go of its shared
+// hold. Imports through another layer cache do not take this lock: prune
+// from one place per store.
+func pruneBases(ctx context.Context, store blockstore.Store, repo *blockstore.Repo) (int, error) {
+	prefix := string(blockstore.KindTemplate) + "/"
+	keys, err := store.List(ctx, prefix)
+	if err != nil {
+		return 0, err
+	}
+	bases := map[string]bool{}
+	used := map[string]bool{}
+	for _, k := range keys {
+		v, rest, ok := strings.Cut(strings.TrimPrefix(k, prefix), "/")
+		if !ok {
+			continue
+		}
+		if isBase(v) {
+			bases[v] = true
+		}
+		if !strings.HasPrefix(rest, "gen/") {
+			continue
+		}
+		var g uint64
+		if _, err := fmt.Sscanf(strings.TrimPrefix(rest, "gen/"), "%d", &g); err != nil {
+			continue
+		}
+		m, err := repo.Manifest(ctx, blockstore.GenRef{Volume: blockstore.Template(v), Generation: g})
+		if err != nil {
+			return 0, err // fail closed: it might be a fork
+		}
+		if m.Parent != nil && m.Parent.Volume.Kind == blockstore.KindTemplate {
+			used[m.Parent.Volume.ID] = true
+		}
+	}
+	n := 0
+	for v := range bases {
+		if used[v] {
+			continue
+		}
+		b, err := repo.Meta(ctx, blockstore.Template(v))
+		if errors.Is(err, blockstore.ErrNotFound) {
+			continue // not a base: a template named like one
+		}
+		if err != nil {
+			return n, err
+		}
+		var bm baseMeta
+		if json.Unmarshal(b, &bm) != nil || bm.Source != sourceBase {
+			continue
+		}
+		if err := Remove(ctx, store, repo, v); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

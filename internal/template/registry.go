@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -20,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/sync/errgroup"
 )
 
 // PullOptions says how an image is pulled from a registry.
@@ -97,6 +99,28 @@ var layerMagic = map[types.MediaType][]byte{
 // manifest that does not hash to it is refused) to one image manifest (an
 // index: the entry for o.Platform), and brings its layers into the cache.
 func PullImage(ctx context.Context, ref string, o PullOptions) (*Pulled, error) {
+	r, err := resolveImage(ctx, ref, o)
+	if err != nil {
+		return nil, err
+	}
+	return r.pull(ctx)
+}
+
+// resolved is an image whose manifest and config are fetched and
+// checked, its layers not yet.
+type resolved struct {
+	o           PullOptions // defaults filled in
+	p           *Pulled     // without Image
+	img         v1.Image    // the registry's
+	m           *v1.Manifest
+	rawManifest []byte
+	rawConfig   []byte
+	mediaType   types.MediaType
+}
+
+// resolveImage fetches and checks ref's manifest (an index: the entry for
+// o.Platform) and config; no layer is downloaded.
+func resolveImage(ctx context.Context, ref string, o PullOptions) (*resolved, error) {
 	if o.CacheDir == "" {
 		return nil, errors.New("pull image: no layer cache directory")
 	}
@@ -122,7 +146,6 @@ func PullImage(ctx context.Context, ref string, o PullOptions) (*Pulled, error) 
 		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	p := &Pulled{Ref: ref, Platform: o.Platform}
-	var img v1.Image
 	switch {
 	case desc.MediaType.IsIndex():
 		p.IndexDigest = desc.Digest
@@ -150,7 +173,8 @@ func PullImage(ctx context.Context, ref string, o PullOptions) (*Pulled, error) 
 	if desc.MediaType.IsSchema1() {
 		return nil, fmt.Errorf("pull %s: schema 1 manifests are not supported: %w", ref, ErrBadSource)
 	}
-	if img, err = desc.Image(); err != nil {
+	img, err := desc.Image()
+	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w: %w", ref, ErrBadSource, err)
 	}
 	p.Digest = desc.Digest
@@ -169,19 +193,48 @@ func PullImage(ctx context.Context, ref string, o PullOptions) (*Pulled, error) 
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}
-	if err := pullLayers(ctx, img, m, o, p); err != nil {
+	return &resolved{o: o, p: p, img: img, m: m, rawManifest: rawManifest, rawConfig: rawConfig, mediaType: desc.MediaType}, nil
+}
+
+// pull brings the layers into the cache: the Pulled image reads them
+// from there.
+func (r *resolved) pull(ctx context.Context) (*Pulled, error) {
+	p := r.p
+	if err := pullLayers(ctx, r.img, r.m, r.o, p); err != nil {
 		if errors.Is(err, ErrBadSource) {
 			p.Discard() // refused for its content: nothing of it stays
 		}
-		return nil, fmt.Errorf("pull %s: %w", ref, err)
+		return nil, fmt.Errorf("pull %s: %w", p.Ref, err)
 	}
-	cached, err := partial.CompressedToImage(&cachedImage{dir: o.CacheDir, manifest: rawManifest, config: rawConfig, mediaType: desc.MediaType, layers: m.Layers})
+	cf, err := v1.ParseConfigFile(bytes.NewReader(r.rawConfig))
+	if err == nil && len(cf.RootFS.DiffIDs) != len(r.m.Layers) {
+		err = fmt.Errorf("config names %d diff IDs for %d layers", len(cf.RootFS.DiffIDs), len(r.m.Layers))
+	}
 	if err != nil {
 		p.Discard()
-		return nil, fmt.Errorf("pull %s: %w", ref, err)
+		return nil, fmt.Errorf("pull %s: config: %w: %w", p.Ref, ErrBadSource, err)
+	}
+	cached, err := partial.CompressedToImage(&cachedImage{dir: r.o.CacheDir, manifest: r.rawManifest, config: r.rawConfig, mediaType: r.mediaType, layers: r.m.Layers, diffIDs: cf.RootFS.DiffIDs})
+	if err != nil {
+		p.Discard()
+		return nil, fmt.Errorf("pull %s: %w", p.Ref, err)
 	}
 	p.Image = cached
 	return p, nil
+}
+
+// reportCached reports every layer as not downloaded: the image they make
+// is stored already.
+func (r *resolved) reportCached() {
+	if r.o.Progress == nil {
+		return
+	}
+	pr := PullProgress{Layers: len(r.m.Layers), LayersDone: len(r.m.Layers), Cached: len(r.m.Layers), Started: time.Now()}
+	for _, l := range r.m.Layers {
+		pr.Bytes += l.Size
+	}
+	pr.BytesDone = pr.Bytes
+	r.o.Progress(pr)
 }
 
 func cmpPositive[T int | int64](v, def T) T {
@@ -246,13 +299,18 @@ func (o PullOptions) blobPath(h v1.Hash) string {
 	return filepath.Join(o.CacheDir, "blobs", h.Algorithm, h.Hex)
 }
 
-// pullLayers downloads the layers the cache does not have, one at a time.
-// A layer downloaded stays in the cache even if a later one fails, so the
-// next pull starts from there; p.Added lists them for Discard.
+// pullParallel bounds the layers one pull downloads at once.
+const pullParallel = 4
+
+// pullLayers downloads the layers the cache does not have, up to
+// pullParallel at a time. A layer downloaded stays in the cache even if
+// another one fails (only content refused as bad stops the others), so
+// the next pull starts from there; p.Added lists them for Discard.
 func pullLayers(ctx context.Context, img v1.Image, m *v1.Manifest, o PullOptions, p *Pulled) error {
 	if err := os.MkdirAll(filepath.Join(o.CacheDir, "blobs", "sha256"), 0o700); err != nil {
 		return fmt.Errorf("create layer cache: %w", err)
 	}
+	var mu sync.Mutex // guards pr, done, p and the reports
 	pr := PullProgress{Layers: len(m.Layers), Started: time.Now()}
 	for _, l := range m.Layers {
 		pr.Bytes += l.Size
@@ -263,38 +321,75 @@ func pullLayers(ctx context.Context, img v1.Image, m *v1.Manifest, o PullOptions
 		}
 	}
 	report()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(m.Layers))
+	var g errgroup.Group
+	g.SetLimit(pullParallel)
 	for i, d := range m.Layers {
 		if o.cached(d) {
+			mu.Lock()
 			pr.LayersDone++
 			pr.Cached++
 			pr.BytesDone += d.Size
 			report()
+			mu.Unlock()
 			continue
 		}
-		l, err := img.LayerByDigest(d.Digest)
-		if err != nil {
-			return fmt.Errorf("layer %d: %w", i, err)
-		}
-		base := pr.BytesDone
-		for attempt := 1; ; attempt++ {
-			err = o.download(ctx, l, d, func(n int64) { pr.BytesDone = base + n; report() })
-			if err == nil || ctx.Err() != nil || errors.Is(err, ErrBadSource) || attempt == o.Attempts {
-				break
+		g.Go(func() error {
+			errs[i] = o.fetchLayer(ctx, img, i, d, func(delta int64, finished bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				pr.BytesDone += delta
+				if finished {
+					pr.LayersDone++
+					p.Added = append(p.Added, o.blobPath(d.Digest))
+					p.Downloaded += d.Size
+				}
+				report()
+			})
+			if errors.Is(errs[i], ErrBadSource) {
+				cancel() // the image is refused: the others are waste
 			}
+			return nil
+		})
+	}
+	g.Wait()
+	var bad error
+	for _, err := range errs {
+		if errors.Is(err, ErrBadSource) {
+			return err
 		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
+		if err != nil && bad == nil {
+			bad = err
+		}
+	}
+	return bad
+}
+
+// fetchLayer downloads layer i (descriptor d) into the cache, trying
+// o.Attempts times; progress gets the bytes as they come (taken back when
+// an attempt fails) and finished once the blob is stored.
+func (o PullOptions) fetchLayer(ctx context.Context, img v1.Image, i int, d v1.Descriptor, progress func(delta int64, finished bool)) error {
+	l, err := img.LayerByDigest(d.Digest)
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", i, err)
+	}
+	for attempt := 1; ; attempt++ {
+		var got int64
+		err = o.download(ctx, l, d, func(n int64) { progress(n-got, false); got = n })
+		if err == nil {
+			progress(d.Size-got, true)
+			return nil
+		}
+		progress(-got, false)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, ErrBadSource) || attempt >= o.Attempts {
 			return fmt.Errorf("layer %d (%s): %w", i, d.Digest, err)
 		}
-		p.Added = append(p.Added, o.blobPath(d.Digest))
-		p.Downloaded += d.Size
-		pr.LayersDone++
-		pr.BytesDone = base + d.Size
-		report()
 	}
-	return nil
 }
 
 // cached reports whether the cache has layer d whole: its size and its
@@ -316,7 +411,7 @@ func (o PullOptions) cached(d v1.Descriptor) bool {
 }
 
 // download writes one layer blob into the cache: a temp file, checked
-// (media type's magic, size, sha256), fsynced, then renamed to its digest.
+// (media type's magic, size, sha256), then renamed to its digest.
 func (o PullOptions) download(ctx context.Context, l v1.Layer, d v1.Descriptor, progress func(int64)) error {
 	rc, err := l.Compressed()
 	if err != nil {
@@ -370,16 +465,15 @@ func (o PullOptions) download(ctx context.Context, l v1.Layer, d v1.Descriptor, 
 	if got := hex.EncodeToString(h.Sum(nil)); got != d.Digest.Hex {
 		return fmt.Errorf("blob hashes to sha256:%s, not %s", got, d.Digest)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync cache file: %w", err)
-	}
+	// No fsync: a blob is hashed again whenever a pull finds it (cached),
+	// so one a crash left torn is downloaded again, never used.
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close cache file: %w", err)
 	}
 	if err := os.Rename(f.Name(), o.blobPath(d.Digest)); err != nil {
 		return fmt.Errorf("store layer in cache: %w", err)
 	}
-	return syncFile(dir)
+	return nil
 }
 
 // cachedImage is a pulled image whose layers are read from the cache
@@ -390,24 +484,31 @@ type cachedImage struct {
 	config    []byte
 	mediaType types.MediaType
 	layers    []v1.Descriptor
+	diffIDs   []v1.Hash // the config's, one per layer
 }
 
 func (c *cachedImage) RawConfigFile() ([]byte, error)      { return c.config, nil }
 func (c *cachedImage) MediaType() (types.MediaType, error) { return c.mediaType, nil }
 func (c *cachedImage) RawManifest() ([]byte, error)        { return c.manifest, nil }
 func (c *cachedImage) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
-	for _, d := range c.layers {
+	for i, d := range c.layers {
 		if d.Digest == h {
-			return &cachedLayer{path: PullOptions{CacheDir: c.dir}.blobPath(h), d: d}, nil
+			return &cachedLayer{path: PullOptions{CacheDir: c.dir}.blobPath(h), d: d, diffID: c.diffIDs[i]}, nil
 		}
 	}
 	return nil, fmt.Errorf("layer %s is not in the manifest: %w", h, ErrBadSource)
 }
 
 type cachedLayer struct {
-	path string
-	d    v1.Descriptor
+	path   string
+	d      v1.Descriptor
+	diffID v1.Hash
 }
+
+// DiffID is the config's: what the layer's content must hash to (without
+// it, the library would compute it by decompressing the whole layer, and
+// a check against it would check nothing).
+func (l *cachedLayer) DiffID() (v1.Hash, error) { return l.diffID, nil }
 
 func (l *cachedLayer) Digest() (v1.Hash, error)            { return l.d.Digest, nil }
 func (l *cachedLayer) Size() (int64, error)                { return l.d.Size, nil }

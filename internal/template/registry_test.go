@@ -140,6 +140,10 @@ func TestRegistryImport(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("ReadMeta = %v, %v", ok, err)
 	}
+	if !strings.HasPrefix(meta.Image, basePrefix) || res.Base != meta.Image || res.Reused {
+		t.Errorf("first import: image %q, result %+v; want a fork of a new stored image", meta.Image, res)
+	}
+	want.Image = meta.Image
 	for _, g := range []Meta{meta, got} {
 		if fmt.Sprint(g) != fmt.Sprint(want) {
 			t.Errorf("meta = %+v\nwant   %+v", g, want)

@@ -104,7 +104,8 @@ func feed(ctx context.Context, src Source, u *unpacker, tmp string) error {
 	}
 	switch kind {
 	case KindImage:
-		return feedImage(ctx, src.Image, u)
+		// A registry pull: its layers are blobs of the cache, read once.
+		return feedLayers(ctx, checkedImage{src.Image}, u)
 	case KindDir:
 		return feedDir(ctx, src.Path, u)
 	case KindTar:
@@ -178,6 +179,12 @@ func feedImage(ctx context.Context, img v1.Image, u *unpacker) error {
 	if err := verifyLayers(ctx, img); err != nil {
 		return err
 	}
+	return feedLayers(ctx, img, u)
+}
+
+// feedLayers flattens img's layers into u, trusting them as they are read
+// (feedImage verifies them first; checkedImage verifies them as it goes).
+func feedLayers(ctx context.Context, img v1.Image, u *unpacker) error {
 	rc := mutate.Extract(img)
 	defer rc.Close()
 	if err := feedTar(ctx, rc, u); err != nil {

@@ -35,7 +35,21 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 	if err := vol.Check(); err != nil {
 		return nil, fmt.Errorf("import template %q: %w", name, err)
 	}
-	m, err := importImage(ctx, repo, vol, image, progress)
+	m, err := importImage(ctx, repo, vol, image, progress, nil)
+	if errors.Is(err, blockstore.ErrExists) {
+		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("import template %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// importChecked is Import of a transient image that BuildImage left
+// unchecked: e2fsck runs while it uploads.
+func importChecked(ctx context.Context, repo *blockstore.Repo, name, image string, progress func(Progress)) (*blockstore.Manifest, error) {
+	vol := blockstore.Template(name)
+	m, err := importImage(ctx, repo, vol, image, progress, func(ctx context.Context) error { return checkImage(ctx, image) })
 	if errors.Is(err, blockstore.ErrExists) {
 		return nil, fmt.Errorf("import template %s: %w", name, ErrTemplateExists)
 	}
@@ -46,8 +60,10 @@ func Import(ctx context.Context, repo *blockstore.Repo, name, image string, prog
 }
 
 // importImage stores the image file at image as generation 0 of vol (an
-// error wrapping blockstore.ErrExists if it has one).
-func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, image string, progress func(Progress)) (*blockstore.Manifest, error) {
+// error wrapping blockstore.ErrExists if it has one). A non-nil check
+// runs while the chunks upload: an error from it stops the import before
+// the manifest is written (the image checked while it is stored).
+func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, image string, progress func(Progress), check func(context.Context) error) (*blockstore.Manifest, error) {
 	name := vol.String()
 	f, err := os.Open(image)
 	if err != nil {
@@ -73,6 +89,14 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 			w.Abort()
 		}
 	}()
+	checked := make(chan error, 1)
+	if check != nil {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { checked <- check(cctx) }()
+	} else {
+		checked <- nil
+	}
 	buf := make([]byte, cs)
 	var chunks int64
 	for off := int64(0); off < size; {
@@ -103,6 +127,9 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 			}
 		}
 		off = (hole + cs - 1) / cs * cs
+	}
+	if err := <-checked; err != nil {
+		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
 	m, err := w.Commit(ctx)
 	committed = true
@@ -139,11 +166,12 @@ func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src S
 	}
 	defer os.RemoveAll(dir)
 	img := filepath.Join(dir, "root.ext4")
+	o.transient = true
 	res, err := BuildImage(ctx, src, img, o)
 	if err != nil {
 		return nil, res, err
 	}
-	m, err := Import(ctx, repo, name, img, o.Progress)
+	m, err := importChecked(ctx, repo, name, img, o.Progress)
 	if err != nil {
 		return nil, res, err
 	}
@@ -177,8 +205,17 @@ func List(ctx context.Context, store blockstore.Store, repo *blockstore.Repo) ([
 			return nil, fmt.Errorf("list templates: %w", err)
 		}
 		info := Info{Name: v, DeviceSize: m.DeviceSize, ChunkSize: m.ChunkSize, DataChunks: len(m.Entries)}
+		if m.Parent != nil { // a fork of a registry image's base
+			p, err := repo.Manifest(ctx, *m.Parent)
+			if err != nil {
+				return nil, fmt.Errorf("list templates: %w", err)
+			}
+			info.DataChunks = len(p.Entries)
+		}
 		if meta, ok, err := ReadMeta(ctx, repo, v); err != nil {
 			return nil, fmt.Errorf("list templates: %w", err)
+		} else if ok && meta.Source == sourceBase {
+			continue // not a template of its own: its forks are
 		} else if ok {
 			info.Image = meta.Ref + "@" + meta.Digest
 			if strings.Contains(meta.Ref, "@") {
@@ -208,20 +245,27 @@ func Remove(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, 
 	if len(keys) == 0 {
 		return fmt.Errorf("remove template %s: %w", name, ErrTemplateNotFound)
 	}
-	users, err := store.List(ctx, string(blockstore.KindSandbox)+"/")
-	if err != nil {
-		return fmt.Errorf("remove template %s: %w", name, err)
+	// A sandbox generation, or a template that is a fork of this one (a
+	// registry image's base).
+	var users []string
+	for _, kind := range []blockstore.VolumeKind{blockstore.KindSandbox, blockstore.KindTemplate} {
+		ks, err := store.List(ctx, string(kind)+"/")
+		if err != nil {
+			return fmt.Errorf("remove template %s: %w", name, err)
+		}
+		users = append(users, ks...)
 	}
 	for _, k := range users {
-		v, rest, ok := strings.Cut(strings.TrimPrefix(k, string(blockstore.KindSandbox)+"/"), "/")
-		if !ok || !strings.HasPrefix(rest, "gen/") {
+		kind, k, _ := strings.Cut(k, "/")
+		v, rest, ok := strings.Cut(k, "/")
+		if !ok || !strings.HasPrefix(rest, "gen/") || (kind == string(blockstore.KindTemplate) && v == name) {
 			continue
 		}
 		var g uint64
 		if _, err := fmt.Sscanf(strings.TrimPrefix(rest, "gen/"), "%d", &g); err != nil {
 			continue
 		}
-		ref := blockstore.GenRef{Volume: blockstore.Sandbox(v), Generation: g}
+		ref := blockstore.GenRef{Volume: blockstore.Volume{Kind: blockstore.VolumeKind(kind), ID: v}, Generation: g}
 		m, err := repo.Manifest(ctx, ref)
 		if err != nil {
 			// Fail closed: a manifest we cannot read might be a user.

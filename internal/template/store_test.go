@@ -117,3 +117,26 @@ func TestImportTemplate(t *testing.T) {
 		t.Error("import of a 5000-byte image succeeded")
 	}
 }
+
+// TestImportCheckedRefusesUnclean: an import's e2fsck runs while its
+// chunks upload (importChecked); an image it does not find clean is not
+// committed: no template.
+func TestImportCheckedRefusesUnclean(t *testing.T) {
+	needTools(t)
+	_, repo := templatetest.Repo(t)
+	junk := writeZeros(t, 1<<20)
+	f, err := os.OpenFile(junk, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("not a file system"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := importChecked(t.Context(), repo, "junk", junk, nil); err == nil || !strings.Contains(err.Error(), "e2fsck -fn") {
+		t.Fatalf("import of an image that is no file system = %v", err)
+	}
+	if gens, err := repo.Generations(t.Context(), blockstore.Template("junk")); err != nil || len(gens) != 0 {
+		t.Fatalf("generations after a refused import: %v, %v", gens, err)
+	}
+}

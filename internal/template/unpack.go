@@ -256,6 +256,13 @@ func (u *unpacker) parents(name string, mtime time.Time) error {
 	if dir == "." {
 		return nil
 	}
+	if m, ok := u.metas[dir]; ok && m.typ == tar.TypeDir {
+		// Made by this unpack and not replaced since (replace drops the
+		// metas of what it removes): no lstat of every ancestor for every
+		// entry. A path that is no directory any more still fails safely
+		// at the create, inside the root.
+		return nil
+	}
 	if err := u.parents(dir, mtime); err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func CreateVolume(ctx context.Context, repo *blockstore.Repo, id string, size in
 	if _, err := BuildImage(ctx, Source{Kind: KindDir, Path: empty}, img, ImageOptions{Size: size}); err != nil {
 		return blockstore.Head{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
-	if _, err := importImage(ctx, repo, vol, img, nil); err != nil {
+	if _, err := importImage(ctx, repo, vol, img, nil, nil); err != nil {
 		if errors.Is(err, blockstore.ErrExists) {
 			return blockstore.Head{}, fmt.Errorf("create volume %s: %w", id, ErrVolumeExists)
 		}

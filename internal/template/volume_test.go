@@ -45,7 +45,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		t.Errorf("generation 0 holds no ext4 superblock")
 	}
 	// An unfinished create: generation 0 without a head.
-	if _, err := importImage(ctx, repo, blockstore.Vol("half"), writeZeros(t, 1<<20), nil); err != nil {
+	if _, err := importImage(ctx, repo, blockstore.Vol("half"), writeZeros(t, 1<<20), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	vs, err := ListVolumes(ctx, store, repo)
