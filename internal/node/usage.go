@@ -37,7 +37,7 @@ func (n *Node) newMeter() *meter.Meter {
 			return qs[0].UsedBytes, true
 		}
 	}
-	return meter.New(d, n.cfg.UsageKeep)
+	return meter.New(d, meter.Retention{MaxAge: n.cfg.UsageRetention, Keep: n.cfg.UsageKeep})
 }
 
 // MeterUsage journals a usage record of every ready generation every
@@ -71,12 +71,13 @@ func (n *Node) meterFinal(ctx context.Context, rec journal.Sandbox) {
 }
 
 // Usage reads at most limit records of the metering stream after the
-// cursor (limit at most MaxUsagePage).
-func (n *Node) Usage(ctx context.Context, after uint64, limit int) (journal.UsagePage, error) {
+// cursor (limit at most MaxUsagePage); ack: the reader stored the
+// records up to the cursor, they may go.
+func (n *Node) Usage(ctx context.Context, after uint64, limit int, ack bool) (journal.UsagePage, error) {
 	if limit <= 0 || limit > MaxUsagePage {
 		return journal.UsagePage{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "limit %d out of range 1..%d", limit, MaxUsagePage)
 	}
-	p, err := n.meter.Page(after, limit)
+	p, err := n.meter.Page(after, limit, ack)
 	if err != nil {
 		return p, errdefs.Errorf(errdefs.CodeInternal, "read usage records: %v", err)
 	}

@@ -14,11 +14,12 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultKeep is how many records the journal keeps: at a 10 s
-	// interval, a day of 100 live generations is 864,000; the manager's
-	// puller reads them within seconds, so this is the outage the stream
-	// survives without a gap.
-	DefaultKeep = 1_000_000
+	// DefaultMaxAge is how long a record nobody acknowledged stays: the
+	// manager's puller stores and acknowledges records within seconds
+	// (then they go), so this is the manager outage the stream survives
+	// without a gap. At a 1 m interval, a week of 100 live generations is
+	// about 1,000,000 records (about 0.4 GB of journal).
+	DefaultMaxAge = 7 * 24 * time.Hour
 	// trimBatch bounds one trimming transaction.
 	trimBatch = 1024
 )
@@ -43,8 +44,19 @@ type Deps struct {
 // Meter samples generations and journals their records.
 type Meter struct {
 	d     Deps
-	keep  int
+	ret   Retention
 	ticks int // Tick prunes marks every markPruneTicks
+}
+
+// Retention is which records the journal drops, besides those a reader
+// acknowledged (docs/operations.md, Usage metering).
+type Retention struct {
+	// MaxAge: an unacknowledged record whose period ended longer ago
+	// goes (0: DefaultMaxAge).
+	MaxAge time.Duration
+	// Keep > 0 bounds the records kept, read or not: a disk bound that
+	// drops unread records (0: none).
+	Keep int
 }
 
 // markPruneTicks: the marks of ended generations are forgotten every this
@@ -52,16 +64,22 @@ type Meter struct {
 // the live generations).
 const markPruneTicks = 60
 
-// New builds a meter keeping at most keep records (0: DefaultKeep).
-func New(d Deps, keep int) *Meter {
+// New builds a meter with retention r.
+func New(d Deps, r Retention) *Meter {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
 	d.Log = logging.OrDiscard(d.Log)
-	if keep <= 0 {
-		keep = DefaultKeep
+	if r.MaxAge <= 0 {
+		r.MaxAge = DefaultMaxAge
 	}
-	return &Meter{d: d, keep: keep}
+	r.Keep = max(r.Keep, 0)
+	return &Meter{d: d, ret: r}
+}
+
+// retention is what TrimUsage may drop now.
+func (m *Meter) retention(now time.Time) journal.UsageRetention {
+	return journal.UsageRetention{Before: now.Add(-m.ret.MaxAge), Keep: m.ret.Keep}
 }
 
 // ReadyAt is when generation s was published ready (zero: never): its
@@ -271,7 +289,7 @@ func (m *Meter) Tick(ctx context.Context) error {
 		if len(errs) > 0 {
 			return errors.Join(errs...)
 		}
-		_, err := tx.TrimUsage(m.keep, trimBatch)
+		_, err := tx.TrimUsage(m.retention(now), trimBatch)
 		return err
 	})
 	if err != nil {
@@ -280,12 +298,31 @@ func (m *Meter) Tick(ctx context.Context) error {
 	return nil
 }
 
-// Page reads at most limit records after the cursor.
-func (m *Meter) Page(after uint64, limit int) (journal.UsagePage, error) {
+// Page reads at most limit records after the cursor. With ack, the
+// reader says it stored every record up to the cursor: they go (in the
+// same transaction, a batch of them; the next tick trims the rest).
+func (m *Meter) Page(after uint64, limit int, ack bool) (journal.UsagePage, error) {
 	var p journal.UsagePage
-	err := m.d.Journal.View(func(tx *journal.Tx) (err error) {
+	read := func(tx *journal.Tx) (err error) {
 		p, err = tx.UsageAfter(after, limit)
 		return err
+	}
+	if !ack {
+		return p, m.d.Journal.View(read)
+	}
+	// Only a cursor past the acknowledgement writes.
+	if err := m.d.Journal.View(read); err != nil || after <= p.Acked || p.Acked >= p.Last {
+		return p, err
+	}
+	err := m.d.Journal.Update(func(tx *journal.Tx) error {
+		now := m.d.Now().UTC()
+		if _, err := tx.AckUsage(after, now); err != nil {
+			return err
+		}
+		if _, err := tx.TrimUsage(m.retention(now), trimBatch); err != nil {
+			return err
+		}
+		return read(tx)
 	})
 	return p, err
 }
