@@ -195,24 +195,40 @@ func (m *Meter) appendLocked(tx *journal.Tx, s journal.Sandbox, cur journal.Usag
 	return true, tx.PutUsageMark(mark)
 }
 
-// Final journals generation s's final record (once: a teardown run again
-// after a failover finds it written). Call it before the teardown removes
-// anything, so the cgroup and the counters are still there to read.
-func (m *Meter) Final(ctx context.Context, s journal.Sandbox) error {
+// FinalSample is generation s's totals read for its final record, and
+// when.
+type FinalSample struct {
+	At    time.Time
+	Usage journal.Usage
+}
+
+// SampleFinal reads generation s's totals for its final record. Call it
+// before the teardown removes anything, so the cgroup and the counters
+// are still there to read.
+func (m *Meter) SampleFinal(ctx context.Context, s journal.Sandbox) FinalSample {
 	now := m.d.Now().UTC()
-	cur, serr := m.Sample(ctx, s, now)
-	if serr != nil {
-		m.d.Log.Warn("final usage sample incomplete; the last record's totals stand for what could not be read",
-			"sandbox", s.ID, "generation", s.Generation, "err", serr)
-	}
-	err := m.d.Journal.Update(func(tx *journal.Tx) error {
-		_, err := m.appendLocked(tx, s, cur, now, true)
-		return err
-	})
+	cur, err := m.Sample(ctx, s, now)
 	if err != nil {
+		m.d.Log.Warn("final usage sample incomplete; the last record's totals stand for what could not be read",
+			"sandbox", s.ID, "generation", s.Generation, "err", err)
+	}
+	return FinalSample{At: now, Usage: cur}
+}
+
+// FinalLocked journals generation s's final record from f in tx, unless
+// it was written (once: a teardown run again after a failover finds it).
+func (m *Meter) FinalLocked(tx *journal.Tx, s journal.Sandbox, f FinalSample) error {
+	if _, err := m.appendLocked(tx, s, f.Usage, f.At, true); err != nil {
 		return fmt.Errorf("journal final usage of %s generation %d: %w", s.ID, s.Generation, err)
 	}
 	return nil
+}
+
+// Final samples generation s and journals its final record (SampleFinal,
+// FinalLocked) in a transaction of its own.
+func (m *Meter) Final(ctx context.Context, s journal.Sandbox) error {
+	f := m.SampleFinal(ctx, s)
+	return m.d.Journal.Update(func(tx *journal.Tx) error { return m.FinalLocked(tx, s, f) })
 }
 
 // Tick journals a record of every ready generation in one transaction,
