@@ -92,6 +92,14 @@ func (n *Node) Usage(ctx context.Context, after uint64, limit int, ack bool) (jo
 	if limit <= 0 || limit > MaxUsagePage {
 		return journal.UsagePage{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "limit %d out of range 1..%d", limit, MaxUsagePage)
 	}
+	if ack {
+		// The acknowledgement is a journal write: only within the term.
+		_, end, err := n.begin(ctx)
+		if err != nil {
+			return journal.UsagePage{}, err
+		}
+		defer end()
+	}
 	p, err := n.meter.Page(after, limit, ack)
 	if err != nil {
 		return p, errdefs.Errorf(errdefs.CodeInternal, "read usage records: %v", err)
