@@ -9,7 +9,8 @@ import (
 	"github.com/ctld/ctld/internal/api"
 )
 
-// TestCLIUsage: usage --pull stores the node's records once; the sums
+// TestCLIUsage: usage --pull stores the node's records once and
+// acknowledges them to the node at the next pull; the sums
 // are per sandbox and per owner over the range asked.
 func TestCLIUsage(t *testing.T) {
 	e := newEnv(t)
@@ -27,6 +28,10 @@ func TestCLIUsage(t *testing.T) {
 	if !strings.Contains(out, "cli-sb") || !strings.Contains(out, "other") || !strings.Contains(out, "4.000") {
 		t.Fatalf("usage:\n%s", out)
 	}
+	// A pull acknowledges the cursor it starts from: nothing yet.
+	if a := e.node.UsageAcked(); a != 0 {
+		t.Fatalf("the node was acknowledged %d records before any was stored", a)
+	}
 	// Pulled again: nothing doubles.
 	var sums struct {
 		Sandboxes []struct {
@@ -36,6 +41,10 @@ func TestCLIUsage(t *testing.T) {
 		} `json:"sandboxes"`
 	}
 	js := e.ok("--json", "usage", "--pull", "--sandbox", "other")
+	// The next pull acknowledged what the first stored (the node may drop it).
+	if a := e.node.UsageAcked(); a != 4 {
+		t.Fatalf("the node was acknowledged %d records, want 4", a)
+	}
 	if err := json.Unmarshal([]byte(js), &sums); err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,8 @@ func TestRunUsageErrors(t *testing.T) {
 		{[]string{"run", "--slot", "a", "--guest-oom-score-adj", "1001"}, "--guest-oom-score-adj must be between 0 and 1000, got 1001"},
 		{[]string{"run", "--slot", "a", "--max-concurrent-claims", "0"}, "--max-concurrent-claims and --max-concurrent-execs must be at least 1"},
 		{[]string{"run", "--slot", "a", "--max-file-bytes", "0"}, "--max-file-bytes must be at least 1"},
+		{[]string{"run", "--slot", "a", "--usage-retention", "0s"}, "--usage-retention must be positive and --usage-records at least 0, got 0s and 0"},
+		{[]string{"run", "--slot", "a", "--usage-records", "-1"}, "--usage-retention must be positive and --usage-records at least 0, got 168h0m0s and -1"},
 		{[]string{"run", "--slot", "a", "--log-max-bytes", "1"}, "--log-max-bytes: "},
 		{[]string{"run", "--slot", "a", "--default-disk-bytes", "1"}, "--default-disk-bytes must be between"},
 		{[]string{"run", "--slot", "a", "--disk-project-base", "0"}, "--disk-project-base must be between"},

@@ -88,6 +88,7 @@ type runOpts struct {
 	withheldRetryMax time.Duration
 	usageInterval    time.Duration // usage metering (node/usage.go)
 	usageKeep        int
+	usageRetention   time.Duration
 	// The sandbox network (network.go).
 	net netOpts
 	// Block-mode RootFS (block.go).
@@ -125,6 +126,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			}
 			if err := validPlatform(o.runscPlatform); err != nil {
 				return usagef("--runsc-platform: %v", err)
+			}
+			if o.usageRetention <= 0 || o.usageKeep < 0 {
+				return usagef("--usage-retention must be positive and --usage-records at least 0, got %v and %d", o.usageRetention, o.usageKeep)
 			}
 			if o.maxClaims < 1 || o.maxExecs < 1 {
 				return usagef("--max-concurrent-claims and --max-concurrent-execs must be at least 1, got %d and %d", o.maxClaims, o.maxExecs)
@@ -218,7 +222,8 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.DurationVar(&o.withheldRetry, "withheld-retry", node.DefaultWithheldRetry, "retry the teardown of withheld generations this often, backing off per attempt (0: only on takeover)")
 	f.DurationVar(&o.withheldRetryMax, "withheld-retry-max", node.DefaultWithheldRetryMax, "longest wait between two retries of one withheld generation")
 	f.DurationVar(&o.usageInterval, "usage-interval", time.Minute, "journal a usage record of every ready generation this often (GET /v1/usage; 0: off; a generation's final record is written at its end either way)")
-	f.IntVar(&o.usageKeep, "usage-records", meter.DefaultKeep, "at most this many usage records stay in the journal; the oldest go first (a reader behind them sees the gap: docs/operations.md, Usage metering)")
+	f.DurationVar(&o.usageRetention, "usage-retention", meter.DefaultMaxAge, "a usage record the manager has not acknowledged stays this long; acknowledged ones go at once (docs/operations.md, Usage metering)")
+	f.IntVar(&o.usageKeep, "usage-records", 0, "if above 0, at most this many usage records stay in the journal, read or not: a disk bound that drops unread ones (the manager's puller logs the gap); 0: none")
 	f.StringSliceVar(&o.metricsListen, "metrics-listen", nil, "also serve /metrics (not pprof) over TCP at HOST:PORT; SLOT=HOST:PORT for one slot only, as both instances of a pair need their own port (repeatable; the root-only debug socket <run-dir>/debug-SLOT.sock always serves /metrics and pprof)")
 	o.net.flags(f)
 	o.block.flags(f)
@@ -617,7 +622,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		Reserve:  node.Capacity{CPUMillis: o.reserveCPU, MemoryBytes: o.reserveMem, PIDs: o.reservePIDs, DiskBytes: o.reserveDisk},
 		Versions: facts.versions, GuestOOMScoreAdj: o.guestOOMAdj,
 		// Withheld teardown retries (see node.RetryWithheld).
-		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax, UsageKeep: o.usageKeep,
+		WithheldRetry: o.withheldRetry, WithheldRetryMax: o.withheldRetryMax, UsageKeep: o.usageKeep, UsageRetention: o.usageRetention,
 		DefaultDiskBytes:   o.defaultDisk,
 		DiskProjects:       node.DiskProjects{Base: o.diskProjBase, Count: node.DefaultDiskProjects.Count},
 		NetLimits:          netpolicy.Limits{MaxRules: o.net.maxRules},

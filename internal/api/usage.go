@@ -55,30 +55,65 @@ type UsagePage struct {
 // MaxUsageLimit bounds limit in GET /v1/usage.
 const MaxUsageLimit = 1000
 
-// ParseUsageQuery reads after and limit (default 100) of GET /v1/usage.
-func ParseUsageQuery(q url.Values) (after uint64, limit int, err error) {
-	limit = 100
+// UsageQuery is GET /v1/usage?after=CURSOR&limit=N&ack=true. With Ack
+// the reader says it stored every record up to After: the node may drop
+// them (its retention keeps unacknowledged records for its retention
+// age).
+type UsageQuery struct {
+	After uint64
+	Limit int
+	Ack   bool
+}
+
+// ParseUsageQuery reads after, limit (default 100) and ack of GET
+// /v1/usage.
+func ParseUsageQuery(q url.Values) (UsageQuery, error) {
+	out := UsageQuery{Limit: 100}
 	if v := q.Get("after"); v != "" {
-		if after, err = strconv.ParseUint(v, 10, 64); err != nil {
-			return 0, 0, invalid("after %q: not a cursor (a sequence number)", v)
+		after, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return UsageQuery{}, invalid("after %q: not a cursor (a sequence number)", v)
 		}
+		out.After = after
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxUsageLimit {
-			return 0, 0, invalid("limit %q: want 1..%d", v, MaxUsageLimit)
+			return UsageQuery{}, invalid("limit %q: want 1..%d", v, MaxUsageLimit)
 		}
-		limit = n
+		out.Limit = n
 	}
-	return after, limit, nil
+	if v := q.Get("ack"); v != "" {
+		ack, err := strconv.ParseBool(v)
+		if err != nil {
+			return UsageQuery{}, invalid("ack %q: want true or false", v)
+		}
+		out.Ack = ack
+	}
+	return out, nil
 }
 
-// Usage reads at most limit usage records after the cursor.
+// Usage reads at most limit usage records after the cursor (and
+// acknowledges nothing).
 func (c *Client) Usage(ctx context.Context, after uint64, limit int) (UsagePage, error) {
+	return c.usage(ctx, UsageQuery{After: after, Limit: limit})
+}
+
+// UsageAck reads at most limit usage records after the cursor and
+// acknowledges the records up to it: call it with the cursor the caller
+// stored (the manager's puller), so the node may drop them.
+func (c *Client) UsageAck(ctx context.Context, after uint64, limit int) (UsagePage, error) {
+	return c.usage(ctx, UsageQuery{After: after, Limit: limit, Ack: true})
+}
+
+func (c *Client) usage(ctx context.Context, uq UsageQuery) (UsagePage, error) {
 	var out UsagePage
-	q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {strconv.Itoa(limit)}}
+	q := url.Values{"after": {strconv.FormatUint(uq.After, 10)}, "limit": {strconv.Itoa(uq.Limit)}}
+	if uq.Ack {
+		q.Set("ack", "true")
+	}
 	if err := c.callQuery(ctx, http.MethodGet, "/v1/usage", q, nil, &out); err != nil {
-		return out, fmt.Errorf("read usage after %d: %w", after, err)
+		return out, fmt.Errorf("read usage after %d: %w", uq.After, err)
 	}
 	return out, nil
 }

@@ -11,30 +11,30 @@ import (
 
 // UsageService is the metering stream (issue 22 §2): GET /v1/usage.
 type UsageService interface {
-	Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error)
+	Usage(ctx context.Context, q api.UsageQuery) (api.UsagePage, error)
 }
 
 func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) error {
-	after, limit, err := api.ParseUsageQuery(r.URL.Query())
+	q, err := api.ParseUsageQuery(r.URL.Query())
 	if err != nil {
 		return err
 	}
 	if s.Usage == nil {
 		return errdefs.Errorf(errdefs.CodeUnavailable, "usage metering is not served here")
 	}
-	p, err := s.Usage.Usage(r.Context(), after, limit)
+	p, err := s.Usage.Usage(r.Context(), q)
 	return answer(w, p, err)
 }
 
 var _ UsageService = Adapter{}
 
 // Usage reads the node's metering stream.
-func (a Adapter) Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error) {
-	p, err := a.N.Usage(ctx, after, limit)
+func (a Adapter) Usage(ctx context.Context, q api.UsageQuery) (api.UsagePage, error) {
+	p, err := a.N.Usage(ctx, q.After, q.Limit, q.Ack)
 	if err != nil {
 		return api.UsagePage{}, err
 	}
-	return apiUsagePage(after, p), nil
+	return apiUsagePage(q.After, p), nil
 }
 
 func apiUsagePage(after uint64, p journal.UsagePage) api.UsagePage {

@@ -21,7 +21,18 @@ import (
 var (
 	bucketUsage      = []byte("usage")
 	bucketUsageMarks = []byte("usage-marks")
+	bucketUsageAck   = []byte("usage-ack")
 )
+
+const usageAckKey = "acked"
+
+// UsageAck is how far a reader acknowledged the stream: it stored every
+// record up to Through (so they may go).
+type UsageAck struct {
+	RecordVersion int       `json:"record_version,omitempty"`
+	Through       uint64    `json:"through"`
+	At            time.Time `json:"at"`
+}
 
 // Usage is what a generation used. In a record, the counters (CPU, IO,
 // egress, wall time) are what was used over the record's period
@@ -132,6 +143,7 @@ type UsagePage struct {
 	Records []UsageRecord
 	First   uint64
 	Last    uint64
+	Acked   uint64 // the highest acknowledged sequence number
 }
 
 // UsageAfter reads at most limit records with a sequence number above
@@ -143,6 +155,11 @@ func (t *Tx) UsageAfter(after uint64, limit int) (UsagePage, error) {
 		return p, nil
 	}
 	p.Last = b.Sequence()
+	a, err := t.usageAck()
+	if err != nil {
+		return p, err
+	}
+	p.Acked = a.Through
 	c := b.Cursor()
 	if k, _ := c.First(); k != nil {
 		p.First = binary.BigEndian.Uint64(k)
@@ -157,22 +174,76 @@ func (t *Tx) UsageAfter(after uint64, limit int) (UsagePage, error) {
 	return p, nil
 }
 
-// TrimUsage deletes the oldest records until at most keep remain, at most
-// batch of them in this transaction; it returns how many it deleted.
-func (t *Tx) TrimUsage(keep, batch int) (int, error) {
+// usageAck reads the acknowledgement (zero: none yet).
+func (t *Tx) usageAck() (UsageAck, error) {
+	var a UsageAck
+	if t.tx.Bucket(bucketUsageAck) == nil {
+		return a, nil
+	}
+	_, err := get(t.tx, bucketUsageAck, usageAckKey, &a)
+	return a, err
+}
+
+// AckUsage records that a reader stored every record up to through. The
+// acknowledgement only moves up, and never past the newest record
+// written (a reader cannot acknowledge what it was never given). It
+// returns the acknowledgement now in force.
+func (t *Tx) AckUsage(through uint64, at time.Time) (uint64, error) {
 	b := t.tx.Bucket(bucketUsage)
-	if b == nil || keep < 0 {
+	if b == nil {
 		return 0, nil
 	}
+	a, err := t.usageAck()
+	if err != nil {
+		return 0, fmt.Errorf("acknowledge usage records: %w", err)
+	}
+	through = min(through, b.Sequence())
+	if through <= a.Through {
+		return a.Through, nil
+	}
+	if _, err := t.tx.CreateBucketIfNotExists(bucketUsageAck); err != nil {
+		return 0, fmt.Errorf("acknowledge usage records: %w", err)
+	}
+	a = UsageAck{RecordVersion: RecordVersion, Through: through, At: at}
+	if err := put(t.tx, bucketUsageAck, usageAckKey, a); err != nil {
+		return 0, fmt.Errorf("acknowledge usage records: %w", err)
+	}
+	return through, nil
+}
+
+// UsageRetention says which records TrimUsage may drop: those a reader
+// acknowledged, those whose period ended before Before (read or not;
+// zero: none by age) and, with Keep > 0, the oldest beyond Keep records
+// (a disk bound that drops unread records too; 0: none by count).
+type UsageRetention struct {
+	Before time.Time
+	Keep   int
+}
+
+// TrimUsage deletes the oldest records that r lets go, at most batch of
+// them in this transaction, stopping at the first one it keeps (so the
+// kept numbers stay contiguous); it returns how many it deleted.
+func (t *Tx) TrimUsage(r UsageRetention, batch int) (int, error) {
+	b := t.tx.Bucket(bucketUsage)
+	if b == nil {
+		return 0, nil
+	}
+	a, err := t.usageAck()
+	if err != nil {
+		return 0, fmt.Errorf("trim usage records: %w", err)
+	}
 	c := b.Cursor()
-	k, _ := c.First()
+	k, v := c.First()
 	if k == nil {
 		return 0, nil
 	}
 	// Keys are contiguous from the first kept one to the sequence.
 	n := int(b.Sequence() - binary.BigEndian.Uint64(k) + 1)
 	var keys [][]byte
-	for ; k != nil && n-len(keys) > keep && len(keys) < batch; k, _ = c.Next() {
+	for ; k != nil && len(keys) < batch; k, v = c.Next() {
+		if !usageDroppable(r, a, n-len(keys), k, v) {
+			break
+		}
 		keys = append(keys, slices.Clone(k))
 	}
 	del := 0
@@ -183,4 +254,21 @@ func (t *Tx) TrimUsage(keep, batch int) (int, error) {
 		del++
 	}
 	return del, nil
+}
+
+// usageDroppable: may record (k, v), the oldest of n kept, go?
+func usageDroppable(r UsageRetention, a UsageAck, n int, k, v []byte) bool {
+	if binary.BigEndian.Uint64(k) <= a.Through || (r.Keep > 0 && n > r.Keep) {
+		return true
+	}
+	if r.Before.IsZero() {
+		return false
+	}
+	var rec UsageRecord
+	if err := decode(bucketUsage, k, v, &rec); err != nil {
+		// Unreadable and never acknowledged: keep it (a reader sees the
+		// decode error rather than a silent gap).
+		return false
+	}
+	return rec.End.Before(r.Before)
 }

@@ -206,10 +206,12 @@ func (s *Store) SumUsage(ctx context.Context, q UsageQuery, bySandbox bool) ([]U
 	return out, rows.Err()
 }
 
-// UsageSource is a node's metering stream (api.Client).
+// UsageSource is a node's metering stream (api.Client). UsageAck reads
+// after a cursor and acknowledges the records up to it (stored: the node
+// may drop them).
 type UsageSource interface {
 	Node(ctx context.Context) (api.Node, error)
-	Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error)
+	UsageAck(ctx context.Context, after uint64, limit int) (api.UsagePage, error)
 }
 
 // UsageStore is where a puller commits a node's records (*Store).
@@ -248,7 +250,8 @@ func (p UsagePuller) PullOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return total, err
 		}
-		pg, err := p.Source.Usage(ctx, cur, page)
+		// The read acknowledges cur: the store committed it.
+		pg, err := p.Source.UsageAck(ctx, cur, page)
 		if err != nil {
 			return total, fmt.Errorf("pull usage of %s after %d: %w", n.NodeID, cur, err)
 		}

@@ -16,17 +16,19 @@ type fakeStream struct {
 	n, first uint64
 	calls    int
 	fail     map[int]bool
+	acked    uint64 // the highest cursor acknowledged
 }
 
 func (f *fakeStream) Node(ctx context.Context) (api.Node, error) {
 	return api.Node{NodeID: "node-1"}, nil
 }
 
-func (f *fakeStream) Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error) {
+func (f *fakeStream) UsageAck(ctx context.Context, after uint64, limit int) (api.UsagePage, error) {
 	f.calls++
 	if f.fail[f.calls] {
 		return api.UsagePage{}, errors.New("connection reset")
 	}
+	f.acked = max(f.acked, after)
 	p := api.UsagePage{Next: after, First: f.first, Last: f.n}
 	for s := max(after+1, f.first); s <= f.n && len(p.Records) < limit; s++ {
 		p.Records = append(p.Records, api.UsageRecord{Seq: s, SandboxID: "sb", Generation: 1, End: time.Unix(int64(s), 0), Usage: api.Usage{CPUUsec: 1}})
@@ -50,11 +52,18 @@ func TestPullerResumes(t *testing.T) {
 	if err == nil || n != 10 {
 		t.Fatalf("first pull = %d, %v; want 10 and the error", n, err)
 	}
+	// It acknowledged what it stored, no more.
+	if cur, _ := s.UsageCursor(ctx, "node-1"); src.acked != 5 || cur != 10 {
+		t.Fatalf("acknowledged %d with 10 stored; want 5 (the cursor of its last successful read)", src.acked)
+	}
 	if n, err = p.PullOnce(ctx); err != nil || n != 13 {
 		t.Fatalf("second pull = %d, %v; want 13", n, err)
 	}
 	if n, err = p.PullOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("third pull = %d, %v; want 0", n, err)
+	}
+	if src.acked != 23 {
+		t.Fatalf("acknowledged %d after storing all 23", src.acked)
 	}
 	sums, err := s.SumUsage(ctx, UsageQuery{}, true)
 	if err != nil || len(sums) != 1 || sums[0].Records != 23 || sums[0].Usage.CPUUsec != 23 {

@@ -104,9 +104,11 @@ type Config struct {
 	// none (0: none); ExecIdle ends a non-TTY exec or session after that
 	// long with no output and no input (0: none). See agentcalls.go.
 	ExecTimeoutDefault, ExecIdle time.Duration
-	// UsageKeep is how many usage records the journal keeps (usage.go;
-	// 0: meter.DefaultKeep).
-	UsageKeep int
+	// UsageKeep > 0 bounds the usage records the journal keeps, read or
+	// not (0: none); UsageRetention is how long an unacknowledged one
+	// stays (0: meter.DefaultMaxAge). See meter.Retention.
+	UsageKeep      int
+	UsageRetention time.Duration
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made

@@ -93,7 +93,7 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 	rec = n.identify(ctx, rec)
 	// Usage metering's final record, while the cgroup and the counters
 	// are there to read and before the proof returns the capacity.
-	n.meterFinal(ctx, rec)
+	finalUsage := n.meterFinal(ctx, rec)
 	tab := n.tableFor(rec)
 	recorded, err := n.effectsOf(rec)
 	if err != nil {
@@ -152,6 +152,10 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 		}
 		if !ok || s.Generation != rec.Generation {
 			return fmt.Errorf("sandbox %s generation %d vanished from the journal", rec.ID, rec.Generation)
+		}
+		// No proof without the generation's final usage record.
+		if err := n.meterFinalLocked(tx, rec, finalUsage); err != nil {
+			return err
 		}
 		if err := tx.PutProof(p); err != nil {
 			return err

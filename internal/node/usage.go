@@ -37,7 +37,7 @@ func (n *Node) newMeter() *meter.Meter {
 			return qs[0].UsedBytes, true
 		}
 	}
-	return meter.New(d, n.cfg.UsageKeep)
+	return meter.New(d, meter.Retention{MaxAge: n.cfg.UsageRetention, Keep: n.cfg.UsageKeep})
 }
 
 // MeterUsage journals a usage record of every ready generation every
@@ -59,24 +59,48 @@ func (n *Node) MeterUsage(ctx context.Context, every time.Duration) {
 	})
 }
 
-// meterFinal journals rec's final usage record (once per generation). A
-// failure is logged, not fatal: the teardown and its proof go on.
-func (n *Node) meterFinal(ctx context.Context, rec journal.Sandbox) {
+// meterFinal samples rec's totals for its final usage record and
+// journals it (once per generation), before the teardown removes
+// anything. It returns the sample (nil: a generation without a lease has
+// none): if this write failed, the teardown's proof transaction writes
+// the record from it, so the capacity never returns without it (fail
+// closed: no proof, no final record, no capacity).
+func (n *Node) meterFinal(ctx context.Context, rec journal.Sandbox) *meter.FinalSample {
 	if rec.LeaseID == "" {
-		return
+		return nil
 	}
-	if err := n.meter.Final(ctx, rec); err != nil {
-		n.log.Error("final usage record not journaled", "sandbox", rec.ID, "generation", rec.Generation, "err", err)
+	f := n.meter.SampleFinal(ctx, rec)
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return n.meter.FinalLocked(tx, rec, f) }); err != nil {
+		n.log.Error("final usage record not journaled yet; the cleanup proof waits for it", "sandbox", rec.ID, "generation", rec.Generation, "err", err)
 	}
+	return &f
+}
+
+// meterFinalLocked writes the final record from f in the transaction
+// that ends the generation, unless written before (nil f: none).
+func (n *Node) meterFinalLocked(tx *journal.Tx, rec journal.Sandbox, f *meter.FinalSample) error {
+	if f == nil {
+		return nil
+	}
+	return n.meter.FinalLocked(tx, rec, *f)
 }
 
 // Usage reads at most limit records of the metering stream after the
-// cursor (limit at most MaxUsagePage).
-func (n *Node) Usage(ctx context.Context, after uint64, limit int) (journal.UsagePage, error) {
+// cursor (limit at most MaxUsagePage); ack: the reader stored the
+// records up to the cursor, they may go.
+func (n *Node) Usage(ctx context.Context, after uint64, limit int, ack bool) (journal.UsagePage, error) {
 	if limit <= 0 || limit > MaxUsagePage {
 		return journal.UsagePage{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "limit %d out of range 1..%d", limit, MaxUsagePage)
 	}
-	p, err := n.meter.Page(after, limit)
+	if ack {
+		// The acknowledgement is a journal write: only within the term.
+		_, end, err := n.begin(ctx)
+		if err != nil {
+			return journal.UsagePage{}, err
+		}
+		defer end()
+	}
+	p, err := n.meter.Page(after, limit, ack)
 	if err != nil {
 		return p, errdefs.Errorf(errdefs.CodeInternal, "read usage records: %v", err)
 	}

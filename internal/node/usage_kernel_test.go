@@ -55,7 +55,7 @@ func TestKernelUsageMetering(t *testing.T) {
 	// At least one interval record before the release.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		p, err := r.n.Usage(ctx, 0, MaxUsagePage)
+		p, err := r.n.Usage(ctx, 0, MaxUsagePage, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func TestKernelUsageMetering(t *testing.T) {
 	r.mustRelease(sb, "r1", 1)
 	pr := r.checkProof("r1")
 	time.Sleep(time.Second) // ticks after the release write nothing of it
-	p, err := r.n.Usage(ctx, 0, MaxUsagePage)
+	p, err := r.n.Usage(ctx, 0, MaxUsagePage, false)
 	if err != nil {
 		t.Fatal(err)
 	}

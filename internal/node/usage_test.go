@@ -65,7 +65,7 @@ func TestUsageFinalRecordBeforeTeardown(t *testing.T) {
 			return
 		}
 		first = p
-		atFirst, err = r.n.Usage(ctx, 0, 100)
+		atFirst, err = r.n.Usage(ctx, 0, 100, false)
 		if err != nil {
 			t.Errorf("read usage at %s: %v", p, err)
 		}
@@ -87,14 +87,14 @@ func TestUsageFinalRecordBeforeTeardown(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.mustRelease(sb, "r1", 1)
-	if p, _ := r.n.Usage(ctx, 0, 100); len(p.Records) != 2 || p.Last != 2 {
+	if p, _ := r.n.Usage(ctx, 0, 100, false); len(p.Records) != 2 || p.Last != 2 {
 		t.Fatalf("after the release: %+v", p)
 	}
 	// The released generation's view keeps the totals it ended with.
 	if v, err := r.n.Get(ctx, sb); err != nil || v.Usage == nil || v.Usage.CPUUsec != 3000 || v.Usage.TxBytes != 800 {
 		t.Fatalf("released view usage = %+v, %v", v.Usage, err)
 	}
-	if _, err := r.n.Usage(ctx, 0, MaxUsagePage+1); err == nil {
+	if _, err := r.n.Usage(ctx, 0, MaxUsagePage+1, false); err == nil {
 		t.Fatal("a page above the bound was served")
 	}
 }
@@ -130,7 +130,7 @@ func TestUsageCursorAcrossFailover(t *testing.T) {
 	}
 	r.mustBoot() // the next primary completes the teardown
 	r.checkProof("r1")
-	p, err := r.n.Usage(ctx, 0, 100)
+	p, err := r.n.Usage(ctx, 0, 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}

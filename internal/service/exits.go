@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/api"
@@ -67,9 +68,47 @@ func (s *Server) watchExits(ctx context.Context) {
 			o.Exit = &e
 		}
 		if rec.OnExit == client.OnExitDestroy {
-			s.destroyOnExit(ctx, o)
+			s.destroyOnExitInBackground(ctx, o)
 		}
 	}
+}
+
+// DefaultMaxExitDestroys is Server.MaxExitDestroys's default.
+const DefaultMaxExitDestroys = 8
+
+// exitDestroys are the on_exit destroys running (destroyOnExitInBackground).
+type exitDestroys struct {
+	mu      sync.Mutex
+	running map[string]bool // by sandbox id
+}
+
+// destroyOnExitInBackground runs destroyOnExit for o off the timer loop
+// (a slow node must not hold every other timer back): one per sandbox at
+// a time, at most MaxExitDestroys at once, and Serve waits for them. A
+// sandbox whose destroy is running, or one over the cap, is left to a
+// later tick (it stays a candidate until it is destroyed).
+func (s *Server) destroyOnExitInBackground(ctx context.Context, o manager.OwnedSandbox) {
+	d := &s.exitDestroys
+	d.mu.Lock()
+	if d.running == nil {
+		d.running = map[string]bool{}
+	}
+	if d.running[o.ID] || len(d.running) >= int(orDefault(int64(s.MaxExitDestroys), DefaultMaxExitDestroys)) {
+		d.mu.Unlock()
+		return
+	}
+	d.running[o.ID] = true
+	d.mu.Unlock()
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer func() {
+			d.mu.Lock()
+			delete(d.running, o.ID)
+			d.mu.Unlock()
+		}()
+		s.destroyOnExit(ctx, o)
+	}()
 }
 
 // nodeExit asks the node whether o's generation exited.

@@ -121,6 +121,10 @@ type Server struct {
 	// goroutine only); exitsPage its page (0: exitsPage; tests page small).
 	exitsAfter string
 	exitsPage  int
+	// MaxExitDestroys bounds the on_exit destroys running at once (0:
+	// DefaultMaxExitDestroys); exitDestroys are those running (exits.go).
+	MaxExitDestroys int
+	exitDestroys    exitDestroys
 }
 
 func (s *Server) log() *slog.Logger { return logging.OrDiscard(s.Log) }

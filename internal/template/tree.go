@@ -14,6 +14,7 @@ import (
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/mountinfo"
+	"github.com/ctld/ctld/internal/templatelock"
 )
 
 // ErrTreeNeedsRoot: an overlay tree was asked for by a builder that is not
@@ -136,21 +137,29 @@ func (t Trees) checkUnused(name string) error {
 	return nil
 }
 
-// remove deletes template name's tree: renamed aside first, so an
-// interrupted removal leaves no half tree under the name, only a hidden
-// .NAME.removing-* that no claim can name.
-func (t Trees) remove(name string) error {
+// removeAside renames template name's tree aside, to a hidden
+// .NAME.removing-* that no claim can name, and returns that path ("":
+// no tree); dropAside deletes it. An interrupted removal leaves no half
+// tree under the name.
+func (t Trees) removeAside(name string) (string, error) {
 	ok, err := t.Has(name)
 	if err != nil || !ok {
-		return err
+		return "", err
 	}
 	aside, err := os.MkdirTemp(t.Dir, "."+name+".removing-")
 	if err != nil {
-		return fmt.Errorf("remove overlay tree of %s: %w", name, err)
+		return "", fmt.Errorf("remove overlay tree of %s: %w", name, err)
 	}
 	if err := unix.Rename(filepath.Join(t.Dir, name), aside); err != nil { // onto the empty aside
 		_ = os.Remove(aside)
-		return fmt.Errorf("remove overlay tree of %s: %w", name, err)
+		return "", fmt.Errorf("remove overlay tree of %s: %w", name, err)
+	}
+	return aside, nil
+}
+
+func (t Trees) dropAside(name, aside string) error {
+	if aside == "" {
+		return nil
 	}
 	if err := removeStage(aside); err != nil {
 		return fmt.Errorf("remove overlay tree of %s: %w", name, err)
@@ -167,17 +176,37 @@ func (t Trees) RemoveTemplate(ctx context.Context, store blockstore.Store, repo 
 	if err := blockstore.Template(name).Check(); err != nil {
 		return fmt.Errorf("remove template %q: %w", name, err)
 	}
-	has, err := t.Has(name)
+	aside, err := t.removeTemplateLocked(ctx, store, repo, name)
 	if err != nil {
 		return err
 	}
+	// The tree's files go without the lock: no claim can name the aside.
+	return t.dropAside(name, aside)
+}
+
+// removeTemplateLocked does RemoveTemplate's checks and removals under the
+// templates lock, held exclusive against ctld's claims mounting overlays
+// (templatelock): from the mount table's check until the tree is renamed
+// aside, no overlay can start using it. It returns the aside path.
+func (t Trees) removeTemplateLocked(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, name string) (string, error) {
+	if t.Dir != "" {
+		unlock, err := templatelock.Exclusive(ctx, t.Dir)
+		if err != nil {
+			return "", fmt.Errorf("remove template %s: %w", name, err)
+		}
+		defer unlock()
+	}
+	has, err := t.Has(name)
+	if err != nil {
+		return "", err
+	}
 	if has {
 		if err := t.checkUnused(name); err != nil {
-			return err
+			return "", err
 		}
 	}
 	if err := Remove(ctx, store, repo, name); err != nil && !(has && errors.Is(err, ErrTemplateNotFound)) {
-		return err
+		return "", err
 	}
-	return t.remove(name)
+	return t.removeAside(name)
 }

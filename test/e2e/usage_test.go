@@ -32,7 +32,8 @@ func TestUsageStreamAcrossFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	puller := manager.UsagePuller{Store: st, Source: c, Page: 3}
+	src := &seenSource{Client: c, seen: map[uint64]api.UsageRecord{}}
+	puller := manager.UsagePuller{Store: st, Source: src, Page: 3}
 	pctx, stop := context.WithCancel(cx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -55,17 +56,17 @@ func TestUsageStreamAcrossFailover(t *testing.T) {
 	if _, err := puller.PullOnce(cx); err != nil {
 		t.Fatal(err)
 	}
-	var recs []api.UsageRecord
-	for after := uint64(0); ; {
-		p, err := c.Usage(cx, after, 2)
-		if err != nil {
-			t.Fatal(err)
+	// The puller acknowledged what it stored: the node keeps none of it.
+	if p, err := c.Usage(cx, 0, api.MaxUsageLimit); err != nil || len(p.Records) != 0 || p.Last != uint64(len(src.seen)) {
+		t.Fatalf("the node's stream after the pulls: %d records, last %d, %v; want none kept, last %d", len(p.Records), p.Last, err, len(src.seen))
+	}
+	recs := make([]api.UsageRecord, 0, len(src.seen))
+	for seq := uint64(1); seq <= uint64(len(src.seen)); seq++ {
+		r, ok := src.seen[seq]
+		if !ok {
+			t.Fatalf("record %d never reached the puller (it saw %d)", seq, len(src.seen))
 		}
-		if len(p.Records) == 0 {
-			break
-		}
-		recs = append(recs, p.Records...)
-		after = p.Next
+		recs = append(recs, r)
 	}
 	epochs := map[uint64]int{}
 	var cpu uint64
@@ -87,4 +88,22 @@ func TestUsageStreamAcrossFailover(t *testing.T) {
 	if cur, _ := st.UsageCursor(cx, nb.NodeID); cur != uint64(len(recs)) {
 		t.Fatalf("manager cursor %d, want %d", cur, len(recs))
 	}
+}
+
+// seenSource is the node's stream as the puller read it: every record
+// it was given, by sequence number.
+type seenSource struct {
+	*api.Client
+	mu   sync.Mutex
+	seen map[uint64]api.UsageRecord
+}
+
+func (s *seenSource) UsageAck(ctx context.Context, after uint64, limit int) (api.UsagePage, error) {
+	p, err := s.Client.UsageAck(ctx, after, limit)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range p.Records {
+		s.seen[r.Seq] = r
+	}
+	return p, err
 }

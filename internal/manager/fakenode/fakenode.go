@@ -37,7 +37,8 @@ type Node struct {
 	// snaps are the sandbox volumes' snapshots (BlockStore only).
 	snaps map[string][]api.Snapshot
 	// usage is the metering stream (usage.go).
-	usage []api.UsageRecord
+	usage      []api.UsageRecord
+	usageAcked uint64
 
 	// BlockStore, when set, makes snapshot, fork and restore work on the
 	// heads in memory (no files move); unset, they are refused as on a
@@ -138,7 +139,7 @@ func Serve(t testing.TB, n *Node) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := &apiserver.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second, Usage: n}
+	srv := &apiserver.Server{Service: n, AllowedGID: os.Getgid(), ShutdownGrace: time.Second, Usage: usageServer{n}}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
 	t.Cleanup(func() {

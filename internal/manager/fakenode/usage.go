@@ -15,7 +15,26 @@ func (n *Node) AddUsage(r api.UsageRecord) api.UsageRecord {
 	return r
 }
 
-// Usage serves GET /v1/usage as ctld does.
+// UsageAcked is the highest cursor a reader acknowledged.
+func (n *Node) UsageAcked() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.usageAcked
+}
+
+// usageServer serves the node's stream to the apiserver.
+type usageServer struct{ n *Node }
+
+func (s usageServer) Usage(ctx context.Context, q api.UsageQuery) (api.UsagePage, error) {
+	if q.Ack {
+		s.n.mu.Lock()
+		s.n.usageAcked = max(s.n.usageAcked, min(q.After, uint64(len(s.n.usage))))
+		s.n.mu.Unlock()
+	}
+	return s.n.Usage(ctx, q.After, q.Limit)
+}
+
+// Usage serves GET /v1/usage as ctld does (it keeps every record).
 func (n *Node) Usage(ctx context.Context, after uint64, limit int) (api.UsagePage, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -14,11 +14,13 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultKeep is how many records the journal keeps: at a 10 s
-	// interval, a day of 100 live generations is 864,000; the manager's
-	// puller reads them within seconds, so this is the outage the stream
-	// survives without a gap.
-	DefaultKeep = 1_000_000
+	// DefaultMaxAge is how long a record nobody acknowledged stays: the
+	// manager's puller stores and acknowledges records within seconds
+	// (then they go), so this is the manager outage the stream survives
+	// without a gap. At a 1 m interval, a week of 100 live generations is
+	// about 1,000,000 records (about 0.86 GB of journal: TestUsageJournalSize
+	// in internal/journal measures 86 MB for 100,000).
+	DefaultMaxAge = 7 * 24 * time.Hour
 	// trimBatch bounds one trimming transaction.
 	trimBatch = 1024
 )
@@ -43,8 +45,19 @@ type Deps struct {
 // Meter samples generations and journals their records.
 type Meter struct {
 	d     Deps
-	keep  int
+	ret   Retention
 	ticks int // Tick prunes marks every markPruneTicks
+}
+
+// Retention is which records the journal drops, besides those a reader
+// acknowledged (docs/operations.md, Usage metering).
+type Retention struct {
+	// MaxAge: an unacknowledged record whose period ended longer ago
+	// goes (0: DefaultMaxAge).
+	MaxAge time.Duration
+	// Keep > 0 bounds the records kept, read or not: a disk bound that
+	// drops unread records (0: none).
+	Keep int
 }
 
 // markPruneTicks: the marks of ended generations are forgotten every this
@@ -52,16 +65,22 @@ type Meter struct {
 // the live generations).
 const markPruneTicks = 60
 
-// New builds a meter keeping at most keep records (0: DefaultKeep).
-func New(d Deps, keep int) *Meter {
+// New builds a meter with retention r.
+func New(d Deps, r Retention) *Meter {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
 	d.Log = logging.OrDiscard(d.Log)
-	if keep <= 0 {
-		keep = DefaultKeep
+	if r.MaxAge <= 0 {
+		r.MaxAge = DefaultMaxAge
 	}
-	return &Meter{d: d, keep: keep}
+	r.Keep = max(r.Keep, 0)
+	return &Meter{d: d, ret: r}
+}
+
+// retention is what TrimUsage may drop now.
+func (m *Meter) retention(now time.Time) journal.UsageRetention {
+	return journal.UsageRetention{Before: now.Add(-m.ret.MaxAge), Keep: m.ret.Keep}
 }
 
 // ReadyAt is when generation s was published ready (zero: never): its
@@ -177,24 +196,40 @@ func (m *Meter) appendLocked(tx *journal.Tx, s journal.Sandbox, cur journal.Usag
 	return true, tx.PutUsageMark(mark)
 }
 
-// Final journals generation s's final record (once: a teardown run again
-// after a failover finds it written). Call it before the teardown removes
-// anything, so the cgroup and the counters are still there to read.
-func (m *Meter) Final(ctx context.Context, s journal.Sandbox) error {
+// FinalSample is generation s's totals read for its final record, and
+// when.
+type FinalSample struct {
+	At    time.Time
+	Usage journal.Usage
+}
+
+// SampleFinal reads generation s's totals for its final record. Call it
+// before the teardown removes anything, so the cgroup and the counters
+// are still there to read.
+func (m *Meter) SampleFinal(ctx context.Context, s journal.Sandbox) FinalSample {
 	now := m.d.Now().UTC()
-	cur, serr := m.Sample(ctx, s, now)
-	if serr != nil {
-		m.d.Log.Warn("final usage sample incomplete; the last record's totals stand for what could not be read",
-			"sandbox", s.ID, "generation", s.Generation, "err", serr)
-	}
-	err := m.d.Journal.Update(func(tx *journal.Tx) error {
-		_, err := m.appendLocked(tx, s, cur, now, true)
-		return err
-	})
+	cur, err := m.Sample(ctx, s, now)
 	if err != nil {
+		m.d.Log.Warn("final usage sample incomplete; the last record's totals stand for what could not be read",
+			"sandbox", s.ID, "generation", s.Generation, "err", err)
+	}
+	return FinalSample{At: now, Usage: cur}
+}
+
+// FinalLocked journals generation s's final record from f in tx, unless
+// it was written (once: a teardown run again after a failover finds it).
+func (m *Meter) FinalLocked(tx *journal.Tx, s journal.Sandbox, f FinalSample) error {
+	if _, err := m.appendLocked(tx, s, f.Usage, f.At, true); err != nil {
 		return fmt.Errorf("journal final usage of %s generation %d: %w", s.ID, s.Generation, err)
 	}
 	return nil
+}
+
+// Final samples generation s and journals its final record (SampleFinal,
+// FinalLocked) in a transaction of its own.
+func (m *Meter) Final(ctx context.Context, s journal.Sandbox) error {
+	f := m.SampleFinal(ctx, s)
+	return m.d.Journal.Update(func(tx *journal.Tx) error { return m.FinalLocked(tx, s, f) })
 }
 
 // Tick journals a record of every ready generation in one transaction,
@@ -271,7 +306,7 @@ func (m *Meter) Tick(ctx context.Context) error {
 		if len(errs) > 0 {
 			return errors.Join(errs...)
 		}
-		_, err := tx.TrimUsage(m.keep, trimBatch)
+		_, err := tx.TrimUsage(m.retention(now), trimBatch)
 		return err
 	})
 	if err != nil {
@@ -280,12 +315,31 @@ func (m *Meter) Tick(ctx context.Context) error {
 	return nil
 }
 
-// Page reads at most limit records after the cursor.
-func (m *Meter) Page(after uint64, limit int) (journal.UsagePage, error) {
+// Page reads at most limit records after the cursor. With ack, the
+// reader says it stored every record up to the cursor: they go (in the
+// same transaction, a batch of them; the next tick trims the rest).
+func (m *Meter) Page(after uint64, limit int, ack bool) (journal.UsagePage, error) {
 	var p journal.UsagePage
-	err := m.d.Journal.View(func(tx *journal.Tx) (err error) {
+	read := func(tx *journal.Tx) (err error) {
 		p, err = tx.UsageAfter(after, limit)
 		return err
+	}
+	if !ack {
+		return p, m.d.Journal.View(read)
+	}
+	// Only a cursor past the acknowledgement writes.
+	if err := m.d.Journal.View(read); err != nil || after <= p.Acked || p.Acked >= p.Last {
+		return p, err
+	}
+	err := m.d.Journal.Update(func(tx *journal.Tx) error {
+		now := m.d.Now().UTC()
+		if _, err := tx.AckUsage(after, now); err != nil {
+			return err
+		}
+		if _, err := tx.TrimUsage(m.retention(now), trimBatch); err != nil {
+			return err
+		}
+		return read(tx)
 	})
 	return p, err
 }

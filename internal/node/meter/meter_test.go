@@ -112,7 +112,7 @@ func newRig(t *testing.T, keep int) *rig {
 			return r.egress, s.State == journal.StateReady
 		},
 		Now: func() time.Time { return r.now },
-	}, keep)
+	}, Retention{Keep: keep})
 	return r
 }
 
@@ -125,7 +125,7 @@ func (r *rig) put(t *testing.T, s journal.Sandbox) {
 
 func (r *rig) page(t *testing.T, after uint64, limit int) journal.UsagePage {
 	t.Helper()
-	p, err := r.m.Page(after, limit)
+	p, err := r.m.Page(after, limit, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,5 +284,47 @@ func TestRetention(t *testing.T) {
 	// The trim runs after each tick's append: 3 kept.
 	if len(p.Records) != 3 || p.First != 3 || p.Last != 5 || p.Records[0].Seq != 3 {
 		t.Fatalf("page = first %d last %d, %d records", p.First, p.Last, len(p.Records))
+	}
+}
+
+// TestRetentionByAck: records stay, however many, until a reader that
+// stored them acknowledges them (then the read drops them) or until they
+// are older than the retention age unread; a read without ack drops
+// nothing.
+func TestRetentionByAck(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, 0)
+	r.m.ret.MaxAge = time.Hour
+	r.put(t, readySandbox(r, "a", 1))
+	writeCgroup(t, filepath.Join(r.root, "a-l"), cgroupFiles(1, 1, 1, 1, 1, 1))
+	tick := func(n int) {
+		for range n {
+			r.now = r.now.Add(time.Minute)
+			if err := r.m.Tick(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tick(5)
+	// A reader that does not acknowledge (a person with curl) drops nothing.
+	if p, err := r.m.Page(3, 100, false); err != nil || p.First != 1 || len(p.Records) != 2 {
+		t.Fatalf("read without ack = %+v, %v", p, err)
+	}
+	if p := r.page(t, 0, 100); p.First != 1 || len(p.Records) != 5 {
+		t.Fatalf("after a read without ack: first %d, %d records", p.First, len(p.Records))
+	}
+	// The manager stored 1..3 and reads after 3 with ack: they go.
+	p, err := r.m.Page(3, 100, true)
+	if err != nil || len(p.Records) != 2 || p.Records[0].Seq != 4 || p.First != 4 || p.Acked != 3 {
+		t.Fatalf("read with ack 3 = %+v, %v", p, err)
+	}
+	// Unread records stay until they are an hour old, then go by age.
+	tick(59)
+	if p := r.page(t, 3, 1000); p.First != 4 || p.Last != 64 {
+		t.Fatalf("an hour on: first %d last %d", p.First, p.Last)
+	}
+	tick(2)
+	if p := r.page(t, 0, 1000); p.First != 6 || p.Last != 66 {
+		t.Fatalf("past the age: first %d last %d, want 6 (4 and 5 aged out)", p.First, p.Last)
 	}
 }

@@ -3,11 +3,13 @@ package overlay
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
 
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/proof"
+	"github.com/ctld/ctld/internal/templatelock"
 )
 
 // diskResource is the project quota that bounds the scratch dir. Its name
@@ -77,6 +79,16 @@ func (mountResource) Spec() resource.Spec {
 	return resource.Spec{Kind: journal.KindMount, Phase: resource.PhaseRootFS, Mode: journal.RootFSOverlay, Check: "mounts_gone", Sweeps: true}
 }
 func (r mountResource) Make(ctx context.Context, c *resource.Claim) (err error) {
+	// Shared with `template rm` (templatelock): the tree is not removed
+	// while the overlay over it is being made.
+	if !filepath.IsAbs(c.Lower) {
+		return fmt.Errorf("mount rootfs: template dir %q is not absolute", c.Lower)
+	}
+	unlock, err := templatelock.Shared(ctx, filepath.Dir(c.Lower))
+	if err != nil {
+		return fmt.Errorf("mount rootfs: %w", err)
+	}
+	defer unlock()
 	if c.Root, err = r.o.fs.Mount(ctx, c.Rec.ContainerID, c.Lower); err != nil {
 		return fmt.Errorf("mount rootfs: %w", err)
 	}
