@@ -56,9 +56,9 @@ func TestKernelNetworkAlone(t *testing.T) {
 	ns := &netpolicy.Netns{Dir: filepath.Join(run, "netns")}
 	newNet := func(carriers int) testNet {
 		term := op.NewTerm(ctx)
-		d := Deps{
-			Term: term, Run: &op.Runner{J: j, Epoch: 1, Term: term}, Locks: &op.Locks{},
-			Netns: ns, Links: &netpolicy.Links{}, Firewall: fw, Flows: &flows.Conntrack{}, Pool: pool, Carriers: carriers,
+		d := Wiring{
+			Deps: Deps{Netns: ns, Links: &netpolicy.Links{}, Firewall: fw, Flows: &flows.Conntrack{}, Pool: pool},
+			Term: term, Run: &op.Runner{J: j, Epoch: 1, Term: term}, Locks: &op.Locks{}, Carriers: carriers,
 		}
 		tn := testNet{j: j}
 		d.Identities, d.Ready = netnsIdentities{&tn}, tn.ready

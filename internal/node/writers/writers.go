@@ -68,6 +68,15 @@ func RootFSMode(rec journal.Sandbox) journal.RootFSMode {
 	return rec.RootFS.Mode
 }
 
+// Deps are the subsystems block roots and persistent volumes share; main
+// builds them (node.Deps.Writers).
+type Deps struct {
+	Devices Devices // *writer.Supervisor
+	// Sealer seals a writer's device into a new generation in the store
+	// (block roots' pause and snapshot, a volume's detach).
+	Sealer Sealer
+}
+
 // Block mode (rootfs.mode = block, DESIGN.md "RootFS"). Each interface is
 // one resource kind of a block-mode generation; a node without them
 // refuses block claims (unavailable).
