@@ -76,6 +76,7 @@ type Kernel struct {
 	next        uint64
 	cgroups     map[string]bool    // lease id → exists
 	oomKills    map[string]int64   // lease id → memory.events oom_kill (exits.go)
+	held        map[string]bool    // lease id → a test's process is in it (Populate)
 	cpuMax      map[string][]int64 // lease id → cpu.max in millis, each value it had
 	mounts      map[string]*mount
 	superblocks map[string]*superblock // dev → superblock, while alive
@@ -138,7 +139,7 @@ type project struct {
 func New(dir string) (*Kernel, error) {
 	k := &Kernel{
 		root: dir, next: 100,
-		cgroups: map[string]bool{}, cpuMax: map[string][]int64{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
+		cgroups: map[string]bool{}, held: map[string]bool{}, cpuMax: map[string][]int64{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
 		netns: map[string]uint64{}, namespaces: map[uint64]*namespace{}, containers: map[string]*container{},
 		projects: map[uint32]*project{}, refuse: map[string]error{}, failMake: map[string]error{},
 		links: map[string]*link{}, chains: map[string]*fwChain{}, fwd: map[string]string{},
@@ -300,6 +301,9 @@ func (k *Kernel) gcLocked() {
 }
 
 func (k *Kernel) populatedLocked(id string) bool {
+	if k.held[id] {
+		return true
+	}
 	for _, c := range k.containers {
 		if c.alive() && c.cgroup == id {
 			return true
@@ -434,11 +438,28 @@ func (l *Leases) Create(ctx context.Context, s lease.Spec) error {
 	return nil
 }
 
+// Populate puts a process into lease id, as a guest would, until the
+// lease is killed or removed (a test's stand-in for a guest; the
+// lease contract's, leasetest). A missing lease wraps fs.ErrNotExist.
+func (l *Leases) Populate(id string) error {
+	k := l.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.cgroups[id] {
+		return fmt.Errorf("populate lease %s: %w", id, fs.ErrNotExist)
+	}
+	k.held[id] = true
+	return nil
+}
+
 // SetCPUMax changes the lease's cpu.max; a missing lease wraps
-// fs.ErrNotExist.
+// fs.ErrNotExist, one out of range lease.ErrInvalid.
 func (l *Leases) SetCPUMax(ctx context.Context, id string, millis int64) error {
 	if err := lease.ValidateID(id); err != nil {
 		return fmt.Errorf("set cpu.max: %w", err)
+	}
+	if millis < lease.MinCPUMillis || millis > lease.MaxCPUMillis {
+		return fmt.Errorf("set cpu.max of %s: %w: cpu_millis %d not in [%d, %d]", id, lease.ErrInvalid, millis, lease.MinCPUMillis, lease.MaxCPUMillis)
 	}
 	k := l.k()
 	k.mu.Lock()
@@ -501,6 +522,7 @@ func (l *Leases) Kill(ctx context.Context, id string) error {
 
 // killLeaseLocked stops every guest in lease id (cgroup.kill).
 func (k *Kernel) killLeaseLocked(id string) {
+	delete(k.held, id)
 	for _, c := range k.containers {
 		if c.cgroup == id {
 			k.stopLocked(c)
