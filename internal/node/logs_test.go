@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,25 +13,8 @@ import (
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/testutil"
 )
-
-// syncBuffer is written by Logs while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func logsNode(t *testing.T, state journal.State) (*Node, *guestlog.Ring) {
 	t.Helper()
@@ -65,7 +47,7 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 		t.Fatalf("runsc log: %q %v", out.String(), err)
 	}
 
-	var fout syncBuffer
+	var fout testutil.Buffer // written by Logs while the test reads it
 	type result struct {
 		end LogsEnd
 		err error

@@ -28,6 +28,7 @@ import (
 	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // The crash and reconcile cases run on two kernels: the fake one (unit
@@ -160,7 +161,7 @@ type rig struct {
 	n     *Node
 	end   context.CancelFunc // ends n's term
 	log   *slog.Logger
-	logs  syncBuffer // every term's log, shown when the test fails
+	logs  testutil.Buffer // every term's log, shown when the test fails
 
 	// unjournaled collects Node.Unjournaled of the terms that ended.
 	unjournaled []string

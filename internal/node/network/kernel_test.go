@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -44,7 +42,11 @@ func TestKernelNetworkAlone(t *testing.T) {
 	}
 	// After the leak check's snapshot: the table is the test's own to
 	// delete (ctld never deletes its table).
-	t.Cleanup(func() { deleteTable(t, table) })
+	t.Cleanup(func() {
+		if err := ktest.DeleteNftTable(table); err != nil {
+			t.Errorf("delete nft table %s: %v", table, err)
+		}
+	})
 	j, err := journal.Open(filepath.Join(run, "journal.db"), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -117,28 +119,6 @@ func TestKernelNetworkAlone(t *testing.T) {
 	for _, l := range []resource.Lister{netnsResource{next.Net}, linksResource{next.Net}, nftResource{next.Net}} {
 		if names, err := l.List(ctx); err != nil || len(names) > 0 {
 			t.Errorf("%T lists %q %v after all, want nothing", l, names, err)
-		}
-	}
-}
-
-// deleteTable deletes an nft table of inet family if it exists.
-func deleteTable(t testing.TB, name string) {
-	c, err := nftables.New()
-	if err != nil {
-		t.Errorf("nft: %v", err)
-		return
-	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		t.Errorf("list nft tables: %v", err)
-		return
-	}
-	for _, tb := range tables {
-		if tb.Name == name {
-			c.DelTable(tb)
-			if err := c.Flush(); err != nil {
-				t.Errorf("delete nft table %s: %v", name, err)
-			}
 		}
 	}
 }
