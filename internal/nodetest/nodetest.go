@@ -19,13 +19,6 @@ import (
 	"github.com/ctld/ctld/internal/node/writers"
 )
 
-// Pool and NodeAddrs are the address pool and the node addresses of
-// Deps' network.
-var (
-	Pool      = netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/28"), V6: netip.MustParsePrefix("fd00:c71d::/120")}
-	NodeAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.10")}
-)
-
 // Deps are every subsystem of a node over k, grouped per concern; the
 // caller adds the journal, identity, epoch, answers, term and capacity.
 // The DNS proxy is k's running one (k.RestartDNSProxy starts it).
@@ -35,7 +28,9 @@ func Deps(k *fakekernel.Kernel) node.Deps {
 		Overlay: overlay.Deps{RootFS: k.RootFS()},
 		Network: network.Deps{
 			Netns: k.Netns(), Links: k.Links(), Firewall: k.Firewall(), Flows: k.Flows(), DNSProxy: k.DNSProxy(),
-			Pool: Pool, NodeAddrs: NodeAddrs,
+			// A /28 of slots, and a node address no sandbox may reach.
+			Pool:      netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/28"), V6: netip.MustParsePrefix("fd00:c71d::/120")},
+			NodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 		},
 		Writers: writers.Deps{Devices: k.Blocks(), Sealer: k.Sealer()},
 		Block:   blockroot.Deps{Mounts: k.BlockMounts(), Templates: k.Templates(), Volumes: k.Volumes(), Freezer: k.Freezer()},

@@ -178,37 +178,37 @@ func key(kind journal.Kind, name string) string { return string(kind) + "/" + na
 // Refuse makes removing the object kind/name fail with err (nil: a
 // generic "busy" error), and the object stay, until Allow.
 func (k *Kernel) Refuse(kind journal.Kind, name string, err error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if err == nil {
-		err = fmt.Errorf("fake kernel: %s %s is busy (refused)", kind, name)
-	}
-	k.refuse[key(kind, name)] = err
+	k.inject(k.refuse, kind, name, err, "%s %s is busy (refused)")
 }
 
 // Allow undoes Refuse.
-func (k *Kernel) Allow(kind journal.Kind, name string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.refuse, key(kind, name))
-}
+func (k *Kernel) Allow(kind journal.Kind, name string) { k.inject(k.refuse, kind, name, nil, "") }
 
 // FailMake makes making the object kind/name fail with err (nil: a generic
 // error) and change nothing, until ClearFailMake.
 func (k *Kernel) FailMake(kind journal.Kind, name string, err error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if err == nil {
-		err = fmt.Errorf("fake kernel: making %s %s fails (injected)", kind, name)
-	}
-	k.failMake[key(kind, name)] = err
+	k.inject(k.failMake, kind, name, err, "making %s %s fails (injected)")
 }
 
 // ClearFailMake undoes FailMake.
 func (k *Kernel) ClearFailMake(kind journal.Kind, name string) {
+	k.inject(k.failMake, kind, name, nil, "")
+}
+
+// inject sets kind/name's error in m (Refuse's or FailMake's) to err, or
+// to a generic one saying what (a format of kind and name); an empty
+// what clears it.
+func (k *Kernel) inject(m map[string]error, kind journal.Kind, name string, err error, what string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.failMake, key(kind, name))
+	if what == "" {
+		delete(m, key(kind, name))
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("fake kernel: "+what, kind, name)
+	}
+	m[key(kind, name)] = err
 }
 
 // SetDiskUnbounded makes DiskBounded fail with err (nil: bounded again).
