@@ -92,9 +92,16 @@ func (n *Node) writers() *writers.Watch {
 // blockRoot is this node's block roots.
 func (n *Node) blockRoot() *blockroot.Root {
 	return blockroot.New(blockroot.Wiring{
-		Deps: n.d.Block, Writers: n.d.Writers, Config: n.cfg.Block, Journal: n.d.Journal, NodeID: n.d.Identity.NodeID, Epoch: n.d.Epoch,
-		Term: n.term, Ops: n.ops, Locks: &n.locks, Crash: n.crash, Log: n.log, Teardown: pauseTeardown{n},
+		Deps: n.d.Block, Shared: n.writersShared(), Epoch: n.d.Epoch, Ops: n.ops, Locks: &n.locks, Teardown: pauseTeardown{n},
 	})
+}
+
+// writersShared is what block roots and persistent volumes share.
+func (n *Node) writersShared() writers.Shared {
+	return writers.Shared{
+		Writers: n.d.Writers, Config: n.cfg.Block, Journal: n.d.Journal, NodeID: n.d.Identity.NodeID,
+		Term: n.term, Crash: n.crash, Log: n.log,
+	}
 }
 
 // pauseTeardown is a pause's release: the node's teardown, then the
@@ -109,10 +116,7 @@ func (t pauseTeardown) Teardown(ctx context.Context, rec journal.Sandbox, opID s
 
 // pvolumes is this node's persistent volumes (the volumes entry).
 func (n *Node) pvolumes() *pvolume.Volumes {
-	return pvolume.New(pvolume.Wiring{
-		Deps: n.d.Volumes, Writers: n.d.Writers, Config: n.cfg.Block, Journal: n.d.Journal, NodeID: n.d.Identity.NodeID,
-		Term: n.term, Crash: n.crash, Log: n.log, Watch: n.writers(),
-	})
+	return pvolume.New(pvolume.Wiring{Deps: n.d.Volumes, Shared: n.writersShared(), Watch: n.writers()})
 }
 
 // loseWriter ends a ready generation whose writer could not be restarted

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -45,21 +44,14 @@ type Deps struct {
 	Freezer writers.Freezer
 }
 
-// Wiring is what the node passes block roots: their subsystems, the
-// writers' and what they ask of the node.
+// Wiring is what the node passes block roots: their subsystems, what
+// they share with persistent volumes, and what they ask of the node.
 type Wiring struct {
 	Deps
-	Writers writers.Deps
-	Config  writers.Config
-	Journal *journal.Journal
-	NodeID  string
-	Epoch   uint64
-	Term    *op.Term
-	Ops     *op.Ops
-	Locks   *op.Locks // the sandboxes' locks
-	// Crash is the crash hook (op.Runner.Crash).
-	Crash func(point string)
-	Log   *slog.Logger
+	writers.Shared
+	Epoch uint64
+	Ops   *op.Ops
+	Locks *op.Locks // the sandboxes' locks
 	// Teardown releases a paused generation.
 	Teardown Teardowner
 }

@@ -27,7 +27,7 @@ func TestCheck(t *testing.T) {
 	if err := none.Check(ctx, "sb", req("busybox", 0)); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Errorf("no block subsystems: %v, want unavailable", err)
 	}
-	root := New(Wiring{Writers: writers.Deps{Devices: k.Blocks()}, Deps: Deps{Mounts: k.BlockMounts(), Templates: k.Templates()}})
+	root := New(Wiring{Shared: writers.Shared{Writers: writers.Deps{Devices: k.Blocks()}}, Deps: Deps{Mounts: k.BlockMounts(), Templates: k.Templates()}})
 	if err := root.Check(ctx, "sb", req("nope", 0)); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Errorf("unknown template: %v, want not_found", err)
 	}

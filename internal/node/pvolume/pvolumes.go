@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,17 +60,11 @@ type Deps struct {
 }
 
 // Wiring is what the node passes the persistent volumes: their
-// subsystems, the writers' and what they ask of the node.
+// subsystems, what they share with block roots, and what they ask of the
+// node.
 type Wiring struct {
 	Deps
-	Writers writers.Deps
-	Config  writers.Config
-	Journal *journal.Journal
-	NodeID  string
-	Term    *op.Term
-	// Crash is the crash hook (op.Runner.Crash).
-	Crash func(point string)
-	Log   *slog.Logger
+	writers.Shared
 	// Watch restarts a dead writer before its detach.
 	Watch *writers.Watch
 }
