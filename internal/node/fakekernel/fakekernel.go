@@ -455,21 +455,14 @@ func (l *Leases) Populate(id string) error {
 // SetCPUMax changes the lease's cpu.max; a missing lease wraps
 // fs.ErrNotExist, one out of range lease.ErrInvalid.
 func (l *Leases) SetCPUMax(ctx context.Context, id string, millis int64) error {
-	if err := lease.ValidateID(id); err != nil {
-		return fmt.Errorf("set cpu.max: %w", err)
-	}
 	if millis < lease.MinCPUMillis || millis > lease.MaxCPUMillis {
 		return fmt.Errorf("set cpu.max of %s: %w: cpu_millis %d not in [%d, %d]", id, lease.ErrInvalid, millis, lease.MinCPUMillis, lease.MaxCPUMillis)
 	}
-	k := l.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.cgroups[id] {
-		return fmt.Errorf("set cpu.max of %s: %w", id, fs.ErrNotExist)
-	}
-	k.cpuMax[id] = append(k.cpuMax[id], millis)
-	k.call("lease cpu.max %s %dm", id, millis)
-	return nil
+	return l.with("set cpu.max of", id, true, func(k *Kernel) error {
+		k.cpuMax[id] = append(k.cpuMax[id], millis)
+		k.call("lease cpu.max %s %dm", id, millis)
+		return nil
+	})
 }
 
 // CPUMaxHistory is every cpu.max the lease had, in millis, oldest first
@@ -483,41 +476,46 @@ func (l *Leases) CPUMaxHistory(id string) []int64 {
 
 // Remove kills everything in the lease and removes it; absent is success.
 func (l *Leases) Remove(ctx context.Context, id string) error {
-	if err := lease.ValidateID(id); err != nil {
-		return fmt.Errorf("remove lease: %w", err)
-	}
-	k := l.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.cgroups[id] {
+	return l.with("remove lease", id, false, func(k *Kernel) error {
+		// cgroup.kill first, as the real one: even a lease that then
+		// refuses rmdir has no process left.
+		k.killLeaseLocked(id)
+		if err := k.refused(journal.KindCgroup, id); err != nil {
+			return fmt.Errorf("remove lease %s: %w", id, err)
+		}
+		delete(k.cgroups, id)
+		delete(k.cpuMax, id)
+		k.call("lease remove %s", id)
 		return nil
-	}
-	// cgroup.kill first, as the real one: even a lease that then refuses
-	// rmdir has no process left.
-	k.killLeaseLocked(id)
-	if err := k.refused(journal.KindCgroup, id); err != nil {
-		return fmt.Errorf("remove lease %s: %w", id, err)
-	}
-	delete(k.cgroups, id)
-	delete(k.cpuMax, id)
-	k.call("lease remove %s", id)
-	return nil
+	})
 }
 
 // Kill kills everything in the lease and keeps it; absent is success.
 func (l *Leases) Kill(ctx context.Context, id string) error {
+	return l.with("kill lease", id, false, func(k *Kernel) error {
+		k.killLeaseLocked(id)
+		k.call("lease kill %s", id)
+		return nil
+	})
+}
+
+// with runs f under the kernel's lock if lease id exists; an invalid id
+// is refused ("verb: ..."), a missing lease is success unless need says
+// it wraps fs.ErrNotExist ("verb id: ...").
+func (l *Leases) with(verb, id string, need bool, f func(k *Kernel) error) error {
 	if err := lease.ValidateID(id); err != nil {
-		return fmt.Errorf("kill lease: %w", err)
+		return fmt.Errorf("%s: %w", verb, err)
 	}
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.cgroups[id] {
+		if need {
+			return fmt.Errorf("%s %s: %w", verb, id, fs.ErrNotExist)
+		}
 		return nil
 	}
-	k.killLeaseLocked(id)
-	k.call("lease kill %s", id)
-	return nil
+	return f(k)
 }
 
 // killLeaseLocked stops every guest in lease id (cgroup.kill).
@@ -551,21 +549,15 @@ func (l *Leases) List(ctx context.Context) ([]string, error) {
 
 // Stats counts the lease's processes; a missing lease wraps fs.ErrNotExist.
 func (l *Leases) Stats(ctx context.Context, id string) (lease.Stats, error) {
-	if err := lease.ValidateID(id); err != nil {
-		return lease.Stats{}, fmt.Errorf("read lease stats: %w", err)
-	}
-	k := l.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.cgroups[id] {
-		return lease.Stats{}, fmt.Errorf("read lease stats %s: %w", id, fs.ErrNotExist)
-	}
 	var st lease.Stats
-	if k.populatedLocked(id) {
-		st.Procs = 2 // sandbox and gofer
-	}
-	st.OOMKills = k.oomKills[id]
-	return st, nil
+	err := l.with("read lease stats", id, true, func(k *Kernel) error {
+		if k.populatedLocked(id) {
+			st.Procs = 2 // sandbox and gofer
+		}
+		st.OOMKills = k.oomKills[id]
+		return nil
+	})
+	return st, err
 }
 
 // CheckGone is ok only if the lease's cgroup does not exist.
