@@ -592,6 +592,9 @@ func (r *RootFS) Mount(ctx context.Context, id, lower string) (string, error) {
 	if err := validID(id); err != nil {
 		return "", err
 	}
+	if err := rootfs.CheckOverlayPath("template dir", lower); err != nil {
+		return "", err
+	}
 	if fi, err := os.Stat(lower); err != nil {
 		return "", fmt.Errorf("stat template dir: %w", err)
 	} else if !fi.IsDir() {

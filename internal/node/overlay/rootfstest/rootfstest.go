@@ -41,10 +41,16 @@ func Run(t *testing.T, newSubject New) {
 	}
 }
 
-// template is a template dir: a file at the top, one in a subdir.
+// template is a template dir: a file at the top, one in a subdir. Not
+// t.TempDir: a case's name may hold a comma, which overlayfs options
+// cannot carry.
 func template(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "rootfstest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +158,7 @@ var cases = []struct {
 			t.Error("superblock of an unmounted root: nil error")
 		}
 	}},
-	{"an invalid id or a template that is no dir is refused and makes nothing", func(t *testing.T, ctx context.Context, s Subject, lower string) {
+	{"an invalid id, a template that is no dir or that overlayfs cannot name is refused and makes nothing", func(t *testing.T, ctx context.Context, s Subject, lower string) {
 		fs := s.RootFS
 		for _, id := range []string{"../x", "", "a/b"} {
 			if _, err := fs.Mount(ctx, id, lower); err == nil {
@@ -165,11 +171,21 @@ var cases = []struct {
 				t.Errorf("check gone %q: ok, want not proven", id)
 			}
 		}
+		comma := filepath.Join(lower, "a,b")
+		if err := os.Mkdir(comma, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fs.Mount(ctx, "rt-comma", comma); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+			t.Errorf("mount over a template path with a comma: %v, want invalid_argument", err)
+		}
 		file := filepath.Join(lower, "hello")
 		if _, err := fs.Mount(ctx, "rt-file", file); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 			t.Errorf("mount over a file: %v, want invalid_argument", err)
 		}
 		if has(t, "list", fs.List, "rt-file") {
+			t.Error("a refused mount left a scratch dir")
+		}
+		if has(t, "list", fs.List, "rt-comma") {
 			t.Error("a refused mount left a scratch dir")
 		}
 	}},
