@@ -16,6 +16,7 @@ import (
 
 	"github.com/ctld/ctld/client"
 	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // TestMain lets a test run this binary as ctl-manager itself: a real
@@ -32,8 +33,7 @@ type serveChild struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	addr string
-	log  *strings.Builder
-	mu   *sync.Mutex
+	log  *testutil.Buffer // its stderr
 }
 
 // startServeChild starts `ctl-manager serve` as a child process on addr
@@ -52,8 +52,8 @@ func (e *env) startServeChild(addr string, args ...string) *serveChild {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	c := &serveChild{t: e.t, cmd: cmd, log: &strings.Builder{}, mu: &sync.Mutex{}}
-	cmd.Stderr = lockedWriter{c.mu, c.log}
+	c := &serveChild{t: e.t, cmd: cmd, log: &testutil.Buffer{}}
+	cmd.Stderr = c.log
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
@@ -71,22 +71,7 @@ func (e *env) startServeChild(addr string, args ...string) *serveChild {
 	return c
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	b  *strings.Builder
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (c *serveChild) stderr() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.log.String()
-}
+func (c *serveChild) stderr() string { return c.log.String() }
 
 // kill SIGKILLs the process and reaps it.
 func (c *serveChild) kill() {

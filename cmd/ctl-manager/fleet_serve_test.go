@@ -20,6 +20,7 @@ import (
 	"github.com/ctld/ctld/internal/nodechannel"
 	"github.com/ctld/ctld/internal/nodechannel/channeltest"
 	"github.com/ctld/ctld/internal/pgtest"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // startChild runs `ctl-manager ARGS` as a child process (as
@@ -28,8 +29,8 @@ func (e *env) startChild(args ...string) *serveChild {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "CTL_MANAGER_TEST_CHILD=1")
-	c := &serveChild{t: e.t, cmd: cmd, log: &strings.Builder{}, mu: &sync.Mutex{}}
-	cmd.Stderr = lockedWriter{c.mu, c.log}
+	c := &serveChild{t: e.t, cmd: cmd, log: &testutil.Buffer{}}
+	cmd.Stderr = c.log
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/manager"
 	"github.com/ctld/ctld/internal/manager/fakenode"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 type env struct {
@@ -284,20 +284,7 @@ func TestCLIDBFromEnv(t *testing.T) {
 // and says what it waited for.
 func TestCLITimeoutSaysWhatItWaitedFor(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "mute.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	testutil.MuteListener(t, sock)
 	var out, errb bytes.Buffer
 	args := []string{"--socket", sock, "--db", filepath.Join(t.TempDir(), "m.db"), "--timeout", "300ms", "node", "status"}
 	done := make(chan int, 1)

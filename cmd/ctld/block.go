@@ -17,6 +17,9 @@ import (
 	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/blockroot"
+	"github.com/ctld/ctld/internal/node/pvolume"
+	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/template"
 	"github.com/ctld/ctld/internal/writer"
@@ -162,8 +165,8 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	if err != nil {
 		return node.BlockConfig{}, d, fmt.Errorf("find own binary for the writers: %w", err)
 	}
-	writers := filepath.Join(stateDir, "writers")
-	if err := os.MkdirAll(writers, 0o700); err != nil {
+	writersDir := filepath.Join(stateDir, "writers")
+	if err := os.MkdirAll(writersDir, 0o700); err != nil {
 		return node.BlockConfig{}, d, fmt.Errorf("make writers dir: %w", err)
 	}
 	// The writers open the same store: credentials from the environment
@@ -172,15 +175,15 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	if sc.IsS3() && sc.CredentialsFile == "" {
 		env = storecfg.Env(getenv)
 	}
-	sup := &writer.Supervisor{Binary: exe, Root: writers, Cgroup: filepath.Join(cgroupRoot, o.cgroup), Env: env, Logger: log}
+	sup := &writer.Supervisor{Binary: exe, Root: writersDir, Cgroup: filepath.Join(cgroupRoot, o.cgroup), Env: env, Logger: log}
 	mounts := &rootfs.Block{Dir: filepath.Join(stateDir, "blockroot"), Logger: log}
-	d.Block, d.BlockMounts, d.Templates = sup, mounts, tpl
-	d.Volumes, d.Sealer, d.Freezer = blockvol.Volumes{Repo: repo}, blockvol.Sealer{Supervisor: sup}, mounts
+	d.Writers = writers.Deps{Devices: sup, Sealer: blockvol.Sealer{Supervisor: sup}}
+	d.Block = blockroot.Deps{Mounts: mounts, Templates: tpl, Volumes: blockvol.Volumes{Repo: repo}, Freezer: mounts}
 	// Persistent volumes: mounted beside the roots, in a dir of their own
 	// (keyed by volume id), so neither sweep takes the other's mounts.
 	vmounts := &rootfs.Block{Dir: filepath.Join(stateDir, "volmounts"), Logger: log}
-	d.PVolumes, d.VolumeMounts, d.VolumeFreezer = blockvol.Volumes{Repo: repo, Kind: blockstore.KindVolume}, vmounts, vmounts
-	cfg := node.BlockConfig{WritersDir: writers, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, BaseCache: o.baseCache, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
+	d.Volumes = pvolume.Deps{Store: blockvol.Volumes{Repo: repo, Kind: blockstore.KindVolume}, Mounts: vmounts, Freezer: vmounts}
+	cfg := node.BlockConfig{WritersDir: writersDir, Store: sc, NodeKeyFile: o.keyFile, NodeKeyID: o.keyID, BaseCache: o.baseCache, DeadConnTimeout: o.deadConn, RequestTimeout: o.reqTimeout}
 	return cfg, d, nil
 }
 

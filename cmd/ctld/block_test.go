@@ -40,10 +40,10 @@ func TestBusyboxImportedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := time.Since(t0)
-	if _, size, err := d.Templates.Template(ctx, "busybox"); err != nil || size != 64<<20 {
+	if _, size, err := d.Block.Templates.Template(ctx, "busybox"); err != nil || size != 64<<20 {
 		t.Fatalf("busybox template: size %d, %v", size, err)
 	}
-	if _, _, err := d.Templates.Template(ctx, "nosuch"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+	if _, _, err := d.Block.Templates.Template(ctx, "nosuch"); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Errorf("unknown template: %v, want not_found", err)
 	}
 	// The base cache of a template the store has is kept by the next
@@ -149,7 +149,7 @@ func TestBuildBlockS3(t *testing.T) {
 	if b, _ := json.Marshal(cfg.Store); strings.Contains(string(b), srv.Secret) {
 		t.Errorf("writers' store settings hold the secret: %s", b)
 	}
-	sup := d.Block.(*writer.Supervisor)
+	sup := d.Writers.Devices.(*writer.Supervisor)
 	if strings.Join(sup.Env, " ") != "AWS_ACCESS_KEY_ID="+srv.Access+" AWS_SECRET_ACCESS_KEY="+srv.Secret {
 		t.Errorf("writers' environment %v", sup.Env)
 	}

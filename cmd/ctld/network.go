@@ -16,7 +16,7 @@ import (
 	"github.com/ctld/ctld/internal/netpolicy/dnsproxy"
 	"github.com/ctld/ctld/internal/netpolicy/flows"
 	"github.com/ctld/ctld/internal/netpolicy/nft"
-	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/network"
 	"github.com/spf13/pflag"
 )
 
@@ -224,10 +224,11 @@ func buildNet(o netOpts, m *metrics.Metrics, log *slog.Logger) (sandboxNet, erro
 	return sn, nil
 }
 
-// deps fills the node's network dependencies.
-func (sn sandboxNet) deps(d *node.Deps) {
-	d.Links, d.Firewall, d.Flows, d.Pool, d.NodeAddrs = sn.links, sn.firewall, sn.flows, sn.pool, sn.addrs
+// deps are the node's network subsystems over the netns dir ns.
+func (sn sandboxNet) deps(ns *netpolicy.Netns) network.Deps {
+	d := network.Deps{Netns: ns, Links: sn.links, Firewall: sn.firewall, Flows: sn.flows, Pool: sn.pool, NodeAddrs: sn.addrs}
 	if sn.proxy != nil {
 		d.DNSProxy = sn.proxy
 	}
+	return d
 }

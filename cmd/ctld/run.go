@@ -29,7 +29,9 @@ import (
 	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/meter"
+	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -642,26 +644,27 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		return nil, fmt.Errorf("prepare the netns dir: %w", err)
 	}
 	d := node.Deps{
-		Journal: j, Identity: ident, Epoch: epoch, Leases: leases,
+		Journal: j, Identity: ident, Epoch: epoch,
 		// The answers stored with operations are the API's (the node
 		// never sees a wire type).
 		Answers: apiserver.Answers{},
-		RootFS:  &rootfs.Overlay{ScratchDir: scratch, Logger: log},
-		Netns:   ns, Runtime: rt, Logger: log, Total: facts.total,
+		Guest: guest.Deps{
+			Leases: leases, Runtime: rt,
+			// Each generation's agent socket dir: a small tmpfs, its peer
+			// checked against the lease cgroup (docs/operations.md, "Guest
+			// agent boundary").
+			AgentDirs: node.TmpfsAgentDirs{}, AgentPeers: node.ProcPeers{},
+		},
+		Overlay: overlay.Deps{RootFS: &rootfs.Overlay{ScratchDir: scratch, Logger: log}},
+		Network: sn.deps(ns),
+		Logger:  log, Total: facts.total,
 		Crash: crashHook(log), Term: term,
-		// Each generation's agent socket dir: a small tmpfs, its peer
-		// checked against the lease cgroup (docs/operations.md, "Guest
-		// agent boundary").
-		AgentDirs: node.TmpfsAgentDirs{}, AgentPeers: node.ProcPeers{},
 	}
-	sn.deps(&d)
 	bcfg, bd, err := buildBlock(term, g.stateDir, o.cgroupRoot, filepath.Join(templates, "busybox"), o.block, log)
 	if err != nil {
 		return nil, fmt.Errorf("block mode: %w", err)
 	}
-	cfg.Block, d.Block, d.BlockMounts, d.Templates = bcfg, bd.Block, bd.BlockMounts, bd.Templates
-	d.Volumes, d.Sealer, d.Freezer = bd.Volumes, bd.Sealer, bd.Freezer
-	d.PVolumes, d.VolumeMounts, d.VolumeFreezer = bd.PVolumes, bd.VolumeMounts, bd.VolumeFreezer
+	cfg.Block, d.Writers, d.Block, d.Volumes = bcfg, bd.Writers, bd.Block, bd.Volumes
 	return node.New(cfg, d), nil
 }
 

@@ -1,33 +1,20 @@
 package main
 
 import (
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // An instance that accepts but never answers must not hide the other one,
 // and status says what it waited for.
 func TestStatusBoundsEachSlot(t *testing.T) {
 	g := globalOpts{stateDir: t.TempDir(), runDir: t.TempDir()}
-	var conns []net.Conn
 	for _, slot := range []string{"a", "b"} {
-		ln, err := net.Listen("unix", probePath(g.runDir, slot))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				conns = append(conns, c) // held open, never answered
-			}
-		}()
+		testutil.MuteListener(t, probePath(g.runDir, slot))
 	}
 	t0 := time.Now()
 	r := ctld(t, "--state-dir", g.stateDir, "--run-dir", g.runDir, "status")

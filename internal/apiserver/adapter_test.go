@@ -3,7 +3,6 @@ package apiserver_test
 import (
 	"context"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,9 +11,9 @@ import (
 	"github.com/ctld/ctld/internal/apiserver"
 	"github.com/ctld/ctld/internal/apiserver/servicetest"
 	"github.com/ctld/ctld/internal/journal"
-	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/nodetest"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -46,23 +45,15 @@ func fakeNode(t *testing.T) (*node.Node, *fakekernel.Kernel) {
 	}
 	term, end := context.WithCancel(context.Background())
 	k.RestartDNSProxy()
+	d := nodetest.Deps(k)
+	d.Journal, d.Answers, d.Identity, d.Epoch, d.Term = j, apiserver.Answers{}, ident, 1, term
+	d.Total = node.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
+	d.Logger = slog.New(slog.DiscardHandler)
 	n := node.New(node.Config{
 		Slot: "a", StateDir: dir, RunDir: k.RunDir(), TemplatesDir: k.TemplatesDir(),
 		DefaultDiskBytes: 16 << 20, AgentBinary: k.AgentBinary(),
 		Block: node.BlockConfig{WritersDir: k.WritersDir(), NodeKeyID: "node", CheckEvery: 10 * time.Millisecond},
-	}, node.Deps{
-		Journal: j, Answers: apiserver.Answers{}, Identity: ident, Epoch: 1,
-		Leases: k.Leases(), RootFS: k.RootFS(), Netns: k.Netns(), Runtime: k.Runtime(),
-		Links: k.Links(), Firewall: k.Firewall(), Flows: k.Flows(), DNSProxy: k.DNSProxy(),
-		Pool:      netpolicy.Pool{V4: netip.MustParsePrefix("10.200.0.0/28"), V6: netip.MustParsePrefix("fd00:c71d::/120")},
-		NodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
-		Block:     k.Blocks(), BlockMounts: k.BlockMounts(), Templates: k.Templates(),
-		Volumes: k.Volumes(), Sealer: k.Sealer(), Freezer: k.Freezer(),
-		PVolumes: k.PVolumes(), VolumeMounts: k.VolumeMounts(), VolumeFreezer: k.VolumeMounts(),
-		Total:  node.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30},
-		Term:   term,
-		Logger: slog.New(slog.DiscardHandler),
-	})
+	}, d)
 	t.Cleanup(func() {
 		end()
 		n.Close()

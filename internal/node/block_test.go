@@ -290,7 +290,7 @@ func TestBlockWriterRestartOutlivesTerm(t *testing.T) {
 	before := r.sandbox(sb)
 	endTerm := r.end
 	cut := make(chan error, 1)
-	r.n.d.Block = startHook{r.n.d.Block, func(ctx context.Context, spec writer.Spec) {
+	r.n.d.Writers.Devices = startHook{r.n.d.Writers.Devices, func(ctx context.Context, spec writer.Spec) {
 		if !spec.Reattach {
 			return
 		}
@@ -344,7 +344,7 @@ func TestBlockWriterWatchUnsureKeeps(t *testing.T) {
 	r.mustClaim(sb, blockReq("c1", 1))
 	before := r.sandbox(sb)
 	var checks atomic.Int64
-	r.n.d.Block = checkHook{r.n.d.Block, func() error {
+	r.n.d.Writers.Devices = checkHook{r.n.d.Writers.Devices, func() error {
 		checks.Add(1)
 		return errors.New("open /proc/locks: too many open files")
 	}}

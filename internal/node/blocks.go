@@ -83,7 +83,7 @@ func (n *Node) WatchWriters(ctx context.Context) { n.writers().Run(ctx) }
 // writers is the watch over this node's writers.
 func (n *Node) writers() *writers.Watch {
 	return &writers.Watch{
-		Config: n.cfg.Block, Devices: n.d.Block, Journal: n.d.Journal, Term: n.term, Locks: &n.locks,
+		Config: n.cfg.Block, Devices: n.d.Writers.Devices, Journal: n.d.Journal, Term: n.term, Locks: &n.locks,
 		Crash: n.crash, Stopped: n.isClosed, Log: n.log,
 		Root: n.blockRoot().Writers(), Volumes: pvolume.Writers{Journal: n.d.Journal}, Loser: writers.LoserFunc(n.loseWriter),
 	}
@@ -91,11 +91,17 @@ func (n *Node) writers() *writers.Watch {
 
 // blockRoot is this node's block roots.
 func (n *Node) blockRoot() *blockroot.Root {
-	return blockroot.New(blockroot.Deps{
-		Config: n.cfg.Block, Journal: n.d.Journal, Devices: n.d.Block, Mounts: n.d.BlockMounts, Templates: n.d.Templates,
-		Volumes: n.d.Volumes, Sealer: n.d.Sealer, Freezer: n.d.Freezer, NodeID: n.d.Identity.NodeID, Epoch: n.d.Epoch,
-		Term: n.term, Ops: n.ops, Locks: &n.locks, Crash: n.crash, Log: n.log, Teardown: pauseTeardown{n},
+	return blockroot.New(blockroot.Wiring{
+		Deps: n.d.Block, Shared: n.writersShared(), Epoch: n.d.Epoch, Ops: n.ops, Locks: &n.locks, Teardown: pauseTeardown{n},
 	})
+}
+
+// writersShared is what block roots and persistent volumes share.
+func (n *Node) writersShared() writers.Shared {
+	return writers.Shared{
+		Writers: n.d.Writers, Config: n.cfg.Block, Journal: n.d.Journal, NodeID: n.d.Identity.NodeID,
+		Term: n.term, Crash: n.crash, Log: n.log,
+	}
 }
 
 // pauseTeardown is a pause's release: the node's teardown, then the
@@ -110,11 +116,7 @@ func (t pauseTeardown) Teardown(ctx context.Context, rec journal.Sandbox, opID s
 
 // pvolumes is this node's persistent volumes (the volumes entry).
 func (n *Node) pvolumes() *pvolume.Volumes {
-	return pvolume.New(pvolume.Deps{
-		Config: n.cfg.Block, Journal: n.d.Journal, Devices: n.d.Block, Sealer: n.d.Sealer,
-		Store: n.d.PVolumes, Mounts: n.d.VolumeMounts, Freezer: n.d.VolumeFreezer, NodeID: n.d.Identity.NodeID,
-		Term: n.term, Crash: n.crash, Log: n.log, Watch: n.writers(),
-	})
+	return pvolume.New(pvolume.Wiring{Deps: n.d.Volumes, Shared: n.writersShared(), Watch: n.writers()})
 }
 
 // loseWriter ends a ready generation whose writer could not be restarted

@@ -24,7 +24,7 @@ func TestBootStateQuotesPanicLog(t *testing.T) {
 	crash := "runtime: failed to create new OS thread (have 23 already; errno=11)\n" +
 		"runtime: may need to increase max user processes (ulimit -u)\n" +
 		"fatal error: newosproc\n\nruntime stack:\n" + strings.Repeat("goroutine 1 [running]:\nmain.main()\n", 5000)
-	p := filepath.Join(r.n.d.Runtime.ContainerLogDir(rec.ContainerID), guestlog.PanicName)
+	p := filepath.Join(r.n.d.Guest.Runtime.ContainerLogDir(rec.ContainerID), guestlog.PanicName)
 	if err := os.WriteFile(p, []byte(crash), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockvol"
 	"github.com/ctld/ctld/internal/journal"
@@ -72,7 +70,11 @@ func realKernel(t *testing.T) *testKernel {
 	k := realNet()
 	// After the leak check's snapshot: the table is the rig's own to
 	// delete (ctld never deletes its table).
-	t.Cleanup(func() { deleteTable(t, k.nftTable) })
+	t.Cleanup(func() {
+		if err := ktest.DeleteNftTable(k.nftTable); err != nil {
+			t.Errorf("delete nft table %s: %v", k.nftTable, err)
+		}
+	})
 	*k = testKernel{
 		links: k.links, firewall: k.firewall, flows: k.flows, dns: k.dns, pool: k.pool, nftTable: k.nftTable,
 		leases:       leases,
@@ -156,28 +158,6 @@ func randHex(n int) string {
 		panic(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// deleteTable deletes an nft table of inet family if it exists.
-func deleteTable(t testing.TB, name string) {
-	c, err := nftables.New()
-	if err != nil {
-		t.Errorf("nft: %v", err)
-		return
-	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		t.Errorf("list nft tables: %v", err)
-		return
-	}
-	for _, tb := range tables {
-		if tb.Name == name {
-			c.DelTable(tb)
-			if err := c.Flush(); err != nil {
-				t.Errorf("delete nft table %s: %v", name, err)
-			}
-		}
-	}
 }
 
 // realText lists the generations' objects the subsystems see (as the
@@ -403,15 +383,7 @@ func TestKernelReconcileBranches(t *testing.T) {
 		if s := r.sandbox(sb); s.State != journal.StateReady || s.ContainerID != resp.Sandbox.ContainerID {
 			t.Fatalf("after takeover: %s %s (%s), want ready %s", s.State, s.ContainerID, s.Reason, resp.Sandbox.ContainerID)
 		}
-		var out strings.Builder
-		code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
-		if err != nil || code != 0 || out.String() != "hi\n" {
-			t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
-		}
-		r.mustRelease(sb, "r1", 1)
-		r.checkProof("r1")
-		r.checkClean("after release")
-		checkUnjournaled(r, crashCase{})
+		execThenRelease(r)
 	})
 	t.Run("lost", func(t *testing.T) {
 		k := realKernel(t)

@@ -164,10 +164,17 @@ func TestReconcileReadoptsReadyGeneration(t *testing.T) {
 	if after := k.String(); after != before {
 		t.Fatalf("takeover changed the kernel:\n%s\nwas:\n%s", after, before)
 	}
+	execThenRelease(r)
+}
+
+// execThenRelease: the re-adopted generation of sb runs an exec, then its
+// release (r1 of generation 1) proves it clean and leaves nothing.
+func execThenRelease(r *rig) {
+	r.t.Helper()
 	var out strings.Builder
 	code, err := r.n.Exec(context.Background(), sb, ExecRequest{Args: []string{"/bin/echo", "hi"}}, &out, &out)
 	if err != nil || code != 0 || out.String() != "hi\n" {
-		t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
+		r.t.Fatalf("exec after takeover: %d %q %v", code, out.String(), err)
 	}
 	r.mustRelease(sb, "r1", 1)
 	r.checkProof("r1")

@@ -63,7 +63,7 @@ func (n *Node) watchExit(ctx context.Context, s journal.Sandbox) {
 	}
 	id, gen, cid := s.ID, s.Generation, s.ContainerID
 	paths := []string{n.guest.AgentSockDir(cid)}
-	if dir := n.d.Leases.Dir(s.LeaseID); dir != "" {
+	if dir := n.d.Guest.Leases.Dir(s.LeaseID); dir != "" {
 		paths = append(paths, filepath.Join(dir, "cgroup.events"))
 	}
 	if w := n.exitWatcher(); w != nil {
@@ -80,7 +80,7 @@ func (n *Node) watchExit(ctx context.Context, s journal.Sandbox) {
 func (n *Node) guestEnded(s journal.Sandbox) exitwatch.Ended {
 	leaseID := s.LeaseID
 	return func(ctx context.Context) (bool, error) {
-		pop, err := n.d.Leases.Populated(ctx, leaseID)
+		pop, err := n.d.Guest.Leases.Populated(ctx, leaseID)
 		return err == nil && !pop, err
 	}
 }
@@ -133,7 +133,7 @@ func (n *Node) recordExit(ctx context.Context, id string, gen uint64, cid string
 	}
 	var f exitwatch.Facts
 	f.Report, f.ReportFound, f.ReportErr = exitwatch.ReadReport(n.guest.AgentSockDir(cid))
-	st, err := n.d.Leases.Stats(ctx, cur.LeaseID)
+	st, err := n.d.Guest.Leases.Stats(ctx, cur.LeaseID)
 	if errors.Is(err, fs.ErrNotExist) {
 		return journal.Sandbox{}, false
 	}

@@ -14,6 +14,9 @@ import (
 	"github.com/ctld/ctld/internal/journal/journaltest"
 	"github.com/ctld/ctld/internal/lease"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
+	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 )
@@ -41,10 +44,12 @@ func growthNode(b testing.TB, history int) *Node {
 	log := slog.New(slog.DiscardHandler)
 	return New(Config{Slot: "a", StateDir: dir, RunDir: filepath.Join(dir, "run")}, Deps{
 		Journal: j, Answers: testAnswers{}, Epoch: 2, Logger: log,
-		Leases:  &lease.Manager{Root: filepath.Join(dir, "cgroup"), Parent: "ctld.slice", Logger: log},
-		RootFS:  &rootfs.Overlay{ScratchDir: filepath.Join(dir, "scratch"), Logger: log},
-		Netns:   &netpolicy.Netns{Dir: filepath.Join(dir, "netns"), Logger: log},
-		Runtime: &runsc.Runtime{Root: filepath.Join(dir, "runsc"), Logger: log},
+		Guest: guest.Deps{
+			Leases:  &lease.Manager{Root: filepath.Join(dir, "cgroup"), Parent: "ctld.slice", Logger: log},
+			Runtime: &runsc.Runtime{Root: filepath.Join(dir, "runsc"), Logger: log},
+		},
+		Overlay: overlay.Deps{RootFS: &rootfs.Overlay{ScratchDir: filepath.Join(dir, "scratch"), Logger: log}},
+		Network: network.Deps{Netns: &netpolicy.Netns{Dir: filepath.Join(dir, "netns"), Logger: log}},
 		Total:   Capacity{CPUMillis: 64000, MemoryBytes: 256 << 30, PIDs: 1 << 22},
 	})
 }

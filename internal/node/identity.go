@@ -36,7 +36,7 @@ func (n *Node) readIdentities(ctx context.Context, rec journal.Sandbox) (journal
 	cid := rec.ContainerID
 	changed := false
 	if rec.RootDev == "" {
-		if dev, err := n.d.RootFS.Superblock(cid); err == nil {
+		if dev, err := n.d.Overlay.RootFS.Superblock(cid); err == nil {
 			rec.RootDev, changed = dev, true
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,39 +13,22 @@ import (
 	"github.com/ctld/ctld/internal/guestlog"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/testutil"
 )
-
-// syncBuffer is written by Logs while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func logsNode(t *testing.T, state journal.State) (*Node, *guestlog.Ring) {
 	t.Helper()
 	n := testNode(t)
-	n.d.Runtime = &runsc.Runtime{Root: filepath.Join(t.TempDir(), "runsc")}
+	n.d.Guest.Runtime = &runsc.Runtime{Root: filepath.Join(t.TempDir(), "runsc")}
 	n.guest = n.newGuest()
 	rec := journal.Sandbox{ID: "sb", Generation: 2, State: state, ContainerID: "sb-g2"}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error { return tx.PutSandbox(rec) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := (guestlog.Dirs{Root: n.d.Runtime.LogRoot()}).Make("sb-g2"); err != nil {
+	if err := (guestlog.Dirs{Root: n.d.Guest.Runtime.LogRoot()}).Make("sb-g2"); err != nil {
 		t.Fatal(err)
 	}
-	r := &guestlog.Ring{Dir: n.d.Runtime.ContainerLogDir("sb-g2"), Name: guestlog.InitName, Max: guestlog.MinMax}
+	r := &guestlog.Ring{Dir: n.d.Guest.Runtime.ContainerLogDir("sb-g2"), Name: guestlog.InitName, Max: guestlog.MinMax}
 	t.Cleanup(func() { r.Close() })
 	return n, r
 }
@@ -59,13 +41,13 @@ func TestLogsReadTailAndFollowUntilTheGenerationEnds(t *testing.T) {
 	if err != nil || out.String() != "b\nc\n" || end.Generation != 2 {
 		t.Fatalf("tail 2: %q %+v %v", out.String(), end, err)
 	}
-	os.WriteFile(filepath.Join(n.d.Runtime.ContainerLogDir("sb-g2"), guestlog.RunscName), []byte("runsc says\n"), 0o600)
+	os.WriteFile(filepath.Join(n.d.Guest.Runtime.ContainerLogDir("sb-g2"), guestlog.RunscName), []byte("runsc says\n"), 0o600)
 	out.Reset()
 	if _, err := n.Logs(context.Background(), "sb", LogsRequest{Runsc: true}, &out); err != nil || out.String() != "runsc says\n" {
 		t.Fatalf("runsc log: %q %v", out.String(), err)
 	}
 
-	var fout syncBuffer
+	var fout testutil.Buffer // written by Logs while the test reads it
 	type result struct {
 		end LogsEnd
 		err error

@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -22,11 +21,13 @@ import (
 	"github.com/ctld/ctld/internal/logging"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/blockroot"
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/meter"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/node/overlay"
+	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/resource"
 	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
@@ -122,50 +123,20 @@ type Deps struct {
 	Answers  Answers
 	Identity proof.Identity
 	Epoch    uint64
-	Leases   guest.Leases   // *lease.Manager
-	RootFS   overlay.RootFS // *rootfs.Overlay
-	Runtime  guest.Runtime  // *runsc.Runtime
-	// The sandbox network (internal/node/network). With a Pool, every generation
-	// gets an address slot; with Links and Firewall also a veth and its
-	// nft objects (deny_all too, so a live update can open it). A node
-	// without them runs deny_all sandboxes with only lo and refuses the
-	// modes that need them (fail closed). Flows and DNSProxy are needed
-	// by open and restricted policies.
-	Netns    network.Netns // *netpolicy.Netns
-	Links    network.Links
-	Firewall network.Firewall
-	Flows    network.Flows
-	DNSProxy network.DNSProxy
-	Pool     netpolicy.Pool
-	// Block mode (block.go): writers and their devices, the devices'
-	// mounts, the block store's templates. A node without all three
-	// refuses block claims (unavailable).
-	Block       writers.Devices   // *writer.Supervisor
-	BlockMounts writers.Mounts    // *rootfs.Block
-	Templates   writers.Templates // the block store
-	// Volumes, Sealer and Freezer make block roots durable (pause,
-	// snapshot, resume, fork); nil: every block claim starts from its
-	// template and those calls are refused.
-	Volumes writers.Volumes
-	Sealer  writers.Sealer
-	Freezer writers.Freezer
-	// PVolumes, VolumeMounts and VolumeFreezer attach persistent volumes
-	// (pvolumes.go): the store's volumes of kind volumes, and the host
-	// mounts of their devices (a mount dir of their own, keyed by volume
-	// id: a volume is attached to one generation at a time). nil: claims
-	// naming volumes are refused.
-	PVolumes      writers.Volumes
-	VolumeMounts  writers.Mounts
-	VolumeFreezer writers.Freezer
-	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
-	// reachable from a sandbox.
-	NodeAddrs []netip.Addr
-	// AgentDirs and AgentPeers confine each generation's agent socket
-	// dir and check its peer (guest/agentsock.go); nil: neither (fake
-	// kernel).
-	AgentDirs  guest.AgentDirs
-	AgentPeers guest.AgentPeers
-	Logger     *slog.Logger
+	// The subsystems, one group per concern, each defined in its
+	// concern's package and passed whole to it: a concern's new
+	// dependency is a field there and its wiring in cmd/ctld. A missing
+	// subsystem (nil) makes its entries absent and the claims that need
+	// them refused (fail closed); see each group's doc.
+	Guest   guest.Deps
+	Overlay overlay.Deps
+	Network network.Deps
+	// Writers, Block and Volumes: block-mode roots and persistent
+	// volumes; the writers' devices and sealer are shared by both.
+	Writers writers.Deps
+	Block   blockroot.Deps
+	Volumes pvolume.Deps
+	Logger  *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total Capacity
 	// Term is the primary's term: cancelled when it ends, after which the
@@ -229,15 +200,13 @@ func New(cfg Config, d Deps) *Node {
 	n.run = &op.Runner{J: d.Journal, Epoch: d.Epoch, Term: n.term, CrashHook: d.Crash}
 	// The address pool is capacity like CPU: its blocks are counted in
 	// the ledger (GET /v1/node), slots are handed out by Pool.Alloc.
-	if d.Pool.V4.IsValid() && d.Total.Addresses == 0 {
-		n.d.Total.Addresses = int64(d.Pool.Len())
+	if pool := d.Network.Pool; pool.V4.IsValid() && d.Total.Addresses == 0 {
+		n.d.Total.Addresses = int64(pool.Len())
 	}
 	n.guest = n.newGuest()
-	n.overlay = overlay.New(overlay.Config{DefaultDiskBytes: cfg.DefaultDiskBytes, DiskProjects: cfg.DiskProjects}, d.RootFS)
-	n.net = network.New(network.Deps{
-		Log: n.log, Term: n.term, Run: n.run, Locks: &n.locks,
-		Netns: d.Netns, Links: d.Links, Firewall: d.Firewall, Flows: d.Flows, DNSProxy: d.DNSProxy, Pool: d.Pool,
-		NodeAddrs: d.NodeAddrs, Limits: cfg.NetLimits, Carriers: cfg.Carriers, CarrierWait: cfg.CarrierWait,
+	n.overlay = overlay.New(overlay.Config{DefaultDiskBytes: cfg.DefaultDiskBytes, DiskProjects: cfg.DiskProjects}, d.Overlay)
+	n.net = network.New(network.Wiring{
+		Deps: d.Network, Log: n.log, Term: n.term, Run: n.run, Locks: &n.locks, Limits: cfg.NetLimits, Carriers: cfg.Carriers, CarrierWait: cfg.CarrierWait,
 		Identities: identities{n}, Ready: n.ready,
 	})
 	n.table = newTable(n)
@@ -252,9 +221,8 @@ func (n *Node) newGuest() *guest.Guest {
 		RunDir: c.RunDir, DefaultArgs: c.DefaultArgs, GuestOOMScoreAdj: c.GuestOOMScoreAdj, AgentBinary: c.AgentBinary,
 		ReadyTimeout: c.ReadyTimeout, BootCPUMillis: c.BootCPUMillis, AgentCallTimeout: c.AgentCallTimeout,
 		AgentStreamIdle: c.AgentStreamIdle, AgentListBytes: c.AgentListBytes, ExecTimeoutDefault: c.ExecTimeoutDefault, ExecIdle: c.ExecIdle,
-	}, guest.Deps{
-		Leases: n.d.Leases, Runtime: n.d.Runtime, AgentDirs: n.d.AgentDirs, AgentPeers: n.d.AgentPeers,
-		Nameservers: guest.NameserversFunc(n.guestNameservers), Begin: n.begin, Live: n.live, Sandbox: n.sandbox, Log: n.log,
+	}, guest.Wiring{
+		Deps: n.d.Guest, Nameservers: guest.NameserversFunc(n.guestNameservers), Begin: n.begin, Live: n.live, Sandbox: n.sandbox, Log: n.log,
 	})
 }
 
@@ -388,7 +356,7 @@ func (n *Node) Get(ctx context.Context, id string) (SandboxView, error) {
 func (n *Node) view(ctx context.Context, s journal.Sandbox) SandboxView {
 	out := SandboxView{Sandbox: s, Network: n.net.Status(ctx, s), Usage: n.liveUsage(ctx, s)}
 	if s.State == journal.StateReady {
-		if st, err := n.d.Leases.Stats(ctx, s.LeaseID); err == nil {
+		if st, err := n.d.Guest.Leases.Stats(ctx, s.LeaseID); err == nil {
 			out.OOMKills = st.OOMKills
 		}
 	}

@@ -20,12 +20,15 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/node/blockroot"
 	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
+	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // The crash and reconcile cases run on two kernels: the fake one (unit
@@ -158,7 +161,7 @@ type rig struct {
 	n     *Node
 	end   context.CancelFunc // ends n's term
 	log   *slog.Logger
-	logs  syncBuffer // every term's log, shown when the test fails
+	logs  testutil.Buffer // every term's log, shown when the test fails
 
 	// unjournaled collects Node.Unjournaled of the terms that ended.
 	unjournaled []string
@@ -277,13 +280,16 @@ func (r *rig) boot() (returned bool, err error) {
 		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs, ReadyTimeout: r.k.readyTimeout,
 		ExitPoll: cmp.Or(r.k.exitPoll, -1),
 	}, Deps{
-		Block: r.k.block, BlockMounts: r.k.blockMounts, Templates: r.k.templates,
-		Volumes: r.k.volumes, Sealer: r.k.sealer, Freezer: r.k.freezer,
-		PVolumes: r.k.pvolumes, VolumeMounts: r.k.volumeMounts, VolumeFreezer: r.k.volumeFreezer,
+		Guest:   guest.Deps{Leases: r.k.leases, Runtime: r.k.runtime, AgentDirs: r.k.agentDirs, AgentPeers: r.k.agentPeers},
+		Overlay: overlay.Deps{RootFS: r.k.rootfs},
+		Network: network.Deps{
+			Netns: r.k.netns, Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
+			NodeAddrs: testNodeAddrs,
+		},
+		Writers: writers.Deps{Devices: r.k.block, Sealer: r.k.sealer},
+		Block:   blockroot.Deps{Mounts: r.k.blockMounts, Templates: r.k.templates, Volumes: r.k.volumes, Freezer: r.k.freezer},
+		Volumes: pvolume.Deps{Store: r.k.pvolumes, Mounts: r.k.volumeMounts, Freezer: r.k.volumeFreezer},
 		Journal: j, Answers: testAnswers{}, Identity: r.ident, Epoch: r.epoch,
-		Leases: r.k.leases, RootFS: r.k.rootfs, Netns: r.k.netns, Runtime: r.k.runtime,
-		Links: r.k.links, Firewall: r.k.firewall, Flows: r.k.flows, DNSProxy: dns, Pool: r.k.pool,
-		NodeAddrs: testNodeAddrs, AgentDirs: r.k.agentDirs, AgentPeers: r.k.agentPeers,
 		Total: testTotal, Term: term, Crash: r.crash, Logger: r.log,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), r.k.timeout)
@@ -607,16 +613,23 @@ func isSweepPoint(k *testKernel, p string) bool {
 	var d Deps
 	var cfg Config
 	if k != nil {
-		d = Deps{Leases: k.leases, RootFS: k.rootfs, Runtime: k.runtime, Netns: k.netns,
-			Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool,
-			Block: k.block, BlockMounts: k.blockMounts, Templates: k.templates,
-			Sealer: k.sealer, PVolumes: k.pvolumes, VolumeMounts: k.volumeMounts, VolumeFreezer: k.volumeFreezer}
+		d = Deps{
+			Guest: guest.Deps{Leases: k.leases, Runtime: k.runtime}, Overlay: overlay.Deps{RootFS: k.rootfs},
+			Network: network.Deps{Netns: k.netns, Links: k.links, Firewall: k.firewall, Flows: k.flows, Pool: k.pool},
+			Writers: writers.Deps{Devices: k.block, Sealer: k.sealer},
+			Block:   blockroot.Deps{Mounts: k.blockMounts, Templates: k.templates},
+			Volumes: pvolume.Deps{Store: k.pvolumes, Mounts: k.volumeMounts, Freezer: k.volumeFreezer},
+		}
 		cfg.Block.WritersDir = k.writersDir
 	} else {
-		d = Deps{Leases: (*fakekernel.Leases)(nil), RootFS: (*fakekernel.RootFS)(nil), Runtime: (*fakekernel.Runtime)(nil), Netns: (*fakekernel.Netns)(nil),
-			Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil), Pool: testPool,
-			Block: (*fakekernel.Blocks)(nil), BlockMounts: (*fakekernel.BlockMounts)(nil), Templates: (*fakekernel.Templates)(nil),
-			Sealer: (*fakekernel.Sealer)(nil), PVolumes: (*fakekernel.PVolumes)(nil), VolumeMounts: (*fakekernel.VolumeMounts)(nil), VolumeFreezer: (*fakekernel.VolumeMounts)(nil)}
+		d = Deps{
+			Guest:   guest.Deps{Leases: (*fakekernel.Leases)(nil), Runtime: (*fakekernel.Runtime)(nil)},
+			Overlay: overlay.Deps{RootFS: (*fakekernel.RootFS)(nil)},
+			Network: network.Deps{Netns: (*fakekernel.Netns)(nil), Links: (*fakekernel.Links)(nil), Firewall: (*fakekernel.Firewall)(nil), Pool: testPool},
+			Writers: writers.Deps{Devices: (*fakekernel.Blocks)(nil), Sealer: (*fakekernel.Sealer)(nil)},
+			Block:   blockroot.Deps{Mounts: (*fakekernel.BlockMounts)(nil), Templates: (*fakekernel.Templates)(nil)},
+			Volumes: pvolume.Deps{Store: (*fakekernel.PVolumes)(nil), Mounts: (*fakekernel.VolumeMounts)(nil), Freezer: (*fakekernel.VolumeMounts)(nil)},
+		}
 		cfg.Block.WritersDir = "writers"
 	}
 	n := New(cfg, d)

@@ -22,15 +22,15 @@ func (n *Node) newMeter() *meter.Meter {
 		Journal: n.d.Journal, Epoch: n.d.Epoch, Log: n.log,
 		Egress: n.net.Counters,
 	}
-	if n.d.Leases != nil {
-		d.CgroupDir = n.d.Leases.Dir
+	if n.d.Guest.Leases != nil {
+		d.CgroupDir = n.d.Guest.Leases.Dir
 	}
-	if n.d.RootFS != nil {
+	if n.d.Overlay.RootFS != nil {
 		d.Disk = func(ctx context.Context, s journal.Sandbox) (uint64, bool) {
 			if s.DiskProject == 0 {
 				return 0, false
 			}
-			qs, err := n.d.RootFS.DiskProjects(ctx, s.DiskProject, s.DiskProject)
+			qs, err := n.d.Overlay.RootFS.DiskProjects(ctx, s.DiskProject, s.DiskProject)
 			if err != nil || len(qs) != 1 {
 				return 0, false
 			}

@@ -93,10 +93,10 @@ func (o *Overlay) Plan(id, lower string) Mount {
 	}
 }
 
-// checkOverlayPath refuses paths that overlayfs would read differently
+// CheckOverlayPath refuses paths that overlayfs would read differently
 // from what we mean: its option parser splits on ',' and lowerdir on ':',
 // and mountinfo escapes whitespace and '\'.
-func checkOverlayPath(kind, p string) error {
+func CheckOverlayPath(kind, p string) error {
 	if !filepath.IsAbs(p) {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "%s %q must be absolute", kind, p)
 	}
@@ -113,10 +113,10 @@ func (o *Overlay) Mount(ctx context.Context, id, lower string) (root string, err
 	if err := names.CheckID("sandbox id", id); err != nil {
 		return "", err
 	}
-	if err := checkOverlayPath("template dir", lower); err != nil {
+	if err := CheckOverlayPath("template dir", lower); err != nil {
 		return "", err
 	}
-	if err := checkOverlayPath("scratch dir", o.ScratchDir); err != nil {
+	if err := CheckOverlayPath("scratch dir", o.ScratchDir); err != nil {
 		return "", err
 	}
 	lowerInfo, err := os.Stat(lower)

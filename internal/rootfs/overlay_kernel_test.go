@@ -41,6 +41,21 @@ func kernelOverlay(t *testing.T) (o *Overlay, lower string, logs *bytes.Buffer) 
 	return o, lower, logs
 }
 
+// mountedOverlay is kernelOverlay with sandbox id's overlay mounted:
+// its root and superblock.
+func mountedOverlay(t *testing.T, id string) (o *Overlay, logs *bytes.Buffer, root, dev string) {
+	t.Helper()
+	o, lower, logs := kernelOverlay(t)
+	root, err := o.Mount(context.Background(), id, lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev, err = o.Superblock(id); err != nil {
+		t.Fatal(err)
+	}
+	return o, logs, root, dev
+}
+
 func readFile(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -150,16 +165,8 @@ func TestKernelOverlayMount(t *testing.T) {
 func TestKernelOverlayUnmountBusy(t *testing.T) {
 	ktest.Require(t)
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
-	o, lower, logs := kernelOverlay(t)
+	o, logs, root, dev := mountedOverlay(t, "sb-busy")
 	ctx := context.Background()
-	root, err := o.Mount(ctx, "sb-busy", lower)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, err := o.Superblock("sb-busy")
-	if err != nil {
-		t.Fatal(err)
-	}
 	f, err := os.Open(filepath.Join(root, "hello"))
 	if err != nil {
 		t.Fatal(err)
@@ -214,16 +221,8 @@ func TestKernelOverlayMountedInOtherNamespace(t *testing.T) {
 	ktest.Require(t)
 	ktest.RequireBinary(t, "unshare")
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
-	o, lower, _ := kernelOverlay(t)
+	o, _, root, dev := mountedOverlay(t, "sb-k1")
 	ctx := context.Background()
-	root, err := o.Mount(ctx, "sb-k1", lower)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, err := o.Superblock("sb-k1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	hold := t.TempDir()
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
@@ -252,16 +251,8 @@ func TestKernelOverlayMountedInOtherNamespace(t *testing.T) {
 func TestKernelOverlayDetachedHeldByCwd(t *testing.T) {
 	ktest.Require(t)
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{})
-	o, lower, _ := kernelOverlay(t)
+	o, _, root, dev := mountedOverlay(t, "sb-busy")
 	ctx := context.Background()
-	root, err := o.Mount(ctx, "sb-busy", lower)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, err := o.Superblock("sb-busy")
-	if err != nil {
-		t.Fatal(err)
-	}
 	holder := startHolder(t, func(pid int) bool {
 		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
 		return cwd == filepath.Join(root, "sub")

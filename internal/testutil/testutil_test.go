@@ -1,12 +1,16 @@
 package testutil
 
 import (
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // Writes from several goroutines while another reads all land (run with
@@ -49,6 +53,33 @@ func TestSocketDir(t *testing.T) {
 	}
 	if !strings.HasPrefix(dir, os.TempDir()) {
 		t.Fatalf("SocketDir %s is not under %s", dir, os.TempDir())
+	}
+}
+
+// A MuteListener accepts and holds a connection without a byte of answer;
+// the connection ends once the test that made it has.
+func TestMuteListener(t *testing.T) {
+	path := filepath.Join(SocketDir(t), "mute.sock")
+	var c net.Conn
+	t.Run("sub", func(t *testing.T) {
+		MuteListener(t, path)
+		var err error
+		if c, err = net.Dial("unix", path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("hello?")); err != nil {
+			t.Fatalf("write to a mute peer: %v", err)
+		}
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if n, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read from a mute peer: %d bytes, %v; want the deadline", n, err)
+		}
+	})
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	// EOF, or a reset: the peer closed with the test's bytes unread.
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after the test ended: %v, want the connection closed", err)
 	}
 }
 

@@ -17,15 +17,7 @@ import (
 // primary journals the exit, the service then shows it exited with code
 // 5, and its destroy returns the proof.
 func TestServiceOnExitOnCtld(t *testing.T) {
-	e := newEnv(t)
-	e.start("a")
-	e.waitPrimary("a", 2*time.Minute)
-	s := startService(t, e, nil)
-	cx := ctx(t, 8*time.Minute)
-	before, err := e.client().Node(cx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, s, cx, before := serviceOnCtld(t)
 	events := make(chan client.Event, 64)
 	ecx, cancel := context.WithCancel(cx)
 	defer cancel()
@@ -68,6 +60,7 @@ func TestServiceOnExitOnCtld(t *testing.T) {
 	// on_exit destroy.
 	t0 := goNow(gone.ID)
 	var sb client.Sandbox
+	var err error
 	for {
 		if sb, err = s.c.Get(cx, gone.ID); err == nil && sb.State == client.StateDestroyed {
 			break

@@ -74,14 +74,11 @@ func startService(t testing.TB, e *env, tune func(*service.Server)) *svc {
 	return &svc{store: st, url: url, c: &client.Client{BaseURL: url, Key: key}}
 }
 
-// TestServiceLifetimesOnCtld: the service over a real ctld. A sandbox
-// created through the API runs a streamed exec, takes and gives back a
-// file, and its destroy returns a verified, clean proof. Another gets a
-// short timeout that is then extended: it outlives the first deadline,
-// and the extended one destroys it, its release's proof recorded as
-// verified in the store, and the node's leased capacity is back to what
-// it was before.
-func TestServiceLifetimesOnCtld(t *testing.T) {
+// serviceOnCtld starts ctld's slot a and a service over its primary,
+// and returns them with an 8-minute context and the node as it was
+// before the test's sandboxes (its capacity, to compare with after).
+func serviceOnCtld(t *testing.T) (*env, *svc, context.Context, api.Node) {
+	t.Helper()
 	e := newEnv(t)
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute)
@@ -91,6 +88,18 @@ func TestServiceLifetimesOnCtld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e, s, cx, before
+}
+
+// TestServiceLifetimesOnCtld: the service over a real ctld. A sandbox
+// created through the API runs a streamed exec, takes and gives back a
+// file, and its destroy returns a verified, clean proof. Another gets a
+// short timeout that is then extended: it outlives the first deadline,
+// and the extended one destroys it, its release's proof recorded as
+// verified in the store, and the node's leased capacity is back to what
+// it was before.
+func TestServiceLifetimesOnCtld(t *testing.T) {
+	e, s, cx, before := serviceOnCtld(t)
 
 	// Both sandboxes are created at once (each claim costs seconds under TCG).
 	type created struct {

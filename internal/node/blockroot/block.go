@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -32,27 +31,27 @@ import (
 // only the entries of its mode (resource.Table.For), so an overlay generation's
 // claim, teardown and proof are what they were before block mode existed.
 
-// Deps are what block roots use (the node's Deps and config).
+// Deps are the subsystems of block roots; main builds them
+// (node.Deps.Block). A node without Mounts and Templates (and the writers'
+// Devices) refuses block claims (unavailable).
 type Deps struct {
-	Config    writers.Config
-	Journal   *journal.Journal
-	Devices   writers.Devices // the writers (node.Deps.Block)
-	Mounts    writers.Mounts  // node.Deps.BlockMounts
+	Mounts    writers.Mounts // the devices' mounts (*rootfs.Block)
 	Templates writers.Templates
-	// Volumes, Sealer and Freezer make block roots durable; nil: every
-	// block claim starts from its template and pause, snapshot, fork and
-	// restore are refused.
+	// Volumes and Freezer (and the writers' Sealer) make block roots
+	// durable; nil: every block claim starts from its template and pause,
+	// snapshot, fork and restore are refused.
 	Volumes writers.Volumes
-	Sealer  writers.Sealer
 	Freezer writers.Freezer
-	NodeID  string
-	Epoch   uint64
-	Term    *op.Term
-	Ops     *op.Ops
-	Locks   *op.Locks // the sandboxes' locks
-	// Crash is the crash hook (op.Runner.Crash).
-	Crash func(point string)
-	Log   *slog.Logger
+}
+
+// Wiring is what the node passes block roots: their subsystems, what
+// they share with persistent volumes, and what they ask of the node.
+type Wiring struct {
+	Deps
+	writers.Shared
+	Epoch uint64
+	Ops   *op.Ops
+	Locks *op.Locks // the sandboxes' locks
 	// Teardown releases a paused generation.
 	Teardown Teardowner
 }
@@ -65,7 +64,7 @@ type Teardowner interface {
 
 // Root is the block roots of a node's generations.
 type Root struct {
-	d Deps
+	d Wiring
 	// has says the node runs block-mode generations (Devices, Mounts and
 	// Templates); durable, that it also seals and resumes them (Volumes,
 	// Sealer and Freezer). New decides both once.
@@ -73,9 +72,9 @@ type Root struct {
 }
 
 // New is the block roots over d.
-func New(d Deps) *Root {
-	has := d.Devices != nil && d.Mounts != nil && d.Templates != nil
-	return &Root{d: d, has: has, durable: has && d.Volumes != nil && d.Sealer != nil && d.Freezer != nil}
+func New(d Wiring) *Root {
+	has := d.Writers.Devices != nil && d.Mounts != nil && d.Templates != nil
+	return &Root{d: d, has: has, durable: has && d.Volumes != nil && d.Writers.Sealer != nil && d.Freezer != nil}
 }
 
 // Register adds block mode's entries to b, in claim order: the writer
@@ -215,7 +214,7 @@ func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 	if err := n.live(); err != nil {
 		return err
 	}
-	st, err := n.d.Devices.Start(ctx, n.d.Config.Spec(rec.ID, rec.Generation, b.WriterEpoch, base, b.Dir))
+	st, err := n.d.Writers.Devices.Start(ctx, n.d.Config.Spec(rec.ID, rec.Generation, b.WriterEpoch, base, b.Dir))
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
 	}
@@ -239,7 +238,7 @@ func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Che
 	if rec.Block != nil {
 		index = rec.Block.Index
 	}
-	ok, d := r.n.d.Devices.CheckGone(ctx, dir, index)
+	ok, d := r.n.d.Writers.Devices.CheckGone(ctx, dir, index)
 	if _, err := os.Lstat(dir); err == nil {
 		ok, d = false, d+"; writer dir "+dir+" exists"
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -249,7 +248,7 @@ func (r writerResource) Gone(ctx context.Context, rec journal.Sandbox) proof.Che
 }
 
 func (r writerResource) List(ctx context.Context) ([]string, error) {
-	return r.n.d.Devices.List(ctx)
+	return r.n.d.Writers.Devices.List(ctx)
 }
 
 func (r writerResource) Name(rec journal.Sandbox) string {
@@ -260,7 +259,7 @@ func (r writerResource) Name(rec journal.Sandbox) string {
 }
 
 func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
-	if err := r.n.d.Devices.Stop(ctx, dir); err != nil {
+	if err := r.n.d.Writers.Devices.Stop(ctx, dir); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -273,7 +272,7 @@ func (r writerResource) RemoveOrphan(ctx context.Context, dir string) error {
 // (a writer of another epoch is not this generation's).
 func (r writerResource) Survey(context.Context) (resource.Missing, error) {
 	return func(ctx context.Context, rec journal.Sandbox) string {
-		st, err := r.n.d.Devices.Check(ctx, r.n.writerDir(rec))
+		st, err := r.n.d.Writers.Devices.Check(ctx, r.n.writerDir(rec))
 		if err != nil || rec.Block == nil || st.Epoch != rec.Block.WriterEpoch {
 			return "writer"
 		}
@@ -355,7 +354,7 @@ func (n *Root) Identify(ctx context.Context, rec journal.Sandbox) (journal.Sandb
 	if rec.Block == nil || rec.Block.Index >= 0 || !n.has {
 		return rec, false
 	}
-	st, err := n.d.Devices.Check(ctx, rec.Block.Dir)
+	st, err := n.d.Writers.Devices.Check(ctx, rec.Block.Dir)
 	if err != nil || st.Epoch != rec.Block.WriterEpoch {
 		return rec, false
 	}

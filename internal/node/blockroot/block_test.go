@@ -7,6 +7,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/writers"
 )
 
 // TestCheck: a block claim is refused before the journal when the node
@@ -22,11 +23,11 @@ func TestCheck(t *testing.T) {
 	req := func(template string, disk int64) *journal.ClaimRequest {
 		return &journal.ClaimRequest{RootFS: journal.RootFS{Mode: journal.RootFSBlock, Template: template}, Resources: journal.Resources{DiskBytes: disk}}
 	}
-	none := New(Deps{})
+	none := New(Wiring{})
 	if err := none.Check(ctx, "sb", req("busybox", 0)); errdefs.CodeOf(err) != errdefs.CodeUnavailable {
 		t.Errorf("no block subsystems: %v, want unavailable", err)
 	}
-	root := New(Deps{Devices: k.Blocks(), Mounts: k.BlockMounts(), Templates: k.Templates()})
+	root := New(Wiring{Shared: writers.Shared{Writers: writers.Deps{Devices: k.Blocks()}}, Deps: Deps{Mounts: k.BlockMounts(), Templates: k.Templates()}})
 	if err := root.Check(ctx, "sb", req("nope", 0)); errdefs.CodeOf(err) != errdefs.CodeNotFound {
 		t.Errorf("unknown template: %v, want not_found", err)
 	}

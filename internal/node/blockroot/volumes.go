@@ -74,7 +74,7 @@ func (n *Root) seal(ctx context.Context, rec *journal.Sandbox) (journal.SealResu
 		return journal.SealResult{}, fmt.Errorf("freeze the root of %s: %w", rec.ContainerID, err)
 	}
 	tf := time.Now()
-	res, serr := n.d.Sealer.Seal(ctx, n.writerDir(*rec), next, rec.Block.WriterEpoch)
+	res, serr := n.d.Writers.Sealer.Seal(ctx, n.writerDir(*rec), next, rec.Block.WriterEpoch)
 	terr := thaw()
 	res.FreezeMS = ms(time.Since(tf))
 	if serr != nil {

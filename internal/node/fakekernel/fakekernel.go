@@ -76,6 +76,7 @@ type Kernel struct {
 	next        uint64
 	cgroups     map[string]bool    // lease id → exists
 	oomKills    map[string]int64   // lease id → memory.events oom_kill (exits.go)
+	held        map[string]bool    // lease id → a test's process is in it (Populate)
 	cpuMax      map[string][]int64 // lease id → cpu.max in millis, each value it had
 	mounts      map[string]*mount
 	superblocks map[string]*superblock // dev → superblock, while alive
@@ -138,7 +139,7 @@ type project struct {
 func New(dir string) (*Kernel, error) {
 	k := &Kernel{
 		root: dir, next: 100,
-		cgroups: map[string]bool{}, cpuMax: map[string][]int64{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
+		cgroups: map[string]bool{}, held: map[string]bool{}, cpuMax: map[string][]int64{}, mounts: map[string]*mount{}, superblocks: map[string]*superblock{},
 		netns: map[string]uint64{}, namespaces: map[uint64]*namespace{}, containers: map[string]*container{},
 		projects: map[uint32]*project{}, refuse: map[string]error{}, failMake: map[string]error{},
 		links: map[string]*link{}, chains: map[string]*fwChain{}, fwd: map[string]string{},
@@ -177,37 +178,37 @@ func key(kind journal.Kind, name string) string { return string(kind) + "/" + na
 // Refuse makes removing the object kind/name fail with err (nil: a
 // generic "busy" error), and the object stay, until Allow.
 func (k *Kernel) Refuse(kind journal.Kind, name string, err error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if err == nil {
-		err = fmt.Errorf("fake kernel: %s %s is busy (refused)", kind, name)
-	}
-	k.refuse[key(kind, name)] = err
+	k.inject(k.refuse, kind, name, err, "%s %s is busy (refused)")
 }
 
 // Allow undoes Refuse.
-func (k *Kernel) Allow(kind journal.Kind, name string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.refuse, key(kind, name))
-}
+func (k *Kernel) Allow(kind journal.Kind, name string) { k.inject(k.refuse, kind, name, nil, "") }
 
 // FailMake makes making the object kind/name fail with err (nil: a generic
 // error) and change nothing, until ClearFailMake.
 func (k *Kernel) FailMake(kind journal.Kind, name string, err error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if err == nil {
-		err = fmt.Errorf("fake kernel: making %s %s fails (injected)", kind, name)
-	}
-	k.failMake[key(kind, name)] = err
+	k.inject(k.failMake, kind, name, err, "making %s %s fails (injected)")
 }
 
 // ClearFailMake undoes FailMake.
 func (k *Kernel) ClearFailMake(kind journal.Kind, name string) {
+	k.inject(k.failMake, kind, name, nil, "")
+}
+
+// inject sets kind/name's error in m (Refuse's or FailMake's) to err, or
+// to a generic one saying what (a format of kind and name); an empty
+// what clears it.
+func (k *Kernel) inject(m map[string]error, kind journal.Kind, name string, err error, what string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.failMake, key(kind, name))
+	if what == "" {
+		delete(m, key(kind, name))
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("fake kernel: "+what, kind, name)
+	}
+	m[key(kind, name)] = err
 }
 
 // SetDiskUnbounded makes DiskBounded fail with err (nil: bounded again).
@@ -300,6 +301,9 @@ func (k *Kernel) gcLocked() {
 }
 
 func (k *Kernel) populatedLocked(id string) bool {
+	if k.held[id] {
+		return true
+	}
 	for _, c := range k.containers {
 		if c.alive() && c.cgroup == id {
 			return true
@@ -434,21 +438,31 @@ func (l *Leases) Create(ctx context.Context, s lease.Spec) error {
 	return nil
 }
 
-// SetCPUMax changes the lease's cpu.max; a missing lease wraps
-// fs.ErrNotExist.
-func (l *Leases) SetCPUMax(ctx context.Context, id string, millis int64) error {
-	if err := lease.ValidateID(id); err != nil {
-		return fmt.Errorf("set cpu.max: %w", err)
-	}
+// Populate puts a process into lease id, as a guest would, until the
+// lease is killed or removed (a test's stand-in for a guest; the
+// lease contract's, leasetest). A missing lease wraps fs.ErrNotExist.
+func (l *Leases) Populate(id string) error {
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.cgroups[id] {
-		return fmt.Errorf("set cpu.max of %s: %w", id, fs.ErrNotExist)
+		return fmt.Errorf("populate lease %s: %w", id, fs.ErrNotExist)
 	}
-	k.cpuMax[id] = append(k.cpuMax[id], millis)
-	k.call("lease cpu.max %s %dm", id, millis)
+	k.held[id] = true
 	return nil
+}
+
+// SetCPUMax changes the lease's cpu.max; a missing lease wraps
+// fs.ErrNotExist, one out of range lease.ErrInvalid.
+func (l *Leases) SetCPUMax(ctx context.Context, id string, millis int64) error {
+	if millis < lease.MinCPUMillis || millis > lease.MaxCPUMillis {
+		return fmt.Errorf("set cpu.max of %s: %w: cpu_millis %d not in [%d, %d]", id, lease.ErrInvalid, millis, lease.MinCPUMillis, lease.MaxCPUMillis)
+	}
+	return l.with("set cpu.max of", id, true, func(k *Kernel) error {
+		k.cpuMax[id] = append(k.cpuMax[id], millis)
+		k.call("lease cpu.max %s %dm", id, millis)
+		return nil
+	})
 }
 
 // CPUMaxHistory is every cpu.max the lease had, in millis, oldest first
@@ -462,45 +476,51 @@ func (l *Leases) CPUMaxHistory(id string) []int64 {
 
 // Remove kills everything in the lease and removes it; absent is success.
 func (l *Leases) Remove(ctx context.Context, id string) error {
-	if err := lease.ValidateID(id); err != nil {
-		return fmt.Errorf("remove lease: %w", err)
-	}
-	k := l.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.cgroups[id] {
+	return l.with("remove lease", id, false, func(k *Kernel) error {
+		// cgroup.kill first, as the real one: even a lease that then
+		// refuses rmdir has no process left.
+		k.killLeaseLocked(id)
+		if err := k.refused(journal.KindCgroup, id); err != nil {
+			return fmt.Errorf("remove lease %s: %w", id, err)
+		}
+		delete(k.cgroups, id)
+		delete(k.cpuMax, id)
+		k.call("lease remove %s", id)
 		return nil
-	}
-	// cgroup.kill first, as the real one: even a lease that then refuses
-	// rmdir has no process left.
-	k.killLeaseLocked(id)
-	if err := k.refused(journal.KindCgroup, id); err != nil {
-		return fmt.Errorf("remove lease %s: %w", id, err)
-	}
-	delete(k.cgroups, id)
-	delete(k.cpuMax, id)
-	k.call("lease remove %s", id)
-	return nil
+	})
 }
 
 // Kill kills everything in the lease and keeps it; absent is success.
 func (l *Leases) Kill(ctx context.Context, id string) error {
+	return l.with("kill lease", id, false, func(k *Kernel) error {
+		k.killLeaseLocked(id)
+		k.call("lease kill %s", id)
+		return nil
+	})
+}
+
+// with runs f under the kernel's lock if lease id exists; an invalid id
+// is refused ("verb: ..."), a missing lease is success unless need says
+// it wraps fs.ErrNotExist ("verb id: ...").
+func (l *Leases) with(verb, id string, need bool, f func(k *Kernel) error) error {
 	if err := lease.ValidateID(id); err != nil {
-		return fmt.Errorf("kill lease: %w", err)
+		return fmt.Errorf("%s: %w", verb, err)
 	}
 	k := l.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.cgroups[id] {
+		if need {
+			return fmt.Errorf("%s %s: %w", verb, id, fs.ErrNotExist)
+		}
 		return nil
 	}
-	k.killLeaseLocked(id)
-	k.call("lease kill %s", id)
-	return nil
+	return f(k)
 }
 
 // killLeaseLocked stops every guest in lease id (cgroup.kill).
 func (k *Kernel) killLeaseLocked(id string) {
+	delete(k.held, id)
 	for _, c := range k.containers {
 		if c.cgroup == id {
 			k.stopLocked(c)
@@ -529,21 +549,15 @@ func (l *Leases) List(ctx context.Context) ([]string, error) {
 
 // Stats counts the lease's processes; a missing lease wraps fs.ErrNotExist.
 func (l *Leases) Stats(ctx context.Context, id string) (lease.Stats, error) {
-	if err := lease.ValidateID(id); err != nil {
-		return lease.Stats{}, fmt.Errorf("read lease stats: %w", err)
-	}
-	k := l.k()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.cgroups[id] {
-		return lease.Stats{}, fmt.Errorf("read lease stats %s: %w", id, fs.ErrNotExist)
-	}
 	var st lease.Stats
-	if k.populatedLocked(id) {
-		st.Procs = 2 // sandbox and gofer
-	}
-	st.OOMKills = k.oomKills[id]
-	return st, nil
+	err := l.with("read lease stats", id, true, func(k *Kernel) error {
+		if k.populatedLocked(id) {
+			st.Procs = 2 // sandbox and gofer
+		}
+		st.OOMKills = k.oomKills[id]
+		return nil
+	})
+	return st, err
 }
 
 // CheckGone is ok only if the lease's cgroup does not exist.
@@ -576,6 +590,9 @@ func validID(id string) error {
 // mounted is success, another one there a conflict.
 func (r *RootFS) Mount(ctx context.Context, id, lower string) (string, error) {
 	if err := validID(id); err != nil {
+		return "", err
+	}
+	if err := rootfs.CheckOverlayPath("template dir", lower); err != nil {
 		return "", err
 	}
 	if fi, err := os.Stat(lower); err != nil {

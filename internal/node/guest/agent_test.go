@@ -22,7 +22,7 @@ func TestExecAndProbeRunAsWorkloadUser(t *testing.T) {
 	if p := execProcess(rec, ExecRequest{Args: []string{"id"}, User: &wire.User{UID: 0, GID: 0}}); p.UID != 0 || p.GID != 0 {
 		t.Errorf("exec as 0:0 runs as %d:%d", p.UID, p.GID)
 	}
-	n := New(Config{RunDir: "/run/ctld"}, Deps{})
+	n := New(Config{RunDir: "/run/ctld"}, Wiring{})
 	if a := n.agentSpec(rec); !slices.Equal(a.Env, []string{"CTL_AGENT_UID=1000", "CTL_AGENT_GID=1001"}) {
 		t.Errorf("agent env %q, want the workload's 1000:1001 and no nonce", a.Env)
 	}

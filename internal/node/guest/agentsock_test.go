@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // The agent's socket dir is the guest's to write: DialInDir dials only a
@@ -17,20 +19,7 @@ func TestDialInDirRefusesWhatIsNotASocket(t *testing.T) {
 	dir := t.TempDir()
 	other := t.TempDir()
 	// A host socket the guest would like ctld to dial.
-	ln, err := net.Listen("unix", filepath.Join(other, "host.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testutil.MuteListener(t, filepath.Join(other, "host.sock"))
 	ctx := context.Background()
 	if err := os.Symlink(filepath.Join(other, "host.sock"), filepath.Join(dir, "agent.sock")); err != nil {
 		t.Fatal(err)

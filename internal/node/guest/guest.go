@@ -82,14 +82,22 @@ type Config struct {
 	ExecTimeoutDefault, ExecIdle      time.Duration
 }
 
-// Deps are what the guest concern drives and asks.
+// Deps are the subsystems the guest concern drives; main builds them
+// (node.Deps.Guest). A new one is a field here and its wiring in
+// cmd/ctld: nothing in the node changes.
 type Deps struct {
-	Leases  Leases
-	Runtime Runtime
+	Leases  Leases  // *lease.Manager
+	Runtime Runtime // *runsc.Runtime
 	// AgentDirs and AgentPeers confine each generation's agent socket dir
 	// and check its peer (agentsock.go); nil: PlainDirs{} and AnyPeer{}.
-	AgentDirs   AgentDirs
-	AgentPeers  AgentPeers
+	AgentDirs  AgentDirs
+	AgentPeers AgentPeers
+}
+
+// Wiring is what the node passes the guest concern: its subsystems and
+// what it asks of the node.
+type Wiring struct {
+	Deps
 	Nameservers Nameservers
 	// Begin starts an operation of the primary's term (op.Term.Begin),
 	// Live says whether the term still lets effects be made, and Sandbox
@@ -103,12 +111,12 @@ type Deps struct {
 // Guest is the node's guest concern.
 type Guest struct {
 	cfg Config
-	d   Deps
+	d   Wiring
 	log *slog.Logger
 }
 
 // New is the guest concern over d.
-func New(cfg Config, d Deps) *Guest {
+func New(cfg Config, d Wiring) *Guest {
 	if d.AgentDirs == nil {
 		d.AgentDirs = PlainDirs{}
 	}

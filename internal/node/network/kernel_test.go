@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/netpolicy"
@@ -44,7 +42,11 @@ func TestKernelNetworkAlone(t *testing.T) {
 	}
 	// After the leak check's snapshot: the table is the test's own to
 	// delete (ctld never deletes its table).
-	t.Cleanup(func() { deleteTable(t, table) })
+	t.Cleanup(func() {
+		if err := ktest.DeleteNftTable(table); err != nil {
+			t.Errorf("delete nft table %s: %v", table, err)
+		}
+	})
 	j, err := journal.Open(filepath.Join(run, "journal.db"), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -56,9 +58,9 @@ func TestKernelNetworkAlone(t *testing.T) {
 	ns := &netpolicy.Netns{Dir: filepath.Join(run, "netns")}
 	newNet := func(carriers int) testNet {
 		term := op.NewTerm(ctx)
-		d := Deps{
-			Term: term, Run: &op.Runner{J: j, Epoch: 1, Term: term}, Locks: &op.Locks{},
-			Netns: ns, Links: &netpolicy.Links{}, Firewall: fw, Flows: &flows.Conntrack{}, Pool: pool, Carriers: carriers,
+		d := Wiring{
+			Deps: Deps{Netns: ns, Links: &netpolicy.Links{}, Firewall: fw, Flows: &flows.Conntrack{}, Pool: pool},
+			Term: term, Run: &op.Runner{J: j, Epoch: 1, Term: term}, Locks: &op.Locks{}, Carriers: carriers,
 		}
 		tn := testNet{j: j}
 		d.Identities, d.Ready = netnsIdentities{&tn}, tn.ready
@@ -117,28 +119,6 @@ func TestKernelNetworkAlone(t *testing.T) {
 	for _, l := range []resource.Lister{netnsResource{next.Net}, linksResource{next.Net}, nftResource{next.Net}} {
 		if names, err := l.List(ctx); err != nil || len(names) > 0 {
 			t.Errorf("%T lists %q %v after all, want nothing", l, names, err)
-		}
-	}
-}
-
-// deleteTable deletes an nft table of inet family if it exists.
-func deleteTable(t testing.TB, name string) {
-	c, err := nftables.New()
-	if err != nil {
-		t.Errorf("nft: %v", err)
-		return
-	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		t.Errorf("list nft tables: %v", err)
-		return
-	}
-	for _, tb := range tables {
-		if tb.Name == name {
-			c.DelTable(tb)
-			if err := c.Flush(); err != nil {
-				t.Errorf("delete nft table %s: %v", name, err)
-			}
 		}
 	}
 }

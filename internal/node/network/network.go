@@ -45,19 +45,14 @@ import (
 // without a Links or Firewall makes none of them and refuses the modes
 // that need them.
 
-// Deps are what the network needs from the node.
+// Deps are the subsystems of the sandbox network; main builds them
+// (node.Deps.Network). With a Pool, every generation gets an address
+// slot; with Links and Firewall also a veth and its nft objects (deny_all
+// too, so a live update can open it). A node without them runs deny_all
+// sandboxes with only lo and refuses the modes that need them (fail
+// closed). Flows and DNSProxy are needed by open and restricted policies.
 type Deps struct {
-	Log *slog.Logger
-	// Term bounds every kernel effect and operation (op.Term); Run is the
-	// node's journal and epoch, and passes the crash points; Locks
-	// serialize a sandbox's network updates with the start of its release
-	// (the node's sandbox locks).
-	Term  *op.Term
-	Run   *op.Runner
-	Locks *op.Locks
-	// The subsystems (deps.go); see node.Deps for which are needed by
-	// what.
-	Netns    Netns
+	Netns    Netns // *netpolicy.Netns
 	Links    Links
 	Firewall Firewall
 	Flows    Flows
@@ -66,6 +61,20 @@ type Deps struct {
 	// NodeAddrs are the node's own addresses (netpolicy.Facts): never
 	// reachable from a sandbox.
 	NodeAddrs []netip.Addr
+}
+
+// Wiring is what the node passes the network: its subsystems, its part
+// of the node's config, and what it asks of the node.
+type Wiring struct {
+	Deps
+	Log *slog.Logger
+	// Term bounds every kernel effect and operation (op.Term); Run is the
+	// node's journal and epoch, and passes the crash points; Locks
+	// serialize a sandbox's network updates with the start of its release
+	// (the node's sandbox locks).
+	Term  *op.Term
+	Run   *op.Runner
+	Locks *op.Locks
 	// Limits bound a network policy (rules, ports per rule).
 	Limits netpolicy.Limits
 	// Carriers is the warm carrier pool's size; CarrierWait bounds a
@@ -95,7 +104,7 @@ type Identities interface {
 
 // Net is the node's sandbox network.
 type Net struct {
-	d   Deps
+	d   Wiring
 	log *slog.Logger
 	// has is which parts of the network this node has, decided once by
 	// New: an entry of a part it lacks is registered absent, and nothing
@@ -122,7 +131,7 @@ type parts struct {
 }
 
 // New is the network of a node with d.
-func New(d Deps) *Net {
+func New(d Wiring) *Net {
 	veth := d.Links != nil && d.Firewall != nil && d.Pool.V4.IsValid()
 	return &Net{d: d, log: logging.OrDiscard(d.Log), has: parts{
 		netns: d.Netns != nil, veth: veth, flows: d.Flows != nil, dns: veth && d.DNSProxy != nil,
@@ -136,7 +145,7 @@ func New(d Deps) *Net {
 // absent; a nil n declares the same specs (CrashPoints).
 func Register(b *resource.Builder[*resource.Claim], n *Net) {
 	if n == nil {
-		n = New(Deps{})
+		n = New(Wiring{})
 	}
 	b.Add(netnsResource{n}, n.has.netns)
 	b.Add(linksResource{n}, n.has.veth)

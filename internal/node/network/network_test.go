@@ -29,7 +29,7 @@ var (
 	denyAll   = journal.NetworkPolicy{Mode: "deny_all"}
 	allowed   = fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("203.0.113.7:443")}
 	notAllow  = fakekernel.Flow{Proto: netpolicy.ProtoTCP, Dst: netip.MustParseAddrPort("198.51.100.1:443")}
-	everyPart = func(d *Deps, k *fakekernel.Kernel) {
+	everyPart = func(d *Wiring, k *fakekernel.Kernel) {
 		d.Links, d.Firewall, d.Flows, d.DNSProxy = k.Links(), k.Firewall(), k.Flows(), k.DNSProxy()
 	}
 )
@@ -42,7 +42,7 @@ type testNet struct {
 
 // newTestNet is a Net over a new fake kernel with a netns and an address
 // pool; with adds the rest of its subsystems.
-func newTestNet(t *testing.T, carriers int, with ...func(*Deps, *fakekernel.Kernel)) testNet {
+func newTestNet(t *testing.T, carriers int, with ...func(*Wiring, *fakekernel.Kernel)) testNet {
 	t.Helper()
 	j, err := journal.Open(filepath.Join(t.TempDir(), "journal.db"), 5*time.Second)
 	if err != nil {
@@ -57,9 +57,9 @@ func newTestNet(t *testing.T, carriers int, with ...func(*Deps, *fakekernel.Kern
 		t.Fatal(err)
 	}
 	term := op.NewTerm(context.Background())
-	d := Deps{
-		Term: term, Run: &op.Runner{J: j, Epoch: 1, Term: term}, Locks: &op.Locks{},
-		Netns: k.Netns(), Pool: testPool, Carriers: carriers, CarrierWait: time.Second,
+	d := Wiring{
+		Deps: Deps{Netns: k.Netns(), Pool: testPool},
+		Term: term, Run: &op.Runner{J: j, Epoch: 1, Term: term}, Locks: &op.Locks{}, Carriers: carriers, CarrierWait: time.Second,
 	}
 	for _, f := range with {
 		f(&d, k)
@@ -184,7 +184,7 @@ func TestCheckFailsClosed(t *testing.T) {
 	}
 	wantRefused(check(bare.Net, restrict), "links and firewall")
 
-	noDNS := newTestNet(t, 0, everyPart, func(d *Deps, _ *fakekernel.Kernel) { d.DNSProxy = nil })
+	noDNS := newTestNet(t, 0, everyPart, func(d *Wiring, _ *fakekernel.Kernel) { d.DNSProxy = nil })
 	noDNS.k.FailMake(journal.KindNft, fakekernel.TableName, nil)
 	if err := noDNS.Ensure(t.Context()); err == nil {
 		t.Fatal("Ensure with the nft table failing: no error")

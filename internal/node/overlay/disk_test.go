@@ -11,7 +11,7 @@ import (
 // holding capacity uses; withheld generations keep theirs; a full range is
 // capacity_exhausted.
 func TestDiskProjectAllocation(t *testing.T) {
-	n := New(Config{DiskProjects: DiskProjects{Base: 100, Count: 3}}, nil)
+	n := New(Config{DiskProjects: DiskProjects{Base: 100, Count: 3}}, Deps{})
 	rec := func(state journal.State, p uint32, withheld bool) journal.Sandbox {
 		return journal.Sandbox{State: state, DiskProject: p, Withheld: withheld}
 	}
@@ -40,14 +40,14 @@ func TestDiskProjectAllocation(t *testing.T) {
 // TestDiskDefault: a claim without disk_bytes gets the node's default; one
 // with it keeps its own.
 func TestDiskDefault(t *testing.T) {
-	n := New(Config{DefaultDiskBytes: 1 << 30}, nil)
+	n := New(Config{DefaultDiskBytes: 1 << 30}, Deps{})
 	if r := n.WithDiskDefault(journal.Resources{}); r.DiskBytes != 1<<30 {
 		t.Fatalf("default not applied: %d", r.DiskBytes)
 	}
 	if r := n.WithDiskDefault(journal.Resources{DiskBytes: 5 << 20}); r.DiskBytes != 5<<20 {
 		t.Fatalf("explicit disk_bytes replaced: %d", r.DiskBytes)
 	}
-	if err := New(Config{}, nil).CheckDisk(journal.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+	if err := New(Config{}, Deps{}).CheckDisk(journal.Resources{}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
 		t.Fatalf("no disk lease and no default: %v, want invalid_argument", err)
 	}
 }

@@ -41,14 +41,20 @@ type Config struct {
 	DiskProjects DiskProjects
 }
 
+// Deps are the subsystems the overlay concern drives; main builds them
+// (node.Deps.Overlay).
+type Deps struct {
+	RootFS RootFS // *rootfs.Overlay
+}
+
 // Overlay is the node's overlay root concern.
 type Overlay struct {
 	cfg Config
 	fs  RootFS
 }
 
-// New is the overlay concern over fs.
-func New(cfg Config, fs RootFS) *Overlay { return &Overlay{cfg: cfg, fs: fs} }
+// New is the overlay concern over d.
+func New(cfg Config, d Deps) *Overlay { return &Overlay{cfg: cfg, fs: d.RootFS} }
 
 // Register adds the overlay concern's entries to b in claim order: the
 // disk quota before the overlay mount (the quota bounds the scratch dir

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,20 +48,23 @@ import (
 // one writer dir per volume and is removed last, so a teardown (or the
 // orphan sweep) finds every volume of a generation from its container id.
 
-// Deps are what the persistent volumes use (the node's Deps and config).
+// Deps are the subsystems of persistent volumes; main builds them
+// (node.Deps.Volumes): the store's volumes of kind volumes, and the host
+// mounts of their devices (a mount dir of their own, keyed by volume id:
+// a volume is attached to one generation at a time). Without them (or
+// the writers') claims naming volumes are refused.
 type Deps struct {
-	Config  writers.Config
-	Journal *journal.Journal
-	Devices writers.Devices // the writers (node.Deps.Block)
-	Sealer  writers.Sealer
-	Store   writers.Volumes // the store's volumes (node.Deps.PVolumes)
-	Mounts  writers.Mounts  // their host mounts (node.Deps.VolumeMounts)
-	Freezer writers.Freezer // (node.Deps.VolumeFreezer)
-	NodeID  string
-	Term    *op.Term
-	// Crash is the crash hook (op.Runner.Crash).
-	Crash func(point string)
-	Log   *slog.Logger
+	Store   writers.Volumes
+	Mounts  writers.Mounts // *rootfs.Block
+	Freezer writers.Freezer
+}
+
+// Wiring is what the node passes the persistent volumes: their
+// subsystems, what they share with block roots, and what they ask of the
+// node.
+type Wiring struct {
+	Deps
+	writers.Shared
 	// Watch restarts a dead writer before its detach.
 	Watch *writers.Watch
 }
@@ -70,15 +72,15 @@ type Deps struct {
 // Volumes is the persistent volumes of generations: the volumes entry of
 // the resource table.
 type Volumes struct {
-	d Deps
+	d Wiring
 	// has says the node attaches persistent volumes: New decides it once
 	// from d (writers, sealer, store, mounts, freezer and a writers dir).
 	has bool
 }
 
 // New is the volumes entry over d.
-func New(d Deps) *Volumes {
-	has := d.Devices != nil && d.Sealer != nil && d.Store != nil && d.Mounts != nil && d.Freezer != nil && d.Config.WritersDir != ""
+func New(d Wiring) *Volumes {
+	has := d.Writers.Devices != nil && d.Writers.Sealer != nil && d.Store != nil && d.Mounts != nil && d.Freezer != nil && d.Config.WritersDir != ""
 	return &Volumes{d: d, has: has}
 }
 
@@ -233,7 +235,7 @@ func (r *Volumes) attach(ctx context.Context, c *resource.Claim, v journal.Volum
 	vol := blockstore.Vol(v.ID)
 	spec := r.d.Config.Spec(rec.ID, rec.Generation, av.WriterEpoch, blockstore.GenRef{Volume: vol, Generation: h.Generation}, av.Dir)
 	spec.Volume = vol
-	st, err := r.d.Devices.Start(ctx, spec)
+	st, err := r.d.Writers.Devices.Start(ctx, spec)
 	if err != nil {
 		return "", fmt.Errorf("start writer: %w", err)
 	}
@@ -329,7 +331,7 @@ func (r *Volumes) sealUnrecorded(ctx context.Context, cid, id, dir string) {
 		if !ok || spec.Sandbox != sbx || spec.Generation != gen || spec.Volume != vol || spec.Base.Volume != vol {
 			return fmt.Sprintf("its spec (sandbox %s generation %d, volume %s over %s) is not this dir's attach", spec.Sandbox, spec.Generation, spec.Volume, spec.Base.Volume)
 		}
-		st, err := r.d.Devices.Check(ctx, dir)
+		st, err := r.d.Writers.Devices.Check(ctx, dir)
 		if err != nil || st.Epoch != spec.Epoch {
 			return fmt.Sprintf("no writer of the spec's epoch %d runs (%v)", spec.Epoch, err)
 		}
@@ -397,7 +399,7 @@ func (r *Volumes) detach(ctx context.Context, rec *journal.Sandbox, av journal.A
 // returned attach (the proof reports it); any other failure is an error.
 func (r *Volumes) sealAndPublish(ctx context.Context, rec journal.Sandbox, av journal.AttachedVolume) (journal.AttachedVolume, error) {
 	log := r.d.Log.With("sandbox", rec.ID, "generation", rec.Generation, "volume", av.ID, "writer_epoch", av.WriterEpoch)
-	st, err := r.d.Devices.Check(ctx, av.Dir)
+	st, err := r.d.Writers.Devices.Check(ctx, av.Dir)
 	if err != nil || st.Epoch != av.WriterEpoch || av.Index < 0 {
 		av.PublishError = fmt.Sprintf("not sealed: the attach's writer (epoch %d) is not running; its writes are not in the volume", av.WriterEpoch)
 		log.Error("volume detached without a seal", "err", av.PublishError)
@@ -418,7 +420,7 @@ func (r *Volumes) sealAndPublish(ctx context.Context, rec journal.Sandbox, av jo
 	if err != nil {
 		return av, fmt.Errorf("freeze: %w", err)
 	}
-	res, serr := r.d.Sealer.Seal(ctx, av.Dir, next, av.WriterEpoch)
+	res, serr := r.d.Writers.Sealer.Seal(ctx, av.Dir, next, av.WriterEpoch)
 	if terr := thaw(); serr != nil || terr != nil {
 		return av, errors.Join(serr, terr)
 	}
@@ -468,7 +470,7 @@ func (r *Volumes) stop(ctx context.Context, id, dir string, rec journal.Sandbox)
 			return fmt.Errorf("unmount volume %s: %w", id, err)
 		}
 	}
-	if err := r.d.Devices.Stop(ctx, dir); err != nil {
+	if err := r.d.Writers.Devices.Stop(ctx, dir); err != nil {
 		return fmt.Errorf("stop writer of volume %s: %w", id, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -521,7 +523,7 @@ func (r *Volumes) Gone(ctx context.Context, rec journal.Sandbox) proof.Check {
 	ok := true
 	var parts []string
 	for _, av := range rec.Volumes {
-		wok, wd := r.d.Devices.CheckGone(ctx, av.Dir, av.Index)
+		wok, wd := r.d.Writers.Devices.CheckGone(ctx, av.Dir, av.Index)
 		mok, md := r.d.Mounts.CheckGone(ctx, av.ID, av.RootDev)
 		if held, err := r.volumeHeldElsewhere(av.ID, rec); err != nil {
 			mok, md = false, err.Error()
@@ -584,7 +586,7 @@ func (r *Volumes) Survey(context.Context) (resource.Missing, error) {
 			return ""
 		}
 		for _, av := range rec.Volumes {
-			st, err := r.d.Devices.Check(ctx, av.Dir)
+			st, err := r.d.Writers.Devices.Check(ctx, av.Dir)
 			if err != nil || st.Epoch != av.WriterEpoch {
 				return "volume writer " + av.ID
 			}

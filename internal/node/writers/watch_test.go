@@ -47,7 +47,7 @@ func newWatchRig(t *testing.T) *watchRig {
 		t.Fatal(err)
 	}
 	r := &watchRig{k: k, j: j, cfg: writers.Config{WritersDir: k.WritersDir(), CheckEvery: 10 * time.Millisecond, RestartAttempts: 2}}
-	root := blockroot.New(blockroot.Deps{Config: r.cfg, Journal: j, Devices: k.Blocks(), Templates: k.Templates()})
+	root := blockroot.New(blockroot.Wiring{Deps: blockroot.Deps{Templates: k.Templates()}, Shared: writers.Shared{Writers: writers.Deps{Devices: k.Blocks()}, Config: r.cfg, Journal: j}})
 	r.w = &writers.Watch{
 		Config: r.cfg, Devices: k.Blocks(), Journal: j, Term: op.NewTerm(context.Background()), Locks: &op.Locks{},
 		Crash: func(p string) {

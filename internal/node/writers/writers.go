@@ -7,11 +7,13 @@ package writers
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/storecfg"
 	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/op"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/writer"
 )
@@ -66,6 +68,28 @@ func RootFSMode(rec journal.Sandbox) journal.RootFSMode {
 		return journal.RootFSOverlay
 	}
 	return rec.RootFS.Mode
+}
+
+// Deps are the subsystems block roots and persistent volumes share; main
+// builds them (node.Deps.Writers).
+type Deps struct {
+	Devices Devices // *writer.Supervisor
+	// Sealer seals a writer's device into a new generation in the store
+	// (block roots' pause and snapshot, a volume's detach).
+	Sealer Sealer
+}
+
+// Shared is what the node passes block roots and persistent volumes
+// alike: the writers' subsystems and config, the journal, the node's id,
+// its term and crash hook (op.Runner.Crash), and the log.
+type Shared struct {
+	Writers Deps
+	Config  Config
+	Journal *journal.Journal
+	NodeID  string
+	Term    *op.Term
+	Crash   func(point string)
+	Log     *slog.Logger
 }
 
 // Block mode (rootfs.mode = block, DESIGN.md "RootFS"). Each interface is
