@@ -35,7 +35,7 @@ func TestMountHoldsTemplatesLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs := stalledFS{entered: make(chan struct{}), release: make(chan struct{})}
-	o := New(Config{}, fs)
+	o := New(Config{}, Deps{RootFS: fs})
 	c := &resource.Claim{Rec: journal.Sandbox{ID: "a", ContainerID: "a-1"}, Lower: filepath.Join(dir, "busybox")}
 	made := make(chan error, 1)
 	go func() { made <- mountResource{o}.Make(t.Context(), c) }()
