@@ -40,6 +40,7 @@ func (c *cli) nodeRunCommand() *cobra.Command {
 	f.DurationVar(&a.TTL, "ttl", 15*time.Second, "a heartbeat keeps the node alive this long")
 	f.DurationVar(&a.Grace, "grace", 30*time.Second, "a node silent this long past its TTL is marked lost")
 	f.DurationVar(&a.Poll, "poll", time.Second, "ask the database for work this often")
+	f.DurationVar(&a.UsagePull, "usage-pull", 10*time.Second, "page ctld's usage records into the database this often (0: never; idle timers then see no egress)")
 	f.IntVar(&a.MaxConcurrent, "max-concurrent", 8, "operations carried out on ctld at once (a sandbox's one at a time)")
 	var chf channelFlags
 	var chListen string

@@ -11,7 +11,7 @@ import (
 )
 
 // TestServeFleetRefusesWhatItCannotDo: under `serve --fleet` a create
-// with on_exit "destroy" or an idle timeout is refused (503 unavailable,
+// with an idle timeout is refused (503 unavailable,
 // naming the missing feature) instead of being accepted and silently not
 // done; nothing is placed, and a plain create still works.
 func TestServeFleetRefusesWhatItCannotDo(t *testing.T) {
@@ -34,7 +34,6 @@ func TestServeFleetRefusesWhatItCannotDo(t *testing.T) {
 		req  client.CreateRequest
 		want string
 	}{
-		{client.CreateRequest{Template: "busybox", OnExit: client.OnExitDestroy}, `on_exit "destroy" is not available in fleet mode`},
 		{client.CreateRequest{Template: "busybox", IdleTimeoutSec: 60}, "idle_timeout_sec is not available in fleet mode"},
 	} {
 		var ce *client.Error
