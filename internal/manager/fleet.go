@@ -140,7 +140,7 @@ func (m *Manager) placedSandbox(ctx context.Context, id string, gen uint64) (api
 		if g.Generation == gen {
 			out.State, out.ContainerID, out.LeaseID = g.State, g.ContainerID, g.LeaseID
 			out.Resources, out.RootFS, out.Timings = g.Resources, g.RootFS, g.Timings
-			if err := m.placedFacts(ctx, &out, g.Network.Mode); err != nil {
+			if err := m.placedFacts(ctx, &out, sb.NodeID, g.Network.Mode); err != nil {
 				return api.Sandbox{}, err
 			}
 		}
@@ -149,9 +149,9 @@ func (m *Manager) placedSandbox(ctx context.Context, id string, gen uint64) (api
 }
 
 // placedFacts adds what the node process recorded of a generation beyond
-// its operations (fleet_exits.go): its exit, and its egress as far as the
-// metering stream was pulled (nil network: no record yet).
-func (m *Manager) placedFacts(ctx context.Context, sb *api.Sandbox, mode api.NetworkMode) error {
+// its operations (fleet_exits.go): its exit, and its egress as far as its
+// node's (nodeID's) metering stream was pulled (nil network: no record).
+func (m *Manager) placedFacts(ctx context.Context, sb *api.Sandbox, nodeID string, mode api.NetworkMode) error {
 	var err error
 	if sb.State == api.StateReady || sb.State == api.StateExited {
 		if sb.Exit, err = m.Store.placedExit(ctx, sb.ID, sb.Generation); err != nil {
@@ -161,7 +161,7 @@ func (m *Manager) placedFacts(ctx context.Context, sb *api.Sandbox, mode api.Net
 			sb.State = api.StateExited
 		}
 	}
-	ns, ok, err := m.Store.GenerationEgress(ctx, sb.ID, sb.Generation)
+	ns, ok, err := m.Store.GenerationEgress(ctx, nodeID, sb.ID, sb.Generation)
 	if err != nil {
 		return err
 	}

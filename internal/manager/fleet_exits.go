@@ -91,15 +91,16 @@ func (s *Store) placedExit(ctx context.Context, id string, gen uint64) (*api.Exi
 	return &api.ExitStatus{Kind: e.Kind, Code: e.Code, At: e.At}, nil
 }
 
-// GenerationEgress sums the egress counters of the usage records stored
-// for generation gen of sandbox id (each record counts its period), and
-// says whether there is any: the generation's egress so far, as far as
-// its node's metering stream has been pulled.
-func (s *Store) GenerationEgress(ctx context.Context, id string, gen uint64) (api.NetworkStatus, bool, error) {
+// GenerationEgress sums the egress counters of the usage records node
+// nodeID's stream holds for generation gen of sandbox id (each record
+// counts its period), and says whether there is any: the generation's
+// egress so far, as far as its node's stream has been pulled. Another
+// node's records of the sandbox do not count.
+func (s *Store) GenerationEgress(ctx context.Context, nodeID, id string, gen uint64) (api.NetworkStatus, bool, error) {
 	var n int64
 	var v [3]int64
 	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(tx_bytes), 0), COALESCE(SUM(tx_packets), 0), COALESCE(SUM(dropped_packets), 0)
-		FROM usage_records WHERE sandbox_id = ? AND generation = ?`, id, clampCounter(gen)).Scan(&n, &v[0], &v[1], &v[2])
+		FROM usage_records WHERE node_id = ? AND sandbox_id = ? AND generation = ?`, nodeID, id, clampCounter(gen)).Scan(&n, &v[0], &v[1], &v[2])
 	if err != nil {
 		return api.NetworkStatus{}, false, fmt.Errorf("sum egress of %s generation %d: %w", id, gen, err)
 	}

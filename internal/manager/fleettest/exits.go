@@ -14,8 +14,8 @@ import (
 // generation only while the database gives the node that generation
 // (another node, or an older generation, is fenced), once; the fleet's
 // view of the sandbox (Manager.NodeSandbox) shows it exited with the
-// code, and its egress summed from the usage records of that generation
-// alone.
+// code, and its egress summed from its node's usage records of that
+// generation alone.
 func placedExitsAndEgress(t *testing.T, open Opener) {
 	ctx := context.Background()
 	s, _ := open(t, newClock().now)
@@ -53,12 +53,13 @@ func placedExitsAndEgress(t *testing.T, open Opener) {
 		return api.UsageRecord{Seq: seq, SandboxID: id, Generation: gen, Start: at, End: at.Add(time.Minute), Usage: api.Usage{TxBytes: tx, TxPackets: 1}}
 	}
 	must(s.StoreUsage(ctx, "a", []api.UsageRecord{rec(1, "x", 1, 100), rec(2, "y", 1, 1000), rec(3, "x", 1, 20), rec(4, "x", 0, 5000)}, 4))(t)
+	must(s.StoreUsage(ctx, "b", []api.UsageRecord{rec(1, "x", 1, 7000)}, 1))(t) // not x's node
 	sb := must(m.NodeSandbox(ctx, "x"))(t)
 	if sb.State != api.StateExited || sb.Exit == nil || sb.Exit.Code != 7 || !sb.Exit.At.Equal(e.At) {
 		t.Fatalf("the fleet's view after the exit: %+v exit %+v", sb, sb.Exit)
 	}
 	if sb.Network == nil || sb.Network.TxBytes != 120 || sb.Network.TxPackets != 2 {
-		t.Fatalf("the fleet's view of egress: %+v, want 120 bytes in 2 packets (generation 1's records only)", sb.Network)
+		t.Fatalf("the fleet's view of egress: %+v, want 120 bytes in 2 packets (node a's records of generation 1 only)", sb.Network)
 	}
 	// Once a release is under way the node's exit is no news.
 	if _, _, err := s.RequestRelease(ctx, "x", "rx"); err != nil {
