@@ -69,3 +69,38 @@ func placedExitsAndEgress(t *testing.T, open Opener) {
 		t.Fatal("exit recorded as first for a generation being released")
 	}
 }
+
+// nodeSandboxesForDrain: a node's live sandboxes with their root modes
+// (what `node drain` pauses or waits for), none of another node's or of
+// an ended generation; a sandbox no owner has is not marked paused.
+func nodeSandboxesForDrain(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, _ := open(t, newClock().now)
+	a := newNode("a")
+	must(s.RegisterNode(ctx, a.reg(small(), both)))(t)
+	for _, c := range []struct {
+		id   string
+		mode api.RootFSMode
+	}{{"blk", api.RootFSBlock}, {"ov", api.RootFSOverlay}, {"gone", api.RootFSOverlay}} {
+		p := must(s.Place(ctx, manager.PlaceIntent{SandboxID: c.id, OperationID: "c-" + c.id, Spec: spec(100, c.mode, "")}))(t)
+		if c.id == "ov" {
+			continue // left claiming
+		}
+		if err := s.FinishPlacedClaim(ctx, "a", p.Operation.OperationID, api.Sandbox{ID: c.id, Generation: 1, State: api.StateReady, RootFS: api.RootFS{Mode: c.mode}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	op, _ := must2(s.RequestRelease(ctx, "gone", "r-gone"))(t)
+	must(s.FinishPlacedRelease(ctx, op.OperationID, api.Sandbox{ID: "gone", Generation: 1, State: api.StateReleased}, a.proofOf(op.OperationID, "gone", 1)))(t)
+	got := must(s.NodeSandboxes(ctx, "a"))(t)
+	if len(got) != 2 || got[0].ID != "blk" || got[0].Mode != api.RootFSBlock || got[0].State != api.StateReady ||
+		got[1].ID != "ov" || got[1].State != api.StateClaiming {
+		t.Fatalf("node a's sandboxes %+v, want blk (block, ready) and ov (claiming)", got)
+	}
+	if other := must(s.NodeSandboxes(ctx, "b"))(t); len(other) != 0 {
+		t.Fatalf("sandboxes of an unknown node: %+v", other)
+	}
+	if owned := must(s.MarkDrainPaused(ctx, "blk", "drain"))(t); owned {
+		t.Fatal("a sandbox no owner has was marked paused")
+	}
+}

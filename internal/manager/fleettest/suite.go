@@ -38,6 +38,7 @@ func Run(t *testing.T, open Opener) {
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
 		{"LostBlockTakenOver", lostBlockTakenOver},
 		{"PlacedExitsAndEgress", placedExitsAndEgress},
+		{"NodeSandboxesForDrain", nodeSandboxesForDrain},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
