@@ -44,33 +44,33 @@ func TestServeFleetIdleEgressOnPostgres(t *testing.T) {
 		last = n.AddUsage(api.UsageRecord{SandboxID: id, Generation: gen, Start: at.Add(-time.Second), End: at, Usage: api.Usage{CPUUsec: 1000, TxBytes: tx, TxPackets: tx / 100}}).Seq
 	}
 
-	busy, err := c.Create(ctx, client.CreateRequest{Template: "busybox", IdleTimeoutSec: 2})
+	busy, err := c.Create(ctx, client.CreateRequest{Template: "busybox", IdleTimeoutSec: 3})
 	if err != nil {
 		t.Fatalf("create with an idle timeout under --fleet: %v", err)
 	}
-	quiet, err := c.Create(ctx, client.CreateRequest{Template: "busybox", IdleTimeoutSec: 2})
+	quiet, err := c.Create(ctx, client.CreateRequest{Template: "busybox", IdleTimeoutSec: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// busy sends 500 bytes every 300 ms (a record of its node's stream
-	// each), quiet nothing (records with no egress) for 5 s: more than
+	// each), quiet nothing (records with no egress) for 7 s: more than
 	// twice the idle timeout.
 	start := time.Now()
-	for time.Since(start) < 5*time.Second {
+	for time.Since(start) < 7*time.Second {
 		add(busy.ID, busy.Generation, 500)
 		add(quiet.ID, quiet.Generation, 0)
 		time.Sleep(300 * time.Millisecond)
 	}
 	if sb, err := c.Get(ctx, quiet.ID); err != nil || sb.State != client.StateDestroyed {
-		t.Fatalf("quiet sandbox after 5 s of an idle timeout of 2 s: %+v, %v; want destroyed", sb, err)
+		t.Fatalf("quiet sandbox after 7 s of an idle timeout of 3 s: %+v, %v; want destroyed", sb, err)
 	}
 	if sb, err := c.Get(ctx, busy.ID); err != nil || sb.State != client.StateReady {
-		t.Fatalf("sandbox sending egress after 5 s of an idle timeout of 2 s: %+v, %v; want ready (egress is activity)", sb, err)
+		t.Fatalf("sandbox sending egress after 7 s of an idle timeout of 3 s: %+v, %v; want ready (egress is activity)", sb, err)
 	}
 	// It stops sending: the timer fires.
 	stopped := time.Now()
 	waitSandbox(t, c, busy.ID, func(sb client.Sandbox) bool { return sb.State == client.StateDestroyed })
-	t.Logf("busy sandbox destroyed %v after its egress stopped (idle timeout 2 s)", time.Since(stopped).Round(100*time.Millisecond))
+	t.Logf("busy sandbox destroyed %v after its egress stopped (idle timeout 3 s)", time.Since(stopped).Round(100*time.Millisecond))
 
 	// The stream into the database across a node process's SIGKILL.
 	for range 5 {
