@@ -25,8 +25,55 @@ func (c *cli) fleetCommands() []*cobra.Command {
 	return []*cobra.Command{c.nodeRunCommand(), c.nodeLsCommand(),
 		c.nodeStateCommand("cordon", manager.NodeCordoned, "Take no new sandboxes on a node (those on it keep running)"),
 		c.nodeStateCommand("uncordon", manager.NodeReady, "Let a cordoned or draining node take sandboxes again"),
-		c.nodeStateCommand("drain", manager.NodeDraining, "Mark a node draining: it takes no new sandboxes (moving its sandboxes off is not done yet)"),
+		c.nodeDrainCommand(),
 	}
+}
+
+// nodeDrainCommand: `node drain ID` marks the node draining, pauses its
+// block sandboxes through its node process (a resume places them
+// elsewhere) and waits up to --wait for the rest, printing progress.
+func (c *cli) nodeDrainCommand() *cobra.Command {
+	var wait, poll time.Duration
+	cmd := &cobra.Command{Use: "drain NODE_ID", Short: "Drain a node: take no new sandboxes, pause its block sandboxes (resumed elsewhere), wait for the rest", Args: exactArgs(1, "NODE_ID")}
+	cmd.Flags().DurationVar(&wait, "wait", 0, "then wait this long for its other sandboxes (overlay roots, which cannot move) to end; left over at the end: exit status 1")
+	cmd.Flags().DurationVar(&poll, "poll", time.Second, "look at the node's sandboxes this often while waiting")
+	cmd.RunE = c.storeAction(func(args []string) string { return "node drain " + args[0] }, func(ctx context.Context, st *manager.Store, args []string) error {
+		if poll <= 0 || wait < 0 {
+			return usageError{fmt.Errorf("--poll must be positive and --wait not negative")}
+		}
+		m := &manager.Manager{Store: st, Fleet: &manager.Fleet{}, Log: logging.OrDiscard(nil)}
+		last := ""
+		res, err := m.Drain(ctx, args[0], wait, poll, func(s manager.DrainStatus) {
+			line := fmt.Sprintf("node %s: %d paused, %d failed, %d left", s.Node, len(s.Paused), len(s.Failed), len(s.Left))
+			if line != last && !c.json {
+				fmt.Fprintln(c.stdout, line)
+			}
+			last = line
+		})
+		if err != nil {
+			return err
+		}
+		if c.json {
+			if err := c.printJSON(res); err != nil {
+				return err
+			}
+		} else {
+			for _, f := range res.Failed {
+				fmt.Fprintf(c.stdout, "pause failed: %s\n", f)
+			}
+			for _, l := range res.Left {
+				fmt.Fprintf(c.stdout, "still on the node: %s\n", l)
+			}
+		}
+		switch {
+		case len(res.Failed) > 0:
+			return fmt.Errorf("drain %s: %d pauses failed", res.Node, len(res.Failed))
+		case wait > 0 && len(res.Left) > 0:
+			return fmt.Errorf("drain %s: %d sandboxes still on the node after %v", res.Node, len(res.Left), wait)
+		}
+		return nil
+	})
+	return cmd
 }
 
 func (c *cli) nodeRunCommand() *cobra.Command {
@@ -40,6 +87,7 @@ func (c *cli) nodeRunCommand() *cobra.Command {
 	f.DurationVar(&a.TTL, "ttl", 15*time.Second, "a heartbeat keeps the node alive this long")
 	f.DurationVar(&a.Grace, "grace", 30*time.Second, "a node silent this long past its TTL is marked lost")
 	f.DurationVar(&a.Poll, "poll", time.Second, "ask the database for work this often")
+	f.DurationVar(&a.UsagePull, "usage-pull", 10*time.Second, "page ctld's usage records into the database this often (0: never; idle timers then see no egress)")
 	f.IntVar(&a.MaxConcurrent, "max-concurrent", 8, "operations carried out on ctld at once (a sandbox's one at a time)")
 	var chf channelFlags
 	var chListen string

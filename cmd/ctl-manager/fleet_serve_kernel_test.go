@@ -45,7 +45,7 @@ func TestKernelServeFleetAgainstRealCtld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	np := e.startChild(append([]string{"--socket", socket, "--db", e.db, "node", "run", "--template", "busybox", "--ttl", "10s", "--poll", "200ms",
+	np := e.startChild(append([]string{"--socket", socket, "--db", e.db, "node", "run", "--template", "busybox", "--ttl", "10s", "--poll", "200ms", "--usage-pull", "200ms",
 		"--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, node.NodeID, true))...)...)
 	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
 	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "100", "--cpu", "100", "--memory", "100Gi", "--creates-per-min", "1000")
@@ -123,6 +123,48 @@ func TestKernelServeFleetAgainstRealCtld(t *testing.T) {
 		released[id] = true
 	}
 	destroy(sb.ID)
+
+	// A guest's exit under on_exit destroy: ctld's exit watch journals it,
+	// the node process records it, the replica destroys the sandbox
+	// through the node with a verified proof. The node process pulled
+	// ctld's final usage record of each sandbox.
+	ex, err := c.Create(ctx, client.CreateRequest{Template: "busybox", OnExit: client.OnExitDestroy,
+		Args: []string{"/bin/sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 7"}})
+	if err != nil || ex.State != client.StateReady {
+		t.Fatalf("create on_exit destroy: %+v, %v", ex, err)
+	}
+	released[ex.ID] = false
+	if res, err := c.Exec(ctx, ex.ID, client.ExecRequest{Args: []string{"/bin/touch", "/tmp/go"}}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec touch: %+v, %v", res, err)
+	}
+	t0 := time.Now()
+	for deadline := t0.Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		got, err := c.Get(ctx, ex.ID)
+		if err == nil && got.State == client.StateDestroyed {
+			if got.Exit == nil || got.Exit.Code != 7 || got.Reason != "exited: code 7" {
+				t.Fatalf("destroyed on exit: %+v exit %+v", got, got.Exit)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s 2m after its workload was let exit: %+v, %v", ex.ID, got, err)
+		}
+	}
+	released[ex.ID] = true
+	t.Logf("guest exit 7 to destroyed through the fleet in %v", time.Since(t0).Round(10*time.Millisecond))
+	var verified, finals int
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if err := pc.QueryRow(ctx, `SELECT (SELECT count(*) FROM proofs WHERE sandbox_id = $1 AND verified = 1),
+			(SELECT count(*) FROM usage_records WHERE sandbox_id IN ($1, $2) AND final = 1)`, ex.ID, sb.ID).Scan(&verified, &finals); err != nil {
+			t.Fatal(err)
+		}
+		if verified == 1 && finals == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d verified proofs of the destroy on exit, %d final usage records pulled; want 1 and 2", verified, finals)
+		}
+	}
 
 	rounds, _ := strconv.Atoi(os.Getenv("CTLD_FLEET_BENCH_ROUNDS"))
 	var viaFleet, direct []time.Duration

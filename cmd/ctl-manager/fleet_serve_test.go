@@ -54,18 +54,26 @@ type fleetEnv struct {
 	ca    *channeltest.CA
 	nodes map[string]*fakenode.Node
 	procs map[string]*serveChild
+	args  map[string][]string // each node process's arguments
+}
+
+// restartNode kills node id's process (SIGKILL) and starts it again.
+func (f *fleetEnv) restartNode(id string) {
+	f.procs[id].kill()
+	f.procs[id] = f.startChild(f.args[id]...)
 }
 
 func newFleetEnv(t *testing.T, srv *pgtest.Server, nodeIDs []string, nodeArgs ...string) *fleetEnv {
 	e := newEnv(t)
 	e.db = srv.NewDatabase(t)
-	f := &fleetEnv{env: e, ca: channeltest.NewCA(t, "cluster"), nodes: map[string]*fakenode.Node{}, procs: map[string]*serveChild{}}
+	f := &fleetEnv{env: e, ca: channeltest.NewCA(t, "cluster"), nodes: map[string]*fakenode.Node{}, procs: map[string]*serveChild{}, args: map[string][]string{}}
 	for _, id := range nodeIDs {
 		f.nodes[id] = fakenode.New(id)
 		socket := fakenode.Serve(t, f.nodes[id])
 		args := append([]string{"--socket", socket, "--db", e.db, "node", "run", "--template", "busybox",
 			"--channel-listen", "127.0.0.1:0"}, channelArgs(f.ca.Issue(t, id, true))...)
-		f.procs[id] = e.startChild(append(args, nodeArgs...)...)
+		f.args[id] = append(args, nodeArgs...)
+		f.procs[id] = e.startChild(f.args[id]...)
 	}
 	st, err := manager.Open(context.Background(), e.db, nil)
 	if err != nil {

@@ -140,9 +140,36 @@ func (m *Manager) placedSandbox(ctx context.Context, id string, gen uint64) (api
 		if g.Generation == gen {
 			out.State, out.ContainerID, out.LeaseID = g.State, g.ContainerID, g.LeaseID
 			out.Resources, out.RootFS, out.Timings = g.Resources, g.RootFS, g.Timings
+			if err := m.placedFacts(ctx, &out, sb.NodeID, g.Network.Mode); err != nil {
+				return api.Sandbox{}, err
+			}
 		}
 	}
 	return out, nil
+}
+
+// placedFacts adds what the node process recorded of a generation beyond
+// its operations (fleet_exits.go): its exit, and its egress as far as its
+// node's (nodeID's) metering stream was pulled (nil network: no record).
+func (m *Manager) placedFacts(ctx context.Context, sb *api.Sandbox, nodeID string, mode api.NetworkMode) error {
+	var err error
+	if sb.State == api.StateReady || sb.State == api.StateExited {
+		if sb.Exit, err = m.Store.placedExit(ctx, sb.ID, sb.Generation); err != nil {
+			return err
+		}
+		if sb.Exit != nil {
+			sb.State = api.StateExited
+		}
+	}
+	ns, ok, err := m.Store.GenerationEgress(ctx, nodeID, sb.ID, sb.Generation)
+	if err != nil {
+		return err
+	}
+	if ok {
+		ns.Mode = mode
+		sb.Network = &ns
+	}
+	return nil
 }
 
 // placedError turns the error a node process recorded for an operation

@@ -139,6 +139,8 @@ var migrations = []string{
 	// 16: a recorded exit's generation, and whether it asks for its
 	// sandbox's destroy (service_exits.go).
 	exitGenerationMigration,
+	// 17: the exits node processes saw on their ctlds (fleet_exits.go).
+	placedExitMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

@@ -59,6 +59,9 @@ type Agent struct {
 	// LISTEN for the notifications Place and RequestRelease send, so work
 	// is taken at once rather than at the next poll. Empty: polling only.
 	ListenDSN string
+	// UsagePull is how often ctld's metering stream is paged into the
+	// database's usage records (exits.go; 0: never).
+	UsagePull time.Duration
 }
 
 func (a *Agent) log() *slog.Logger { return logging.OrDiscard(a.Log) }
@@ -202,9 +205,9 @@ func newOpID() (string, error) {
 	return "op-" + hex.EncodeToString(b[:]), nil
 }
 
-// Run registers the node, then heartbeats, sweeps for lost nodes and
-// carries out the node's work until ctx ends. A registration refused for
-// good (another key pinned for this id) ends it with that error.
+// Run registers the node, then heartbeats, sweeps for lost nodes, records
+// its ctld's exits and usage (exits.go) and carries out the node's work
+// until ctx ends. A registration refused for good (another key pinned for this id) ends it with that error.
 // Heartbeats run on their own: a claim takes seconds (runsc), and a node
 // busy with its work must not look silent. The work runs up to
 // MaxConcurrent operations at once, one at a time per sandbox.
@@ -224,6 +227,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); listen(ctx, a.ListenDSN, id, a.log(), wake) }()
 	}
+	wg.Add(2)
+	go func() { defer wg.Done(); a.watchExits(ctx, id) }()
+	go func() { defer wg.Done(); a.pullUsage(ctx) }()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

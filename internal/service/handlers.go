@@ -197,9 +197,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) er
 	if req.OnExit != "" && req.OnExit != client.OnExitKeep && req.OnExit != client.OnExitDestroy {
 		return invalidf("on_exit must be %q or %q", client.OnExitKeep, client.OnExitDestroy)
 	}
-	if err := s.fleetUnsupported(req); err != nil {
-		return err
-	}
 	recJSON, err := json.Marshal(record{Spec: spec, IdleSec: req.IdleTimeoutSec, OnExit: req.OnExit})
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)

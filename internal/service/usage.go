@@ -16,8 +16,9 @@ func (s *Server) pullUsage(ctx context.Context) {
 		return
 	}
 	if s.Manager.Fleet != nil {
-		// The nodes' streams are not pulled through their node processes yet.
-		s.log().Warn("usage records not pulled in fleet mode yet")
+		// Each node process pulls its ctld's stream (nodeagent, `node run
+		// --usage-pull`): a replica reaches no ctld.
+		s.log().Info("usage records are pulled by the node processes in fleet mode")
 		return
 	}
 	st, ok := s.Store.(manager.UsageStore)

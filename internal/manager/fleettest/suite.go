@@ -37,6 +37,8 @@ func Run(t *testing.T, open Opener) {
 		{"ReservationNeedsAVerifiedCleanProof", reservationNeedsAVerifiedCleanProof},
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
 		{"LostBlockTakenOver", lostBlockTakenOver},
+		{"PlacedExitsAndEgress", placedExitsAndEgress},
+		{"NodeSandboxesForDrain", nodeSandboxesForDrain},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}
