@@ -357,16 +357,20 @@ type NetworkStatus = network.Status
 
 // List is every sandbox the journal knows, as the kernel has it now.
 func (n *Node) List(ctx context.Context) ([]SandboxView, error) {
-	var out []SandboxView
-	err := n.d.Journal.View(func(tx *journal.Tx) error {
-		ss, err := tx.Sandboxes()
-		for _, s := range ss {
-			out = append(out, n.view(ctx, s))
-		}
+	var ss []journal.Sandbox
+	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		ss, err = tx.Sandboxes()
 		return err
 	})
 	if err != nil {
 		return nil, errdefs.Errorf(errdefs.CodeInternal, "read journal: %v", err)
+	}
+	// Live facts outside the read transaction: view opens its own (usage),
+	// and one nested in another waits behind a commit that remaps the
+	// file, which waits for the outer one (TestListWhileJournalGrows).
+	out := make([]SandboxView, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, n.view(ctx, s))
 	}
 	return out, nil
 }
