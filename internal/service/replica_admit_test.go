@@ -67,26 +67,13 @@ func TestCreateOfReplicaDeadAfterAdmissionIsAnsweredOnce(t *testing.T) {
 	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
 	ctx := context.Background()
 	dying := &dyingStore{ServiceStore: e.store, release: make(chan struct{})}
-	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
-	dead := &Server{Manager: m, Store: dying, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
-		LeaseTTL: time.Second, ReplicaID: "replica-dead"}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- dead.Serve(sctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		<-served
-	})
+	addr := e.startReplica(dying, "replica-dead")
 	t.Cleanup(func() { close(dying.release) })
 
 	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "dead-admit"}}
-	cd := &client.Client{BaseURL: "http://" + ln.Addr().String(), Key: e.keyA}
+	cd := &client.Client{BaseURL: "http://" + addr, Key: e.keyA}
 	cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = cd.Create(cctx, req, client.IdempotencyKey("k-dead"))
+	_, err := cd.Create(cctx, req, client.IdempotencyKey("k-dead"))
 	ccancel()
 	if err == nil || !dying.dead.Load() {
 		t.Fatalf("create through the dying replica: %v (dead %v), want no answer after the admission", err, dying.dead.Load())
@@ -192,22 +179,9 @@ func TestCreateOfStalledReplicaTakenOverAnswersTheSandbox(t *testing.T) {
 	e := newEnv(t, func(s *Server) { s.LeaseTTL = time.Second })
 	ctx := context.Background()
 	stalled := &stallStore{dyingStore{ServiceStore: e.store, release: make(chan struct{})}}
-	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
-	slow := &Server{Manager: m, Store: stalled, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
-		LeaseTTL: time.Second, ReplicaID: "replica-stalled"}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- slow.Serve(sctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		<-served
-	})
+	addr := e.startReplica(stalled, "replica-stalled")
 	req := client.CreateRequest{Template: "busybox", Labels: map[string]string{"k": "stalled-admit"}}
-	cs := &client.Client{BaseURL: "http://" + ln.Addr().String(), Key: e.keyA}
+	cs := &client.Client{BaseURL: "http://" + addr, Key: e.keyA}
 	type answer struct {
 		sb  client.Sandbox
 		err error
@@ -223,6 +197,7 @@ func TestCreateOfStalledReplicaTakenOverAnswersTheSandbox(t *testing.T) {
 		}
 	}
 	var sb client.Sandbox
+	var err error
 	for deadline := time.Now().Add(15 * time.Second); ; {
 		sb, err = e.a.Create(ctx, req, client.IdempotencyKey("k-stall"))
 		var ce *client.Error
@@ -251,4 +226,24 @@ func TestCreateOfStalledReplicaTakenOverAnswersTheSandbox(t *testing.T) {
 	if st := e.nodeState(sb.ID); st != api.StateReady {
 		t.Fatalf("node has %s %s, want ready", sb.ID, st)
 	}
+}
+
+// startReplica serves a second replica (id) on the env's node and database
+// through store until the test ends: its address.
+func (e *env) startReplica(store manager.ServiceStore, id string) string {
+	m := &manager.Manager{Store: e.store, Client: &api.Client{SocketPath: e.socket}}
+	srv := &Server{Manager: m, Store: store, Templates: testTemplates, Now: e.clock.now, TimerInterval: 20 * time.Millisecond,
+		LeaseTTL: time.Second, ReplicaID: id}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	e.t.Cleanup(func() {
+		cancel()
+		<-served
+	})
+	return ln.Addr().String()
 }
