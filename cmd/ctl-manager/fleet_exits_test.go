@@ -99,7 +99,8 @@ func TestServeFleetOnExitOnPostgres(t *testing.T) {
 	if sb.Exit == nil || sb.Exit.Kind != api.ExitNormal || sb.Exit.Code != 7 {
 		t.Fatalf("kept sandbox: %+v exit %+v, want exit code 7", sb, sb.Exit)
 	}
-	sb = waitSandbox(t, cs[0], gone.ID, func(sb client.Sandbox) bool { return sb.State == client.StateDestroyed })
+	// The reason is recorded just after the node's release.
+	sb = waitSandbox(t, cs[0], gone.ID, func(sb client.Sandbox) bool { return sb.State == client.StateDestroyed && sb.Reason != "" })
 	if sb.Exit == nil || sb.Exit.Code != 3 || sb.Reason != "exited: code 3" {
 		t.Fatalf("destroyed on exit: %+v exit %+v", sb, sb.Exit)
 	}

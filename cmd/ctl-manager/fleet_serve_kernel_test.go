@@ -140,7 +140,7 @@ func TestKernelServeFleetAgainstRealCtld(t *testing.T) {
 	t0 := time.Now()
 	for deadline := t0.Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		got, err := c.Get(ctx, ex.ID)
-		if err == nil && got.State == client.StateDestroyed {
+		if err == nil && got.State == client.StateDestroyed && got.Reason != "" { // the reason is recorded just after the node's release
 			if got.Exit == nil || got.Exit.Code != 7 || got.Reason != "exited: code 7" {
 				t.Fatalf("destroyed on exit: %+v exit %+v", got, got.Exit)
 			}

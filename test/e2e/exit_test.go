@@ -62,7 +62,8 @@ func TestServiceOnExitOnCtld(t *testing.T) {
 	var sb client.Sandbox
 	var err error
 	for {
-		if sb, err = s.c.Get(cx, gone.ID); err == nil && sb.State == client.StateDestroyed {
+		if sb, err = s.c.Get(cx, gone.ID); err == nil && sb.State == client.StateDestroyed && sb.Reason != "" {
+			// The reason is recorded just after the node's release.
 			break
 		}
 		if time.Since(t0) > 2*time.Minute {
