@@ -37,6 +37,7 @@ func Run(t *testing.T, open Opener) {
 		{"ReservationNeedsAVerifiedCleanProof", reservationNeedsAVerifiedCleanProof},
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
 		{"LostBlockTakenOver", lostBlockTakenOver},
+		{"TakeoverFencesANeverPublishedHead", takeoverFencesNeverPublished},
 		{"PlacedExitsAndEgress", placedExitsAndEgress},
 		{"NodeSandboxesForDrain", nodeSandboxesForDrain},
 	} {

@@ -130,3 +130,40 @@ func lostBlockTakenOver(t *testing.T, open Opener) {
 		t.Fatalf("n2 reserved %+v", n)
 	}
 }
+
+// takeoverFencesNeverPublished: a block sandbox that never published a
+// head (it runs from its template) is taken over; the head's
+// compare-and-swap alone, without the check that the node holds the
+// generation, refuses the old generation's first head: the takeover
+// records the new writer epoch even where no head row existed
+// (test/model's BUG_TAKEOVER_NO_ROW variant is the code before).
+func takeoverFencesNeverPublished(t *testing.T, open Opener) {
+	ctx := context.Background()
+	clk := newClock()
+	s, b := open(t, clk.now)
+	n1, n2 := newNode("n1"), newNode("n2")
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	must(s.RegisterNode(ctx, n2.reg(small(), both, "busybox")))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeCordoned))(t)
+	blk := must(s.Place(ctx, manager.PlaceIntent{SandboxID: "blk", OperationID: "c-blk", Spec: spec(300, api.RootFSBlock, "busybox")}))(t)
+	must(0, s.FinishPlacedClaim(ctx, "n1", blk.Operation.OperationID, api.Sandbox{ID: "blk", Generation: 1, State: api.StateReady}))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeReady))(t)
+	clk.add(16 * time.Second)
+	must(s.Heartbeat(ctx, "n2"))(t)
+	must(b.MarkLostNodes(ctx, 5*time.Second))(t)
+	if moved, errs := b.TakeOverLost(ctx, opIDs("to")); len(errs) != 0 || len(moved) != 1 || moved[0].Operation.Generation != 2 || moved[0].Head.Seq != 0 {
+		t.Fatalf("takeover: %+v, %v; want blk generation 2 from the template", moved, errs)
+	}
+	if h := must(s.Head(ctx, "blk"))(t); h.Seq != 0 || h.WriterEpoch != 2 {
+		t.Fatalf("head after the takeover: %+v, want no head (seq 0) under writer epoch 2", h)
+	}
+	if err := s.PublishHead(ctx, "blk", api.VolumeHead{Seq: 1, Generation: 1, WriterEpoch: 1, Node: "n1"}); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("the old generation's first head after the takeover: %v, want fenced", err)
+	}
+	// The new generation publishes from there.
+	must(0, s.FinishPlacedClaim(ctx, "n2", "to-1", api.Sandbox{ID: "blk", Generation: 2, State: api.StateReady}))(t)
+	must(0, s.PublishPlacedHead(ctx, "n2", "blk", 2, api.VolumeHead{Seq: 1, Generation: 4, Node: "n2"}))(t)
+	if h := must(s.Head(ctx, "blk"))(t); h.Seq != 1 || h.WriterEpoch != 2 || h.Node != "n2" {
+		t.Fatalf("head of the new generation: %+v", h)
+	}
+}
