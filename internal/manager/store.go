@@ -764,8 +764,11 @@ func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
 		case KindClaim:
 			return failClaimTx(ctx, tx, op, msg, now)
 		case KindRelease:
-			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ?`,
-				op.SandboxID, op.Generation, op.SandboxID); err != nil {
+			// Only a release of the sandbox's current generation moves
+			// it back: a stale generation's (taken over elsewhere) must
+			// not overwrite the new one's state.
+			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ? AND generation = ?`,
+				op.SandboxID, op.Generation, op.SandboxID, op.Generation); err != nil {
 				return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
 			}
 		}

@@ -427,9 +427,9 @@ end:
 				:: relop[IX(s, g)] == O_PEND ->
 					relop[IX(s, g)] = O_FAIL;
 					printf("MSC: release %d/%d failed (not found)\n", s, g);
-#ifndef FIX_FAILOP_GEN
+#ifdef BUG_FAILOP_ANY_GEN	/* before session 18: any generation's */
 					sstate[s] = gstate[IX(s, g)]
-#else
+#else	/* the sandbox goes back to its generation's state if current */
 					if :: sgen[s] == g -> sstate[s] = gstate[IX(s, g)] :: else -> skip fi
 #endif
 				:: else -> skip

@@ -38,6 +38,7 @@ func Run(t *testing.T, open Opener) {
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
 		{"LostBlockTakenOver", lostBlockTakenOver},
 		{"TakeoverFencesANeverPublishedHead", takeoverFencesNeverPublished},
+		{"RefusedStaleReleaseKeepsTheNewGeneration", refusedStaleReleaseKeepsNew},
 		{"PlacedExitsAndEgress", placedExitsAndEgress},
 		{"NodeSandboxesForDrain", nodeSandboxesForDrain},
 	} {

@@ -167,3 +167,40 @@ func takeoverFencesNeverPublished(t *testing.T, open Opener) {
 		t.Fatalf("head of the new generation: %+v", h)
 	}
 }
+
+// refusedStaleReleaseKeepsNew: the lost node never made the generation
+// the database placed on it (its process had not taken the claim); after
+// the takeover, the release of that stale generation is refused by its
+// ctld for good (not found) and failed: that changes nothing of the
+// sandbox, which runs its new generation elsewhere. (It used to set the
+// sandbox to the stale generation's state, lost: fenced for good.)
+func refusedStaleReleaseKeepsNew(t *testing.T, open Opener) {
+	ctx := context.Background()
+	clk := newClock()
+	s, b := open(t, clk.now)
+	n1, n2 := newNode("n1"), newNode("n2")
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	must(s.RegisterNode(ctx, n2.reg(small(), both, "busybox")))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeCordoned))(t)
+	blk := must(s.Place(ctx, manager.PlaceIntent{SandboxID: "blk", OperationID: "c-blk", Spec: spec(300, api.RootFSBlock, "busybox")}))(t)
+	must(0, s.FinishPlacedClaim(ctx, "n1", blk.Operation.OperationID, api.Sandbox{ID: "blk", Generation: 1, State: api.StateReady}))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeReady))(t)
+	clk.add(16 * time.Second)
+	must(s.Heartbeat(ctx, "n2"))(t)
+	must(b.MarkLostNodes(ctx, 5*time.Second))(t)
+	if moved, errs := b.TakeOverLost(ctx, opIDs("to")); len(errs) != 0 || len(moved) != 1 {
+		t.Fatalf("takeover: %+v, %v", moved, errs)
+	}
+	must(0, s.FinishPlacedClaim(ctx, "n2", "to-1", api.Sandbox{ID: "blk", Generation: 2, State: api.StateReady}))(t)
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	stale := must(s.ReleaseStale(ctx, "n1", opIDs("stale")))(t)
+	if len(stale) != 1 || stale[0].Generation != 1 {
+		t.Fatalf("stale on n1: %+v", stale)
+	}
+	must(0, s.FailOperation(ctx, stale[0].Operation.OperationID, `not_found: sandbox "blk" not found`))(t)
+	if sb := must(s.Sandbox(ctx, "blk"))(t); sb.NodeID != "n2" || sb.Generation != 2 || sb.State != api.StateReady {
+		t.Fatalf("blk after its stale generation's release was refused: %+v, want generation 2 ready on n2", sb)
+	}
+	// n2 still records what it does with the sandbox.
+	must(0, s.PublishPlacedHead(ctx, "n2", "blk", 2, api.VolumeHead{Seq: 1, Generation: 4, Node: "n2"}))(t)
+}
