@@ -39,6 +39,7 @@ func Run(t *testing.T, open Opener) {
 		{"LostBlockTakenOver", lostBlockTakenOver},
 		{"TakeoverFencesANeverPublishedHead", takeoverFencesNeverPublished},
 		{"RefusedStaleReleaseKeepsTheNewGeneration", refusedStaleReleaseKeepsNew},
+		{"LostBlockReadoptedOnlyWhereItIsPlaced", lostBlockReadopted},
 		{"PlacedExitsAndEgress", placedExitsAndEgress},
 		{"NodeSandboxesForDrain", nodeSandboxesForDrain},
 	} {

@@ -204,3 +204,48 @@ func refusedStaleReleaseKeepsNew(t *testing.T, open Opener) {
 	// n2 still records what it does with the sandbox.
 	must(0, s.PublishPlacedHead(ctx, "n2", "blk", 2, api.VolumeHead{Seq: 1, Generation: 4, Node: "n2"}))(t)
 }
+
+// lostBlockReadopted: a lost block sandbox is given back to its node only
+// while that node is registered and not lost and the database still
+// places the generation there; a pending release makes it releasing.
+func lostBlockReadopted(t *testing.T, open Opener) {
+	ctx := context.Background()
+	clk := newClock()
+	s, b := open(t, clk.now)
+	n1, n2 := newNode("n1"), newNode("n2")
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	must(s.RegisterNode(ctx, n2.reg(small(), both, "busybox")))(t)
+	must(s.SetNodeState(ctx, "n2", manager.NodeCordoned))(t)
+	for _, id := range []string{"a", "b"} {
+		p := must(s.Place(ctx, manager.PlaceIntent{SandboxID: id, OperationID: "c-" + id, Spec: spec(300, api.RootFSBlock, "busybox")}))(t)
+		must(0, s.FinishPlacedClaim(ctx, "n1", p.Operation.OperationID, api.Sandbox{ID: id, Generation: 1, State: api.StateReady}))(t)
+	}
+	must2(s.RequestRelease(ctx, "b", "r-b"))(t)
+	clk.add(16 * time.Second)
+	must(s.Heartbeat(ctx, "n2"))(t)
+	must(b.MarkLostNodes(ctx, 5*time.Second))(t)
+	if lost := must(s.LostOn(ctx, "n1"))(t); len(lost) != 2 {
+		t.Fatalf("lost on n1: %+v", lost)
+	}
+	if err := s.ReadoptLost(ctx, "n1", "a", 1); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("readopt on a lost node: %v, want fenced", err)
+	}
+	must(s.RegisterNode(ctx, n1.reg(small(), both, "busybox")))(t)
+	if err := s.ReadoptLost(ctx, "n1", "a", 2); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("readopt of another generation: %v, want fenced", err)
+	}
+	if err := s.ReadoptLost(ctx, "n2", "a", 1); errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("readopt on another node: %v, want fenced", err)
+	}
+	must(0, s.ReadoptLost(ctx, "n1", "a", 1))(t)
+	must(0, s.ReadoptLost(ctx, "n1", "b", 1))(t)
+	for id, want := range map[string]api.SandboxState{"a": api.StateReady, "b": api.StateReleasing} {
+		if sb := must(s.Sandbox(ctx, id))(t); sb.State != want || sb.NodeID != "n1" || sb.Generation != 1 {
+			t.Fatalf("%s readopted: %+v, want %s on n1", id, sb, want)
+		}
+	}
+	if lost := must(s.LostOn(ctx, "n1"))(t); len(lost) != 0 {
+		t.Fatalf("lost on n1 after the readopt: %+v", lost)
+	}
+	must(0, s.PublishPlacedHead(ctx, "n1", "a", 1, api.VolumeHead{Seq: 1, Generation: 1, Node: "n1"}))(t)
+}
