@@ -41,13 +41,16 @@
  * it is the sandbox's newest generation (a stale writer's publish is
  * refused), and heads move forward. Checked when nothing can move any more
  * (timeout): no ctld runs a generation the database does not give it (an
- * orphan no one will release).
+ * orphan no one will release, or a sandbox lost for good while it runs).
  *
  * Bug variants (each must fail; model_test.go checks that they do):
  *  BUG_READ_COMMITTED  Place without the serialization check.
  *  BUG_NO_FENCE        PublishPlacedHead without holdsTx and without the
  *                      head's writer epoch check (seq only).
- *  BUG_DOUBLE_RETURN   returnReservation without its released_at check.
+ *  BUG_NO_HOLDS + BUG_TAKEOVER_NO_ROW  the epoch CAS alone, as the
+ *                      takeover wrote it before session 18.
+ *  BUG_REGISTRATION_ONLY  the node process's reconcile before session 18.
+ * And, passing: BUG_NO_HOLDS, BUG_NO_EPOCH (either fence alone suffices).
  */
 
 /* The sizes (the PICK and invariant macros below are written out for them) */
@@ -153,13 +156,8 @@ inline reserve(s, g, n, from) {
 
 /* returnReservation: ends s/g's reservation if still active. */
 inline giveBack(s, g) {
-#ifndef BUG_DOUBLE_RETURN
 	if
 	:: ractive[IX(s, g)] ->
-#else
-	if
-	:: rnode[IX(s, g)] != NONE ->
-#endif
 		ractive[IX(s, g)] = false;
 		reserved[rnode[IX(s, g)]]--;
 		nver[rnode[IX(s, g)]]++
@@ -275,10 +273,9 @@ never {
 	od
 }
 
-/* CHECK_ORPHANS: when nothing can move any more, no ctld runs a
- * generation the database does not give it (nobody would ever release
- * it). Not part of the CI check: the code fails it (see model_test.go). */
-#ifdef CHECK_ORPHANS
+/* When nothing can move any more, no ctld runs a generation the database
+ * does not give it: nobody would ever release it, or the sandbox would
+ * stay lost or failed while it runs. */
 active proctype quiescent() {
 	timeout -> atomic {
 		qs = 0;
@@ -296,7 +293,6 @@ active proctype quiescent() {
 		od
 	}
 }
-#endif
 
 /* ---- the replicas' clients ---- */
 
@@ -457,9 +453,17 @@ end:
 	od
 }
 
-/* The heartbeat loop: a node marked lost registers again, then asks its
- * ctld about what the database failed there (releaseAbandoned) and
- * releases its stale generations (ReleaseStale). */
+/* The heartbeat loop: a node marked lost registers again and releases
+ * its stale generations (ReleaseStale). At registration and at every
+ * heartbeat after it (reconcile), it asks its ctld about what the
+ * database failed or lost there: a failed generation ctld still runs is
+ * released (releaseAbandoned); a lost block generation ctld still runs is
+ * the sandbox's again (readoptLost). BUG_REGISTRATION_ONLY: the code
+ * before session 18 (no readopt; releaseAbandoned at registration only):
+ * the quiescent check finds a block sandbox lost for good while it runs. */
+#define ABANDONED(x) (snode[x] == n && sstate[x] == S_FAILED && ractive[IX(x, sgen[x])] && phys[IX(x, sgen[x])] && \
+	claimop[IX(x, sgen[x])] != O_PEND && relop[IX(x, sgen[x])] != O_PEND)
+#define READOPT(x) (snode[x] == n && sstate[x] == S_LOST && phys[IX(x, sgen[x])] && rnode[IX(x, sgen[x])] == n)
 proctype beat(byte n) {
 	byte s;
 end:
@@ -470,13 +474,13 @@ end:
 		nver[n]++;
 		printf("MSC: node %d registers again\n", n)
 	   };
+#ifdef BUG_REGISTRATION_ONLY
 	   s = 0;
 	   do
 	   :: s < NS ->
-		atomic {	/* Abandoned + ctld's Get + BeginRelease */
+		atomic {
 			if
-			:: snode[s] == n && sstate[s] == S_FAILED && ractive[IX(s, sgen[s])] && phys[IX(s, sgen[s])] &&
-			   claimop[IX(s, sgen[s])] != O_PEND && relop[IX(s, sgen[s])] != O_PEND ->
+			:: ABANDONED(s) ->
 				sstate[s] = S_RELEASING;
 				relop[IX(s, sgen[s])] = O_PEND;
 				printf("MSC: abandoned %d/%d: release\n", s, sgen[s])
@@ -486,7 +490,31 @@ end:
 		s++
 	   :: else -> break
 	   od;
+#endif
 	   atomic { releaseStale(n); s = 0 }
+#ifndef BUG_REGISTRATION_ONLY
+	/* reconcile: Abandoned, ctld's Get, BeginRelease */
+	:: atomic {
+		nstate[n] == N_READY && (ABANDONED(0) || ABANDONED(1)) ->
+		PICK1(ABANDONED, s, NS);
+		sstate[s] = S_RELEASING;
+		relop[IX(s, sgen[s])] = O_PEND;
+		printf("MSC: abandoned %d/%d: release\n", s, sgen[s]);
+		s = 0
+	   }
+	/* reconcile: LostOn, ctld's Get, ReadoptLost */
+	:: atomic {
+		nstate[n] == N_READY && (READOPT(0) || READOPT(1)) ->
+		PICK1(READOPT, s, NS);
+		if
+		:: relop[IX(s, sgen[s])] == O_PEND -> sstate[s] = S_RELEASING; gstate[IX(s, sgen[s])] = S_READY
+		:: relop[IX(s, sgen[s])] != O_PEND && claimop[IX(s, sgen[s])] == O_PEND -> sstate[s] = S_CLAIMING; gstate[IX(s, sgen[s])] = S_CLAIMING
+		:: else -> sstate[s] = S_READY; gstate[IX(s, sgen[s])] = S_READY
+		fi;
+		printf("MSC: lost %d/%d runs on node %d: readopted\n", s, sgen[s], n);
+		s = 0
+	   }
+#endif
 	od
 }
 

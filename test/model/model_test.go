@@ -34,6 +34,10 @@ type variant struct {
 // never claim's ONE_WRITER, which names published[]).
 var staleWriter = regexp.MustCompile(`assertion violated \(g==sgen\[s\]\)|assertion violated .*!\(published\[`)
 
+// orphan is the quiescent check's failure: a generation runs on a ctld
+// that the database does not give it (as ready) when nothing moves any more.
+var orphan = regexp.MustCompile(`assertion violated \( !\(phys\[`)
+
 var variants = []variant{
 	// The code as it is: every invariant holds in every reachable state.
 	{name: "code", fails: false},
@@ -50,6 +54,10 @@ var variants = []variant{
 	// The takeover before this session raised only an existing head row:
 	// with holdsTx gone a never-published sandbox's old writer got through.
 	{name: "takeover without a head row", defines: []string{"BUG_NO_HOLDS", "BUG_TAKEOVER_NO_ROW"}, fails: true, want: staleWriter},
+	// The node process's reconcile as it was (no readopt; releaseAbandoned
+	// at registration only): a block sandbox whose node came back before
+	// any takeover stays lost for good while it runs.
+	{name: "reconcile at registration only", defines: []string{"BUG_REGISTRATION_ONLY"}, fails: true, want: orphan},
 	// Placement outside a serializable transaction overcommits a node.
 	{name: "read committed placement", defines: []string{"BUG_READ_COMMITTED"}, fails: true, want: regexp.MustCompile(`assertion violated \(reserved\[n\]<=cap\[n\]\)`)},
 }
