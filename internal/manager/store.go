@@ -141,6 +141,10 @@ var migrations = []string{
 	exitGenerationMigration,
 	// 17: the exits node processes saw on their ctlds (fleet_exits.go).
 	placedExitMigration,
+	// 18: a node's sandboxes by state, which each heartbeat of its node
+	// process reads (Abandoned, LostOn: readopt.go), as do the sweep and
+	// drain.
+	`CREATE INDEX sandboxes_by_node ON sandboxes(node_id, state);`,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
