@@ -30,9 +30,15 @@
  *    ready node, at any time; at most MAXLOSS times) seen by the sweep.
  *
  * Capacity is one dimension (a sandbox takes 1 of its node's CAP): the
- * check is the same in every dimension (NodeAlloc.Fits).
+ * check is the same in every dimension (NodeAlloc.Fits). Not modelled:
+ * pause/resume (a writer's publish stands for any), a claim ctld refuses
+ * (the model asserts it never has to for capacity), unclean proofs
+ * (capacity withheld), the shared block store's own head CAS (nodes'
+ * writer epochs do not compare across nodes: see docs/operations.md),
+ * one worker per node (the real one runs up to 8 operations, one per
+ * sandbox). The quiescence check sees only the runs that reach quiescence.
  *
- * Checked in every state (mon): no node's reservations exceed its
+ * Checked in every state (the never claim): no node's reservations exceed its
  * allocatable; each node's reserved sum is exactly its active reservations
  * (never counted twice, never lost); a generation that still runs on its
  * ctld keeps its reservation (capacity returns only after the release);
