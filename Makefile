@@ -20,7 +20,7 @@ RUNSC_ENV = $(if $(filter current,$(RUNSC)),-env "PATH=$$(test/vm/setup.sh --run
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR" $(RUNSC_ENV)
 PREFIX ?= /usr/local
 
-.PHONY: all build agent test test-unit test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo demo-fleet bench bench-nbd churn bench-systemd install deb clean
+.PHONY: all build agent test test-unit model test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo demo-fleet bench bench-nbd churn bench-systemd install deb clean
 
 all: build
 
@@ -45,6 +45,7 @@ vet:
 # test/nbd/setup.sh installs the NBD peers internal/nbdsrv's tests drive;
 # test/s3/setup.sh the S3 server (versitygw) internal/blockstore/s3store's;
 # test/pg/setup.sh PostgreSQL (Debian's) internal/manager's store contract's.
+# test/model/setup.sh spin (and gcc): test/model checks the fleet's protocol model.
 # test/recipe/setup.sh mmdebstrap and the shipped recipes' trees (cached),
 # which the VM's python template test builds from (the VM has no mirror).
 # test/unitcheck prints the package lines and failed tests' output, and
@@ -54,9 +55,16 @@ test-unit:
 	@test/nbd/setup.sh
 	@test/s3/setup.sh >/dev/null
 	@test/pg/setup.sh >/dev/null
+	@test/model/setup.sh >/dev/null
 	@test/recipe/setup.sh >/dev/null
 	@$(GO) build -o bin/unitcheck ./test/unitcheck
 	set -o pipefail; $(GO) test -count=1 -json $(PKGS) | bin/unitcheck -allow '$(UNIT_ALLOWED_SKIP)'
+
+# The fleet's protocol model alone (spin; also in test-unit): the code's
+# model and the variants that must fail, with their counterexamples.
+model:
+	@test/model/setup.sh >/dev/null
+	$(GO) test -count=1 -v ./test/model
 
 # The real recipe build from the Debian mirror (minutes; root): not in the
 # unit stage, whose test/recipe/setup.sh already builds the shipped
@@ -109,7 +117,7 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/manager internal/manager/fakenode internal/pgtest internal/journal internal/proof \
 	internal/node/fakekernel internal/fsutil internal/mountinfo internal/names internal/errdefs \
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
-	internal/cleanup internal/testutil internal/nodeagent
+	internal/cleanup internal/testutil internal/nodeagent test/model
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-run 'cmd/ctl-manager=^TestKernel'
 

@@ -141,6 +141,10 @@ var migrations = []string{
 	exitGenerationMigration,
 	// 17: the exits node processes saw on their ctlds (fleet_exits.go).
 	placedExitMigration,
+	// 18: a node's sandboxes by state, which each heartbeat of its node
+	// process reads (Abandoned, LostOn: readopt.go), as do the sweep and
+	// drain.
+	`CREATE INDEX sandboxes_by_node ON sandboxes(node_id, state);`,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded
@@ -764,8 +768,11 @@ func (s *Store) FailOperation(ctx context.Context, opID, msg string) error {
 		case KindClaim:
 			return failClaimTx(ctx, tx, op, msg, now)
 		case KindRelease:
-			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ?`,
-				op.SandboxID, op.Generation, op.SandboxID); err != nil {
+			// Only a release of the sandbox's current generation moves
+			// it back: a stale generation's (taken over elsewhere) must
+			// not overwrite the new one's state.
+			if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = (SELECT state FROM generations WHERE sandbox_id = ? AND generation = ?) WHERE id = ? AND generation = ?`,
+				op.SandboxID, op.Generation, op.SandboxID, op.Generation); err != nil {
 				return fmt.Errorf("update sandbox %s: %w", op.SandboxID, err)
 			}
 		}

@@ -121,8 +121,13 @@ func (s *Store) takeOver(ctx context.Context, id, opID string) (Takeover, error)
 		}
 		// The new writer epoch: the head's compare-and-swap now refuses
 		// whatever the old generation would publish, whatever its seq.
-		if _, err := tx.ExecContext(ctx, `UPDATE heads SET writer_epoch = ? WHERE sandbox_id = ? AND writer_epoch < ?`,
-			pl.Operation.Generation, id, pl.Operation.Generation); err != nil {
+		// The row is written even for a sandbox that never published
+		// (seq 0: the template): raising only an existing row left such a
+		// sandbox's old writer unfenced by the CAS (test/model found it;
+		// holdsTx alone refused it).
+		if _, err := tx.ExecContext(ctx, `INSERT INTO heads (sandbox_id, seq, generation, writer_epoch, node_id, updated_at) VALUES (?, 0, 0, ?, '', ?)
+			ON CONFLICT (sandbox_id) DO UPDATE SET writer_epoch = excluded.writer_epoch WHERE heads.writer_epoch < excluded.writer_epoch`,
+			id, pl.Operation.Generation, now); err != nil {
 			return fmt.Errorf("raise the writer epoch of %s: %w", id, err)
 		}
 		out = Takeover{SandboxID: id, From: from.NodeID, FromGen: sb.Generation, Placement: pl, Head: h}

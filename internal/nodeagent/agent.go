@@ -129,8 +129,8 @@ func (a *Agent) Register(ctx context.Context) (manager.FleetNode, error) {
 		return rec, fmt.Errorf("register node %s: %w", n.NodeID, err)
 	}
 	a.log().Info("node registered", "node", rec.NodeID, "state", rec.State, "allocatable", rec.Allocatable, "root_modes", rec.RootModes, "templates", rec.Templates)
-	if err := a.releaseAbandoned(ctx, rec.NodeID); err != nil {
-		a.log().Warn("release what the database no longer gives this node", "node", rec.NodeID, "err", err)
+	if err := a.reconcile(ctx, rec.NodeID); err != nil {
+		a.log().Warn("reconcile what the database failed or lost on this node", "node", rec.NodeID, "err", err)
 	}
 	a.releaseStale(ctx, rec.NodeID)
 	return rec, nil
@@ -324,6 +324,10 @@ func (a *Agent) heartbeat(ctx context.Context, id string) error {
 	if errdefs.CodeOf(err) == errdefs.CodeFenced || errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		a.log().Warn("node was marked lost or forgotten; registering again", "node", id, "err", err)
 		_, err = a.Register(ctx)
+	} else if err == nil {
+		if rerr := a.reconcile(ctx, id); rerr != nil && ctx.Err() == nil {
+			a.log().Warn("reconcile what the database failed or lost on this node", "node", id, "err", rerr)
+		}
 	}
 	if err != nil {
 		return err

@@ -37,6 +37,9 @@ func Run(t *testing.T, open Opener) {
 		{"ReservationNeedsAVerifiedCleanProof", reservationNeedsAVerifiedCleanProof},
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
 		{"LostBlockTakenOver", lostBlockTakenOver},
+		{"TakeoverFencesANeverPublishedHead", takeoverFencesNeverPublished},
+		{"RefusedStaleReleaseKeepsTheNewGeneration", refusedStaleReleaseKeepsNew},
+		{"LostBlockReadoptedOnlyWhereItIsPlaced", lostBlockReadopted},
 		{"PlacedExitsAndEgress", placedExitsAndEgress},
 		{"NodeSandboxesForDrain", nodeSandboxesForDrain},
 	} {
