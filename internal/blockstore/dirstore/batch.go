@@ -1,0 +1,113 @@
+package dirstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sync"
+
+	"github.com/ctld/ctld/internal/blockstore"
+)
+
+var _ blockstore.Batcher = (*Store)(nil)
+
+// NewBatch starts a batch of objects made durable together: a Writer's
+// chunks cost one syncfs(2) for all of them at its commit, where a Put
+// each costs a file and a directory fsync.
+func (s *Store) NewBatch() blockstore.Batch { return &batch{s: s} }
+
+// batch stages objects as hidden temp files beside their names (never
+// synced one by one). Commit syncs the file system once, so every staged
+// object's data is durable, and only then links each to its name: a
+// name never points at data a crash could lose (a visible object is
+// whole, as Put's are); a second syncfs makes the names durable before
+// Commit returns, so a manifest written after it names only durable
+// chunks.
+type batch struct {
+	s    *Store
+	mu   sync.Mutex
+	tmps []staged
+	done bool
+}
+
+type staged struct{ tmp, path string }
+
+// Put stages key (safe for concurrent use).
+func (b *batch) Put(ctx context.Context, key string, data []byte) error {
+	if err := blockstore.CheckKey(key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	p := b.s.path(key)
+	dir := filepath.Dir(p)
+	if err := mkdirDurable(dir); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	tmp, err := b.s.ops.writeTemp(dir, filepath.Base(p), data, false)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		_ = b.s.ops.remove(tmp)
+		return fmt.Errorf("put %s: batch finished", key)
+	}
+	b.tmps = append(b.tmps, staged{tmp: tmp, path: p})
+	return nil
+}
+
+// Commit makes every staged object durable and visible. An object whose
+// key exists keeps the stored one (objects are immutable and named by
+// content here; a visible object is whole). On an error some objects may
+// be visible, each whole; none is promised durable.
+func (b *batch) Commit(ctx context.Context) error {
+	b.mu.Lock()
+	tmps, done := b.tmps, b.done
+	b.tmps, b.done = nil, true
+	b.mu.Unlock()
+	if done {
+		return errors.New("commit batch: finished")
+	}
+	defer b.drop(tmps)
+	if len(tmps) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("commit batch: %w", err)
+	}
+	// Data first: after this no link below can expose a torn object.
+	if err := b.s.ops.syncFS(b.s.root); err != nil {
+		return fmt.Errorf("commit batch: %w", err)
+	}
+	for _, t := range tmps {
+		if err := b.s.ops.link(t.tmp, t.path); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("commit batch: link %s: %w", t.path, err)
+		}
+	}
+	// Then the names.
+	if err := b.s.ops.syncFS(b.s.root); err != nil {
+		return fmt.Errorf("commit batch: %w", err)
+	}
+	return nil
+}
+
+// Abort drops the staged objects.
+func (b *batch) Abort() {
+	b.mu.Lock()
+	tmps := b.tmps
+	b.tmps, b.done = nil, true
+	b.mu.Unlock()
+	b.drop(tmps)
+}
+
+// drop removes the temp names (a linked object keeps its own).
+func (b *batch) drop(tmps []staged) {
+	for _, t := range tmps {
+		_ = b.s.ops.remove(t.tmp)
+	}
+}
