@@ -317,7 +317,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		}
 		srv := &service.Server{
 			Volumes:        vols,
-			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Templates: storeDefaults{c}, Fleet: fleet},
+			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Fleet: fleet},
 			Store:          st,
 			Log:            log,
 			Templates:      tpls,
