@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/ctld/ctld/internal/blockstore"
 )
 
@@ -81,7 +83,7 @@ func (b *batch) Commit(ctx context.Context) error {
 		return fmt.Errorf("commit batch: %w", err)
 	}
 	// Data first: after this no link below can expose a torn object.
-	if err := b.s.ops.syncFS(b.s.root); err != nil {
+	if err := b.syncData(ctx, tmps); err != nil {
 		return fmt.Errorf("commit batch: %w", err)
 	}
 	for _, t := range tmps {
@@ -90,11 +92,56 @@ func (b *batch) Commit(ctx context.Context) error {
 		}
 	}
 	// Then the names.
-	if err := b.s.ops.syncFS(b.s.root); err != nil {
+	if err := b.syncNames(ctx, tmps); err != nil {
 		return fmt.Errorf("commit batch: %w", err)
 	}
 	return nil
 }
+
+// syncData makes the staged files' data durable: one syncfs, or (per
+// file) an fsync of each, syncJobs at a time.
+func (b *batch) syncData(ctx context.Context, tmps []staged) error {
+	if !b.s.perFile {
+		return b.s.ops.syncFS(b.s.root)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(syncJobs)
+	for _, t := range tmps {
+		g.Go(func() error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return b.s.ops.syncFile(t.tmp)
+		})
+	}
+	return g.Wait()
+}
+
+// syncNames makes the links durable: one syncfs, or (per file) an fsync
+// of each directory they are in.
+func (b *batch) syncNames(ctx context.Context, tmps []staged) error {
+	if !b.s.perFile {
+		return b.s.ops.syncFS(b.s.root)
+	}
+	dirs := map[string]bool{}
+	for _, t := range tmps {
+		dirs[filepath.Dir(t.path)] = true
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(syncJobs)
+	for d := range dirs {
+		g.Go(func() error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return b.s.ops.syncDir(d)
+		})
+	}
+	return g.Wait()
+}
+
+// syncJobs bounds a per-file batch's concurrent fsyncs.
+const syncJobs = 16
 
 // Abort drops the staged objects.
 func (b *batch) Abort() {

@@ -70,6 +70,14 @@ func (r *recOps) syncDir(dir string) error {
 	return err
 }
 
+func (r *recOps) syncFile(p string) error {
+	err := r.osOps.syncFile(p)
+	if err == nil {
+		r.add(fsOp{kind: "syncfile", tmp: p})
+	}
+	return err
+}
+
 func (r *recOps) syncFS(root string) error {
 	err := r.osOps.syncFS(root)
 	if err == nil {
@@ -97,6 +105,8 @@ func crashAfter(log []fsOp, k int) (names map[string][]byte, durable []string) {
 			if op.synced {
 				data[op.tmp] = op.data
 			}
+		case "syncfile":
+			data[op.tmp] = written[op.tmp]
 		case "link":
 			linkOf[op.path] = op.tmp
 			order = append(order, op.path)
@@ -135,13 +145,19 @@ func crashAfter(log []fsOp, k int) (names map[string][]byte, durable []string) {
 // written before it surviving whole: the head a restart reads is the old
 // one or the new one, each with all its chunks.
 func TestCommitCrashSafe(t *testing.T) {
+	for _, perFile := range []bool{false, true} {
+		t.Run(map[bool]string{false: "syncfs", true: "per-file"}[perFile], func(t *testing.T) { testCommitCrashSafe(t, perFile) })
+	}
+}
+
+func testCommitCrashSafe(t *testing.T, perFile bool) {
 	ctx := context.Background()
 	s, err := Open(filepath.Join(t.TempDir(), "store"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recOps{}
-	s.ops = rec
+	s.ops, s.perFile = rec, perFile
 	nk, _, err := blockstore.GenerateNodeKey("node-a")
 	if err != nil {
 		t.Fatal(err)
@@ -176,21 +192,23 @@ func TestCommitCrashSafe(t *testing.T) {
 	}
 
 	log := rec.log
-	syncs, writes := 0, 0
+	syncs, files, writes := 0, 0, 0
 	for _, op := range log {
 		switch op.kind {
 		case "syncfs":
 			syncs++
+		case "syncfile":
+			files++
 		case "write":
 			if !op.synced {
 				writes++
 			}
 		}
 	}
-	// 21 chunks written unsynced; each commit's batch syncs twice (data,
-	// then names).
-	if writes != 21 || syncs != 4 {
-		t.Errorf("%d unsynced writes and %d syncfs, want 21 and 4 (one batch per commit)", writes, syncs)
+	// 21 chunks written unsynced; each commit's batch syncs the file
+	// system twice (data, then names), or each file once.
+	if want := map[bool][2]int{false: {4, 0}, true: {0, 21}}[perFile]; writes != 21 || syncs != want[0] || files != want[1] {
+		t.Errorf("%d unsynced writes, %d syncfs, %d file fsyncs; want 21, %d, %d", writes, syncs, files, want[0], want[1])
 	}
 	rel := func(p string) string { r, _ := filepath.Rel(s.Root(), p); return r }
 	for k := 0; k <= len(log); k++ {

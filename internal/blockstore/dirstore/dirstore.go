@@ -33,6 +33,10 @@ import (
 type Store struct {
 	root string
 	ops  fsOps
+	// perFile: a batch fsyncs each of its files and directories (at most
+	// syncJobs at a time) instead of syncing the whole file system twice
+	// (syncfs also flushes every other writer's dirty data there).
+	perFile bool
 }
 
 var _ blockstore.Store = (*Store)(nil)

@@ -22,6 +22,8 @@ type fsOps interface {
 	// path exists (link(2) never replaces).
 	link(tmp, path string) error
 	remove(p string) error
+	// syncFile makes the data of the file at p durable.
+	syncFile(p string) error
 	// syncDir makes dir's entries durable.
 	syncDir(dir string) error
 	// syncFS makes everything written to the file system holding root
@@ -61,6 +63,21 @@ func (osOps) remove(p string) error {
 }
 
 func (osOps) syncDir(dir string) error { return fsutil.SyncDir(dir) }
+
+func (osOps) syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("fsync %s: %w", p, err)
+	}
+	return nil
+}
 
 func (osOps) syncFS(root string) error {
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
