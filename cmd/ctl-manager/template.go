@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -316,8 +317,33 @@ func (c *cli) progressPrinter() func(template.Progress) {
 }
 
 func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
-	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store", Args: noArgs}
-	cmd.RunE = storeLs(c, tf, "template ls", template.List, "no templates", "NAME\tSIZE\tDATA CHUNKS\tIMAGE", func(i template.Info) string {
+	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store (and those with only an overlay tree in ctld's templates directory)", Args: noArgs}
+	tf.registerTrees(cmd.Flags())
+	list := func(ctx context.Context, st blockstore.Store, repo *blockstore.Repo) ([]template.Info, error) {
+		out, err := template.List(ctx, st, repo)
+		if err != nil {
+			return nil, err
+		}
+		trees, err := tf.trees()
+		if err != nil {
+			return nil, err
+		}
+		names, err := trees.Names()
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if !slices.ContainsFunc(out, func(i template.Info) bool { return i.Name == n }) {
+				out = append(out, template.Info{Name: n, Root: "overlay"})
+			}
+		}
+		slices.SortFunc(out, func(a, b template.Info) int { return strings.Compare(a.Name, b.Name) })
+		return out, nil
+	}
+	cmd.RunE = storeLs(c, tf, "template ls", list, "no templates", "NAME\tSIZE\tDATA CHUNKS\tIMAGE", func(i template.Info) string {
+		if i.Root == "overlay" {
+			return fmt.Sprintf("%s\t-\t-\t(overlay tree only)", i.Name)
+		}
 		return fmt.Sprintf("%s\t%s\t%d\t%s", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks, cmp.Or(i.Image, "-"))
 	})
 	return cmd

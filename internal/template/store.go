@@ -198,6 +198,9 @@ type Info struct {
 	ChunkSize  uint32
 	DataChunks int    // chunks stored (the others are zeros)
 	Image      string `json:",omitempty"` // REF@DIGEST of a registry import
+	// Root is "overlay" for a template with only an overlay tree (no
+	// block image: the sizes are zero); "" for one with a block image.
+	Root string `json:",omitempty"`
 }
 
 // List returns the templates of the store, by name. A volume with objects
