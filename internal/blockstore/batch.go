@@ -4,8 +4,9 @@ import "context"
 
 // Batcher is an optional Store extension for a Writer's chunks: their
 // objects go into one Batch, made durable together when the Writer
-// commits, instead of one durable Put each (dirstore: one syncfs for the
-// commit instead of two fsyncs per chunk).
+// commits, instead of one durable Put each (dirstore: the syncs all at
+// the commit, none in between, and none that orders one chunk's upload
+// after another's).
 type Batcher interface {
 	NewBatch() Batch
 }

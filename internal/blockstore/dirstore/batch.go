@@ -15,18 +15,18 @@ import (
 
 var _ blockstore.Batcher = (*Store)(nil)
 
-// NewBatch starts a batch of objects made durable together: a Writer's
-// chunks cost one syncfs(2) for all of them at its commit, where a Put
-// each costs a file and a directory fsync.
+// NewBatch starts a batch of objects made durable together at its
+// commit: a Writer's chunks cost an fsync each (16 at a time) and one per
+// directory, all at the commit, where a durable Put each costs a file and
+// a directory fsync in turn (or, with syncFS, two syncfs(2) in all).
 func (s *Store) NewBatch() blockstore.Batch { return &batch{s: s} }
 
-// batch stages objects as hidden temp files beside their names (never
-// synced one by one). Commit syncs the file system once, so every staged
-// object's data is durable, and only then links each to its name: a
-// name never points at data a crash could lose (a visible object is
-// whole, as Put's are); a second syncfs makes the names durable before
-// Commit returns, so a manifest written after it names only durable
-// chunks.
+// batch stages objects as hidden temp files beside their names, unsynced.
+// Commit makes every staged object's data durable first (syncData), and
+// only then links each to its name: a name never points at data a crash
+// could lose (a visible object is whole, as Put's are); then the names
+// are made durable (syncNames) before Commit returns, so a manifest
+// written after it names only durable chunks.
 type batch struct {
 	s    *Store
 	mu   sync.Mutex
@@ -98,10 +98,10 @@ func (b *batch) Commit(ctx context.Context) error {
 	return nil
 }
 
-// syncData makes the staged files' data durable: one syncfs, or (per
-// file) an fsync of each, syncJobs at a time.
+// syncData makes the staged files' data durable: an fsync of each,
+// syncJobs at a time (or one syncfs).
 func (b *batch) syncData(ctx context.Context, tmps []staged) error {
-	if !b.s.perFile {
+	if b.s.syncFS {
 		return b.s.ops.syncFS(b.s.root)
 	}
 	g, ctx := errgroup.WithContext(ctx)
@@ -117,10 +117,10 @@ func (b *batch) syncData(ctx context.Context, tmps []staged) error {
 	return g.Wait()
 }
 
-// syncNames makes the links durable: one syncfs, or (per file) an fsync
-// of each directory they are in.
+// syncNames makes the links durable: an fsync of each directory they are
+// in (or one syncfs).
 func (b *batch) syncNames(ctx context.Context, tmps []staged) error {
-	if !b.s.perFile {
+	if b.s.syncFS {
 		return b.s.ops.syncFS(b.s.root)
 	}
 	dirs := map[string]bool{}

@@ -157,7 +157,7 @@ func testCommitCrashSafe(t *testing.T, perFile bool) {
 		t.Fatal(err)
 	}
 	rec := &recOps{}
-	s.ops, s.perFile = rec, perFile
+	s.ops, s.syncFS = rec, !perFile
 	nk, _, err := blockstore.GenerateNodeKey("node-a")
 	if err != nil {
 		t.Fatal(err)
