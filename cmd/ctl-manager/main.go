@@ -241,7 +241,7 @@ func (c *cli) logger() *slog.Logger {
 // manager builds the Manager; commands that only talk to the node (exec,
 // files) do not open the database.
 func (c *cli) manager(ctx context.Context, withStore bool) (*manager.Manager, func(), error) {
-	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger(), BusyRetries: c.busyRetries, Templates: storeDefaults{c}}
+	m := &manager.Manager{Client: &api.Client{SocketPath: c.socket}, Log: c.logger(), BusyRetries: c.busyRetries}
 	if !withStore {
 		return m, func() {}, nil
 	}

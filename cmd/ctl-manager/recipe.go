@@ -18,7 +18,7 @@ import (
 const defaultRecipeCache = "/var/cache/ctld-recipes"
 
 func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
-	var file, cache, tmp, compress string
+	var file, cache, tmp, compress, root string
 	var treeOnly bool
 	cmd := &cobra.Command{
 		Use:   "build NAME -f RECIPE.toml",
@@ -36,6 +36,7 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 	f.StringVar(&cache, "cache", defaultRecipeCache, "directory of built trees, by digest")
 	f.StringVar(&tmp, "tmp-dir", "", "directory for the image while building (default: the store's parent; $TMPDIR for an S3 store)")
 	f.StringVar(&compress, "compress", string(blockstore.CompressS2), "compression of the stored chunks: s2, zstd or none")
+	registerRoot(f, &root)
 	f.BoolVar(&treeOnly, "tree-only", false, "only make sure the recipe's tree is in --cache (built when it is not); store no template")
 	cmd.RunE = c.action(named("template build"), func(ctx context.Context, args []string) error {
 		if file == "" {
@@ -78,7 +79,7 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 			fmt.Fprintf(c.stdout, "tree of %s (%.12s): %s, %s\n", args[0], r.TreeDigest(), how, root)
 			return nil
 		}
-		if b.Trees, err = tf.trees(); err != nil {
+		if b.Trees, b.TreeOnly, err = tf.rootTrees(root); err != nil {
 			return err
 		}
 		st, repo, err := tf.open(ctx, true)
@@ -109,6 +110,11 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 		if out.TreeCached {
 			tree = "tree from the cache"
 		}
+		if out.Manifest == nil { // --root overlay
+			fmt.Fprintf(c.stdout, "template %s: built from recipe %.12s (%s), overlay tree only, %d entries, file data %s; languages %s; %s\n", args[0], out.Record.Digest, tree,
+				out.Image.Entries, manager.FormatMemory(out.Image.Bytes), langs, time.Since(start).Round(time.Millisecond))
+			return nil
+		}
 		fmt.Fprintf(c.stdout, "template %s: built from recipe %.12s (%s), %d entries, file data %s, device %s; languages %s; %s\n", args[0], out.Record.Digest, tree,
 			out.Image.Entries, manager.FormatMemory(out.Image.Bytes), manager.FormatMemory(int64(out.Manifest.DeviceSize)), langs, time.Since(start).Round(time.Millisecond))
 		return nil
@@ -116,12 +122,13 @@ func (c *cli) templateBuildCommand(tf *templateFlags) *cobra.Command {
 	return cmd
 }
 
-// recipeLanguages fills in the languages of block templates that have
-// none from their recipe records in the store (serve's templates).
+// recipeLanguages fills in the languages of templates (either root mode)
+// that have none from their recipe records in the store (serve's
+// templates).
 func recipeLanguages(ctx context.Context, st blockstore.Store, tpls []client.Template) error {
 	for i := range tpls {
 		t := &tpls[i]
-		if t.Mode != "block" || len(t.Languages) > 0 {
+		if len(t.Languages) > 0 {
 			continue
 		}
 		rec, ok, err := recipe.ReadRecord(ctx, st, t.Name)

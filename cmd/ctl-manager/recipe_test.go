@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -89,12 +90,42 @@ func TestCLITemplateBuild(t *testing.T) {
 		t.Errorf("bad recipe: %+v", r)
 	}
 
-	// serve: the block template's languages come from its recipe.
+	// --root overlay: only the tree, in the templates dir; no block
+	// template; the same again is up to date. Refused without a
+	// templates dir, and for --image imports.
+	if r := build("pyo", "-f", recipe, "--root", "overlay"); r.code != exitUsage || !strings.Contains(r.stderr, "--root overlay keeps only the template's tree") {
+		t.Fatalf("--root overlay without a templates dir: %+v", r)
+	}
+	trees := filepath.Join(dir, "templates") // ctld's, beside the store
+	if err := os.Mkdir(trees, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if r := build("pyo", "-f", recipe, "--root", "overlay"); r.code != 0 || !strings.Contains(r.stdout, "(tree from the cache), overlay tree only") {
+		t.Fatalf("--root overlay: %+v", r)
+	}
+	if b, err := os.ReadFile(filepath.Join(trees, "pyo", "etc", "os-release")); err != nil || string(b) != "fake\n" {
+		t.Fatalf("the overlay tree's file: %q, %v", b, err)
+	}
+	if r := build("pyo", "-f", recipe, "--root", "overlay"); r.code != 0 || !strings.Contains(r.stdout, "template pyo is up to date") {
+		t.Fatalf("--root overlay again: %+v", r)
+	}
+	if r := e.run("", append([]string{"template", "ls"}, store...)...); r.code != 0 || !regexp.MustCompile(`(?m)^pyo +- +- +\(overlay tree only\)$`).MatchString(r.stdout) {
+		t.Fatalf("template ls after an overlay-only build: %+v", r)
+	}
+	if r := e.run("", append([]string{"template", "import", "x", "--image", "127.0.0.1:1/x:1", "--root", "overlay"}, store...)...); r.code != exitUsage || !strings.Contains(r.stderr, "--root overlay is for local sources") {
+		t.Fatalf("--root overlay --image: %+v", r)
+	}
+	if r := build("pyx", "-f", recipe, "--root", "tree"); r.code != exitUsage || !strings.Contains(r.stderr, "want both, block or overlay") {
+		t.Fatalf("--root tree: %+v", r)
+	}
+
+	// serve: the templates' languages come from their recipes, in either
+	// root mode.
 	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
-	base, stop := e.startServe(append([]string{"--listen", "127.0.0.1:0", "--template", "busybox:overlay:sh", "--template", "py:block"}, store...)...)
+	base, stop := e.startServe(append([]string{"--listen", "127.0.0.1:0", "--template", "busybox:overlay:sh", "--template", "py:block", "--template", "pyo:overlay"}, store...)...)
 	defer stop()
 	tpls, err := (&client.Client{BaseURL: base, Key: key}).Templates(context.Background())
-	if err != nil || len(tpls) != 2 || strings.Join(tpls[1].Languages, ",") != "python,sh" || strings.Join(tpls[0].Languages, ",") != "sh" {
+	if err != nil || len(tpls) != 3 || strings.Join(tpls[1].Languages, ",") != "python,sh" || strings.Join(tpls[0].Languages, ",") != "sh" || strings.Join(tpls[2].Languages, ",") != "python,sh" {
 		t.Fatalf("templates = %+v, %v", tpls, err)
 	}
 }

@@ -233,7 +233,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.StringVar(&cert, "tls-cert", "", "TLS certificate (PEM); with --tls-key, serve HTTPS")
 	f.StringVar(&key, "tls-key", "", "TLS private key (PEM)")
 	f.BoolVar(&allowPlain, "allow-plain-http", false, "serve plain HTTP on a non-loopback address (keys cross the network in clear)")
-	f.StringArrayVar(&templates, "template", []string{"busybox:overlay:sh"}, "a template sandboxes may be created from: NAME[:overlay|block[:LANG,...]], the languages its sandboxes run code in (a block template built from a recipe: its recipe's when none are given; repeatable)")
+	f.StringArrayVar(&templates, "template", []string{"busybox:overlay:sh"}, "a template sandboxes may be created from: NAME[:overlay|block[:LANG,...]], the languages its sandboxes run code in (a template built from a recipe: its recipe's when none are given; repeatable)")
 	f.DurationVar(&defTimeout, "default-timeout", time.Hour, "a sandbox's timeout when its create names none (0: none)")
 	f.DurationVar(&maxTimeout, "max-timeout", 24*time.Hour, "the longest timeout a caller may ask for")
 	f.DurationVar(&createTimeout, "create-timeout", 2*time.Minute, "how long a create waits for its sandbox to be ready")
@@ -317,7 +317,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		}
 		srv := &service.Server{
 			Volumes:        vols,
-			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Templates: storeDefaults{c}, Fleet: fleet},
+			Manager:        &manager.Manager{Store: st, Client: &api.Client{SocketPath: c.socket}, Log: log, BusyRetries: c.busyRetries, Fleet: fleet},
 			Store:          st,
 			Log:            log,
 			Templates:      tpls,

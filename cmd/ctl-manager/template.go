@@ -3,9 +3,11 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -51,6 +53,36 @@ func (tf *templateFlags) register(pf *pflag.FlagSet, creates string) {
 func (tf *templateFlags) registerTrees(pf *pflag.FlagSet) {
 	pf.StringVar(&tf.templates, "templates-dir", "", "ctld's overlay templates directory, where an import keeps the template's tree for overlay mode "+
 		"(default: ctld's, the state dir's templates beside the store, when it exists; none to keep no tree)")
+}
+
+// registerRoot adds --root (import, build) to root.
+func registerRoot(pf *pflag.FlagSet, root *string) {
+	pf.StringVar(root, "root", "both", "the root modes the template serves: both (a block image and the overlay tree), block (no tree), "+
+		"or overlay (only the tree in ctld's templates directory: no block image is built or stored, much faster)")
+}
+
+// rootTrees reads --root (see registerRoot): where the tree is kept and
+// whether it is all that is made.
+func (tf *templateFlags) rootTrees(root string) (trees template.Trees, treeOnly bool, err error) {
+	switch root {
+	case "both":
+		trees, err = tf.trees()
+		return trees, false, err
+	case "block":
+		if tf.templates != "" && tf.templates != "none" {
+			return template.Trees{}, false, usageError{errors.New("--root block keeps no overlay tree: --templates-dir is for the other root modes")}
+		}
+		return template.Trees{}, false, nil
+	case "overlay":
+		if trees, err = tf.trees(); err != nil {
+			return trees, false, err
+		}
+		if trees.Dir == "" {
+			return trees, false, usageError{errors.New("--root overlay keeps only the template's tree, in ctld's templates directory: none found (--templates-dir DIR)")}
+		}
+		return trees, true, nil
+	}
+	return template.Trees{}, false, usageError{fmt.Errorf("--root %q: want both, block or overlay", root)}
 }
 
 // trees is where imports keep overlay trees: --templates-dir (none: no
@@ -127,7 +159,7 @@ func (tf *templateFlags) open(ctx context.Context, create bool) (blockstore.Stor
 }
 
 func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
-	var size, kind, tmp, compress, image, platform, layerCache string
+	var size, kind, tmp, compress, image, platform, layerCache, root string
 	cmd := &cobra.Command{
 		Use:   "import NAME {SOURCE | --image REF}",
 		Short: "Build an ext4 image from a registry image, a directory, tarball, docker-archive, OCI layout or oci-archive and store it as a template",
@@ -145,6 +177,7 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 	cmd.Flags().StringVar(&layerCache, "layer-cache", "", "directory of --image layers by digest, shared by imports (default: layercache beside the store; under $TMPDIR for an S3 store)")
 	cmd.Flags().StringVar(&compress, "compress", string(blockstore.CompressS2), "compression of the stored chunks: s2 (fast reads), zstd (the smallest store, reads that cost more CPU) or none (the largest store, the cheapest reads)")
 	cmd.Flags().StringVar(&tmp, "tmp-dir", "", "directory for the unpacked tree and the image while building (default: the store's parent; $TMPDIR for an S3 store)")
+	registerRoot(cmd.Flags(), &root)
 	cmd.RunE = c.action(named("template import"), func(ctx context.Context, args []string) error {
 		n, err := manager.ParseMemory(size)
 		if err != nil {
@@ -164,16 +197,21 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 			}
 			plat = *p
 		}
-		trees, err := tf.trees()
+		trees, treeOnly, err := tf.rootTrees(root)
 		if err != nil {
 			return err
+		}
+		if treeOnly && image != "" {
+			// The image's config (a claim's defaults) is kept sealed
+			// beside its block image.
+			return usageError{errors.New("--root overlay is for local sources and recipes: an --image import keeps its config beside the block image")}
 		}
 		_, repo, err := tf.open(ctx, true)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
-		opts := template.ImageOptions{Size: n, Progress: c.progressPrinter(), Trees: trees}
+		opts := template.ImageOptions{Size: n, Progress: c.progressPrinter(), Trees: trees, TreeOnly: treeOnly}
 		if image != "" {
 			if layerCache == "" {
 				layerCache = tf.layerCache()
@@ -207,6 +245,14 @@ func (c *cli) templateImportCommand(tf *templateFlags) *cobra.Command {
 		}
 		for _, s := range res.Skipped {
 			fmt.Fprintf(c.stderr, "skipped %s: %s\n", s.Path, s.Reason)
+		}
+		if treeOnly {
+			if c.json {
+				return c.printJSON(map[string]any{"name": args[0], "root": "overlay", "entries": res.Entries, "bytes": res.Bytes, "skipped": len(res.Skipped)})
+			}
+			fmt.Fprintf(c.stdout, "template %s: overlay tree only, %d entries, file data %s, %s\n", args[0], res.Entries,
+				manager.FormatMemory(res.Bytes), time.Since(start).Round(time.Millisecond))
+			return nil
 		}
 		if c.json {
 			return c.printJSON(map[string]any{"name": args[0], "device_size": m.DeviceSize, "chunk_size": m.ChunkSize,
@@ -271,8 +317,33 @@ func (c *cli) progressPrinter() func(template.Progress) {
 }
 
 func (c *cli) templateLsCommand(tf *templateFlags) *cobra.Command {
-	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store", Args: noArgs}
-	cmd.RunE = storeLs(c, tf, "template ls", template.List, "no templates", "NAME\tSIZE\tDATA CHUNKS\tIMAGE", func(i template.Info) string {
+	cmd := &cobra.Command{Use: "ls", Short: "List the templates of the block store (and those with only an overlay tree in ctld's templates directory)", Args: noArgs}
+	tf.registerTrees(cmd.Flags())
+	list := func(ctx context.Context, st blockstore.Store, repo *blockstore.Repo) ([]template.Info, error) {
+		out, err := template.List(ctx, st, repo)
+		if err != nil {
+			return nil, err
+		}
+		trees, err := tf.trees()
+		if err != nil {
+			return nil, err
+		}
+		names, err := trees.Names()
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if !slices.ContainsFunc(out, func(i template.Info) bool { return i.Name == n }) {
+				out = append(out, template.Info{Name: n, Root: "overlay"})
+			}
+		}
+		slices.SortFunc(out, func(a, b template.Info) int { return strings.Compare(a.Name, b.Name) })
+		return out, nil
+	}
+	cmd.RunE = storeLs(c, tf, "template ls", list, "no templates", "NAME\tSIZE\tDATA CHUNKS\tIMAGE", func(i template.Info) string {
+		if i.Root == "overlay" {
+			return fmt.Sprintf("%s\t-\t-\t(overlay tree only)", i.Name)
+		}
 		return fmt.Sprintf("%s\t%s\t%d\t%s", i.Name, manager.FormatMemory(int64(i.DeviceSize)), i.DataChunks, cmp.Or(i.Image, "-"))
 	})
 	return cmd

@@ -179,6 +179,7 @@ func buildBlock(ctx context.Context, stateDir, cgroupRoot, busyboxDir string, o 
 	mounts := &rootfs.Block{Dir: filepath.Join(stateDir, "blockroot"), Logger: log}
 	d.Writers = writers.Deps{Devices: sup, Sealer: blockvol.Sealer{Supervisor: sup}}
 	d.Block = blockroot.Deps{Mounts: mounts, Templates: tpl, Volumes: blockvol.Volumes{Repo: repo}, Freezer: mounts}
+	d.ImageDefaults = tpl // claims of either root mode take their template image's defaults
 	// Persistent volumes: mounted beside the roots, in a dir of their own
 	// (keyed by volume id), so neither sweep takes the other's mounts.
 	vmounts := &rootfs.Block{Dir: filepath.Join(stateDir, "volmounts"), Logger: log}

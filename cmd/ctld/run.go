@@ -664,7 +664,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 	if err != nil {
 		return nil, fmt.Errorf("block mode: %w", err)
 	}
-	cfg.Block, d.Writers, d.Block, d.Volumes = bcfg, bd.Writers, bd.Block, bd.Volumes
+	cfg.Block, d.Writers, d.Block, d.Volumes, d.ImageDefaults = bcfg, bd.Writers, bd.Block, bd.Volumes, bd.ImageDefaults
 	return node.New(cfg, d), nil
 }
 

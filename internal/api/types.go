@@ -162,6 +162,11 @@ type Process struct {
 	Cwd  string   `json:"cwd,omitempty"`
 	UID  uint32   `json:"uid,omitempty"`
 	GID  uint32   `json:"gid,omitempty"`
+	// UserSet says UID and GID are the claim's choice, root included:
+	// the template image's user does not apply. ctld fills what a claim
+	// leaves unset (args, env by variable, cwd, user) from its template
+	// image's config.
+	UserSet bool `json:"user_set,omitempty"`
 }
 
 // ClaimRequest is the body of POST /v1/sandboxes/{id}/claim.

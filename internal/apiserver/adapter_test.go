@@ -22,6 +22,12 @@ import (
 // the test.
 func fakeNode(t *testing.T) (*node.Node, *fakekernel.Kernel) {
 	t.Helper()
+	return fakeNodeWith(t, func(*node.Deps) {})
+}
+
+// fakeNodeWith is fakeNode with its deps changed by with first.
+func fakeNodeWith(t *testing.T, with func(*node.Deps)) (*node.Node, *fakekernel.Kernel) {
+	t.Helper()
 	dir := t.TempDir()
 	if d, err := os.MkdirTemp("/dev/shm", "ctld-adapter-test-"); err == nil {
 		// The journal fsyncs every transaction: tmpfs makes that free.
@@ -49,6 +55,7 @@ func fakeNode(t *testing.T) (*node.Node, *fakekernel.Kernel) {
 	d.Journal, d.Answers, d.Identity, d.Epoch, d.Term = j, apiserver.Answers{}, ident, 1, term
 	d.Total = node.Capacity{CPUMillis: 4000, MemoryBytes: 8 << 30, PIDs: 10000, DiskBytes: 10 << 30}
 	d.Logger = slog.New(slog.DiscardHandler)
+	with(&d)
 	n := node.New(node.Config{
 		Slot: "a", StateDir: dir, RunDir: k.RunDir(), TemplatesDir: k.TemplatesDir(),
 		DefaultDiskBytes: 16 << 20, AgentBinary: k.AgentBinary(),

@@ -82,7 +82,7 @@ func claimRecord(r api.ClaimRequest) journal.ClaimRequest {
 		Resources: resourcesRecord(r.Resources), Network: networkRecord(r.Network),
 		Process: journal.Process{
 			Args: append([]string(nil), r.Process.Args...), Env: append([]string(nil), r.Process.Env...),
-			Cwd: r.Process.Cwd, UID: r.Process.UID, GID: r.Process.GID,
+			Cwd: r.Process.Cwd, UID: r.Process.UID, GID: r.Process.GID, UserSet: r.Process.UserSet,
 		},
 		MaxLifetimeSec: r.MaxLifetimeSec, Volumes: volumeMountsRecord(r.Volumes), OnExit: r.OnExit,
 	}

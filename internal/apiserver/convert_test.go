@@ -97,7 +97,7 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
 			{CIDR: "203.0.113.0/24", Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}},
 		}},
-		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2}, MaxLifetimeSec: 60, OnExit: api.OnExitRelease,
+		Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}, Cwd: "/", UID: 1, GID: 2, UserSet: true}, MaxLifetimeSec: 60, OnExit: api.OnExitRelease,
 		// Head is the node's answer (a claim with it is invalid): set
 		// only so every field of the request is seen.
 		Volumes: []api.VolumeMount{{ID: "data", Path: "/data", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}, Head: &api.VolumeHead{Seq: 1, Generation: 1, WriterEpoch: 1, Node: "n"}}},

@@ -346,10 +346,13 @@ type Writer struct {
 	// Chunks already uploaded (or in flight) in this generation.
 	uploaded map[[32]byte]bool
 	sem      chan struct{}
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	err      error // first upload error
-	done     bool
+	// batch stages the chunks when the store is a Batcher: made durable
+	// all at once by Commit, before the manifest.
+	batch Batch
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	err   error // first upload error
+	done  bool
 }
 
 // NewWriter starts generation spec.Generation; ctx bounds its background
@@ -413,12 +416,24 @@ func (r *Repo) newWriter(ctx context.Context, m *Manifest) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
-	return &Writer{
+	w := &Writer{
 		ctx: ctx, repo: r, m: m, dk: dk,
 		entries:  map[uint64]Entry{},
 		uploaded: map[[32]byte]bool{},
 		sem:      make(chan struct{}, r.uploads),
-	}, nil
+	}
+	if b, ok := r.store.(Batcher); ok {
+		w.batch = b.NewBatch()
+	}
+	return w, nil
+}
+
+// put uploads one chunk object: staged in the batch, or a durable Put.
+func (w *Writer) put(key string, blob []byte) error {
+	if w.batch != nil {
+		return w.batch.Put(w.ctx, key, blob)
+	}
+	return w.repo.store.Put(w.ctx, key, blob)
 }
 
 // WriteChunk sets chunk i to data (ChunkSize bytes; nil or all zeros is a
@@ -465,7 +480,7 @@ func (w *Writer) WriteChunk(ctx context.Context, i uint64, data []byte) error {
 		defer func() { <-w.sem; w.wg.Done() }()
 		// ErrExists: the same content is stored already (named by its
 		// keyed checksum); a damaged copy is caught when read.
-		if err := w.repo.store.Put(w.ctx, key, blob); err != nil && !errors.Is(err, ErrExists) {
+		if err := w.put(key, blob); err != nil && !errors.Is(err, ErrExists) {
 			w.mu.Lock()
 			if w.err == nil {
 				w.err = fmt.Errorf("put chunk %s: %w", key, err)
@@ -493,10 +508,19 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 	w.done = true
 	w.wg.Wait()
 	if err := w.firstErr(); err != nil {
+		w.abortBatch()
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
 	}
 	if err := ctx.Err(); err != nil {
+		w.abortBatch()
 		return nil, fmt.Errorf("commit %s: %w", ref, err)
+	}
+	// Every chunk durable before the manifest names it: a crash before
+	// the manifest's Put leaves no generation (and the old head).
+	if w.batch != nil {
+		if err := w.batch.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("commit %s: chunks: %w", ref, err)
+		}
 	}
 	m := *w.m
 	m.Entries = make([]Entry, 0, len(w.entries))
@@ -519,10 +543,17 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 }
 
 // Abort ends the writer without a generation; it waits for the uploads in
-// flight (their objects stay, unreferenced).
+// flight (their objects stay, unreferenced; a Batcher's staged ones go).
 func (w *Writer) Abort() {
 	w.done = true
 	w.wg.Wait()
+	w.abortBatch()
+}
+
+func (w *Writer) abortBatch() {
+	if w.batch != nil {
+		w.batch.Abort()
+	}
 }
 
 func allZero(b []byte) bool {

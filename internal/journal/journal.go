@@ -203,6 +203,9 @@ type Process struct {
 	Cwd  string   `json:"cwd,omitempty"`
 	UID  uint32   `json:"uid,omitempty"`
 	GID  uint32   `json:"gid,omitempty"`
+	// UserSet: the claim names UID and GID (root too), so the template
+	// image's user does not apply (node's image defaults).
+	UserSet bool `json:"user_set,omitempty"`
 }
 
 // ClaimRequest is the claim as admitted: what a new primary needs to

@@ -46,9 +46,6 @@ type Manager struct {
 	// KeyOverlap is how long a node's key stays trusted for proofs after
 	// a signed rotation replaced it (0: DefaultKeyOverlap).
 	KeyOverlap time.Duration
-	// Templates, if set, gives claims their template image's defaults
-	// (templates.go); nil: a claim runs what it says.
-	Templates TemplateDefaults
 	// Fleet, if set, places sandboxes on the fleet's nodes instead of
 	// driving Client (fleet.go).
 	Fleet *Fleet

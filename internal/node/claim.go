@@ -58,6 +58,9 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	if err := n.net.Check(pol); err != nil {
 		return nil, err
 	}
+	if err := n.applyImageDefaults(ctx, &req); err != nil {
+		return nil, err
+	}
 	for _, e := range req.Process.Env {
 		if strings.HasPrefix(e, runsc.AgentEnvPrefix) {
 			return nil, errdefs.Errorf(errdefs.CodeInvalidArgument, "process env %q: %s is reserved for the guest agent", e, runsc.AgentEnvPrefix)

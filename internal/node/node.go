@@ -136,7 +136,10 @@ type Deps struct {
 	Writers writers.Deps
 	Block   blockroot.Deps
 	Volumes pvolume.Deps
-	Logger  *slog.Logger
+	// ImageDefaults, when set, fills a claim's unset process from its
+	// template image's config (imagedefaults.go).
+	ImageDefaults TemplateDefaults
+	Logger        *slog.Logger
 	// Total is the host's capacity before the reserve (see HostCapacity).
 	Total Capacity
 	// Term is the primary's term: cancelled when it ends, after which the

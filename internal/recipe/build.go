@@ -79,6 +79,9 @@ type Builder struct {
 	// Trees, if set, is where Build keeps a template's tree as its overlay
 	// lower too (ctld's templates directory).
 	Trees template.Trees
+	// TreeOnly: Build keeps only the overlay tree in Trees (no block
+	// image): the template serves overlay claims only.
+	TreeOnly bool
 }
 
 // Tree returns the root of r's tree, built when the cache has none; hit

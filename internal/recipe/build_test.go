@@ -230,3 +230,72 @@ func TestBuildOnTemplate(t *testing.T) {
 		t.Errorf("template and suite: %v", err)
 	}
 }
+
+// TestBuildTreeOnly: a build for overlay only keeps the recipe's tree in
+// the templates directory and its record, and builds no block image; the
+// same again is up to date; a build of the name for both root modes is
+// refused (the template has no block image), as is a tree-only build
+// over a block-only template of the same recipe; rm removes tree and
+// record.
+func TestBuildTreeOnly(t *testing.T) {
+	needRootAndMkfs(t)
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "mmdebstrap")
+	if err := os.WriteFile(fake, []byte(fakeMmdebstrap), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FAKE_RUNS", filepath.Join(dir, "runs"))
+	t.Setenv("FAKE_FAIL", "")
+	st, repo := templatetest.Repo(t)
+	mounts := filepath.Join(dir, "mountinfo")
+	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trees := template.Trees{Dir: t.TempDir(), Mountinfo: mounts}
+	overlay := Builder{CacheDir: filepath.Join(dir, "cache"), Mmdebstrap: fake, Trees: trees, TreeOnly: true}
+	both := overlay
+	both.TreeOnly = false
+	blockOnly := Builder{CacheDir: overlay.CacheDir, Mmdebstrap: fake}
+	ctx := context.Background()
+	r, err := Parse([]byte("languages = [\"sh\"]\n[base]\nsuite = \"bookworm\"\n[[file]]\npath = \"/etc/app/conf\"\ncontent = \"hello\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(b Builder, name string) (Outcome, error) {
+		return Build(ctx, st, repo, b, name, r, 64<<20, t.TempDir(), nil)
+	}
+	out, err := build(overlay, "py")
+	if err != nil || out.UpToDate || out.Manifest != nil || out.Image.Entries == 0 {
+		t.Fatalf("tree-only build = %+v, %v", out, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(trees.Dir, "py", "etc", "app", "conf")); err != nil || string(got) != "hello" {
+		t.Fatalf("the tree's file = %q, %v", got, err)
+	}
+	if infos, err := template.List(ctx, st, repo); err != nil || len(infos) != 0 {
+		t.Fatalf("block templates after a tree-only build: %+v, %v", infos, err)
+	}
+	if rec, ok, err := ReadRecord(ctx, st, "py"); err != nil || !ok || rec.Digest != r.Digest() {
+		t.Fatalf("record = %+v, %v, %v", rec, ok, err)
+	}
+	if out, err := build(overlay, "py"); err != nil || !out.UpToDate {
+		t.Fatalf("the same again = %+v, %v", out, err)
+	}
+	if _, err := build(both, "py"); !errors.Is(err, template.ErrTemplateExists) || !strings.Contains(err.Error(), "overlay tree only") {
+		t.Fatalf("both root modes over a tree-only py: %v", err)
+	}
+	if _, err := build(blockOnly, "blk"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := build(overlay, "blk"); !errors.Is(err, template.ErrTemplateExists) || !strings.Contains(err.Error(), "without an overlay tree") {
+		t.Fatalf("tree-only over a block-only blk: %v", err)
+	}
+	if err := trees.RemoveTemplate(ctx, st, repo, "py"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := trees.Has("py"); ok || err != nil {
+		t.Fatalf("tree after rm: %v, %v", ok, err)
+	}
+	if _, ok, err := ReadRecord(ctx, st, "py"); ok || err != nil {
+		t.Fatalf("record after rm: %v, %v", ok, err)
+	}
+}

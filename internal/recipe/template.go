@@ -117,7 +117,12 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 	if err != nil {
 		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
 	}
-	if slices.ContainsFunc(have, func(i template.Info) bool { return i.Name == name }) {
+	block := slices.ContainsFunc(have, func(i template.Info) bool { return i.Name == name })
+	tree, err := b.Trees.Has(name)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	if block || tree {
 		old, ok, err := ReadRecord(ctx, store, name)
 		switch {
 		case err != nil:
@@ -126,6 +131,10 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 			return Outcome{}, fmt.Errorf("build template %s: %w, not built from a recipe: remove it first (ctl-manager template rm)", name, template.ErrTemplateExists)
 		case old.Digest != rec.Digest:
 			return Outcome{}, fmt.Errorf("build template %s: %w, built from another recipe (digest %.12s, this one %.12s): remove it first (ctl-manager template rm)", name, template.ErrTemplateExists, old.Digest, rec.Digest)
+		case b.TreeOnly && !tree:
+			return Outcome{}, fmt.Errorf("build template %s: %w, from this recipe but without an overlay tree: remove it first (ctl-manager template rm)", name, template.ErrTemplateExists)
+		case !b.TreeOnly && !block:
+			return Outcome{}, fmt.Errorf("build template %s: %w, from this recipe as an overlay tree only (no block image): remove it first (ctl-manager template rm)", name, template.ErrTemplateExists)
 		}
 		return Outcome{UpToDate: true, TreeCached: true, Record: old}, nil
 	}
@@ -138,7 +147,7 @@ func Build(ctx context.Context, store blockstore.Store, repo *blockstore.Repo, b
 	if err != nil {
 		return Outcome{}, err
 	}
-	m, res, err := template.ImportSource(ctx, repo, name, template.Source{Kind: template.KindDir, Path: root}, template.ImageOptions{Size: size, Progress: progress, Trees: b.Trees}, tmpDir)
+	m, res, err := template.ImportSource(ctx, repo, name, template.Source{Kind: template.KindDir, Path: root}, template.ImageOptions{Size: size, Progress: progress, Trees: b.Trees, TreeOnly: b.TreeOnly}, tmpDir)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("build template %s: %w", name, err)
 	}

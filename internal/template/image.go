@@ -28,6 +28,11 @@ type ImageOptions struct {
 	// Trees, if set, is where ImportSource and ImportImage keep the
 	// unpacked tree as the template's overlay lower (Trees.Dir/NAME).
 	Trees Trees
+	// TreeOnly: ImportSource keeps only the overlay tree (Trees is
+	// needed); no block image is built or stored, so the template serves
+	// overlay claims only. Building and storing the image is most of an
+	// import's time (minutes for a language runtime under emulation).
+	TreeOnly bool
 	// tree is where BuildImage moves the unpacked tree when the image is
 	// built (an empty directory: Trees.begin), instead of removing it.
 	tree string

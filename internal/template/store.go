@@ -22,6 +22,9 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")
 	// ErrTemplateInUse: a sandbox generation is built over the template.
 	ErrTemplateInUse = errors.New("template in use")
+	// ErrNoTrees: only an overlay tree was asked for, with no templates
+	// directory to keep it in.
+	ErrNoTrees = errors.New("an overlay-only template needs ctld's templates directory")
 )
 
 // Import stores the image file at image as generation 0 of the template
@@ -144,10 +147,14 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 
 // ImportSource builds src into an ext4 image (in tmpDir, removed after) and
 // imports it as template name; with o.Trees, the tree stays as the
-// template's overlay lower too.
+// template's overlay lower too. With o.TreeOnly only the tree is made
+// (unpacked with the same checks and bounds) and the manifest is nil.
 func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src Source, o ImageOptions, tmpDir string) (*blockstore.Manifest, ImageResult, error) {
 	if err := blockstore.Template(name).Check(); err != nil {
 		return nil, ImageResult{}, fmt.Errorf("import template %q: %w", name, err)
+	}
+	if o.TreeOnly && o.Trees.Dir == "" {
+		return nil, ImageResult{}, fmt.Errorf("import template %s: %w", name, ErrNoTrees)
 	}
 	// Refuse before the (long) build, not only at the commit.
 	if gens, err := repo.Generations(ctx, blockstore.Template(name)); err != nil {
@@ -166,10 +173,16 @@ func ImportSource(ctx context.Context, repo *blockstore.Repo, name string, src S
 	}
 	defer os.RemoveAll(dir)
 	img := filepath.Join(dir, "root.ext4")
-	o.transient = true
+	o.transient, o.noImage = true, o.TreeOnly
 	res, err := BuildImage(ctx, src, img, o)
 	if err != nil {
 		return nil, res, err
+	}
+	if o.TreeOnly {
+		if err := o.Trees.publish(o.tree, name); err != nil {
+			return nil, res, fmt.Errorf("import template %s: %w", name, err)
+		}
+		return nil, res, nil
 	}
 	m, err := importChecked(ctx, repo, name, img, o.Progress)
 	if err != nil {
@@ -185,6 +198,9 @@ type Info struct {
 	ChunkSize  uint32
 	DataChunks int    // chunks stored (the others are zeros)
 	Image      string `json:",omitempty"` // REF@DIGEST of a registry import
+	// Root is "overlay" for a template with only an overlay tree (no
+	// block image: the sizes are zero); "" for one with a block image.
+	Root string `json:",omitempty"`
 }
 
 // List returns the templates of the store, by name. A volume with objects

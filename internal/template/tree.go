@@ -114,6 +114,25 @@ func (t Trees) Has(name string) (bool, error) {
 	return fi.IsDir(), nil
 }
 
+// Names lists the templates that have an overlay tree (hidden entries,
+// a build's stage or a removal's aside, are not templates), sorted.
+func (t Trees) Names() ([]string, error) {
+	if t.Dir == "" {
+		return nil, nil
+	}
+	ents, err := os.ReadDir(t.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list overlay trees: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && blockstore.Template(e.Name()).Check() == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
 // checkUnused refuses while an overlay mount has template name's tree
 // as a lower layer (the kernel's mount table is the truth: removing a
 // lower under a live overlay is undefined behaviour).

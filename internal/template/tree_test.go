@@ -139,3 +139,60 @@ func treeEntries(dir string) []string {
 	}
 	return out
 }
+
+// TestImportTreeOnly: an overlay-only import keeps the tree (owners,
+// modes, links as the source says) and stores nothing in the block store;
+// without a templates directory it is refused; the name is then taken in
+// both root modes; rm removes the tree; a refused source leaves nothing.
+func TestImportTreeOnly(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestImportTreeOnly needs root (the tree keeps the source's owners)")
+	}
+	es, want := sampleTree()
+	src := filepath.Join(t.TempDir(), "tree.tar")
+	if err := os.WriteFile(src, mkTar(t, es), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store, repo := templatetest.Repo(t)
+	dir := t.TempDir()
+	mounts := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trees := Trees{Dir: dir, Mountinfo: mounts}
+	ctx := t.Context()
+	if _, _, err := ImportSource(ctx, repo, "sample", Source{Path: src}, ImageOptions{Size: 32 << 20, TreeOnly: true}, t.TempDir()); !errors.Is(err, ErrNoTrees) {
+		t.Fatalf("tree-only import without a templates dir: %v, want %v", err, ErrNoTrees)
+	}
+	m, res, err := ImportSource(ctx, repo, "sample", Source{Path: src}, ImageOptions{Size: 32 << 20, Trees: trees, TreeOnly: true}, t.TempDir())
+	if err != nil || m != nil || res.Entries == 0 {
+		t.Fatalf("tree-only import = %v, %+v, %v", m, res, err)
+	}
+	compareTree(t, dirTree(t, filepath.Join(dir, "sample")), want)
+	if keys, err := store.List(ctx, ""); err != nil || len(keys) != 0 {
+		t.Fatalf("block store after a tree-only import: %v, %v", keys, err)
+	}
+	if ents := treeEntries(dir); len(ents) != 1 {
+		t.Errorf("templates dir holds %v, want only sample", ents)
+	}
+	// The name is taken for a block import with the tree too.
+	if _, _, err := ImportSource(ctx, repo, "sample", Source{Path: src}, ImageOptions{Size: 32 << 20, Trees: trees}, t.TempDir()); !errors.Is(err, ErrTemplateExists) {
+		t.Errorf("import over a tree-only sample: %v, want %v", err, ErrTemplateExists)
+	}
+	if err := trees.RemoveTemplate(ctx, store, repo, "sample"); err != nil {
+		t.Fatal(err)
+	}
+	if ents := treeEntries(dir); len(ents) != 0 {
+		t.Errorf("templates dir after rm holds %v", ents)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.tar")
+	if err := os.WriteFile(bad, mkTar(t, []tent{{h: regH("../escape", 0o644, 0, 0), content: "x"}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ImportSource(ctx, repo, "bad", Source{Path: bad}, ImageOptions{Size: 32 << 20, Trees: trees, TreeOnly: true}, t.TempDir()); !errors.Is(err, ErrUnsafePath) {
+		t.Fatalf("tree-only import of a tar with ..: %v", err)
+	}
+	if ents := treeEntries(dir); len(ents) != 0 {
+		t.Errorf("templates dir after a failed import holds %s", strings.Join(ents, " "))
+	}
+}

@@ -4,7 +4,9 @@
 // Put writes a temp file beside the object, fsyncs it, hard-links it to the
 // key's name (link(2) never replaces, so an existing object stays as it
 // was) and fsyncs the directory: after a crash the object is whole or
-// absent, never torn. Temp files start with '.', which no key segment may,
+// absent, never torn. A batch (NewBatch: a Writer's chunks) makes all its
+// objects' data durable before it links any of them, and the links before
+// its commit returns, with the same guarantee and no sync per object. Temp files start with '.', which no key segment may,
 // so List never sees them; a crash can leave one behind, which Sweep
 // removes.
 package dirstore
@@ -31,6 +33,15 @@ import (
 // Store is a blockstore.Store in a directory.
 type Store struct {
 	root string
+	ops  fsOps
+	// syncFS: a batch syncs the whole file system twice (syncfs(2): its
+	// data, then its names) instead of fsyncing each of its files and
+	// directories, at most syncJobs at a time. Cheaper for the commit
+	// alone (BenchmarkCommit 32 MiB: ~450 ms vs ~585 per file, ~675 with
+	// a durable Put each), but it also flushes everything else dirty on
+	// the file system (an import's scratch image, the writers' dirty
+	// files), so it is off: for a store on a file system of its own.
+	syncFS bool
 }
 
 var _ blockstore.Store = (*Store)(nil)
@@ -45,7 +56,7 @@ func Open(root string) (*Store, error) {
 	if err := mkdirDurable(filepath.Clean(root)); err != nil {
 		return nil, fmt.Errorf("open dir store: %w", err)
 	}
-	return &Store{root: filepath.Clean(root)}, nil
+	return &Store{root: filepath.Clean(root), ops: osOps{}}, nil
 }
 
 // Root is the store's directory.
@@ -67,12 +78,22 @@ func (s *Store) Put(ctx context.Context, key string, data []byte) error {
 	if err := mkdirDurable(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	if err := fsutil.CreateFileOnce(p, data, 0o600); err != nil {
+	dir := filepath.Dir(p)
+	tmp, err := s.ops.writeTemp(dir, filepath.Base(p), data, true)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	// The temp name goes in every case: on success p is the second link.
+	defer s.ops.remove(tmp)
+	if err := s.ops.link(tmp, p); err != nil {
+		// A directory where the object would go (key "a" when "a/b"
+		// exists) is also an existing name.
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("put %s: %w", key, blockstore.ErrExists)
 		}
-		// A directory where the object would go (key "a" when "a/b"
-		// exists) is also an existing name.
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := s.ops.syncDir(dir); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	return nil
