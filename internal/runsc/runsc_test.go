@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -218,6 +219,34 @@ func TestRunscNotExist(t *testing.T) {
 	}
 	if err := r.Create(ctx, "../x", "/b"); err == nil {
 		t.Error("create accepted a bad id")
+	}
+}
+
+// TestCommandsRefuseBadID: a bad id reaches neither runsc (as an argument,
+// "-x" a flag) nor the file system (as a log dir, "../x" outside the log
+// root); the runtime contract's bad-id case on the real driver
+// (node/guest/runtimetest).
+func TestCommandsRefuseBadID(t *testing.T) {
+	r, dir := newFake(t)
+	ctx := context.Background()
+	for _, id := range []string{"", "../x", "a/b", "-x"} {
+		var out bytes.Buffer
+		_, execErr := r.Exec(ctx, id, ExecProcess{Args: []string{"true"}}, nil, &out, &out)
+		_, stateErr := r.State(ctx, id)
+		for verb, err := range map[string]error{
+			"start": r.Start(ctx, id), "kill": r.Kill(ctx, id, syscall.SIGKILL, true), "delete": r.Delete(ctx, id),
+			"exec": execErr, "state": stateErr,
+		} {
+			if err == nil || !strings.Contains(err.Error(), "runsc "+verb+": ") {
+				t.Errorf("%s %q: %v, want refused", verb, id, err)
+			}
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "calls")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("runsc ran for bad ids: %q, %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(r.LogRoot(), "..", "x")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a bad id made a dir outside the log root: %v", err)
 	}
 }
 
