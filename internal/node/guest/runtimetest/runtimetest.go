@@ -23,6 +23,7 @@ import (
 
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/runsc"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // Subject is one implementation under test.
@@ -96,15 +97,7 @@ func exec(t *testing.T, ctx context.Context, r guest.Runtime, id, stdin string, 
 // gone polls CheckGone for up to 5 s: a guest's processes may take a
 // moment to be reaped after Delete returned.
 func gone(ctx context.Context, r guest.Runtime, id string) (bool, string) {
-	var ok bool
-	var detail string
-	for range 50 {
-		if ok, detail = r.CheckGone(ctx, id); ok {
-			return ok, detail
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return ok, detail
+	return testutil.Eventually(5*time.Second, func() (bool, string) { return r.CheckGone(ctx, id) })
 }
 
 var cases = []struct {

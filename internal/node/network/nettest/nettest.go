@@ -19,6 +19,7 @@ import (
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/node/network"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // Subject is one implementation under test, fresh for each case: its
@@ -128,15 +129,7 @@ func applied(t *testing.T, ctx context.Context, s Subject, o netpolicy.Owner, ef
 // eventually polls check for up to 5 s: the kernel ends a namespace (and
 // the links in it) after its last reference goes, asynchronously.
 func eventually(check func() (bool, string)) (bool, string) {
-	var ok bool
-	var detail string
-	for range 50 {
-		if ok, detail = check(); ok {
-			return ok, detail
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return ok, detail
+	return testutil.Eventually(5*time.Second, check)
 }
 
 func list(t *testing.T, what string, l func(context.Context) ([]string, error)) []string {
