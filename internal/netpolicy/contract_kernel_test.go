@@ -1,8 +1,6 @@
 package netpolicy_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -30,20 +28,10 @@ func TestKernelNetworkContract(t *testing.T) {
 	nettest.Run(t, func(t *testing.T) nettest.Subject {
 		ktest.CheckLeaks(t, ktest.SnapshotOptions{})
 		log := slog.New(slog.NewTextHandler(t.Output(), nil))
-		b := make([]byte, 4)
-		if _, err := rand.Read(b); err != nil {
-			t.Fatal(err)
-		}
-		table := "ctld-ct-" + hex.EncodeToString(b)
-		fw, err := nft.New(nft.Config{Table: table, DNSPort: 10053, Pool: pool}, log)
+		fw, err := nft.New(nft.Config{Table: ktest.NftTable(t, "ctld-ct-"), DNSPort: 10053, Pool: pool}, log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() {
-			if err := ktest.DeleteNftTable(table); err != nil {
-				t.Errorf("delete nft table %s: %v", table, err)
-			}
-		})
 		flowNS := ktest.NewNetns(t)
 		c, err := conntrack.Dial(&netlink.Config{NetNS: int(flowNS.Handle)})
 		if err != nil {
