@@ -303,6 +303,15 @@ func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("create runsc root: %w", err)
 	}
+	// A container of this id exists (runsc lists it by its state file):
+	// refused before runsc, whose failed create deletes the existing
+	// container's state and so orphans its sandbox and gofer (seen in the
+	// VM: node/guest/runtimetest's create-twice case).
+	if _, err := os.Lstat(filepath.Join(r.Root, stateName(id, "state"))); err == nil {
+		return fmt.Errorf("runsc create %s: container with id %s already exists: %w", id, id, fs.ErrExist)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("runsc create %s: %w", id, err)
+	}
 	if err := r.recordVersion(id); err != nil {
 		return err
 	}

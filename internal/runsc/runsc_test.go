@@ -250,6 +250,30 @@ func TestCommandsRefuseBadID(t *testing.T) {
 	}
 }
 
+// TestCreateRefusesAnExistingContainer: a create of an id runsc has state
+// of never runs runsc, whose failed create would delete that state and
+// orphan the live guest (seen in the VM with real runsc; the runtime
+// contract's create-twice case).
+func TestCreateRefusesAnExistingContainer(t *testing.T) {
+	r, dir := newFake(t)
+	ctx := context.Background()
+	if err := r.Create(ctx, "c1", "/bundles/c1"); err != nil {
+		t.Fatal(err)
+	}
+	// The state file real runsc leaves (the fake script keeps its own).
+	writeState(t, r, "c1", deadState("c1", os.Getpid(), os.Getpid()))
+	before := calls(t, dir)
+	if err := r.Create(ctx, "c1", "/bundles/c1"); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("second create: %v, want fs.ErrExist", err)
+	}
+	if after := calls(t, dir); len(after) != len(before) {
+		t.Errorf("runsc ran for the second create: %q", after[len(before):])
+	}
+	if known, err := r.Known(); err != nil || !slices.Equal(known, []string{"c1"}) {
+		t.Errorf("known after the refused create = %q, %v; want [c1]", known, err)
+	}
+}
+
 func TestExecSpec(t *testing.T) {
 	p, err := ExecSpec(ExecProcess{Args: []string{"id"}, UID: 65534, GID: 65534})
 	if err != nil {

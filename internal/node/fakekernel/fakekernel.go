@@ -1040,7 +1040,7 @@ func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 		return fmt.Errorf("runsc create %s: %w", id, err)
 	}
 	if _, ok := k.containers[id]; ok {
-		return fmt.Errorf("runsc create %s: container with id %s already exists", id, id)
+		return fmt.Errorf("runsc create %s: container with id %s already exists: %w", id, id, fs.ErrExist)
 	}
 	c := &container{id: id, bundle: bundleDir, status: "created", cgroup: filepath.Base(spec.Linux.CgroupsPath)}
 	if _, err := os.Stat(spec.Root.Path); err != nil {

@@ -169,8 +169,11 @@ var cases = []struct {
 		if ok, detail := r.CheckGone(ctx, id); ok {
 			t.Errorf("check gone of a created container: ok (%s)", detail)
 		}
-		if err := r.Create(ctx, id, bundle); err == nil {
-			t.Error("create of an existing container: nil, want an error")
+		if err := r.Create(ctx, id, bundle); !errors.Is(err, fs.ErrExist) {
+			t.Errorf("create of an existing container: %v, want fs.ErrExist", err)
+		}
+		if !known(t, r, id) {
+			t.Fatal("the refused create took the existing container")
 		}
 		if err := r.Start(ctx, id); err != nil {
 			t.Fatalf("start: %v", err)
