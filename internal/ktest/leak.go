@@ -1,6 +1,8 @@
 package ktest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"net"
@@ -324,4 +326,23 @@ func DeleteNftTable(name string) error {
 		}
 	}
 	return nil
+}
+
+// NftTable is a fresh inet table name, prefix and random hex, for a test
+// that runs a firewall on a table of its own; the test's end deletes the
+// table. Call it after CheckLeaks, so the table is gone before the leak
+// check looks.
+func NftTable(t testing.TB, prefix string) string {
+	t.Helper()
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	name := prefix + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		if err := DeleteNftTable(name); err != nil {
+			t.Errorf("delete nft table %s: %v", name, err)
+		}
+	})
+	return name
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/testutil"
 )
 
 // helperEnv switches the test binary into helper mode (see TestMain): it
@@ -240,15 +241,7 @@ func TestRunscLifecycle(t *testing.T) {
 // waitGone polls CheckGone briefly: the sandbox and gofer may take a moment
 // to be reaped after delete returned.
 func waitGone(ctx context.Context, r *Runtime, id string) (bool, string) {
-	var detail string
-	for range 50 {
-		var ok bool
-		if ok, detail = r.CheckGone(ctx, id); ok {
-			return true, detail
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false, detail
+	return testutil.Eventually(5*time.Second, func() (bool, string) { return r.CheckGone(ctx, id) })
 }
 
 // TestRunscGuestOutlivesCreator creates and starts the container from a

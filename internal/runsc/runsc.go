@@ -248,6 +248,8 @@ func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.
 }
 
 // run runs a runsc command that prints a result (or nothing) and exits.
+// id is the container it is about ("" for none): the callers pass ids
+// that checkID passed.
 func (r *Runtime) run(ctx context.Context, id string, args ...string) ([]byte, error) {
 	if err := r.prepareLog(id); err != nil {
 		return nil, err
@@ -300,6 +302,15 @@ func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 	}
 	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("create runsc root: %w", err)
+	}
+	// A container of this id exists (runsc lists it by its state file):
+	// refused before runsc, whose failed create deletes the existing
+	// container's state and so orphans its sandbox and gofer (seen in the
+	// VM: node/guest/runtimetest's create-twice case).
+	if _, err := os.Lstat(filepath.Join(r.Root, stateName(id, "state"))); err == nil {
+		return fmt.Errorf("runsc create %s: container with id %s already exists: %w", id, id, fs.ErrExist)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("runsc create %s: %w", id, err)
 	}
 	if err := r.recordVersion(id); err != nil {
 		return err
@@ -363,8 +374,20 @@ func (r *Runtime) initOutput(id string) (*os.File, func(context.Context) error, 
 	return f, nil, err
 }
 
+// checkID refuses a bad container id before it becomes a log dir path
+// (prepareLog) or a runsc argument ("-x" would be a flag).
+func checkID(verb, id string) error {
+	if err := ValidID(id); err != nil {
+		return fmt.Errorf("runsc %s: %w", verb, err)
+	}
+	return nil
+}
+
 // Start starts the init process of a created container.
 func (r *Runtime) Start(ctx context.Context, id string) error {
+	if err := checkID("start", id); err != nil {
+		return err
+	}
 	_, err := r.run(ctx, id, "start", id)
 	return err
 }
@@ -372,6 +395,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 // State returns runsc's view of container id, or an error wrapping
 // ErrNotExist.
 func (r *Runtime) State(ctx context.Context, id string) (State, error) {
+	if err := checkID("state", id); err != nil {
+		return State{}, err
+	}
 	out, err := r.run(ctx, id, "state", id)
 	if err != nil {
 		return State{}, err
@@ -441,6 +467,9 @@ const execWaitDelay = 2 * time.Second
 // runsc exits 128 on its own failures too; Exec tells those apart by
 // checking that the container still exists.
 func (r *Runtime) Exec(ctx context.Context, id string, p ExecProcess, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	if err := checkID("exec", id); err != nil {
+		return -1, err
+	}
 	ps, err := ExecSpec(p)
 	if err != nil {
 		return -1, err
@@ -543,6 +572,9 @@ func readPid(p string) (int, error) {
 // Kill sends sig to the init process of container id, or to all its
 // processes.
 func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	if err := checkID("kill", id); err != nil {
+		return err
+	}
 	args := []string{"kill"}
 	if all {
 		args = append(args, "--all")
@@ -561,6 +593,9 @@ const deleteAttempts = 5
 // runsc's state files, without starting runsc and waiting out its polls
 // (see dead.go); anything else by `runsc delete --force`.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if err := checkID("delete", id); err != nil {
+		return err
+	}
 	t0 := time.Now()
 	removed, why, err := r.removeDead(id)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -218,6 +219,58 @@ func TestRunscNotExist(t *testing.T) {
 	}
 	if err := r.Create(ctx, "../x", "/b"); err == nil {
 		t.Error("create accepted a bad id")
+	}
+}
+
+// TestCommandsRefuseBadID: a bad id reaches neither runsc (as an argument,
+// "-x" a flag) nor the file system (as a log dir, "../x" outside the log
+// root); the runtime contract's bad-id case on the real driver
+// (node/guest/runtimetest).
+func TestCommandsRefuseBadID(t *testing.T) {
+	r, dir := newFake(t)
+	ctx := context.Background()
+	for _, id := range []string{"", "../x", "a/b", "-x"} {
+		var out bytes.Buffer
+		_, execErr := r.Exec(ctx, id, ExecProcess{Args: []string{"true"}}, nil, &out, &out)
+		_, stateErr := r.State(ctx, id)
+		for verb, err := range map[string]error{
+			"start": r.Start(ctx, id), "kill": r.Kill(ctx, id, syscall.SIGKILL, true), "delete": r.Delete(ctx, id),
+			"exec": execErr, "state": stateErr,
+		} {
+			if err == nil || !strings.Contains(err.Error(), "runsc "+verb+": ") {
+				t.Errorf("%s %q: %v, want refused", verb, id, err)
+			}
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "calls")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("runsc ran for bad ids: %q, %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(r.LogRoot(), "..", "x")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a bad id made a dir outside the log root: %v", err)
+	}
+}
+
+// TestCreateRefusesAnExistingContainer: a create of an id runsc has state
+// of never runs runsc, whose failed create would delete that state and
+// orphan the live guest (seen in the VM with real runsc; the runtime
+// contract's create-twice case).
+func TestCreateRefusesAnExistingContainer(t *testing.T) {
+	r, dir := newFake(t)
+	ctx := context.Background()
+	if err := r.Create(ctx, "c1", "/bundles/c1"); err != nil {
+		t.Fatal(err)
+	}
+	// The state file real runsc leaves (the fake script keeps its own).
+	writeState(t, r, "c1", deadState("c1", os.Getpid(), os.Getpid()))
+	before := calls(t, dir)
+	if err := r.Create(ctx, "c1", "/bundles/c1"); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("second create: %v, want fs.ErrExist", err)
+	}
+	if after := calls(t, dir); len(after) != len(before) {
+		t.Errorf("runsc ran for the second create: %q", after[len(before):])
+	}
+	if known, err := r.Known(); err != nil || !slices.Equal(known, []string{"c1"}) {
+		t.Errorf("known after the refused create = %q, %v; want [c1]", known, err)
 	}
 }
 

@@ -1,7 +1,7 @@
 // Package testutil holds the small helpers that the tests of several
 // packages share. Nothing here touches the kernel (that is ktest's): a
 // locked buffer, a short temp dir for Unix sockets, the open files under
-// a dir.
+// a dir, a bounded poll of a proof check.
 package testutil
 
 import (
@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Buffer is a bytes.Buffer that one goroutine may write while another
@@ -95,4 +96,19 @@ func OpenFilesUnder(t testing.TB, dir string) []string {
 		}
 	}
 	return open
+}
+
+// Eventually calls check every 100 ms until it holds or within has
+// passed, and returns its last answer: for a proof check of something the
+// kernel ends asynchronously (a namespace after its last reference, a
+// guest's processes after their delete).
+func Eventually(within time.Duration, check func() (ok bool, detail string)) (bool, string) {
+	deadline := time.Now().Add(within)
+	for {
+		ok, detail := check()
+		if ok || time.Now().After(deadline) {
+			return ok, detail
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -95,5 +96,19 @@ func TestOpenFilesUnder(t *testing.T) {
 	f.Close()
 	if got := OpenFilesUnder(t, dir); len(got) != 0 {
 		t.Fatalf("open under %s after close: %v", dir, got)
+	}
+}
+
+func TestEventually(t *testing.T) {
+	n := 0
+	if ok, detail := Eventually(5*time.Second, func() (bool, string) { n++; return n == 3, fmt.Sprint(n) }); !ok || detail != "3" {
+		t.Errorf("eventually = %v %q; want the third answer", ok, detail)
+	}
+	t0 := time.Now()
+	if ok, detail := Eventually(300*time.Millisecond, func() (bool, string) { return false, "never" }); ok || detail != "never" {
+		t.Errorf("eventually of a check that never holds = %v %q", ok, detail)
+	}
+	if d := time.Since(t0); d < 300*time.Millisecond || d > 2*time.Second {
+		t.Errorf("gave up after %v, want about 300ms", d)
 	}
 }

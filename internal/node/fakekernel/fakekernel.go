@@ -991,8 +991,12 @@ func (k *Kernel) LogRoot() string { return k.Runtime().LogRoot() }
 func (r *Runtime) ContainerLogDir(id string) string { return filepath.Join(r.LogRoot(), id) }
 
 // prepareLog makes id's log dir, as every real runsc command about a
-// container does (so a repeated teardown makes it again).
+// container does (so a repeated teardown makes it again); a bad id is
+// refused first, as the real runtime's.
 func (r *Runtime) prepareLog(id string) error {
+	if err := runsc.ValidID(id); err != nil {
+		return fmt.Errorf("runsc: %w", err)
+	}
 	if err := os.MkdirAll(r.ContainerLogDir(id), 0o700); err != nil {
 		return fmt.Errorf("create runsc log dir: %w", err)
 	}
@@ -1036,7 +1040,7 @@ func (r *Runtime) Create(ctx context.Context, id, bundleDir string) error {
 		return fmt.Errorf("runsc create %s: %w", id, err)
 	}
 	if _, ok := k.containers[id]; ok {
-		return fmt.Errorf("runsc create %s: container with id %s already exists", id, id)
+		return fmt.Errorf("runsc create %s: container with id %s already exists: %w", id, id, fs.ErrExist)
 	}
 	c := &container{id: id, bundle: bundleDir, status: "created", cgroup: filepath.Base(spec.Linux.CgroupsPath)}
 	if _, err := os.Stat(spec.Root.Path); err != nil {

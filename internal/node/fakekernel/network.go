@@ -7,14 +7,18 @@ import (
 	"io/fs"
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/netpolicy"
+	"github.com/ctld/ctld/internal/netpolicy/flows"
 )
 
 // The sandbox network's subsystems (network.Links, network.Firewall, network.Flows,
@@ -203,10 +207,14 @@ func validOwner(o netpolicy.Owner) error {
 }
 
 // Make creates o's pair, the peer in the netns at nsPath; the same pair
-// again is success, a link of that name for another owner a conflict.
+// again is success, o's pair into another netns is made again there, a
+// link of that name with another owner's alias a conflict.
 func (l *Links) Make(ctx context.Context, o netpolicy.Owner, nsPath string) error {
 	if err := validOwner(o); err != nil {
 		return err
+	}
+	if !filepath.IsAbs(nsPath) {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "links of %s: netns path %q is not absolute", o.Alias(), nsPath)
 	}
 	k := l.k()
 	k.mu.Lock()
@@ -224,10 +232,14 @@ func (l *Links) Make(ctx context.Context, o netpolicy.Owner, nsPath string) erro
 		return fmt.Errorf("make veth %s: open netns %s: %w", o.Link(), nsPath, fs.ErrNotExist)
 	}
 	if have, ok := k.links[o.Link()]; ok {
-		if have.alias == o.Alias() && have.ns == ns && have.block == o.Block {
+		if have.alias != "" && have.alias != o.Alias() {
+			return errdefs.Errorf(errdefs.CodeConflict, "make veth %s: file exists (alias %s)", o.Link(), have.alias)
+		}
+		if have.ns == ns && have.block == o.Block {
 			return nil
 		}
-		return errdefs.Errorf(errdefs.CodeConflict, "make veth %s: file exists (alias %s)", o.Link(), have.alias)
+		// Not this netns's pair (an earlier try's): deleted, made again.
+		delete(k.links, o.Link())
 	}
 	k.links[o.Link()] = &link{name: o.Link(), alias: o.Alias(), ns: ns, block: o.Block}
 	k.call("link make %s %s", o.Link(), o.Alias())
@@ -331,6 +343,9 @@ func (f *Firewall) Apply(ctx context.Context, o netpolicy.Owner, eff netpolicy.E
 	if err := k.makeFails(journal.KindNft, o.Alias()); err != nil {
 		return fmt.Errorf("nft apply %s: %w", o.Chain(), err)
 	}
+	if c, ok := k.fwd[o.Link()]; ok && c != o.Chain() {
+		return errdefs.Errorf(errdefs.CodeConflict, "apply nft objects of %s: link %s dispatches to %s", o.Chain(), o.Link(), c)
+	}
 	ch, ok := k.chains[o.Chain()]
 	if !ok {
 		ch = &fwChain{}
@@ -413,7 +428,7 @@ func (f *Firewall) List(ctx context.Context) ([]string, error) {
 // RemoveOrphan deletes the chain and every dispatch element to it.
 func (f *Firewall) RemoveOrphan(ctx context.Context, chain string) error {
 	id, gen, ok := netpolicy.ParseChainName(chain)
-	if !ok {
+	if !ok || netpolicy.ChainName(id, gen) != chain {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "nft: %q is not a generation's chain", chain)
 	}
 	k := f.k()
@@ -439,13 +454,21 @@ func (f *Firewall) Counters(ctx context.Context, o netpolicy.Owner) (netpolicy.C
 	defer k.mu.Unlock()
 	ch, ok := k.chains[o.Chain()]
 	if !ok {
-		return netpolicy.Counters{}, fmt.Errorf("nft: counter %s.tx: %w", o.Chain(), fs.ErrNotExist)
+		return netpolicy.Counters{}, errdefs.Errorf(errdefs.CodeNotFound, "read nft counter %s.tx: %w", o.Chain(), fs.ErrNotExist)
 	}
 	return ch.counters, nil
 }
 
-// AllowResolved adds addrs to o's domain set with timeout ttl.
+// AllowResolved adds addrs to o's domain set with timeout ttl; IPv6
+// addresses of an owner without IPv6 are skipped, as the real firewall's.
 func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int, addrs []netip.Addr, ttl time.Duration) error {
+	if set < 0 || ttl < time.Millisecond {
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "allow resolved addresses for %s: domain set %d, ttl %v", o.Chain(), set, ttl)
+	}
+	addrs = slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return a.Unmap().Is6() && !o.Block.Addr6.IsValid() })
+	if len(addrs) == 0 {
+		return nil
+	}
 	k := f.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -460,7 +483,7 @@ func (f *Firewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set int
 		ch.resolved[set] = map[netip.Addr]time.Duration{}
 	}
 	for _, a := range addrs {
-		ch.resolved[set][a] = ttl
+		ch.resolved[set][a.Unmap().WithZone("")] = ttl
 	}
 	return nil
 }
@@ -496,21 +519,19 @@ func (fl *Flows) CheckGone(ctx context.Context, slot netpolicy.Slot) (bool, stri
 	return true, fmt.Sprintf("no flow with mark %d", slot)
 }
 
-// Cut deletes slot's flows whose destination eff does not allow (an
-// allow element, or an answer in a domain set whose profile allows the
-// port).
+// Cut deletes slot's flows that eff does not allow, by the real
+// conntrack's rule (flows.Keep, without resolved addresses: a flow that
+// only a domain set allows is cut, as conntrack cannot tell which name its
+// address was answered for). The fake's flows are the slot's sandbox's:
+// their source is eff's.
 func (fl *Flows) Cut(ctx context.Context, slot netpolicy.Slot, eff netpolicy.Effective) (int, error) {
 	k := fl.k()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var chain *fwChain
-	if l, ok := k.fwd[netpolicy.LinkName(slot)]; ok {
-		chain = k.chains[l]
-	}
 	var keep []Flow
 	cut := 0
 	for _, f := range k.flows[slot] {
-		if allows(eff, chain, f) {
+		if flows.Keep(f.tuple(eff), eff, nil) {
 			keep = append(keep, f)
 		} else {
 			cut++
@@ -523,28 +544,17 @@ func (fl *Flows) Cut(ctx context.Context, slot netpolicy.Slot, eff netpolicy.Eff
 	return cut, nil
 }
 
-func allows(eff netpolicy.Effective, ch *fwChain, f Flow) bool {
-	a, port := f.Dst.Addr(), f.Dst.Port()
-	for _, e := range slices.Concat(eff.Allow4, eff.Allow6) {
-		if e.Dst.Contains(a) && e.Proto == f.Proto && e.Ports.From <= port && port <= e.Ports.To {
-			return true
-		}
+// tuple is f as conntrack has it, sent from eff's source address.
+func (f Flow) tuple(eff netpolicy.Effective) flows.Tuple {
+	t := flows.Tuple{Src: eff.Source4, Dst: f.Dst.Addr(), DstPort: f.Dst.Port()}
+	if t.Dst.Is6() {
+		t.Src = eff.Source6
 	}
-	if ch == nil {
-		return false
+	t.Proto = unix.IPPROTO_UDP
+	if f.Proto == netpolicy.ProtoTCP {
+		t.Proto = unix.IPPROTO_TCP
 	}
-	for set, els := range ch.resolved {
-		if _, ok := els[a]; !ok || set >= len(eff.Domains) {
-			continue
-		}
-		d := eff.Domains[set]
-		for _, p := range d.Ports {
-			if d.Proto == f.Proto && p.From <= port && port <= p.To {
-				return true
-			}
-		}
-	}
-	return false
+	return t
 }
 
 // DNSProxy fakes the DNS proxy's registry.

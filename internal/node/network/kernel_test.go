@@ -2,8 +2,6 @@ package network
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -30,23 +28,13 @@ func TestKernelNetworkAlone(t *testing.T) {
 	run := t.TempDir()
 	ktest.CheckLeaks(t, ktest.SnapshotOptions{RunDir: run})
 	ctx := context.Background()
-	b := make([]byte, 4)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
 	pool := netpolicy.Pool{V4: netip.MustParsePrefix("10.234.0.0/24"), V6: netip.MustParsePrefix("fd00:c71d:e3e::/64")}
-	table := "ctld-net-" + hex.EncodeToString(b)
-	fw, err := nft.New(nft.Config{Table: table, DNSPort: 10053, Pool: pool}, nil)
+	// After the leak check's snapshot: the table is the test's own to
+	// delete (ctld never deletes its table).
+	fw, err := nft.New(nft.Config{Table: ktest.NftTable(t, "ctld-net-"), DNSPort: 10053, Pool: pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// After the leak check's snapshot: the table is the test's own to
-	// delete (ctld never deletes its table).
-	t.Cleanup(func() {
-		if err := ktest.DeleteNftTable(table); err != nil {
-			t.Errorf("delete nft table %s: %v", table, err)
-		}
-	})
 	j, err := journal.Open(filepath.Join(run, "journal.db"), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
