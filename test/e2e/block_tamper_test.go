@@ -129,6 +129,8 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 	if _, err := c.Claim(ctx(t, 3*time.Minute), "tampered", req); err != nil {
 		t.Fatalf("block claim of the tampered template: %v", err)
 	}
+	readErrs := `ctld_nbd_errors_total{kind="read"}`
+	before := e.metrics(t, "a")[readErrs]
 	r := guest("tampered", "cat "+tamperBlob)
 	t.Logf("cat in the guest: exit %d, %d bytes out, stderr %q", r.ExitCode, len(r.Stdout), r.Stderr)
 	if r.ExitCode == 0 || !strings.Contains(string(r.Stderr), "Input/output error") {
@@ -172,6 +174,15 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 		t.Errorf("the writer's log names no corrupt object %s:\n%s", obj, wl)
 	} else {
 		t.Logf("the writer refused the tampered object %d times (authentication failed)", n)
+	}
+
+	// And the metrics count it: the writer's failed reads, read from it
+	// over its control socket at the scrape (ctld_nbd_errors_total).
+	m := e.metrics(t, "a")
+	if got := m[readErrs]; got < before+1 || m[`ctld_writers_unread`] != 0 {
+		t.Errorf("%s = %v after the failed reads (%v before), ctld_writers_unread %v; want it grown, all writers read", readErrs, got, before, m[`ctld_writers_unread`])
+	} else {
+		t.Logf("%s: %v before the reads, %v after", readErrs, before, got)
 	}
 
 	rel := release("tampered", "r-tampered")
