@@ -167,6 +167,12 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 	}
 	if s, err := c.Get(ctx(t, time.Minute), "tampered"); err != nil || s.State != api.StateReady {
 		t.Errorf("the generation after the read error: %+v, %v; want ready", s.State, err)
+	} else if s.Usage == nil || s.Usage.DiskUsedBytes < blockstore.DefaultChunkSize {
+		// The guest wrote and synced a file: at least one chunk of the
+		// writer's dirty file (usage of a block root).
+		t.Errorf("block generation's usage %+v: want disk used of at least one chunk", s.Usage)
+	} else {
+		t.Logf("block generation's disk used: %d bytes", s.Usage.DiskUsedBytes)
 	}
 	// The writer says why: the object failed authentication.
 	wl, _ := os.ReadFile(filepath.Join(e.stateDir, "writers", names.Generation("tampered", 1), writer.LogName))
