@@ -188,7 +188,13 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 	if got := m[readErrs]; got < before+1 || m[`ctld_writers_unread`] != 0 {
 		t.Errorf("%s = %v after the failed reads (%v before), ctld_writers_unread %v; want it grown, all writers read", readErrs, got, before, m[`ctld_writers_unread`])
 	} else {
-		t.Logf("%s: %v before the reads, %v after", readErrs, before, got)
+		var kinds []string
+		for k, v := range m {
+			if strings.HasPrefix(k, "ctld_nbd_errors_total") {
+				kinds = append(kinds, fmt.Sprintf("%s %v", k, v))
+			}
+		}
+		t.Logf("%s: %v before the reads, %v after; all: %s", readErrs, before, got, strings.Join(kinds, ", "))
 	}
 
 	rel := release("tampered", "r-tampered")
