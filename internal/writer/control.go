@@ -358,17 +358,8 @@ func (s *Supervisor) Seal(ctx context.Context, dir string, req SealRequest) (Sea
 	if st.Epoch != req.Epoch {
 		return fail(fmt.Errorf("%w: the writer is of epoch %d, the request of %d", ErrStaleEpoch, st.Epoch, req.Epoch))
 	}
-	addr, done, err := ctlAddr(dir)
+	conn, err := dialControl(ctx, dir)
 	if err != nil {
-		return fail(err)
-	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", addr)
-	done()
-	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fail(fmt.Errorf("%w: %v", ErrNotRunning, err))
-		}
 		return fail(err)
 	}
 	defer conn.Close()

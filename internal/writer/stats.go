@@ -46,17 +46,8 @@ func (s *Supervisor) Stats(ctx context.Context, dir string) (Stats, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
 	defer cancel()
-	addr, done, err := ctlAddr(dir)
+	conn, err := dialControl(ctx, dir)
 	if err != nil {
-		return fail(err)
-	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", addr)
-	done()
-	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fail(fmt.Errorf("%w: %v", ErrNotRunning, err))
-		}
 		return fail(err)
 	}
 	defer conn.Close()
@@ -120,4 +111,23 @@ func (s *Supervisor) AllStats(ctx context.Context) ([]DirStats, error) {
 		}
 	}
 	return kept, nil
+}
+
+// dialControl connects to the control socket of dir's writer; none
+// there (no socket, nobody listening) is ErrNotRunning.
+func dialControl(ctx context.Context, dir string) (net.Conn, error) {
+	addr, done, err := ctlAddr(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", addr)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w: %v", ErrNotRunning, err)
+		}
+		return nil, err
+	}
+	return conn, nil
 }
