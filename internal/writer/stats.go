@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -83,13 +84,25 @@ type DirStats struct {
 // statsAtOnce bounds the writers asked at the same time.
 const statsAtOnce = 8
 
-// AllStats asks every running writer under Root for its Stats (List's
-// dirs; a dir whose writer is gone is left out). A writer that does not
-// answer is returned with its error.
+// VolumesDir is the dir under Root that holds the persistent volumes'
+// writer dirs, one level per generation: vol/<generation>/<volume>.
+const VolumesDir = "vol"
+
+// AllStats asks every running writer under Root for its Stats: the
+// roots' (List's dirs) and the persistent volumes' (VolumesDir); a dir
+// whose writer is gone is left out. A writer that does not answer is
+// returned with its error.
 func (s *Supervisor) AllStats(ctx context.Context) ([]DirStats, error) {
 	dirs, err := s.List(ctx)
 	if err != nil {
 		return nil, err
+	}
+	vols, err := filepath.Glob(filepath.Join(s.Root, VolumesDir, "*", "*", StateName))
+	if err != nil {
+		return nil, fmt.Errorf("list volume writers: %w", err)
+	}
+	for _, st := range vols {
+		dirs = append(dirs, filepath.Dir(st))
 	}
 	out := make([]DirStats, len(dirs))
 	sem := make(chan struct{}, statsAtOnce)

@@ -41,9 +41,27 @@ func TestSupervisorStats(t *testing.T) {
 	if _, err := s.Stats(ctx, gone); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("stats of a dir without a writer: %v, want ErrNotRunning", err)
 	}
+	// A persistent volume's writer, one level down, is asked too (here
+	// a dead one: left out, as gone's).
+	vol := filepath.Join(root, VolumesDir, "sb-1-g1", "data")
+	if err := os.MkdirAll(vol, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vol, StateName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	all, err := s.AllStats(ctx)
 	if err != nil || len(all) != 1 || all[0].Dir != r.spec.Dir || all[0].Err != nil || all[0].Stats != want {
 		t.Fatalf("AllStats: %+v, %v", all, err)
+	}
+	// A volume writer that runs is read (its control socket answers).
+	vr := newCtlRig(t, filepath.Join(VolumesDir, "sb-2-g1", "data"))
+	if err := os.WriteFile(filepath.Join(vr.spec.Dir, StateName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vs := &Supervisor{Root: filepath.Dir(filepath.Dir(filepath.Dir(vr.spec.Dir)))}
+	if all, err := vs.AllStats(ctx); err != nil || len(all) != 1 || all[0].Dir != vr.spec.Dir || all[0].Err != nil || all[0].Stats.NBDErrors.Read != 3 {
+		t.Fatalf("AllStats of a volume writer: %+v, %v", all, err)
 	}
 	if _, err := s.Stats(ctx, "/elsewhere/w"); err == nil {
 		t.Fatal("stats of a dir outside the root: no error")
