@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/ctld/ctld/internal/metrics"
 	"github.com/ctld/ctld/internal/netpolicy"
 	"github.com/ctld/ctld/internal/netpolicy/nft"
+	"github.com/ctld/ctld/internal/writer"
 )
 
 // timedFirewall is the nft Firewall with its transactions that a claim,
@@ -41,4 +43,26 @@ func (f timedFirewall) AllowResolved(ctx context.Context, o netpolicy.Owner, set
 		f.m.ObserveAllowed(len(addrs))
 	}
 	return err
+}
+
+// writerCounts reads the block writers' NBD error counts for
+// ctld_nbd_errors_total (writer.Supervisor.AllStats).
+type writerCounts struct{ sup *writer.Supervisor }
+
+func (w writerCounts) WriterCounts(ctx context.Context) ([]metrics.WriterCounts, error) {
+	all, err := w.sup.AllStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]metrics.WriterCounts, 0, len(all))
+	for _, d := range all {
+		c := metrics.WriterCounts{Dir: d.Dir, Err: d.Err}
+		if d.Err == nil {
+			c.Writer = fmt.Sprintf("pid %d epoch %d", d.Stats.PID, d.Stats.Epoch)
+			c.Counts = d.Stats.NBDErrors.ByKind()
+			c.Counts["reconnect"] = d.Stats.Reconnects
+		}
+		out = append(out, c)
+	}
+	return out, nil
 }

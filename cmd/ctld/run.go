@@ -36,6 +36,7 @@ import (
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
 	"github.com/ctld/ctld/internal/template"
+	"github.com/ctld/ctld/internal/writer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
@@ -468,6 +469,11 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		return errors.Join(err, apiLn.Close())
 	}
 	defer removeNode()
+	removeWriters, err := m.ServeWriters(writerCounts{&writer.Supervisor{Root: filepath.Join(g.stateDir, "writers"), Logger: log}})
+	if err != nil {
+		return errors.Join(err, apiLn.Close())
+	}
+	defer removeWriters()
 	go n.KeepHistory(termCtx, o.retention, 10*time.Minute)
 	go n.MeterUsage(termCtx, o.usageInterval)
 	// Files stream through the guest agent (node.ReadFileTo, WriteFileFrom).

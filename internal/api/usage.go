@@ -21,7 +21,7 @@ type Usage struct {
 	PIDsPeak           uint64 `json:"pids_peak"`            // pids.peak
 	IOReadBytes        uint64 `json:"io_read_bytes"`        // io.stat rbytes
 	IOWriteBytes       uint64 `json:"io_write_bytes"`       // io.stat wbytes
-	DiskUsedBytes      uint64 `json:"disk_used_bytes"`      // the disk project's usage
+	DiskUsedBytes      uint64 `json:"disk_used_bytes"`      // overlay: the disk project's usage; block: the dirty file's allocated bytes
 	TxBytes            uint64 `json:"tx_bytes"`             // egress the nft chain accepted
 	TxPackets          uint64 `json:"tx_packets"`
 	DroppedPackets     uint64 `json:"dropped_packets"`

@@ -44,6 +44,8 @@ type Metrics struct {
 	// seen keeps a replayed claim or release (its stored answer) from
 	// counting its timings twice.
 	seen seen
+	// nbd are the writers' NBD error totals (nbd.go).
+	nbd nbdTotals
 }
 
 // New registers ctld's always-present instruments on reg (the Go runtime

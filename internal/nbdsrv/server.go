@@ -65,6 +65,7 @@ type Server struct {
 	opts Options
 	log  *slog.Logger
 	pool bufPool
+	errs errCounters
 }
 
 // New checks the export and fills in the defaults.
@@ -136,8 +137,13 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 // ServeConn runs the handshake and transmission on one connection (a
 // listener's or a socketpair end) and closes it. It returns nil when the
 // client disconnects or ctx ends.
-func (s *Server) ServeConn(ctx context.Context, nc net.Conn) error {
+func (s *Server) ServeConn(ctx context.Context, nc net.Conn) (err error) {
 	defer nc.Close()
+	defer func() {
+		if err != nil {
+			s.errs.conn.Add(1)
+		}
+	}()
 	size, err := s.exp.Backend.Size()
 	if err != nil {
 		return fmt.Errorf("nbd export size: %w", err)

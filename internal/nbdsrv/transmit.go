@@ -47,6 +47,7 @@ func (c *conn) transmit(ctx context.Context) error {
 			break
 		}
 		if errno := c.check(req); errno != 0 {
+			c.s.errs.refused.Add(1)
 			if req.typ == cmdWrite {
 				// The payload follows regardless: skip it without buffering.
 				if _, err = io.CopyN(io.Discard, c.br, int64(req.length)); err != nil {
@@ -207,6 +208,7 @@ func (c *conn) serve(req request, buf []byte) {
 		err = b.Sync()
 	}
 	if err != nil {
+		c.s.errs.backend(req.typ)
 		c.s.log.Warn("nbd request failed", "cmd", req.typ, "offset", off, "length", n, "err", err)
 		c.reply(req, errnoOf(err), nil)
 		return

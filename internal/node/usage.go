@@ -25,18 +25,7 @@ func (n *Node) newMeter() *meter.Meter {
 	if n.d.Guest.Leases != nil {
 		d.CgroupDir = n.d.Guest.Leases.Dir
 	}
-	if n.d.Overlay.RootFS != nil {
-		d.Disk = func(ctx context.Context, s journal.Sandbox) (uint64, bool) {
-			if s.DiskProject == 0 {
-				return 0, false
-			}
-			qs, err := n.d.Overlay.RootFS.DiskProjects(ctx, s.DiskProject, s.DiskProject)
-			if err != nil || len(qs) != 1 {
-				return 0, false
-			}
-			return qs[0].UsedBytes, true
-		}
-	}
+	d.Disk = n.diskUsed // overlay: project quota; block: dirty file (usage_disk.go)
 	return meter.New(d, meter.Retention{MaxAge: n.cfg.UsageRetention, Keep: n.cfg.UsageKeep})
 }
 

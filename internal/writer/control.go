@@ -102,6 +102,7 @@ const (
 // and Code.
 type ctlAnswer struct {
 	Seal  *SealResult `json:"seal,omitempty"`
+	Stats *Stats      `json:"stats,omitempty"`
 	Error string      `json:"error,omitempty"`
 	Code  string      `json:"code,omitempty"`
 }
@@ -148,6 +149,7 @@ func readLine(r io.Reader, limit int) ([]byte, error) {
 type control struct {
 	spec     Spec
 	dev      *cowdev.Device
+	stats    func() Stats // the "stats" op's answer (stats.go)
 	log      *slog.Logger
 	ln       *net.UnixListener
 	path     string
@@ -161,7 +163,7 @@ type control struct {
 // listenControl serves the control socket in spec.Dir until stop. A stale
 // socket (a writer killed before it removed it) is replaced: this writer
 // holds the Dir's lock.
-func listenControl(spec Spec, dev *cowdev.Device, log *slog.Logger) (*control, error) {
+func listenControl(spec Spec, dev *cowdev.Device, stats func() Stats, log *slog.Logger) (*control, error) {
 	path := filepath.Join(spec.Dir, CtlName)
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("control socket: %w", err)
@@ -183,7 +185,7 @@ func listenControl(spec Spec, dev *cowdev.Device, log *slog.Logger) (*control, e
 	// descriptor's, closed by then).
 	ln.SetUnlinkOnClose(false)
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &control{spec: spec, dev: dev, log: logging.OrDiscard(log), ln: ln, path: path, ctx: ctx, cancel: cancel}
+	c := &control{spec: spec, dev: dev, stats: stats, log: logging.OrDiscard(log), ln: ln, path: path, ctx: ctx, cancel: cancel}
 	c.wg.Add(1)
 	go c.accept()
 	return c, nil
@@ -248,6 +250,8 @@ func (c *control) serve(conn *net.UnixConn) {
 	switch req.Op {
 	case "seal":
 		c.answer(conn, c.seal(ctx, SealRequest{Generation: req.Generation, Epoch: req.Epoch}))
+	case "stats":
+		c.answer(conn, c.statsAnswer())
 	default:
 		c.answer(conn, ctlAnswer{Error: fmt.Sprintf("unknown op %q", req.Op), Code: codeInvalid})
 	}
@@ -354,17 +358,8 @@ func (s *Supervisor) Seal(ctx context.Context, dir string, req SealRequest) (Sea
 	if st.Epoch != req.Epoch {
 		return fail(fmt.Errorf("%w: the writer is of epoch %d, the request of %d", ErrStaleEpoch, st.Epoch, req.Epoch))
 	}
-	addr, done, err := ctlAddr(dir)
+	conn, err := dialControl(ctx, dir)
 	if err != nil {
-		return fail(err)
-	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", addr)
-	done()
-	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fail(fmt.Errorf("%w: %v", ErrNotRunning, err))
-		}
 		return fail(err)
 	}
 	defer conn.Close()

@@ -17,6 +17,7 @@ import (
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/cowdev"
+	"github.com/ctld/ctld/internal/nbdsrv"
 )
 
 // ctlRig is a cowdev device over a dirstore template with the control
@@ -64,7 +65,9 @@ func newCtlRig(t *testing.T, sub string) *ctlRig {
 	if err := os.WriteFile(filepath.Join(spec.Dir, SpecName), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctl, err := listenControl(spec, dev, nil)
+	ctl, err := listenControl(spec, dev, func() Stats {
+		return Stats{PID: 7, Epoch: spec.Epoch, NBDErrors: nbdsrv.Errors{Read: 3}, Reconnects: 1}
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -219,7 +220,12 @@ func Run(ctx context.Context, spec Spec, log *slog.Logger) (err error) {
 	// The control socket is up before the state file appears (the
 	// supervisor's Start returns on it), and closed before the device is
 	// shut down: a seal in flight is cancelled first.
-	ctl, err := listenControl(spec, dev, log)
+	pid := os.Getpid()
+	var reconnects atomic.Uint64
+	stats := func() Stats {
+		return Stats{PID: pid, Epoch: spec.Epoch, NBDErrors: srv.Errors(), Reconnects: reconnects.Load()}
+	}
+	ctl, err := listenControl(spec, dev, stats, log)
 	if err != nil {
 		return err
 	}
@@ -233,7 +239,6 @@ func Run(ctx context.Context, spec Spec, log *slog.Logger) (err error) {
 		}
 	}
 
-	pid := os.Getpid()
 	_, start, err := procStat("/proc", pid)
 	if err != nil {
 		return fmt.Errorf("own start time: %w", err)
@@ -262,6 +267,7 @@ func Run(ctx context.Context, spec Spec, log *slog.Logger) (err error) {
 			// marks the socket dead): its I/O waits out the dead-connection
 			// timeout for a fresh socket, so give it one.
 			log.Warn("nbd connection ended while serving; reconnecting", "err", err)
+			reconnects.Add(1)
 			sv, rerr := reattach(ctx, serveCtx, srv, devs, idx, spec, log)
 			if rerr != nil {
 				served = closedWith(nil)

@@ -129,6 +129,8 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 	if _, err := c.Claim(ctx(t, 3*time.Minute), "tampered", req); err != nil {
 		t.Fatalf("block claim of the tampered template: %v", err)
 	}
+	readErrs := `ctld_nbd_errors_total{kind="read"}`
+	before := e.metrics(t, "a")[readErrs]
 	r := guest("tampered", "cat "+tamperBlob)
 	t.Logf("cat in the guest: exit %d, %d bytes out, stderr %q", r.ExitCode, len(r.Stdout), r.Stderr)
 	if r.ExitCode == 0 || !strings.Contains(string(r.Stderr), "Input/output error") {
@@ -165,6 +167,12 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 	}
 	if s, err := c.Get(ctx(t, time.Minute), "tampered"); err != nil || s.State != api.StateReady {
 		t.Errorf("the generation after the read error: %+v, %v; want ready", s.State, err)
+	} else if s.Usage == nil || s.Usage.DiskUsedBytes < blockstore.DefaultChunkSize {
+		// The guest wrote and synced a file: at least one chunk of the
+		// writer's dirty file (usage of a block root).
+		t.Errorf("block generation's usage %+v: want disk used of at least one chunk", s.Usage)
+	} else {
+		t.Logf("block generation's disk used: %d bytes", s.Usage.DiskUsedBytes)
 	}
 	// The writer says why: the object failed authentication.
 	wl, _ := os.ReadFile(filepath.Join(e.stateDir, "writers", names.Generation("tampered", 1), writer.LogName))
@@ -172,6 +180,21 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 		t.Errorf("the writer's log names no corrupt object %s:\n%s", obj, wl)
 	} else {
 		t.Logf("the writer refused the tampered object %d times (authentication failed)", n)
+	}
+
+	// And the metrics count it: the writer's failed reads, read from it
+	// over its control socket at the scrape (ctld_nbd_errors_total).
+	m := e.metrics(t, "a")
+	if got := m[readErrs]; got < before+1 || m[`ctld_writers_unread`] != 0 {
+		t.Errorf("%s = %v after the failed reads (%v before), ctld_writers_unread %v; want it grown, all writers read", readErrs, got, before, m[`ctld_writers_unread`])
+	} else {
+		var kinds []string
+		for k, v := range m {
+			if strings.HasPrefix(k, "ctld_nbd_errors_total") {
+				kinds = append(kinds, fmt.Sprintf("%s %v", k, v))
+			}
+		}
+		t.Logf("%s: %v before the reads, %v after; all: %s", readErrs, before, got, strings.Join(kinds, ", "))
 	}
 
 	rel := release("tampered", "r-tampered")

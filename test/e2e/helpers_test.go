@@ -37,6 +37,9 @@ type env struct {
 	procs    map[string]*exec.Cmd
 	// args are added to every `ctld run` of this env (limits, retention).
 	args []string
+	// wrap, if set, runs each `ctld run` under it (argv prefix that ends
+	// by exec-ing the rest, e.g. unshare into namespaces of its own).
+	wrap []string
 }
 
 // defaultDisk is the default disk lease of the e2e nodes (64 MiB).
@@ -141,8 +144,10 @@ func (e *env) start(slot string, extraEnv ...string) {
 	defer lf.Close()
 	// A small default disk lease, so the benchmarks' 50 guests fit the
 	// VM's 16 GiB state disk.
-	cmd := exec.Command(e.bin, append([]string{"run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", "",
-		"--default-disk-bytes", fmt.Sprint(e.defaultDisk()), "--nft-table", e.nftTable}, e.args...)...)
+	argv := append([]string{e.bin, "run", "--slot", slot, "--state-dir", e.stateDir, "--run-dir", e.runDir, "--cgroup-parent", e.parent, "--group", "",
+		"--default-disk-bytes", fmt.Sprint(e.defaultDisk()), "--nft-table", e.nftTable}, e.args...)
+	argv = append(append([]string(nil), e.wrap...), argv...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
