@@ -8,7 +8,7 @@ import (
 	"github.com/ctld/ctld/internal/cowdev"
 )
 
-// DirtyBytes is the disk the generation's own writes take: nothing for
+// TestDirtyBytes: DirtyBytes is the disk the generation's own writes take: nothing for
 // reads of the base, whole chunks for writes (a partial write of a clean
 // chunk copies the chunk in), a trimmed chunk's back to a hole.
 func TestDirtyBytes(t *testing.T) {
