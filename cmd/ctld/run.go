@@ -278,6 +278,12 @@ func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger)
 	}
 	gid := groupID(o.group, log)
 	inst := &instance{status: ha.Status{Slot: o.slot, Role: ha.RoleStandby, Health: "ok", PID: os.Getpid(), Since: time.Now().UTC()}}
+	// The debug socket first: an instance that answers its probe serves
+	// its metrics too (a scraper that saw it standby found no socket).
+	m := metrics.New(prometheus.NewRegistry(), inst.get)
+	if err := serveDebug(ctx, g.runDir, o, m, log); err != nil {
+		return err
+	}
 	probeSock := probePath(g.runDir, o.slot)
 	probeLn, err := ha.ListenUnix(probeSock, 0o660, gid)
 	if err != nil {
@@ -288,10 +294,6 @@ func runInstance(ctx context.Context, g globalOpts, o runOpts, log *slog.Logger)
 			log.Error("probe socket stopped", "err", err)
 		}
 	}()
-	m := metrics.New(prometheus.NewRegistry(), inst.get)
-	if err := serveDebug(ctx, g.runDir, o, m, log); err != nil {
-		return err
-	}
 	mon := newMonitor(log, func(h string) { inst.set(func(s *ha.Status) { s.Health = h }) })
 	mon.set(healthCheck{"probe", func(ctx context.Context) error { _, err := ha.Probe(ctx, probeSock); return err }})
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
