@@ -159,7 +159,7 @@ ctld_journal_size_bytes 3.145728e+06
 	}
 	// The values move with the node, read again at each scrape.
 	n.list.Sandboxes = n.list.Sandboxes[1:]
-	if v := gaugeValue(t, m, "ctld_generations", "ready"); v != 1 {
+	if v := seriesValue(t, m, "ctld_generations", "ready"); v != 1 {
 		t.Errorf("after one ready left: ready %v, want 1", v)
 	}
 	// A node that cannot be read fails its own series, not the role's.
@@ -173,7 +173,9 @@ ctld_journal_size_bytes 3.145728e+06
 	}
 }
 
-func gaugeValue(t *testing.T, m *Metrics, name, label string) float64 {
+// seriesValue is the value of the gauge or counter series of family name
+// with a label of value label.
+func seriesValue(t *testing.T, m *Metrics, name, label string) float64 {
 	t.Helper()
 	mfs, err := m.Registry.Gather()
 	if err != nil {
@@ -185,9 +187,13 @@ func gaugeValue(t *testing.T, m *Metrics, name, label string) float64 {
 		}
 		for _, s := range mf.GetMetric() {
 			for _, lp := range s.GetLabel() {
-				if lp.GetValue() == label {
-					return s.GetGauge().GetValue()
+				if lp.GetValue() != label {
+					continue
 				}
+				if c := s.GetCounter(); c != nil {
+					return c.GetValue()
+				}
+				return s.GetGauge().GetValue()
 			}
 		}
 	}
@@ -198,7 +204,7 @@ func gaugeValue(t *testing.T, m *Metrics, name, label string) float64 {
 // TestRole: the role series say the status of now.
 func TestRole(t *testing.T) {
 	m, st := newTest(t)
-	if v := gaugeValue(t, m, "ctld_role", "standby"); v != 1 {
+	if v := seriesValue(t, m, "ctld_role", "standby"); v != 1 {
 		t.Fatalf("standby: role standby %v", v)
 	}
 	st.Role, st.Epoch = ha.RolePrimary, 7

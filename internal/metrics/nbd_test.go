@@ -16,28 +16,6 @@ type fakeWriters struct {
 
 func (f *fakeWriters) WriterCounts(context.Context) ([]WriterCounts, error) { return f.ws, f.err }
 
-func counterValue(t *testing.T, m *Metrics, name, label string) float64 {
-	t.Helper()
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			for _, lp := range s.GetLabel() {
-				if lp.GetValue() == label {
-					return s.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s{%s}", name, label)
-	return 0
-}
-
 // TestNBDErrors: ctld_nbd_errors_total adds what each writer counted
 // since the last scrape: a writer read twice counts its growth once, a
 // restarted writer (another pid) counts from zero, a writer that did not
@@ -75,9 +53,9 @@ func TestNBDErrors(t *testing.T) {
 	}
 	for _, s := range steps {
 		src.ws = s.ws
-		got := []float64{counterValue(t, m, "ctld_nbd_errors_total", "read"), counterValue(t, m, "ctld_nbd_errors_total", "write"),
-			counterValue(t, m, "ctld_nbd_errors_total", "connection"), gaugeNoLabel(t, m, "ctld_writers_unread"),
-			counterValue(t, m, "ctld_nbd_errors_total", "reconnect")}
+		got := []float64{seriesValue(t, m, "ctld_nbd_errors_total", "read"), seriesValue(t, m, "ctld_nbd_errors_total", "write"),
+			seriesValue(t, m, "ctld_nbd_errors_total", "connection"), gaugeNoLabel(t, m, "ctld_writers_unread"),
+			seriesValue(t, m, "ctld_nbd_errors_total", "reconnect")}
 		want := []float64{s.read, s.write, s.conn, s.unread, s.reconnect}
 		for i := range want {
 			if got[i] != want[i] {
@@ -103,7 +81,7 @@ func TestNBDErrors(t *testing.T) {
 	if _, err := m.ServeWriters(src); err != nil {
 		t.Fatal(err)
 	}
-	if v := counterValue(t, m, "ctld_nbd_errors_total", "read"); v != 7 {
+	if v := seriesValue(t, m, "ctld_nbd_errors_total", "read"); v != 7 {
 		t.Errorf("next term: read %v, want the process's 7", v)
 	}
 }

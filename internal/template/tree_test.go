@@ -47,6 +47,24 @@ func dirTree(t *testing.T, root string) map[string]node {
 	return out
 }
 
+// treeFixture is a tar of sampleTree (and the tree it must give), a block
+// store with its repository, and an empty templates directory whose
+// mountinfo file shows no mounts.
+func treeFixture(t *testing.T) (src string, want map[string]node, store blockstore.Store, repo *blockstore.Repo, trees Trees) {
+	t.Helper()
+	es, want := sampleTree()
+	src = filepath.Join(t.TempDir(), "tree.tar")
+	if err := os.WriteFile(src, mkTar(t, es), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store, repo = templatetest.Repo(t)
+	mounts := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return src, want, store, repo, Trees{Dir: t.TempDir(), Mountinfo: mounts}
+}
+
 // TestImportKeepsTree: an import given a templates directory keeps the
 // tree it built the block image from as the template's overlay lower,
 // with the source's owners, modes, links and xattrs (a root builder); a
@@ -58,18 +76,8 @@ func TestImportKeepsTree(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestImportKeepsTree needs root (the tree keeps the source's owners)")
 	}
-	es, want := sampleTree()
-	src := filepath.Join(t.TempDir(), "tree.tar")
-	if err := os.WriteFile(src, mkTar(t, es), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	store, repo := templatetest.Repo(t)
-	dir := t.TempDir()
-	mounts := filepath.Join(t.TempDir(), "mountinfo")
-	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	trees := Trees{Dir: dir, Mountinfo: mounts}
+	src, want, store, repo, trees := treeFixture(t)
+	dir, mounts := trees.Dir, trees.Mountinfo
 	if _, _, err := ImportSource(t.Context(), repo, "sample", Source{Path: src}, ImageOptions{Size: 32 << 20, Trees: trees}, t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
@@ -148,18 +156,8 @@ func TestImportTreeOnly(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestImportTreeOnly needs root (the tree keeps the source's owners)")
 	}
-	es, want := sampleTree()
-	src := filepath.Join(t.TempDir(), "tree.tar")
-	if err := os.WriteFile(src, mkTar(t, es), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	store, repo := templatetest.Repo(t)
-	dir := t.TempDir()
-	mounts := filepath.Join(t.TempDir(), "mountinfo")
-	if err := os.WriteFile(mounts, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	trees := Trees{Dir: dir, Mountinfo: mounts}
+	src, want, store, repo, trees := treeFixture(t)
+	dir := trees.Dir
 	ctx := t.Context()
 	if _, _, err := ImportSource(ctx, repo, "sample", Source{Path: src}, ImageOptions{Size: 32 << 20, TreeOnly: true}, t.TempDir()); !errors.Is(err, ErrNoTrees) {
 		t.Fatalf("tree-only import without a templates dir: %v, want %v", err, ErrNoTrees)
