@@ -20,7 +20,7 @@ RUNSC_ENV = $(if $(filter current,$(RUNSC)),-env "PATH=$$(test/vm/setup.sh --run
 VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR" $(RUNSC_ENV)
 PREFIX ?= /usr/local
 
-.PHONY: all build agent test test-unit model test-recipes test-vm test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo demo-fleet bench bench-nbd churn bench-systemd install deb clean
+.PHONY: all build agent test test-unit model test-recipes test-vm test-code-node test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo demo-fleet bench bench-nbd churn bench-systemd install deb clean
 
 all: build
 
@@ -119,7 +119,12 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/logging test/vm/vmrun internal/agent/wire internal/agent/client internal/service test/unitcheck \
 	internal/cleanup internal/testutil internal/nodeagent test/model
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
-	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-run 'cmd/ctl-manager=^TestKernel'
+	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-run 'cmd/ctl-manager=^TestKernel' \
+	-pkg-skip 'cmd/ctl-manager=^TestKernelCodeNode$$'
+
+# code in the node template in the VM (~8 min under TCG: not in make test).
+test-code-node:
+	$(VMRUN) -timeout 20m -job-timeout 15m -run '^TestKernelCodeNode$$' ./cmd/ctl-manager
 
 test-vm-e2e:
 	$(VMRUN) -timeout 55m -job-timeout 50m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e

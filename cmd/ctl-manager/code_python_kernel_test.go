@@ -29,40 +29,7 @@ import (
 func TestKernelCodePython(t *testing.T) {
 	ktest.RequireCgroup2(t, "cpu", "memory", "pids")
 	ktest.RequireBinary(t, "runsc")
-	_, src, _, _ := runtime.Caller(0)
-	recipeFile := filepath.Join(filepath.Dir(src), "..", "..", "templates", "python.toml")
-	b, err := os.ReadFile(recipeFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := recipe.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := os.Getenv("CTLD_RECIPE_CACHE")
-	if cache == "" {
-		cache = defaultRecipeCache
-	}
-	if _, err := os.Stat(filepath.Join(cache, r.TreeDigest(), "recipe.json")); err != nil {
-		t.Fatalf("the python recipe's tree is not in %s (run test/recipe/setup.sh on the host: the VM has no mirror): %v", cache, err)
-	}
-	socket, stateDir := startCtldState(t)
-	e := &env{t: t, socket: socket, db: filepath.Join(t.TempDir(), "manager.db")}
-	store := []string{"--store", filepath.Join(stateDir, "blockstore"), "--node-key", filepath.Join(stateDir, "blockstore.key")}
-	t0 := time.Now()
-	build := append([]string{"--timeout", "12m", "template", "build", "python", "-f", recipeFile, "--cache", cache, "--root", "overlay"}, store...)
-	out := e.ok(build...)
-	if !strings.Contains(out, "(tree from the cache), overlay tree only") || !strings.Contains(out, "languages python, sh") {
-		t.Fatalf("template build: %s", out)
-	}
-	t.Logf("template build (%v): %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(out))
-	if _, err := os.Stat(filepath.Join(stateDir, "templates", "python", "usr", "bin", "python3")); err != nil {
-		t.Fatalf("the tree in ctld's templates dir: %v", err)
-	}
-	if out := e.ok(build...); !strings.Contains(out, "up to date") {
-		t.Fatalf("second template build: %s", out)
-	}
-
+	e, store := buildRecipeTemplate(t, "python", "languages python, sh")
 	rig := startCodeSandbox(t, e, append([]string{"--template", "python:overlay"}, store...),
 		client.CreateRequest{Template: "python", Resources: &client.Resources{CPU: "1", Memory: "512Mi", PIDs: 128}, User: &client.User{UID: 1000, GID: 1000}}, "python")
 	c, sb, code, ctx := rig.c, rig.sb, rig.code, context.Background()
@@ -108,4 +75,47 @@ func TestKernelCodePython(t *testing.T) {
 	// code of a Python hello vs exec of python3 -c, same sandbox.
 	benchCodeVsExec(t, c, sb.ID, 3, client.CodeRequest{Language: "python", Source: "print('hello')"}, []string{"python3", "-c", "print('hello')"}, "code python hello", "exec python3 -c")
 	rig.destroy()
+}
+
+// buildRecipeTemplate builds the shipped recipe templates/name.toml with
+// `template build --root overlay` from the tree test/recipe/setup.sh cached
+// on the host (the VM has no Debian mirror) into a real ctld's templates
+// directory, checks the output names langs and that a second build is up
+// to date, and returns the env of that ctld and the store flags.
+func buildRecipeTemplate(t *testing.T, name, langs string) (*env, []string) {
+	t.Helper()
+	_, src, _, _ := runtime.Caller(0)
+	recipeFile := filepath.Join(filepath.Dir(src), "..", "..", "templates", name+".toml")
+	b, err := os.ReadFile(recipeFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := recipe.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := os.Getenv("CTLD_RECIPE_CACHE")
+	if cache == "" {
+		cache = defaultRecipeCache
+	}
+	if _, err := os.Stat(filepath.Join(cache, r.TreeDigest(), "recipe.json")); err != nil {
+		t.Fatalf("the %s recipe's tree is not in %s (run test/recipe/setup.sh on the host: the VM has no mirror): %v", name, cache, err)
+	}
+	socket, stateDir := startCtldState(t)
+	e := &env{t: t, socket: socket, db: filepath.Join(t.TempDir(), "manager.db")}
+	store := []string{"--store", filepath.Join(stateDir, "blockstore"), "--node-key", filepath.Join(stateDir, "blockstore.key")}
+	t0 := time.Now()
+	build := append([]string{"--timeout", "12m", "template", "build", name, "-f", recipeFile, "--cache", cache, "--root", "overlay"}, store...)
+	out := e.ok(build...)
+	if !strings.Contains(out, "(tree from the cache), overlay tree only") || !strings.Contains(out, langs) {
+		t.Fatalf("template build: %s", out)
+	}
+	t.Logf("template build (%v): %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(out))
+	if _, err := os.Stat(filepath.Join(stateDir, "templates", name, "etc", "ctl-template")); err != nil {
+		t.Fatalf("the tree in ctld's templates dir: %v", err)
+	}
+	if out := e.ok(build...); !strings.Contains(out, "up to date") {
+		t.Fatalf("second template build: %s", out)
+	}
+	return e, store
 }

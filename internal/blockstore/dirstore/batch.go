@@ -46,7 +46,8 @@ func (b *batch) Put(ctx context.Context, key string, data []byte) error {
 	}
 	p := b.s.path(key)
 	dir := filepath.Dir(p)
-	if err := mkdirDurable(dir); err != nil {
+	// Not durable yet: Commit syncs the directories up to the root.
+	if err := mkdirs(b.s.ops, dir, false); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	tmp, err := b.s.ops.writeTemp(dir, filepath.Base(p), data, false)
@@ -118,14 +119,20 @@ func (b *batch) syncData(ctx context.Context, tmps []staged) error {
 }
 
 // syncNames makes the links durable: an fsync of each directory they are
-// in (or one syncfs).
+// in and of every directory above it up to the root, as Put made missing
+// directories without syncing their parents (or one syncfs).
 func (b *batch) syncNames(ctx context.Context, tmps []staged) error {
 	if b.s.syncFS {
 		return b.s.ops.syncFS(b.s.root)
 	}
 	dirs := map[string]bool{}
 	for _, t := range tmps {
-		dirs[filepath.Dir(t.path)] = true
+		for d := filepath.Dir(t.path); !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			if d == b.s.root || len(d) <= len(b.s.root) {
+				break
+			}
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(syncJobs)

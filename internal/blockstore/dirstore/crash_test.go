@@ -17,9 +17,9 @@ import (
 
 // fsOp is one recorded file system call of the store.
 type fsOp struct {
-	kind   string // write, link, syncdir, syncfs, remove
+	kind   string // write, link, mkdir, syncdir, syncfs, remove
 	tmp    string // write, link, remove
-	path   string // link: the object's name; syncdir: the directory
+	path   string // link: the object's name; mkdir, syncdir: the directory
 	data   []byte // write
 	synced bool   // write: fsynced before it returned
 }
@@ -62,6 +62,14 @@ func (r *recOps) remove(p string) error {
 	return err
 }
 
+func (r *recOps) mkdir(dir string) error {
+	err := r.osOps.mkdir(dir)
+	if err == nil {
+		r.add(fsOp{kind: "mkdir", path: dir})
+	}
+	return err
+}
+
 func (r *recOps) syncDir(dir string) error {
 	err := r.osOps.syncDir(dir)
 	if err == nil {
@@ -91,13 +99,17 @@ func (r *recOps) syncFS(root string) error {
 // any metadata out early, e.g. ext4's journal timer), each with the data
 // that was synced (nil: none reached the disk); durable are the names
 // that a sync covered (a file system need not keep any other), in link
-// order.
+// order: a name in a directory the log created is durable only once that
+// directory's own entry is, by a sync of its parent after the mkdir (and
+// so on up).
 func crashAfter(log []fsOp, k int) (names map[string][]byte, durable []string) {
 	data := map[string][]byte{} // temp file (the inode) → synced data
 	written := map[string][]byte{}
 	linkOf := map[string]string{} // name → temp file
 	var order []string            // names in link order
 	isDurable := map[string]bool{}
+	var dirs []string // directories made, in order
+	created, dirDurable := map[string]bool{}, map[string]bool{}
 	for _, op := range log[:k] {
 		switch op.kind {
 		case "write":
@@ -110,10 +122,18 @@ func crashAfter(log []fsOp, k int) (names map[string][]byte, durable []string) {
 		case "link":
 			linkOf[op.path] = op.tmp
 			order = append(order, op.path)
+		case "mkdir":
+			created[op.path] = true
+			dirs = append(dirs, op.path)
 		case "syncdir":
 			for _, n := range order {
 				if filepath.Dir(n) == op.path {
 					isDurable[n] = true
+				}
+			}
+			for _, d := range dirs {
+				if filepath.Dir(d) == op.path {
+					dirDurable[d] = true
 				}
 			}
 		case "syncfs":
@@ -123,14 +143,25 @@ func crashAfter(log []fsOp, k int) (names map[string][]byte, durable []string) {
 			for _, n := range order {
 				isDurable[n] = true
 			}
+			for _, d := range dirs {
+				dirDurable[d] = true
+			}
 		}
+	}
+	pathDurable := func(n string) bool {
+		for d := filepath.Dir(n); d != filepath.Dir(d); d = filepath.Dir(d) {
+			if created[d] && !dirDurable[d] {
+				return false
+			}
+		}
+		return true
 	}
 	names = map[string][]byte{}
 	for n, t := range linkOf {
 		names[n] = data[t]
 	}
 	for _, n := range order {
-		if isDurable[n] {
+		if isDurable[n] && pathDurable(n) {
 			durable = append(durable, n)
 		}
 	}

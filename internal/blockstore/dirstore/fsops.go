@@ -22,6 +22,8 @@ type fsOps interface {
 	// path exists (link(2) never replaces).
 	link(tmp, path string) error
 	remove(p string) error
+	// mkdir creates the directory dir (0700); fs.ErrExist if it exists.
+	mkdir(dir string) error
 	// syncFile makes the data of the file at p durable.
 	syncFile(p string) error
 	// syncDir makes dir's entries durable.
@@ -54,6 +56,8 @@ func (osOps) writeTemp(dir, base string, data []byte, sync bool) (string, error)
 }
 
 func (osOps) link(tmp, path string) error { return os.Link(tmp, path) }
+
+func (osOps) mkdir(dir string) error { return os.Mkdir(dir, 0o700) }
 
 func (osOps) remove(p string) error {
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -57,7 +57,16 @@ func Repo(t testing.TB) (blockstore.Store, *blockstore.Repo) {
 func TarDir(t testing.TB, dir string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	if err := WriteTarDir(&buf, dir, false); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// WriteTarDir writes TarDir's tar of dir to w, streamed (a Debian rootfs
+// is hundreds of MiB); with owners, each entry keeps its file's owner.
+func WriteTarDir(w io.Writer, dir string, owners bool) error {
+	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return err
@@ -77,7 +86,10 @@ func TarDir(t testing.TB, dir string) []byte {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, p)
-		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = rel, 0, 0, "", ""
+		h.Name, h.Uname, h.Gname = rel, "", ""
+		if !owners {
+			h.Uid, h.Gid = 0, 0
+		}
 		if fi.IsDir() {
 			h.Name += "/"
 		}
@@ -96,12 +108,9 @@ func TarDir(t testing.TB, dir string) []byte {
 		return nil
 	})
 	if err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("tar %s: %w", dir, err)
 	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return tw.Close()
 }
 
 // GzLayer is a gzip layer of a tar's bytes.
