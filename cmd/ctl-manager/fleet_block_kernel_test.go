@@ -71,13 +71,15 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids[i] = n.NodeID
+		// A block claim, seal or release takes seconds to minutes under
+		// TCG on a loaded host: a short TTL loses nodes that were only slow.
 		procs[i] = e.startChild(append([]string{"--socket", ctlds[i].socket, "--db", e.db, "node", "run", "--template", "busybox",
-			"--ttl", "3s", "--grace", "3s", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
+			"--ttl", "10s", "--grace", "15s", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
 	}
 	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
 	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "100", "--cpu", "100", "--memory", "100Gi", "--creates-per-min", "1000")
 	e.socket = "/nonexistent/ctld.sock"
-	r := e.startServeChild("127.0.0.1:0", append([]string{"--fleet", "--template", "busybox:block", "--default-timeout", "0", "--create-timeout", "3m"},
+	r := e.startServeChild("127.0.0.1:0", append([]string{"--fleet", "--template", "busybox:block", "--default-timeout", "0", "--create-timeout", "6m"},
 		channelArgs(ca.Issue(t, "manager", false))...)...)
 	c := &client.Client{BaseURL: "http://" + r.addr, Key: key}
 	defer func() {
