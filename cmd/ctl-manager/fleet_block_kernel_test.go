@@ -136,7 +136,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 			}
 		}
 		stopped := time.Now()
-		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 			got, gerr := c.Get(ctx, sb.ID)
 			now, rerr := st.Sandbox(ctx, sb.ID)
 			if gerr == nil && rerr == nil && got.State == client.StateReady && now.NodeID == ids[1-v] && now.Generation > gen {
@@ -146,7 +146,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("round %d: waited 2m for %s to be ready on node %d after node %d stopped: %+v, %v / %+v, %v", round, sb.ID, 1-v, v, got, gerr, now, rerr)
+				t.Fatalf("round %d: waited 5m for %s to be ready on node %d after node %d stopped: %+v, %v / %+v, %v", round, sb.ID, 1-v, v, got, gerr, now, rerr)
 			}
 		}
 		if got := sh("cat /kept"); got != "kept\n" {
@@ -158,7 +158,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		if err := ctlds[v].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		_, perr := ctldV.Pause(pctx, sb.ID, api.PauseRequest{OperationID: fmt.Sprintf("late-%d", round), Generation: gen})
 		cancel()
 		if errdefs.CodeOf(perr) != errdefs.CodeFenced {
@@ -170,13 +170,13 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		if err := procs[v].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 			n, err := st.FleetNode(ctx, ids[v])
 			if err == nil && n.State == manager.NodeReady && n.Reserved == (manager.NodeAlloc{}) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("round %d: waited 2m for node %d to be ready with nothing reserved after SIGCONT: %+v, %v", round, v, n, err)
+				t.Fatalf("round %d: waited 5m for node %d to be ready with nothing reserved after SIGCONT: %+v, %v", round, v, n, err)
 			}
 		}
 		if got, err := ctldV.Get(ctx, sb.ID); err != nil || got.State != api.StateReleased || got.Generation != gen {
