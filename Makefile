@@ -157,9 +157,12 @@ test:
 # Two real ctld nodes (each in its own network and mount namespace), their
 # node processes, a serve --fleet replica and PostgreSQL in the test VM: one
 # node stopped past its grace (its sandbox failed, creates go to the other)
-# and back (its stale generation released with a verified proof).
+# and back (its stale generation released with a verified proof); then, over
+# one shared block store, a block sandbox's node stopped: it resumes on the
+# other node with its committed file, and the lost generation's late pause
+# is refused by the store's head compare-and-swap.
 demo-fleet:
-	@$(VMRUN) -timeout 20m -job-timeout 15m -run '^TestKernelFleetTwoNodesLostAndBack$$' ./cmd/ctl-manager
+	@$(VMRUN) -timeout 30m -job-timeout 25m -run '^(TestKernelFleetTwoNodesLostAndBack|TestKernelFleetBlockTakeover)$$' ./cmd/ctl-manager
 
 demo:
 	@$(GO) build -o bin/ ./cmd/...

@@ -94,6 +94,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 	defer st.Close()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		if ns, err := st.FleetNodes(ctx); err == nil && len(ns) == 2 {
+			t.Logf("both nodes registered (%s, %s), sharing one block store", ids[0], ids[1])
 			break
 		}
 		if time.Now().After(deadline) {
@@ -114,10 +115,13 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		}
 		return string(res.Stdout)
 	}
+	t.Logf("block sandbox %s ready", sb.ID)
 	sh("echo kept > /kept && sync")
 	if p, err := c.Pause(ctx, sb.ID); err != nil || p.State != client.StatePaused {
 		t.Fatalf("pause: %+v, %v", p, err)
 	}
+	h, _ := st.Head(ctx, sb.ID)
+	t.Logf("wrote /kept and paused: head %d (block generation %d) committed in the shared store", h.Seq, h.Generation)
 	if p, err := c.Resume(ctx, sb.ID); err != nil || p.State != client.StateReady {
 		t.Fatalf("resume: %+v, %v", p, err)
 	}
@@ -128,6 +132,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 			t.Fatal(err)
 		}
 		v, gen := nodeOf[rec.NodeID], rec.Generation
+		t.Logf("round %d: generation %d runs on node %d; SIGSTOP its ctld and node process", round, gen, v)
 		ctldV := &api.Client{SocketPath: ctlds[v].socket}
 		for _, p := range []*os.Process{ctlds[v].cmd.Process, procs[v].cmd.Process} {
 			t.Cleanup(func() { p.Signal(syscall.SIGCONT) })
@@ -152,6 +157,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		if got := sh("cat /kept"); got != "kept\n" {
 			t.Fatalf("round %d: /kept on the new node: %q", round, got)
 		}
+		t.Logf("round %d: /kept reads %q on node %d", round, "kept", 1-v)
 
 		// The lost node's ctld goes on alone: its generation's pause
 		// seals, and the shared store refuses its head.
@@ -164,15 +170,14 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		if errdefs.CodeOf(perr) != errdefs.CodeFenced {
 			t.Fatalf("round %d: the lost generation %d's pause on node %d: %v, want fenced by the store's head", round, gen, v, perr)
 		}
-		if round == 0 {
-			t.Logf("the lost generation's late pause: %v", perr)
-		}
+		t.Logf("round %d: node %d's ctld continued; the lost generation's late pause: %v", round, v, perr)
 		if err := procs[v].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 			n, err := st.FleetNode(ctx, ids[v])
 			if err == nil && n.State == manager.NodeReady && n.Reserved == (manager.NodeAlloc{}) {
+				t.Logf("round %d: node %d's process continued; the node is ready again with nothing reserved", round, v)
 				break
 			}
 			if time.Now().After(deadline) {
@@ -199,6 +204,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		if verified != 1 {
 			t.Fatalf("round %d: reservations of node %d: %+v; want generation %d's released", round, v, res, gen)
 		}
+		t.Logf("round %d: node %d released the stale generation %d; its proof verified against the node's pinned key", round, v, gen)
 	}
 	// The new generation's own pause publishes over the fence.
 	if p, err := c.Pause(ctx, sb.ID); err != nil || p.State != client.StatePaused {
