@@ -32,7 +32,8 @@ type isolatedCtld struct {
 	cmd    *exec.Cmd
 }
 
-func startIsolatedCtld(t *testing.T, i int) *isolatedCtld {
+// startIsolatedCtld starts node i; extra are more `ctld run` flags.
+func startIsolatedCtld(t *testing.T, i int, extra ...string) *isolatedCtld {
 	t.Helper()
 	bin := ktest.RequireBuilt(t, "ctld")
 	root := t.TempDir()
@@ -57,6 +58,7 @@ func startIsolatedCtld(t *testing.T, i int) *isolatedCtld {
 		bin, "run", "--slot", "a", "--state-dir", stateDir, "--run-dir", runDir, "--cgroup-parent", parent, "--group", "",
 		"--nft-table", table, "--net-pool-v4", fmt.Sprintf("10.%d.0.0/16", 210+i),
 		"--disk-project-base", fmt.Sprint(1<<24+(i+1)*(1<<20)))
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start ctld %d: %v", i, err)

@@ -129,6 +129,14 @@ type RootFS struct {
 	// a rolled-back bucket and the claim is refused (conflict). Zero: the
 	// node's own high-water mark alone bounds it.
 	ExpectHead VolumeHead `json:"expect_head,omitzero"`
+	// WriterEpoch (block mode, in a fleet) is the writer epoch the
+	// database gave this generation (its generation number): the node
+	// raises the head's writer epoch in the shared block store to it
+	// before the writer starts and publishes under it, so the head's
+	// compare-and-swap refuses a generation the database took away, on
+	// whatever node it runs. Zero: the node's own writer epochs (one
+	// node, no takeover).
+	WriterEpoch uint64 `json:"writer_epoch,omitempty"`
 }
 
 // NetworkPolicy of a sandbox: its egress, enforced on the node's side of

@@ -60,11 +60,11 @@ func resourcesRecord(r api.Resources) journal.Resources {
 }
 
 func apiRootFS(r journal.RootFS) api.RootFS {
-	return api.RootFS{Mode: api.RootFSMode(r.Mode), Template: r.Template, ExpectHead: apiHead(r.ExpectHead)}
+	return api.RootFS{Mode: api.RootFSMode(r.Mode), Template: r.Template, ExpectHead: apiHead(r.ExpectHead), WriterEpoch: r.WriterEpoch}
 }
 
 func rootFSRecord(r api.RootFS) journal.RootFS {
-	return journal.RootFS{Mode: journal.RootFSMode(r.Mode), Template: r.Template, ExpectHead: journalHead(r.ExpectHead)}
+	return journal.RootFS{Mode: journal.RootFSMode(r.Mode), Template: r.Template, ExpectHead: journalHead(r.ExpectHead), WriterEpoch: r.WriterEpoch}
 }
 
 func apiTimings(t journal.Timings) api.Timings {

@@ -51,7 +51,7 @@ func fullRecord() journal.Sandbox {
 	return journal.Sandbox{
 		ID: "sb", Generation: 2, State: journal.StateReady, ContainerID: "sb-g2", LeaseID: "sb-g2",
 		Resources: journal.Resources{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, Cpuset: "0", DiskBytes: 4},
-		RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox", ExpectHead: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}}, Epoch: 3, CreatedAt: at,
+		RootFS:    journal.RootFS{Mode: "overlay", Template: "busybox", ExpectHead: journal.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}, WriterEpoch: 7}, Epoch: 3, CreatedAt: at,
 		Timings:        journal.Timings{AdmitMS: 1, LeaseMS: 2, RootFSMS: 3, NetworkMS: 4, RunscMS: 5, ProofMS: 6, TotalMS: 7, Steps: steps},
 		ReleaseTimings: &journal.ReleaseTimings{Steps: steps, ProofMS: 1, TotalMS: 2},
 		Reason:         "r", OOMKills: 1,
@@ -92,7 +92,7 @@ func TestAPISandboxCarriesEveryField(t *testing.T) {
 // The journal keeps every field of an admitted claim, and owns its copy.
 func TestClaimRecordCarriesEveryField(t *testing.T) {
 	req := api.ClaimRequest{
-		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}},
+		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}, WriterEpoch: 7},
 		Resources: api.Resources{CPUMillis: 1, MemoryBytes: 2, PIDs: 3, Cpuset: "0", DiskBytes: 4},
 		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
 			{CIDR: "203.0.113.0/24", Domain: "example.com", Protocol: "tcp", Ports: []string{"443"}},
@@ -121,7 +121,7 @@ func TestClaimRecordCarriesEveryField(t *testing.T) {
 // hashed api.ClaimRequest, must still match a repeat of the same claim.
 func TestClaimRecordEncodesLikeTheWire(t *testing.T) {
 	full := api.ClaimRequest{
-		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSBlock, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}},
+		OperationID: "op", Generation: 2, RootFS: api.RootFS{Mode: api.RootFSBlock, Template: "busybox", ExpectHead: api.VolumeHead{Seq: 4, Generation: 5, WriterEpoch: 6, Node: "m"}, WriterEpoch: 7},
 		Resources: api.Resources{CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 3, Cpuset: "0-1", DiskBytes: 4 << 20},
 		Network: api.NetworkPolicy{Mode: api.NetworkRestrict, Rules: []api.NetworkRule{
 			{CIDR: "203.0.113.0/24", Protocol: "tcp", Ports: []string{"443", "8000-8100"}}, {Domain: "*.example.com"},

@@ -176,6 +176,9 @@ type RootFS struct {
 	Template string     `json:"template"`
 	// ExpectHead is the claim's lower bound on the sandbox volume's head.
 	ExpectHead VolumeHead `json:"expect_head,omitzero"`
+	// WriterEpoch is the fleet's writer epoch of the generation (0: the
+	// node's own; api.RootFS.WriterEpoch).
+	WriterEpoch uint64 `json:"writer_epoch,omitempty"`
 }
 
 // NetworkMode is a generation's network mode.

@@ -244,7 +244,13 @@ func ClaimRequestOf(op OperationRecord) (api.ClaimRequest, error) {
 	if err := json.Unmarshal(op.Request, &spec); err != nil {
 		return api.ClaimRequest{}, fmt.Errorf("decode the claim of operation %s: %w", op.OperationID, err)
 	}
-	return spec.claim(op.OperationID, op.Generation), nil
+	req := spec.claim(op.OperationID, op.Generation)
+	if req.RootFS.Mode == api.RootFSBlock {
+		// The database's writer epoch of the generation: the shared
+		// store's head fences across nodes (takeOver raises it).
+		req.RootFS.WriterEpoch = op.Generation
+	}
+	return req, nil
 }
 
 // Reservation is a placed generation's hold on its node's capacity.

@@ -244,8 +244,11 @@ func (s *Store) FinishPlacedClaim(ctx context.Context, nodeID, opID string, sb a
 // generation gen (PublishHead's compare-and-swap), iff the node still
 // holds that generation: a node that lost the sandbox to a takeover
 // cannot move its head. In the fleet the head's writer epoch is the
-// generation that wrote it (nodes count their own writer epochs, which
-// do not compare across nodes); a takeover raises it (takeOver).
+// generation that wrote it, here and in the shared block store (the
+// claim carries it: ClaimRequestOf; nodes' own writer epochs do not
+// compare across nodes); a takeover raises it (takeOver), and the new
+// generation's claim raises the store's head to it before its writer
+// starts (internal/node/blockroot fence.go).
 func (s *Store) PublishPlacedHead(ctx context.Context, nodeID, id string, gen uint64, h api.VolumeHead) error {
 	h.WriterEpoch = gen
 	return s.tx(ctx, func(tx *sql.Tx) error {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/mdlayher/genetlink"
@@ -210,9 +211,34 @@ type Devices struct {
 }
 
 // OpenDevices dials generic netlink and resolves the "nbd" family (present
-// once the nbd module is loaded).
+// once the nbd module is loaded). The kernel registers that family in the
+// initial network namespace only (it is not netnsok), so a ctld in a
+// network namespace of its own (a container; the fleet's VM tests run two
+// ctlds so) does not find it there: it then dials it in the initial one
+// (initNetNS; root only). The devices and the sockets handed to them are
+// not per namespace.
 func OpenDevices() (*Devices, error) {
-	c, err := genetlink.Dial(nil)
+	d, err := openDevices(nil)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		return d, err
+	}
+	ns, oerr := os.Open(initNetNS)
+	if oerr != nil {
+		return nil, errors.Join(err, fmt.Errorf("open the initial network namespace: %w", oerr))
+	}
+	defer ns.Close()
+	d, ierr := openDevices(&netlink.Config{NetNS: int(ns.Fd())})
+	if ierr != nil {
+		return nil, errors.Join(err, fmt.Errorf("in the initial network namespace: %w", ierr))
+	}
+	return d, nil
+}
+
+// initNetNS is the initial network namespace, where the nbd family lives.
+const initNetNS = "/proc/1/ns/net"
+
+func openDevices(cfg *netlink.Config) (*Devices, error) {
+	c, err := genetlink.Dial(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("dial generic netlink: %w", err)
 	}

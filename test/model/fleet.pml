@@ -33,8 +33,11 @@
  * check is the same in every dimension (NodeAlloc.Fits). Not modelled:
  * pause/resume (a writer's publish stands for any), a claim ctld refuses
  * (the model asserts it never has to for capacity), unclean proofs
- * (capacity withheld), the shared block store's own head CAS (nodes'
- * writer epochs do not compare across nodes: see docs/operations.md),
+ * (capacity withheld), the shared block store's own head CAS as a
+ * separate step (it compares the same writer epochs, the generations: a
+ * fleet claim carries its generation as RootFS.WriterEpoch and raises the
+ * store's head to it before its writer starts, internal/node/blockroot
+ * fence.go; so from then on the store refuses what ACCEPTS refuses),
  * one worker per node (the real one runs up to 8 operations, one per
  * sandbox). The quiescence check sees only the runs that reach quiescence.
  *

@@ -61,8 +61,8 @@ func lostBlockTakenOver(t *testing.T, open Opener) {
 		t.Fatalf("takeover = %+v", m)
 	}
 	req, err := manager.ClaimRequestOf(m.Operation)
-	if err != nil || req.RootFS.ExpectHead.Seq != 1 || req.RootFS.ExpectHead.Generation != 1 || req.RootFS.Mode != api.RootFSBlock || req.Generation != 2 {
-		t.Fatalf("the new claim asks %+v, %v; want generation 2 from head 1", req, err)
+	if err != nil || req.RootFS.ExpectHead.Seq != 1 || req.RootFS.ExpectHead.Generation != 1 || req.RootFS.Mode != api.RootFSBlock || req.Generation != 2 || req.RootFS.WriterEpoch != 2 {
+		t.Fatalf("the new claim asks %+v, %v; want generation 2 (writer epoch 2) from head 1", req, err)
 	}
 	sb := must(s.Sandbox(ctx, "blk"))(t)
 	if sb.NodeID != "n2" || sb.Generation != 2 || sb.State != api.StateClaiming {

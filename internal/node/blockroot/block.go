@@ -199,6 +199,9 @@ func (r writerResource) Make(ctx context.Context, c *resource.Claim) error {
 	if err != nil {
 		return fmt.Errorf("start writer: %w", err)
 	}
+	if head, err = n.fence(ctx, rec, head); err != nil {
+		return fmt.Errorf("start writer: %w", err)
+	}
 	b := journal.BlockDevice{
 		Dir: n.writerDir(rec), Template: rec.RootFS.Template, Index: -1,
 		BaseVolume: base.Volume.String(), BaseGeneration: base.Generation, Head: head,

@@ -170,7 +170,7 @@ func (n *Root) sealAndPublish(ctx context.Context, rec *journal.Sandbox) (journa
 	if err := n.live(); err != nil {
 		return journal.VolumeHead{}, res, err
 	}
-	next := journal.VolumeHead{Generation: res.Generation, WriterEpoch: rec.Block.WriterEpoch, Node: n.d.NodeID}
+	next := journal.VolumeHead{Generation: res.Generation, WriterEpoch: headEpoch(*rec), Node: n.d.NodeID}
 	head, err := n.d.Volumes.Publish(ctx, rec.ID, rec.Block.Head, next)
 	if err != nil {
 		if errdefs.CodeOf(err) == errdefs.CodeFenced {
@@ -262,7 +262,7 @@ func (n *Root) Settle(ctx context.Context, s journal.Sandbox) (journal.Sandbox, 
 	}
 	opID := s.Seal.OperationID
 	h, err := n.d.Volumes.Head(ctx, s.ID)
-	if err == nil && h.Seq > s.Block.Head.Seq && h.WriterEpoch == s.Block.WriterEpoch {
+	if err == nil && h.Seq > s.Block.Head.Seq && h.WriterEpoch == headEpoch(s) {
 		res := journal.SealResult{Generation: h.Generation}
 		if perr := n.publishedSeal(s, opID, h, res); perr == nil {
 			s.State, s.ReleaseOp = journal.StateReleasing, opID
