@@ -136,13 +136,19 @@ type Workload struct {
 // group, the agent's working directory: the spec's cwd). Wait forwards
 // the termination signals the agent gets to it.
 func StartWorkload(r *Reaper, args, env []string, u wire.User) (*Workload, error) {
+	return StartWorkloadIn(r, args, env, "", u)
+}
+
+// StartWorkloadIn is StartWorkload in working directory dir ("": the
+// agent's): a warm agent's workload gets its claim's cwd this way.
+func StartWorkloadIn(r *Reaper, args, env []string, dir string, u wire.User) (*Workload, error) {
 	argv0, err := lookPath(args[0], env)
 	if err != nil {
 		return nil, err
 	}
 	w := &Workload{sigs: make(chan os.Signal, 8)}
 	w.pid, w.done, err = r.Start(argv0, args, &syscall.ProcAttr{
-		Env: env, Files: []uintptr{0, 1, 2},
+		Env: env, Dir: dir, Files: []uintptr{0, 1, 2},
 		Sys: &syscall.SysProcAttr{Credential: credential(u), Setpgid: true},
 	})
 	if err != nil {

@@ -163,6 +163,13 @@ func AgentArgs(args []string) []string {
 		"--nonce-file", path.Join(AgentSocketDir, AgentNonce), "--"}, args...)
 }
 
+// WarmAgentArgs is the process.args of a warm pool member: the agent
+// alone, booted with no workload (a claim call names it, issue 27).
+func WarmAgentArgs() []string {
+	return []string{path.Join(AgentBinDir, AgentBinary), "--warm", "--socket", path.Join(AgentSocketDir, AgentSocket),
+		"--nonce-file", path.Join(AgentSocketDir, AgentNonce)}
+}
+
 // BuildSpec describes b as an OCI runtime spec. It has no effects.
 func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 	if err := validate(b); err != nil {
