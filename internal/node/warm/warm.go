@@ -136,7 +136,7 @@ type Plan struct {
 func Decide(s Settings, members []Member, lastBoot, now time.Time, runsc string) Plan {
 	maxAge := cmp.Or(s.MaxAge, DefaultMaxAge)
 	var p Plan
-	keep := map[Key]int{}  // idle or booting members that stay, per pool
+	keep := map[Key]int{} // idle or booting members that stay, per pool
 	booting, held := 0, 0 // members holding capacity
 	for _, m := range members {
 		held++
