@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"path"
+	"regexp"
 	"strings"
 
 	"github.com/ctld/ctld/internal/agent/wire"
@@ -23,16 +24,21 @@ type Claim struct {
 	User      wire.User
 	Args, Env []string
 	Cwd       string
+	// Hostname is the guest's hostname from the claim on ("": the
+	// boot's); only an agent started with --hostname-cap sets one.
+	Hostname string
 }
 
 // MaxClaimArgs bounds a claim's args and env entries (each; the frame
 // bounds their bytes).
 const MaxClaimArgs = 4096
 
+var hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.-]{0,63}$`)
+
 // claimOf checks req as a claim: a nonce the host's client accepts back,
 // a command, an absolute cwd, no agent setting in env.
 func claimOf(req wire.Request, u wire.User) (Claim, string) {
-	c := Claim{Nonce: req.Nonce, User: u, Args: req.Args, Env: req.Env, Cwd: req.Cwd}
+	c := Claim{Nonce: req.Nonce, User: u, Args: req.Args, Env: req.Env, Cwd: req.Cwd, Hostname: req.Hostname}
 	switch {
 	case len(c.Nonce) == 0 || len(c.Nonce) > 256:
 		return c, "claim nonce must be 1 to 256 bytes"
@@ -42,6 +48,8 @@ func claimOf(req wire.Request, u wire.User) (Claim, string) {
 		return c, "claim args or env: more than 4096 entries"
 	case c.Cwd != "" && !path.IsAbs(c.Cwd):
 		return c, "claim cwd must be absolute"
+	case c.Hostname != "" && !hostnamePattern.MatchString(c.Hostname):
+		return c, "claim hostname must be 1 to 64 letters, digits, dots and dashes, not starting with one"
 	}
 	for _, e := range c.Env {
 		if strings.HasPrefix(e, envPrefix) {
@@ -86,6 +94,9 @@ func (s *Server) handleClaim(ctx context.Context, c *conn, req wire.Request) {
 		u = *req.User
 	}
 	cl, bad := claimOf(req, u)
+	if bad == "" && cl.Hostname != "" && !s.Hostnames {
+		bad = "this agent cannot set a hostname (no --hostname-cap)"
+	}
 	if bad != "" {
 		c.fail(wire.CodeInvalid, "%s", bad)
 		return

@@ -100,6 +100,9 @@ func TestWarmClaimRefusesBadClaims(t *testing.T) {
 		"no command":   {Nonce: "n", User: u},
 		"relative cwd": {Nonce: "n", User: u, Args: []string{"true"}, Cwd: "tmp"},
 		"agent env":    {Nonce: "n", User: u, Args: []string{"true"}, Env: []string{agent.EnvUID + "=0"}},
+		"bad hostname": {Nonce: "n", User: u, Args: []string{"true"}, Hostname: "-x"},
+		// Without --hostname-cap (never on the host: it would rename it).
+		"hostname without the cap": {Nonce: "n", User: u, Args: []string{"true"}, Hostname: "box"},
 	} {
 		if _, err := a.c.Claim(ctx, r); wireCode(err) != wire.CodeInvalid {
 			t.Errorf("%s: claim = %v, want %s", name, err, wire.CodeInvalid)
@@ -143,9 +146,13 @@ func TestWarmClaimWorkloadEndsTheAgent(t *testing.T) {
 	}
 }
 
-// TestWarmTakesNoWorkload: --warm with a workload is a usage error.
+// TestWarmTakesNoWorkload: --warm with a workload, and --hostname-cap
+// without --warm, are usage errors.
 func TestWarmTakesNoWorkload(t *testing.T) {
 	if code := agent.Main([]string{"--warm", "--nonce-file", "x", "--", "true"}, nil, &strings.Builder{}); code != 2 {
 		t.Fatalf("Main(--warm -- true) = %d, want 2", code)
+	}
+	if code := agent.Main([]string{"--hostname-cap", "--nonce-file", "x", "--", "true"}, nil, &strings.Builder{}); code != 2 {
+		t.Fatalf("Main(--hostname-cap -- true) = %d, want 2", code)
 	}
 }

@@ -155,6 +155,13 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if o.warm {
+		// As runsc.Agent.Warm gives a member: for the claim's hostname.
+		c := s.Process.Capabilities
+		c.Bounding = append(c.Bounding, runsc.WarmCapability)
+		c.Effective = append(c.Effective, runsc.WarmCapability)
+		c.Permitted = append(c.Permitted, runsc.WarmCapability)
+	}
 	if o.host {
 		// --network=none: no netns to join.
 		var ns []specs.LinuxNamespace

@@ -31,7 +31,12 @@ func Main(args, env []string, stderr io.Writer) int {
 	nonceFile := fs.String("nonce-file", "", "the file the readiness nonce is read from, then removed (required)")
 	fileCap := fs.Int64("file-cap", 1<<30, "the most bytes one file read or write moves")
 	warm := fs.Bool("warm", false, "boot with no workload; the first claim call starts one")
+	hostCap := fs.Bool("hostname-cap", false, "a warm agent holding CAP_SYS_ADMIN to set the claim's hostname; dropped before the workload starts")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *hostCap && !*warm {
+		fmt.Fprintln(stderr, "ctl-agent: --hostname-cap is for a warm agent")
 		return 2
 	}
 	if *warm && fs.NArg() > 0 {
@@ -73,7 +78,13 @@ func Main(args, env []string, stderr io.Writer) int {
 	var claimed chan *Workload
 	if *warm {
 		claimed = make(chan *Workload, 1)
+		srv.Hostnames = *hostCap
 		srv.Claim = func(_ context.Context, c Claim) error {
+			if *hostCap {
+				if err := SetHostnameAndDrop(c.Hostname); err != nil {
+					return err
+				}
+			}
 			w, err := StartWorkloadIn(reaper, c.Args, c.Env, c.Cwd, c.User)
 			if err != nil {
 				return err

@@ -53,6 +53,9 @@ type Server struct {
 	// Claim, when set, makes this a warm agent (claim.go): the first
 	// OpClaim starts the claim's workload through it.
 	Claim func(ctx context.Context, c Claim) error
+	// Hostnames says the Claim hook may set a claim's hostname; without
+	// it a claim that names one is invalid.
+	Hostnames bool
 
 	readying atomic.Int32 // OpReady calls not yet answered
 

@@ -292,6 +292,7 @@ type ClaimRequest struct {
 	User      wire.User
 	Args, Env []string
 	Cwd       string
+	Hostname  string // "": the member's boot hostname
 }
 
 // Claim starts a warm agent's workload with the claim's nonce, user,
@@ -300,7 +301,7 @@ type ClaimRequest struct {
 func (c *Client) Claim(ctx context.Context, r ClaimRequest) (string, error) {
 	var out wire.Ready
 	u := r.User
-	req := wire.Request{Op: wire.OpClaim, User: &u, Args: r.Args, Env: r.Env, Cwd: r.Cwd, Nonce: r.Nonce}
+	req := wire.Request{Op: wire.OpClaim, User: &u, Args: r.Args, Env: r.Env, Cwd: r.Cwd, Nonce: r.Nonce, Hostname: r.Hostname}
 	if err := c.result(ctx, req, &out); err != nil {
 		return "", err
 	}

@@ -218,8 +218,9 @@ type Request struct {
 	Mode      uint32 `json:"mode,omitempty"`
 	Recursive bool   `json:"recursive,omitempty"`
 	Limit     int64  `json:"limit,omitempty"` // read/write: the most bytes the agent moves
-	// claim: the generation's readiness nonce
-	Nonce string `json:"nonce,omitempty"`
+	// claim: the generation's readiness nonce and the guest's hostname
+	Nonce    string `json:"nonce,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
 }
 
 // Resize is a TResize payload.
