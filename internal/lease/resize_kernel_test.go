@@ -51,8 +51,10 @@ func TestKernelResizeLive(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Stats: %v", err)
 	}
-	if st.OOMKills < 1 || st.MemoryPeak > claim.MemoryBytes {
-		t.Fatalf("after Resize: OOM kills %d, memory peak %d; want >= 1 kill and a peak within the new %d", st.OOMKills, st.MemoryPeak, claim.MemoryBytes)
+	// The kernel lets a charge pass the limit by a page or so before it
+	// reclaims or kills: a peak near the new limit, far under the old.
+	if st.OOMKills < 1 || st.MemoryPeak > claim.MemoryBytes+1<<20 {
+		t.Fatalf("after Resize: OOM kills %d, memory peak %d; want >= 1 kill and a peak within the new %d (the member's was %d)", st.OOMKills, st.MemoryPeak, claim.MemoryBytes, member.MemoryBytes)
 	}
 	if err := m.Resize(ctx, Spec{ID: "missing", CPUMillis: 100, MemoryBytes: 64 << 20, PIDs: 8}); err == nil {
 		t.Error("Resize of a missing lease succeeded")
