@@ -112,7 +112,10 @@ func TestWarmClaimRefusesBadClaims(t *testing.T) {
 		t.Fatalf("a good claim after refused ones = %q, %v", got, err)
 	}
 
-	cold := startAgent(t, "--", "sleep", "1000")
+	// A short workload: a cold agent that gets its cleanup's SIGTERM
+	// before it forwards signals ends at once, leaving its workload
+	// holding the test's stderr pipe until it exits.
+	cold := startAgent(t, "--", "sleep", "3")
 	if _, err := cold.c.Claim(ctx, client.ClaimRequest{Nonce: "n", User: u, Args: []string{"true"}}); wireCode(err) != wire.CodeInvalid {
 		t.Errorf("claim on a cold agent = %v, want %s", err, wire.CodeInvalid)
 	}

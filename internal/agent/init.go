@@ -164,7 +164,7 @@ func StartWorkloadIn(r *Reaper, args, env []string, dir string, u wire.User) (*W
 // Reaper.Run) is off the readiness path; one of these signals that comes
 // before ends the agent, and with it the guest.
 func (w *Workload) Wait(ctx context.Context) (int, error) {
-	signal.Notify(w.sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(w.sigs, forwarded...)
 	defer signal.Stop(w.sigs)
 	for {
 		select {
@@ -183,6 +183,14 @@ func (w *Workload) Wait(ctx context.Context) (int, error) {
 		}
 	}
 }
+
+// forwarded are the signals the agent passes on to its workload.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// forwardFrom makes sigs, on which the warm agent caught the forwarded
+// signals since its boot, the workload's: a signal queued there (one that
+// came with the claim) goes to the workload when Wait starts.
+func (w *Workload) forwardFrom(sigs chan os.Signal) { w.sigs = sigs }
 
 // RunWorkload is StartWorkload then Wait.
 func RunWorkload(ctx context.Context, r *Reaper, args, env []string, u wire.User) (int, error) {

@@ -98,17 +98,24 @@ func Main(args, env []string, stderr io.Writer) int {
 	if *warm {
 		start.done(nil)
 		reaper.Run()
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-		select {
-		case <-sig:
-			return 0
-		case err := <-served:
-			fmt.Fprintln(stderr, "ctl-agent:", err)
-			return 1
-		case w := <-claimed:
-			signal.Stop(sig)
-			return waitWorkload(ctx, log, w, served, *socket, stderr)
+		// One channel for the agent's life: the signals it forwards are
+		// caught from boot, so none is lost in a hand-over at the claim.
+		sig := make(chan os.Signal, 8)
+		signal.Notify(sig, forwarded...)
+		for {
+			select {
+			case s := <-sig:
+				if s == syscall.SIGTERM || s == syscall.SIGINT {
+					return 0
+				}
+				// Nothing to forward to before the claim.
+			case err := <-served:
+				fmt.Fprintln(stderr, "ctl-agent:", err)
+				return 1
+			case w := <-claimed:
+				w.forwardFrom(sig)
+				return waitWorkload(ctx, log, w, served, *socket, stderr)
+			}
 		}
 	}
 	if fs.NArg() == 0 {
