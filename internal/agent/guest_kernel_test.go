@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -53,6 +54,7 @@ type guest struct {
 	id      string
 	r       *runsc.Runtime
 	c       *client.Client
+	created time.Time // when `runsc create` was called
 	started time.Time // when `runsc start` returned
 	cgroup  string    // the guest's cgroup directory (VM runs only)
 	cpu0    time.Duration
@@ -90,6 +92,7 @@ type guestOpts struct {
 	host           bool
 	env            []string // more of the agent's environment
 	noWorkload     bool     // the agent alone, no workload after "--"
+	warm           bool     // a warm pool member's agent (--warm): a claim call names the workload
 	memory         int64    // the guest's memory limit in the VM (0: 512 MiB)
 }
 
@@ -132,6 +135,9 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	if o.noWorkload {
 		bs.Args = runsc.AgentArgs(nil)
 	}
+	if o.warm {
+		bs.Args = runsc.WarmAgentArgs()
+	}
 	// The nonce as ctld leaves it: a root-only file the agent removes.
 	if err := os.WriteFile(filepath.Join(sockDir, runsc.AgentNonce), []byte(o.nonce), 0o400); err != nil {
 		t.Fatal(err)
@@ -148,6 +154,13 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	s, err := runsc.BuildSpec(bs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.warm {
+		// As runsc.Agent.Warm gives a member: for the claim's hostname.
+		c := s.Process.Capabilities
+		c.Bounding = append(c.Bounding, runsc.WarmCapability)
+		c.Effective = append(c.Effective, runsc.WarmCapability)
+		c.Permitted = append(c.Permitted, runsc.WarmCapability)
 	}
 	if o.host {
 		// --network=none: no netns to join.
@@ -175,17 +188,19 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	created := time.Now()
 	if err := r.Create(ctx, o.id, bundle); err != nil {
 		t.Fatal(err)
 	}
-	g := &guest{id: o.id, r: r, c: &client.Client{Socket: filepath.Join(sockDir, "agent.sock")}}
+	g := &guest{id: o.id, r: r, c: &client.Client{Socket: filepath.Join(sockDir, "agent.sock")}, created: created}
 	if bs.CgroupsPath != "" {
 		g.cgroup = filepath.Join(ktest.CgroupRoot, bs.CgroupsPath)
 	}
 	t.Cleanup(func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
 		defer dcancel()
-		if err := r.Delete(dctx, o.id); err != nil {
+		// A bench deletes its guests as it goes: gone is fine.
+		if err := r.Delete(dctx, o.id); err != nil && !errors.Is(err, runsc.ErrNotExist) {
 			t.Errorf("delete: %v", err)
 		}
 		if t.Failed() {

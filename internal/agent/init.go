@@ -136,13 +136,19 @@ type Workload struct {
 // group, the agent's working directory: the spec's cwd). Wait forwards
 // the termination signals the agent gets to it.
 func StartWorkload(r *Reaper, args, env []string, u wire.User) (*Workload, error) {
+	return StartWorkloadIn(r, args, env, "", u)
+}
+
+// StartWorkloadIn is StartWorkload in working directory dir ("": the
+// agent's): a warm agent's workload gets its claim's cwd this way.
+func StartWorkloadIn(r *Reaper, args, env []string, dir string, u wire.User) (*Workload, error) {
 	argv0, err := lookPath(args[0], env)
 	if err != nil {
 		return nil, err
 	}
 	w := &Workload{sigs: make(chan os.Signal, 8)}
 	w.pid, w.done, err = r.Start(argv0, args, &syscall.ProcAttr{
-		Env: env, Files: []uintptr{0, 1, 2},
+		Env: env, Dir: dir, Files: []uintptr{0, 1, 2},
 		Sys: &syscall.SysProcAttr{Credential: credential(u), Setpgid: true},
 	})
 	if err != nil {
@@ -158,7 +164,7 @@ func StartWorkload(r *Reaper, args, env []string, u wire.User) (*Workload, error
 // Reaper.Run) is off the readiness path; one of these signals that comes
 // before ends the agent, and with it the guest.
 func (w *Workload) Wait(ctx context.Context) (int, error) {
-	signal.Notify(w.sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(w.sigs, forwarded...)
 	defer signal.Stop(w.sigs)
 	for {
 		select {
@@ -177,6 +183,14 @@ func (w *Workload) Wait(ctx context.Context) (int, error) {
 		}
 	}
 }
+
+// forwarded are the signals the agent passes on to its workload.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// forwardFrom makes sigs, on which the warm agent caught the forwarded
+// signals since its boot, the workload's: a signal queued there (one that
+// came with the claim) goes to the workload when Wait starts.
+func (w *Workload) forwardFrom(sigs chan os.Signal) { w.sigs = sigs }
 
 // RunWorkload is StartWorkload then Wait.
 func RunWorkload(ctx context.Context, r *Reaper, args, env []string, u wire.User) (int, error) {

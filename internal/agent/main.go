@@ -20,13 +20,27 @@ import (
 // of their own too): flags in args, settings in env, errors to stderr.
 //
 //	ctl-agent --socket PATH --nonce-file PATH [--file-cap BYTES] [-- workload args...]
+//	ctl-agent --warm --socket PATH --nonce-file PATH [--file-cap BYTES]
+//
+// --warm boots a warm pool member's agent (claim.go): no workload until
+// one OpClaim names it.
 func Main(args, env []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ctl-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.ctl/agent.sock", "the agent's Unix socket")
 	nonceFile := fs.String("nonce-file", "", "the file the readiness nonce is read from, then removed (required)")
 	fileCap := fs.Int64("file-cap", 1<<30, "the most bytes one file read or write moves")
+	warm := fs.Bool("warm", false, "boot with no workload; the first claim call starts one")
+	hostCap := fs.Bool("hostname-cap", false, "a warm agent holding CAP_SYS_ADMIN to set the claim's hostname; dropped before the workload starts")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *hostCap && !*warm {
+		fmt.Fprintln(stderr, "ctl-agent: --hostname-cap is for a warm agent")
+		return 2
+	}
+	if *warm && fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "ctl-agent: --warm takes no workload: a claim call names it")
 		return 2
 	}
 	log := logging.New(stderr, slog.LevelInfo).With("component", "ctl-agent")
@@ -61,8 +75,49 @@ func Main(args, env []string, stderr io.Writer) int {
 	}
 	start := newStartGate()
 	srv := &Server{Nonce: cfg.Nonce, User: cfg.User, FileCap: *fileCap, Reaper: reaper, Logger: log, Started: start.wait}
+	var claimed chan *Workload
+	if *warm {
+		claimed = make(chan *Workload, 1)
+		srv.Hostnames = *hostCap
+		srv.Claim = func(_ context.Context, c Claim) error {
+			if *hostCap {
+				if err := SetHostnameAndDrop(c.Hostname); err != nil {
+					return err
+				}
+			}
+			w, err := StartWorkloadIn(reaper, c.Args, c.Env, c.Cwd, c.User)
+			if err != nil {
+				return err
+			}
+			claimed <- w // once: the server refuses a second claim
+			return nil
+		}
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, l) }()
+	if *warm {
+		start.done(nil)
+		reaper.Run()
+		// One channel for the agent's life: the signals it forwards are
+		// caught from boot, so none is lost in a hand-over at the claim.
+		sig := make(chan os.Signal, 8)
+		signal.Notify(sig, forwarded...)
+		for {
+			select {
+			case s := <-sig:
+				if s == syscall.SIGTERM || s == syscall.SIGINT {
+					return 0
+				}
+				// Nothing to forward to before the claim.
+			case err := <-served:
+				fmt.Fprintln(stderr, "ctl-agent:", err)
+				return 1
+			case w := <-claimed:
+				w.forwardFrom(sig)
+				return waitWorkload(ctx, log, w, served, *socket, stderr)
+			}
+		}
+	}
 	if fs.NArg() == 0 {
 		start.done(nil)
 		reaper.Run()
@@ -91,6 +146,12 @@ func Main(args, env []string, stderr io.Writer) int {
 		l.Close()
 		return 127
 	}
+	return waitWorkload(ctx, log, w, served, *socket, stderr)
+}
+
+// waitWorkload serves until the workload ends, then leaves its exit
+// report beside the socket and returns its code.
+func waitWorkload(ctx context.Context, log *slog.Logger, w *Workload, served <-chan error, socket string, stderr io.Writer) int {
 	go func() {
 		// Serve ends early only when its listener is gone: say so, the
 		// guest is then unreachable through its agent (the log shows it).
@@ -104,7 +165,7 @@ func Main(args, env []string, stderr io.Writer) int {
 	}
 	// The host's exit watch reads the status from here once the guest
 	// is gone (a failed write leaves it to see a crash instead).
-	if err := WriteExitReport(filepath.Dir(*socket), code); err != nil {
+	if err := WriteExitReport(filepath.Dir(socket), code); err != nil {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 	}
 	return code

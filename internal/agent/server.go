@@ -50,7 +50,18 @@ type Server struct {
 	// RequestTimeout bounds reading the first frame; 0: 10 s.
 	RequestTimeout time.Duration
 
+	// Claim, when set, makes this a warm agent (claim.go): the first
+	// OpClaim starts the claim's workload through it.
+	Claim func(ctx context.Context, c Claim) error
+	// Hostnames says the Claim hook may set a claim's hostname; without
+	// it a claim that names one is invalid.
+	Hostnames bool
+
 	readying atomic.Int32 // OpReady calls not yet answered
+
+	mu         sync.Mutex
+	claimTaken bool   // an OpClaim came (single use)
+	claim      *Claim // the claim whose workload started
 }
 
 // Drain waits, at most d, until no OpReady call is waiting for its answer:
@@ -198,11 +209,13 @@ func (s *Server) handle(ctx context.Context, nc net.Conn) {
 		c.fail(wire.CodeInvalid, "request: %v", err)
 		return
 	}
-	u := s.User
+	nonce, u := s.identity()
 	if req.User != nil {
 		u = *req.User
 	}
 	switch req.Op {
+	case wire.OpClaim:
+		s.handleClaim(ctx, c, req)
 	case wire.OpReady:
 		s.readying.Add(1)
 		defer s.readying.Add(-1)
@@ -212,7 +225,7 @@ func (s *Server) handle(ctx context.Context, nc net.Conn) {
 				return
 			}
 		}
-		c.json(wire.TResult, wire.Ready{Nonce: s.Nonce})
+		c.json(wire.TResult, wire.Ready{Nonce: nonce})
 	case wire.OpExec:
 		s.exec(ctx, c, req, u)
 	case wire.OpRead:

@@ -240,11 +240,21 @@ func (m *Manager) Create(ctx context.Context, s Spec) (err error) {
 			}
 		}
 	}()
-	files := s.Files()
+	if err := writeFiles(r, rel, s.Files()); err != nil {
+		return fmt.Errorf("create lease %s: %w", s.ID, err)
+	}
+	m.log().InfoContext(ctx, "lease created", "lease", s.ID, "dir", r.abs(rel),
+		"cpu_millis", s.CPUMillis, "memory_bytes", s.MemoryBytes, "pids", s.PIDs, "cpuset", s.Cpuset)
+	return nil
+}
+
+// writeFiles writes files into the cgroup rel in write order, then reads
+// each back and compares it as the kernel normalises it.
+func writeFiles(r *rootFS, rel string, files map[string]string) error {
 	names := sortedFiles(files)
 	for _, name := range names {
 		if err := r.write(path.Join(rel, name), files[name]); err != nil {
-			return fmt.Errorf("create lease %s: %w", s.ID, err)
+			return err
 		}
 	}
 	page := int64(os.Getpagesize())
@@ -252,17 +262,15 @@ func (m *Manager) Create(ctx context.Context, s Spec) (err error) {
 	for _, name := range names {
 		got, err := r.read(path.Join(rel, name))
 		if err != nil {
-			return fmt.Errorf("create lease %s: read back: %w", s.ID, err)
+			return fmt.Errorf("read back: %w", err)
 		}
 		if !sameValue(name, files[name], got, page) {
 			mismatch = append(mismatch, fmt.Errorf("%s: wrote %q, kernel has %q", r.abs(path.Join(rel, name)), files[name], strings.TrimSpace(got)))
 		}
 	}
 	if len(mismatch) > 0 {
-		return fmt.Errorf("create lease %s: read back: %w", s.ID, errors.Join(mismatch...))
+		return fmt.Errorf("read back: %w", errors.Join(mismatch...))
 	}
-	m.log().InfoContext(ctx, "lease created", "lease", s.ID, "dir", r.abs(rel),
-		"cpu_millis", s.CPUMillis, "memory_bytes", s.MemoryBytes, "pids", s.PIDs, "cpuset", s.Cpuset)
 	return nil
 }
 

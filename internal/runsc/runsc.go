@@ -453,7 +453,7 @@ func ExecSpec(p ExecProcess) (*specs.Process, error) {
 		Env:             env,
 		Cwd:             cwd,
 		NoNewPrivileges: true,
-		Capabilities:    capabilities(p.UID),
+		Capabilities:    capabilities(p.UID, false),
 	}, nil
 }
 

@@ -141,7 +141,17 @@ type Agent struct {
 	// argv, is readable by every guest user in /proc (the agent reads
 	// the nonce from AgentNonce and removes it).
 	Env []string
+	// Warm makes the agent a warm pool member's (issue 27): started with
+	// no workload (WarmAgentArgs; the spec's Args must be empty), and with
+	// CAP_SYS_ADMIN on top of Capabilities, for the one purpose of setting
+	// the claim's hostname; the agent drops it from every thread's
+	// bounding set before it starts the claim's workload, so no exec'd
+	// process of the guest ever holds it (not in inheritable or ambient).
+	Warm bool
 }
+
+// WarmCapability is what a warm agent holds until its claim.
+const WarmCapability = "CAP_SYS_ADMIN"
 
 // The guest's view of the agent: fixed paths, the same in every guest.
 const (
@@ -161,6 +171,13 @@ const (
 func AgentArgs(args []string) []string {
 	return append([]string{path.Join(AgentBinDir, AgentBinary), "--socket", path.Join(AgentSocketDir, AgentSocket),
 		"--nonce-file", path.Join(AgentSocketDir, AgentNonce), "--"}, args...)
+}
+
+// WarmAgentArgs is the process.args of a warm pool member: the agent
+// alone, booted with no workload (a claim call names it, issue 27).
+func WarmAgentArgs() []string {
+	return []string{path.Join(AgentBinDir, AgentBinary), "--warm", "--hostname-cap", "--socket", path.Join(AgentSocketDir, AgentSocket),
+		"--nonce-file", path.Join(AgentSocketDir, AgentNonce)}
 }
 
 // BuildSpec describes b as an OCI runtime spec. It has no effects.
@@ -188,6 +205,12 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 		// The agent drops to the workload's user itself (it is told the
 		// uid/gid in its env); it must start as root to do so.
 		args, uid, gid = AgentArgs(args), 0, 0
+		if a.Warm {
+			if len(b.Args) > 0 {
+				return nil, fmt.Errorf("build spec: a warm agent takes no workload (a claim names it), got %q", b.Args)
+			}
+			args = WarmAgentArgs()
+		}
 		env = append(env, a.Env...)
 		ms = append(ms,
 			specs.Mount{Destination: AgentBinDir, Type: "bind", Source: a.BinDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
@@ -207,7 +230,7 @@ func BuildSpec(b BundleSpec) (*specs.Spec, error) {
 			Env:             env,
 			Cwd:             cwd,
 			NoNewPrivileges: true,
-			Capabilities:    capabilities(uid),
+			Capabilities:    capabilities(uid, b.Agent != nil && b.Agent.Warm),
 			// Always explicit: absent, runsc leaves its processes with
 			// ctld's own (protective) oom_score_adj.
 			OOMScoreAdj: &oomScoreAdj,
@@ -269,7 +292,7 @@ func validate(b BundleSpec) error {
 	if b.OOMScoreAdj < 0 || b.OOMScoreAdj > 1000 {
 		errs = append(errs, fmt.Errorf("oom score adj %d: must be between 0 and 1000", b.OOMScoreAdj))
 	}
-	if len(b.Args) == 0 || b.Args[0] == "" {
+	if warm := b.Agent != nil && b.Agent.Warm; !warm && (len(b.Args) == 0 || b.Args[0] == "") {
 		errs = append(errs, errors.New("args: empty command"))
 	}
 	for _, e := range b.Env {
@@ -315,11 +338,15 @@ func hasEnv(env []string, key string) bool {
 
 // capabilities gives root the whole minimal set and any other user only the
 // bounding set, so a non-root guest holds no effective capability.
-func capabilities(uid uint32) *specs.LinuxCapabilities {
-	c := &specs.LinuxCapabilities{Bounding: append([]string(nil), Capabilities...)}
+func capabilities(uid uint32, warm bool) *specs.LinuxCapabilities {
+	caps := append([]string(nil), Capabilities...)
+	if warm {
+		caps = append(caps, WarmCapability) // the warm agent drops it at its claim
+	}
+	c := &specs.LinuxCapabilities{Bounding: caps}
 	if uid == 0 {
-		c.Effective = append([]string(nil), Capabilities...)
-		c.Permitted = append([]string(nil), Capabilities...)
+		c.Effective = append([]string(nil), caps...)
+		c.Permitted = append([]string(nil), caps...)
 	}
 	return c
 }

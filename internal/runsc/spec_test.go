@@ -343,3 +343,38 @@ func TestBuildSpecBinds(t *testing.T) {
 		t.Errorf("last mount %+v, want the volume's rw bind at /data", last)
 	}
 }
+
+// TestBuildSpecWarmAgent: a warm member's init is the agent alone
+// (--warm, no workload) with CAP_SYS_ADMIN added to root's set for the
+// claim's hostname, never inheritable or ambient; a cold agent never gets
+// it; a warm spec with a workload is refused.
+func TestBuildSpecWarmAgent(t *testing.T) {
+	b := goodBundle()
+	b.Args = nil
+	b.Agent = &Agent{BinDir: "/b", SocketDir: "/s", Env: []string{"CTL_AGENT_UID=1000"}, Warm: true}
+	s, err := BuildSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s.Process.Args, WarmAgentArgs()) || !slices.Contains(s.Process.Args, "--warm") || !slices.Contains(s.Process.Args, "--hostname-cap") {
+		t.Errorf("warm args %q", s.Process.Args)
+	}
+	c := s.Process.Capabilities
+	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted} {
+		if !slices.Contains(set, WarmCapability) {
+			t.Errorf("warm %s set %q lacks %s", name, set, WarmCapability)
+		}
+	}
+	if len(c.Inheritable) > 0 || len(c.Ambient) > 0 {
+		t.Errorf("warm inheritable %q ambient %q, want none", c.Inheritable, c.Ambient)
+	}
+	b.Agent.Warm = false
+	b.Args = []string{"sleep", "1"}
+	if s, err := BuildSpec(b); err != nil || slices.Contains(s.Process.Capabilities.Bounding, WarmCapability) {
+		t.Errorf("a cold agent's spec: %v, bounding %q", err, s.Process.Capabilities.Bounding)
+	}
+	b.Agent.Warm = true
+	if _, err := BuildSpec(b); err == nil {
+		t.Error("a warm spec with a workload was accepted")
+	}
+}

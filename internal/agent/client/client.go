@@ -286,6 +286,31 @@ func (c *Client) Ready(ctx context.Context) (string, error) {
 	return r.Nonce, nil
 }
 
+// ClaimRequest is what a warm agent's claim starts (wire.OpClaim).
+type ClaimRequest struct {
+	Nonce     string
+	User      wire.User
+	Args, Env []string
+	Cwd       string
+	Hostname  string // "": the member's boot hostname
+}
+
+// Claim starts a warm agent's workload with the claim's nonce, user,
+// args, env and cwd, and returns the nonce the agent answers with once
+// the workload started: the claim's readiness proof in one round trip.
+func (c *Client) Claim(ctx context.Context, r ClaimRequest) (string, error) {
+	var out wire.Ready
+	u := r.User
+	req := wire.Request{Op: wire.OpClaim, User: &u, Args: r.Args, Env: r.Env, Cwd: r.Cwd, Nonce: r.Nonce, Hostname: r.Hostname}
+	if err := c.result(ctx, req, &out); err != nil {
+		return "", err
+	}
+	if len(out.Nonce) == 0 || len(out.Nonce) > MaxNonce {
+		return "", c.failed(ctx, "claim", fmt.Errorf("nonce of %d bytes", len(out.Nonce)))
+	}
+	return out.Nonce, nil
+}
+
 // Stat describes a path (not following a final symlink).
 func (c *Client) Stat(ctx context.Context, path string, u *wire.User) (wire.Stat, error) {
 	var st wire.Stat

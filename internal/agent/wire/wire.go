@@ -187,6 +187,11 @@ const (
 	OpMkdir  = "mkdir"
 	OpRemove = "remove"
 	OpRename = "rename"
+	// OpClaim starts a warm agent's workload (Args, Env, Cwd, User) and
+	// gives it the claim's Nonce: once, on an agent booted ahead with no
+	// workload (a warm pool member, issue 27). Its result is a Ready with
+	// the claim's nonce, sent once the workload started.
+	OpClaim = "claim"
 )
 
 // User is who a call runs as; nil in a Request means the workload's user.
@@ -213,6 +218,9 @@ type Request struct {
 	Mode      uint32 `json:"mode,omitempty"`
 	Recursive bool   `json:"recursive,omitempty"`
 	Limit     int64  `json:"limit,omitempty"` // read/write: the most bytes the agent moves
+	// claim: the generation's readiness nonce and the guest's hostname
+	Nonce    string `json:"nonce,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
 }
 
 // Resize is a TResize payload.

@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,10 +35,16 @@ import (
 type fakeAgent struct {
 	k      *Kernel
 	id     string
-	nonce  string
 	root   string
 	l      net.Listener
 	closed sync.Once
+	// warm is an agent started with --warm (a warm pool member's): its
+	// one claim call replaces the nonce, as the real one's does.
+	warm bool
+
+	mu      sync.Mutex
+	nonce   string
+	claimed bool
 }
 
 // startAgent starts c's agent if its spec has one.
@@ -53,7 +60,7 @@ func (k *Kernel) startAgent(c *container) error {
 	if len(s.Process.Args) == 0 || s.Process.Args[0] != path.Join(runsc.AgentBinDir, runsc.AgentBinary) {
 		return nil
 	}
-	a := &fakeAgent{k: k, id: c.id, root: s.Root.Path}
+	a := &fakeAgent{k: k, id: c.id, root: s.Root.Path, warm: slices.Contains(s.Process.Args, "--warm")}
 	var sockDir string
 	for _, m := range s.Mounts {
 		if m.Destination == runsc.AgentSocketDir {
@@ -126,6 +133,36 @@ func (a *fakeAgent) handle(c net.Conn) {
 	}
 }
 
+// claim is a warm agent's one claim (agent.Server's OpClaim): it starts
+// no process here, but answers as the real one does: invalid on a cold
+// agent or without a nonce or command, exists when claimed already, and
+// the claim's nonce from then on.
+func (a *fakeAgent) claim(c net.Conn, req wire.Request) error {
+	fail := func(code, msg string) error {
+		return wire.WriteJSON(c, wire.TError, wire.Error{Code: code, Message: msg})
+	}
+	if !a.warm {
+		return fail(wire.CodeInvalid, "not a warm agent: its workload started at boot")
+	}
+	if req.Nonce == "" || len(req.Args) == 0 {
+		return fail(wire.CodeInvalid, "claim without a nonce or a command")
+	}
+	a.mu.Lock()
+	taken := a.claimed
+	a.claimed = true
+	if !taken {
+		a.nonce = req.Nonce
+	}
+	a.mu.Unlock()
+	if taken {
+		return fail(wire.CodeExists, "this warm agent was claimed already")
+	}
+	a.k.mu.Lock()
+	a.k.call("agent claim %s %q", a.id, req.Args)
+	a.k.mu.Unlock()
+	return wire.WriteJSON(c, wire.TResult, wire.Ready{Nonce: req.Nonce})
+}
+
 // rel is a guest path relative to the root.
 func rel(p string) string {
 	r := strings.TrimPrefix(path.Clean("/"+p), "/")
@@ -137,7 +174,13 @@ func rel(p string) string {
 
 func (a *fakeAgent) call(c net.Conn, req wire.Request) error {
 	if req.Op == wire.OpReady {
-		return wire.WriteJSON(c, wire.TResult, wire.Ready{Nonce: a.nonce})
+		a.mu.Lock()
+		nonce := a.nonce
+		a.mu.Unlock()
+		return wire.WriteJSON(c, wire.TResult, wire.Ready{Nonce: nonce})
+	}
+	if req.Op == wire.OpClaim {
+		return a.claim(c, req)
 	}
 	if req.Op == wire.OpExec {
 		return a.exec(c, req)

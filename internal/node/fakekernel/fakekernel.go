@@ -465,6 +465,19 @@ func (l *Leases) SetCPUMax(ctx context.Context, id string, millis int64) error {
 	})
 }
 
+// Resize gives a live lease s's limits (its cpu.max joins the history);
+// a missing lease wraps fs.ErrNotExist, an invalid spec lease.ErrInvalid.
+func (l *Leases) Resize(ctx context.Context, s lease.Spec) error {
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("resize lease: %w", err)
+	}
+	return l.with("resize lease", s.ID, true, func(k *Kernel) error {
+		k.cpuMax[s.ID] = append(k.cpuMax[s.ID], max(s.CPUMillis, s.BootCPUMillis))
+		k.call("lease resize %s %dm %dB %d pids", s.ID, s.CPUMillis, s.MemoryBytes, s.PIDs)
+		return nil
+	})
+}
+
 // CPUMaxHistory is every cpu.max the lease had, in millis, oldest first
 // (nil: no such lease).
 func (l *Leases) CPUMaxHistory(id string) []int64 {

@@ -33,6 +33,8 @@ var (
 type Leases interface {
 	Create(ctx context.Context, s lease.Spec) error
 	SetCPUMax(ctx context.Context, id string, millis int64) error
+	// Resize writes a live lease's limits (a warm member's claim).
+	Resize(ctx context.Context, s lease.Spec) error
 	Remove(ctx context.Context, id string) error
 	Kill(ctx context.Context, id string) error
 	Populated(ctx context.Context, id string) (bool, error)

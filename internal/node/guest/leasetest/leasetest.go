@@ -133,6 +133,23 @@ var cases = []struct {
 			t.Errorf("set cpu.max of no lease: %v, want fs.ErrNotExist", err)
 		}
 	}},
+	{"a populated lease resizes live, is refused invalid and on none", func(t *testing.T, ctx context.Context, s Subject) {
+		l := s.Leases
+		create(t, ctx, l, "lt-resize")
+		s.Populate(t, "lt-resize")
+		if err := l.Resize(ctx, lease.Spec{ID: "lt-resize", CPUMillis: 500, MemoryBytes: 128 << 20, PIDs: 100}); err != nil {
+			t.Errorf("resize: %v", err)
+		}
+		if pop, err := l.Populated(ctx, "lt-resize"); err != nil || !pop {
+			t.Errorf("populated after resize = %v, %v; want its process kept", pop, err)
+		}
+		if err := l.Resize(ctx, lease.Spec{ID: "lt-resize", CPUMillis: 0, MemoryBytes: 128 << 20, PIDs: 100}); !errors.Is(err, lease.ErrInvalid) {
+			t.Errorf("resize to cpu 0: %v, want lease.ErrInvalid", err)
+		}
+		if err := l.Resize(ctx, spec("lt-none")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("resize of no lease: %v, want fs.ErrNotExist", err)
+		}
+	}},
 	{"remove is idempotent and proven gone", func(t *testing.T, ctx context.Context, s Subject) {
 		l := s.Leases
 		create(t, ctx, l, "lt-rm")
