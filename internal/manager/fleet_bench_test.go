@@ -77,6 +77,10 @@ func BenchmarkPlacePostgres(b *testing.B) {
 			var next atomic.Int64
 			var mu sync.Mutex
 			var lat []time.Duration
+			var reruns0 uint64
+			for _, s := range stores {
+				reruns0 += s.Reruns()
+			}
 			b.ResetTimer()
 			began := time.Now()
 			var wg sync.WaitGroup
@@ -120,6 +124,12 @@ func BenchmarkPlacePostgres(b *testing.B) {
 				b.ReportMetric(st.rate, "creates/s")
 				b.ReportMetric(st.p50, "p50-ms")
 				b.ReportMetric(st.p99, "p99-ms")
+				var reruns uint64
+				for _, s := range stores {
+					reruns += s.Reruns()
+				}
+				// Transactions the database aborted as a conflict, per create.
+				b.ReportMetric(float64(reruns-reruns0)/float64(len(lat)), "reruns/create")
 			}
 		})
 	}
