@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -86,6 +87,15 @@ func load(n FleetNode, more NodeAlloc) float64 {
 // templateBonus lighter; ties go to the lowest node id. No fit is
 // capacity_exhausted, saying why each node was passed over.
 func choose(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) (FleetNode, error) {
+	fits, err := fitting(nodes, want, rf, now)
+	if err != nil {
+		return FleetNode{}, err
+	}
+	return fits[0], nil
+}
+
+// fitting is every node choose may pick, best first.
+func fitting(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) ([]FleetNode, error) {
 	mode := rf.Mode
 	if mode == "" {
 		mode = api.RootFSOverlay
@@ -116,7 +126,7 @@ func choose(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) (Fl
 		if len(nodes) == 0 {
 			why = append(why, "no node is registered")
 		}
-		return FleetNode{}, errdefs.Errorf(errdefs.CodeCapacityExhausted, "no node can take the claim (%d cpu millis, %d memory bytes, %d disk bytes, %s %s): %s",
+		return nil, errdefs.Errorf(errdefs.CodeCapacityExhausted, "no node can take the claim (%d cpu millis, %d memory bytes, %d disk bytes, %s %s): %s",
 			want.CPUMillis, want.MemoryBytes, want.DiskBytes, mode, rf.Template, strings.Join(why, "; "))
 	}
 	score := func(n FleetNode) float64 {
@@ -133,7 +143,7 @@ func choose(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) (Fl
 		}
 		return fits[i].NodeID < fits[j].NodeID
 	})
-	return fits[0], nil
+	return fits, nil
 }
 
 // Place chooses a node for the create and records, in one transaction,
@@ -211,17 +221,29 @@ func (s *Store) placeTx(ctx context.Context, tx *sql.Tx, in PlaceIntent, request
 	if err != nil {
 		return Placement{}, fmt.Errorf("record operation %s: %w", in.OperationID, err)
 	}
-	n, err := s.reserveNode(ctx, tx, want, in.Spec.RootFS, now)
+	// The rows that name the node are written for each candidate before
+	// its row is locked: the lock is held only for the check, the sum's
+	// update and the commit.
+	recorded := ""
+	record := func(nodeID string) error {
+		if nodeID == recorded {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = ?, reason = ? WHERE id = ?`,
+			api.StateClaiming, gen, nodeID, reason, in.SandboxID); err != nil {
+			return fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (sandbox_id, generation, node_id, cpu_millis, memory_bytes, disk_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (sandbox_id, generation) DO UPDATE SET node_id = excluded.node_id`,
+			in.SandboxID, gen, nodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
+			return fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, nodeID, err)
+		}
+		recorded = nodeID
+		return nil
+	}
+	n, err := s.reserveNode(ctx, tx, want, in.Spec.RootFS, now, record)
 	if err != nil {
 		return Placement{}, err
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = ?, reason = ? WHERE id = ?`,
-		api.StateClaiming, gen, n.NodeID, reason, in.SandboxID); err != nil {
-		return Placement{}, fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (sandbox_id, generation, node_id, cpu_millis, memory_bytes, disk_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		in.SandboxID, gen, n.NodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
-		return Placement{}, fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, n.NodeID, err)
 	}
 	return Placement{NodeID: n.NodeID, Operation: op}, nil
 }
@@ -238,7 +260,7 @@ var errNoFree = errors.New("no free node fits")
 // placement has locked is passed over too while another node fits, so
 // concurrent placements spread instead of queueing on the least loaded
 // node; only when every fitting node is locked does it wait for one.
-func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf api.RootFS, now time.Time) (FleetNode, error) {
+func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf api.RootFS, now time.Time, record func(nodeID string) error) (FleetNode, error) {
 	nodes, err := collect(ctx, tx, scanFleetNode, fleetSelect+` AND n.state = 'ready' ORDER BY n.node_id`)
 	if err != nil {
 		return FleetNode{}, fmt.Errorf("list nodes: %w", err)
@@ -246,8 +268,8 @@ func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf 
 	busy := map[string]bool{} // locked by another placement: tried last
 	for {
 		// The best node no other placement holds, locked if still free;
-		// when every fitting node is held (or the database cannot skip
-		// locked rows), the best of all, waiting for its lock.
+		// when every fitting node is held, any of them, waiting for its
+		// lock (SQLite, which holds the database, takes the best).
 		n, err := FleetNode{}, errNoFree
 		lock := s.dialect.skipLocked
 		if lock != "" {
@@ -260,10 +282,20 @@ func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf 
 			n, err = choose(free, want, rf, now)
 		}
 		if err != nil {
-			if n, err = choose(nodes, want, rf, now); err != nil {
+			fits, err := fitting(nodes, want, rf, now)
+			if err != nil {
 				return FleetNode{}, err
 			}
-			lock = s.dialect.forUpdate
+			// Waiting: on any fitting node, not all on the best one (a
+			// queue there would serve one placement at a time while the
+			// other nodes' rows come free).
+			n, lock = fits[0], s.dialect.forUpdate
+			if len(busy) > 0 {
+				n = fits[rand.IntN(len(fits))]
+			}
+		}
+		if err := record(n.NodeID); err != nil {
+			return FleetNode{}, err
 		}
 		fresh, err := scanFleetNode(tx.QueryRowContext(ctx, fleetSelect+` AND n.node_id = ?`+lock, n.NodeID))
 		switch {
