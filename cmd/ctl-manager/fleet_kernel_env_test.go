@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -195,10 +196,13 @@ func (f *kernelFleet) checkRunsWhereRecorded(ctx context.Context, id string) err
 }
 
 // retrying calls fn until it succeeds, fn's error is not retryable
-// (retry reports which are), or the deadline passes.
+// (retry reports which are), or the deadline passes; it waits between
+// calls as the service's Retry-After says (at least 1 s), backing off
+// and jittered: a full fleet refuses many creates at once, and under
+// emulation every refused call costs the guests' CPU.
 func retrying(ctx context.Context, limit time.Duration, retry func(error) bool, fn func() error) error {
 	deadline := time.Now().Add(limit)
-	for {
+	for attempt := 0; ; {
 		err := fn()
 		if err == nil || !retry(err) {
 			return err
@@ -206,10 +210,19 @@ func retrying(ctx context.Context, limit time.Duration, retry func(error) bool, 
 		if time.Now().After(deadline) {
 			return fmt.Errorf("still failing after %v: %w", limit, err)
 		}
+		wait := time.Second
+		var ce *client.Error
+		if errors.As(err, &ce) && ce.RetryAfter > wait {
+			wait = ce.RetryAfter
+		}
+		// Growing to 8 s while it keeps failing, jittered.
+		wait = min(wait<<min(attempt, 3), 8*time.Second)
+		attempt++
+		wait += time.Duration(rand.Int64N(int64(wait)))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(wait):
 		}
 	}
 }
