@@ -18,6 +18,10 @@ import (
 	"github.com/ctld/ctld/internal/manager"
 )
 
+// errAnswered marks a call the service answered for good (retrying it
+// replays the same answer).
+var errAnswered = errors.New("answered")
+
 // TestKernelFleetScale: issue 24's scale scenarios on one PostgreSQL, two
 // `serve --fleet` replicas and three nodes (isolated real ctlds with
 // their node processes, each taking at most 2 sandboxes), real guests:
@@ -155,7 +159,7 @@ func TestKernelFleetScale(t *testing.T) {
 			if strings.HasPrefix(cl.key, "k-create") {
 				sb, err := c.Create(ctx, req, client.IdempotencyKey(cl.key))
 				if err == nil && sb.State != client.StateReady {
-					err = fmt.Errorf("create answered %+v", sb)
+					err = fmt.Errorf("%w: create answered %+v", errAnswered, sb)
 				}
 				if err == nil {
 					cl.id = sb.ID
@@ -194,7 +198,7 @@ func TestKernelFleetScale(t *testing.T) {
 			// Retried through replica 1 with the same key: a conflict
 			// (retry later) while replica 0's lease runs out, then the
 			// call's one outcome.
-			if err := retrying(ctx, 5*time.Minute, func(error) bool { return true }, func() error { return do(b, cl) }); err != nil {
+			if err := retrying(ctx, 5*time.Minute, func(err error) bool { return !errors.Is(err, errAnswered) }, func() error { return do(b, cl) }); err != nil {
 				t.Fatalf("%s through replica 1: %v", cl.key, err)
 			}
 		}
@@ -294,13 +298,42 @@ func TestKernelFleetScale(t *testing.T) {
 				}
 			}()
 		}
-		// Under load: the database goes away for 3 s, then comes back.
+		// Under load: the database goes away for 5 s, then comes back. A
+		// create sent while it is away is refused unavailable with a
+		// Retry-After hint (its key is free again) and made on a retry.
 		time.Sleep(5 * time.Second)
 		f.srv.Stop(t)
 		down := time.Now()
-		time.Sleep(3 * time.Second)
+		probe := make(chan error, 1)
+		go func() {
+			first := true
+			var sb client.Sandbox
+			err := retrying(ctx, 5*time.Minute, func(err error) bool {
+				var ce *client.Error
+				if first && (!errors.As(err, &ce) || ce.Code != client.CodeUnavailable || ce.RetryAfter <= 0) {
+					return false
+				}
+				first = false
+				return retryable(err)
+			}, func() (err error) { sb, err = c.Create(ctx, req, client.IdempotencyKey("db-probe")); return err })
+			switch {
+			case err != nil:
+			case first:
+				err = fmt.Errorf("the create sent with the database down answered %+v", sb)
+			default:
+				ids.Store(sb.ID, true)
+				if err = destroyed(c.Destroy(ctx, sb.ID)); err == nil {
+					ids.Store(sb.ID, false)
+				}
+			}
+			probe <- err
+		}()
+		time.Sleep(5 * time.Second)
 		f.srv.Restart(t)
 		t.Logf("database down %v", time.Since(down).Round(time.Millisecond))
+		if err := <-probe; err != nil {
+			t.Errorf("create sent while the database was down: %v", err)
+		}
 		time.Sleep(10 * time.Second)
 		close(stopAt)
 		wg.Wait()
