@@ -13,7 +13,10 @@
  *    is passed over for another the read said fits (BUG_NO_RECHECK: the
  *    read trusted, as a READ COMMITTED placement without the lock would).
  *    Which fitting node is tried is left open (the code takes the least
- *    loaded, or the next when another placement holds that one's row).
+ *    loaded, or another when other placements hold that one's row). The
+ *    rows that name the candidate (sandbox, reservation) are written
+ *    before its row is locked, but no one sees them before the commit, so
+ *    they belong to the last step.
  *      Place/placeTx/reserveNode (placement.go), FinishPlacedClaim + holdsTx and
  *      PublishPlacedHead + publishHeadTx (takeover.go, store.go),
  *      RequestRelease/beginReleaseTx, FinishPlacedRelease and
