@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -18,13 +19,23 @@ import (
 
 // Placement (issue 24): a create chooses a node and reserves its capacity
 // in the one transaction that records the sandbox, its generation and the
-// pending claim, so no two managers can overcommit a node whatever the
-// interleaving (SQLite runs write transactions one at a time; PostgreSQL
-// runs them SERIALIZABLE and reruns the loser). The node process of the
-// chosen node takes the pending claim (NodeWork) and drives its ctld. The
-// reservation comes back only by a release whose cleanup proof verifies
-// against the node's pinned key and is clean (FinishPlacedRelease), or by
-// a claim the node refused (FailPlacedClaim: nothing was leased).
+// pending claim. The choice is made from a plain read of the nodes; then
+// the chosen node's row is locked and the choice checked again on it as
+// committed now (state, heartbeat, root mode, template, room), and only
+// then is its reserved sum raised; a node that no longer fits is passed
+// over for the next. So no two managers can overcommit a node whatever
+// the interleaving, and placements on different nodes never wait for or
+// abort each other: on PostgreSQL the transaction runs READ COMMITTED
+// with those row locks (SERIALIZABLE, which every other transaction
+// runs, aborted one of two concurrent placements: each read every node
+// row the other wrote), and a node row another placement holds is skipped
+// for the next best while there is one; SQLite runs write transactions
+// one at a time. test/model/fleet.pml models this protocol. The node
+// process of the chosen node takes the pending claim (NodeWork) and
+// drives its ctld. The reservation comes back only by a release whose
+// cleanup proof verifies against the node's pinned key and is clean
+// (FinishPlacedRelease), or by a claim the node refused (FailPlacedClaim:
+// nothing was leased).
 
 // templateBonus is how much lighter a node that holds the claim's
 // template looks to placement: it wins unless it is that much (a quarter
@@ -76,6 +87,15 @@ func load(n FleetNode, more NodeAlloc) float64 {
 // templateBonus lighter; ties go to the lowest node id. No fit is
 // capacity_exhausted, saying why each node was passed over.
 func choose(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) (FleetNode, error) {
+	fits, err := fitting(nodes, want, rf, now)
+	if err != nil {
+		return FleetNode{}, err
+	}
+	return fits[0], nil
+}
+
+// fitting is every node choose may pick, best first.
+func fitting(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) ([]FleetNode, error) {
 	mode := rf.Mode
 	if mode == "" {
 		mode = api.RootFSOverlay
@@ -106,7 +126,7 @@ func choose(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) (Fl
 		if len(nodes) == 0 {
 			why = append(why, "no node is registered")
 		}
-		return FleetNode{}, errdefs.Errorf(errdefs.CodeCapacityExhausted, "no node can take the claim (%d cpu millis, %d memory bytes, %d disk bytes, %s %s): %s",
+		return nil, errdefs.Errorf(errdefs.CodeCapacityExhausted, "no node can take the claim (%d cpu millis, %d memory bytes, %d disk bytes, %s %s): %s",
 			want.CPUMillis, want.MemoryBytes, want.DiskBytes, mode, rf.Template, strings.Join(why, "; "))
 	}
 	score := func(n FleetNode) float64 {
@@ -123,7 +143,7 @@ func choose(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) (Fl
 		}
 		return fits[i].NodeID < fits[j].NodeID
 	})
-	return fits[0], nil
+	return fits, nil
 }
 
 // Place chooses a node for the create and records, in one transaction,
@@ -137,27 +157,37 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 		return Placement{}, fmt.Errorf("encode the claim of %s: %w", in.SandboxID, err)
 	}
 	var out Placement
-	err = s.tx(ctx, func(tx *sql.Tx) error {
+	err = s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) error {
 		out = Placement{}
-		pending, ok, err := pendingOp(ctx, tx, in.SandboxID, KindClaim)
+		// The sandbox's row first, made if new, then locked: creates of
+		// one sandbox (a client's retry, two replicas) run one after the
+		// other from here, each seeing what the one before committed.
+		res, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation) VALUES (?, ?, ?, 0) ON CONFLICT (id) DO NOTHING`,
+			in.SandboxID, ts(s.now()), api.StateClaiming)
 		if err != nil {
-			return err
+			return fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
 		}
-		if ok {
-			sb, err := sandboxTx(ctx, tx, in.SandboxID)
-			out = Placement{NodeID: sb.NodeID, Operation: pending, Reused: true}
-			return err
+		made, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
 		}
-		sb, err := sandboxTx(ctx, tx, in.SandboxID)
-		exists := err == nil
+		sb, err := scanSandbox(tx.QueryRowContext(ctx, sandboxSelect+` WHERE id = ?`+s.dialect.forUpdate, in.SandboxID))
+		if err != nil {
+			return fmt.Errorf("lock sandbox %s: %w", in.SandboxID, err)
+		}
+		pending, ok, err := pendingOp(ctx, tx, in.SandboxID, KindClaim)
 		switch {
-		case errdefs.CodeOf(err) == errdefs.CodeNotFound:
 		case err != nil:
 			return err
-		case live(sb.State):
+		case ok && made == 1:
+			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s has a pending claim %s but no record", in.SandboxID, pending.OperationID)
+		case ok:
+			out = Placement{NodeID: sb.NodeID, Operation: pending, Reused: true}
+			return nil
+		case made == 0 && live(sb.State):
 			return errdefs.Errorf(errdefs.CodeConflict, "sandbox %s is %s (generation %d); destroy it first", sb.ID, sb.State, sb.Generation)
 		}
-		out, err = s.placeTx(ctx, tx, in, request, sb, exists, "")
+		out, err = s.placeTx(ctx, tx, in, request, sb, "")
 		return err
 	})
 	if err == nil && !out.Reused {
@@ -169,28 +199,16 @@ func (s *Store) Place(ctx context.Context, in PlaceIntent) (Placement, error) {
 	return out, err
 }
 
-// placeTx chooses a node for in (sb: the sandbox as recorded, if exists)
-// and records the next generation on it, its pending claim (request) and
-// its reservation; reason is recorded on the sandbox.
-func (s *Store) placeTx(ctx context.Context, tx *sql.Tx, in PlaceIntent, request []byte, sb SandboxRecord, exists bool, reason string) (Placement, error) {
+// placeTx chooses a node for in (sb: the sandbox's row, locked) and
+// records the next generation on it, its pending claim (request) and its
+// reservation; reason is recorded on the sandbox.
+func (s *Store) placeTx(ctx context.Context, tx *sql.Tx, in PlaceIntent, request []byte, sb SandboxRecord, reason string) (Placement, error) {
 	want := need(in.Spec.Resources)
 	now := s.now()
-	nodes, err := collect(ctx, tx, scanFleetNode, fleetSelect+` AND n.state = 'ready' ORDER BY n.node_id`)
-	if err != nil {
-		return Placement{}, fmt.Errorf("list nodes: %w", err)
-	}
-	n, err := choose(nodes, want, in.Spec.RootFS, now)
-	if err != nil {
-		return Placement{}, err
-	}
 	at := ts(now)
-	if !exists {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (id, created_at, state, generation, node_id) VALUES (?, ?, ?, 0, ?)`,
-			in.SandboxID, at, api.StateClaiming, n.NodeID); err != nil {
-			return Placement{}, fmt.Errorf("record sandbox %s: %w", in.SandboxID, err)
-		}
-	}
 	gen := sb.Generation + 1
+	// What does not name the node first: the node's row is locked from
+	// reserveNode to the commit, and every placement on it waits for it.
 	res, _ := json.Marshal(in.Spec.Resources)
 	rootfs, _ := json.Marshal(in.Spec.RootFS)
 	network, _ := json.Marshal(in.Spec.Network)
@@ -198,23 +216,113 @@ func (s *Store) placeTx(ctx context.Context, tx *sql.Tx, in PlaceIntent, request
 		in.SandboxID, gen, api.StateClaiming, string(res), string(rootfs), string(network), at); err != nil {
 		return Placement{}, fmt.Errorf("record generation %s/%d: %w", in.SandboxID, gen, err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = ?, reason = ? WHERE id = ?`,
-		api.StateClaiming, gen, n.NodeID, reason, in.SandboxID); err != nil {
-		return Placement{}, fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'claim', ?, ?, 'pending', ?, ?)`,
-		in.OperationID, in.SandboxID, gen, string(request), at); err != nil {
+	op, err := scanOperation(tx.QueryRowContext(ctx, `INSERT INTO operations (operation_id, kind, sandbox_id, generation, state, request, created_at) VALUES (?, 'claim', ?, ?, 'pending', ?, ?)
+		RETURNING `+operationColumns, in.OperationID, in.SandboxID, gen, string(request), at))
+	if err != nil {
 		return Placement{}, fmt.Errorf("record operation %s: %w", in.OperationID, err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (sandbox_id, generation, node_id, cpu_millis, memory_bytes, disk_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		in.SandboxID, gen, n.NodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
-		return Placement{}, fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, n.NodeID, err)
+	// The rows that name the node are written for each candidate before
+	// its row is locked: the lock is held only for the check, the sum's
+	// update and the commit.
+	recorded := ""
+	record := func(nodeID string) error {
+		if nodeID == recorded {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, generation = ?, node_id = ?, reason = ? WHERE id = ?`,
+			api.StateClaiming, gen, nodeID, reason, in.SandboxID); err != nil {
+			return fmt.Errorf("update sandbox %s: %w", in.SandboxID, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (sandbox_id, generation, node_id, cpu_millis, memory_bytes, disk_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (sandbox_id, generation) DO UPDATE SET node_id = excluded.node_id`,
+			in.SandboxID, gen, nodeID, want.CPUMillis, want.MemoryBytes, want.DiskBytes, at); err != nil {
+			return fmt.Errorf("reserve capacity of %s/%d on node %s: %w", in.SandboxID, gen, nodeID, err)
+		}
+		recorded = nodeID
+		return nil
 	}
-	if err := addReserved(ctx, tx, n.NodeID, want); err != nil {
+	n, err := s.reserveNode(ctx, tx, want, in.Spec.RootFS, now, record)
+	if err != nil {
 		return Placement{}, err
 	}
-	op, err := scanOperation(tx.QueryRowContext(ctx, operationSelect+` WHERE operation_id = ?`, in.OperationID))
-	return Placement{NodeID: n.NodeID, Operation: op}, err
+	return Placement{NodeID: n.NodeID, Operation: op}, nil
+}
+
+// errNoFree: no node fits that another placement does not hold.
+var errNoFree = errors.New("no free node fits")
+
+// reserveNode chooses the node for a claim of want (rf: its root) and
+// adds want to that node's reserved sum. The choice is made from a plain
+// read of the ready nodes, then checked again on the chosen node's row
+// locked (as committed now): a node that no longer fits (filled or
+// cordoned meanwhile) is passed over for the next choice, with the reason
+// the row gave. Where the database can (PostgreSQL), a node row another
+// placement has locked is passed over too while another node fits, so
+// concurrent placements spread instead of queueing on the least loaded
+// node; only when every fitting node is locked does it wait for one.
+func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf api.RootFS, now time.Time, record func(nodeID string) error) (FleetNode, error) {
+	nodes, err := collect(ctx, tx, scanFleetNode, fleetSelect+` AND n.state = 'ready' ORDER BY n.node_id`)
+	if err != nil {
+		return FleetNode{}, fmt.Errorf("list nodes: %w", err)
+	}
+	busy := map[string]bool{} // locked by another placement: tried last
+	for {
+		// The best node no other placement holds, locked if still free;
+		// when every fitting node is held, any of them, waiting for its
+		// lock (SQLite, which holds the database, takes the best).
+		n, err := FleetNode{}, errNoFree
+		lock := s.dialect.skipLocked
+		if lock != "" {
+			var free []FleetNode
+			for _, n := range nodes {
+				if !busy[n.NodeID] {
+					free = append(free, n)
+				}
+			}
+			n, err = choose(free, want, rf, now)
+		}
+		if err != nil {
+			fits, err := fitting(nodes, want, rf, now)
+			if err != nil {
+				return FleetNode{}, err
+			}
+			// Waiting: on any fitting node, not all on the best one (a
+			// queue there would serve one placement at a time while the
+			// other nodes' rows come free).
+			n, lock = fits[0], s.dialect.forUpdate
+			if len(busy) > 0 {
+				n = fits[rand.IntN(len(fits))]
+			}
+		}
+		if err := record(n.NodeID); err != nil {
+			return FleetNode{}, err
+		}
+		fresh, err := scanFleetNode(tx.QueryRowContext(ctx, fleetSelect+` AND n.node_id = ?`+lock, n.NodeID))
+		switch {
+		case errdefs.CodeOf(err) == errdefs.CodeNotFound && lock != s.dialect.forUpdate:
+			busy[n.NodeID] = true // another placement holds it (or it is gone)
+			continue
+		case errdefs.CodeOf(err) == errdefs.CodeNotFound:
+			fresh = n
+			fresh.State = "unregistered"
+		case err != nil:
+			return FleetNode{}, fmt.Errorf("lock node %s: %w", n.NodeID, err)
+		}
+		if _, err := choose([]FleetNode{fresh}, want, rf, now); err != nil {
+			// The row as committed now does not fit: choose again, with it.
+			for i := range nodes {
+				if nodes[i].NodeID == fresh.NodeID {
+					nodes[i] = fresh
+				}
+			}
+			delete(busy, fresh.NodeID)
+			continue
+		}
+		if err := addReserved(ctx, tx, fresh.NodeID, want); err != nil {
+			return FleetNode{}, err
+		}
+		return fresh, nil
+	}
 }
 
 // maxNodeWork bounds one NodeWork answer; the node process asks again.

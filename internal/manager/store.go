@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
@@ -154,7 +155,15 @@ type Store struct {
 	db      *sql.DB
 	now     func() time.Time
 	dialect dialect
+	// reruns counts transactions the database aborted as a conflict and
+	// this store ran again (Reruns).
+	reruns atomic.Uint64
 }
+
+// Reruns is how many times this store ran a transaction again because the
+// database aborted it as a serialization conflict or deadlock: the cost
+// of contention between concurrent callers (replicas, requests).
+func (s *Store) Reruns() uint64 { return s.reruns.Load() }
 
 // dialect is what differs between the two backends.
 type dialect struct {
@@ -165,6 +174,14 @@ type dialect struct {
 	// txOpts for every transaction: nil on SQLite, whose IMMEDIATE
 	// transactions run one at a time already.
 	txOpts *sql.TxOptions
+	// lockingTxOpts for a transaction that takes row locks for what it
+	// decides on (Place: placement.go) instead of relying on txOpts:
+	// PostgreSQL's READ COMMITTED, whose statements see the newest commits
+	// and do not abort on a concurrent write to a row they read.
+	lockingTxOpts *sql.TxOptions
+	// forUpdate and skipLocked end a SELECT that locks the rows it reads
+	// ("" on SQLite, where the write transaction holds the database).
+	forUpdate, skipLocked string
 	// retryable reports a transaction the database aborted to keep the
 	// transactions serializable: it is run again (maxTxAttempts in all).
 	retryable func(error) bool
@@ -257,19 +274,25 @@ const maxTxAttempts = 50
 // aborts it as a serialization conflict: fn must only assign what it
 // returns, so a rerun replaces a failed run's results.
 func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	err := s.txRetried(ctx, fn)
+	return s.txWith(ctx, s.dialect.txOpts, fn)
+}
+
+// txWith is tx with the transaction's options (isolation) opts.
+func (s *Store) txWith(ctx context.Context, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	err := s.txRetried(ctx, opts, fn)
 	if err != nil && s.dialect.classify != nil {
 		err = s.dialect.classify(err)
 	}
 	return err
 }
 
-func (s *Store) txRetried(ctx context.Context, fn func(*sql.Tx) error) error {
+func (s *Store) txRetried(ctx context.Context, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		err := s.tx1(ctx, fn)
+		err := s.tx1(ctx, opts, fn)
 		if err == nil || s.dialect.retryable == nil || !s.dialect.retryable(err) {
 			return err
 		}
+		s.reruns.Add(1)
 		if attempt == maxTxAttempts {
 			// Contention, not a fault: the caller may try again.
 			return errdefs.Busy(time.Second, "run transaction: still conflicting after %d attempts: %w", attempt, err)
@@ -285,8 +308,8 @@ func (s *Store) txRetried(ctx context.Context, fn func(*sql.Tx) error) error {
 	}
 }
 
-func (s *Store) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, s.dialect.txOpts)
+func (s *Store) tx1(ctx context.Context, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
@@ -573,7 +596,9 @@ func (s *Store) Generations(ctx context.Context, id string) ([]GenerationRecord,
 	return out, nil
 }
 
-const operationSelect = `SELECT operation_id, kind, sandbox_id, generation, state, request, error, created_at, finished_at FROM operations`
+const operationColumns = `operation_id, kind, sandbox_id, generation, state, request, error, created_at, finished_at`
+
+const operationSelect = `SELECT ` + operationColumns + ` FROM operations`
 
 func scanOperation(row rowScanner) (OperationRecord, error) {
 	var r OperationRecord

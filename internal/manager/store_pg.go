@@ -35,6 +35,9 @@ import (
 //     (a quota reservation, the next generation, a head's compare and
 //     swap) behaves as if the transactions ran one at a time, and a
 //     transaction PostgreSQL aborts to keep that is run again (Store.tx).
+//     Place alone runs READ COMMITTED and locks the rows it decides on
+//     (the sandbox's, the chosen node's: placement.go), so concurrent
+//     placements on different nodes neither wait for nor abort each other.
 
 // IsPostgresURL reports whether db names a PostgreSQL database (a
 // postgres:// or postgresql:// URL) rather than a SQLite file.
@@ -64,12 +67,15 @@ const pgMigrationLock = 0x63746c6d // "ctlm"
 const pgIdleInTxTimeout = 10 * time.Second
 
 var pgDialect = dialect{
-	name:      "postgres",
-	migrate:   migratePostgres,
-	version:   postgresVersion,
-	txOpts:    &sql.TxOptions{Isolation: sql.LevelSerializable},
-	retryable: serializationFailure,
-	classify:  pgLost,
+	name:          "postgres",
+	migrate:       migratePostgres,
+	version:       postgresVersion,
+	txOpts:        &sql.TxOptions{Isolation: sql.LevelSerializable},
+	lockingTxOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+	forUpdate:     " FOR NO KEY UPDATE",
+	skipLocked:    " FOR NO KEY UPDATE SKIP LOCKED",
+	retryable:     serializationFailure,
+	classify:      pgLost,
 }
 
 // OpenPostgres opens the PostgreSQL database at dsn (a postgres:// URL)

@@ -115,7 +115,7 @@ func (s *Store) takeOver(ctx context.Context, id, opID string) (Takeover, error)
 		if _, err := tx.ExecContext(ctx, `UPDATE generations SET ended_at = ? WHERE sandbox_id = ? AND generation = ?`, now, id, sb.Generation); err != nil {
 			return fmt.Errorf("end generation %s/%d: %w", id, sb.Generation, err)
 		}
-		pl, err := s.placeTx(ctx, tx, PlaceIntent{SandboxID: id, OperationID: opID, Spec: spec}, request, sb, true, reason)
+		pl, err := s.placeTx(ctx, tx, PlaceIntent{SandboxID: id, OperationID: opID, Spec: spec}, request, sb, reason)
 		if err != nil {
 			return err
 		}

@@ -5,11 +5,19 @@
  * What is modelled, and where it lives in the code:
  *  - The database (internal/manager): each transaction is one atomic step
  *    (PostgreSQL runs them SERIALIZABLE: they commit as if one at a time),
- *    except Place, whose read of the nodes and whose writes are two steps
- *    with the serialization check between them (a concurrent commit to a
- *    node row it read aborts it and it is run again: txRetried), so the
- *    model also shows what that isolation buys (BUG_READ_COMMITTED).
- *      Place/placeTx (placement.go), FinishPlacedClaim + holdsTx and
+ *    except Place, which runs READ COMMITTED with row locks: a plain read
+ *    of the nodes (one step), then, per node tried, the lock of its row,
+ *    the check again on the row as committed now, and if it fits the
+ *    writes and the commit (one step: the row stays locked to the commit,
+ *    and no reader sees the writes before it); a node that no longer fits
+ *    is passed over for another the read said fits (BUG_NO_RECHECK: the
+ *    read trusted, as a READ COMMITTED placement without the lock would).
+ *    Which fitting node is tried is left open (the code takes the least
+ *    loaded, or another when other placements hold that one's row). The
+ *    rows that name the candidate (sandbox, reservation) are written
+ *    before its row is locked, but no one sees them before the commit, so
+ *    they belong to the last step.
+ *      Place/placeTx/reserveNode (placement.go), FinishPlacedClaim + holdsTx and
  *      PublishPlacedHead + publishHeadTx (takeover.go, store.go),
  *      RequestRelease/beginReleaseTx, FinishPlacedRelease and
  *      returnReservation (placement.go, store.go), MarkLostNodes/loseNodeTx
@@ -53,7 +61,8 @@
  * orphan no one will release, or a sandbox lost for good while it runs).
  *
  * Bug variants (each must fail; model_test.go checks that they do):
- *  BUG_READ_COMMITTED  Place without the serialization check.
+ *  BUG_NO_RECHECK      Place reserving on the node its plain read chose,
+ *                      without checking the locked row again.
  *  BUG_NO_FENCE        PublishPlacedHead without holdsTx and without the
  *                      head's writer epoch check (seq only).
  *  BUG_NO_HOLDS + BUG_TAKEOVER_NO_ROW  the epoch CAS alone, as the
@@ -102,7 +111,6 @@
 byte cap[NN];		/* alloc_sandboxes */
 byte reserved[NN];	/* reserved_sandboxes: the sum placement reads */
 byte nstate[NN];
-byte nver[NN];		/* bumped by every write to the node's row (for Place's check) */
 
 bool block[NS];		/* root mode block (else overlay) */
 byte sstate[NS];
@@ -159,8 +167,7 @@ inline reserve(s, g, n, from) {
 	claimop[IX(s, g)] = O_PEND;
 	rnode[IX(s, g)] = n; ractive[IX(s, g)] = true;
 	base[IX(s, g)] = from;
-	reserved[n]++;
-	nver[n]++
+	reserved[n]++
 }
 
 /* returnReservation: ends s/g's reservation if still active. */
@@ -168,8 +175,7 @@ inline giveBack(s, g) {
 	if
 	:: ractive[IX(s, g)] ->
 		ractive[IX(s, g)] = false;
-		reserved[rnode[IX(s, g)]]--;
-		nver[rnode[IX(s, g)]]++
+		reserved[rnode[IX(s, g)]]--
 	:: else -> skip
 	fi
 }
@@ -308,38 +314,46 @@ active proctype quiescent() {
 /* A replica's client: a create of sandbox s (Place), then perhaps its
  * destroy (RequestRelease); then the same for sandbox next (NONE: none). */
 proctype client(byte s; byte next) {
-	byte snap[NN];
+	byte seen[NN];	/* the plain read: each ready node's reserved sum (NONE: not ready, or passed over) */
 	byte n;
-	bool retry;
+	bool ok;
 place:
-	atomic {	/* the transaction's reads */
-		hi = 0;
-		do :: hi < NN -> snap[hi] = nver[hi]; hi++ :: else -> break od;
-		choose(n)
-	}
-	atomic {	/* its writes and commit */
-		retry = false;
-#ifndef BUG_READ_COMMITTED
+	atomic {	/* reserveNode's plain read of the ready nodes */
 		hi = 0;
 		do
-		:: hi < NN -> if :: snap[hi] != nver[hi] -> retry = true :: else -> skip fi; hi++
+		:: hi < NN -> if :: nstate[hi] == N_READY -> seen[hi] = reserved[hi] :: else -> seen[hi] = NONE fi; hi++
 		:: else -> break
-		od;
-#endif
+		od
+	}
+try:
+	atomic {	/* a node the read says fits; its row locked, checked again as committed now; the writes and the commit */
 		if
-		:: retry -> skip	/* serialization failure: run it again */
-		:: !retry && n == NONE -> skip	/* capacity_exhausted */
-		:: !retry && n != NONE ->
-			reserve(s, 1, n, 0);
-			printf("MSC: place %d/1 on node %d\n", s, n);
-			assert(reserved[n] <= cap[n])	/* never overcommitted */
+		:: seen[0] != NONE && seen[0] + 1 <= cap[0] -> n = 0
+		:: seen[1] != NONE && seen[1] + 1 <= cap[1] -> n = 1
+		:: else -> n = NONE	/* capacity_exhausted */
 		fi;
-		hi = 0;
-		do :: hi < NN -> snap[hi] = 0; hi++ :: else -> break od
+		ok = false;
+		if
+		:: n != NONE ->
+#ifdef BUG_NO_RECHECK
+			ok = true;
+#else
+			ok = nstate[n] == N_READY && reserved[n] + 1 <= cap[n];
+#endif
+			if
+			:: ok ->
+				reserve(s, 1, n, 0);
+				printf("MSC: place %d/1 on node %d\n", s, n);
+				assert(reserved[n] <= cap[n])	/* never overcommitted */
+			:: else -> seen[n] = NONE	/* passed over: try another */
+			fi
+		:: else -> skip
+		fi;
+		if :: ok || n == NONE -> seen[0] = 0; seen[1] = 0 :: else -> skip fi
 	}
 	if
-	:: retry -> goto place
-	:: !retry && n == NONE -> goto end
+	:: n == NONE -> goto end
+	:: !ok -> goto try
 	:: else -> skip
 	fi;
 	/* The destroy, or none. beginReleaseTx: refused while a claim is
@@ -480,7 +494,6 @@ end:
 	:: atomic {
 		nstate[n] == N_LOST ->
 		nstate[n] = N_READY;	/* RegisterNode */
-		nver[n]++;
 		printf("MSC: node %d registers again\n", n)
 	   };
 #ifdef BUG_REGISTRATION_ONLY
@@ -537,7 +550,6 @@ end:
 		PICK1(LOSE, wn, NN);
 		losses++;
 		nstate[wn] = N_LOST;
-		nver[wn]++;
 		printf("MSC: node %d lost\n", wn);
 		ws = 0;
 		do

@@ -58,8 +58,9 @@ var variants = []variant{
 	// at registration only): a block sandbox whose node came back before
 	// any takeover stays lost for good while it runs.
 	{name: "reconcile at registration only", defines: []string{"BUG_REGISTRATION_ONLY"}, fails: true, want: orphan},
-	// Placement outside a serializable transaction overcommits a node.
-	{name: "read committed placement", defines: []string{"BUG_READ_COMMITTED"}, fails: true, want: regexp.MustCompile(`assertion violated \(reserved\[n\]<=cap\[n\]\)`)},
+	// Placement that trusts its plain read of the nodes (no check of the
+	// locked row) overcommits a node.
+	{name: "placement without the locked recheck", defines: []string{"BUG_NO_RECHECK"}, fails: true, want: regexp.MustCompile(`assertion violated \(reserved\[n\]<=cap\[n\]\)`)},
 }
 
 func TestFleetModel(t *testing.T) {

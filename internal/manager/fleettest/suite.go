@@ -36,6 +36,8 @@ func Run(t *testing.T, open Opener) {
 		{"PlacementChoosesANode", placementChoosesANode},
 		{"ReservationNeedsAVerifiedCleanProof", reservationNeedsAVerifiedCleanProof},
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
+		{"ConcurrentPlacementsDoNotAbort", concurrentPlacementsDoNotAbort},
+		{"ConcurrentCreatesOfOneSandbox", concurrentCreatesOfOneSandbox},
 		{"LostBlockTakenOver", lostBlockTakenOver},
 		{"TakeoverFencesANeverPublishedHead", takeoverFencesNeverPublished},
 		{"RefusedStaleReleaseKeepsTheNewGeneration", refusedStaleReleaseKeepsNew},
