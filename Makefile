@@ -76,7 +76,7 @@ test-recipes:
 # Kernel tests as root in the VM: nothing may skip there.
 # One package/test: make test-vm VM_PKGS=./internal/lease RUN=TestCreate
 test-vm:
-	$(VMRUN) $(if $(RUN),-run '$(RUN)') $(if $(CTLD_FLEET_BENCH_ROUNDS),-env CTLD_FLEET_BENCH_ROUNDS=$(CTLD_FLEET_BENCH_ROUNDS)) $(if $(CTLD_FLEET_SCALE_CREATES),-env CTLD_FLEET_SCALE_CREATES=$(CTLD_FLEET_SCALE_CREATES)) $(VM_PKGS)
+	$(VMRUN) $(if $(RUN),-run '$(RUN)') $(if $(CTLD_FLEET_BENCH_ROUNDS),-env CTLD_FLEET_BENCH_ROUNDS=$(CTLD_FLEET_BENCH_ROUNDS)) $(VM_PKGS)
 
 # The end-to-end package in a VM of its own beside the other packages' VM
 # (`make test` adds the systemd VM: test-vm-all): each VM's vCPUs run on one
