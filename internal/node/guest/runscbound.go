@@ -37,29 +37,40 @@ func (g *Guest) runscStep(ctx context.Context, rec journal.Sandbox, step string,
 	bound := g.readyTimeout()
 	sctx, cancel := context.WithTimeoutCause(ctx, bound, errRunscBound)
 	defer cancel()
-	killed := make(chan error, 1)
-	stop := context.AfterFunc(sctx, func() {
+	// kill ends the guest once the bound passed. A caller that went away
+	// needs none (the rollback kills); an ended term leaves it to the next
+	// primary's rollback and says so.
+	kill := func() error {
 		switch {
 		case !errors.Is(context.Cause(sctx), errRunscBound):
-			killed <- nil // the caller went away: the rollback kills
+			return nil
 		case g.live() != nil:
-			killed <- g.live() // the term ended: the next primary rolls back
-		default:
-			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runscKillTimeout)
-			defer cancel()
-			if err := g.d.Leases.Kill(kctx, rec.LeaseID); err != nil {
-				killed <- fmt.Errorf("killing the guest through its lease failed: %w", err)
-				return
-			}
-			killed <- nil
+			return g.live()
 		}
-	})
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runscKillTimeout)
+		defer cancel()
+		if err := g.d.Leases.Kill(kctx, rec.LeaseID); err != nil {
+			return fmt.Errorf("killing the guest through its lease failed: %w", err)
+		}
+		return nil
+	}
+	killed := make(chan error, 1)
+	stop := context.AfterFunc(sctx, func() { killed <- kill() })
 	err := fn(sctx)
-	if stop() || !errors.Is(context.Cause(sctx), errRunscBound) {
+	// The step may see its deadline before the context runs its after
+	// func: stop then reports it never ran, and the kill runs here.
+	stopped := stop()
+	if !errors.Is(context.Cause(sctx), errRunscBound) || (stopped && err == nil) {
 		return err
 	}
+	var kerr error
+	if stopped {
+		kerr = kill()
+	} else {
+		kerr = <-killed
+	}
 	how := "the guest was killed through its lease"
-	if kerr := <-killed; kerr != nil {
+	if kerr != nil {
 		how = kerr.Error()
 	}
 	return fmt.Errorf("runsc %s did not finish within %v (the ready timeout); %s%s: %w", step, bound, how, g.BootState(context.WithoutCancel(ctx), rec), err)
