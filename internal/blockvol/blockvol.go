@@ -108,6 +108,12 @@ func (b Volumes) Fork(ctx context.Context, src string, generation uint64, dst st
 	return storeErr(err)
 }
 
+// ForkFrom commits dst@0 over src, any volume's generation.
+func (b Volumes) ForkFrom(ctx context.Context, src blockstore.GenRef, dst string) error {
+	_, err := b.Repo.Fork(ctx, src, b.vol(dst))
+	return storeErr(err)
+}
+
 // Sealer is node.BlockSealer over the writers' supervisor.
 type Sealer struct{ Supervisor *writer.Supervisor }
 

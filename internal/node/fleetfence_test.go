@@ -111,3 +111,54 @@ func TestFleetFenceRefusesLostNodesPublish(t *testing.T) {
 	c.checkClean("after the refused stale claim")
 	b.checkClean("after B's pause")
 }
+
+// TestFleetFenceNeverPausedSandbox (issue 24): a block sandbox that never
+// paused has no head to raise. Its first generation runs on node A and
+// is lost; the database resumes it from its template as generation 2 on
+// node B. B's claim forks the template into the volume's generation 0
+// and publishes it as the first head at writer epoch 2, so A's late pause
+// (a publish expecting no head) is refused by the store itself; B's own
+// pause publishes on. Without the fork A's publish was accepted.
+func TestFleetFenceNeverPausedSandbox(t *testing.T) {
+	tk, k := blockKernel(t)
+	a := newRig(t, tk)
+	a.mustBoot()
+	a.mustClaim(sb, fleetReq("c1", 1, journal.VolumeHead{}))
+	if h, _ := k.Volumes().Head(context.Background(), sb); h.Seq != 0 {
+		t.Fatalf("head after the first generation's claim %+v: the first generation needs no fence", h)
+	}
+
+	tkB, kB := blockKernel(t)
+	tkB.volumes, tkB.sealer = k.Volumes(), sharedSeal{own: kB.Sealer(), store: k, id: sb}
+	b := newRig(t, tkB)
+	b.mustBoot()
+	b.mustClaim(sb, fleetReq("c2", 2, journal.VolumeHead{}))
+	fenced, _ := k.Volumes().Head(context.Background(), sb)
+	if fenced.Seq != 1 || fenced.Generation != 0 || fenced.WriterEpoch != 2 {
+		t.Fatalf("head after the takeover's claim %+v: want seq 1 naming the template's fork (block generation 0) at writer epoch 2", fenced)
+	}
+	if gens, _ := k.Volumes().Generations(context.Background(), sb); len(gens) != 1 || gens[0] != 0 {
+		t.Fatalf("the volume's generations after the takeover's claim %v: want the fork [0]", gens)
+	}
+	// A retried claim of the same generation forks and publishes nothing more.
+	b.mustClaim(sb, fleetReq("c2", 2, journal.VolumeHead{}))
+	if h, _ := k.Volumes().Head(context.Background(), sb); h != fenced {
+		t.Fatalf("head after the retried claim %+v, want %+v", h, fenced)
+	}
+
+	_, err, _ := a.pauseSandbox(sb, "p1")
+	if errdefs.CodeOf(err) != errdefs.CodeFenced {
+		t.Fatalf("the lost node's late pause of its never-paused generation: %v, want fenced by the head", err)
+	}
+	if h, _ := k.Volumes().Head(context.Background(), sb); h != fenced {
+		t.Fatalf("head after the lost node's pause %+v, want B's %+v", h, fenced)
+	}
+	a.mustRelease(sb, "r1", 1)
+	a.checkClean("after the stale generation's release")
+
+	h2 := b.mustPause(sb, "p2").Head
+	if h2.Seq != fenced.Seq+1 || h2.WriterEpoch != 2 {
+		t.Fatalf("B's pause published %+v, want seq %d at writer epoch 2", h2, fenced.Seq+1)
+	}
+	b.checkClean("after B's pause")
+}

@@ -2,6 +2,7 @@ package blockroot
 
 import (
 	"context"
+	"slices"
 
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
@@ -37,11 +38,16 @@ func headEpoch(rec journal.Sandbox) uint64 {
 // fence raises sandbox rec's head h in the shared store to the claim's
 // fleet writer epoch and returns the head the generation starts from. A
 // head of a newer epoch means the database gave the sandbox to a newer
-// generation: fenced, nothing started. A claim without a fleet epoch, a
-// head already of this epoch (a retried claim) and a volume with no head
-// yet are left as they are: a head must name a committed generation, so
-// a sandbox still on its template has nothing to fence with (its old
-// generation's first publish is refused by the database only).
+// generation: fenced, nothing started. A claim without a fleet epoch and
+// a head already of this epoch (a retried claim) are left as they are.
+//
+// A sandbox still on its template has no head to raise: a head must name
+// a committed generation of the sandbox's volume. Its first generation
+// needs no fence (no writer came before it); a later one (the database
+// took over a generation that never paused) forks the template into the
+// volume's generation 0, which copies nothing, and publishes that as the
+// first head at its epoch, so the lost generation's first publish
+// (expecting no head) is refused by the store too.
 func (n *Root) fence(ctx context.Context, rec journal.Sandbox, h journal.VolumeHead) (journal.VolumeHead, error) {
 	epoch := rec.RootFS.WriterEpoch
 	if epoch == 0 || !n.durable {
@@ -51,8 +57,17 @@ func (n *Root) fence(ctx context.Context, rec journal.Sandbox, h journal.VolumeH
 		return h, errdefs.Errorf(errdefs.CodeFenced, "claim of sandbox %s at writer epoch %d: its head %d is of writer epoch %d (a newer generation holds the sandbox)",
 			rec.ID, epoch, h.Seq, h.WriterEpoch)
 	}
-	if h.Seq == 0 || h.WriterEpoch == epoch {
+	if h.Seq > 0 && h.WriterEpoch == epoch {
 		return h, nil
+	}
+	if h.Seq == 0 {
+		if epoch == 1 {
+			return h, nil
+		}
+		ok, err := n.forkTemplate(ctx, rec)
+		if err != nil || !ok {
+			return h, err
+		}
 	}
 	nh, err := n.d.Volumes.Publish(ctx, rec.ID, h, journal.VolumeHead{Generation: h.Generation, WriterEpoch: epoch, Node: n.d.NodeID})
 	if err != nil {
@@ -67,4 +82,32 @@ func (n *Root) fence(ctx context.Context, rec journal.Sandbox, h journal.VolumeH
 	n.d.Log.Info("fenced the head at the fleet's writer epoch", "sandbox", rec.ID, "generation", rec.Generation, "head", nh.Seq,
 		"block_generation", nh.Generation, "writer_epoch", epoch)
 	return nh, nil
+}
+
+// forkTemplate makes generation 0 of rec's headless volume its
+// template's generation (a retried claim finds it made). Generations
+// other than 0 with no head are a lost writer's seal that never
+// published: nothing can be forked under them, so the claim goes on
+// fenced by the database alone (false, logged).
+func (n *Root) forkTemplate(ctx context.Context, rec journal.Sandbox) (bool, error) {
+	gens, err := n.d.Volumes.Generations(ctx, rec.ID)
+	if err != nil {
+		return false, errdefs.Errorf(errdefs.CodeUnavailable, "generations of sandbox %s's volume: %v", rec.ID, err)
+	}
+	switch {
+	case slices.Contains(gens, 0):
+		return true, nil
+	case len(gens) > 0:
+		n.d.Log.Warn("no store fence for a sandbox with unpublished generations and no head; the database fences it",
+			"sandbox", rec.ID, "generation", rec.Generation, "block_generations", gens)
+		return false, nil
+	}
+	base, _, err := n.d.Templates.Template(ctx, rec.RootFS.Template)
+	if err != nil {
+		return false, errdefs.Errorf(errdefs.CodeUnavailable, "block template %q of sandbox %s: %v", rec.RootFS.Template, rec.ID, err)
+	}
+	if err := n.d.Volumes.ForkFrom(ctx, base, rec.ID); err != nil {
+		return false, errdefs.Errorf(errdefs.CodeUnavailable, "fork %s into sandbox %s's volume to fence it: %v", base, rec.ID, err)
+	}
+	return true, nil
 }

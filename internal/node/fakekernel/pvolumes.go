@@ -97,6 +97,11 @@ func (p *PVolumes) Fork(ctx context.Context, src string, generation uint64, dst 
 	return p.v().Fork(ctx, pvolKey(src), generation, pvolKey(dst))
 }
 
+// ForkFrom commits dst's generation 0 over src.
+func (p *PVolumes) ForkFrom(ctx context.Context, src blockstore.GenRef, dst string) error {
+	return p.v().ForkFrom(ctx, src, pvolKey(dst))
+}
+
 // VolumeMounts fakes rootfs.Block over the volume mount dir.
 type VolumeMounts Kernel
 

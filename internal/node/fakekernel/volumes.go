@@ -141,6 +141,27 @@ func (v *Volumes) Fork(ctx context.Context, src string, generation uint64, dst s
 	return nil
 }
 
+// ForkFrom commits dst's generation 0 over src: a template's generation
+// 0 (the fake's templates have only that) or a committed generation of
+// one of its volumes.
+func (v *Volumes) ForkFrom(ctx context.Context, src blockstore.GenRef, dst string) error {
+	k := (*Kernel)(v)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if src.Volume.Kind != blockstore.KindTemplate || src.Generation != 0 {
+		if _, ok := k.vol(src.Volume.ID).gens[src.Generation]; !ok {
+			return errdefs.Errorf(errdefs.CodeNotFound, "%s is not committed", src)
+		}
+	}
+	d := k.vol(dst)
+	if len(d.gens) > 0 || d.head.Seq > 0 {
+		return errdefs.Errorf(errdefs.CodeConflict, "fork onto %s: it has generations or a head already", dst)
+	}
+	d.gens[0] = fmt.Sprintf("fork of %s", src)
+	k.call("fork %s to %s", src, dst)
+	return nil
+}
+
 // Sealer fakes writer.Supervisor.Seal.
 type Sealer Kernel
 

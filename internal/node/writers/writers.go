@@ -166,6 +166,9 @@ type Volumes interface {
 	// Fork commits dst's generation 0 over src@generation, copying
 	// nothing (a volume that has generations: conflict).
 	Fork(ctx context.Context, src string, generation uint64, dst string) error
+	// ForkFrom commits dst's generation 0 over src, a generation of any
+	// volume (a template's), copying nothing; conflict as Fork.
+	ForkFrom(ctx context.Context, src blockstore.GenRef, dst string) error
 }
 
 // Sealer seals a running writer's device (writer.Supervisor.Seal): it
