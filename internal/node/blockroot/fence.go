@@ -107,7 +107,13 @@ func (n *Root) forkTemplate(ctx context.Context, rec journal.Sandbox) (bool, err
 		return false, errdefs.Errorf(errdefs.CodeUnavailable, "block template %q of sandbox %s: %v", rec.RootFS.Template, rec.ID, err)
 	}
 	if err := n.d.Volumes.ForkFrom(ctx, base, rec.ID); err != nil {
-		return false, errdefs.Errorf(errdefs.CodeUnavailable, "fork %s into sandbox %s's volume to fence it: %v", base, rec.ID, err)
+		// A conflict (a volume deleted by `store forget`, or a fork that
+		// raced) stays one; anything else is the store being unavailable.
+		code := errdefs.CodeOf(err)
+		if code != errdefs.CodeConflict {
+			code = errdefs.CodeUnavailable
+		}
+		return false, errdefs.Errorf(code, "fork %s into sandbox %s's volume to fence it: %v", base, rec.ID, err)
 	}
 	return true, nil
 }
