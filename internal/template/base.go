@@ -120,16 +120,32 @@ func storeBase(ctx context.Context, repo *blockstore.Repo, key, img string, bm b
 // metadata first, so a template that exists has it; a failed fork takes
 // it back (unless another import of the name won).
 func forkBase(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, key string, meta Meta) (*blockstore.Manifest, error) {
+	if err := putTemplateMeta(ctx, repo, vol, meta); err != nil {
+		return nil, err
+	}
+	return forkMeta(ctx, repo, vol, key)
+}
+
+// putTemplateMeta writes template vol's metadata (create-once: a name
+// another import holds is ErrTemplateExists).
+func putTemplateMeta(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, meta Meta) error {
 	b, err := json.Marshal(meta)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := repo.PutMeta(ctx, vol, b); err != nil {
 		if errors.Is(err, blockstore.ErrExists) {
 			err = fmt.Errorf("%w: %w", ErrTemplateExists, err)
 		}
-		return nil, err
+		return err
 	}
+	return nil
+}
+
+// forkMeta makes template vol, whose metadata putTemplateMeta wrote, a
+// fork of the base of key; a failed fork takes the metadata back (unless
+// another import of the name won).
+func forkMeta(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volume, key string) (*blockstore.Manifest, error) {
 	m, err := repo.Fork(ctx, blockstore.GenRef{Volume: baseVolume(key)}, vol)
 	if err != nil {
 		if errors.Is(err, blockstore.ErrExists) {

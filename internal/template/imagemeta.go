@@ -199,8 +199,38 @@ func ImportImage(ctx context.Context, repo *blockstore.Repo, name, ref string, p
 		if len(ids.passwd)+len(ids.group) <= maxBaseIDs {
 			bm.Passwd, bm.Group, bm.HasIDs = ids.passwd, ids.group, true
 		}
-		if based, err = storeBase(ctx, repo, key, img, bm, o.Progress); err != nil {
+		// The template's metadata (its data key and meta object, two
+		// durable writes) is written while the base uploads, not after:
+		// the fork then only adds its manifest.
+		fm := meta
+		fm.Image = baseVolume(key).ID
+		metaPut := make(chan error, 1)
+		go func() { metaPut <- putTemplateMeta(ctx, repo, vol, fm) }()
+		based, err = storeBase(ctx, repo, key, img, bm, o.Progress)
+		merr := <-metaPut
+		if merr == nil && (err != nil || !based) {
+			// Not a fork after all: the metadata was ours (create-once).
+			// Its data key stays, as a failed fork's does: unused, reused
+			// by the next import of the name, removed by `template rm`.
+			if derr := repo.DeleteMeta(context.WithoutCancel(ctx), vol); derr != nil {
+				return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, errors.Join(err, derr))
+			}
+		}
+		if err != nil {
 			return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+		}
+		if based {
+			if merr != nil {
+				return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, merr)
+			}
+			meta = fm
+			res.Base = meta.Image
+			m, err := forkMeta(ctx, repo, vol, key)
+			if err != nil {
+				return nil, res, Meta{}, fmt.Errorf("import template %s: %w", name, err)
+			}
+			ok = true
+			return m, res, meta, o.Trees.publishImported(o.tree, name)
 		}
 	}
 	var m *blockstore.Manifest
