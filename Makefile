@@ -76,7 +76,7 @@ test-recipes:
 # Kernel tests as root in the VM: nothing may skip there.
 # One package/test: make test-vm VM_PKGS=./internal/lease RUN=TestCreate
 test-vm:
-	$(VMRUN) $(if $(RUN),-run '$(RUN)') $(if $(CTLD_FLEET_BENCH_ROUNDS),-env CTLD_FLEET_BENCH_ROUNDS=$(CTLD_FLEET_BENCH_ROUNDS)) $(VM_PKGS)
+	$(VMRUN) $(if $(RUN),-run '$(RUN)') $(if $(CTLD_FLEET_BENCH_ROUNDS),-env CTLD_FLEET_BENCH_ROUNDS=$(CTLD_FLEET_BENCH_ROUNDS)) $(if $(CTLD_FLEET_SCALE_CREATES),-env CTLD_FLEET_SCALE_CREATES=$(CTLD_FLEET_SCALE_CREATES)) $(VM_PKGS)
 
 # The end-to-end package in a VM of its own beside the other packages' VM
 # (`make test` adds the systemd VM: test-vm-all): each VM's vCPUs run on one
@@ -120,7 +120,7 @@ VM_HOST_ONLY_PKGS ?= internal/layering test/lint internal/blockstore/s3store int
 	internal/cleanup internal/testutil internal/nodeagent test/model
 VM_HOST_ONLY ?= -pkg-skip 'internal/node=^TestCrashPoints$$' -pkg-skip 'internal/ha=^TestFailoverRandomized$$' \
 	-pkg-skip 'internal/nbdsrv=^Test(Nbdinfo|Nbdcopy|QemuImg|QemuIO)' -pkg-run 'cmd/ctl-manager=^TestKernel' \
-	-pkg-skip 'cmd/ctl-manager=^TestKernelCodeNode$$'
+	-pkg-skip 'cmd/ctl-manager=^(TestKernelCodeNode|TestKernelFleetScale)$$'
 
 # code in the node template in the VM (~8 min under TCG: not in make test).
 test-code-node:

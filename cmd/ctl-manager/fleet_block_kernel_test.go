@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -64,43 +63,19 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 				t.Errorf("remove writers cgroup: %v", err)
 			}
 		})
-		ctlds[i] = startIsolatedCtld(t, i, "--block-store", filepath.Join(shared, "blockstore"),
-			"--node-key", filepath.Join(shared, "blockstore.key"), "--writers-cgroup", writers)
-		n, err := (&api.Client{SocketPath: ctlds[i].socket}).Node(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[i] = n.NodeID
 		// A block claim, seal or release takes seconds to minutes under
 		// TCG on a loaded host: a short TTL loses nodes that were only slow.
-		procs[i] = e.startChild(append([]string{"--socket", ctlds[i].socket, "--db", e.db, "node", "run", "--template", "busybox",
-			"--ttl", "10s", "--grace", "15s", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
+		ctlds[i], ids[i], procs[i] = e.startFleetNode(ctx, ca, i, []string{"--block-store", filepath.Join(shared, "blockstore"),
+			"--node-key", filepath.Join(shared, "blockstore.key"), "--writers-cgroup", writers}, "--ttl", "10s", "--grace", "15s")
 	}
-	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
-	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "100", "--cpu", "100", "--memory", "100Gi", "--creates-per-min", "1000")
-	e.socket = "/nonexistent/ctld.sock"
-	r := e.startServeChild("127.0.0.1:0", append([]string{"--fleet", "--template", "busybox:block", "--default-timeout", "0", "--create-timeout", "6m"},
-		channelArgs(ca.Issue(t, "manager", false))...)...)
-	c := &client.Client{BaseURL: "http://" + r.addr, Key: key}
+	r, c := e.startFleetReplica(ca, e.fleetOwner(), "--template", "busybox:block", "--create-timeout", "6m")
 	defer func() {
 		if t.Failed() {
 			t.Logf("replica:\n%s\nnode process 0:\n%s\nnode process 1:\n%s", r.stderr(), procs[0].stderr(), procs[1].stderr())
 		}
 	}()
-	st, err := manager.Open(ctx, e.db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if ns, err := st.FleetNodes(ctx); err == nil && len(ns) == 2 {
-			t.Logf("both nodes registered (%s, %s), sharing one block store", ids[0], ids[1])
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("waited 1m for both nodes to register: not registered")
-		}
-	}
+	st := e.fleetStore(ctx, 2)
+	t.Logf("both nodes registered (%s, %s), sharing one block store", ids[0], ids[1])
 	nodeOf := map[string]int{ids[0]: 0, ids[1]: 1}
 
 	sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox"})

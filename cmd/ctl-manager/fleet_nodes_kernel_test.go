@@ -92,6 +92,69 @@ func startIsolatedCtld(t *testing.T, i int, extra ...string) *isolatedCtld {
 	}
 }
 
+// startFleetNode starts node i of a fleet on e's database: its isolated
+// ctld (ctldArgs: more `ctld run` flags) and its `node run` process with
+// a channel certificate of ca (nodeArgs: more `node run` flags, its TTL
+// and grace). It returns the ctld, its node id and the node process.
+func (e *env) startFleetNode(ctx context.Context, ca *channeltest.CA, i int, ctldArgs []string, nodeArgs ...string) (*isolatedCtld, string, *serveChild) {
+	t := e.t
+	t.Helper()
+	c := startIsolatedCtld(t, i, ctldArgs...)
+	n, err := (&api.Client{SocketPath: c.socket}).Node(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--socket", c.socket, "--db", e.db, "node", "run", "--template", "busybox", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, nodeArgs...)
+	return c, n.NodeID, e.startChild(append(args, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
+}
+
+// fleetOwner gives team-a a key (returned) and room for any test's
+// creates, and takes the ctld socket away from e: in a fleet only the
+// node processes call a ctld.
+func (e *env) fleetOwner() string {
+	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
+	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "10000", "--cpu", "10000", "--memory", "10000Gi", "--creates-per-min", "100000")
+	e.socket = "/nonexistent/ctld.sock"
+	return key
+}
+
+// startFleetReplica starts a `serve --fleet` replica on e's database with
+// a channel certificate of ca (args: more `serve` flags), and a client of
+// key's on it.
+func (e *env) startFleetReplica(ca *channeltest.CA, key string, args ...string) (*serveChild, *client.Client) {
+	e.t.Helper()
+	r := e.startServeChild("127.0.0.1:0", append(append([]string{"--fleet", "--default-timeout", "0"}, args...),
+		channelArgs(ca.Issue(e.t, "manager", false))...)...)
+	return r, &client.Client{BaseURL: "http://" + r.addr, Key: key}
+}
+
+// fleetStore opens the test's own view of e's database (closed by the
+// test's cleanup) once nodes nodes are registered, ready, with a channel.
+func (e *env) fleetStore(ctx context.Context, nodes int) *manager.Store {
+	t := e.t
+	t.Helper()
+	st, err := manager.Open(ctx, e.db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		ns, err := st.FleetNodes(ctx)
+		ready := 0
+		for _, n := range ns {
+			if n.State == manager.NodeReady && n.Channel != "" {
+				ready++
+			}
+		}
+		if err == nil && ready == nodes {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d nodes registered in 1m: %v", ready, nodes, err)
+		}
+	}
+}
+
 // TestKernelFleetTwoNodesLostAndBack: two nodes (real ctlds, each with
 // its node process), one `serve --fleet` replica and PostgreSQL in one VM.
 // Two creates land one on each node, each running on the ctld the
@@ -115,42 +178,18 @@ func TestKernelFleetTwoNodesLostAndBack(t *testing.T) {
 	var procs [2]*serveChild
 	var ids [2]string
 	for i := range ctlds {
-		ctlds[i] = startIsolatedCtld(t, i)
-		n, err := (&api.Client{SocketPath: ctlds[i].socket}).Node(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[i] = n.NodeID
-		procs[i] = e.startChild(append([]string{"--socket", ctlds[i].socket, "--db", e.db, "node", "run", "--template", "busybox",
-			"--ttl", "3s", "--grace", "3s", "--poll", "200ms", "--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, n.NodeID, true))...)...)
+		ctlds[i], ids[i], procs[i] = e.startFleetNode(ctx, ca, i, nil, "--ttl", "3s", "--grace", "3s")
 	}
 	if ids[0] == ids[1] {
 		t.Fatalf("both ctlds are node %s", ids[0])
 	}
-	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
-	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "100", "--cpu", "100", "--memory", "100Gi", "--creates-per-min", "1000")
-	e.socket = "/nonexistent/ctld.sock"
-	r := e.startServeChild("127.0.0.1:0", append([]string{"--fleet", "--template", "busybox", "--default-timeout", "0", "--create-timeout", "3m"},
-		channelArgs(ca.Issue(t, "manager", false))...)...)
-	c := &client.Client{BaseURL: "http://" + r.addr, Key: key}
+	r, c := e.startFleetReplica(ca, e.fleetOwner(), "--template", "busybox", "--create-timeout", "3m")
 	defer func() {
 		if t.Failed() {
 			t.Logf("replica:\n%s\nnode process 0:\n%s\nnode process 1:\n%s", r.stderr(), procs[0].stderr(), procs[1].stderr())
 		}
 	}()
-	st, err := manager.Open(ctx, e.db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if ns, err := st.FleetNodes(ctx); err == nil && len(ns) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("nodes not registered in 1m")
-		}
-	}
+	st := e.fleetStore(ctx, 2)
 	nodeOf := map[string]int{ids[0]: 0, ids[1]: 1}
 	ctldClient := func(i int) *api.Client { return &api.Client{SocketPath: ctlds[i].socket} }
 

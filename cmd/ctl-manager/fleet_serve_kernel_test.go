@@ -47,30 +47,13 @@ func TestKernelServeFleetAgainstRealCtld(t *testing.T) {
 	}
 	np := e.startChild(append([]string{"--socket", socket, "--db", e.db, "node", "run", "--template", "busybox", "--ttl", "10s", "--poll", "200ms", "--usage-pull", "200ms",
 		"--channel-listen", "127.0.0.1:0"}, channelArgs(ca.Issue(t, node.NodeID, true))...)...)
-	key := strings.TrimSpace(e.ok("key", "create", "--owner", "team-a"))
-	e.ok("owner", "quota", "set", "team-a", "--sandboxes", "100", "--cpu", "100", "--memory", "100Gi", "--creates-per-min", "1000")
-	e.socket = "/nonexistent/ctld.sock"
-	r := e.startServeChild("127.0.0.1:0", append([]string{"--fleet", "--template", "busybox", "--default-timeout", "0", "--create-timeout", "3m"},
-		channelArgs(ca.Issue(t, "manager", false))...)...)
-	c := &client.Client{BaseURL: "http://" + r.addr, Key: key}
+	r, c := e.startFleetReplica(ca, e.fleetOwner(), "--template", "busybox", "--create-timeout", "3m")
 	defer func() {
 		if t.Failed() {
 			t.Logf("replica:\n%s\nnode process:\n%s", r.stderr(), np.stderr())
 		}
 	}()
-	st, err := manager.Open(ctx, e.db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if n, err := st.FleetNode(ctx, node.NodeID); err == nil && n.Channel != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("node not registered with a channel in 1m")
-		}
-	}
+	st := e.fleetStore(ctx, 1)
 
 	sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox"})
 	if err != nil || sb.State != client.StateReady {

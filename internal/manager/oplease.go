@@ -104,13 +104,18 @@ func scanLease(row rowScanner) (OpLease, error) {
 // held. Otherwise ok is false and the lease is its live holder's. A
 // takeover (another holder's expired lease) counts an attempt and keeps
 // the operation's kind, sandbox and Idempotency-Key.
+//
+// It is one statement (takeLeaseTx) under the locking isolation: on
+// PostgreSQL, racing takers of a lease wait for its row's lock and each
+// decides on the row as the one before left it, instead of aborting as
+// a serialization failure and running again (which under load gave up).
 func (s *Store) TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (OpLease, bool, error) {
 	if l.ID == "" || l.Holder == "" || ttl <= 0 {
 		return OpLease{}, false, errdefs.Errorf(errdefs.CodeInvalidArgument, "an operation lease needs an id, a holder and a positive TTL")
 	}
 	var out OpLease
 	var ok bool
-	err := s.tx(ctx, func(tx *sql.Tx) (err error) {
+	err := s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) (err error) {
 		// A commit that fails is run again: nothing of a try survives it.
 		out, ok, err = takeLeaseTx(ctx, tx, l, ttl, s.now())
 		return err
@@ -118,31 +123,35 @@ func (s *Store) TakeLease(ctx context.Context, l OpLease, ttl time.Duration) (Op
 	return out, ok, err
 }
 
-// takeLeaseTx is TakeLease in tx.
+// takeLeaseTx is TakeLease in tx: one upsert that inserts the lease, or
+// updates it when l.Holder holds it or it expired, and returns the row
+// only if it did. A lease not taken is read back to name its holder; one
+// let go in between is tried again.
 func takeLeaseTx(ctx context.Context, tx *sql.Tx, l OpLease, ttl time.Duration, now time.Time) (OpLease, bool, error) {
-	cur, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
-	switch {
-	case errdefs.CodeOf(err) == errdefs.CodeNotFound:
-		if _, err := tx.ExecContext(ctx, `INSERT INTO op_leases (operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)`, l.ID, l.Kind, l.SandboxID, l.Owner, l.Holder, ts(now.Add(ttl)), l.IdemOwner, l.IdemKey, l.RequestHash, ts(now)); err != nil {
+	for range 3 {
+		out, err := scanLease(tx.QueryRowContext(ctx, `INSERT INTO op_leases AS l (operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)
+			ON CONFLICT (operation_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at,
+				attempts = l.attempts + CASE WHEN l.holder = excluded.holder THEN 0 ELSE 1 END
+			WHERE l.holder = excluded.holder OR l.expires_at <= ?
+			RETURNING operation_id, kind, sandbox_id, owner, holder, expires_at, attempts, idem_owner, idem_key, request_hash, created_at`,
+			l.ID, l.Kind, l.SandboxID, l.Owner, l.Holder, ts(now.Add(ttl)), l.IdemOwner, l.IdemKey, l.RequestHash, ts(now), ts(now)))
+		switch {
+		case err == nil:
+			return out, true, nil
+		case errdefs.CodeOf(err) != errdefs.CodeNotFound:
 			return OpLease{}, false, fmt.Errorf("take lease of %s: %w", l.ID, err)
 		}
-	case err != nil:
-		return OpLease{}, false, err
-	case cur.Holder != l.Holder && cur.ExpiresAt.After(now):
-		return cur, false, nil
-	default:
-		attempts := cur.Attempts
-		if cur.Holder != l.Holder {
-			attempts++
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE op_leases SET holder = ?, expires_at = ?, attempts = ? WHERE operation_id = ?`,
-			l.Holder, ts(now.Add(ttl)), attempts, l.ID); err != nil {
-			return OpLease{}, false, fmt.Errorf("take lease of %s: %w", l.ID, err)
+		// Not taken: another live holder has it.
+		cur, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
+		switch {
+		case err == nil:
+			return cur, false, nil
+		case errdefs.CodeOf(err) != errdefs.CodeNotFound:
+			return OpLease{}, false, err
 		}
 	}
-	out, err := scanLease(tx.QueryRowContext(ctx, leaseSelect+` WHERE operation_id = ?`, l.ID))
-	return out, err == nil, err
+	return OpLease{}, false, errdefs.Busy(time.Second, "take lease of %s: let go and taken again as it was tried; retry", l.ID)
 }
 
 // RenewLeases moves the leases ids that holder holds to expire ttl from
@@ -160,7 +169,9 @@ func (s *Store) RenewLeases(ctx context.Context, holder string, ids []string, tt
 			args = append(args, id)
 		}
 		q := `UPDATE op_leases SET expires_at = ? WHERE holder = ? AND operation_id IN (?` + strings.Repeat(", ?", len(batch)-1) + `)`
-		err := s.tx(ctx, func(tx *sql.Tx) error {
+		// One statement: it waits for a row a taker locked and then
+		// skips it if taken over (READ COMMITTED re-reads the row).
+		err := s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) error {
 			res, err := tx.ExecContext(ctx, q, args...)
 			if err != nil {
 				return fmt.Errorf("renew leases of %s: %w", holder, err)
@@ -179,7 +190,7 @@ func (s *Store) RenewLeases(ctx context.Context, holder string, ids []string, tt
 // ReleaseLease ends a finished operation's lease, if holder still holds
 // it (one taken over is the taker's to end).
 func (s *Store) ReleaseLease(ctx context.Context, id, holder string) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM op_leases WHERE operation_id = ? AND holder = ?`, id, holder); err != nil {
 			return fmt.Errorf("release lease of %s: %w", id, err)
 		}
@@ -191,7 +202,7 @@ func (s *Store) ReleaseLease(ctx context.Context, id, holder string) error {
 // the node did not answer): the lease stays, expired, for any replica's
 // sweeper to take and finish.
 func (s *Store) ExpireLease(ctx context.Context, id, holder string) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE op_leases SET expires_at = ? WHERE operation_id = ? AND holder = ?`, ts(s.now()), id, holder); err != nil {
 			return fmt.Errorf("expire lease of %s: %w", id, err)
 		}

@@ -231,9 +231,20 @@ func (s *Store) CreateOwner(ctx context.Context, name string) (Owner, error) {
 }
 
 func ownerTx(ctx context.Context, q querier, name string) (Owner, error) {
+	return ownerLockTx(ctx, q, name, "")
+}
+
+// ownerLockTx is ownerTx ending its SELECT with lock (the dialect's
+// forUpdate): admissions, which check the owner's usage against its quota
+// and then add to it, hold the owner's row, so they run one after the
+// other per owner, each reading what the one before committed
+// (READ COMMITTED on PostgreSQL: lockingTxOpts). Without it, concurrent
+// creates of one owner kept aborting each other as serialization
+// failures under load.
+func ownerLockTx(ctx context.Context, q querier, name, lock string) (Owner, error) {
 	var o Owner
 	var created string
-	err := q.QueryRowContext(ctx, `SELECT name, created_at, max_sandboxes, max_cpu_millis, max_memory_bytes, max_disk_bytes, max_creates_per_min FROM owners WHERE name = ?`, name).
+	err := q.QueryRowContext(ctx, `SELECT name, created_at, max_sandboxes, max_cpu_millis, max_memory_bytes, max_disk_bytes, max_creates_per_min FROM owners WHERE name = ?`+lock, name).
 		Scan(&o.Name, &created, &o.Quota.Sandboxes, &o.Quota.CPUMillis, &o.Quota.MemoryBytes, &o.Quota.DiskBytes, &o.Quota.CreatesPerMin)
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, notFound("owner %s not known", name)
@@ -428,8 +439,8 @@ func (s *Store) AdmitCreate(ctx context.Context, in Admission) error {
 	if in.Labels == nil {
 		labels = []byte("{}")
 	}
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		o, err := ownerTx(ctx, tx, in.Owner)
+	return s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) error {
+		o, err := ownerLockTx(ctx, tx, in.Owner, s.dialect.forUpdate)
 		if err != nil {
 			return err
 		}

@@ -110,8 +110,9 @@ func (s *Store) AdmitVolume(ctx context.Context, in VolumeAdmission) error {
 			return fmt.Errorf("encode labels: %w", err)
 		}
 	}
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		o, err := ownerTx(ctx, tx, in.Owner)
+	// Under the owner's lock, as AdmitCreate: the two add to one quota.
+	return s.txWith(ctx, s.dialect.lockingTxOpts, func(tx *sql.Tx) error {
+		o, err := ownerLockTx(ctx, tx, in.Owner, s.dialect.forUpdate)
 		if err != nil {
 			return err
 		}

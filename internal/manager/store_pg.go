@@ -35,9 +35,12 @@ import (
 //     (a quota reservation, the next generation, a head's compare and
 //     swap) behaves as if the transactions ran one at a time, and a
 //     transaction PostgreSQL aborts to keep that is run again (Store.tx).
-//     Place alone runs READ COMMITTED and locks the rows it decides on
-//     (the sandbox's, the chosen node's: placement.go), so concurrent
-//     placements on different nodes neither wait for nor abort each other.
+//     Three hot paths run READ COMMITTED instead (lockingTxOpts) and lock
+//     the rows they decide on, so concurrent callers wait for a row rather
+//     than abort each other: Place (the sandbox's and the chosen node's
+//     rows: placement.go), the admissions (the owner's row: AdmitCreate,
+//     AdmitVolume) and the operation leases (one statement each:
+//     oplease.go).
 
 // IsPostgresURL reports whether db names a PostgreSQL database (a
 // postgres:// or postgresql:// URL) rather than a SQLite file.
