@@ -68,7 +68,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		pools := []struct {
 			name string
 			c    api.Capacity
-		}{{"total", n.Capacity.Total}, {"allocatable", n.Capacity.Allocatable}, {"leased", n.Capacity.Leased}, {"withheld", n.Capacity.Withheld}}
+		}{{"total", n.Capacity.Total}, {"allocatable", n.Capacity.Allocatable}, {"leased", n.Capacity.Leased}, {"warm", n.Capacity.Warm}, {"withheld", n.Capacity.Withheld}}
 		for _, p := range pools {
 			gauge(cpuDesc, float64(p.c.CPUMillis)/1000, p.name)
 			gauge(memDesc, float64(p.c.MemoryBytes), p.name)
