@@ -50,6 +50,13 @@ func TestKernelWarmPool(t *testing.T) {
 		return strings.TrimSpace(out.String())
 	}
 
+	// A claim of a template with no pool first, released: the node's first
+	// nft and DNS work is then in neither measured claim.
+	wu := claimReq("c-warmup", 1)
+	wu.RootFS.Template = "noecho"
+	r.mustClaim("warmup", wu)
+	r.mustRelease("warmup", "r-warmup", 1)
+
 	req := claimReq("c-warm", 1)
 	req.Process.Env = []string{"CLAIM_ENV=warm-a"}
 	t1 := time.Now()
@@ -109,6 +116,8 @@ func TestKernelWarmPool(t *testing.T) {
 	t.Logf("claim (node.Claim wall): warm %d ms, cold %d ms (%.3fx)", warmMS, coldMS, float64(warmMS)/float64(coldMS))
 	t.Logf("warm timings: total %.0f ms = admit %.0f, network (policy) %.0f, lease resize %.0f, disk quota %.0f, agent claim (proof) %.0f", wt.TotalMS, wt.AdmitMS, wt.NetworkMS, wt.LeaseMS, wt.RootFSMS, wt.ProofMS)
 	t.Logf("cold timings: total %.0f ms = admit %.0f, lease %.0f, rootfs %.0f, network %.0f, runsc %.0f, proof %.0f", ct.TotalMS, ct.AdmitMS, ct.LeaseMS, ct.RootFSMS, ct.NetworkMS, ct.RunscMS, ct.ProofMS)
+	t.Logf("warm steps: %+v", wt.Steps)
+	t.Logf("cold steps: %+v", ct.Steps)
 	st, _ := r.n.WarmPools()
 	if s := st["busybox"]; s.Hits != 1 || s.Misses != 1 {
 		t.Errorf("pool stats %+v, want 1 hit and 1 miss", s)
@@ -116,6 +125,7 @@ func TestKernelWarmPool(t *testing.T) {
 
 	r.mustRelease("warm-a", "r-warm", 1)
 	r.mustRelease("cold-b", "r-cold", 1)
+	r.checkProof("r-warmup")
 	r.checkProof("r-warm")
 	r.checkProof("r-cold")
 	r.checkClean("after both releases")
