@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/fakekernel"
 	"github.com/ctld/ctld/internal/node/warm"
@@ -211,4 +212,27 @@ func TestWarmPoolTakeoverMidBoot(t *testing.T) {
 	r.mustBoot()
 	r.checkProof("warm-destroy-" + ms[0].Rec.ID)
 	r.checkClean("after the takeover destroyed the half booted member")
+}
+
+// TestWarmPoolCountsInAdmission: members hold their capacity: a claim the
+// pool does not serve is refused when only the members' share would fit
+// it, and fits once a takeover destroyed them (the new term keeps no
+// pool).
+func TestWarmPoolCountsInAdmission(t *testing.T) {
+	r := warmRig(t, 1, 0)
+	r.k.warmRes = journal.Resources{CPUMillis: testTotal.CPUMillis - 100, MemoryBytes: 256 << 20, PIDs: 64}
+	r.mustBoot()
+	waitMembers(t, r, 1)
+	req := claimReq("c1", 1) // 200m, 128 MiB: below a member's memory, so cold
+	if _, err, _ := r.claim("sb", req); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
+		t.Fatalf("claim of 200m with 100m free beside the member: %v, want capacity_exhausted", err)
+	}
+	if l := r.ledger(); l.Warm.CPUMillis != testTotal.CPUMillis-100 || l.Leased != (Capacity{}) {
+		t.Fatalf("ledger: warm %+v leased %+v", l.Warm, l.Leased)
+	}
+	r.k.warm = warm.Settings{}
+	r.mustBoot()
+	r.mustClaim("sb", claimReq("c2", 1))
+	r.mustRelease("sb", "r2", 1)
+	r.checkClean("after the member's destruction and a claim")
 }
