@@ -660,6 +660,7 @@ func (c *cli) nodeStatusCommand() *cobra.Command {
 		row("total", n.Capacity.Total)
 		row("allocatable", n.Capacity.Allocatable)
 		row("leased", n.Capacity.Leased)
+		row("warm", n.Capacity.Warm)
 		row("withheld", n.Capacity.Withheld)
 		if err := tw.Flush(); err != nil {
 			return err

@@ -33,11 +33,13 @@ type Capacity struct {
 }
 
 // NodeCapacity is the node's capacity ledger. Allocatable = total - reserve;
-// free = allocatable - leased - withheld.
+// free = allocatable - leased - warm - withheld. Warm is what the warm
+// pool's members hold (never also in leased).
 type NodeCapacity struct {
 	Total       Capacity `json:"total"`
 	Allocatable Capacity `json:"allocatable"`
 	Leased      Capacity `json:"leased"`
+	Warm        Capacity `json:"warm"`
 	Withheld    Capacity `json:"withheld"`
 }
 

@@ -218,7 +218,7 @@ func apiNode(n node.Info) api.Node {
 		NodeID: n.NodeID, BootID: n.BootID, Slot: n.Slot, Role: api.RolePrimary, Epoch: n.Epoch, NodeKey: n.NodeKey,
 		Versions: api.Versions(n.Versions),
 		Capacity: api.NodeCapacity{Total: api.Capacity(n.Capacity.Total), Allocatable: api.Capacity(n.Capacity.Allocatable),
-			Leased: api.Capacity(n.Capacity.Leased), Withheld: api.Capacity(n.Capacity.Withheld)},
+			Leased: api.Capacity(n.Capacity.Leased), Warm: api.Capacity(n.Capacity.Warm), Withheld: api.Capacity(n.Capacity.Withheld)},
 	}
 	if r := n.Rotation; r != nil {
 		out.KeyRotation = &api.KeyRotation{Version: r.Version, NodeID: r.NodeID, OldKey: r.OldKey, NewKey: r.NewKey,

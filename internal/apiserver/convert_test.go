@@ -160,7 +160,7 @@ func TestAPINodeCarriesEveryField(t *testing.T) {
 		NodeID: "n", BootID: "b", Slot: "a", Epoch: 7, NodeKey: []byte{1},
 		Rotation: &proof.Rotation{NodeID: "n", OldKey: []byte{1}, NewKey: []byte{2}, IssuedAt: at, OldSignature: []byte{3}, NewSignature: []byte{4}, Version: 1},
 		Versions: node.Versions{Ctld: "c", Kernel: "k", Runsc: "r", Nft: "f"},
-		Capacity: node.Ledger{Total: c, Allocatable: c, Leased: c, Withheld: c},
+		Capacity: node.Ledger{Total: c, Allocatable: c, Leased: c, Warm: c, Withheld: c},
 		Withheld: []node.Withheld{{SandboxID: "sb", Generation: 2, Reason: "r", Resources: c, FailedChecks: []proof.Check{{Name: "x", Detail: "d"}},
 			ProofOperationID: "op", RetryAttempts: 1, LastAttempt: at, NextAttempt: at}},
 	})

@@ -295,6 +295,12 @@ type Sandbox struct {
 	Root      string        `json:"root"`
 	Bundle    string        `json:"bundle"`
 	Request   *ClaimRequest `json:"request,omitempty"`
+	// Warm marks a warm pool member's record (bucket "warm", never a
+	// sandbox's): its guest boots the warm agent with no workload.
+	Warm bool `json:"warm,omitempty"`
+	// WarmMember is the member a claim took (its objects are named by
+	// ContainerID, the member's id); "" for a cold claim.
+	WarmMember string `json:"warm_member,omitempty"`
 	// Withheld is set when cleanup of this generation could not be proven:
 	// its capacity stays out until an operator or a later proof clears it.
 	Withheld bool `json:"withheld,omitempty"`

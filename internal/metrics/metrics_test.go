@@ -122,11 +122,12 @@ func TestNodeCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `
-# HELP ctld_node_cpu_cores CPU of the node's capacity ledger, by pool (total, allocatable = total - reserve, leased, withheld).
+# HELP ctld_node_cpu_cores CPU of the node's capacity ledger, by pool (total, allocatable = total - reserve, leased, warm, withheld).
 # TYPE ctld_node_cpu_cores gauge
 ctld_node_cpu_cores{pool="allocatable"} 3.75
 ctld_node_cpu_cores{pool="leased"} 0.5
 ctld_node_cpu_cores{pool="total"} 4
+ctld_node_cpu_cores{pool="warm"} 0
 ctld_node_cpu_cores{pool="withheld"} 0.25
 # HELP ctld_generations Sandboxes by the state of their current generation (finished ones stay until the journal's retention prunes them).
 # TYPE ctld_generations gauge
@@ -154,8 +155,8 @@ ctld_journal_size_bytes 3.145728e+06
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
-	if c := testutil.CollectAndCount(m.Registry, "ctld_node_memory_bytes", "ctld_node_pids", "ctld_node_disk_bytes", "ctld_node_nbd_devices", "ctld_node_addresses"); c != 20 {
-		t.Errorf("%d capacity series of the other resources, want 5 x 4 pools", c)
+	if c := testutil.CollectAndCount(m.Registry, "ctld_node_memory_bytes", "ctld_node_pids", "ctld_node_disk_bytes", "ctld_node_nbd_devices", "ctld_node_addresses"); c != 25 {
+		t.Errorf("%d capacity series of the other resources, want 5 x 5 pools", c)
 	}
 	// The values move with the node, read again at each scrape.
 	n.list.Sandboxes = n.list.Sandboxes[1:]

@@ -29,7 +29,7 @@ const scrapeTimeout = 10 * time.Second
 
 var (
 	poolLabels  = []string{"pool"}
-	cpuDesc     = prometheus.NewDesc("ctld_node_cpu_cores", "CPU of the node's capacity ledger, by pool (total, allocatable = total - reserve, leased, withheld).", poolLabels, nil)
+	cpuDesc     = prometheus.NewDesc("ctld_node_cpu_cores", "CPU of the node's capacity ledger, by pool (total, allocatable = total - reserve, leased, warm, withheld).", poolLabels, nil)
 	memDesc     = prometheus.NewDesc("ctld_node_memory_bytes", "Memory of the node's capacity ledger, by pool.", poolLabels, nil)
 	pidsDesc    = prometheus.NewDesc("ctld_node_pids", "PIDs of the node's capacity ledger, by pool.", poolLabels, nil)
 	diskDesc    = prometheus.NewDesc("ctld_node_disk_bytes", "Scratch disk of the node's capacity ledger, by pool.", poolLabels, nil)
@@ -68,7 +68,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		pools := []struct {
 			name string
 			c    api.Capacity
-		}{{"total", n.Capacity.Total}, {"allocatable", n.Capacity.Allocatable}, {"leased", n.Capacity.Leased}, {"withheld", n.Capacity.Withheld}}
+		}{{"total", n.Capacity.Total}, {"allocatable", n.Capacity.Allocatable}, {"leased", n.Capacity.Leased}, {"warm", n.Capacity.Warm}, {"withheld", n.Capacity.Withheld}}
 		for _, p := range pools {
 			gauge(cpuDesc, float64(p.c.CPUMillis)/1000, p.name)
 			gauge(memDesc, float64(p.c.MemoryBytes), p.name)

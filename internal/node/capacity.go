@@ -24,9 +24,12 @@ type Capacity struct {
 }
 
 // Ledger is the node's capacity ledger. Allocatable = total - reserve;
-// free = allocatable - leased - withheld.
+// free = allocatable - leased - warm - withheld. Warm is what the warm
+// pool's members hold (never in Leased: a member a claim takes leaves Warm
+// and its claim's resources enter Leased in the same transaction); a
+// withheld member counts in Withheld.
 type Ledger struct {
-	Total, Allocatable, Leased, Withheld Capacity
+	Total, Allocatable, Leased, Warm, Withheld Capacity
 }
 
 // HostCapacity reads the host's real CPUs, memory, PID limit, NBD devices
@@ -130,7 +133,7 @@ func sub(a, b Capacity) Capacity {
 // ledger derives the capacity ledger from the journal's sandbox records, so
 // capacity comes back exactly in the transaction that marks a generation
 // released (the one that stores its clean proof).
-func ledger(total, reserve Capacity, ss []journal.Sandbox) Ledger {
+func ledger(total, reserve Capacity, ss []journal.Sandbox, members []journal.WarmMember) Ledger {
 	c := Ledger{Total: total, Allocatable: sub(total, reserve)}
 	for _, s := range ss {
 		switch {
@@ -140,13 +143,20 @@ func ledger(total, reserve Capacity, ss []journal.Sandbox) Ledger {
 			c.Leased = add(c.Leased, held(s))
 		}
 	}
+	for _, m := range members {
+		if m.Rec.Withheld {
+			c.Withheld = add(c.Withheld, held(m.Rec))
+		} else {
+			c.Warm = add(c.Warm, held(m.Rec))
+		}
+	}
 	return c
 }
 
 // fits reports whether r fits in what is neither leased nor withheld, and
 // if not, which resource is short.
 func fits(c Ledger, r journal.Resources) (bool, string) {
-	free := sub(sub(c.Allocatable, c.Leased), c.Withheld)
+	free := sub(sub(sub(c.Allocatable, c.Leased), c.Warm), c.Withheld)
 	switch {
 	case r.CPUMillis > free.CPUMillis:
 		return false, fmt.Sprintf("cpu: asked %dm, free %dm", r.CPUMillis, free.CPUMillis)

@@ -76,9 +76,8 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 		if err := n.overlay.CheckDisk(req.Resources); err != nil {
 			return nil, err
 		}
-		lower = filepath.Join(n.cfg.TemplatesDir, req.RootFS.Template)
-		if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
-			return nil, errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", req.RootFS.Template)
+		if lower, err = n.lowerDir(req.RootFS.Template); err != nil {
+			return nil, err
 		}
 	case journal.RootFSBlock:
 		// The disk lease is the device size: no project quota.
@@ -111,16 +110,35 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	admitStart := time.Now()
 	base := rec
 	var started bool
+	var member string              // the warm member the claim took ("": cold)
+	var pooled bool                // the claim is one a warm pool serves
 	var waitBound <-chan time.Time // the bound on waiting for a carrier being made
 admit:
 	for {
 		rec = base
 		changed := n.net.CarrierChanges()
 		making := false
+		member, pooled = "", false
 		op, started, err = n.beginOp(ctx, op, func(tx *journal.Tx) error {
+			// A warm member of the claim's pool, if there is one: it
+			// brings its disk project, slot and every object but the
+			// policy's (warmpool.go).
+			var err error
+			if member, pooled, err = n.takeWarm(tx, &rec); err != nil {
+				return err
+			}
+			if member != "" {
+				if err := n.admitClaim(tx, rec); err != nil {
+					return err
+				}
+				if tab := n.policyTable(rec); len(tab) > 0 {
+					return tx.PutEffect(n.run.Intended(tab[0].Spec().Kind, rec))
+				}
+				return nil
+			}
 			// The disk project is allocated in the admitting transaction, so
-			// two claims never pick the same one.
-			live, err := tx.LiveSandboxes()
+			// two claims never pick the same one; a warm member's counts.
+			live, err := tx.Holders()
 			if err != nil {
 				return err
 			}
@@ -173,10 +191,21 @@ admit:
 	}
 	defer n.endOp(op.ID)
 	log := n.log.With("sandbox", id, "generation", req.Generation, "op", op.ID)
+	if pooled {
+		n.countWarm(req.RootFS.Template, member != "")
+		n.kickWarm()
+	}
 
-	ready, cerr := n.runClaim(ctx, rec, lower)
+	var ready journal.Sandbox
+	var cerr error
+	if member != "" {
+		log.Debug("claim takes a warm member", "member", member)
+		ready, cerr = n.runWarmClaim(ctx, rec)
+	} else {
+		ready, cerr = n.runClaim(ctx, rec, lower)
+	}
 	if cerr == nil {
-		log.Info("sandbox ready", "container", cid, "total_ms", ready.Timings.TotalMS)
+		log.Info("sandbox ready", "container", ready.ContainerID, "warm_member", member, "total_ms", ready.Timings.TotalMS)
 		n.armExpiry(rec)
 		n.watchExit(ctx, rec)
 		return n.storedAnswer(op.ID)
@@ -198,6 +227,15 @@ admit:
 		log.Error("rollback incomplete; capacity withheld", "err", err)
 	}
 	return nil, n.failOp(op, cerr)
+}
+
+// lowerDir is template's directory on this node (not_found: none).
+func (n *Node) lowerDir(template string) (string, error) {
+	lower := filepath.Join(n.cfg.TemplatesDir, template)
+	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
+		return "", errdefs.Errorf(errdefs.CodeNotFound, "template %q not found on this node", template)
+	}
+	return lower, nil
 }
 
 // storedAnswer is the answer journaled with the finished operation id.
@@ -226,10 +264,15 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	// The warm members that stay (one this claim takes is gone already).
+	members, err := tx.WarmMembers()
+	if err != nil {
+		return err
+	}
 	// The lease's pids.max, the runtime's allowance with the claim's.
 	need := rec.Resources
 	need.PIDs += rec.RuntimePIDs
-	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all), need); !ok {
+	if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, all, members), need); !ok {
 		return errdefs.Errorf(errdefs.CodeCapacityExhausted, "not enough allocatable capacity: %s", why)
 	}
 	if err := admitVolumes(all, rec); err != nil {

@@ -21,7 +21,7 @@ func TestDiskLedger(t *testing.T) {
 		{ID: "b", State: journal.StateReleased, Resources: res(2 << 30), Withheld: true},
 		{ID: "c", State: journal.StateReleased, Resources: res(8 << 30)},
 	}
-	c := ledger(total, reserve, ss)
+	c := ledger(total, reserve, ss, nil)
 	if c.Allocatable.DiskBytes != 9<<30 || c.Leased.DiskBytes != 4<<30 || c.Withheld.DiskBytes != 2<<30 {
 		t.Fatalf("disk ledger: allocatable %d leased %d withheld %d; want 9, 4, 2 GiB", c.Allocatable.DiskBytes, c.Leased.DiskBytes, c.Withheld.DiskBytes)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/node/pvolume"
 	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/warm"
 	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 )
@@ -110,6 +111,13 @@ type Config struct {
 	// stays (0: meter.DefaultMaxAge). See meter.Retention.
 	UsageKeep      int
 	UsageRetention time.Duration
+	// WarmPool sizes the warm pools per template (warmpool.go); no size
+	// above 0: no pool, every claim is cold. Versions.Runsc is the
+	// members' runsc build.
+	WarmPool warm.Settings
+	// WarmResources are a warm member's neutral limits until its claim
+	// (zero: DefaultWarmResources; the disk lease DefaultDiskBytes).
+	WarmResources journal.Resources
 }
 
 // DefaultCarrierWait is Config.CarrierWait's default: a carrier is made
@@ -181,6 +189,7 @@ type Node struct {
 	guest   *guest.Guest
 	overlay *overlay.Overlay
 	meter   *meter.Meter // usage metering (usage.go)
+	warm    warmPool     // the warm pool's filler and counts (warmpool.go)
 }
 
 // New wires a node. Call Reconcile before serving.
@@ -300,7 +309,11 @@ func (n *Node) Node(ctx context.Context) (Info, error) {
 		if err != nil {
 			return err
 		}
-		out.Capacity = ledger(n.d.Total, n.cfg.Reserve, ss)
+		ms, err := tx.WarmMembers()
+		if err != nil {
+			return err
+		}
+		out.Capacity = ledger(n.d.Total, n.cfg.Reserve, ss, ms)
 		for _, s := range ss {
 			if s.Withheld {
 				out.Withheld = append(out.Withheld, withheldLease(tx, s))

@@ -80,7 +80,7 @@ func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
 	c := ledger(total, reserve, []journal.Sandbox{
 		sb(journal.StateReady, false), sb(journal.StateClaiming, false), sb(journal.StateReleasing, false),
 		sb(journal.StateReleased, false), sb(journal.StateFailed, false), sb(journal.StateReleased, true),
-	})
+	}, nil)
 	if c.Allocatable.CPUMillis != 3500 || c.Leased.CPUMillis != 3000 || c.Withheld.CPUMillis != 1000 {
 		t.Fatalf("ledger = %+v; want allocatable 3500m, leased 3000m (ready+claiming+releasing), withheld 1000m", c)
 	}
@@ -89,7 +89,7 @@ func TestLedgerReturnsCapacityOnlyOnCleanProof(t *testing.T) {
 	} else if why == "" {
 		t.Fatal("no reason given")
 	}
-	c = ledger(total, reserve, []journal.Sandbox{sb(journal.StateReady, false)})
+	c = ledger(total, reserve, []journal.Sandbox{sb(journal.StateReady, false)}, nil)
 	if ok, _ := fits(c, journal.Resources{CPUMillis: 2500, MemoryBytes: 6 << 30, PIDs: 8900}); !ok {
 		t.Fatal("a claim of exactly the free capacity must fit")
 	}

@@ -140,12 +140,16 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		}
 	}
 	tCheck := time.Since(t0) - tList
+	// Warm members before the carriers and the sweep: each is destroyed
+	// with its cleanup proof (adoption is not built yet).
+	errs = append(errs, n.destroyMembers(ctx))
 	errs = append(errs, n.net.AdoptCarriers(ctx))
 	errs = append(errs, n.removeOrphans(ctx))
 	// Every takeover retries every withheld teardown once, whatever its
 	// backoff: the obstacle may have gone with the previous primary.
 	n.retryWithheld(ctx, "takeover", withheldIn(ss))
 	n.net.StartCarriers() // after the sweep, so it never races a carrier being made
+	n.startWarm()         // likewise a member being made
 	for _, s := range exited {
 		n.onExit(s) // an on_exit release a dead primary did not finish
 	}
@@ -237,6 +241,15 @@ func (n *Node) removeOrphans(ctx context.Context) error {
 			if s.Holds() || s.Withheld {
 				keep = append(keep, s)
 			}
+		}
+		// Members destroyMembers could not prove gone keep their
+		// objects and effect records for the next takeover's retry.
+		ms, err := tx.WarmMembers()
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			keep = append(keep, m.Rec)
 		}
 		if effects, err = tx.Effects(); err != nil {
 			return err

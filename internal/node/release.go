@@ -105,28 +105,7 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 			recorded[r.Spec().Kind] = journal.Effect{Kind: r.Spec().Kind, State: journal.Intended}
 		}
 	}
-	var errs []error
-	var over error // the term ended: stop, leave the rest to the next primary
-	steps := make([]journal.StepTiming, 0, len(tab))
-	for _, r := range slices.Backward(tab) {
-		st := journal.StepTiming{Resource: string(r.Spec().Kind)}
-		if e, ok := recorded[r.Spec().Kind]; ok {
-			if over = n.live(); over != nil {
-				break
-			}
-			t0 := time.Now()
-			if err := n.removeRecorded(ctx, r, rec, e); err != nil {
-				errs = append(errs, fmt.Errorf("remove %s %s: %w", r.Spec().Kind, rec.ContainerID, err))
-			}
-			st.RemoveMS = ms(time.Since(t0))
-		}
-		steps = append(steps, st)
-	}
-	if over == nil && len(errs) > 0 {
-		// A step that failed as the term ended was likely cut short by it:
-		// the successor decides, rather than an unproven proof of ours.
-		over = n.live()
-	}
+	steps, errs, over := n.removeRecordedAll(ctx, tab, rec, recorded)
 	if over != nil {
 		// No proof and no final state: the generation stays claiming or
 		// releasing in the journal, and the next primary's reconcile
@@ -204,6 +183,34 @@ func (n *Node) teardown(ctx context.Context, rec journal.Sandbox, opID string, f
 		log.Info("generation cleaned up", "state", final, "total_ms", ms(time.Since(start)))
 	}
 	return p, errors.Join(errs...)
+}
+
+// removeRecordedAll removes, in reverse table order, the entries of tab
+// that rec's generation has effect records of (removeRecorded), and times
+// each. over is the end of the term, which stops it: the rest is the next
+// primary's.
+func (n *Node) removeRecordedAll(ctx context.Context, tab []entry, rec journal.Sandbox, recorded map[journal.Kind]journal.Effect) (steps []journal.StepTiming, errs []error, over error) {
+	steps = make([]journal.StepTiming, 0, len(tab))
+	for _, r := range slices.Backward(tab) {
+		st := journal.StepTiming{Resource: string(r.Spec().Kind)}
+		if e, ok := recorded[r.Spec().Kind]; ok {
+			if over = n.live(); over != nil {
+				break
+			}
+			t0 := time.Now()
+			if err := n.removeRecorded(ctx, r, rec, e); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s %s: %w", r.Spec().Kind, rec.ContainerID, err))
+			}
+			st.RemoveMS = ms(time.Since(t0))
+		}
+		steps = append(steps, st)
+	}
+	if over == nil && len(errs) > 0 {
+		// A step that failed as the term ended was likely cut short by it:
+		// the successor decides, rather than an unproven proof of ours.
+		over = n.live()
+	}
+	return steps, errs, over
 }
 
 // effectsOf returns the effect records of rec's generation by kind.

@@ -26,6 +26,7 @@ import (
 	"github.com/ctld/ctld/internal/node/network"
 	"github.com/ctld/ctld/internal/node/overlay"
 	"github.com/ctld/ctld/internal/node/pvolume"
+	"github.com/ctld/ctld/internal/node/warm"
 	"github.com/ctld/ctld/internal/node/writers"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/testutil"
@@ -81,6 +82,10 @@ type testKernel struct {
 	carriers int
 	// carrierWait is Config.CarrierWait (0: its default).
 	carrierWait time.Duration
+	// warm is Config.WarmPool (RefillEvery 0: 1 ms), warmRes
+	// Config.WarmResources.
+	warm    warm.Settings
+	warmRes journal.Resources
 	// noReuse leaves out the claim and release of a next generation after
 	// each case (the VM, where each costs seconds).
 	noReuse bool
@@ -119,6 +124,14 @@ type testKernel struct {
 	// kernel's block store (StoreDir, NodeKeyFile, NodeKeyID,
 	// DeadConnTimeout), the fake's writer checks (CheckEvery).
 	blockStore BlockConfig
+}
+
+// warmSettings is the node's WarmPool: k.warm, refilled every 1 ms
+// unless it says otherwise.
+func (k *testKernel) warmSettings() warm.Settings {
+	s := k.warm
+	s.RefillEvery = cmp.Or(s.RefillEvery, time.Millisecond)
+	return s
 }
 
 // mode is the RootFS mode of the kernel's claims.
@@ -279,6 +292,7 @@ func (r *rig) boot() (returned bool, err error) {
 		Block:       r.k.blockConfig(),
 		AgentBinary: r.k.agentBinary, BootCPUMillis: r.k.bootCPU, RuntimePIDs: r.k.runtimePIDs, ReadyTimeout: r.k.readyTimeout,
 		ExitPoll: cmp.Or(r.k.exitPoll, -1),
+		WarmPool: r.k.warmSettings(), WarmResources: r.k.warmRes, Versions: Versions{Runsc: "test-runsc"},
 	}, Deps{
 		Guest:   guest.Deps{Leases: r.k.leases, Runtime: r.k.runtime, AgentDirs: r.k.agentDirs, AgentPeers: r.k.agentPeers},
 		Overlay: overlay.Deps{RootFS: r.k.rootfs},

@@ -298,3 +298,37 @@ func (g *Guest) initTail(rec journal.Sandbox) string {
 	}
 	return fmt.Sprintf(" (guest output: %q)", b)
 }
+
+// WarmHostname is a warm pool member's hostname until its claim sets the
+// claim's.
+const WarmHostname = "warm"
+
+// WarmClaim is a warm member's claim (rec: the claim's generation record,
+// which names the member's objects): the member's agent starts rec's
+// workload with its user, args, env and cwd, sets rec's hostname, and
+// answers rec's nonce, the readiness proof. The boot CPU allowance ended
+// at the member's own readiness.
+func (g *Guest) WarmClaim(ctx context.Context, rec journal.Sandbox) (string, error) {
+	bound := g.cfg.ReadyTimeout
+	if bound <= 0 {
+		bound = DefaultReadyTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	req := rec.Request
+	if req == nil {
+		return "", fmt.Errorf("warm claim of %s generation %d: no request recorded", rec.ID, rec.Generation)
+	}
+	args := req.Process.Args
+	if len(args) == 0 {
+		args = g.cfg.DefaultArgs
+	}
+	nonce, err := g.agentClient(rec).Claim(ctx, client.ClaimRequest{
+		Nonce: rec.Nonce, User: wire.User{UID: req.Process.UID, GID: req.Process.GID},
+		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, Hostname: rec.ID,
+	})
+	if err != nil {
+		return "", fmt.Errorf("readiness: the warm member's agent refused the claim%s: %w", g.initTail(rec), err)
+	}
+	return nonce, nil
+}

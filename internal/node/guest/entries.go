@@ -108,14 +108,22 @@ func (r bundleResource) Make(_ context.Context, c *resource.Claim) error {
 	// The spec's resources are the lease's, for the record: runsc
 	// (20221219) leaves a cgroup it did not create alone, so they never
 	// end a boot CPU allowance (lease's TestKernelRunscPrecreatedLease).
-	oci, err := runsc.BuildSpec(runsc.BundleSpec{
+	b := runsc.BundleSpec{
 		ContainerID: rec.ContainerID, RootPath: c.Root, Hostname: rec.ID, NetnsPath: c.NSPath,
 		CgroupsPath: r.g.d.Leases.CgroupsPath(rec.LeaseID), CPUMillis: req.Resources.CPUMillis,
 		MemoryBytes: req.Resources.MemoryBytes, PIDs: rec.Resources.PIDs + rec.RuntimePIDs,
 		Args: args, Env: req.Process.Env, Cwd: req.Process.Cwd, UID: req.Process.UID, GID: req.Process.GID,
 		OOMScoreAdj: r.g.cfg.GuestOOMScoreAdj, ResolvConf: resolv, Agent: r.g.agentSpec(rec),
 		Binds: c.Binds,
-	})
+	}
+	if rec.Warm {
+		// A warm pool member: the warm agent alone, a neutral hostname;
+		// the claim brings the workload, its user, env, cwd and hostname
+		// (WarmClaim).
+		b.Args, b.Env, b.Cwd, b.UID, b.GID, b.Hostname = nil, nil, "", 0, 0, WarmHostname
+		b.Agent.Warm = true
+	}
+	oci, err := runsc.BuildSpec(b)
 	if err != nil {
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "build OCI spec: %v", err)
 	}

@@ -220,7 +220,7 @@ func (n *Net) newCarrier() (c journal.Carrier, ok bool, err error) {
 			n.log.Debug("warm carriers: pool full", "carriers", pending)
 			return nil
 		}
-		live, err := tx.LiveSandboxes()
+		live, err := tx.Holders() // a warm member's slot is held too
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,9 @@
 package overlay
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 )
@@ -63,4 +66,17 @@ func (o *Overlay) diskProjects() DiskProjects {
 		return DefaultDiskProjects
 	}
 	return o.cfg.DiskProjects
+}
+
+// Relimit sets rec's disk quota to its resources' disk lease on the
+// scratch dir its project bounds already: a warm member's, taken by a
+// claim with another disk lease.
+func (o *Overlay) Relimit(ctx context.Context, rec journal.Sandbox) error {
+	if o == nil || o.fs == nil {
+		return errdefs.Errorf(errdefs.CodeUnavailable, "disk: not configured on this node")
+	}
+	if err := o.fs.LimitDisk(ctx, rec.ContainerID, rec.DiskProject, rec.Resources.DiskBytes); err != nil {
+		return fmt.Errorf("set the disk quota: %w", err)
+	}
+	return nil
 }

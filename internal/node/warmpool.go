@@ -1,0 +1,608 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/guest"
+	"github.com/ctld/ctld/internal/node/network"
+	"github.com/ctld/ctld/internal/node/resource"
+	"github.com/ctld/ctld/internal/node/warm"
+	"github.com/ctld/ctld/internal/proof"
+)
+
+// The warm pool (docs/architecture.md "Warm pool"): members are whole
+// guests booted ahead by the claim table's walk without the policy
+// entries (conntrack, nft, dns): lease with the pool's neutral limits,
+// disk quota and overlay on the template, netns and veth (a warm carrier
+// when there is one; no nft chain dispatches its link, so deny_all),
+// agent dir, a bundle with the warm agent, runsc. Each is journaled by a
+// record in its own bucket (journal.WarmMember; id and container id
+// "warm-<48 random bits in hex>", generation 1; never in the sandboxes
+// bucket, and no generation's container id, which all end in "-g<n>"),
+// its effect records keyed by that container id. A claim whose warm.KeyFor matches takes the oldest idle
+// member in its admitting transaction: the member record goes and its
+// effect records are re-keyed to the claim's sandbox and generation,
+// whose record then names the member's objects; the claim makes only the
+// policy entries, resizes the lease, sets the disk quota and calls the
+// agent's claim, whose answer is the readiness proof. A takeover destroys
+// every member with a cleanup proof (adoption is not built).
+
+// policyKinds are the entries a member is made without: its claim's.
+var policyKinds = []journal.Kind{journal.KindConntrack, journal.KindNft, journal.KindDNS}
+
+// DefaultWarmResources are a member's neutral limits when
+// Config.WarmResources is zero (its boot runs at Config.BootCPUMillis).
+var DefaultWarmResources = journal.Resources{CPUMillis: 100, MemoryBytes: 128 << 20, PIDs: 64}
+
+// DefaultWarmRefill is the least time between two member boots when
+// Config.WarmPool.RefillEvery is zero.
+const DefaultWarmRefill = time.Second
+
+// warmIDPrefix starts every member's id and container id: a generation's
+// names all end in "-g<generation>", a member's in hex digits.
+const warmIDPrefix = "warm-"
+
+// warmPool is the node's state of the warm pool.
+type warmPool struct {
+	once    sync.Once
+	kickCh  chan struct{}
+	mu      sync.Mutex
+	started bool
+	last    time.Time              // when the last member boot started
+	fails   int                    // member boots failed in a row
+	stats   map[string]*warm.Stats // per template: hits, misses
+}
+
+func (w *warmPool) kick() chan struct{} {
+	w.once.Do(func() { w.kickCh = make(chan struct{}, 1) })
+	return w.kickCh
+}
+
+// warmOn says whether this node keeps a warm pool.
+func (n *Node) warmOn() bool {
+	for _, v := range n.cfg.WarmPool.Sizes {
+		if v > 0 {
+			return n.cfg.AgentBinary != ""
+		}
+	}
+	return false
+}
+
+// warmResources are a new member's limits.
+func (n *Node) warmResources() journal.Resources {
+	r := n.cfg.WarmResources
+	if r == (journal.Resources{}) {
+		r = DefaultWarmResources
+	}
+	return n.overlay.WithDiskDefault(r)
+}
+
+// KickWarm asks the filler to look at the pool (never blocks).
+func (n *Node) kickWarm() {
+	if !n.warmOn() {
+		return
+	}
+	select {
+	case n.warm.kick() <- struct{}{}:
+	default:
+	}
+}
+
+// startWarm starts the term's filler once: it boots and expires members
+// as warm.Decide says, one at a time, until the term ends.
+func (n *Node) startWarm() {
+	if !n.warmOn() {
+		return
+	}
+	n.warm.mu.Lock()
+	started := n.warm.started
+	n.warm.started = true
+	n.warm.mu.Unlock()
+	if started {
+		return
+	}
+	kick := n.warm.kick()
+	go func() {
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for {
+			select {
+			case <-n.term.Context().Done():
+				return
+			case <-kick:
+			case <-timer.C:
+			}
+			next, ok := n.warmRound()
+			if !ok {
+				return
+			}
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			if !next.IsZero() {
+				timer.Reset(max(time.Until(next), time.Millisecond))
+			}
+		}
+	}()
+	n.kickWarm()
+}
+
+// warmSettings are the pool's settings with their defaults.
+func (n *Node) warmSettings() warm.Settings {
+	s := n.cfg.WarmPool
+	s.RefillEvery = cmp.Or(s.RefillEvery, DefaultWarmRefill)
+	return s
+}
+
+// warmRound is one step of the filler as an operation of the term: the
+// expiries, then at most one boot. It returns when to look again (zero:
+// on a kick) and false once the term is over.
+func (n *Node) warmRound() (time.Time, bool) {
+	ctx, done, err := n.begin(context.Background())
+	if err != nil {
+		return time.Time{}, false
+	}
+	defer done()
+	ms, err := n.warmMembers()
+	if err != nil {
+		n.log.Warn("warm pool: read members", "err", err)
+		return time.Now().Add(time.Second), true
+	}
+	n.warm.mu.Lock()
+	last := n.warm.last
+	n.warm.mu.Unlock()
+	p := warm.Decide(n.warmSettings(), asPoolMembers(ms), last, time.Now(), n.cfg.Versions.Runsc)
+	for _, id := range p.Expire {
+		for _, m := range ms {
+			if m.Rec.ID == id {
+				if _, err := n.destroyMember(ctx, m, "expired"); err != nil {
+					n.log.Warn("warm pool: destroy an expired member", "member", id, "err", err)
+				}
+			}
+		}
+	}
+	if p.Boot == nil {
+		return p.NextAt, true
+	}
+	n.warm.mu.Lock()
+	n.warm.last = time.Now()
+	n.warm.mu.Unlock()
+	err = n.bootMember(ctx, *p.Boot)
+	n.warm.mu.Lock()
+	defer n.warm.mu.Unlock()
+	if err != nil && n.live() == nil {
+		// Back off: RefillEvery doubled per failure in a row, up to a
+		// minute, so a broken template or agent costs no busy loop.
+		n.warm.fails++
+		wait := min(n.warmSettings().RefillEvery<<min(n.warm.fails, 16), time.Minute)
+		n.log.Warn("warm pool: member boot failed", "template", p.Boot.Template, "failures", n.warm.fails, "retry_in", wait, "err", err)
+		return time.Now().Add(wait), true
+	}
+	n.warm.fails = 0
+	return time.Now(), true // look again: the pool may want more
+}
+
+// warmMembers reads the member records.
+func (n *Node) warmMembers() ([]journal.WarmMember, error) {
+	var ms []journal.WarmMember
+	err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		ms, err = tx.WarmMembers()
+		return err
+	})
+	return ms, err
+}
+
+// asPoolMembers is the journal's members as warm.Decide sees them: a
+// member being removed holds capacity like a booting one and is no
+// candidate for anything.
+func asPoolMembers(ms []journal.WarmMember) []warm.Member {
+	out := make([]warm.Member, 0, len(ms))
+	for _, m := range ms {
+		st := warm.Booting
+		switch m.State {
+		case journal.WarmIdle:
+			st = warm.Idle
+		case journal.WarmRemoving:
+			st = warm.Expiring
+		}
+		out = append(out, warm.Member{ID: m.Rec.ID, Key: memberKey(m), State: st, Since: m.Since})
+	}
+	return out
+}
+
+func memberKey(m journal.WarmMember) warm.Key {
+	return warm.Key{Template: m.Rec.RootFS.Template, Mode: rootfsMode(m.Rec), Runsc: m.Runsc}
+}
+
+func newMemberID() (string, error) {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("read random member id: %w", err)
+	}
+	return warmIDPrefix + hex.EncodeToString(b), nil
+}
+
+// memberTable is the entries a member is made of: its claim table
+// without the policy entries.
+func (n *Node) memberTable(rec journal.Sandbox) []entry {
+	return slices.DeleteFunc(n.claimTable(rec), func(e entry) bool { return slices.Contains(policyKinds, e.Spec().Kind) })
+}
+
+// policyTable is the entries a warm claim makes: the policy entries of
+// its claim table.
+func (n *Node) policyTable(rec journal.Sandbox) []entry {
+	return slices.DeleteFunc(n.claimTable(rec), func(e entry) bool { return !slices.Contains(policyKinds, e.Spec().Kind) })
+}
+
+// bootMember journals a new member of pool k as booting, makes it, and
+// journals it idle once its agent answered the member's nonce. A member
+// that cannot be made is destroyed with a cleanup proof.
+func (n *Node) bootMember(ctx context.Context, k warm.Key) error {
+	id, err := newMemberID()
+	if err != nil {
+		return err
+	}
+	nonce, err := newNonce()
+	if err != nil {
+		return err
+	}
+	res := n.warmResources()
+	rootfs := journal.RootFS{Mode: journal.RootFSOverlay, Template: k.Template}
+	rec := journal.Sandbox{
+		ID: id, Generation: 1, State: journal.StateClaiming, ContainerID: id, LeaseID: id, Resources: res, RootFS: rootfs,
+		Epoch: n.d.Epoch, CreatedAt: time.Now().UTC(), ClaimOp: "warm-boot-" + id, Nonce: nonce, Netns: id,
+		Bundle: n.bundleDir(id), Request: &journal.ClaimRequest{RootFS: rootfs, Resources: res},
+		RuntimePIDs: n.cfg.RuntimePIDs, Warm: true,
+	}
+	lower, err := n.templateDir(k.Template)
+	if err != nil {
+		return err
+	}
+	tab := n.memberTable(rec)
+	admitted := false
+	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+		all, err := tx.Holders()
+		if err != nil {
+			return err
+		}
+		ms, err := tx.WarmMembers()
+		if err != nil {
+			return err
+		}
+		live, err := tx.LiveSandboxes()
+		if err != nil {
+			return err
+		}
+		need := rec.Resources
+		need.PIDs += rec.RuntimePIDs
+		if ok, why := fits(ledger(n.d.Total, n.cfg.Reserve, live, ms), need); !ok {
+			n.log.Debug("warm pool: no capacity for a member", "why", why)
+			return nil
+		}
+		if rec.DiskProject, err = n.overlay.AllocDiskProject(all); err != nil {
+			return err
+		}
+		if err := n.net.TakeCarrier(tx, all, &rec); err != nil {
+			return err
+		}
+		if err := tx.PutWarmMember(journal.WarmMember{State: journal.WarmBooting, Runsc: k.Runsc, Since: time.Now().UTC(), Rec: rec}); err != nil {
+			return err
+		}
+		admitted = true
+		if len(tab) > 0 {
+			return tx.PutEffect(n.run.Intended(tab[0].Spec().Kind, rec))
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, network.ErrCarrierMaking) {
+			return nil // the next kick
+		}
+		return fmt.Errorf("journal a new warm member: %w", err)
+	}
+	if !admitted {
+		return nil
+	}
+	start := time.Now()
+	c := &resource.Claim{Rec: rec, Lower: lower}
+	err = n.run.MakeAll(ctx, rec, effects(tab, c), func(journal.Kind, time.Duration) {})
+	if err == nil {
+		rec = c.Rec
+		rec.Root = c.Root
+		var got string
+		if got, err = n.guest.Ready(ctx, rec); err == nil && got != rec.Nonce {
+			err = fmt.Errorf("warm member %s answered another nonce", id)
+		}
+	}
+	if err == nil {
+		err = n.d.Journal.Update(func(tx *journal.Tx) error {
+			m, ok, err := tx.WarmMember(id)
+			if err != nil {
+				return err
+			}
+			if !ok || m.State != journal.WarmBooting {
+				return fmt.Errorf("warm member %s is no longer booting", id)
+			}
+			m.State, m.Since = journal.WarmIdle, time.Now().UTC()
+			rec.State = journal.StateReady
+			m.Rec = rec
+			return tx.PutWarmMember(m)
+		})
+	}
+	if err != nil {
+		if n.live() != nil {
+			return err // the next primary destroys it
+		}
+		m := journal.WarmMember{State: journal.WarmBooting, Runsc: k.Runsc, Rec: rec}
+		rb, cancel := n.background(2 * time.Minute)
+		defer cancel()
+		_, derr := n.destroyMember(rb, m, "boot failed: "+err.Error())
+		return errors.Join(err, derr)
+	}
+	n.log.Info("warm member ready", "member", id, "template", k.Template, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// templateDir is template's directory on this node.
+func (n *Node) templateDir(template string) (string, error) {
+	return n.lowerDir(template)
+}
+
+// destroyMember removes a member's objects (reverse table order, each
+// journaled as removing), checks each is gone, signs the cleanup proof
+// (operation "warm-destroy-<member>") and journals it; a clean proof
+// forgets the member, an unclean one keeps its record withheld (its
+// capacity out) for the next takeover.
+func (n *Node) destroyMember(ctx context.Context, m journal.WarmMember, reason string) (proof.Proof, error) {
+	rec := m.Rec
+	opID := "warm-destroy-" + rec.ID
+	log := n.log.With("member", rec.ID, "op", opID)
+	if err := n.live(); err != nil {
+		return proof.Proof{}, err
+	}
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		cur, ok, err := tx.WarmMember(rec.ID)
+		if err != nil || !ok {
+			return err
+		}
+		cur.State, cur.Since = journal.WarmRemoving, time.Now().UTC()
+		cur.Rec.State = journal.StateReleasing
+		rec = cur.Rec
+		return tx.PutWarmMember(cur)
+	}); err != nil {
+		return proof.Proof{}, fmt.Errorf("journal member %s removing: %w", rec.ID, err)
+	}
+	rec, _ = n.readIdentities(ctx, rec)
+	tab := n.tableFor(rec)
+	recorded, err := n.effectsOf(rec)
+	if err != nil {
+		return proof.Proof{}, fmt.Errorf("read effect records of member %s: %w", rec.ID, err)
+	}
+	steps, errs, over := n.removeRecordedAll(ctx, tab, rec, recorded)
+	if over != nil {
+		return proof.Proof{}, errors.Join(append(errs, over)...)
+	}
+	p := n.checkGone(ctx, tab, rec, opID, recorded, steps)
+	if err := proof.Sign(n.d.Identity, &p); err != nil {
+		errs = append(errs, fmt.Errorf("sign proof: %w", err))
+	}
+	if err := n.live(); err != nil {
+		return proof.Proof{}, errors.Join(append(errs, err)...)
+	}
+	err = n.d.Journal.Update(func(tx *journal.Tx) error {
+		if err := tx.PutProof(p); err != nil {
+			return err
+		}
+		if !p.Clean {
+			cur, ok, err := tx.WarmMember(rec.ID)
+			if err != nil || !ok {
+				return err
+			}
+			cur.Rec.Withheld = true
+			cur.Rec.Reason = reason + "; cleanup unproven: " + failedChecks(p)
+			return tx.PutWarmMember(cur)
+		}
+		for _, r := range n.table.All() {
+			if err := tx.DeleteEffect(r.Spec().Kind, rec.ContainerID); err != nil {
+				return err
+			}
+		}
+		return tx.DeleteWarmMember(rec.ID)
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("journal cleanup proof: %w", err))
+	}
+	if !p.Clean {
+		errs = append(errs, fmt.Errorf("cleanup unproven: %s", failedChecks(p)))
+	}
+	if len(errs) == 0 {
+		log.Info("warm member destroyed", "reason", reason)
+	}
+	n.kickCarriers()
+	return p, errors.Join(errs...)
+}
+
+// destroyMembers, on a takeover, destroys every member the journal has
+// with a cleanup proof: adopting idle ones is not built yet.
+func (n *Node) destroyMembers(ctx context.Context) error {
+	ms, err := n.warmMembers()
+	if err != nil {
+		return fmt.Errorf("read warm members: %w", err)
+	}
+	var errs []error
+	for _, m := range ms {
+		n.log.Info("destroying a warm member found on takeover", "member", m.Rec.ID, "state", m.State)
+		if _, err := n.destroyMember(ctx, m, "takeover"); err != nil {
+			errs = append(errs, fmt.Errorf("warm member %s: %w", m.Rec.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// takeWarm, inside a claim's admitting transaction, gives rec an idle
+// member of its pool if there is one: the member record goes, its effect
+// records are re-keyed to rec's sandbox and generation, and rec names its
+// objects. It reports the member taken ("" none) and whether the claim
+// was one the pool serves (for the hit and miss counts).
+func (n *Node) takeWarm(tx *journal.Tx, rec *journal.Sandbox) (string, bool, error) {
+	if !n.warmOn() || n.cfg.WarmPool.Sizes[rec.RootFS.Template] <= 0 {
+		return "", false, nil
+	}
+	req := rec.Request
+	_, why := warm.KeyFor(warm.Claim{
+		Template: rec.RootFS.Template, Mode: rootfsMode(*rec), Volumes: req != nil && len(req.Volumes) > 0,
+		MemoryBytes: rec.Resources.MemoryBytes, MemberMemory: n.warmResources().MemoryBytes,
+	}, n.cfg.Versions.Runsc)
+	if why != "" {
+		return "", false, nil
+	}
+	k := warm.Key{Template: rec.RootFS.Template, Mode: journal.RootFSOverlay, Runsc: n.cfg.Versions.Runsc}
+	ms, err := tx.WarmMembers()
+	if err != nil {
+		return "", true, err
+	}
+	pick, ok := warm.Take(asPoolMembers(ms), k)
+	if !ok {
+		return "", true, nil
+	}
+	var m journal.WarmMember
+	for _, x := range ms {
+		if x.Rec.ID == pick.ID {
+			m = x
+		}
+	}
+	if err := tx.DeleteWarmMember(m.Rec.ID); err != nil {
+		return "", true, err
+	}
+	for _, r := range n.table.All() {
+		e, ok, err := tx.Effect(r.Spec().Kind, m.Rec.ContainerID)
+		if err != nil {
+			return "", true, err
+		}
+		if !ok || e.SandboxID != m.Rec.ID || e.Generation != m.Rec.Generation {
+			continue
+		}
+		e.SandboxID, e.Generation, e.Epoch = rec.ID, rec.Generation, n.d.Epoch
+		if err := tx.PutEffect(e); err != nil {
+			return "", true, err
+		}
+	}
+	mr := m.Rec
+	rec.ContainerID, rec.LeaseID, rec.Netns, rec.Bundle, rec.Root = mr.ContainerID, mr.LeaseID, mr.Netns, mr.Bundle, mr.Root
+	rec.Slot, rec.DiskProject, rec.RootDev = mr.Slot, mr.DiskProject, mr.RootDev
+	rec.NetnsDev, rec.NetnsIno, rec.NetnsCookie = mr.NetnsDev, mr.NetnsIno, mr.NetnsCookie
+	rec.RuntimePIDs, rec.WarmMember = mr.RuntimePIDs, mr.ID
+	return mr.ID, true, nil
+}
+
+// countWarm counts a claim of template that the pool serves as a hit
+// (took a member) or a miss (went cold).
+func (n *Node) countWarm(template string, hit bool) {
+	n.warm.mu.Lock()
+	defer n.warm.mu.Unlock()
+	if n.warm.stats == nil {
+		n.warm.stats = map[string]*warm.Stats{}
+	}
+	s := n.warm.stats[template]
+	if s == nil {
+		s = &warm.Stats{}
+		n.warm.stats[template] = s
+	}
+	if hit {
+		s.Hits++
+	} else {
+		s.Misses++
+	}
+}
+
+// WarmPools is each configured pool's state (idle and booting members
+// now, hits and misses since the term began), by template.
+func (n *Node) WarmPools() (map[string]warm.Stats, error) {
+	out := map[string]warm.Stats{}
+	if !n.warmOn() {
+		return out, nil
+	}
+	ms, err := n.warmMembers()
+	if err != nil {
+		return nil, err
+	}
+	n.warm.mu.Lock()
+	for tpl, size := range n.cfg.WarmPool.Sizes {
+		if size <= 0 {
+			continue
+		}
+		var s warm.Stats
+		if p := n.warm.stats[tpl]; p != nil {
+			s = *p
+		}
+		out[tpl] = s
+	}
+	n.warm.mu.Unlock()
+	for _, m := range ms {
+		s, ok := out[m.Rec.RootFS.Template]
+		if !ok {
+			continue
+		}
+		switch m.State {
+		case journal.WarmIdle:
+			s.Idle++
+		case journal.WarmBooting:
+			s.Booting++
+		}
+		out[m.Rec.RootFS.Template] = s
+	}
+	return out, nil
+}
+
+// runWarmClaim makes a warm claim's generation ready: its policy entries,
+// its lease's limits, its disk quota, then the agent's claim, whose answer
+// is the readiness proof.
+func (n *Node) runWarmClaim(ctx context.Context, rec journal.Sandbox) (journal.Sandbox, error) {
+	t := journal.Timings{AdmitMS: rec.Timings.AdmitMS}
+	phase := n.table.Phases(&t)
+	start := time.Now()
+	c := &resource.Claim{Rec: rec, Root: rec.Root}
+	err := n.run.MakeAll(ctx, rec, effects(n.policyTable(rec), c), func(kind journal.Kind, took time.Duration) {
+		d := ms(took)
+		t.Steps = append(t.Steps, journal.StepTiming{Resource: string(kind), MakeMS: d})
+		if p := phase[kind]; p != nil {
+			*p += d
+		}
+	})
+	if err != nil {
+		return journal.Sandbox{}, err
+	}
+	step := time.Now()
+	spec := guest.LeaseSpec(rec.LeaseID, rec.Resources, 0, rec.RuntimePIDs)
+	if err := n.d.Guest.Leases.Resize(ctx, spec); err != nil {
+		return journal.Sandbox{}, fmt.Errorf("resize the warm member's lease: %w", err)
+	}
+	t.LeaseMS += ms(time.Since(step))
+	step = time.Now()
+	if err := n.overlay.Relimit(ctx, rec); err != nil {
+		return journal.Sandbox{}, err
+	}
+	t.RootFSMS += ms(time.Since(step))
+	step = time.Now()
+	nonce, err := n.guest.WarmClaim(ctx, rec)
+	if err != nil {
+		return journal.Sandbox{}, err
+	}
+	return n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: rec.ContainerID, Nonce: nonce}, func(s *journal.Sandbox) {
+		t.ProofMS = ms(time.Since(step))
+		t.TotalMS = ms(time.Since(start))
+		s.Timings = t
+	})
+}

@@ -1,0 +1,238 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ctld/ctld/internal/errdefs"
+	"github.com/ctld/ctld/internal/journal"
+	"github.com/ctld/ctld/internal/node/fakekernel"
+	"github.com/ctld/ctld/internal/node/warm"
+)
+
+// warmRig is a fake-kernel rig whose node keeps size warm members of
+// template busybox, refilled every refill (0: 1 ms).
+func warmRig(t *testing.T, size int, refill time.Duration) *rig {
+	tk, _ := fakeKernel(t)
+	tk.warm = warm.Settings{Sizes: map[string]int{"busybox": size}, RefillEvery: refill}
+	return newRig(t, tk)
+}
+
+// waitMembers waits until the journal holds exactly want idle members and
+// none booting or being removed, and returns them.
+func waitMembers(t testing.TB, r *rig, want int) []journal.WarmMember {
+	t.Helper()
+	for deadline := time.Now().Add(r.k.timeout); ; {
+		ms, err := r.n.warmMembers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle := 0
+		for _, m := range ms {
+			if m.State == journal.WarmIdle {
+				idle++
+			}
+		}
+		if idle == want && len(ms) == want {
+			return ms
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm members %+v, want %d idle", ms, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// memberHeld is what one member holds in the ledger.
+func memberHeld(r *rig) Capacity {
+	res := r.n.warmResources()
+	return Capacity{CPUMillis: res.CPUMillis, MemoryBytes: res.MemoryBytes, PIDs: res.PIDs + r.n.cfg.RuntimePIDs, DiskBytes: res.DiskBytes, Addresses: 1}
+}
+
+func (r *rig) ledger() Ledger {
+	r.t.Helper()
+	nd, err := r.n.Node(context.Background())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return nd.Capacity
+}
+
+// TestWarmPoolHitSingleUseRefill: a claim of the pool's template takes
+// the idle member (its record names the member's objects, its limits are
+// the claim's, its workload runs through the agent's claim), the member
+// is never handed out again, the pool refills with a new one; the ledger
+// shows the member as warm, never also as leased; release gives a clean
+// proof and leaves only the new member.
+func TestWarmPoolHitSingleUseRefill(t *testing.T) {
+	r := warmRig(t, 1, 0)
+	r.mustBoot()
+	m := waitMembers(t, r, 1)[0]
+	if l := r.ledger(); l.Warm != memberHeld(r) || l.Leased != (Capacity{}) {
+		t.Fatalf("ledger with one idle member: warm %+v leased %+v, want warm %+v and nothing leased", l.Warm, l.Leased, memberHeld(r))
+	}
+	if !strings.HasPrefix(m.Rec.ContainerID, warmIDPrefix) || m.Rec.Generation != 1 || !m.Rec.Warm {
+		t.Fatalf("member record %+v", m.Rec)
+	}
+	ss, err := r.n.List(context.Background())
+	if err != nil || len(ss) != 0 {
+		t.Fatalf("sandbox list with an idle member: %d sandboxes (%v), want none", len(ss), err)
+	}
+
+	req := claimReq("c1", 1)
+	req.Process.Env = []string{"CLAIM=1"}
+	got := r.mustClaim("sb", req).Sandbox
+	if got.WarmMember != m.Rec.ID || got.ContainerID != m.Rec.ContainerID || got.State != journal.StateReady {
+		t.Fatalf("claim did not take member %s: %+v", m.Rec.ID, got)
+	}
+	// The lease took the claim's cpu.max last (the member booted at its own).
+	if h := r.k.leases.(*fakekernel.Leases).CPUMaxHistory(got.LeaseID); len(h) < 2 || h[len(h)-1] != req.Resources.CPUMillis {
+		t.Errorf("cpu.max history of the taken member's lease %v, want the claim's %dm last", h, req.Resources.CPUMillis)
+	}
+	// The member's effect records are the claim's now.
+	for k, e := range r.effects() {
+		if e.Name == m.Rec.ContainerID && (e.SandboxID != "sb" || e.Generation != 1) {
+			t.Errorf("effect %s of the taken member still names %s/%d", k, e.SandboxID, e.Generation)
+		}
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	var out bytes.Buffer
+	if code, err := r.n.Exec(ctx, "sb", ExecRequest{Args: []string{"cat"}, Stdin: []byte("in")}, &out, &out); err != nil || code != 0 || out.String() != "in" {
+		t.Fatalf("exec in the warm claim: %d %v %q", code, err, out.String())
+	}
+
+	// Refilled with a new member; the taken one is never one again.
+	n := waitMembers(t, r, 1)[0]
+	if n.Rec.ID == m.Rec.ID {
+		t.Fatalf("the taken member %s is in the pool again", m.Rec.ID)
+	}
+	want := asCapacity(req.Resources)
+	want.PIDs += r.n.cfg.RuntimePIDs
+	want.Addresses = 1
+	if l := r.ledger(); l.Leased != want || l.Warm != memberHeld(r) {
+		t.Fatalf("ledger after the warm claim: leased %+v warm %+v, want leased %+v warm %+v", l.Leased, l.Warm, want, memberHeld(r))
+	}
+	st, err := r.n.WarmPools()
+	if err != nil || st["busybox"].Hits != 1 || st["busybox"].Misses != 0 || st["busybox"].Idle != 1 {
+		t.Fatalf("pool stats %+v %v, want 1 hit, 0 misses, 1 idle", st, err)
+	}
+
+	r.mustRelease("sb", "r1", 1)
+	r.checkProof("r1")
+	for _, e := range r.effects() {
+		if e.SandboxID != n.Rec.ID {
+			t.Errorf("effect record left after the release: %+v", e)
+		}
+	}
+	if u := r.allUnjournaled(); len(u) > 0 {
+		t.Errorf("unjournaled objects: %v", u)
+	}
+}
+
+// TestWarmPoolMissGoesCold: with the pool drained (no refill within the
+// test), a claim finds no member and is made cold; a claim the pool cannot
+// serve (memory below a member's) goes cold without counting as a miss.
+func TestWarmPoolMissGoesCold(t *testing.T) {
+	r := warmRig(t, 1, time.Hour)
+	r.mustBoot()
+	m := waitMembers(t, r, 1)[0]
+	small := claimReq("c0", 1)
+	small.Resources.MemoryBytes = 64 << 20
+	if got := r.mustClaim("small", small).Sandbox; got.WarmMember != "" || got.ContainerID != containerID("small", 1) {
+		t.Fatalf("a claim below a member's memory took one: %+v", got)
+	}
+	if got := r.mustClaim("a", claimReq("c1", 1)).Sandbox; got.WarmMember != m.Rec.ID {
+		t.Fatalf("first claim did not take the member: %+v", got)
+	}
+	got := r.mustClaim("b", claimReq("c2", 1)).Sandbox
+	if got.WarmMember != "" || got.ContainerID != containerID("b", 1) || got.State != journal.StateReady {
+		t.Fatalf("second claim with the pool drained: %+v, want a cold claim", got)
+	}
+	st, _ := r.n.WarmPools()
+	if s := st["busybox"]; s.Hits != 1 || s.Misses != 1 || s.HitRate() != 0.5 {
+		t.Fatalf("pool stats %+v, want 1 hit and 1 miss", s)
+	}
+	for _, id := range []string{"small", "a", "b"} {
+		r.mustRelease(id, "r-"+id, 1)
+		r.checkProof("r-" + id)
+	}
+	if l := r.ledger(); l.Leased != (Capacity{}) || l.Warm != (Capacity{}) {
+		t.Fatalf("ledger after releases with the pool drained: %+v", l)
+	}
+	r.checkClean("after releases, pool drained")
+}
+
+// TestWarmPoolTakeoverDestroysMembers: a takeover destroys every member
+// the journal has, idle or half booted, each with a clean signed cleanup
+// proof, and leaves nothing in the kernel (the new term keeps no pool).
+func TestWarmPoolTakeoverDestroysMembers(t *testing.T) {
+	r := warmRig(t, 2, 0)
+	r.mustBoot()
+	ms := waitMembers(t, r, 2)
+	r.k.warm = warm.Settings{}
+	r.mustBoot()
+	for _, m := range ms {
+		p := r.checkProof("warm-destroy-" + m.Rec.ID)
+		if p.SandboxID != m.Rec.ID || p.LeaseID != m.Rec.LeaseID || len(p.Checks) == 0 {
+			t.Errorf("proof of member %s: %+v", m.Rec.ID, p)
+		}
+	}
+	if left, _ := r.n.warmMembers(); len(left) != 0 {
+		t.Fatalf("members left after the takeover: %+v", left)
+	}
+	r.checkClean("after the takeover destroyed the members")
+	if l := r.ledger(); l.Warm != (Capacity{}) {
+		t.Fatalf("warm capacity after the takeover: %+v", l.Warm)
+	}
+}
+
+// TestWarmPoolTakeoverMidBoot: a term that ends while a member boots
+// (crash at its runsc step) leaves it to the next, which destroys it with
+// a clean proof.
+func TestWarmPoolTakeoverMidBoot(t *testing.T) {
+	r := warmRig(t, 1, 0)
+	r.arm("runsc:made")
+	r.mustBoot()
+	for deadline := time.Now().Add(r.k.timeout); r.lastCrash() != "runsc:made"; {
+		if time.Now().After(deadline) {
+			t.Fatal("the member's boot never reached runsc:made")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ms, err := r.n.warmMembers()
+	if err != nil || len(ms) != 1 || ms[0].State != journal.WarmBooting {
+		t.Fatalf("members after the crash: %+v %v, want one booting", ms, err)
+	}
+	r.arm("")
+	r.k.warm = warm.Settings{}
+	r.mustBoot()
+	r.checkProof("warm-destroy-" + ms[0].Rec.ID)
+	r.checkClean("after the takeover destroyed the half booted member")
+}
+
+// TestWarmPoolCountsInAdmission: members hold their capacity: a claim the
+// pool does not serve is refused when only the members' share would fit
+// it, and fits once a takeover destroyed them (the new term keeps no
+// pool).
+func TestWarmPoolCountsInAdmission(t *testing.T) {
+	r := warmRig(t, 1, 0)
+	r.k.warmRes = journal.Resources{CPUMillis: testTotal.CPUMillis - 100, MemoryBytes: 256 << 20, PIDs: 64}
+	r.mustBoot()
+	waitMembers(t, r, 1)
+	req := claimReq("c1", 1) // 200m, 128 MiB: below a member's memory, so cold
+	if _, err, _ := r.claim("sb", req); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
+		t.Fatalf("claim of 200m with 100m free beside the member: %v, want capacity_exhausted", err)
+	}
+	if l := r.ledger(); l.Warm.CPUMillis != testTotal.CPUMillis-100 || l.Leased != (Capacity{}) {
+		t.Fatalf("ledger: warm %+v leased %+v", l.Warm, l.Leased)
+	}
+	r.k.warm = warm.Settings{}
+	r.mustBoot()
+	r.mustClaim("sb", claimReq("c2", 1))
+	r.mustRelease("sb", "r2", 1)
+	r.checkClean("after the member's destruction and a claim")
+}
