@@ -285,7 +285,7 @@ func (r *Runtime) removeDead(id string) (removed bool, why string, err error) {
 		}
 	}
 	if !slices.Contains(files, filepath.Base(statePath)) {
-		return false, "no state file " + filepath.Base(statePath), nil
+		return r.removeStateless(id, files)
 	}
 	if why := r.knownFormat(id); why != "" {
 		return false, why, nil
@@ -366,4 +366,50 @@ func (r *Runtime) recordVersion(id string) error {
 		return fmt.Errorf("record runsc version: %w", err)
 	}
 	return nil
+}
+
+// removeStateless removes what a runsc killed half way through create
+// leaves of container id without a state file: its .lock (runsc creates
+// and flocks it before it saves the state) and a current build's control
+// socket. runsc lists and deletes containers by their state file, so
+// `runsc delete` calls such a container absent and leaves both, and the
+// cleanup proof (CheckGone) would fail on them for ever. They are removed
+// only when no process of id runs and the lock is free (no runsc command
+// is half way through id), and the state is still absent under it.
+func (r *Runtime) removeStateless(id string, files []string) (removed bool, why string, err error) {
+	none := "no state file " + stateName(id, "state")
+	if len(files) == 0 {
+		return false, none, nil
+	}
+	procs, err := r.processes(id)
+	if err != nil {
+		return false, err.Error(), nil
+	}
+	if len(procs) > 0 {
+		return false, none + "; processes left: " + strings.Join(procs, ", "), nil
+	}
+	lockPath := filepath.Join(r.Root, stateName(id, "lock"))
+	if slices.Contains(files, filepath.Base(lockPath)) {
+		lock, err := os.OpenFile(lockPath, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return false, fmt.Sprintf("%s; open lock: %v", none, err), nil
+		}
+		defer lock.Close()
+		if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			return false, fmt.Sprintf("%s; lock held by a runsc command (%v)", none, err), nil
+		}
+		if again, err := stateFiles(r.Root, id); err != nil || slices.Contains(again, stateName(id, "state")) {
+			return false, "a state file appeared under the lock", nil
+		}
+	}
+	if slices.Contains(files, controlSocketName(id)) {
+		if err := os.Remove(filepath.Join(r.Root, controlSocketName(id))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, "", fmt.Errorf("remove runsc control socket of %s: %w", id, err)
+		}
+	}
+	if err := os.Remove(lockPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return true, "", fmt.Errorf("remove runsc lock of %s: %w", id, err)
+	}
+	r.logger().Info("removed what a runsc create killed half way left (no state file)", "container", id, "files", files)
+	return true, "", nil
 }

@@ -341,3 +341,62 @@ func TestDeleteRefusesBadID(t *testing.T) {
 		t.Fatalf("removeDead(../c1) = %v, %q, %v; want refused", removed, why, err)
 	}
 }
+
+// TestDeleteStatelessLeftovers: a runsc create killed half way leaves its
+// .lock (and a current build's control socket) but no state file: runsc
+// calls the container absent and leaves them, so Delete removes them
+// itself when no process of it runs and the lock is free, and CheckGone
+// then passes. A held lock or a live process keeps them (runsc's turn).
+func TestDeleteStatelessLeftovers(t *testing.T) {
+	leave := func(t *testing.T, r *Runtime) (lock string) {
+		t.Helper()
+		if err := os.MkdirAll(r.Root, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		lock = filepath.Join(r.Root, stateName("c1", "lock"))
+		for _, f := range []string{lock, filepath.Join(r.Root, controlSocketName("c1"))} {
+			if err := os.WriteFile(f, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ok, _ := r.CheckGone(context.Background(), "c1"); ok {
+			t.Fatal("CheckGone passes with the leftovers: the test shows nothing")
+		}
+		return lock
+	}
+	t.Run("removed", func(t *testing.T) {
+		r, dir := newFake(t)
+		leave(t, r)
+		if err := r.Delete(context.Background(), "c1"); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "calls")); err == nil {
+			t.Fatalf("Delete of leftovers ran runsc: %s", b)
+		}
+		if ok, detail := r.CheckGone(context.Background(), "c1"); !ok {
+			t.Fatalf("CheckGone after Delete: %s", detail)
+		}
+	})
+	t.Run("lock held", func(t *testing.T) {
+		r, _ := newFake(t)
+		f, err := os.Open(leave(t, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+		if removed, why, err := r.removeDead("c1"); removed || err != nil || !strings.Contains(why, "lock held") {
+			t.Fatalf("removeDead with the lock held = %v, %q, %v; want left to runsc", removed, why, err)
+		}
+	})
+	t.Run("process runs", func(t *testing.T) {
+		r, _ := newFake(t)
+		leave(t, r)
+		startProc(t, "runsc-sandbox", "--root="+r.Root, "boot", "c1")
+		if removed, why, err := r.removeDead("c1"); removed || err != nil || !strings.Contains(why, "processes left") {
+			t.Fatalf("removeDead with a sandbox process = %v, %q, %v; want left to runsc", removed, why, err)
+		}
+	})
+}
