@@ -86,7 +86,7 @@ func (n *Node) warmResources() journal.Resources {
 	return n.overlay.WithDiskDefault(r)
 }
 
-// KickWarm asks the filler to look at the pool (never blocks).
+// kickWarm asks the filler to look at the pool (never blocks).
 func (n *Node) kickWarm() {
 	if !n.warmOn() {
 		return
