@@ -59,7 +59,10 @@ func startKernelFleet(t *testing.T, nodes, replicas int, max int64) *kernelFleet
 	}
 	key := f.env.fleetOwner()
 	for i := range replicas {
-		r, c := f.env.startFleetReplica(ca, key, "--template", "busybox", "--create-timeout", "5m", "--lease-ttl", "1s", "--replica-id", fmt.Sprintf("replica-%d", i))
+		// A 10s operation lease: at 1s, renewals running late under TCG
+		// let the other replica take live creates over (260 takeovers in
+		// one run); a killed replica's calls wait 10s for it.
+		r, c := f.env.startFleetReplica(ca, key, "--template", "busybox", "--create-timeout", "5m", "--lease-ttl", "10s", "--replica-id", fmt.Sprintf("replica-%d", i))
 		f.replicas = append(f.replicas, r)
 		f.clients = append(f.clients, c)
 	}
