@@ -48,7 +48,10 @@ func startKernelFleet(t *testing.T, nodes, replicas int, max int64) *kernelFleet
 		// Three guests booting at once on a TCG VM of a loaded host took
 		// over ctld's default 2m ready timeout: 4m here (the replicas'
 		// create timeout is 5m).
-		c, id, proc := f.env.startFleetNode(ctx, ca, i, []string{"--ready-timeout", "4m"}, "--max-sandboxes", fmt.Sprint(max), "--ttl", "10s", "--grace", "20s")
+		c, id, proc := f.env.startFleetNode(ctx, ca, i, []string{"--ready-timeout", "4m"}, "--max-sandboxes", fmt.Sprint(max), "--ttl", "10s", "--grace", "20s",
+			// Claims come by LISTEN/NOTIFY: polling every 200 ms too, three
+			// node processes took CPU the booting guests lacked under TCG.
+			"--poll", "1s")
 		f.ctlds = append(f.ctlds, c)
 		f.ids = append(f.ids, id)
 		f.nodeOf[id] = i
@@ -59,7 +62,10 @@ func startKernelFleet(t *testing.T, nodes, replicas int, max int64) *kernelFleet
 	}
 	key := f.env.fleetOwner()
 	for i := range replicas {
-		r, c := f.env.startFleetReplica(ca, key, "--template", "busybox", "--create-timeout", "5m", "--lease-ttl", "1s", "--replica-id", fmt.Sprintf("replica-%d", i))
+		// A 10s operation lease: at 1s, renewals running late under TCG
+		// let the other replica take live creates over (260 takeovers in
+		// one run); a killed replica's calls wait 10s for it.
+		r, c := f.env.startFleetReplica(ca, key, "--template", "busybox", "--create-timeout", "5m", "--lease-ttl", "10s", "--replica-id", fmt.Sprintf("replica-%d", i))
 		f.replicas = append(f.replicas, r)
 		f.clients = append(f.clients, c)
 	}
@@ -118,7 +124,8 @@ func (f *kernelFleet) overCapacity(ctx context.Context) (string, error) {
 	return strings.Join(over, "; "), nil
 }
 
-// sampleCapacity checks overCapacity every 200 ms until the returned stop
+// sampleCapacity checks overCapacity every second (more often took
+// the CPU the booting guests need under TCG) until the returned stop
 // is called; stop returns how many samples were taken (errors of a
 // database that is down are not samples).
 func (f *kernelFleet) sampleCapacity(t *testing.T) (stop func() int) {
@@ -130,7 +137,7 @@ func (f *kernelFleet) sampleCapacity(t *testing.T) (stop func() int) {
 			select {
 			case <-done:
 				return
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(time.Second):
 			}
 			over, err := f.overCapacity(context.Background())
 			if err != nil {
