@@ -691,7 +691,7 @@ func (n *Node) warmFallback(ctx context.Context, log *slog.Logger, rec, cold jou
 	if !p.Clean {
 		return fail(errors.Join(append(errs, fmt.Errorf("member %s: cleanup unproven: %s", member, failedChecks(p)))...))
 	}
-	log.Info("warm member destroyed", "member", member, "op", opID, "reason", "claim failed")
+	log.Info("warm member destroyed", "member", member, "proof_op", opID, "reason", "claim failed")
 	n.kickCarriers()
 
 	nonce, err := newNonce()
