@@ -86,6 +86,21 @@ type Node struct {
 	Capacity    NodeCapacity `json:"capacity"`
 	// Withheld lists the generations whose cleanup could not be proven.
 	Withheld []WithheldLease `json:"withheld_leases,omitempty"`
+	// WarmPools are the node's warm pools, by template (none: no pool).
+	WarmPools []WarmPool `json:"warm_pools,omitempty"`
+}
+
+// WarmPool is one warm pool's state: its members now (idle: ready to be
+// taken; booting) and its claims since the primary's term began (hits:
+// claims a member made ready; misses: claims of the pool made cold, no
+// idle member or a member that failed its claim). Its members' capacity
+// is NodeCapacity.Warm.
+type WarmPool struct {
+	Template string `json:"template"`
+	Idle     int    `json:"idle"`
+	Booting  int    `json:"booting"`
+	Hits     uint64 `json:"hits"`
+	Misses   uint64 `json:"misses"`
 }
 
 // WithheldLease is capacity held back because its cleanup is unproven.

@@ -8,6 +8,8 @@ package apiserver
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/ctld/ctld/internal/agent/wire"
@@ -223,6 +225,10 @@ func apiNode(n node.Info) api.Node {
 	if r := n.Rotation; r != nil {
 		out.KeyRotation = &api.KeyRotation{Version: r.Version, NodeID: r.NodeID, OldKey: r.OldKey, NewKey: r.NewKey,
 			IssuedAt: r.IssuedAt, OldSignature: r.OldSignature, NewSignature: r.NewSignature}
+	}
+	for _, tpl := range slices.Sorted(maps.Keys(n.WarmPools)) {
+		p := n.WarmPools[tpl]
+		out.WarmPools = append(out.WarmPools, api.WarmPool{Template: tpl, Idle: p.Idle, Booting: p.Booting, Hits: p.Hits, Misses: p.Misses})
 	}
 	for _, w := range n.Withheld {
 		checks := make([]api.ProofCheck, len(w.FailedChecks))

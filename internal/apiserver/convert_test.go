@@ -9,6 +9,7 @@ import (
 	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/warm"
 	"github.com/ctld/ctld/internal/proof"
 )
 
@@ -163,7 +164,12 @@ func TestAPINodeCarriesEveryField(t *testing.T) {
 		Capacity: node.Ledger{Total: c, Allocatable: c, Leased: c, Warm: c, Withheld: c},
 		Withheld: []node.Withheld{{SandboxID: "sb", Generation: 2, Reason: "r", Resources: c, FailedChecks: []proof.Check{{Name: "x", Detail: "d"}},
 			ProofOperationID: "op", RetryAttempts: 1, LastAttempt: at, NextAttempt: at}},
+		WarmPools: map[string]warm.Stats{"z": {Idle: 1, Booting: 2, Hits: 3, Misses: 4}, "a": {Idle: 5, Booting: 6, Hits: 7, Misses: 8}},
 	})
+	// The pools by template, in order (a map has none).
+	if want := []api.WarmPool{{Template: "a", Idle: 5, Booting: 6, Hits: 7, Misses: 8}, {Template: "z", Idle: 1, Booting: 2, Hits: 3, Misses: 4}}; !reflect.DeepEqual(got.WarmPools, want) {
+		t.Fatalf("warm pools %+v, want %+v", got.WarmPools, want)
+	}
 	// A failed check is not OK: the one field that is false by design.
 	got.Withheld[0].FailedChecks[0].OK = true
 	if z := zeroFields(reflect.ValueOf(got), "api.Node"); len(z) != 0 {

@@ -42,7 +42,8 @@ func testNode() *fakeNode {
 	}
 	return &fakeNode{
 		node: api.Node{Capacity: api.NodeCapacity{Total: c(4000, 8<<30), Allocatable: c(3750, 7<<30), Leased: c(500, 256<<20), Withheld: c(250, 128<<20)},
-			Withheld: []api.WithheldLease{{SandboxID: "w", Generation: 2}}},
+			Withheld:  []api.WithheldLease{{SandboxID: "w", Generation: 2}},
+			WarmPools: []api.WarmPool{{Template: "busybox", Idle: 2, Booting: 1, Hits: 7, Misses: 3}}},
 		list: api.SandboxList{Sandboxes: []api.Sandbox{
 			{ID: "r1", State: api.StateReady, OOMKills: 2, Writer: &api.BlockWriter{Restarts: 1}},
 			{ID: "r2", State: api.StateReady, OOMKills: 1},
@@ -104,8 +105,8 @@ func TestNamesLint(t *testing.T) {
 			ours++
 		}
 	}
-	if ours != 27 {
-		t.Errorf("%d ctld_ metric families, want 27 (docs/operations.md lists each: update both)", ours)
+	if ours != 29 {
+		t.Errorf("%d ctld_ metric families, want 29 (docs/operations.md lists each: update both)", ours)
 	}
 }
 
@@ -147,11 +148,19 @@ ctld_ready_oom_kills 3
 # HELP ctld_ready_writer_restarts NBD writer restarts of the ready block-mode generations (a generation's count leaves with it).
 # TYPE ctld_ready_writer_restarts gauge
 ctld_ready_writer_restarts 1
+# HELP ctld_warm_members Members of the node's warm pools now, by template and state (idle: ready to be taken; booting).
+# TYPE ctld_warm_members gauge
+ctld_warm_members{state="booting",template="busybox"} 1
+ctld_warm_members{state="idle",template="busybox"} 2
+# HELP ctld_warm_claims_total Claims of a warm pool's template since the primary's term began, by result (hit: a member made it ready; miss: made cold).
+# TYPE ctld_warm_claims_total counter
+ctld_warm_claims_total{result="hit",template="busybox"} 7
+ctld_warm_claims_total{result="miss",template="busybox"} 3
 # HELP ctld_journal_size_bytes Size of the journal's database file (bbolt grows it in steps, never shrinks it).
 # TYPE ctld_journal_size_bytes gauge
 ctld_journal_size_bytes 3.145728e+06
 `
-	names := []string{"ctld_node_cpu_cores", "ctld_generations", "ctld_withheld_generations", "ctld_ready_oom_kills", "ctld_ready_writer_restarts", "ctld_journal_size_bytes"}
+	names := []string{"ctld_node_cpu_cores", "ctld_generations", "ctld_withheld_generations", "ctld_ready_oom_kills", "ctld_ready_writer_restarts", "ctld_warm_members", "ctld_warm_claims_total", "ctld_journal_size_bytes"}
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}

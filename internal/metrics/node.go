@@ -39,6 +39,8 @@ var (
 	withDesc    = prometheus.NewDesc("ctld_withheld_generations", "Generations whose cleanup is unproven: their capacity is withheld.", nil, nil)
 	oomDesc     = prometheus.NewDesc("ctld_ready_oom_kills", "memory.max OOM kills counted in the leases of the ready generations (a generation's count leaves with it).", nil, nil)
 	restartDesc = prometheus.NewDesc("ctld_ready_writer_restarts", "NBD writer restarts of the ready block-mode generations (a generation's count leaves with it).", nil, nil)
+	warmMemDesc = prometheus.NewDesc("ctld_warm_members", "Members of the node's warm pools now, by template and state (idle: ready to be taken; booting).", []string{"template", "state"}, nil)
+	warmClmDesc = prometheus.NewDesc("ctld_warm_claims_total", "Claims of a warm pool's template since the primary's term began, by result (hit: a member made it ready; miss: made cold).", []string{"template", "result"}, nil)
 	jsizeDesc   = prometheus.NewDesc("ctld_journal_size_bytes", "Size of the journal's database file (bbolt grows it in steps, never shrinks it).", nil, nil)
 )
 
@@ -51,7 +53,7 @@ type nodeCollector struct {
 }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{cpuDesc, memDesc, pidsDesc, diskDesc, nbdDesc, addrDesc, genDesc, withDesc, oomDesc, restartDesc, jsizeDesc} {
+	for _, d := range []*prometheus.Desc{cpuDesc, memDesc, pidsDesc, diskDesc, nbdDesc, addrDesc, genDesc, withDesc, oomDesc, restartDesc, warmMemDesc, warmClmDesc, jsizeDesc} {
 		ch <- d
 	}
 }
@@ -78,6 +80,12 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(addrDesc, float64(p.c.Addresses), p.name)
 		}
 		gauge(withDesc, float64(len(n.Withheld)))
+		for _, p := range n.WarmPools {
+			gauge(warmMemDesc, float64(p.Idle), p.Template, "idle")
+			gauge(warmMemDesc, float64(p.Booting), p.Template, "booting")
+			ch <- prometheus.MustNewConstMetric(warmClmDesc, prometheus.CounterValue, float64(p.Hits), p.Template, "hit")
+			ch <- prometheus.MustNewConstMetric(warmClmDesc, prometheus.CounterValue, float64(p.Misses), p.Template, "miss")
+		}
 	}
 	if l, err := c.node.List(ctx); err != nil {
 		ch <- prometheus.NewInvalidMetric(genDesc, fmt.Errorf("list sandboxes: %w", err))

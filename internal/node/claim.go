@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -136,32 +137,17 @@ admit:
 				}
 				return nil
 			}
-			// The disk project is allocated in the admitting transaction, so
-			// two claims never pick the same one; a warm member's counts.
 			live, err := tx.Holders()
 			if err != nil {
 				return err
 			}
-			if rootfsMode(rec) == journal.RootFSOverlay {
-				if rec.DiskProject, err = n.overlay.AllocDiskProject(live); err != nil {
-					return err
-				}
-			}
-			// The address slot likewise (network): a warm carrier's if
-			// there is one.
-			if err := n.net.TakeCarrier(tx, live, &rec); err != nil {
-				making = errors.Is(err, network.ErrCarrierMaking)
+			if making, err = n.allocCold(tx, live, &rec); err != nil {
 				return err
 			}
 			if err := n.admitClaim(tx, rec); err != nil {
 				return err
 			}
-			// The first entry's intended record commits with the
-			// admission (makeEntries).
-			if tab := n.claimTable(rec); len(tab) > 0 {
-				return tx.PutEffect(n.run.Intended(tab[0].Spec().Kind, rec))
-			}
-			return nil
+			return n.intendFirst(tx, rec)
 		})
 		if !making {
 			break
@@ -192,7 +178,6 @@ admit:
 	defer n.endOp(op.ID)
 	log := n.log.With("sandbox", id, "generation", req.Generation, "op", op.ID)
 	if pooled {
-		n.countWarm(req.RootFS.Template, member != "")
 		n.kickWarm()
 	}
 
@@ -201,8 +186,23 @@ admit:
 	if member != "" {
 		log.Debug("claim takes a warm member", "member", member)
 		ready, cerr = n.runWarmClaim(ctx, rec)
+		var wf *warmClaimError
+		if errors.As(cerr, &wf) && n.live() == nil && ctx.Err() == nil {
+			// The member failed its claim (its guest died, its agent
+			// does not answer): destroy it and claim cold, so a pool
+			// never fails a claim that a cold one would pass.
+			var fell bool
+			if rec, fell, cerr = n.warmFallback(ctx, log, rec, base, member, wf.err); fell {
+				member = ""
+				ready, cerr = n.runClaim(ctx, rec, lower)
+			}
+		}
 	} else {
 		ready, cerr = n.runClaim(ctx, rec, lower)
+	}
+	if pooled {
+		// A hit is a claim the member made ready; a fallback is a miss.
+		n.countWarm(req.RootFS.Template, member != "" && cerr == nil)
 	}
 	if cerr == nil {
 		log.Info("sandbox ready", "container", ready.ContainerID, "warm_member", member, "total_ms", ready.Timings.TotalMS)
@@ -227,6 +227,32 @@ admit:
 		log.Error("rollback incomplete; capacity withheld", "err", err)
 	}
 	return nil, n.failOp(op, cerr)
+}
+
+// allocCold, in a claim's admitting transaction, gives a cold claim rec
+// its disk project and address slot over holders (tx.Holders: a warm
+// member's count), so two claims never pick the same one. making says the
+// last free block is a warm carrier's being made (network.ErrCarrierMaking).
+func (n *Node) allocCold(tx *journal.Tx, holders []journal.Sandbox, rec *journal.Sandbox) (making bool, err error) {
+	if rootfsMode(*rec) == journal.RootFSOverlay {
+		if rec.DiskProject, err = n.overlay.AllocDiskProject(holders); err != nil {
+			return false, err
+		}
+	}
+	// The address slot likewise (network): a warm carrier's if there is one.
+	if err := n.net.TakeCarrier(tx, holders, rec); err != nil {
+		return errors.Is(err, network.ErrCarrierMaking), err
+	}
+	return false, nil
+}
+
+// intendFirst journals the intended record of rec's first claim entry: it
+// commits with the admission (makeEntries).
+func (n *Node) intendFirst(tx *journal.Tx, rec journal.Sandbox) error {
+	if tab := n.claimTable(rec); len(tab) > 0 {
+		return tx.PutEffect(n.run.Intended(tab[0].Spec().Kind, rec))
+	}
+	return nil
 }
 
 // lowerDir is template's directory on this node (not_found: none).
@@ -260,10 +286,19 @@ func (n *Node) admitClaim(tx *journal.Tx, rec journal.Sandbox) error {
 	if ok && req.Generation <= prev.Generation {
 		return errdefs.Errorf(errdefs.CodeConflict, "generation %d is not newer than the sandbox's generation %d", req.Generation, prev.Generation)
 	}
+	return n.admitFits(tx, rec)
+}
+
+// admitFits admits rec if it fits the ledger beside every other live
+// generation and warm member (a record of rec's own generation, which it
+// replaces, does not count: a warm claim falling back to cold) and its
+// volumes are free, and journals it.
+func (n *Node) admitFits(tx *journal.Tx, rec journal.Sandbox) error {
 	all, err := tx.LiveSandboxes()
 	if err != nil {
 		return err
 	}
+	all = slices.DeleteFunc(all, func(s journal.Sandbox) bool { return s.ID == rec.ID && s.Generation == rec.Generation })
 	// The warm members that stay (one this claim takes is gone already).
 	members, err := tx.WarmMembers()
 	if err != nil {

@@ -289,6 +289,8 @@ type Info struct {
 	Capacity Ledger
 	// Withheld are the generations whose cleanup is unproven.
 	Withheld []Withheld
+	// WarmPools is each configured warm pool's state by template (WarmPools).
+	WarmPools map[string]warm.Stats
 }
 
 // Node is the node's identity, term and capacity ledger.
@@ -314,6 +316,7 @@ func (n *Node) Node(ctx context.Context) (Info, error) {
 			return err
 		}
 		out.Capacity = ledger(n.d.Total, n.cfg.Reserve, ss, ms)
+		out.WarmPools = n.warmPoolsOf(ms)
 		for _, s := range ss {
 			if s.Withheld {
 				out.Withheld = append(out.Withheld, withheldLease(tx, s))

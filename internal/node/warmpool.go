@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/ctld/ctld/internal/errdefs"
 	"github.com/ctld/ctld/internal/journal"
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/network"
@@ -530,13 +532,21 @@ func (n *Node) countWarm(template string, hit bool) {
 // WarmPools is each configured pool's state (idle and booting members
 // now, hits and misses since the term began), by template.
 func (n *Node) WarmPools() (map[string]warm.Stats, error) {
-	out := map[string]warm.Stats{}
 	if !n.warmOn() {
-		return out, nil
+		return map[string]warm.Stats{}, nil
 	}
 	ms, err := n.warmMembers()
 	if err != nil {
 		return nil, err
+	}
+	return n.warmPoolsOf(ms), nil
+}
+
+// warmPoolsOf is WarmPools over the member records ms.
+func (n *Node) warmPoolsOf(ms []journal.WarmMember) map[string]warm.Stats {
+	out := map[string]warm.Stats{}
+	if !n.warmOn() {
+		return out
 	}
 	n.warm.mu.Lock()
 	for tpl, size := range n.cfg.WarmPool.Sizes {
@@ -563,7 +573,7 @@ func (n *Node) WarmPools() (map[string]warm.Stats, error) {
 		}
 		out[m.Rec.RootFS.Template] = s
 	}
-	return out, nil
+	return out
 }
 
 // runWarmClaim makes a warm claim's generation ready: its policy entries,
@@ -582,27 +592,164 @@ func (n *Node) runWarmClaim(ctx context.Context, rec journal.Sandbox) (journal.S
 		}
 	})
 	if err != nil {
-		return journal.Sandbox{}, err
+		return journal.Sandbox{}, &warmClaimError{err}
 	}
 	step := time.Now()
 	spec := guest.LeaseSpec(rec.LeaseID, rec.Resources, 0, rec.RuntimePIDs)
 	if err := n.d.Guest.Leases.Resize(ctx, spec); err != nil {
-		return journal.Sandbox{}, fmt.Errorf("resize the warm member's lease: %w", err)
+		return journal.Sandbox{}, &warmClaimError{fmt.Errorf("resize the warm member's lease: %w", err)}
 	}
 	t.LeaseMS += ms(time.Since(step))
 	step = time.Now()
 	if err := n.overlay.Relimit(ctx, rec); err != nil {
-		return journal.Sandbox{}, err
+		return journal.Sandbox{}, &warmClaimError{err}
 	}
 	t.RootFSMS += ms(time.Since(step))
 	step = time.Now()
-	nonce, err := n.guest.WarmClaim(ctx, rec)
+	nonce, err := n.guest.WarmClaim(ctx, rec) // bounded: guest.WarmClaimTimeout
 	if err != nil {
-		return journal.Sandbox{}, err
+		return journal.Sandbox{}, &warmClaimError{err}
 	}
 	return n.acceptReadiness(Readiness{SandboxID: rec.ID, Generation: rec.Generation, ContainerID: rec.ContainerID, Nonce: nonce}, func(s *journal.Sandbox) {
 		t.ProofMS = ms(time.Since(step))
 		t.TotalMS = ms(time.Since(start))
 		s.Timings = t
 	})
+}
+
+// warmClaimError is a warm claim's failure before its readiness was
+// published: the claim may fall back to a cold one (warmFallback).
+type warmClaimError struct{ err error }
+
+func (e *warmClaimError) Error() string { return "warm claim: " + e.err.Error() }
+func (e *warmClaimError) Unwrap() error { return e.err }
+
+// warmFallback, after claim rec's warm member failed its claim (cause),
+// destroys the member's objects, which rec names now, with the ordinary
+// removal walk and a signed cleanup proof (operation
+// "warm-destroy-<member>"), then re-admits rec's generation as the cold
+// claim cold (the claim's record before it took the member) with a fresh
+// nonce, in place of rec's record. It returns the cold record and true,
+// or rec, false and the error when it could not (an unclean proof, the
+// term's end, the record changed): the caller then rolls rec back as any
+// failed claim.
+func (n *Node) warmFallback(ctx context.Context, log *slog.Logger, rec, cold journal.Sandbox, member string, cause error) (journal.Sandbox, bool, error) {
+	start := time.Now()
+	log.Warn("warm member failed its claim; destroying it and claiming cold", "member", member, "err", cause)
+	fail := func(err error) (journal.Sandbox, bool, error) {
+		return rec, false, errors.Join(&warmClaimError{cause}, err)
+	}
+	// The removal runs to its end even if the caller goes away (as a
+	// rollback would), within the term.
+	rb, cancel := n.background(2 * time.Minute)
+	defer cancel()
+	cur, err := n.sandbox(rec.ID)
+	if err != nil {
+		return fail(err)
+	}
+	if cur.Generation != rec.Generation || cur.State != journal.StateClaiming || cur.WarmMember != member {
+		return fail(fmt.Errorf("sandbox %s changed while its warm claim ran (generation %d, %s)", rec.ID, cur.Generation, cur.State))
+	}
+	cur = n.identify(rb, cur)
+	opID := "warm-destroy-" + member
+	tab := n.tableFor(cur)
+	recorded, err := n.effectsOf(cur)
+	if err != nil {
+		return fail(fmt.Errorf("read effect records of member %s: %w", member, err))
+	}
+	steps, errs, over := n.removeRecordedAll(rb, tab, cur, recorded)
+	if over != nil {
+		return fail(errors.Join(append(errs, over)...))
+	}
+	p := n.checkGone(rb, tab, cur, opID, recorded, steps)
+	if err := proof.Sign(n.d.Identity, &p); err != nil {
+		return fail(fmt.Errorf("sign the member's proof: %w", err))
+	}
+	if err := n.live(); err != nil {
+		return fail(err)
+	}
+	// The proof, and on a clean one the end of the effect records: the
+	// record still names the member's slot and disk project, so nothing
+	// else takes them until the cold admission below replaces it; an
+	// unclean one keeps them for the claim's ordinary rollback.
+	if err := n.d.Journal.Update(func(tx *journal.Tx) error {
+		if err := tx.PutProof(p); err != nil {
+			return err
+		}
+		if !p.Clean {
+			return nil
+		}
+		for _, r := range n.table.All() {
+			if err := tx.DeleteEffect(r.Spec().Kind, cur.ContainerID); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fail(fmt.Errorf("journal the member's cleanup proof: %w", err))
+	}
+	if !p.Clean {
+		return fail(errors.Join(append(errs, fmt.Errorf("member %s: cleanup unproven: %s", member, failedChecks(p)))...))
+	}
+	log.Info("warm member destroyed", "member", member, "proof_op", opID, "reason", "claim failed")
+	n.kickCarriers()
+
+	nonce, err := newNonce()
+	if err != nil {
+		return fail(err)
+	}
+	cold.Nonce = nonce
+	cold.Timings.AdmitMS = rec.Timings.AdmitMS
+	var bound <-chan time.Time
+	for {
+		var making bool
+		changed := n.net.CarrierChanges()
+		next := cold
+		err = n.d.Journal.Update(func(tx *journal.Tx) error {
+			s, ok, err := tx.Sandbox(rec.ID)
+			if err != nil {
+				return err
+			}
+			if !ok || s.Generation != rec.Generation || s.State != journal.StateClaiming || s.WarmMember != member {
+				return errdefs.Errorf(errdefs.CodeFenced, "sandbox %s changed while its warm member was destroyed", rec.ID)
+			}
+			// Over every holder but the record this one replaces.
+			holders, err := tx.Holders()
+			if err != nil {
+				return err
+			}
+			holders = slices.DeleteFunc(holders, func(h journal.Sandbox) bool { return h.ID == s.ID && h.Generation == s.Generation })
+			if making, err = n.allocCold(tx, holders, &next); err != nil {
+				return err
+			}
+			if err := n.admitFits(tx, next); err != nil {
+				return err
+			}
+			return n.intendFirst(tx, next)
+		})
+		if !making {
+			break
+		}
+		if bound == nil {
+			t := time.NewTimer(n.net.CarrierWait())
+			defer t.Stop()
+			bound = t.C
+		}
+		select {
+		case <-changed:
+			continue
+		case <-bound:
+		case <-ctx.Done():
+		}
+		break
+	}
+	if err != nil {
+		return fail(fmt.Errorf("admit the cold claim after the warm member: %w", err))
+	}
+	log.Info("claim falls back to cold", "member", member, "fallback_ms", ms(time.Since(start)))
+	cur, err = n.sandbox(rec.ID)
+	if err != nil {
+		return fail(err)
+	}
+	return cur, true, nil
 }

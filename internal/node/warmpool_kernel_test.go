@@ -131,3 +131,40 @@ func TestKernelWarmPool(t *testing.T) {
 	r.checkClean("after both releases")
 	checkUnjournaled(r, crashCase{})
 }
+
+// TestKernelWarmPoolDeadMember: a real member whose guest was killed
+// (sandbox and gofer) is destroyed when a claim takes it, with a clean
+// proof, and the claim is made cold and ready; nothing is left.
+func TestKernelWarmPoolDeadMember(t *testing.T) {
+	ktest.Require(t)
+	k := realKernel(t)
+	k.noReuse = true
+	k.bootCPU = 2000
+	k.warmRes = journal.Resources{CPUMillis: 250, MemoryBytes: 256 << 20, PIDs: 512}
+	k.warm = warm.Settings{Sizes: map[string]int{"busybox": 1}, RefillEvery: time.Hour}
+	r := newRig(t, k)
+	r.mustBoot()
+	m := waitMembers(t, r, 1)[0]
+	r.k.killGuest(t, m.Rec.ContainerID)
+	t1 := time.Now()
+	got := r.mustClaim("sb", claimReq("c1", 1)).Sandbox
+	t.Logf("claim of a dead member, made cold: %d ms", time.Since(t1).Milliseconds())
+	if got.State != journal.StateReady || got.WarmMember != "" || got.ContainerID != containerID("sb", 1) {
+		t.Fatalf("claim of a dead member: %+v, want a ready cold claim", got)
+	}
+	p := r.checkProof("warm-destroy-" + m.Rec.ID)
+	if p.LeaseID != m.Rec.LeaseID {
+		t.Errorf("proof of the dead member names lease %s, want %s", p.LeaseID, m.Rec.LeaseID)
+	}
+	var out strings.Builder
+	if code, err := r.n.Exec(context.Background(), "sb", ExecRequest{Args: []string{"/bin/sh", "-c", "echo ok"}}, &out, &out); err != nil || code != 0 || strings.TrimSpace(out.String()) != "ok" {
+		t.Errorf("exec in the cold claim: %d %v %q", code, err, out.String())
+	}
+	if st, _ := r.n.WarmPools(); st["busybox"].Hits != 0 || st["busybox"].Misses != 1 {
+		t.Errorf("pool stats %+v, want 0 hits and 1 miss", st["busybox"])
+	}
+	r.mustRelease("sb", "r1", 1)
+	r.checkProof("r1")
+	r.checkClean("after the fallback's release")
+	checkUnjournaled(r, crashCase{})
+}

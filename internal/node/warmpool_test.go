@@ -236,3 +236,57 @@ func TestWarmPoolCountsInAdmission(t *testing.T) {
 	r.mustRelease("sb", "r2", 1)
 	r.checkClean("after the member's destruction and a claim")
 }
+
+// TestWarmPoolDeadMemberFallsBackCold: a claim that takes a member whose
+// guest died (its agent does not answer the claim) does not fail: the
+// member's objects are destroyed with a clean signed proof
+// (warm-destroy-<member>), the claim is made cold and is ready, counted as
+// a miss; its release leaves nothing.
+func TestWarmPoolDeadMemberFallsBackCold(t *testing.T) {
+	r := warmRig(t, 1, time.Hour)
+	r.mustBoot()
+	m := waitMembers(t, r, 1)[0]
+	r.k.killGuest(t, m.Rec.ContainerID)
+
+	got := r.mustClaim("sb", claimReq("c1", 1)).Sandbox
+	if got.State != journal.StateReady || got.WarmMember != "" || got.ContainerID != containerID("sb", 1) {
+		t.Fatalf("claim of a dead member: %+v, want a ready cold claim", got)
+	}
+	p := r.checkProof("warm-destroy-" + m.Rec.ID)
+	if p.LeaseID != m.Rec.LeaseID || len(p.Checks) == 0 {
+		t.Errorf("proof of the dead member: %+v", p)
+	}
+	if ms, err := r.n.warmMembers(); err != nil || len(ms) != 0 {
+		t.Errorf("members after the fallback: %+v %v, want none (no refill within the test)", ms, err)
+	}
+	for k, e := range r.effects() {
+		if e.Name == m.Rec.ContainerID {
+			t.Errorf("effect record %s of the dead member left: %+v", k, e)
+		}
+	}
+	want := asCapacity(claimReq("c1", 1).Resources)
+	want.PIDs += r.n.cfg.RuntimePIDs
+	want.Addresses = 1
+	if l := r.ledger(); l.Leased != want || l.Warm != (Capacity{}) || l.Withheld != (Capacity{}) {
+		t.Fatalf("ledger after the fallback: leased %+v warm %+v withheld %+v, want leased %+v only", l.Leased, l.Warm, l.Withheld, want)
+	}
+	st, err := r.n.WarmPools()
+	if s := st["busybox"]; err != nil || s.Hits != 0 || s.Misses != 1 {
+		t.Fatalf("pool stats %+v %v, want 0 hits and 1 miss", s, err)
+	}
+	if nd, err := r.n.Node(context.Background()); err != nil || nd.WarmPools["busybox"] != st["busybox"] {
+		t.Fatalf("node info's warm pools %+v %v, want %+v", nd.WarmPools, err, st)
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	var out bytes.Buffer
+	if code, err := r.n.Exec(ctx, "sb", ExecRequest{Args: []string{"cat"}, Stdin: []byte("in")}, &out, &out); err != nil || code != 0 || out.String() != "in" {
+		t.Fatalf("exec in the cold fallback: %d %v %q", code, err, out.String())
+	}
+	r.mustRelease("sb", "r1", 1)
+	r.checkProof("r1")
+	if u := r.allUnjournaled(); len(u) > 0 {
+		t.Errorf("unjournaled objects: %v", u)
+	}
+	r.checkClean("after the fallback's release")
+}
