@@ -132,7 +132,7 @@ ctl-manager sandbox network demo --mode deny_all
 refused 8080
 
 step "restart ctld@a: it joins as standby (no failback)"
-ctld run --slot a >"$LOGS/a2.log" 2>&1 & pids+=("$!")
+ctld run --slot a >"$LOGS/a2.log" 2>&1 & A2=$!; pids+=("$A2")
 wait_standby a
 ctld status
 
@@ -175,6 +175,26 @@ echo "POST .../resume (the next generation, from the sealed root):"
 api -X POST "$API/sandboxes/$BLK/resume" | jq -c '{id, state, generation}'
 echo "GET .../files?path=/root/kept.txt after the resume: $(api "$API/sandboxes/$BLK/files?path=/root/kept.txt")"
 api -X DELETE "$API/sandboxes/$BLK" | jq -c '.proof | {operation_id, verified, clean}'
+
+step "a warm pool: ctld@a again, with --warm-pool busybox=1 (a guest booted ahead, agent up, no workload)"
+kill "$B" "$A2"
+wait "$B" "$A2" 2>/dev/null || true
+ctld run --slot a --warm-pool busybox=1 >"$LOGS/a3.log" 2>&1 & A3=$!; pids+=("$A3")
+wait_primary a
+warm_idle() { [ "$(ctl-manager --json --timeout 10s node status | jq '[.node.warm_pools[]? | select(.template == "busybox") | .idle] | add // 0')" -ge 1 ]; }
+wait_for 300 "the warm pool's busybox member to boot and answer its agent" warm_idle
+echo "a claim that takes the warm member (no runsc create/start; its agent's claim answer is the readiness proof):"
+ctl-manager sandbox create warm1 --cpu 500m --memory 256Mi --pids 256 | grep -E '^timings'
+echo "a cold claim of the same spec (the pool is still refilling):"
+ctl-manager sandbox create cold1 --cpu 500m --memory 256Mi --pids 256 | grep -E '^timings'
+echo "pool: $(ctl-manager --json node status | jq -c '.node.warm_pools')"
+ctl-manager sandbox destroy warm1 >/dev/null
+ctl-manager sandbox destroy cold1 >/dev/null
+kill "$A3"
+wait "$A3" 2>/dev/null || true
+ctld run --slot a >"$LOGS/a4.log" 2>&1 & pids+=("$!")
+wait_primary a
+echo "ctld@a without a pool took over: the warm member was destroyed with a cleanup proof"
 
 step "nothing left: runsc containers, lease cgroups, netns"
 echo "runsc containers: $(runsc --root /run/ctld/runsc list -quiet | wc -l)"
