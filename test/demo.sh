@@ -20,10 +20,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_for SECONDS WHAT CMD...: polls CMD until it succeeds; gives up after
-# SECONDS, saying what it waited for, with ctld's logs.
+# wait_for SECONDS WHAT CMD...: polls CMD until it succeeds and says what
+# it waited for and how long; gives up after SECONDS, saying what it waited
+# for, with ctld's logs.
 wait_for() {
-	local limit=$1 what=$2 start=$SECONDS
+	local limit=$1 what=$2 start=$SECONDS t=${EPOCHREALTIME/./}
 	shift 2
 	until "$@" >/dev/null 2>&1; do
 		if (( SECONDS - start >= limit )); then
@@ -33,6 +34,7 @@ wait_for() {
 		fi
 		sleep 0.1
 	done
+	echo "(waited $(( (${EPOCHREALTIME/./} - t) / 1000 )) ms for $what)"
 }
 is_role() { # slot role
 	ctld status --json | grep -q "\"slot\":\"$1\",\"role\":\"$2\",\"epoch\":[0-9]*,\"health\":\"ok\""
