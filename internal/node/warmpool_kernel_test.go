@@ -22,14 +22,7 @@ import (
 // cold; both releases give clean proofs and nothing is left. It logs the
 // warm and the cold claim's times.
 func TestKernelWarmPool(t *testing.T) {
-	ktest.Require(t)
-	k := realKernel(t)
-	k.noReuse = true
-	// The member boots at the claims' CPU, then idles at its own small
-	// share; no refill within the test (the second claim must miss).
-	k.bootCPU = 2000
-	k.warmRes = journal.Resources{CPUMillis: 250, MemoryBytes: 256 << 20, PIDs: 512}
-	k.warm = warm.Settings{Sizes: map[string]int{"busybox": 1}, RefillEvery: time.Hour}
+	k := warmKernel(t)
 	r := newRig(t, k)
 	t0 := time.Now()
 	r.mustBoot()
@@ -136,12 +129,7 @@ func TestKernelWarmPool(t *testing.T) {
 // (sandbox and gofer) is destroyed when a claim takes it, with a clean
 // proof, and the claim is made cold and ready; nothing is left.
 func TestKernelWarmPoolDeadMember(t *testing.T) {
-	ktest.Require(t)
-	k := realKernel(t)
-	k.noReuse = true
-	k.bootCPU = 2000
-	k.warmRes = journal.Resources{CPUMillis: 250, MemoryBytes: 256 << 20, PIDs: 512}
-	k.warm = warm.Settings{Sizes: map[string]int{"busybox": 1}, RefillEvery: time.Hour}
+	k := warmKernel(t)
 	r := newRig(t, k)
 	r.mustBoot()
 	m := waitMembers(t, r, 1)[0]
@@ -167,4 +155,17 @@ func TestKernelWarmPoolDeadMember(t *testing.T) {
 	r.checkProof("r1")
 	r.checkClean("after the fallback's release")
 	checkUnjournaled(r, crashCase{})
+}
+
+// warmKernel is the real kernel with a pool of one busybox member: it
+// boots at the claims' CPU, then idles at its own small share; no refill
+// within a test (a second claim must miss).
+func warmKernel(t *testing.T) *testKernel {
+	ktest.Require(t)
+	k := realKernel(t)
+	k.noReuse = true
+	k.bootCPU = 2000
+	k.warmRes = journal.Resources{CPUMillis: 250, MemoryBytes: 256 << 20, PIDs: 512}
+	k.warm = warm.Settings{Sizes: map[string]int{"busybox": 1}, RefillEvery: time.Hour}
+	return k
 }
