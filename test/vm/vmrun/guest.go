@@ -111,6 +111,7 @@ done
 	for _, m := range guestModules {
 		fmt.Fprintf(&b, "modprobe %s || echo \"vm: modprobe %s failed\"\n", m, strings.Fields(m)[0])
 	}
+	b.WriteString(reapFunc)
 	b.WriteString(`ip link set lo up
 hostname ctld-vm
 mkdir -p /ctld-vm/out
@@ -133,6 +134,7 @@ echo CTLD-GUEST-UP
 		if j.Stage != "" {
 			fmt.Fprintf(&b, "rm -f %s\n", shellQuote(j.Argv[0]))
 		}
+		fmt.Fprintf(&b, "vm_reap %d\n", i)
 	}
 	b.WriteString(`dmesg -l err,crit,alert,emerg > /ctld-vm/dmesg.txt 2>&1
 echo done > /ctld-vm/done
@@ -142,6 +144,32 @@ busybox poweroff -f || echo o > /proc/sysrq-trigger
 `)
 	return b.String()
 }
+
+// reapFunc defines vm_reap N, run after job N: a test binary killed at
+// its timeout (or one that leaked) leaves its children running (ctlds,
+// guests, PostgreSQL), and they would hold ports, nft tables and CPU in
+// every later job, failing tests that have nothing to do with them. Each
+// job starts from a guest with no user process but the script (PID 1);
+// what is killed is named, so a leak still shows.
+const reapFunc = `vm_reap() {
+	n=0
+	for p in /proc/[0-9]*; do
+		pid=${p#/proc/}
+		[ "$pid" -gt 1 ] || continue
+		exe=$(readlink "$p/exe" 2>/dev/null) || continue
+		[ -n "$exe" ] || continue
+		kill -9 "$pid" 2>/dev/null || continue
+		n=$((n + 1))
+		[ "$n" -gt 20 ] || echo "vm: job $1 left process $pid ($exe): killed"
+	done
+	[ "$n" -eq 0 ] && return
+	echo "vm: job $1 left $n processes; killed them, flushed nft and removed named netns"
+	sleep 1
+	nft flush ruleset 2>/dev/null
+	for ns in /run/netns/*; do [ -e "$ns" ] && ip netns delete "${ns##*/}" 2>/dev/null; done
+	return 0
+}
+`
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -181,5 +182,44 @@ func TestCmdBuildTagsOnlyTestRuns(t *testing.T) {
 	}
 	if got := strings.Join(cmdBuildArgs(true, "o/"), " "); got != "build -o o/ ./cmd/..." {
 		t.Errorf("systemd build: go %s", got)
+	}
+}
+
+// TestReapKillsLeftovers runs vm_reap as PID 1 of its own PID, network and
+// mount namespaces (so its kills and flushes reach nothing of the host's)
+// with a leftover child and a named netns, as a job killed at its timeout
+// leaves them.
+func TestReapKillsLeftovers(t *testing.T) {
+	script := reapFunc + `
+mount -t tmpfs tmpfs /run && mkdir /run/netns || exit 3
+ip netns add vmreap-test || exit 3
+sleep 30 &
+child=$!
+vm_reap 7
+wait "$child"
+echo "child status $?"
+[ -e /run/netns/vmreap-test ] && echo "netns kept" || echo "netns gone"
+vm_reap 8
+echo "second reap done"
+`
+	out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "--net", "--mount", "sh", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("vm_reap in its own namespaces (needs root): %v\n%s", err, out)
+	}
+	got := string(out)
+	for _, want := range []string{
+		"vm: job 7 left process ",
+		"(/usr/bin/sleep): killed",
+		"vm: job 7 left 1 processes",
+		"child status 137",
+		"netns gone",
+		"second reap done",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("vm_reap output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "job 8 left") {
+		t.Errorf("the second reap found leftovers after the first killed them:\n%s", got)
 	}
 }
