@@ -100,6 +100,15 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 	if p, err := c.Resume(ctx, sb.ID); err != nil || p.State != client.StateReady {
 		t.Fatalf("resume: %+v, %v", p, err)
 	}
+	// A second block sandbox on the same node never pauses: it has no head
+	// when its node is lost, so the takeover forks the template into its
+	// volume and publishes that as the first head (the store-side fence of
+	// internal/node/blockroot/fence.go). The other node is cordoned while
+	// it is created so that both share the node that will be lost.
+	np := createOnNode(ctx, t, st, c, ids, nodeOf, sb.ID)
+	if res, err := c.Exec(ctx, np.ID, client.ExecRequest{Args: []string{"/bin/sh", "-c", "echo lost > /uncommitted && sync"}}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write in %s: %+v, %v", np.ID, res, err)
+	}
 	var took []time.Duration
 	for round := 0; round < rounds; round++ {
 		rec, err := st.Sandbox(ctx, sb.ID)
@@ -133,6 +142,10 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 			t.Fatalf("round %d: /kept on the new node: %q", round, got)
 		}
 		t.Logf("round %d: /kept reads %q on node %d", round, "kept", 1-v)
+		var npGen uint64
+		if round == 0 {
+			npGen = awaitNeverPausedTakeover(ctx, t, st, c, np.ID, ids[1-v])
+		}
 
 		// The lost node's ctld goes on alone: its generation's pause
 		// seals, and the shared store refuses its head.
@@ -146,6 +159,15 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 			t.Fatalf("round %d: the lost generation %d's pause on node %d: %v, want fenced by the store's head", round, gen, v, perr)
 		}
 		t.Logf("round %d: node %d's ctld continued; the lost generation's late pause: %v", round, v, perr)
+		if round == 0 {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			_, perr := ctldV.Pause(pctx, np.ID, api.PauseRequest{OperationID: "late-never-paused", Generation: npGen})
+			cancel()
+			if errdefs.CodeOf(perr) != errdefs.CodeFenced {
+				t.Fatalf("the never-paused sandbox's lost generation %d's pause on node %d: %v, want fenced by the store's head", npGen, v, perr)
+			}
+			t.Logf("round 0: the never-paused sandbox's lost generation's late pause: %v", perr)
+		}
 		if err := procs[v].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +190,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 		}
 		verified := 0
 		for _, rv := range res {
-			if rv.SandboxID == sb.ID && rv.Generation == gen {
+			if (rv.SandboxID == sb.ID && rv.Generation == gen) || (round == 0 && rv.SandboxID == np.ID && rv.Generation == npGen) {
 				p, err := st.Proof(ctx, rv.ReleaseOperation)
 				if err != nil || !p.Verified || p.VerifyError != "" {
 					t.Fatalf("round %d: the stale generation's proof: %+v, %v", round, p, err)
@@ -176,8 +198,8 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 				verified++
 			}
 		}
-		if verified != 1 {
-			t.Fatalf("round %d: reservations of node %d: %+v; want generation %d's released", round, v, res, gen)
+		if want := map[bool]int{true: 2, false: 1}[round == 0]; verified != want {
+			t.Fatalf("round %d: reservations of node %d: %+v; want %d stale generations released (%s's %d)", round, v, res, want, sb.ID, gen)
 		}
 		t.Logf("round %d: node %d released the stale generation %d; its proof verified against the node's pinned key", round, v, gen)
 	}
@@ -185,8 +207,10 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 	if p, err := c.Pause(ctx, sb.ID); err != nil || p.State != client.StatePaused {
 		t.Fatalf("pause after the takeover: %+v, %v", p, err)
 	}
-	if d, err := c.Destroy(ctx, sb.ID); err != nil || !d.Proof.Verified {
-		t.Fatalf("destroy: %+v, %v", d, err)
+	for _, id := range []string{sb.ID, np.ID} {
+		if d, err := c.Destroy(ctx, id); err != nil || !d.Proof.Verified {
+			t.Fatalf("destroy %s: %+v, %v", id, d, err)
+		}
 	}
 	for i := range ctlds {
 		if n, err := (&api.Client{SocketPath: ctlds[i].socket}).Node(ctx); err != nil || n.Capacity.Leased.CPUMillis != 0 {
@@ -197,4 +221,63 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 	t.Logf("lost node to its block sandbox ready elsewhere: n=%d p50 %v max %v (all %v)", len(took),
 		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), took)
 	t.Logf("block takeover scenario took %v", time.Since(began).Round(time.Second))
+}
+
+// createOnNode creates a block sandbox on the node that runs beside
+// (the other node cordoned meanwhile) and returns it.
+func createOnNode(ctx context.Context, t *testing.T, st *manager.Store, c *client.Client, ids [2]string, nodeOf map[string]int, beside string) client.Sandbox {
+	t.Helper()
+	rec, err := st.Sandbox(ctx, beside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := ids[1-nodeOf[rec.NodeID]]
+	if _, err := st.SetNodeState(ctx, other, manager.NodeCordoned); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(ctx, client.CreateRequest{Template: "busybox"})
+	if _, uerr := st.SetNodeState(ctx, other, manager.NodeReady); uerr != nil {
+		t.Fatal(uerr)
+	}
+	if err != nil || sb.State != client.StateReady {
+		t.Fatalf("create the never-paused block sandbox: %+v, %v", sb, err)
+	}
+	if got, err := st.Sandbox(ctx, sb.ID); err != nil || got.NodeID != rec.NodeID {
+		t.Fatalf("never-paused sandbox %s placed on %+v, %v; want node %s", sb.ID, got.NodeID, err, rec.NodeID)
+	}
+	t.Logf("never-paused block sandbox %s ready on %s beside %s", sb.ID, rec.NodeID, beside)
+	return sb
+}
+
+// awaitNeverPausedTakeover waits for the never-paused sandbox id to be
+// ready on node to with a new generation, checks it holds the template's
+// files and not what its lost generation never committed, and returns
+// the lost generation.
+func awaitNeverPausedTakeover(ctx context.Context, t *testing.T, st *manager.Store, c *client.Client, id, to string) uint64 {
+	t.Helper()
+	before, err := st.Sandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := before.Generation
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		got, gerr := c.Get(ctx, id)
+		now, rerr := st.Sandbox(ctx, id)
+		if gerr == nil && rerr == nil && got.State == client.StateReady && now.NodeID == to && now.Generation > lost {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5m for the never-paused %s to be ready on %s: %+v, %v / %+v, %v", id, to, got, gerr, now, rerr)
+		}
+	}
+	res, err := c.Exec(ctx, id, client.ExecRequest{Args: []string{"/bin/sh", "-c", "test -x /bin/busybox && ! test -e /uncommitted && echo template"}})
+	if err != nil || res.ExitCode != 0 || string(res.Stdout) != "template\n" {
+		t.Fatalf("the never-paused %s on %s: %+v, %v; want the template's files without /uncommitted", id, to, res, err)
+	}
+	h, err := st.Head(ctx, id)
+	if err != nil {
+		t.Fatalf("head of the never-paused %s after its takeover: %v", id, err)
+	}
+	t.Logf("never-paused %s: ready on %s from the template, head %d (block generation %d) published by the takeover", id, to, h.Seq, h.Generation)
+	return lost
 }
