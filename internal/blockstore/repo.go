@@ -625,3 +625,18 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// ChunkObject says where chunk i's sealed object is stored: the object's
+// key and, for a chunk in a pack, its byte range there (length -1: the
+// whole object, a loose chunk); ok is false for a zero chunk. For tools
+// and tests that inspect or damage the store.
+func (im *Image) ChunkObject(i uint64) (key string, off, length int64, ok bool) {
+	l, found := im.where[i]
+	switch {
+	case !found || l.kind == EntryZero:
+		return "", 0, 0, false
+	case l.pack != "":
+		return l.pack, int64(l.off), int64(l.n), true
+	}
+	return chunkKey(l.vol, l.sum), 0, -1, true
+}
