@@ -128,6 +128,19 @@ func TestPackedTamperIsCorrupt(t *testing.T) {
 				t.Errorf("chunk %d, untouched: %v", i, err)
 			}
 		}
+		// Cut short: the last chunk's range ends past the pack's end, and
+		// a range starting past it is refused by the store.
+		if err := st.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Put(ctx, key, edited[:e3.Offset+10]); err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range []uint64{3, 5} {
+			if err := im.ReadChunk(ctx, i, buf); !errors.Is(err, blockstore.ErrCorrupt) {
+				t.Errorf("chunk %d of a truncated pack: %v, want ErrCorrupt", i, err)
+			}
+		}
 		if err := st.Delete(ctx, key); err != nil {
 			t.Fatal(err)
 		}

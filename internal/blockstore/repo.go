@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -293,8 +294,9 @@ func (r *Repo) readChunk(ctx context.Context, l location, buf []byte) error {
 		blob, err = r.store.Get(ctx, key)
 	}
 	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			// A committed generation names it: missing is lost data.
+		if errors.Is(err, ErrNotFound) || l.pack != "" && errors.Is(err, io.ErrUnexpectedEOF) {
+			// A committed generation names it: missing (or a pack cut
+			// short) is lost data.
 			return fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		return err
@@ -305,6 +307,9 @@ func (r *Repo) readChunk(ctx context.Context, l location, buf []byte) error {
 	}
 	// Straight into buf: the caller clears it on any error below.
 	payload, err := r.codec.openTo(dk, kindChunk, key, blob, buf, pooled)
+	if err != nil && l.pack != "" {
+		return fmt.Errorf("%w (in pack %s at %d, %d bytes)", err, l.pack, l.off, l.n)
+	}
 	if err != nil {
 		return err
 	}

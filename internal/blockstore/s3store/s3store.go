@@ -175,9 +175,17 @@ func (s *Store) GetRange(ctx context.Context, key string, off int64, length int,
 		if errors.As(err, &nsk) || httpStatus(err) == http.StatusNotFound {
 			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
 		}
+		if httpStatus(err) == http.StatusRequestedRangeNotSatisfiable {
+			// The object ends before the range starts: cut short.
+			return nil, fmt.Errorf("get %s %s: %w: %w", key, rng, io.ErrUnexpectedEOF, err)
+		}
 		return nil, fmt.Errorf("get %s %s: %w", key, rng, err)
 	}
 	defer out.Body.Close()
+	if cl := out.ContentLength; cl != nil && *cl < int64(length) {
+		// The object ends inside the range: cut short.
+		return nil, fmt.Errorf("get %s %s: Content-Length %d, want %d: %w", key, rng, *cl, length, io.ErrUnexpectedEOF)
+	}
 	if out.ContentLength != nil && *out.ContentLength != int64(length) {
 		return nil, fmt.Errorf("get %s %s: Content-Length %d, want %d", key, rng, *out.ContentLength, length)
 	}
