@@ -195,3 +195,53 @@ func TestGCPacks(t *testing.T) {
 		}
 	})
 }
+
+// packFailStore is a range-reading store without Packer (packs are built
+// in memory and Put whole, as on S3) whose pack Puts fail.
+type packFailStore struct {
+	blockstore.Store
+	rg blockstore.RangeGetter
+}
+
+func (s packFailStore) GetRange(ctx context.Context, key string, off int64, n int, buf []byte) ([]byte, error) {
+	return s.rg.GetRange(ctx, key, off, n, buf)
+}
+
+func (s packFailStore) Put(ctx context.Context, key string, data []byte) error {
+	if strings.Contains(key, "/packs/") {
+		return errors.New("disk full")
+	}
+	return s.Store.Put(ctx, key, data)
+}
+
+// A pack that does not store fails the commit: no generation, no pack.
+func TestPackedCommitFailsWithItsPack(t *testing.T) {
+	f := newFixture(t, blockstore.Options{})
+	st := packFailStore{Store: f.dir, rg: f.dir}
+	r, err := blockstore.New(st, f.node, blockstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	v := blockstore.Template("fails")
+	w, err := r.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: v}, DeviceSize: 16 * cs, ChunkSize: cs, Packed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint64(4) {
+		if err := w.WriteChunk(ctx, i, randChunk(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.Commit(ctx); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("Commit = %v, want the pack's error", err)
+	}
+	if gens, err := r.Generations(ctx, v); err != nil || len(gens) != 0 {
+		t.Fatalf("generations after a failed commit: %v, %v", gens, err)
+	}
+	for _, k := range listAll(t, f.dir) {
+		if strings.Contains(k, "/packs/") {
+			t.Fatalf("a pack after a failed commit: %s", k)
+		}
+	}
+}
