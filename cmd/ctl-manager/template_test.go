@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctld/ctld/internal/blockstore"
+	"github.com/ctld/ctld/internal/blockstore/dirstore"
 	"github.com/ctld/ctld/internal/blockstore/s3store/s3test"
 )
 
@@ -89,7 +91,7 @@ func TestCLITemplate(t *testing.T) {
 	// objects' headers (flags: 0 raw, 1 zstd, 2 S2).
 	byFlags := map[string]map[byte]int{}
 	for _, name := range []string{"base", "c-none", "c-zstd", "c-s2"} {
-		byFlags[name] = chunkFlags(t, filepath.Join(dir, "store", "templates", name, "chunks"))
+		byFlags[name] = chunkFlags(t, filepath.Join(dir, "store"), filepath.Join(dir, "node.key"), name)
 	}
 	if !maps.Equal(byFlags["base"], byFlags["c-s2"]) || byFlags["base"][2] == 0 || byFlags["base"][1] != 0 ||
 		byFlags["c-none"][0] == 0 || len(byFlags["c-none"]) != 1 || byFlags["c-zstd"][1] == 0 || byFlags["c-zstd"][2] != 0 {
@@ -131,21 +133,38 @@ func TestCLITemplate(t *testing.T) {
 
 // chunkFlags counts the chunk objects under dir by their header's flags
 // byte ("CTBO", version, kind, flags).
-func chunkFlags(t *testing.T, dir string) map[byte]int {
+func chunkFlags(t *testing.T, storeDir, keyFile, name string) map[byte]int {
 	t.Helper()
-	n := map[byte]int{}
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		b, err := os.ReadFile(path)
-		if err == nil && len(b) > 6 {
-			n[b[6]]++
-		}
-		return err
-	})
+	ctx := context.Background()
+	nk, err := blockstore.LoadNodeKeyFile(keyFile, "node")
 	if err != nil {
 		t.Fatal(err)
+	}
+	st, err := dirstore.Open(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := blockstore.New(st, nk, blockstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := repo.Open(ctx, blockstore.GenRef{Volume: blockstore.Template(name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each data chunk's sealed object, loose or in a pack: its header's
+	// flags byte.
+	n := map[byte]int{}
+	for i := range im.Chunks() {
+		key, off, _, ok := im.ChunkObject(i)
+		if !ok {
+			continue
+		}
+		b, err := st.GetRange(ctx, key, off, 7, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n[b[6]]++
 	}
 	return n
 }

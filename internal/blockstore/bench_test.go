@@ -82,61 +82,79 @@ func BenchmarkPlainFileRead(b *testing.B) {
 
 func BenchmarkCommit(b *testing.B) {
 	for _, compress := range []blockstore.Compression{blockstore.CompressNone, blockstore.CompressS2, blockstore.CompressZstd} {
-		b.Run(string(compress), func(b *testing.B) {
-			data := benchData(b)
-			r := benchRepo(b, compress)
-			ctx := context.Background()
-			cs := blockstore.DefaultChunkSize
-			b.SetBytes(benchDevice)
-			for i := 0; b.Loop(); i++ {
-				// A volume per round: chunks are named by content, so a
-				// second round in the same volume would only dedup.
-				ref := blockstore.GenRef{Volume: blockstore.Template(fmt.Sprintf("t%d", i)), Generation: 0}
-				w, err := r.NewWriter(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: benchDevice})
-				if err != nil {
-					b.Fatal(err)
-				}
-				for c := 0; c < benchDevice/cs; c++ {
-					if err := w.WriteChunk(ctx, uint64(c), data[c*cs:(c+1)*cs]); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if _, err := w.Commit(ctx); err != nil {
-					b.Fatal(err)
-				}
+		for _, packed := range []bool{false, true} {
+			name := string(compress)
+			if packed {
+				name += "/packed"
 			}
-		})
+			b.Run(name, func(b *testing.B) { benchCommit(b, compress, packed) })
+		}
+	}
+}
+
+// benchCommit commits the bench device, its chunks loose or packed.
+func benchCommit(b *testing.B, compress blockstore.Compression, packed bool) {
+	data := benchData(b)
+	r := benchRepo(b, compress)
+	ctx := context.Background()
+	cs := blockstore.DefaultChunkSize
+	b.SetBytes(benchDevice)
+	for i := 0; b.Loop(); i++ {
+		// A volume per round: chunks are named by content, so a
+		// second round in the same volume would only dedup.
+		ref := blockstore.GenRef{Volume: blockstore.Template(fmt.Sprintf("t%d", i)), Generation: 0}
+		w, err := r.NewWriter(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: benchDevice, Packed: packed})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for c := 0; c < benchDevice/cs; c++ {
+			if err := w.WriteChunk(ctx, uint64(c), data[c*cs:(c+1)*cs]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := w.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
 func BenchmarkReadChunk(b *testing.B) {
 	for _, compress := range []blockstore.Compression{blockstore.CompressNone, blockstore.CompressS2, blockstore.CompressZstd} {
-		b.Run(string(compress), func(b *testing.B) {
-			data := benchData(b)
-			r := benchRepo(b, compress)
-			ctx := context.Background()
-			cs := blockstore.DefaultChunkSize
-			ref := blockstore.GenRef{Volume: blockstore.Template("t"), Generation: 0}
-			chunks := map[uint64][]byte{}
-			for c := 0; c < benchDevice/cs; c++ {
-				chunks[uint64(c)] = data[c*cs : (c+1)*cs]
+		for _, packed := range []bool{false, true} {
+			name := string(compress)
+			if packed {
+				name += "/packed"
 			}
-			if _, err := r.Commit(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: benchDevice}, chunks); err != nil {
+			b.Run(name, func(b *testing.B) { benchReadChunk(b, compress, packed) })
+		}
+	}
+}
+
+// benchReadChunk reads the bench device, its chunks loose or packed.
+func benchReadChunk(b *testing.B, compress blockstore.Compression, packed bool) {
+	data := benchData(b)
+	r := benchRepo(b, compress)
+	ctx := context.Background()
+	cs := blockstore.DefaultChunkSize
+	ref := blockstore.GenRef{Volume: blockstore.Template("t"), Generation: 0}
+	chunks := map[uint64][]byte{}
+	for c := 0; c < benchDevice/cs; c++ {
+		chunks[uint64(c)] = data[c*cs : (c+1)*cs]
+	}
+	if _, err := r.Commit(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: benchDevice, Packed: packed}, chunks); err != nil {
+		b.Fatal(err)
+	}
+	im, err := r.Open(ctx, ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, cs)
+	b.SetBytes(benchDevice)
+	for b.Loop() {
+		for c := uint64(0); c < im.Chunks(); c++ {
+			if err := im.ReadChunk(ctx, c, buf); err != nil {
 				b.Fatal(err)
 			}
-			im, err := r.Open(ctx, ref)
-			if err != nil {
-				b.Fatal(err)
-			}
-			buf := make([]byte, cs)
-			b.SetBytes(benchDevice)
-			for b.Loop() {
-				for c := uint64(0); c < im.Chunks(); c++ {
-					if err := im.ReadChunk(ctx, c, buf); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-		})
+		}
 	}
 }

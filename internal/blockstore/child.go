@@ -31,8 +31,9 @@ func (im *Image) Child(m *Manifest) (*Image, error) {
 			where[i] = l
 		}
 	}
+	at := m.locations()
 	for _, e := range m.Entries {
-		where[e.Index] = location{vol: m.Volume, kind: e.Kind, sum: e.Sum}
+		where[e.Index] = at(e)
 	}
 	chain := append([]GenRef{m.Ref()}, im.chain...)
 	return &Image{repo: im.repo, top: m, chain: chain, where: where}, nil

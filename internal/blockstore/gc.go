@@ -27,6 +27,7 @@ type GCOptions struct {
 // GC object kinds, the keys of GCReport's counts.
 const (
 	GCChunk     = "chunk"
+	GCPack      = "pack"
 	GCManifest  = "manifest"
 	GCHead      = "head"
 	GCSnapshot  = "snapshot"
@@ -59,7 +60,7 @@ type gcVol struct {
 	heads     []gcObj // ascending seq
 	snaps     []gcObj
 	gens      []gcObj // ascending generation
-	chunks    []gcObj
+	chunks    []gcObj // loose chunk objects and packs
 	key, tomb *gcObj
 	other     []gcObj
 }
@@ -171,7 +172,7 @@ func (g *gcRun) inventory(ctx context.Context) (map[Volume]bool, error) {
 				vi.snaps = append(vi.snaps, o)
 			case GCManifest:
 				vi.gens = insertBySeq(vi.gens, o)
-			case GCChunk:
+			case GCChunk, GCPack:
 				vi.chunks = append(vi.chunks, o)
 			case GCKey:
 				vi.key = &o
@@ -236,6 +237,10 @@ func classify(oi ObjectInfo) (gcObj, Volume, bool) {
 		if isChunkName(rest[len("chunks/"):]) {
 			o.kind = GCChunk
 		}
+	case strings.HasPrefix(rest, "packs/"):
+		if isPackName(rest[len("packs/"):]) {
+			o.kind = GCPack
+		}
 	}
 	return o, v, true
 }
@@ -248,6 +253,19 @@ func isChunkName(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if i != 2 && !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// isPackName: 32 hex (packKey).
+func isPackName(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
 			return false
 		}
 	}
@@ -319,9 +337,13 @@ func (g *gcRun) mark(ctx context.Context, ref GenRef) error {
 		g.marked[manifestKey(ref)] = true
 		g.marked[keyObject(ref.Volume)] = true
 		for _, e := range m.Entries {
-			if e.Kind == EntryData {
+			if e.Kind == EntryData && e.Pack == 0 {
 				g.marked[chunkKey(m.Volume, e.Sum)] = true
 			}
+		}
+		// A pack is kept whole while a marked manifest lists it.
+		for _, p := range m.Packs {
+			g.marked[packKey(m.Volume, p)] = true
 		}
 		if m.Parent == nil {
 			return nil
@@ -336,7 +358,7 @@ func (g *gcRun) mark(ctx context.Context, ref GenRef) error {
 //  1. superseded heads, and the heads and snapshots of deleted volumes:
 //     bookkeeping no object depends on;
 //  2. unreachable manifests, children before parents;
-//  3. unreachable chunks;
+//  3. unreachable chunks and packs (a pack no marked manifest lists);
 //  4. the tombstone, then the key, of each volume with nothing left.
 //
 // An existing manifest is a promise that its chain and chunks exist:

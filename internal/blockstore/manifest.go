@@ -47,7 +47,20 @@ type Entry struct {
 	// data key) for EntryData: it names the object and is checked again
 	// after decryption. Zero for EntryZero.
 	Sum [32]byte
+	// Pack is 0 for a chunk stored as an object of its own (named by
+	// Sum), or i+1 for one stored in the manifest's Packs[i]: the sealed
+	// chunk is Length bytes at Offset of that pack object. Zero, as are
+	// Offset and Length, for EntryZero.
+	Pack   uint32
+	Offset uint32
+	Length uint32
 }
+
+// PackID names a pack object of a volume (random).
+type PackID [16]byte
+
+// MaxPackObject bounds a pack object (offsets are 32-bit).
+const MaxPackObject = 1 << 30
 
 // Manifest is one committed generation of a volume: the chunks it wrote
 // over its parent. Generations are immutable; a manifest is the last
@@ -58,7 +71,10 @@ type Manifest struct {
 	Parent     *GenRef // nil: no parent (a template's generation 0)
 	DeviceSize uint64
 	ChunkSize  uint32
-	Entries    []Entry // strictly increasing Index
+	// Packs are the pack objects (of this manifest's volume) its entries
+	// name; empty for a manifest of loose chunk objects only.
+	Packs   []PackID
+	Entries []Entry // strictly increasing Index
 }
 
 // Ref is the manifest's own generation.
@@ -96,6 +112,13 @@ func (m *Manifest) Check() error {
 			return fmt.Errorf("%w: %s: parent generation %d is not older", ErrInvalidManifest, m.Ref(), p.Generation)
 		}
 	}
+	for i, p := range m.Packs {
+		for _, q := range m.Packs[:i] {
+			if p == q {
+				return fmt.Errorf("%w: %s: pack %x listed twice", ErrInvalidManifest, m.Ref(), p)
+			}
+		}
+	}
 	n := m.Chunks()
 	for i, e := range m.Entries {
 		if e.Index >= n {
@@ -106,13 +129,35 @@ func (m *Manifest) Check() error {
 		}
 		switch e.Kind {
 		case EntryData:
+			if err := m.checkLocation(e); err != nil {
+				return err
+			}
 		case EntryZero:
-			if e.Sum != ([32]byte{}) {
-				return fmt.Errorf("%w: %s: zero chunk %d has a checksum", ErrInvalidManifest, m.Ref(), e.Index)
+			if e.Sum != ([32]byte{}) || e.Pack != 0 || e.Offset != 0 || e.Length != 0 {
+				return fmt.Errorf("%w: %s: zero chunk %d has a checksum or a location", ErrInvalidManifest, m.Ref(), e.Index)
 			}
 		default:
 			return fmt.Errorf("%w: %s: chunk %d has unknown kind %d", ErrInvalidManifest, m.Ref(), e.Index, e.Kind)
 		}
+	}
+	return nil
+}
+
+// checkLocation checks a data entry's place: a loose object, or a range
+// of a listed pack no longer than a sealed chunk, within MaxPackObject
+// (a reader allocates what Length says: it is bounded here).
+func (m *Manifest) checkLocation(e Entry) error {
+	if e.Pack == 0 {
+		if e.Offset != 0 || e.Length != 0 {
+			return fmt.Errorf("%w: %s: loose chunk %d has a pack offset or length", ErrInvalidManifest, m.Ref(), e.Index)
+		}
+		return nil
+	}
+	if int(e.Pack) > len(m.Packs) {
+		return fmt.Errorf("%w: %s: chunk %d in pack %d of %d", ErrInvalidManifest, m.Ref(), e.Index, e.Pack, len(m.Packs))
+	}
+	if e.Length == 0 || int64(e.Length) > MaxChunkObject || int64(e.Offset)+int64(e.Length) > MaxPackObject {
+		return fmt.Errorf("%w: %s: chunk %d at [%d, +%d) of its pack: not a sealed chunk's size within %d bytes", ErrInvalidManifest, m.Ref(), e.Index, e.Offset, e.Length, MaxPackObject)
 	}
 	return nil
 }
@@ -123,12 +168,21 @@ func (m *Manifest) Check() error {
 //	[ | str parent volume | u64 parent generation ] | u64 device size
 //	| u32 chunk size | u64 n | n × (u64 index | u8 kind [| 32 sum if data])
 //
+// Version 2 (a manifest with Packs) has the pack list before the entries
+// and a location in each data entry:
+//
+//	... | u32 chunk size | u32 p (≥ 1) | p × 16 pack id | u64 n
+//	| n × (u64 index | u8 kind [| 32 sum | u32 pack [| u32 offset | u32 length if pack > 0]])
+//
 // Only a valid manifest encodes and only the canonical bytes decode
 // (sorted entries, no trailing bytes), so a manifest has exactly one
 // encoding.
 const (
 	manifestMagic   = "CTBM"
 	manifestVersion = 1
+	// manifestPacked is the version of a manifest with packs; one
+	// without is still written as version 1.
+	manifestPacked = 2
 )
 
 // Encode returns the manifest's canonical encoding.
@@ -138,8 +192,13 @@ func (m *Manifest) Encode() ([]byte, error) {
 	}
 	var e encoder
 	e.b = make([]byte, 0, 64+len(m.Entries)*41)
+	packed := len(m.Packs) > 0
 	e.raw([]byte(manifestMagic))
-	e.u8(manifestVersion)
+	if packed {
+		e.u8(manifestPacked)
+	} else {
+		e.u8(manifestVersion)
+	}
 	e.str(m.Volume.String())
 	e.u64(m.Generation)
 	if m.Parent != nil {
@@ -151,12 +210,28 @@ func (m *Manifest) Encode() ([]byte, error) {
 	}
 	e.u64(m.DeviceSize)
 	e.u32(m.ChunkSize)
+	if packed {
+		e.u32(uint32(len(m.Packs)))
+		for _, p := range m.Packs {
+			e.raw(p[:])
+		}
+	}
 	e.u64(uint64(len(m.Entries)))
 	for _, en := range m.Entries {
+		if !packed && en.Pack != 0 {
+			return nil, fmt.Errorf("%w: %s: chunk %d in a pack, no packs listed", ErrInvalidManifest, m.Ref(), en.Index)
+		}
 		e.u64(en.Index)
 		e.u8(uint8(en.Kind))
 		if en.Kind == EntryData {
 			e.raw(en.Sum[:])
+			if packed {
+				e.u32(en.Pack)
+				if en.Pack != 0 {
+					e.u32(en.Offset)
+					e.u32(en.Length)
+				}
+			}
 		}
 	}
 	return e.bytes(), nil
@@ -165,9 +240,14 @@ func (m *Manifest) Encode() ([]byte, error) {
 // DecodeManifest parses and validates an encoded manifest.
 func DecodeManifest(b []byte) (*Manifest, error) {
 	d := decoder{b: b}
-	if string(d.raw(len(manifestMagic))) != manifestMagic || d.u8() != manifestVersion {
+	if string(d.raw(len(manifestMagic))) != manifestMagic {
 		return nil, fmt.Errorf("%w: bad magic or version", ErrInvalidManifest)
 	}
+	version := d.u8()
+	if version != manifestVersion && version != manifestPacked {
+		return nil, fmt.Errorf("%w: bad magic or version", ErrInvalidManifest)
+	}
+	packed := version == manifestPacked
 	m := &Manifest{}
 	vol, err := ParseVolume(d.str())
 	if err != nil && d.err == nil {
@@ -188,6 +268,18 @@ func DecodeManifest(b []byte) (*Manifest, error) {
 	}
 	m.DeviceSize = d.u64()
 	m.ChunkSize = d.u32()
+	if packed {
+		np := d.u32()
+		// Counts are checked against the bytes left before they size an
+		// allocation.
+		if d.err == nil && (np == 0 || uint64(np) > uint64(d.rest())/16) {
+			return nil, fmt.Errorf("%w: %d packs in %d bytes", ErrInvalidManifest, np, d.rest())
+		}
+		m.Packs = make([]PackID, np)
+		for i := range m.Packs {
+			copy(m.Packs[i][:], d.raw(16))
+		}
+	}
 	n := d.u64()
 	if d.err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidManifest, d.err)
@@ -204,6 +296,11 @@ func DecodeManifest(b []byte) (*Manifest, error) {
 		en.Kind = EntryKind(d.u8())
 		if en.Kind == EntryData {
 			copy(en.Sum[:], d.raw(32))
+			if packed {
+				if en.Pack = d.u32(); en.Pack != 0 {
+					en.Offset, en.Length = d.u32(), d.u32()
+				}
+			}
 		}
 	}
 	if d.err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,6 +146,26 @@ type location struct {
 	vol  Volume
 	kind EntryKind
 	sum  [32]byte
+	// pack is the key of the pack object holding the chunk ("": a loose
+	// object), n bytes at off.
+	pack   string
+	off, n uint32
+}
+
+// locations returns a function that places m's entries (the pack keys
+// built once per manifest).
+func (m *Manifest) locations() func(Entry) location {
+	keys := make([]string, len(m.Packs))
+	for i, p := range m.Packs {
+		keys[i] = packKey(m.Volume, p)
+	}
+	return func(e Entry) location {
+		l := location{vol: m.Volume, kind: e.Kind, sum: e.Sum}
+		if e.Pack != 0 {
+			l.pack, l.off, l.n = keys[e.Pack-1], e.Offset, e.Length
+		}
+		return l
+	}
 }
 
 // Open opens generation ref: it loads and checks every manifest of its
@@ -179,9 +200,10 @@ func (r *Repo) Open(ctx context.Context, ref GenRef) (*Image, error) {
 	// Oldest first, so newer generations overwrite.
 	for i := len(chain) - 1; i >= 0; i-- {
 		m := chain[i]
+		at := m.locations()
 		for _, e := range m.Entries {
 			if e.Index < n { // a device that shrank drops the tail
-				im.where[e.Index] = location{vol: m.Volume, kind: e.Kind, sum: e.Sum}
+				im.where[e.Index] = at(e)
 			}
 		}
 	}
@@ -229,26 +251,39 @@ func (im *Image) ReadChunk(ctx context.Context, i uint64, buf []byte) error {
 		clear(buf)
 		return nil
 	}
-	if err := im.repo.readChunk(ctx, l.vol, l.sum, buf); err != nil {
+	if err := im.repo.readChunk(ctx, l, buf); err != nil {
 		clear(buf)
 		return fmt.Errorf("read chunk %d of %s: %w", i, im.top.Ref(), err)
 	}
 	return nil
 }
 
-func (r *Repo) readChunk(ctx context.Context, v Volume, sum [32]byte, buf []byte) error {
+func (r *Repo) readChunk(ctx context.Context, l location, buf []byte) error {
+	v, sum := l.vol, l.sum
+	// The AAD names the chunk object's key, loose or in a pack: a packed
+	// chunk is the very object that would be stored at key.
 	key := chunkKey(v, sum)
 	var blob []byte
 	var err error
 	bg, pooled := r.store.(BufferGetter)
-	if pooled {
+	rg, ranged := r.store.(RangeGetter)
+	if l.pack != "" && !ranged {
+		return fmt.Errorf("%s: in pack %s, and the store (%T) reads no ranges", key, l.pack, r.store)
+	}
+	if l.pack != "" || pooled {
+		pooled = true
 		bp, _ := r.blobs.Get().(*[]byte)
 		if bp == nil {
 			// Header, nonce and tag fit beside a whole chunk.
 			b := make([]byte, 0, len(buf)+1024)
 			bp = &b
 		}
-		blob, err = bg.GetBuffer(ctx, key, (*bp)[:0])
+		if l.pack != "" {
+			// l.n is bounded by the manifest's Check (MaxChunkObject).
+			blob, err = rg.GetRange(ctx, l.pack, int64(l.off), int(l.n), (*bp)[:0])
+		} else {
+			blob, err = bg.GetBuffer(ctx, key, (*bp)[:0])
+		}
 		defer func() {
 			if cap(blob) >= cap(*bp) {
 				*bp = blob[:0]
@@ -259,8 +294,9 @@ func (r *Repo) readChunk(ctx context.Context, v Volume, sum [32]byte, buf []byte
 		blob, err = r.store.Get(ctx, key)
 	}
 	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			// A committed generation names it: missing is lost data.
+		if errors.Is(err, ErrNotFound) || l.pack != "" && errors.Is(err, io.ErrUnexpectedEOF) {
+			// A committed generation names it: missing (or a pack cut
+			// short) is lost data.
 			return fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		return err
@@ -271,6 +307,9 @@ func (r *Repo) readChunk(ctx context.Context, v Volume, sum [32]byte, buf []byte
 	}
 	// Straight into buf: the caller clears it on any error below.
 	payload, err := r.codec.openTo(dk, kindChunk, key, blob, buf, pooled)
+	if err != nil && l.pack != "" {
+		return fmt.Errorf("%w (in pack %s at %d, %d bytes)", err, l.pack, l.off, l.n)
+	}
 	if err != nil {
 		return err
 	}
@@ -299,6 +338,11 @@ type CommitSpec struct {
 	// ChunkSize must equal the parent's; 0 means the parent's, or
 	// DefaultChunkSize without a parent.
 	ChunkSize uint32
+	// Packed puts the chunks into pack objects (pack.go): one durable
+	// write per pack, not per chunk. For generations whose chunks all
+	// live as long as they do (a template's): GC frees whole packs. A
+	// store that is no RangeGetter gets loose objects.
+	Packed bool
 }
 
 // Commit writes chunks (index → ChunkSize bytes; nil or all zeros is a
@@ -315,7 +359,7 @@ func (r *Repo) Commit(ctx context.Context, spec CommitSpec, chunks map[uint64][]
 			return nil, fmt.Errorf("commit %s: %w", m.Ref(), err)
 		}
 	}
-	w, err := r.newWriter(ctx, m)
+	w, err := r.newWriter(ctx, m, spec.Packed)
 	if err != nil {
 		return nil, err
 	}
@@ -349,10 +393,12 @@ type Writer struct {
 	// batch stages the chunks when the store is a Batcher: made durable
 	// all at once by Commit, before the manifest.
 	batch Batch
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	err   error // first upload error
-	done  bool
+	// pk packs the chunks (CommitSpec.Packed; nil: loose objects).
+	pk   *packState
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	err  error // first upload error
+	done bool
 }
 
 // NewWriter starts generation spec.Generation; ctx bounds its background
@@ -364,7 +410,7 @@ func (r *Repo) NewWriter(ctx context.Context, spec CommitSpec) (*Writer, error) 
 	if err != nil {
 		return nil, err
 	}
-	return r.newWriter(ctx, m)
+	return r.newWriter(ctx, m, spec.Packed)
 }
 
 // planManifest validates spec into an empty manifest.
@@ -403,7 +449,7 @@ func (m *Manifest) checkChunk(i uint64, c []byte) error {
 	return nil
 }
 
-func (r *Repo) newWriter(ctx context.Context, m *Manifest) (*Writer, error) {
+func (r *Repo) newWriter(ctx context.Context, m *Manifest, packed bool) (*Writer, error) {
 	ref := m.Ref()
 	// Refuse early; the manifest's create-once Put stays the authority
 	// on a race.
@@ -422,7 +468,9 @@ func (r *Repo) newWriter(ctx context.Context, m *Manifest) (*Writer, error) {
 		uploaded: map[[32]byte]bool{},
 		sem:      make(chan struct{}, r.uploads),
 	}
-	if b, ok := r.store.(Batcher); ok {
+	if _, ok := r.store.(RangeGetter); ok && packed {
+		w.pk = newPackState()
+	} else if b, ok := r.store.(Batcher); ok {
 		w.batch = b.NewBatch()
 	}
 	return w, nil
@@ -460,6 +508,9 @@ func (w *Writer) WriteChunk(ctx context.Context, i uint64, data []byte) error {
 		return nil
 	}
 	s := w.dk.sum(data)
+	if w.pk != nil {
+		return w.writePacked(ctx, i, s, data)
+	}
 	w.entries[i] = Entry{Index: i, Kind: EntryData, Sum: s}
 	if w.uploaded[s] {
 		return nil
@@ -481,11 +532,7 @@ func (w *Writer) WriteChunk(ctx context.Context, i uint64, data []byte) error {
 		// ErrExists: the same content is stored already (named by its
 		// keyed checksum); a damaged copy is caught when read.
 		if err := w.put(key, blob); err != nil && !errors.Is(err, ErrExists) {
-			w.mu.Lock()
-			if w.err == nil {
-				w.err = fmt.Errorf("put chunk %s: %w", key, err)
-			}
-			w.mu.Unlock()
+			w.setErr(fmt.Errorf("put chunk %s: %w", key, err))
 		}
 	}()
 	return nil
@@ -506,6 +553,12 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 		return nil, fmt.Errorf("commit %s: writer finished", ref)
 	}
 	w.done = true
+	if w.pk != nil && w.pk.cur != nil {
+		if err := w.closePack(ctx); err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
 	w.wg.Wait()
 	if err := w.firstErr(); err != nil {
 		w.abortBatch()
@@ -523,6 +576,9 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 		}
 	}
 	m := *w.m
+	if w.pk != nil {
+		m.Packs = w.pk.ids
+	}
 	m.Entries = make([]Entry, 0, len(w.entries))
 	for _, e := range w.entries {
 		m.Entries = append(m.Entries, e)
@@ -548,6 +604,10 @@ func (w *Writer) Abort() {
 	w.done = true
 	w.wg.Wait()
 	w.abortBatch()
+	if w.pk != nil && w.pk.cur != nil {
+		w.pk.cur.Abort()
+		w.pk.cur = nil
+	}
 }
 
 func (w *Writer) abortBatch() {
@@ -569,4 +629,19 @@ func allZero(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// ChunkObject says where chunk i's sealed object is stored: the object's
+// key and, for a chunk in a pack, its byte range there (length -1: the
+// whole object, a loose chunk); ok is false for a zero chunk. For tools
+// and tests that inspect or damage the store.
+func (im *Image) ChunkObject(i uint64) (key string, off, length int64, ok bool) {
+	l, found := im.where[i]
+	switch {
+	case !found || l.kind == EntryZero:
+		return "", 0, 0, false
+	case l.pack != "":
+		return l.pack, int64(l.off), int64(l.n), true
+	}
+	return chunkKey(l.vol, l.sum), 0, -1, true
 }

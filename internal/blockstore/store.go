@@ -60,6 +60,35 @@ type BufferGetter interface {
 	GetBuffer(ctx context.Context, key string, buf []byte) ([]byte, error)
 }
 
+// RangeGetter is an optional Store extension for chunks stored in pack
+// objects: GetRange reads exactly length bytes at off of the object key
+// into buf's storage (a new slice if they do not fit). A read past the
+// object's end is an error; length is at most MaxObjectSize(key), and
+// no more than length bytes are ever read, whatever the backend sends.
+// A Repo writes packs only to a store that is a RangeGetter.
+type RangeGetter interface {
+	GetRange(ctx context.Context, key string, off int64, length int, buf []byte) ([]byte, error)
+}
+
+// Packer is an optional Store extension for writing a pack object in
+// appends, never all in memory (dirstore: one file, one fsync). Without
+// it a Repo builds each pack in memory and Puts it whole.
+type Packer interface {
+	NewPack(ctx context.Context, key string) (PackWriter, error)
+}
+
+// PackWriter writes one new object by appends. Nothing is visible until
+// Commit, which makes the whole object durable and then visible under its
+// key (ErrExists if the key exists: the stored object stays); when it
+// returns without error the object reads back whole and survives a
+// crash. Abort drops it. A crash before Commit returns leaves no object
+// or a whole one (and, in dirstore, a temp file Sweep removes).
+type PackWriter interface {
+	Write(p []byte) (int, error)
+	Commit(ctx context.Context) error
+	Abort()
+}
+
 var (
 	// ErrNotFound: no object has this key.
 	ErrNotFound = errors.New("object not found")
@@ -94,8 +123,12 @@ const (
 	MaxSmallObject = 64 << 10
 )
 
+// A pack object (<volume kind>/<id>/packs/<32 hex>) is read by ranges of
+// at most MaxChunkObject, never whole: its bound, MaxPackObject, is the
+// manifest's (offsets are 32-bit).
+
 // MaxObjectSize is the size limit of the object at key, by its kind
-// (<volume kind>/<id>/chunks/..., /gen/..., /head/..., /snap/...,
+// (<volume kind>/<id>/chunks/..., /packs/..., /gen/..., /head/..., /snap/...,
 // /deleted, /key).
 func MaxObjectSize(key string) int64 {
 	parts := strings.SplitN(key, "/", 4)
@@ -107,6 +140,8 @@ func MaxObjectSize(key string) int64 {
 		return MaxChunkObject
 	case "gen":
 		return MaxManifestObject
+	case "packs":
+		return MaxPackObject
 	case "head", "snap", "deleted", "key":
 		return MaxSmallObject
 	}

@@ -82,7 +82,9 @@ func importImage(ctx context.Context, repo *blockstore.Repo, vol blockstore.Volu
 	if !fi.Mode().IsRegular() || size <= 0 || size%cs != 0 {
 		return nil, fmt.Errorf("import %s: image %s of %d bytes is not a regular file of a positive multiple of %d bytes", name, image, size, cs)
 	}
-	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs})
+	// Packed: a template's chunks all live as long as it does, so they
+	// go into pack objects, one durable write per pack (pack.go).
+	w, err := repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: vol}, DeviceSize: uint64(size), ChunkSize: cs, Packed: true})
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", name, err)
 	}

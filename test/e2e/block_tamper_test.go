@@ -113,16 +113,16 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	off, obj := blobChunkObject(t, storeDir, keyFile, "tamper", blob)
+	off, obj, pos := blobChunkObject(t, storeDir, keyFile, "tamper", blob)
 	b, err := os.ReadFile(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[len(b)/2] ^= 0x01
+	b[pos] ^= 0x01
 	if err := os.WriteFile(obj, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("flipped one byte of %s (%d bytes): the chunk of %s bytes [%d, %d)", obj, len(b), tamperBlob, off, off+blockstore.DefaultChunkSize)
+	t.Logf("flipped byte %d of %s (%d bytes): the chunk of %s bytes [%d, %d)", pos, obj, len(b), tamperBlob, off, off+blockstore.DefaultChunkSize)
 
 	// A fresh claim of the same template reads it from the device.
 	req.OperationID = "c2"
@@ -212,8 +212,9 @@ func TestBlockTamperedObjectIsReadErrorInGuest(t *testing.T) {
 
 // blobChunkObject finds, in template name's generation 0, a chunk whose
 // 64 KiB are all blob's (a 4 KiB-aligned stretch of it, with bytes of
-// blob after it) and returns its offset in blob and its object's file.
-func blobChunkObject(t *testing.T, storeDir, keyFile, name string, blob []byte) (int, string) {
+// blob after it) and returns its offset in blob, the file holding its
+// sealed object and the offset there of a byte of that object.
+func blobChunkObject(t *testing.T, storeDir, keyFile, name string, blob []byte) (int, string, int64) {
 	t.Helper()
 	kb, err := os.ReadFile(keyFile)
 	if err != nil {
@@ -254,13 +255,22 @@ func blobChunkObject(t *testing.T, storeDir, keyFile, name string, blob []byte) 
 		if off < 0 || off%4096 != 0 || off+2*len(buf) > len(blob) {
 			continue
 		}
-		h := hex.EncodeToString(en.Sum[:])
-		obj := filepath.Join(storeDir, vol.String(), "chunks", h[:2], h)
-		if _, err := os.Stat(obj); err != nil {
+		// Loose or in a pack (a template import packs its chunks): the
+		// byte in the middle of the chunk's sealed object.
+		key, at, n, ok := img.ChunkObject(en.Index)
+		if !ok {
+			t.Fatalf("chunk %d has no object", en.Index)
+		}
+		obj := filepath.Join(storeDir, filepath.FromSlash(key))
+		fi, err := os.Stat(obj)
+		if err != nil {
 			t.Fatalf("the object of chunk %d: %v", en.Index, err)
 		}
-		return off, obj
+		if n < 0 {
+			n = fi.Size()
+		}
+		return off, obj, at + n/2
 	}
 	t.Fatalf("no chunk of template %s holds only %s's bytes", name, tamperBlob)
-	return 0, ""
+	return 0, "", 0
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,6 +31,23 @@ type recOps struct {
 	osOps
 	mu  sync.Mutex
 	log []fsOp
+	// appended are the temp files of packs (createTemp): their data is
+	// recorded as one unsynced write when they are synced (a crash
+	// before leaves them with no data on the disk).
+	appended map[string]bool
+}
+
+func (r *recOps) createTemp(dir, base string) (*os.File, error) {
+	f, err := r.osOps.createTemp(dir, base)
+	if err == nil {
+		r.mu.Lock()
+		if r.appended == nil {
+			r.appended = map[string]bool{}
+		}
+		r.appended[f.Name()] = true
+		r.mu.Unlock()
+	}
+	return f, err
 }
 
 func (r *recOps) add(op fsOp) {
@@ -79,6 +97,16 @@ func (r *recOps) syncDir(dir string) error {
 }
 
 func (r *recOps) syncFile(p string) error {
+	r.mu.Lock()
+	appended := r.appended[p]
+	r.mu.Unlock()
+	if appended {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		r.add(fsOp{kind: "write", tmp: p, data: data})
+	}
 	err := r.osOps.syncFile(p)
 	if err == nil {
 		r.add(fsOp{kind: "syncfile", tmp: p})
@@ -241,6 +269,14 @@ func testCommitCrashSafe(t *testing.T, perFile bool) {
 	if want := map[bool][2]int{false: {4, 0}, true: {0, 21}}[perFile]; writes != 21 || syncs != want[0] || files != want[1] {
 		t.Errorf("%d unsynced writes, %d syncfs, %d file fsyncs; want 21, %d, %d", writes, syncs, files, want[0], want[1])
 	}
+	checkCrashPoints(t, s, log)
+}
+
+// checkCrashPoints replays a crash after every op of log: (1) no visible
+// object with data that did not reach the disk, (2) no durable manifest
+// or head without every object written before it durable.
+func checkCrashPoints(t *testing.T, s *Store, log []fsOp) {
+	t.Helper()
 	rel := func(p string) string { r, _ := filepath.Rel(s.Root(), p); return r }
 	for k := 0; k <= len(log); k++ {
 		names, durable := crashAfter(log, k)

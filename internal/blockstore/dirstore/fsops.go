@@ -21,6 +21,9 @@ type fsOps interface {
 	// link makes path a second name of the temp file tmp; EEXIST when
 	// path exists (link(2) never replaces).
 	link(tmp, path string) error
+	// createTemp creates a new hidden temp file in dir (named from base)
+	// for a pack's appends; syncFile of its name makes them durable.
+	createTemp(dir, base string) (*os.File, error)
 	remove(p string) error
 	// mkdir creates the directory dir (0700); fs.ErrExist if it exists.
 	mkdir(dir string) error
@@ -56,6 +59,14 @@ func (osOps) writeTemp(dir, base string, data []byte, sync bool) (string, error)
 }
 
 func (osOps) link(tmp, path string) error { return os.Link(tmp, path) }
+
+func (osOps) createTemp(dir, base string) (*os.File, error) {
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("create temp file in %s: %w", dir, err)
+	}
+	return f, nil
+}
 
 func (osOps) mkdir(dir string) error { return os.Mkdir(dir, 0o700) }
 

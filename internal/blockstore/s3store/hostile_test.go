@@ -103,3 +103,36 @@ func TestGetBoundedAgainstHostileServer(t *testing.T) {
 		})
 	}
 }
+
+// TestGetRangeBoundedAgainstHostileServer: a server that ignores the
+// Range of a pack read and sends the whole (here endless) object is
+// refused on its Content-Length before the body is read, or, with no
+// length, after at most length+1 bytes; nothing is returned as data.
+func TestGetRangeBoundedAgainstHostileServer(t *testing.T) {
+	const pack = "templates/t/packs/0123456789abcdef0123456789abcdef"
+	const length = 70000
+	for _, c := range []struct {
+		name, length string
+		maxRead      int64
+	}{
+		{"announcing 1 GiB", strconv.Itoa(1 << 30), 0},
+		{"with no length", "", length + 1},
+	} {
+		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			endpoint, _ := hostileS3(t, func(string) string { return c.length })
+			tr := &countingTransport{}
+			st, err := s3store.New(s3store.Config{Endpoint: endpoint, Bucket: "b", AccessKey: "a", SecretKey: "s", HTTPClient: &http.Client{Transport: tr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := st.GetRange(context.Background(), pack, 1<<20, length, nil)
+			if err == nil || b != nil {
+				t.Fatalf("GetRange: %d bytes, %v; want an error and nothing", len(b), err)
+			}
+			if got := tr.read.Load(); got > c.maxRead {
+				t.Fatalf("read %d bytes of the body, want at most %d", got, c.maxRead)
+			}
+			t.Logf("%v; read %d bytes of the body", err, tr.read.Load())
+		})
+	}
+}

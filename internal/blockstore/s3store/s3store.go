@@ -155,6 +155,54 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	return b, nil
 }
 
+var _ blockstore.RangeGetter = (*Store)(nil)
+
+// GetRange reads length bytes at off of the object (a chunk in a pack): a
+// ranged GET, whose body must be exactly length bytes; no more are read
+// (a server that ignores the Range sends the whole object: refused after
+// length+1 bytes).
+func (s *Store) GetRange(ctx context.Context, key string, off int64, length int, buf []byte) ([]byte, error) {
+	if err := blockstore.CheckKey(key); err != nil {
+		return nil, err
+	}
+	if limit := blockstore.MaxObjectSize(key); off < 0 || length <= 0 || off+int64(length) > limit {
+		return nil, fmt.Errorf("get %s [%d, +%d): %w: at most %d bytes for this kind of object", key, off, length, blockstore.ErrTooLarge, limit)
+	}
+	rng := fmt.Sprintf("bytes=%d-%d", off, off+int64(length)-1)
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: aws.String(s.prefix + key), Range: &rng})
+	if err != nil {
+		var nsk *types.NoSuchKey
+		if errors.As(err, &nsk) || httpStatus(err) == http.StatusNotFound {
+			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
+		}
+		if httpStatus(err) == http.StatusRequestedRangeNotSatisfiable {
+			// The object ends before the range starts: cut short.
+			return nil, fmt.Errorf("get %s %s: %w: %w", key, rng, io.ErrUnexpectedEOF, err)
+		}
+		return nil, fmt.Errorf("get %s %s: %w", key, rng, err)
+	}
+	defer out.Body.Close()
+	if cl := out.ContentLength; cl != nil && *cl < int64(length) {
+		// The object ends inside the range: cut short.
+		return nil, fmt.Errorf("get %s %s: Content-Length %d, want %d: %w", key, rng, *cl, length, io.ErrUnexpectedEOF)
+	}
+	if out.ContentLength != nil && *out.ContentLength != int64(length) {
+		return nil, fmt.Errorf("get %s %s: Content-Length %d, want %d", key, rng, *out.ContentLength, length)
+	}
+	if cap(buf) < length+1 {
+		buf = make([]byte, length+1)
+	}
+	buf = buf[:length+1]
+	n, err := io.ReadFull(out.Body, buf)
+	switch {
+	case err == nil:
+		return nil, fmt.Errorf("get %s %s: body over %d bytes", key, rng, length)
+	case n < length:
+		return nil, fmt.Errorf("get %s %s: body of %d bytes, want %d: %w", key, rng, n, length, io.ErrUnexpectedEOF)
+	}
+	return buf[:length], nil
+}
+
 // Delete removes the object; S3 answers success for a missing key too.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := blockstore.CheckKey(key); err != nil {

@@ -43,6 +43,12 @@ func Run(t *testing.T, newStore func(t *testing.T) blockstore.Store) {
 	if _, ok := newStore(t).(blockstore.BufferGetter); ok {
 		cases = append(cases, contractCase{"GetBufferAgreesWithGet", testGetBuffer})
 	}
+	if _, ok := newStore(t).(blockstore.RangeGetter); ok {
+		cases = append(cases, contractCase{"GetRangeReadsExactly", testGetRange})
+	}
+	if _, ok := newStore(t).(blockstore.Packer); ok {
+		cases = append(cases, contractCase{"PackVisibleOnlyAfterCommit", testPack})
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			c.fn(t, newStore(t))
@@ -385,5 +391,95 @@ func testListInfo(t *testing.T, s blockstore.Store) {
 	}
 	if _, err := l.ListInfo(ctx, "../"); !errors.Is(err, blockstore.ErrInvalidKey) {
 		t.Errorf("ListInfo(\"../\") = %v, want ErrInvalidKey", err)
+	}
+}
+
+// testGetRange: a RangeGetter reads exactly the bytes asked, into the
+// buffer given when they fit; a range past the object's end, a missing
+// object, a bad key and a length over the key's bound are errors.
+func testGetRange(t *testing.T, s blockstore.Store) {
+	rg := s.(blockstore.RangeGetter)
+	ctx := context.Background()
+	data := random(t, 70000)
+	mustPut(t, s, "g/obj", data)
+	buf := make([]byte, 0, 10000)
+	for _, r := range [][2]int{{0, 1}, {100, 5000}, {69999, 1}, {0, 70000}} {
+		got, err := rg.GetRange(ctx, "g/obj", int64(r[0]), r[1], buf)
+		if err != nil || !bytes.Equal(got, data[r[0]:r[0]+r[1]]) {
+			t.Fatalf("GetRange(%d, %d) = %d bytes, %v; want the range", r[0], r[1], len(got), err)
+		}
+		if r[1] <= cap(buf) && &got[0] != &buf[:1][0] {
+			t.Errorf("GetRange(%d, %d) allocated although the range fits the buffer", r[0], r[1])
+		}
+	}
+	for _, r := range [][2]int{{69999, 2}, {70000, 1}, {1 << 20, 10}} {
+		if got, err := rg.GetRange(ctx, "g/obj", int64(r[0]), r[1], buf); err == nil {
+			t.Errorf("GetRange(%d, %d) past the end = %d bytes, no error", r[0], r[1], len(got))
+		}
+	}
+	if _, err := rg.GetRange(ctx, "g/missing", 0, 10, buf); !errors.Is(err, blockstore.ErrNotFound) {
+		t.Errorf("GetRange of a missing object = %v, want ErrNotFound", err)
+	}
+	if _, err := rg.GetRange(ctx, "../x", 0, 10, buf); !errors.Is(err, blockstore.ErrInvalidKey) {
+		t.Errorf("GetRange of an invalid key = %v, want ErrInvalidKey", err)
+	}
+	chunk := "v/x/chunks/ab/obj"
+	if _, err := rg.GetRange(ctx, chunk, 0, int(blockstore.MaxChunkObject)+1, nil); !errors.Is(err, blockstore.ErrTooLarge) {
+		t.Errorf("GetRange over the key's bound = %v, want ErrTooLarge", err)
+	}
+}
+
+// testPack: a pack written by appends is invisible (Get, List) until its
+// Commit, whole after it; a second pack of the same key gets ErrExists
+// and leaves the first; an aborted one leaves nothing.
+func testPack(t *testing.T, s blockstore.Store) {
+	p := s.(blockstore.Packer)
+	ctx := context.Background()
+	const key = "v/x/packs/0123456789abcdef0123456789abcdef"
+	data := random(t, 3<<20)
+	pw, err := p.NewPack(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(data); off += 70000 {
+		if _, err := pw.Write(data[off:min(off+70000, len(data))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Get(ctx, key); !errors.Is(err, blockstore.ErrNotFound) {
+		t.Fatalf("Get of a pack before its Commit = %v, want ErrNotFound", err)
+	}
+	if keys, err := s.List(ctx, ""); err != nil || len(keys) != 0 {
+		t.Fatalf("List before the Commit = %q, %v; want nothing", keys, err)
+	}
+	if err := pw.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, s, key); !bytes.Equal(got, data) {
+		t.Fatalf("the committed pack reads %d bytes, want its %d", len(got), len(data))
+	}
+	again, err := p.NewPack(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Write([]byte("other")); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Commit(ctx); !errors.Is(err, blockstore.ErrExists) {
+		t.Fatalf("Commit of a pack over an existing key = %v, want ErrExists", err)
+	}
+	if got := mustGet(t, s, key); !bytes.Equal(got, data) {
+		t.Fatal("a second pack of the key replaced the first")
+	}
+	ab, err := p.NewPack(ctx, "v/x/packs/aborted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ab.Write(data[:100]); err != nil {
+		t.Fatal(err)
+	}
+	ab.Abort()
+	if keys, err := s.List(ctx, ""); err != nil || len(keys) != 1 || keys[0] != key {
+		t.Fatalf("List after an abort = %q, %v; want the committed pack only", keys, err)
 	}
 }
