@@ -5,9 +5,56 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/ctld/ctld/internal/names"
+	"github.com/ctld/ctld/internal/node"
+	"github.com/ctld/ctld/internal/node/warm"
 )
+
+// warmOpts are the warm pool's settings (--warm-pool*; ctld.toml keys of
+// the same names).
+type warmOpts struct {
+	sizes       warmPoolFlag
+	budget      int
+	maxAge      time.Duration
+	refillEvery time.Duration
+}
+
+// Bounds of the pool's settings: a member lives long enough to be worth
+// its boot, and refills are at least this far apart.
+const (
+	minWarmMaxAge = time.Minute
+	minWarmRefill = 10 * time.Millisecond
+	maxWarmBudget = 1000
+)
+
+func warmFlags(f *pflag.FlagSet, o *warmOpts) {
+	f.Var(&o.sizes, "warm-pool", "TEMPLATE=N: keep N warm members (guests booted ahead with no workload) of overlay template TEMPLATE, so a matching claim costs one agent round trip; repeatable; their capacity is the ledger's warm row; 0 or unset: none (docs/operations.md \"Warm pool\")")
+	f.IntVar(&o.budget, "warm-pool-budget", 0, "the most warm members of all templates together, booting and idle (each holds a member's limits in the ledger's warm row); 0: the sum of the --warm-pool sizes")
+	f.DurationVar(&o.maxAge, "warm-pool-max-age", warm.DefaultMaxAge, "an idle warm member older than this is destroyed (with a cleanup proof) and replaced, so a new template generation reaches the pool")
+	f.DurationVar(&o.refillEvery, "warm-pool-refill-every", node.DefaultWarmRefill, "the least time between two warm member boots (one boots at a time): a drained pool refills at most this fast")
+}
+
+func (o warmOpts) check() error {
+	if o.budget < 0 || o.budget > maxWarmBudget {
+		return fmt.Errorf("--warm-pool-budget must be between 0 and %d, got %d", maxWarmBudget, o.budget)
+	}
+	if o.maxAge < minWarmMaxAge {
+		return fmt.Errorf("--warm-pool-max-age must be at least %v, got %v", minWarmMaxAge, o.maxAge)
+	}
+	if o.refillEvery < minWarmRefill {
+		return fmt.Errorf("--warm-pool-refill-every must be at least %v, got %v", minWarmRefill, o.refillEvery)
+	}
+	return nil
+}
+
+// settings are the node's warm.Settings.
+func (o warmOpts) settings() warm.Settings {
+	return warm.Settings{Sizes: o.sizes.sizes, Budget: o.budget, MaxAge: o.maxAge, RefillEvery: o.refillEvery}
+}
 
 // warmPoolFlag is --warm-pool TEMPLATE=N, repeatable: the warm members
 // kept per template.
