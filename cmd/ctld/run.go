@@ -461,7 +461,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		log.Info("term ended during takeover", "cause", context.Cause(termCtx))
 		return nil
 	}
-	apiSock := filepath.Join(g.runDir, "ctld.sock")
+	apiSock := apiSocketPath(g.runDir)
 	apiLn, err := ha.ListenUnix(apiSock, 0o660, gid)
 	if err != nil {
 		return fmt.Errorf("listen API socket: %w", err)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ctld/ctld/internal/api"
 	"github.com/ctld/ctld/internal/names"
 	"github.com/ctld/ctld/internal/node"
 	"github.com/ctld/ctld/internal/node/warm"
@@ -107,3 +110,38 @@ func (f *warmPoolFlag) set(v string) error {
 }
 
 func (f *warmPoolFlag) Type() string { return "TEMPLATE=N" }
+
+// statusWarm is the warm pools `ctld status` shows beside the slots:
+// the primary's GET /v1/node warm_pools on the API socket in runDir,
+// bounded by probeTimeout.
+type statusWarm struct {
+	Pools []api.WarmPool `json:"warm_pools,omitempty"`
+	Error string         `json:"warm_pools_error,omitempty"`
+}
+
+func readStatusWarm(ctx context.Context, runDir string) statusWarm {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	sock := apiSocketPath(runDir)
+	nd, err := (&api.Client{SocketPath: sock}).Node(ctx)
+	if err != nil {
+		return statusWarm{Error: fmt.Sprintf("no answer on %s within %s: %v", sock, probeTimeout, err)}
+	}
+	return statusWarm{Pools: nd.WarmPools}
+}
+
+// print writes one line per pool: members now, claims since the term
+// began, and the hit rate ("-" before any claim of the pool).
+func (s statusWarm) print(w io.Writer) {
+	if s.Error != "" {
+		fmt.Fprintf(w, "warm pools: %s\n", s.Error)
+		return
+	}
+	for _, p := range s.Pools {
+		rate := "-"
+		if st := (warm.Stats{Hits: p.Hits, Misses: p.Misses}); p.Hits+p.Misses > 0 {
+			rate = fmt.Sprintf("%.0f%%", 100*st.HitRate())
+		}
+		fmt.Fprintf(w, "warm pool %s  idle %d  booting %d  hits %d  misses %d  hit rate %s\n", p.Template, p.Idle, p.Booting, p.Hits, p.Misses, rate)
+	}
+}
