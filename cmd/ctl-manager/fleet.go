@@ -145,7 +145,7 @@ func (c *cli) nodeRunCommand() *cobra.Command {
 }
 
 func (c *cli) nodeLsCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "ls", Short: "List the fleet's registered nodes: state, heartbeat, capacity reserved of allocatable", Args: noArgs}
+	cmd := &cobra.Command{Use: "ls", Short: "List the fleet's registered nodes: state, heartbeat, capacity reserved of allocatable, what a warm pool holds", Args: noArgs}
 	cmd.RunE = c.storeAction(fixed("node ls"), func(ctx context.Context, st *manager.Store, _ []string) error {
 		nodes, err := st.FleetNodes(ctx)
 		if err != nil {
@@ -169,6 +169,11 @@ func (c *cli) nodeLsCommand() *cobra.Command {
 		for _, n := range nodes {
 			if n.Reason != "" {
 				fmt.Fprintf(c.stdout, "%s: %s\n", n.NodeID, n.Reason)
+			}
+			// Placement counts it beside the reservations.
+			if n.Warm != (manager.NodeAlloc{}) {
+				fmt.Fprintf(c.stdout, "%s: warm pool holds %s cpu, %s memory, %d sandboxes\n", n.NodeID,
+					manager.FormatCPU(n.Warm.CPUMillis), manager.FormatMemory(n.Warm.MemoryBytes), n.Warm.Sandboxes)
 			}
 		}
 		return nil

@@ -87,9 +87,24 @@ func TestCLINodeProcessOnPostgres(t *testing.T) {
 	}
 	e.ok("node", "uncordon", "node-a")
 	out := e.ok("node", "ls")
-	if !strings.Contains(out, "node-a  a.example  ready") || !strings.Contains(out, "1/2") {
+	if !strings.Contains(out, "node-a  a.example  ready") || !strings.Contains(out, "1/2") || strings.Contains(out, "warm pool") {
 		t.Fatalf("node ls:\n%s", out)
 	}
+	// ctld's warm row reaches the database with a heartbeat and shows.
+	e.node.Lock()
+	e.node.Warm = api.Capacity{CPUMillis: 200, MemoryBytes: 256 << 20, Addresses: 1}
+	e.node.Unlock()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		out = e.ok("node", "ls")
+		if strings.Contains(out, "node-a: warm pool holds ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node ls without the warm pool:\n%s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("node ls:\n%s", out)
 	if r := e.run("", "node", "cordon", "node-zz"); r.code != exitFailed || !strings.Contains(r.stderr, "not_found") {
 		t.Fatalf("cordon of an unknown node: %+v", r)
 	}

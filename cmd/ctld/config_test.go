@@ -46,6 +46,8 @@ func TestRunConfigFile(t *testing.T) {
 		{"journal-retention = \"forever\"\n", nil, `key "journal-retention": invalid argument "forever"`},
 		{"max-concurrent-claims = \n", nil, "ctld.toml:1: "},
 		{"runsc-platform = \"gvisor\"\n", nil, `--runsc-platform: unknown platform "gvisor"`},
+		{"warm-pool-max-age = \"30s\"\n", nil, "--warm-pool-max-age must be at least 1m0s, got 30s"},
+		{"warm-pool-budget = 1001\n", nil, "--warm-pool-budget must be between 0 and 1000, got 1001"},
 	} {
 		p := writeConfig(t, dir, tc.src)
 		args := append(append(append([]string{}, base...), "--config", p, "run"), tc.args...)

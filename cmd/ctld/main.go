@@ -115,7 +115,7 @@ func statusCmd(g *globalOpts) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "status",
-		Short: "show the role and epoch of slots a and b",
+		Short: "show the role and epoch of slots a and b, and the primary's warm pools",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			type row struct {
@@ -139,8 +139,20 @@ func statusCmd(g *globalOpts) *cobra.Command {
 				rows = append(rows, r)
 			}
 			epoch, eerr := ha.ReadEpoch(g.stateDir)
+			// The primary's warm pools (GET /v1/node), when there is one.
+			var wp *statusWarm
+			for _, r := range rows {
+				if r.Status != nil && r.Status.Role == ha.RolePrimary && wp == nil {
+					s := readStatusWarm(cmd.Context(), g.runDir)
+					wp = &s
+				}
+			}
 			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"slots": rows, "epoch": epoch})
+				out := map[string]any{"slots": rows, "epoch": epoch}
+				if wp != nil {
+					out["warm"] = wp
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
 			for _, r := range rows {
 				if r.Status == nil {
@@ -152,6 +164,9 @@ func statusCmd(g *globalOpts) *cobra.Command {
 			if eerr == nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "durable epoch %d (%s)\n", epoch, ha.EpochPath(g.stateDir))
 			}
+			if wp != nil {
+				wp.print(cmd.OutOrStdout())
+			}
 			return nil
 		},
 	}
@@ -161,6 +176,9 @@ func statusCmd(g *globalOpts) *cobra.Command {
 
 // probeTimeout bounds how long `ctld status` waits for each instance.
 const probeTimeout = 2 * time.Second
+
+// apiSocketPath is the primary's API socket in runDir.
+func apiSocketPath(runDir string) string { return filepath.Join(runDir, "ctld.sock") }
 
 func probePath(runDir, slot string) string {
 	return filepath.Join(runDir, "ctld-"+slot+".sock")

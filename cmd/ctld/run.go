@@ -32,7 +32,6 @@ import (
 	"github.com/ctld/ctld/internal/node/guest"
 	"github.com/ctld/ctld/internal/node/meter"
 	"github.com/ctld/ctld/internal/node/overlay"
-	"github.com/ctld/ctld/internal/node/warm"
 	"github.com/ctld/ctld/internal/proof"
 	"github.com/ctld/ctld/internal/rootfs"
 	"github.com/ctld/ctld/internal/runsc"
@@ -71,8 +70,8 @@ type runOpts struct {
 	bootCPU      int64
 	// runtimePIDs is each lease's pids.max on top of its claim's PIDs.
 	runtimePIDs int64
-	// warmPool is the warm members kept per template (--warm-pool).
-	warmPool warmPoolFlag
+	// warm is the warm pool's sizes and bounds (--warm-pool*).
+	warm warmOpts
 	// Bounds on concurrent work and on the journal's history.
 	maxClaims, maxExecs int
 	retention           journal.Retention
@@ -168,6 +167,9 @@ func runCmd(g *globalOpts) *cobra.Command {
 			if err := o.block.check(); err != nil {
 				return usagef("%w", err)
 			}
+			if err := o.warm.check(); err != nil {
+				return usagef("%w", err)
+			}
 			if _, err := metrics.ListenAddr(o.metricsListen, o.slot); err != nil {
 				return usagef("%w", err)
 			}
@@ -206,7 +208,7 @@ func runCmd(g *globalOpts) *cobra.Command {
 	f.Int64Var(&o.agentListBytes, "max-list-bytes", client.DefaultListBudget, "bytes one directory listing through a guest agent may cost (names, link targets and 128 per entry); past it the listing fails as too large (ctld's MemoryMax is sized from it)")
 	f.DurationVar(&o.agentStreamIdle, "agent-stream-idle", client.DefaultStreamIdle, "how long a file read or write through a guest agent may stall (no next frame, no intake, no answer once sent) before it fails")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", node.DefaultReadyTimeout, "how long a new guest's agent has to answer the readiness proof after runsc start before the claim is rolled back")
-	f.Var(&o.warmPool, "warm-pool", "TEMPLATE=N: keep N warm members (guests booted ahead with no workload) of overlay template TEMPLATE, so a matching claim costs one agent round trip; repeatable; their capacity is the ledger's warm row; 0 or unset: none (docs/operations.md \"Warm pool\")")
+	warmFlags(f, &o.warm)
 	f.Int64Var(&o.runtimePIDs, "runtime-pids", node.DefaultRuntimePIDs, "tasks each lease's pids.max allows on top of its claim's PIDs, for the runtime's own threads (gVisor's sentry and gofer, ptrace's stubs); counted in the node's PIDs capacity")
 	f.Int64Var(&o.bootCPU, "boot-cpu-millis", 1000, "a new guest's CPU limit (cpu.max) from its lease until its readiness proof, when its claim asks for less: runsc's boot is not the workload's (0: boot inside the claim's share)")
 	f.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the built-in \"busybox\" template (empty: none)")
@@ -459,7 +461,7 @@ func runPrimary(ctx context.Context, g globalOpts, o runOpts, facts hostFacts, t
 		log.Info("term ended during takeover", "cause", context.Cause(termCtx))
 		return nil
 	}
-	apiSock := filepath.Join(g.runDir, "ctld.sock")
+	apiSock := apiSocketPath(g.runDir)
 	apiLn, err := ha.ListenUnix(apiSock, 0o660, gid)
 	if err != nil {
 		return fmt.Errorf("listen API socket: %w", err)
@@ -648,7 +650,7 @@ func buildNode(term context.Context, g globalOpts, o runOpts, facts hostFacts, e
 		ReadyTimeout:  o.readyTimeout,
 		BootCPUMillis: o.bootCPU,
 		RuntimePIDs:   o.runtimePIDs,
-		WarmPool:      warm.Settings{Sizes: o.warmPool.sizes},
+		WarmPool:      o.warm.settings(),
 	}
 	// /run/netns becomes a mount point before ctld names a netns there,
 	// so an operator's later `ip netns add` does not hide ctld's.

@@ -73,6 +73,15 @@ const fleetMigration = `ALTER TABLE nodes ADD COLUMN name TEXT NOT NULL DEFAULT 
 	);
 	CREATE INDEX reservations_by_node ON reservations(node_id, released_at);`
 
+// warmMigration: the capacity a node's warm pool holds (pre-booted
+// guests, ctld's `warm` row), as its node process last reported it:
+// placement counts it beside the reservations, so a node whose members
+// fill it is not chosen for a claim its ctld would refuse.
+const warmMigration = `ALTER TABLE nodes ADD COLUMN warm_cpu_millis INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN warm_memory_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN warm_disk_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN warm_sandboxes INTEGER NOT NULL DEFAULT 0;`
+
 // NodeAlloc is an amount of a node's capacity: allocatable, or reserved
 // by placed sandboxes (each counts one of Sandboxes).
 type NodeAlloc struct {
@@ -86,6 +95,10 @@ type NodeAlloc struct {
 func (a NodeAlloc) Fits(limit NodeAlloc) bool {
 	return a.CPUMillis <= limit.CPUMillis && a.MemoryBytes <= limit.MemoryBytes &&
 		a.DiskBytes <= limit.DiskBytes && a.Sandboxes <= limit.Sandboxes
+}
+
+func (a NodeAlloc) negative() bool {
+	return a.CPUMillis < 0 || a.MemoryBytes < 0 || a.DiskBytes < 0 || a.Sandboxes < 0
 }
 
 func (a NodeAlloc) add(b NodeAlloc) NodeAlloc {
@@ -108,6 +121,10 @@ type Registration struct {
 	// node that holds its template; a block claim prefers one (its blocks
 	// are cached there) but any block node can fetch them.
 	Templates []string
+	// Warm is what the node's warm pool holds now (ctld's warm row):
+	// placement's room is Allocatable - Reserved - Warm. Heartbeats
+	// renew it (HeartbeatWarm).
+	Warm NodeAlloc
 	// TTL is how long a heartbeat keeps the node alive.
 	TTL time.Duration
 	// Channel is the host:port of the node process's stream channel
@@ -126,8 +143,8 @@ func (r Registration) validate() error {
 	switch {
 	case len(r.PublicKey) != ed25519.PublicKeySize:
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: the key is %d bytes, want an ed25519 public key (%d)", r.NodeID, len(r.PublicKey), ed25519.PublicKeySize)
-	case r.Allocatable.CPUMillis < 0 || r.Allocatable.MemoryBytes < 0 || r.Allocatable.DiskBytes < 0 || r.Allocatable.Sandboxes < 0:
-		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: negative capacity %+v", r.NodeID, r.Allocatable)
+	case r.Allocatable.negative() || r.Warm.negative():
+		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: negative capacity %+v (warm %+v)", r.NodeID, r.Allocatable, r.Warm)
 	case r.TTL <= 0:
 		return errdefs.Errorf(errdefs.CodeInvalidArgument, "register node %s: the heartbeat TTL must be positive", r.NodeID)
 	case len(r.RootModes) > maxNodeList || len(r.Templates) > maxNodeList:
@@ -155,13 +172,15 @@ func (r Registration) validate() error {
 
 // FleetNode is a registered node as the database has it.
 type FleetNode struct {
-	NodeID       string    `json:"node_id"`
-	Name         string    `json:"name"`
-	State        string    `json:"state"`
-	Reason       string    `json:"reason,omitempty"`
-	PublicKey    []byte    `json:"public_key"`
-	Allocatable  NodeAlloc `json:"allocatable"`
-	Reserved     NodeAlloc `json:"reserved"`
+	NodeID      string    `json:"node_id"`
+	Name        string    `json:"name"`
+	State       string    `json:"state"`
+	Reason      string    `json:"reason,omitempty"`
+	PublicKey   []byte    `json:"public_key"`
+	Allocatable NodeAlloc `json:"allocatable"`
+	Reserved    NodeAlloc `json:"reserved"`
+	// Warm is what the node's warm pool held at its last heartbeat.
+	Warm         NodeAlloc `json:"warm"`
 	RunscVersion string    `json:"runsc_version"`
 	Platform     string    `json:"platform"`
 	RootModes    []string  `json:"root_modes"`
@@ -194,6 +213,7 @@ func (n FleetNode) Expires() time.Time { return n.HeartbeatAt.Add(time.Duration(
 const fleetSelect = `SELECT n.node_id, n.name, n.state, n.state_reason, n.public_key,
 	n.alloc_cpu_millis, n.alloc_memory_bytes, n.alloc_disk_bytes, n.alloc_sandboxes,
 	n.reserved_cpu_millis, n.reserved_memory_bytes, n.reserved_disk_bytes, n.reserved_sandboxes,
+	n.warm_cpu_millis, n.warm_memory_bytes, n.warm_disk_bytes, n.warm_sandboxes,
 	n.runsc_version, n.platform, n.root_modes, n.templates, n.heartbeat_at, n.ttl_ms, n.channel
 	FROM nodes n WHERE n.state <> ''`
 
@@ -204,6 +224,7 @@ func scanFleetNode(row rowScanner) (FleetNode, error) {
 	if err := row.Scan(&n.NodeID, &n.Name, &n.State, &n.Reason, &n.PublicKey,
 		&n.Allocatable.CPUMillis, &n.Allocatable.MemoryBytes, &n.Allocatable.DiskBytes, &n.Allocatable.Sandboxes,
 		&n.Reserved.CPUMillis, &n.Reserved.MemoryBytes, &n.Reserved.DiskBytes, &n.Reserved.Sandboxes,
+		&n.Warm.CPUMillis, &n.Warm.MemoryBytes, &n.Warm.DiskBytes, &n.Warm.Sandboxes,
 		&n.RunscVersion, &n.Platform, &modes, &templates, &hb, &ttl, &n.Channel); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return n, notFound("node not registered")
@@ -275,10 +296,12 @@ func (s *Store) RegisterNode(ctx context.Context, r Registration) (FleetNode, er
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET public_key = ?, name = ?, state = ?, state_reason = '', last_seen = ?,
 			alloc_cpu_millis = ?, alloc_memory_bytes = ?, alloc_disk_bytes = ?, alloc_sandboxes = ?,
+			warm_cpu_millis = ?, warm_memory_bytes = ?, warm_disk_bytes = ?, warm_sandboxes = ?,
 			runsc_version = ?, platform = ?, root_modes = ?, templates = ?, heartbeat_at = ?, ttl_ms = ?, channel = ?
 			WHERE node_id = ?`,
 			r.PublicKey, r.Name, next, now,
 			r.Allocatable.CPUMillis, r.Allocatable.MemoryBytes, r.Allocatable.DiskBytes, r.Allocatable.Sandboxes,
+			r.Warm.CPUMillis, r.Warm.MemoryBytes, r.Warm.DiskBytes, r.Warm.Sandboxes,
 			r.RunscVersion, r.Platform, string(modes), string(templates), now, r.TTL.Milliseconds(), r.Channel, r.NodeID); err != nil {
 			return fmt.Errorf("register node %s: %w", r.NodeID, err)
 		}
@@ -299,6 +322,19 @@ func orEmpty(s []string) []string {
 // must register again (and its ctld release what the database no longer
 // gives it) before it takes work.
 func (s *Store) Heartbeat(ctx context.Context, nodeID string) (FleetNode, error) {
+	return s.heartbeat(ctx, nodeID, nil)
+}
+
+// HeartbeatWarm is Heartbeat that also records what the node's warm pool
+// holds now (placement counts it; ctld's warm row).
+func (s *Store) HeartbeatWarm(ctx context.Context, nodeID string, warm NodeAlloc) (FleetNode, error) {
+	if warm.negative() {
+		return FleetNode{}, errdefs.Errorf(errdefs.CodeInvalidArgument, "heartbeat of node %s: negative warm capacity %+v", nodeID, warm)
+	}
+	return s.heartbeat(ctx, nodeID, &warm)
+}
+
+func (s *Store) heartbeat(ctx context.Context, nodeID string, warm *NodeAlloc) (FleetNode, error) {
 	var out FleetNode
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		n, err := fleetNodeTx(ctx, tx, nodeID)
@@ -311,6 +347,12 @@ func (s *Store) Heartbeat(ctx context.Context, nodeID string) (FleetNode, error)
 		now := ts(s.now())
 		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET heartbeat_at = ?, last_seen = ? WHERE node_id = ?`, now, now, nodeID); err != nil {
 			return fmt.Errorf("heartbeat of node %s: %w", nodeID, err)
+		}
+		if warm != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET warm_cpu_millis = ?, warm_memory_bytes = ?, warm_disk_bytes = ?, warm_sandboxes = ? WHERE node_id = ?`,
+				warm.CPUMillis, warm.MemoryBytes, warm.DiskBytes, warm.Sandboxes, nodeID); err != nil {
+				return fmt.Errorf("heartbeat of node %s: record its warm pool: %w", nodeID, err)
+			}
 		}
 		out, err = fleetNodeTx(ctx, tx, nodeID)
 		return err

@@ -66,7 +66,7 @@ func need(r api.Resources) NodeAlloc {
 // load is how full n would be with more on it: the fullest of its
 // dimensions, as a fraction of what it can allocate.
 func load(n FleetNode, more NodeAlloc) float64 {
-	after := n.Reserved.add(more)
+	after := n.Reserved.add(n.Warm).add(more)
 	l := 0.0
 	for _, d := range [][2]int64{
 		{after.CPUMillis, n.Allocatable.CPUMillis}, {after.MemoryBytes, n.Allocatable.MemoryBytes},
@@ -113,7 +113,9 @@ func fitting(nodes []FleetNode, want NodeAlloc, rf api.RootFS, now time.Time) ([
 			reason = "no " + string(mode) + " root"
 		case mode == api.RootFSOverlay && rf.Template != "" && !holds(n.Templates, rf.Template):
 			reason = "no template " + rf.Template
-		case !n.Reserved.add(want).Fits(n.Allocatable):
+		case !n.Reserved.add(n.Warm).add(want).Fits(n.Allocatable):
+			// The warm pool's members hold their share as leases do
+			// (ctld admits over allocatable - leased - warm - withheld).
 			reason = "full"
 		}
 		if reason != "" {

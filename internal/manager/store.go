@@ -146,6 +146,9 @@ var migrations = []string{
 	// process reads (Abandoned, LostOn: readopt.go), as do the sweep and
 	// drain.
 	`CREATE INDEX sandboxes_by_node ON sandboxes(node_id, state);`,
+	// 19: what a node's warm pool holds, which placement counts beside
+	// the reservations (nodes.go, warmMigration).
+	warmMigration,
 }
 
 // Store is the manager's database: SQLite (OpenStore, the embedded

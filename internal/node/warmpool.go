@@ -166,16 +166,25 @@ func (n *Node) warmRound() (time.Time, bool) {
 	last := n.warm.last
 	n.warm.mu.Unlock()
 	p := warm.Decide(n.warmSettings(), asPoolMembers(ms), last, time.Now(), n.cfg.Versions.Runsc)
+	destroyed := 0
 	for _, id := range p.Expire {
 		for _, m := range ms {
 			if m.Rec.ID == id {
 				if _, err := n.destroyMember(ctx, m, "expired"); err != nil {
 					n.log.Warn("warm pool: destroy an expired member", "member", id, "err", err)
+				} else {
+					destroyed++
 				}
 			}
 		}
 	}
 	if p.Boot == nil {
+		if destroyed > 0 {
+			// The expired members held the budget until now: look
+			// again for their replacements (a failed destroy waits for
+			// the next kick or NextAt, no busy loop).
+			return time.Now(), true
+		}
 		return p.NextAt, true
 	}
 	n.warm.mu.Lock()

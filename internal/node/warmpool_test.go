@@ -3,6 +3,9 @@ package node
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -289,4 +292,103 @@ func TestWarmPoolDeadMemberFallsBackCold(t *testing.T) {
 		t.Errorf("unjournaled objects: %v", u)
 	}
 	r.checkClean("after the fallback's release")
+}
+
+// TestWarmPoolMemberExpiresAndRefills: an idle member older than MaxAge
+// is destroyed with a clean signed cleanup proof (warm-destroy-<member>)
+// and the pool boots a fresh one in its place without any other event
+// (a new template generation reaches the pool this way).
+func TestWarmPoolMemberExpiresAndRefills(t *testing.T) {
+	tk, _ := fakeKernel(t)
+	tk.warm = warm.Settings{Sizes: map[string]int{"busybox": 1}, MaxAge: 200 * time.Millisecond}
+	r := newRig(t, tk)
+	r.mustBoot()
+	old := waitMembers(t, r, 1)[0]
+	var fresh journal.WarmMember
+	for deadline := time.Now().Add(r.k.timeout); ; {
+		ms, err := r.n.warmMembers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) == 1 && ms[0].Rec.ID != old.Rec.ID && ms[0].State == journal.WarmIdle {
+			fresh = ms[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("members %+v: member %s never expired and was replaced", ms, old.Rec.ID)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p := r.checkProof("warm-destroy-" + old.Rec.ID)
+	if p.SandboxID != old.Rec.ID || p.LeaseID != old.Rec.LeaseID || len(p.Checks) == 0 {
+		t.Errorf("proof of the expired member: %+v", p)
+	}
+	for k, e := range r.effects() {
+		if e.Name == old.Rec.ContainerID {
+			t.Errorf("effect record %s of the expired member left: %+v", k, e)
+		}
+	}
+	if fresh.Since.Sub(old.Since) < tk.warm.MaxAge {
+		t.Errorf("replacement idle %v after the expired one, want at least MaxAge %v", fresh.Since.Sub(old.Since), tk.warm.MaxAge)
+	}
+	if u := r.allUnjournaled(); len(u) > 0 {
+		t.Errorf("unjournaled objects: %v", u)
+	}
+}
+
+// TestWarmPoolRefillRate: a pool filling from empty starts its member
+// boots at least RefillEvery apart: three members take at least two
+// intervals from the term's start, and the journal's CreatedAt of each
+// (stamped just after its boot was decided, so half an interval of
+// slack for a loaded machine) are that far apart.
+func TestWarmPoolRefillRate(t *testing.T) {
+	const every = 300 * time.Millisecond
+	r := warmRig(t, 3, every)
+	start := time.Now()
+	r.mustBoot()
+	ms := waitMembers(t, r, 3)
+	if took := time.Since(start); took < 2*every {
+		t.Errorf("three members idle %v after the term began, want at least two refill intervals (%v)", took, 2*every)
+	}
+	var at []time.Time
+	for _, m := range ms {
+		at = append(at, m.Rec.CreatedAt)
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < every/2 {
+			t.Errorf("member boots %d and %d started %v apart, want about %v", i-1, i, gap, every)
+		}
+	}
+}
+
+// TestWarmPoolBudget: the budget caps the members of all pools together
+// (two templates of 2 each, budget 3: three members, never a fourth), and
+// the ledger's warm row is three members' worth.
+func TestWarmPoolBudget(t *testing.T) {
+	tk, _ := fakeKernel(t)
+	for _, d := range []string{"bin", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(tk.templatesDir, "other", d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tk.warm = warm.Settings{Sizes: map[string]int{"busybox": 2, "other": 2}, Budget: 3}
+	r := newRig(t, tk)
+	r.mustBoot()
+	waitMembers(t, r, 3)
+	// The filler had its chance at a fourth (1 ms refill): none came.
+	time.Sleep(100 * time.Millisecond)
+	ms := waitMembers(t, r, 3)
+	per := map[string]int{}
+	for _, m := range ms {
+		per[m.Rec.RootFS.Template]++
+	}
+	if per["busybox"] < 1 || per["other"] < 1 {
+		t.Errorf("members per template %v: want both pools served", per)
+	}
+	want := memberHeld(r)
+	want = Capacity{CPUMillis: 3 * want.CPUMillis, MemoryBytes: 3 * want.MemoryBytes, PIDs: 3 * want.PIDs, DiskBytes: 3 * want.DiskBytes, Addresses: 3 * want.Addresses}
+	if l := r.ledger(); l.Warm != want {
+		t.Errorf("warm row %+v, want three members' %+v", l.Warm, want)
+	}
 }

@@ -94,10 +94,7 @@ func (a *Agent) registration(n api.Node) (manager.Registration, error) {
 		return manager.Registration{}, errors.New("ctld names no node id or key")
 	}
 	alloc := n.Capacity.Allocatable
-	sandboxes := alloc.Addresses
-	if a.MaxSandboxes > 0 && (sandboxes == 0 || a.MaxSandboxes < sandboxes) {
-		sandboxes = a.MaxSandboxes
-	}
+	sandboxes := a.sandboxes(alloc)
 	modes := []string{string(api.RootFSOverlay)}
 	if alloc.NBDDevices > 0 {
 		modes = append(modes, string(api.RootFSBlock))
@@ -109,9 +106,33 @@ func (a *Agent) registration(n api.Node) (manager.Registration, error) {
 	return manager.Registration{
 		NodeID: n.NodeID, Name: name, PublicKey: n.NodeKey,
 		Allocatable:  manager.NodeAlloc{CPUMillis: alloc.CPUMillis, MemoryBytes: alloc.MemoryBytes, DiskBytes: alloc.DiskBytes, Sandboxes: sandboxes},
+		Warm:         a.warm(n),
 		RunscVersion: n.Versions.Runsc, Platform: a.Platform, RootModes: modes, Templates: a.Templates, TTL: a.ttl(),
 		Channel: a.Channel,
 	}, nil
+}
+
+// sandboxes is how many sandboxes the node may be placed: one per
+// address of its pool, within the operator's bound.
+func (a *Agent) sandboxes(alloc api.Capacity) int64 {
+	sandboxes := alloc.Addresses
+	if a.MaxSandboxes > 0 && (sandboxes == 0 || a.MaxSandboxes < sandboxes) {
+		sandboxes = a.MaxSandboxes
+	}
+	return sandboxes
+}
+
+// warm is what ctld's warm pool holds (its ledger's warm row), as
+// placement counts it beside the reservations: each member's CPU, memory
+// and disk, and its address where the addresses left would not cover the
+// sandboxes registered (plain data).
+func (a *Agent) warm(n api.Node) manager.NodeAlloc {
+	w, alloc := n.Capacity.Warm, n.Capacity.Allocatable
+	sandboxes := w.Addresses
+	if alloc.Addresses > 0 {
+		sandboxes = max(0, w.Addresses-(alloc.Addresses-a.sandboxes(alloc)))
+	}
+	return manager.NodeAlloc{CPUMillis: w.CPUMillis, MemoryBytes: w.MemoryBytes, DiskBytes: w.DiskBytes, Sandboxes: sandboxes}
 }
 
 // Register reads the node from ctld and registers it.
@@ -310,6 +331,20 @@ func (w *workers) dispatch(ctx context.Context, wg *sync.WaitGroup) error {
 	return nil
 }
 
+// beat is one heartbeat, carrying what ctld's warm pool holds now
+// (placement counts it). ctld's answer is bounded by a third of the TTL;
+// without one the heartbeat keeps the last warm row it recorded.
+func (a *Agent) beat(ctx context.Context, id string) (manager.FleetNode, error) {
+	cctx, cancel := context.WithTimeout(ctx, a.ttl()/3)
+	n, err := a.Client.Node(cctx)
+	cancel()
+	if err != nil || n.NodeID != id {
+		a.log().Debug("heartbeat without ctld's warm pool", "node", id, "ctld_node", n.NodeID, "err", err)
+		return a.Store.Heartbeat(ctx, id)
+	}
+	return a.Store.HeartbeatWarm(ctx, id, a.warm(n))
+}
+
 func (a *Agent) maxConcurrent() int {
 	if a.MaxConcurrent > 0 {
 		return a.MaxConcurrent
@@ -320,7 +355,7 @@ func (a *Agent) maxConcurrent() int {
 // heartbeat renews the node's TTL (registering again if the node was
 // marked lost meanwhile) and sweeps the fleet for lost nodes.
 func (a *Agent) heartbeat(ctx context.Context, id string) error {
-	_, err := a.Store.Heartbeat(ctx, id)
+	_, err := a.beat(ctx, id)
 	if errdefs.CodeOf(err) == errdefs.CodeFenced || errdefs.CodeOf(err) == errdefs.CodeNotFound {
 		a.log().Warn("node was marked lost or forgotten; registering again", "node", id, "err", err)
 		_, err = a.Register(ctx)

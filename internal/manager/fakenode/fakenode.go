@@ -77,6 +77,8 @@ type Node struct {
 	GuestLog map[string]string
 	// Withheld is what GET /v1/node lists as withheld.
 	Withheld []api.WithheldLease
+	// Warm is GET /v1/node's warm row (a warm pool's members).
+	Warm api.Capacity
 
 	sandboxes map[string]api.Sandbox
 	claims    map[string]api.ClaimResponse
@@ -168,7 +170,7 @@ func (n *Node) Node(context.Context) (api.Node, error) {
 	return api.Node{
 		NodeID: n.NodeID, BootID: "boot-1", Slot: "a", Role: "primary", Epoch: 3, NodeKey: n.Key.Public().(ed25519.PublicKey), KeyRotation: n.Rotation,
 		Versions: api.Versions{Ctld: "test", Kernel: "6.1.0", Runsc: "20221219", Nft: "1.0.6"},
-		Capacity: api.NodeCapacity{Total: total, Allocatable: total, Leased: leased},
+		Capacity: api.NodeCapacity{Total: total, Allocatable: total, Leased: leased, Warm: n.Warm},
 		Withheld: n.Withheld,
 	}, nil
 }

@@ -34,6 +34,7 @@ func Run(t *testing.T, open Opener) {
 		{"RegisterPinsTheKey", registerPinsTheKey},
 		{"HeartbeatCordonAndLost", heartbeatCordonAndLost},
 		{"PlacementChoosesANode", placementChoosesANode},
+		{"PlacementCountsTheWarmPool", placementCountsWarm},
 		{"ReservationNeedsAVerifiedCleanProof", reservationNeedsAVerifiedCleanProof},
 		{"ConcurrentPlacementsNeverOvercommit", concurrentPlacements},
 		{"ConcurrentPlacementsDoNotAbort", concurrentPlacementsDoNotAbort},
@@ -632,4 +633,58 @@ func concurrentPlacements(t *testing.T, open Opener) {
 		t.Fatalf("%d samples, %d over allocatable", samples.Load(), over.Load())
 	}
 	t.Logf("placed %d + %d of %d creates; %d samples of the database, none over", len(placed), len(placed2), 2*creates, samples.Load())
+}
+
+// placementCountsWarm: what a node's warm pool holds (its registration,
+// then each HeartbeatWarm) counts beside its reservations: a node whose
+// allocatable - reserved - warm is too small for a claim is passed over
+// as full, for another node or capacity_exhausted; once its pool holds
+// less it takes the claim.
+func placementCountsWarm(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s, _ := open(t, newClock().now)
+	a, b := newNode("a"), newNode("b")
+	// a's pool holds 1800 of its 2000 millis and 1 of its 4 sandboxes.
+	warm := manager.NodeAlloc{CPUMillis: 1800, MemoryBytes: 1 << 30, DiskBytes: 1 << 30, Sandboxes: 1}
+	r := a.reg(small(), both, "busybox")
+	r.Warm = warm
+	if got := must(s.RegisterNode(ctx, r))(t); got.Warm != warm {
+		t.Fatalf("registered warm %+v, want %+v", got.Warm, warm)
+	}
+	place := func(id string, cpu int64) (manager.Placement, error) {
+		return s.Place(ctx, manager.PlaceIntent{SandboxID: id, OperationID: "op-" + id, Spec: spec(cpu, api.RootFSOverlay, "busybox")})
+	}
+	// 300 millis do not fit a's 200 left beside its pool.
+	if _, err := place("x1", 300); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted || !strings.Contains(err.Error(), "a: full") {
+		t.Fatalf("place 300m beside a pool of 1800m of 2000m: %v, want capacity_exhausted (a: full)", err)
+	}
+	// 200 do (and are reserved).
+	if p := must(place("x2", 200))(t); p.NodeID != "a" {
+		t.Fatalf("place 200m on %s, want a", p.NodeID)
+	}
+	// Another node without a pool takes what a cannot.
+	must(s.RegisterNode(ctx, b.reg(small(), both, "busybox")))(t)
+	if p := must(place("x3", 300))(t); p.NodeID != "b" {
+		t.Fatalf("place 300m with b free: on %s, want b", p.NodeID)
+	}
+	// A heartbeat says the pool holds less now: a fits again, and with
+	// less load than b it is chosen (template bonus too).
+	if _, err := s.HeartbeatWarm(ctx, "a", manager.NodeAlloc{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := must(s.FleetNode(ctx, "a"))(t); got.Warm != (manager.NodeAlloc{}) || got.Reserved.CPUMillis != 200 {
+		t.Fatalf("a after its heartbeat: warm %+v reserved %+v", got.Warm, got.Reserved)
+	}
+	if p := must(place("x4", 300))(t); p.NodeID != "a" {
+		t.Fatalf("place 300m with a's pool empty: on %s, want a", p.NodeID)
+	}
+	// A plain heartbeat keeps what the last one said; a negative one is refused.
+	must(s.HeartbeatWarm(ctx, "a", warm))(t)
+	must(s.Heartbeat(ctx, "a"))(t)
+	if got := must(s.FleetNode(ctx, "a"))(t); got.Warm != warm {
+		t.Fatalf("warm after a plain heartbeat %+v, want %+v", got.Warm, warm)
+	}
+	if _, err := s.HeartbeatWarm(ctx, "a", manager.NodeAlloc{CPUMillis: -1}); errdefs.CodeOf(err) != errdefs.CodeInvalidArgument {
+		t.Fatalf("negative warm: %v, want invalid_argument", err)
+	}
 }

@@ -74,6 +74,7 @@ func TestDecide(t *testing.T) {
 		{name: "after the refill interval", s: s, lastBoot: t0.Add(-10 * time.Second), boot: "a"},
 		{name: "budget caps all pools", s: Settings{Sizes: s.Sizes, Budget: 2}, members: []Member{idle("a1", "a", 0), idle("a2", "a", 0)}},
 		{name: "expiring members hold the budget", s: Settings{Sizes: s.Sizes, Budget: 2}, members: []Member{idle("a1", "a", 0), {ID: "x", Key: key("a"), State: Expiring, Since: t0}}},
+		{name: "an expired member's replacement waits for its destroy under a full budget", s: Settings{Sizes: map[string]int{"a": 1}, MaxAge: time.Hour}, members: []Member{idle("a1", "a", time.Hour)}, expire: []string{"a1"}},
 		{name: "too old expires", s: s, members: []Member{idle("a1", "a", time.Hour), idle("a2", "a", time.Minute), idle("b1", "b", 0)}, expire: []string{"a1"}},
 		{name: "another runsc build expires", s: s, runsc: "r2", members: []Member{idle("a1", "a", 0)}, expire: []string{"a1"}, boot: "a"},
 		{name: "a pool no longer wanted expires", s: Settings{Sizes: map[string]int{"a": 1}}, members: []Member{idle("a1", "a", 0), idle("c1", "c", 0)}, expire: []string{"c1"}},
