@@ -151,7 +151,9 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 
 	// The pool's ctld ends first (the no-pool env's leak check runs first
 	// and would count its objects): its members go with a cleanup proof
-	// when a ctld without the pool takes over.
+	// when a ctld without the pool takes over (none booting at the stop:
+	// a boot under emulation can outlast the stop's grace).
+	waitPool(b, pc, "full and quiet", quiet)
 	pe.stop("a")
 	pe.args = slices.DeleteFunc(pe.args, func(a string) bool { return slices.Contains(poolArgs, a) })
 	pe.start("a")
