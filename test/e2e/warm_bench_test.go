@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ctld/ctld/internal/api"
-	"github.com/ctld/ctld/internal/ktest"
 	"github.com/ctld/ctld/internal/template"
 )
 
@@ -23,8 +22,8 @@ const warmBenchPool = 2
 // no pool, so its claims are cold on the pool's own ctld.
 const coldTemplate = "busycold"
 
-// BenchmarkWarmVsColdClaim (issue 27's benchmarks) runs one real ctld
-// with `--warm-pool busybox=2` and one with no pool, side by side.
+// BenchmarkWarmVsColdClaim (issue 27's benchmarks) runs a real ctld with
+// `--warm-pool busybox=2`, then the same one without a pool.
 //
 // Latency: CTLD_BENCH_CLAIMS rounds (default 8), each: wait until the pool
 // is full and quiet (2 idle, none booting), a warm claim (the steady
@@ -36,28 +35,29 @@ const coldTemplate = "busycold"
 // step (the claim's timings) with its share of the claim's total, the
 // ratios warm/cold (goals <= 0.1 at p50, <= 0.3 at p99) and beside/quiet.
 //
-// Throughput: on each ctld, with the pool full, 2 claims take (drain) its
-// members (on the pool-less one they are cold, so both run the same live
-// guests), then CTLD_BENCH_THROUGHPUT (default 8) claims back to back while
-// the pool refills; claims/s of each and pool/no pool (goal >= 1.0: a pool
-// never makes claims slower). Every sandbox is released with a clean
-// proof.
+// Throughput: with the pool full, 2 claims take (drain) its members, then
+// CTLD_BENCH_THROUGHPUT (default 8) claims back to back while the pool
+// refills; then ctld restarts without the pool (its members destroyed with
+// a cleanup proof) and does the same (its 2 drain claims are cold, so both
+// runs have the same guests live): claims/s of each and pool/no pool (goal
+// >= 1.0: a pool never makes claims slower). Every sandbox is released
+// with a clean proof.
 // Run: make bench VM_PKGS=./test/e2e BENCH='^BenchmarkWarmVsColdClaim$$' CTLD_BENCH_CLAIMS=8
 func BenchmarkWarmVsColdClaim(b *testing.B) {
 	n := envInt("CTLD_BENCH_CLAIMS", 8)
 	k := envInt("CTLD_BENCH_THROUGHPUT", 8)
-	pe := newDiskEnv(b) // created first: ended by hand below
+	// One env: two ctlds on one host would share its netns and link
+	// names, address pool and disk project range (each sweeps the other's
+	// objects as orphans), so the pool-less ctld is this one restarted.
+	pe := newDiskEnv(b)
 	if err := template.BuildBusybox(filepath.Join(pe.stateDir, "templates", coldTemplate), "/bin/busybox"); err != nil {
 		b.Fatalf("build template %s: %v", coldTemplate, err)
 	}
 	poolArgs := []string{"--warm-pool", fmt.Sprintf("busybox=%d", warmBenchPool)}
 	pe.args = append(pe.args, poolArgs...)
-	ne := newDiskEnv(b)
 	pe.start("a")
 	pe.waitPrimary("a", 2*time.Minute)
-	ne.start("a")
-	ne.waitPrimary("a", 2*time.Minute)
-	pc, nc := pe.client(), ne.client()
+	pc := pe.client()
 
 	quiet := func(p api.WarmPool) bool { return p.Idle == warmBenchPool && p.Booting == 0 }
 	res := map[string]series{"warm": {}, "beside": {}, "cold": {}}
@@ -93,8 +93,8 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 	b.ReportMetric(w50, "warm/cold-p50")
 	b.ReportMetric(w99, "warm/cold-p99")
 
-	// Throughput, the pool full again: the same spec on both ctlds, each
-	// claim's CPU such that all of them and a refilled pool fit.
+	// Throughput, the pool full again: the same spec with and without the
+	// pool, each claim's CPU such that all of them and a refilled pool fit.
 	waitPool(b, pc, "full and quiet", quiet)
 	node, err := pc.Node(ctx(b, time.Minute))
 	if err != nil {
@@ -104,29 +104,51 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 	req.Resources.CPUMillis = max(10, (node.Capacity.Allocatable.CPUMillis-node.Capacity.Warm.CPUMillis)/int64(k+warmBenchPool))
 	req.Resources.MemoryBytes = node.Capacity.Warm.MemoryBytes / warmBenchPool // a member's: the least a pooled claim may ask
 	type run struct {
-		name string
-		c    *api.Client
-		rate float64
-		hits int
+		name, prefix string
+		rate         float64
+		hits         int
 	}
-	runs := []*run{{name: "no pool", c: nc}, {name: "pool", c: pc}}
+	runs := []*run{{name: "pool", prefix: "p"}, {name: "no pool", prefix: "n"}}
 	for _, r := range runs {
+		if r.name == "no pool" {
+			// The same ctld without the pool: its members go with a
+			// cleanup proof when it takes over (none booting at the
+			// stop: a boot under emulation can outlast the stop's grace).
+			if st, err := pc.Node(ctx(b, time.Minute)); err == nil {
+				b.Logf("pool after its throughput run: %+v", st.WarmPools)
+			}
+			waitPool(b, pc, "full and quiet", quiet)
+			pe.stop("a")
+			pe.args = slices.DeleteFunc(pe.args, func(a string) bool { return slices.Contains(poolArgs, a) })
+			pe.start("a")
+			pe.waitPrimary("a", 2*time.Minute)
+			for deadline := time.Now().Add(3 * time.Minute); ; {
+				nd, err := pc.Node(ctx(b, time.Minute))
+				if err == nil && nd.Capacity.Warm == (api.Capacity{}) && len(nd.Withheld) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatalf("warm members left after a pool-less takeover: %+v, %v", nd.Capacity, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
 		var ids []string
 		for j := range warmBenchPool {
-			id := fmt.Sprintf("drain%d", j)
+			id := fmt.Sprintf("%s-drain%d", r.prefix, j)
 			rq := req
 			rq.OperationID = "c-" + id
-			if _, err := r.c.Claim(ctx(b, 5*time.Minute), id, rq); err != nil {
+			if _, err := pc.Claim(ctx(b, 5*time.Minute), id, rq); err != nil {
 				b.Fatalf("%s: claim %s: %v", r.name, id, err)
 			}
 			ids = append(ids, id)
 		}
 		t0 := time.Now()
 		for j := range k {
-			id := fmt.Sprintf("tp%d", j)
+			id := fmt.Sprintf("%s-tp%d", r.prefix, j)
 			rq := req
 			rq.OperationID = "c-" + id
-			got, err := r.c.Claim(ctx(b, 5*time.Minute), id, rq)
+			got, err := pc.Claim(ctx(b, 5*time.Minute), id, rq)
 			if err != nil {
 				b.Fatalf("%s: claim %s: %v", r.name, id, err)
 			}
@@ -139,42 +161,12 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 		r.rate = float64(k) / took.Seconds()
 		fmt.Fprintf(os.Stderr, "bench: throughput %s: %d claims of %dm CPU in %v (%d took a member)\n", r.name, k, req.Resources.CPUMillis, took.Round(time.Millisecond), r.hits)
 		for _, id := range ids {
-			releaseClean(b, r.c, id)
+			releaseClean(b, pc, id)
 		}
 	}
-	b.Logf("throughput, %d claims back to back (%dm CPU, %d MiB) after %d drained the pool: no pool %.3f claims/s | pool refilling %.3f claims/s (%d of %d took a member) | pool/no pool %.2f (goal >= 1.0)",
-		k, req.Resources.CPUMillis, req.Resources.MemoryBytes>>20, warmBenchPool, runs[0].rate, runs[1].rate, runs[1].hits, k, ratio(runs[1].rate, runs[0].rate))
-	b.ReportMetric(ratio(runs[1].rate, runs[0].rate), "pool/nopool-claims/s")
-	if st, err := pc.Node(ctx(b, time.Minute)); err == nil {
-		b.Logf("pool: %+v", st.WarmPools)
-	}
-
-	// The pool's ctld ends first (the no-pool env's leak check runs first
-	// and would count its objects): its members go with a cleanup proof
-	// when a ctld without the pool takes over (none booting at the stop:
-	// a boot under emulation can outlast the stop's grace).
-	waitPool(b, pc, "full and quiet", quiet)
-	pe.stop("a")
-	pe.args = slices.DeleteFunc(pe.args, func(a string) bool { return slices.Contains(poolArgs, a) })
-	pe.start("a")
-	pe.waitPrimary("a", 2*time.Minute)
-	for deadline := time.Now().Add(3 * time.Minute); ; {
-		nd, err := pc.Node(ctx(b, time.Minute))
-		if err == nil && nd.Capacity.Warm == (api.Capacity{}) && len(nd.Withheld) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("warm members left after a pool-less takeover: %+v, %v", nd.Capacity, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	pe.releaseAll()
-	for slot := range pe.procs {
-		pe.stop(slot)
-	}
-	if err := os.Remove(filepath.Join(ktest.CgroupRoot, pe.parent)); err != nil && !os.IsNotExist(err) {
-		b.Errorf("remove cgroup parent: %v", err)
-	}
+	b.Logf("throughput, %d claims back to back (%dm CPU, %d MiB) after %d drained the pool: pool refilling %.3f claims/s (%d of %d took a member) | no pool %.3f claims/s | pool/no pool %.2f (goal >= 1.0)",
+		k, req.Resources.CPUMillis, req.Resources.MemoryBytes>>20, warmBenchPool, runs[0].rate, runs[0].hits, k, runs[1].rate, ratio(runs[0].rate, runs[1].rate))
+	b.ReportMetric(ratio(runs[0].rate, runs[1].rate), "pool/nopool-claims/s")
 }
 
 // waitPool waits (bounded) until the busybox pool's state satisfies ok.
