@@ -293,8 +293,8 @@ func TestWarmPoolDeadMemberFallsBackCold(t *testing.T) {
 
 // TestWarmPoolRefillsAfterTheClaim: the refill of a member a claim took
 // starts once that claim is answered, not beside its agent round trip
-// (in the test VM a member boot beside it made the round trip 1.0-2.5 s
-// instead of 0.14-0.26 s: the demo's warm claim). The filler may boot
+// (in the test VM a member boot beside it doubled the round trip: the
+// demo's warm claims' 1.0-2.5 s). The filler may boot
 // every millisecond here; while the claim's agent call is held, no member
 // is journaled; once it answers, the pool refills.
 func TestWarmPoolRefillsAfterTheClaim(t *testing.T) {
