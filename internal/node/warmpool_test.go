@@ -392,3 +392,49 @@ func TestWarmPoolBudget(t *testing.T) {
 		t.Errorf("warm row %+v, want three members' %+v", l.Warm, want)
 	}
 }
+
+// TestWarmPoolRefillsAfterTheClaim: the refill of a member a claim took
+// starts once that claim is answered, not beside its agent round trip
+// (in the test VM a member boot beside it doubled the round trip: the
+// demo's warm claims' 1.0-2.5 s). The filler may boot
+// every millisecond here; while the claim's agent call is held, no member
+// is journaled; once it answers, the pool refills.
+func TestWarmPoolRefillsAfterTheClaim(t *testing.T) {
+	tk, fk := fakeKernel(t)
+	tk.warm = warm.Settings{Sizes: map[string]int{"busybox": 1}, RefillEvery: time.Millisecond}
+	r := newRig(t, tk)
+	r.mustBoot()
+	m := waitMembers(t, r, 1)[0]
+	held, release := fk.HoldClaims()
+	defer release()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.mustClaim("sb", claimReq("c1", 1))
+	}()
+	select {
+	case id := <-held:
+		if id != m.Rec.ContainerID {
+			t.Fatalf("held claim in %s, want member %s", id, m.Rec.ContainerID)
+		}
+	case <-time.After(r.k.timeout):
+		t.Fatal("the claim never reached the member's agent")
+	}
+	// Long enough for the filler (refill every 1 ms) to have started a
+	// boot had it been kicked: it journals a member before making it.
+	time.Sleep(200 * time.Millisecond)
+	ms, err := r.n.warmMembers()
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ms {
+		t.Errorf("member %s (%s) journaled while the claim's agent call ran", x.Rec.ID, x.State)
+	}
+	<-done
+	if n := waitMembers(t, r, 1)[0]; n.Rec.ID == m.Rec.ID {
+		t.Fatalf("the taken member %s is in the pool again", m.Rec.ID)
+	}
+	r.mustRelease("sb", "r1", 1)
+	r.checkProof("r1")
+}

@@ -89,6 +89,26 @@ func (k *Kernel) startAgent(c *container) error {
 	return nil
 }
 
+// HoldClaims makes warm agents' claim calls wait before they answer,
+// until release is called: each held claim sends its container id on
+// held first (buffered for 16), so a test can look at the node while a
+// claim's agent round trip runs.
+func (k *Kernel) HoldClaims() (held <-chan string, release func()) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	hold, ch := make(chan struct{}), make(chan string, 16)
+	k.claimHold, k.claimHeld = hold, ch
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			k.mu.Lock()
+			k.claimHold, k.claimHeld = nil, nil
+			k.mu.Unlock()
+			close(hold)
+		})
+	}
+}
+
 func (a *fakeAgent) stop() { a.closed.Do(func() { a.l.Close() }) }
 
 func (a *fakeAgent) serve() {
@@ -159,7 +179,12 @@ func (a *fakeAgent) claim(c net.Conn, req wire.Request) error {
 	}
 	a.k.mu.Lock()
 	a.k.call("agent claim %s %q", a.id, req.Args)
+	hold, held := a.k.claimHold, a.k.claimHeld
 	a.k.mu.Unlock()
+	if hold != nil {
+		held <- a.id
+		<-hold
+	}
 	return wire.WriteJSON(c, wire.TResult, wire.Ready{Nonce: req.Nonce})
 }
 

@@ -101,6 +101,9 @@ type Kernel struct {
 	failMake    map[string]error
 	unbounded   error
 	calls       []string
+	// claimHold, while set, holds warm agents' claim answers (HoldClaims).
+	claimHold chan struct{}
+	claimHeld chan string
 }
 
 type mount struct {
