@@ -105,7 +105,7 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 	// volume and publishes that as the first head (the store-side fence of
 	// internal/node/blockroot/fence.go). The other node is cordoned while
 	// it is created so that both share the node that will be lost.
-	np := createOnNode(ctx, t, st, c, ids, nodeOf, sb.ID)
+	np, npGen := createOnNode(ctx, t, st, c, ids, nodeOf, sb.ID)
 	if res, err := c.Exec(ctx, np.ID, client.ExecRequest{Args: []string{"/bin/sh", "-c", "echo lost > /uncommitted && sync"}}); err != nil || res.ExitCode != 0 {
 		t.Fatalf("write in %s: %+v, %v", np.ID, res, err)
 	}
@@ -142,9 +142,8 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 			t.Fatalf("round %d: /kept on the new node: %q", round, got)
 		}
 		t.Logf("round %d: /kept reads %q on node %d", round, "kept", 1-v)
-		var npGen uint64
 		if round == 0 {
-			npGen = awaitNeverPausedTakeover(ctx, t, st, c, np.ID, ids[1-v])
+			awaitNeverPausedTakeover(ctx, t, st, c, np.ID, npGen, ids[1-v])
 		}
 
 		// The lost node's ctld goes on alone: its generation's pause
@@ -224,8 +223,8 @@ func TestKernelFleetBlockTakeover(t *testing.T) {
 }
 
 // createOnNode creates a block sandbox on the node that runs beside
-// (the other node cordoned meanwhile) and returns it.
-func createOnNode(ctx context.Context, t *testing.T, st *manager.Store, c *client.Client, ids [2]string, nodeOf map[string]int, beside string) client.Sandbox {
+// (the other node cordoned meanwhile) and returns it and its generation.
+func createOnNode(ctx context.Context, t *testing.T, st *manager.Store, c *client.Client, ids [2]string, nodeOf map[string]int, beside string) (client.Sandbox, uint64) {
 	t.Helper()
 	rec, err := st.Sandbox(ctx, beside)
 	if err != nil {
@@ -242,24 +241,19 @@ func createOnNode(ctx context.Context, t *testing.T, st *manager.Store, c *clien
 	if err != nil || sb.State != client.StateReady {
 		t.Fatalf("create the never-paused block sandbox: %+v, %v", sb, err)
 	}
-	if got, err := st.Sandbox(ctx, sb.ID); err != nil || got.NodeID != rec.NodeID {
+	got, err := st.Sandbox(ctx, sb.ID)
+	if err != nil || got.NodeID != rec.NodeID {
 		t.Fatalf("never-paused sandbox %s placed on %+v, %v; want node %s", sb.ID, got.NodeID, err, rec.NodeID)
 	}
 	t.Logf("never-paused block sandbox %s ready on %s beside %s", sb.ID, rec.NodeID, beside)
-	return sb
+	return sb, got.Generation
 }
 
 // awaitNeverPausedTakeover waits for the never-paused sandbox id to be
-// ready on node to with a new generation, checks it holds the template's
-// files and not what its lost generation never committed, and returns
-// the lost generation.
-func awaitNeverPausedTakeover(ctx context.Context, t *testing.T, st *manager.Store, c *client.Client, id, to string) uint64 {
+// ready on node to with a generation after lost, and checks it holds the
+// template's files and not what its lost generation never committed.
+func awaitNeverPausedTakeover(ctx context.Context, t *testing.T, st *manager.Store, c *client.Client, id string, lost uint64, to string) {
 	t.Helper()
-	before, err := st.Sandbox(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := before.Generation
 	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		got, gerr := c.Get(ctx, id)
 		now, rerr := st.Sandbox(ctx, id)
@@ -279,5 +273,4 @@ func awaitNeverPausedTakeover(ctx context.Context, t *testing.T, st *manager.Sto
 		t.Fatalf("head of the never-paused %s after its takeover: %v", id, err)
 	}
 	t.Logf("never-paused %s: ready on %s from the template, head %d (block generation %d) published by the takeover", id, to, h.Seq, h.Generation)
-	return lost
 }
