@@ -110,6 +110,25 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 
 var _ blockstore.BufferGetter = (*Store)(nil)
 
+// openObject opens key's file for reading with plain syscalls (the chunk
+// read path: open, fstat, pread, close, none of os.File's poller setup per
+// object). CheckKey leaves nothing for filepath.Join to clean (no empty,
+// "." or ".." segments): the path in one allocation.
+func (s *Store) openObject(key string) (int, string, error) {
+	p := s.root + "/" + key
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	for err == unix.EINTR {
+		fd, err = unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		if err == unix.ENOENT || err == unix.ENOTDIR {
+			return -1, p, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
+		}
+		return -1, p, fmt.Errorf("get %s: %w", key, &fs.PathError{Op: "open", Path: p, Err: err})
+	}
+	return fd, p, nil
+}
+
 // GetBuffer is Get into buf's storage (grown if the object does not fit).
 func (s *Store) GetBuffer(ctx context.Context, key string, buf []byte) ([]byte, error) {
 	if err := blockstore.CheckKey(key); err != nil {
@@ -118,20 +137,9 @@ func (s *Store) GetBuffer(ctx context.Context, key string, buf []byte) ([]byte, 
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
-	// The chunk read path: plain syscalls (open, fstat, pread, close),
-	// none of os.File's poller setup per object.
-	// CheckKey leaves nothing for filepath.Join to clean (no empty, "."
-	// or ".." segments): the path in one allocation.
-	p := s.root + "/" + key
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	for err == unix.EINTR {
-		fd, err = unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	}
+	fd, p, err := s.openObject(key)
 	if err != nil {
-		if err == unix.ENOENT || err == unix.ENOTDIR {
-			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
-		}
-		return nil, fmt.Errorf("get %s: %w", key, &fs.PathError{Op: "open", Path: p, Err: err})
+		return nil, err
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t

@@ -31,16 +31,9 @@ func (s *Store) GetRange(ctx context.Context, key string, off int64, length int,
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
-	p := s.root + "/" + key
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	for err == unix.EINTR {
-		fd, err = unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	}
+	fd, p, err := s.openObject(key)
 	if err != nil {
-		if err == unix.ENOENT || err == unix.ENOTDIR {
-			return nil, fmt.Errorf("get %s: %w", key, blockstore.ErrNotFound)
-		}
-		return nil, fmt.Errorf("get %s: %w", key, &fs.PathError{Op: "open", Path: p, Err: err})
+		return nil, err
 	}
 	defer unix.Close(fd)
 	if cap(buf) < length {
