@@ -150,7 +150,7 @@ func TestPackedTamperIsCorrupt(t *testing.T) {
 	})
 }
 
-// GC keeps a pack while a marked manifest lists it and frees the packs of
+// TestGCPacks: GC keeps a pack while a marked manifest lists it and frees the packs of
 // a deleted template and a leftover pack no manifest lists (a crash
 // between a pack's commit and its manifest), but only once older than
 // the grace.
