@@ -320,6 +320,20 @@ func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf 
 			delete(busy, fresh.NodeID)
 			continue
 		}
+		if lock != s.dialect.forUpdate && (fresh.Reserved != n.Reserved || fresh.Warm != n.Warm) {
+			// Another placement committed on it since the read (READ
+			// COMMITTED): choose again with its row as it is now, or two
+			// concurrent creates land on one node while another is idle.
+			// Its row stays locked by this transaction, so the next look
+			// at it sees the same row and ends the loop.
+			for i := range nodes {
+				if nodes[i].NodeID == fresh.NodeID {
+					nodes[i] = fresh
+				}
+			}
+			delete(busy, fresh.NodeID)
+			continue
+		}
 		if err := addReserved(ctx, tx, fresh.NodeID, want); err != nil {
 			return FleetNode{}, err
 		}
