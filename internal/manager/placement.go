@@ -267,6 +267,9 @@ func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf 
 	if err != nil {
 		return FleetNode{}, fmt.Errorf("list nodes: %w", err)
 	}
+	if s.afterNodeRead != nil {
+		s.afterNodeRead()
+	}
 	busy := map[string]bool{} // locked by another placement: tried last
 	for {
 		// The best node no other placement holds, locked if still free;

@@ -161,6 +161,9 @@ type Store struct {
 	// reruns counts transactions the database aborted as a conflict and
 	// this store ran again (Reruns).
 	reruns atomic.Uint64
+	// afterNodeRead, if set (tests), runs in placement between its plain
+	// read of the nodes and locking the chosen node's row.
+	afterNodeRead func()
 }
 
 // Reruns is how many times this store ran a transaction again because the
