@@ -36,7 +36,7 @@ func TestPgPlacementsSpreadWhenOneCommitsBetween(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := stores[0].RegisterNode(ctx, Registration{NodeID: id, Name: id + ".example", PublicKey: pub,
-			Allocatable: NodeAlloc{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30, Sandboxes: 10},
+			Allocatable:  NodeAlloc{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30, Sandboxes: 10},
 			RunscVersion: "release-20221219.0", Platform: "ptrace", RootModes: []string{"overlay"}, Templates: []string{"busybox"}, TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
