@@ -250,6 +250,14 @@ func (s *Store) placeTx(ctx context.Context, tx *sql.Tx, in PlaceIntent, request
 	return Placement{NodeID: n.NodeID, Operation: op}, nil
 }
 
+// skipTries and skipPause: how often, and how far apart, placement looks
+// at a locked node row before passing the node over (a heartbeat holds it
+// for a few milliseconds, a TCG-slow one for tens).
+const (
+	skipTries = 10
+	skipPause = 20 * time.Millisecond
+)
+
 // errNoFree: no node fits that another placement does not hold.
 var errNoFree = errors.New("no free node fits")
 
@@ -303,6 +311,20 @@ func (s *Store) reserveNode(ctx context.Context, tx *sql.Tx, want NodeAlloc, rf 
 			return FleetNode{}, err
 		}
 		fresh, err := scanFleetNode(tx.QueryRowContext(ctx, fleetSelect+` AND n.node_id = ?`+lock, n.NodeID))
+		for try := 1; errdefs.CodeOf(err) == errdefs.CodeNotFound && lock != s.dialect.forUpdate && try < skipTries; try++ {
+			// A node's row is also held by its own heartbeat's short
+			// transaction: look again a few times before passing the node
+			// over as another placement's (once, every create beside a
+			// heartbeat went to a busier node). Never a wait on the lock:
+			// two placements each holding a row and waiting for the
+			// other's would deadlock.
+			select {
+			case <-ctx.Done():
+				return FleetNode{}, ctx.Err()
+			case <-time.After(skipPause):
+			}
+			fresh, err = scanFleetNode(tx.QueryRowContext(ctx, fleetSelect+` AND n.node_id = ?`+lock, n.NodeID))
+		}
 		switch {
 		case errdefs.CodeOf(err) == errdefs.CodeNotFound && lock != s.dialect.forUpdate:
 			busy[n.NodeID] = true // another placement holds it (or it is gone)

@@ -87,3 +87,58 @@ func TestPgPlacementsSpreadWhenOneCommitsBetween(t *testing.T) {
 	}
 	t.Logf("early on %s, late on %s", early.NodeID, late.NodeID)
 }
+
+// TestPgPlacementWaitsOutAHeartbeat: a node's own heartbeat holds its row
+// for its transaction. A placement must look past that and take the least
+// loaded node, not pass it over at once as if another placement held it
+// (both of the fleet VM test's creates went to one node while the other
+// node's heartbeat was writing).
+func TestPgPlacementWaitsOutAHeartbeat(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	ctx := context.Background()
+	st, err := OpenPostgres(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for _, id := range []string{"a", "b"} {
+		pub, _, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.RegisterNode(ctx, Registration{NodeID: id, Name: id + ".example", PublicKey: pub,
+			Allocatable:  NodeAlloc{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30, Sandboxes: 10},
+			RunscVersion: "release-20221219.0", Platform: "ptrace", RootModes: []string{"overlay"}, Templates: []string{"busybox"}, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := Spec{Resources: api.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PIDs: 64},
+		RootFS: api.RootFS{Mode: api.RootFSOverlay, Template: "busybox"}}
+	if p, err := st.Place(ctx, PlaceIntent{SandboxID: "first", OperationID: "op-first", Spec: spec}); err != nil || p.NodeID != "a" {
+		t.Fatalf("first placement: %+v, %v; want node a (the tie's lower id)", p, err)
+	}
+	// Node b's heartbeat, mid-transaction.
+	hb, err := st.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hb.Rollback()
+	if _, err := hb.ExecContext(ctx, `UPDATE nodes SET heartbeat_at = heartbeat_at WHERE node_id = 'b'`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var p Placement
+	go func() {
+		defer close(done)
+		p, err = st.Place(ctx, PlaceIntent{SandboxID: "second", OperationID: "op-second", Spec: spec})
+	}()
+	time.Sleep(100 * time.Millisecond) // a heartbeat's transaction, TCG-slow
+	if err := hb.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err != nil || p.NodeID != "b" {
+		t.Fatalf("placement beside node b's heartbeat: node %q, %v; want node b (node a holds one already)", p.NodeID, err)
+	}
+}
