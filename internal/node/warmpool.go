@@ -157,7 +157,15 @@ func (n *Node) warmRound() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	defer done()
-	ms, err := n.warmMembers()
+	var ms []journal.WarmMember
+	var claiming bool
+	err = n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		if ms, err = tx.WarmMembers(); err != nil {
+			return err
+		}
+		claiming, err = warmClaimRunning(tx)
+		return err
+	})
 	if err != nil {
 		n.log.Warn("warm pool: read members", "err", err)
 		return time.Now().Add(time.Second), true
@@ -177,6 +185,14 @@ func (n *Node) warmRound() (time.Time, bool) {
 				}
 			}
 		}
+	}
+	if p.Boot != nil && claiming {
+		// A claim that took a member is still running: its refill
+		// waits for its answer, which kicks the filler (claim.go), so
+		// no member boot competes with the claim's agent round trip.
+		// Read in the same view as the members, so a member taken
+		// after this round's read cannot slip past.
+		p.Boot = nil
 	}
 	if p.Boot == nil {
 		if destroyed > 0 {
@@ -213,6 +229,28 @@ func (n *Node) warmMembers() ([]journal.WarmMember, error) {
 		return err
 	})
 	return ms, err
+}
+
+// warmClaimRunning reports whether a claim that took a warm member is
+// still pending (its op pending, its sandbox claiming a member).
+func warmClaimRunning(tx *journal.Tx) (bool, error) {
+	ops, err := tx.PendingOperations()
+	if err != nil {
+		return false, err
+	}
+	for _, op := range ops {
+		if op.Kind != journal.OpClaim {
+			continue
+		}
+		s, ok, err := tx.Sandbox(op.SandboxID)
+		if err != nil {
+			return false, err
+		}
+		if ok && s.Generation == op.Generation && s.State == journal.StateClaiming && s.WarmMember != "" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // asPoolMembers is the journal's members as warm.Decide sees them: a
