@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -114,6 +115,10 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	var member string              // the warm member the claim took ("": cold)
 	var pooled bool                // the claim is one a warm pool serves
 	var waitBound <-chan time.Time // the bound on waiting for a carrier being made
+	displaced := 0                 // idle warm members destroyed for this claim to fit
+	displacingHeld := false
+	stopDisplacing := func() {} // ends the claim's hold on member boots (once)
+	defer func() { stopDisplacing() }()
 admit:
 	for {
 		rec = base
@@ -149,6 +154,24 @@ admit:
 			}
 			return n.intendFirst(tx, rec)
 		})
+		if errdefs.Is(err, errdefs.CodeCapacityExhausted) && displaced < maxDisplace && n.warmOn() {
+			if !displacingHeld {
+				displacingHeld = true
+				n.warm.mu.Lock()
+				n.warm.displacing++
+				n.warm.mu.Unlock()
+				stopDisplacing = sync.OnceFunc(func() {
+					n.warm.mu.Lock()
+					n.warm.displacing--
+					n.warm.mu.Unlock()
+					n.kickWarm()
+				})
+			}
+			if n.displaceMember(ctx, n.log.With("sandbox", id, "generation", req.Generation), rec) {
+				displaced++
+				continue
+			}
+		}
 		if !making {
 			break
 		}
@@ -168,6 +191,7 @@ admit:
 			break admit
 		}
 	}
+	stopDisplacing()
 	rec.Timings.AdmitMS = ms(time.Since(admitStart))
 	if err != nil || !started {
 		if err != nil {
@@ -258,6 +282,10 @@ func (n *Node) intendFirst(tx *journal.Tx, rec journal.Sandbox) error {
 	}
 	return nil
 }
+
+// maxDisplace bounds the idle warm members one claim destroys to fit (a
+// filler that boots into the room meanwhile cannot make it loop).
+const maxDisplace = 64
 
 // lowerDir is template's directory on this node (not_found: none).
 func (n *Node) lowerDir(template string) (string, error) {

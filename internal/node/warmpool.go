@@ -62,6 +62,9 @@ type warmPool struct {
 	last    time.Time              // when the last member boot started
 	fails   int                    // member boots failed in a row
 	stats   map[string]*warm.Stats // per template: hits, misses
+	// displacing counts claims destroying idle members to fit: the
+	// filler boots none meanwhile, or it could take the room back.
+	displacing int
 }
 
 func (w *warmPool) kick() chan struct{} {
@@ -172,13 +175,16 @@ func (n *Node) warmRound() (time.Time, bool) {
 	}
 	n.warm.mu.Lock()
 	last := n.warm.last
+	claiming = claiming || n.warm.displacing > 0
 	n.warm.mu.Unlock()
 	p := warm.Decide(n.warmSettings(), asPoolMembers(ms), last, time.Now(), n.cfg.Versions.Runsc)
 	destroyed := 0
 	for _, id := range p.Expire {
 		for _, m := range ms {
 			if m.Rec.ID == id {
-				if _, err := n.destroyMember(ctx, m, "expired"); err != nil {
+				if _, err := n.destroyMember(ctx, m, "expired"); errors.Is(err, errMemberGone) {
+					continue // a claim took it first
+				} else if err != nil {
 					n.log.Warn("warm pool: destroy an expired member", "member", id, "err", err)
 				} else {
 					destroyed++
@@ -423,8 +429,13 @@ func (n *Node) destroyMember(ctx context.Context, m journal.WarmMember, reason s
 	}
 	if err := n.d.Journal.Update(func(tx *journal.Tx) error {
 		cur, ok, err := tx.WarmMember(rec.ID)
-		if err != nil || !ok {
+		if err != nil {
 			return err
+		}
+		if !ok || cur.State != m.State {
+			// A claim took it, or another destroy runs: its objects
+			// are not this call's to remove.
+			return errMemberGone
 		}
 		cur.State, cur.Since = journal.WarmRemoving, time.Now().UTC()
 		cur.Rec.State = journal.StateReleasing
@@ -481,6 +492,58 @@ func (n *Node) destroyMember(ctx context.Context, m journal.WarmMember, reason s
 	}
 	n.kickCarriers()
 	return p, errors.Join(errs...)
+}
+
+// errMemberGone: the member a destroy was asked for was taken by a claim
+// or changed state since the caller read it.
+var errMemberGone = errors.New("warm member taken or changed since it was read")
+
+// displaceMember, for claim rec refused for capacity, destroys the oldest
+// idle warm member with a cleanup proof, if rec would fit without the
+// idle members: a pool never refuses a claim the node without it would
+// admit (a fleet manager may have placed the claim before the member
+// booted), and a claim too big for the node anyway costs the pool
+// nothing. It reports whether the caller should try to admit rec again;
+// the caller holds n.warm.displacing.
+func (n *Node) displaceMember(ctx context.Context, log *slog.Logger, rec journal.Sandbox) bool {
+	var ms []journal.WarmMember
+	var live []journal.Sandbox
+	if err := n.d.Journal.View(func(tx *journal.Tx) (err error) {
+		if ms, err = tx.WarmMembers(); err != nil {
+			return err
+		}
+		live, err = tx.LiveSandboxes()
+		return err
+	}); err != nil {
+		log.Warn("warm pool: read members to displace one", "err", err)
+		return false
+	}
+	var pick *journal.WarmMember
+	for i, m := range ms {
+		if m.State == journal.WarmIdle && !m.Rec.Withheld && (pick == nil || m.Since.Before(pick.Since)) {
+			pick = &ms[i]
+		}
+	}
+	if pick == nil {
+		return false
+	}
+	live = slices.DeleteFunc(live, func(s journal.Sandbox) bool { return s.ID == rec.ID && s.Generation == rec.Generation })
+	stay := slices.DeleteFunc(slices.Clone(ms), func(m journal.WarmMember) bool { return m.State == journal.WarmIdle && !m.Rec.Withheld })
+	need := rec.Resources
+	need.PIDs += rec.RuntimePIDs
+	if ok, _ := fits(ledger(n.d.Total, n.cfg.Reserve, live, stay), need); !ok {
+		return false
+	}
+	log.Info("claim displaces a warm member to fit", "member", pick.Rec.ID, "template", pick.Rec.RootFS.Template)
+	_, err := n.destroyMember(ctx, *pick, "displaced by a claim")
+	if errors.Is(err, errMemberGone) {
+		return true // taken meanwhile: look again
+	}
+	if err != nil {
+		log.Warn("warm pool: destroy a displaced member", "member", pick.Rec.ID, "err", err)
+		return false
+	}
+	return true
 }
 
 // destroyMembers, on a takeover, destroys every member the journal has

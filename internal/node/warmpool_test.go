@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -217,27 +218,60 @@ func TestWarmPoolTakeoverMidBoot(t *testing.T) {
 	r.checkClean("after the takeover destroyed the half booted member")
 }
 
-// TestWarmPoolCountsInAdmission: members hold their capacity: a claim the
-// pool does not serve is refused when only the members' share would fit
-// it, and fits once a takeover destroyed them (the new term keeps no
-// pool).
+// TestWarmPoolCountsInAdmission: members hold their capacity (the
+// ledger's warm row), and a claim that fits only without the idle members
+// displaces them: the member is destroyed with a clean signed proof
+// (warm-destroy-<member>) before the claim is admitted, no member boots
+// into the room while the claim holds it (the filler may boot every
+// millisecond here), and the pool refills once the claim released it.
 func TestWarmPoolCountsInAdmission(t *testing.T) {
-	r := warmRig(t, 1, 0)
+	r := warmRig(t, 1, time.Millisecond)
 	r.k.warmRes = journal.Resources{CPUMillis: testTotal.CPUMillis - 100, MemoryBytes: 256 << 20, PIDs: 64}
 	r.mustBoot()
-	waitMembers(t, r, 1)
-	req := claimReq("c1", 1) // 200m, 128 MiB: below a member's memory, so cold
-	if _, err, _ := r.claim("sb", req); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
-		t.Fatalf("claim of 200m with 100m free beside the member: %v, want capacity_exhausted", err)
-	}
+	m := waitMembers(t, r, 1)[0]
 	if l := r.ledger(); l.Warm.CPUMillis != testTotal.CPUMillis-100 || l.Leased != (Capacity{}) {
 		t.Fatalf("ledger: warm %+v leased %+v", l.Warm, l.Leased)
 	}
-	r.k.warm = warm.Settings{}
+	req := claimReq("c1", 1) // 200m, 128 MiB: below a member's memory, so cold
+	got := r.mustClaim("sb", req).Sandbox
+	if got.State != journal.StateReady || got.WarmMember != "" {
+		t.Fatalf("claim of 200m beside a member of %dm: %+v, want a ready cold claim", testTotal.CPUMillis-100, got)
+	}
+	if p := r.checkProof("warm-destroy-" + m.Rec.ID); p.LeaseID != m.Rec.LeaseID {
+		t.Errorf("proof of the displaced member names lease %s, want %s", p.LeaseID, m.Rec.LeaseID)
+	}
+	time.Sleep(100 * time.Millisecond) // ~100 filler rounds
+	if ms, err := r.n.warmMembers(); err != nil || len(ms) != 0 {
+		t.Errorf("members while the claim holds the room: %+v %v, want none", ms, err)
+	}
+	if l := r.ledger(); l.Warm != (Capacity{}) || l.Leased.CPUMillis != req.Resources.CPUMillis {
+		t.Errorf("ledger beside the claim: warm %+v leased %+v", l.Warm, l.Leased)
+	}
+	r.mustRelease("sb", "r1", 1)
+	r.checkProof("r1")
+	if n := waitMembers(t, r, 1)[0]; n.Rec.ID == m.Rec.ID {
+		t.Errorf("the displaced member %s is in the pool again", m.Rec.ID)
+	}
+}
+
+// TestWarmPoolKeptForAClaimTooBig: a claim that would not fit even
+// without the idle members is refused as capacity_exhausted and costs the
+// pool nothing (the member is the same one, no proof of its destruction).
+func TestWarmPoolKeptForAClaimTooBig(t *testing.T) {
+	r := warmRig(t, 1, 0)
 	r.mustBoot()
-	r.mustClaim("sb", claimReq("c2", 1))
-	r.mustRelease("sb", "r2", 1)
-	r.checkClean("after the member's destruction and a claim")
+	m := waitMembers(t, r, 1)[0]
+	req := claimReq("c1", 1)
+	req.Resources.CPUMillis = r.ledger().Allocatable.CPUMillis + 1
+	if _, err, _ := r.claim("sb", req); errdefs.CodeOf(err) != errdefs.CodeCapacityExhausted {
+		t.Fatalf("claim of more cpu than the node has: %v, want capacity_exhausted", err)
+	}
+	if ms := waitMembers(t, r, 1); ms[0].Rec.ID != m.Rec.ID {
+		t.Errorf("member %s after the refused claim, want %s kept", ms[0].Rec.ID, m.Rec.ID)
+	}
+	if _, err := r.n.Proof(context.Background(), "warm-destroy-"+m.Rec.ID); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Errorf("proof of member %s: %v, want not_found (destroyed for a claim that could not fit anyway?)", m.Rec.ID, err)
+	}
 }
 
 // TestWarmPoolDeadMemberFallsBackCold: a claim that takes a member whose
@@ -434,6 +468,32 @@ func TestWarmPoolRefillsAfterTheClaim(t *testing.T) {
 	<-done
 	if n := waitMembers(t, r, 1)[0]; n.Rec.ID == m.Rec.ID {
 		t.Fatalf("the taken member %s is in the pool again", m.Rec.ID)
+	}
+	r.mustRelease("sb", "r1", 1)
+	r.checkProof("r1")
+}
+
+// TestWarmPoolDestroyOfATakenMember: a destroy asked for a member that a
+// claim took since it was read (the filler's expiry beside a claim)
+// removes nothing: it answers errMemberGone, journals no proof, and the
+// claim's generation stays ready and releases clean.
+func TestWarmPoolDestroyOfATakenMember(t *testing.T) {
+	r := warmRig(t, 1, time.Hour)
+	r.mustBoot()
+	m := waitMembers(t, r, 1)[0]
+	if got := r.mustClaim("sb", claimReq("c1", 1)).Sandbox; got.WarmMember != m.Rec.ID {
+		t.Fatalf("claim took member %q, want %s", got.WarmMember, m.Rec.ID)
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	if _, err := r.n.destroyMember(ctx, m, "expired"); !errors.Is(err, errMemberGone) {
+		t.Fatalf("destroy of a taken member: %v, want errMemberGone", err)
+	}
+	if _, err := r.n.Proof(ctx, "warm-destroy-"+m.Rec.ID); errdefs.CodeOf(err) != errdefs.CodeNotFound {
+		t.Errorf("proof of the taken member: %v, want not_found", err)
+	}
+	if !strings.Contains(r.k.text(), m.Rec.ContainerID) {
+		t.Errorf("the claim's container %s is gone from the kernel:\n%s", m.Rec.ContainerID, r.k.text())
 	}
 	r.mustRelease("sb", "r1", 1)
 	r.checkProof("r1")
