@@ -170,7 +170,7 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 }
 
 // waitPool waits (bounded) until the busybox pool's state satisfies ok.
-func waitPool(b *testing.B, c *api.Client, what string, ok func(api.WarmPool) bool) {
+func waitPool(b testing.TB, c *api.Client, what string, ok func(api.WarmPool) bool) {
 	b.Helper()
 	var last []api.WarmPool
 	for deadline := time.Now().Add(5 * time.Minute); ; {
@@ -238,7 +238,7 @@ func share(s series, step string) float64 {
 }
 
 // releaseClean releases generation 1 of id and requires a clean proof.
-func releaseClean(b *testing.B, c *api.Client, id string) {
+func releaseClean(b testing.TB, c *api.Client, id string) {
 	b.Helper()
 	rel, err := c.Release(ctx(b, 5*time.Minute), id, api.ReleaseRequest{OperationID: "r-" + id, Generation: 1})
 	if err != nil {
