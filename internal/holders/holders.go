@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -22,9 +23,42 @@ type Ref struct {
 	PID  int
 	Via  string // "cwd", "root", "fd 3", "task 12 ns/net"
 	Path string // the /proc path that refers to it, openable while the process lives
+	// Who is the process's name, state and cgroup when it was found
+	// ("runsc-gofer, state S, cgroup /x.slice"): a holder outside any
+	// lease is otherwise hard to name once it is gone.
+	Who string
 }
 
-func (r Ref) String() string { return fmt.Sprintf("pid %d (%s)", r.PID, r.Via) }
+func (r Ref) String() string {
+	if r.Who == "" {
+		return fmt.Sprintf("pid %d (%s)", r.PID, r.Via)
+	}
+	return fmt.Sprintf("pid %d (%s; %s)", r.PID, r.Via, r.Who)
+}
+
+// who describes process dir (a /proc/<pid> directory): its comm, state
+// and cgroup v2 path, what of them could be read.
+func who(dir string) string {
+	var parts []string
+	if b, err := os.ReadFile(filepath.Join(dir, "stat")); err == nil {
+		// "pid (comm) S ...": comm may hold spaces and parentheses.
+		st := string(b)
+		if i, j := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')'); i >= 0 && j > i {
+			parts = append(parts, st[i+1:j])
+			if f := strings.Fields(st[j+1:]); len(f) > 0 {
+				parts = append(parts, "state "+f[0])
+			}
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "cgroup")); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if p, ok := strings.CutPrefix(l, "0::"); ok {
+				parts = append(parts, "cgroup "+p)
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
+}
 
 // Files lists the processes under proc (normally /proc) whose cwd, root
 // or an open file is on the filesystem with device number dev (st_dev).
@@ -39,7 +73,7 @@ func Files(proc string, dev uint64) ([]Ref, error) {
 		for _, via := range []string{"cwd", "root"} {
 			p := filepath.Join(dir, via)
 			if st, ok := stat(p); ok && st.Dev == dev {
-				out = append(out, Ref{PID: pid, Via: via, Path: p})
+				out = append(out, Ref{PID: pid, Via: via, Path: p, Who: who(dir)})
 			}
 		}
 		refs, err := fds(dir, pid, func(st *unix.Stat_t) bool { return st.Dev == dev })
@@ -76,7 +110,7 @@ func Namespace(proc, typ string, dev, ino uint64) ([]Ref, error) {
 		for _, tid := range tasks {
 			p := filepath.Join(dir, "task", strconv.Itoa(tid), "ns", typ)
 			if st, ok := stat(p); ok && match(st) {
-				out = append(out, Ref{PID: pid, Via: fmt.Sprintf("task %d ns/%s", tid, typ), Path: p})
+				out = append(out, Ref{PID: pid, Via: fmt.Sprintf("task %d ns/%s", tid, typ), Path: p, Who: who(dir)})
 			}
 		}
 		refs, err := fds(dir, pid, match)
@@ -102,7 +136,7 @@ func fds(dir string, pid int, match func(*unix.Stat_t) bool) ([]Ref, error) {
 	for _, e := range ents {
 		p := filepath.Join(fdDir, e.Name())
 		if st, ok := stat(p); ok && match(st) {
-			out = append(out, Ref{PID: pid, Via: "fd " + e.Name(), Path: p})
+			out = append(out, Ref{PID: pid, Via: "fd " + e.Name(), Path: p, Who: who(dir)})
 		}
 	}
 	return out, nil

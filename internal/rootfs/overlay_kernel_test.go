@@ -179,7 +179,7 @@ func TestKernelOverlayUnmountBusy(t *testing.T) {
 		t.Errorf("no lazy-detach warning in the log:\n%s", logs.String())
 	}
 	ok, detail := o.CheckGone(ctx, "sb-busy", dev)
-	if want := fmt.Sprintf("held by pid %d (fd %d)", os.Getpid(), f.Fd()); ok || !strings.Contains(detail, want) {
+	if want := fmt.Sprintf("held by pid %d (fd %d; ", os.Getpid(), f.Fd()); ok || !strings.Contains(detail, want) {
 		t.Errorf("CheckGone after lazy detach with a file open = %v, %q; want false, ~%q", ok, detail, want)
 	}
 	f.Close()
@@ -261,7 +261,8 @@ func TestKernelOverlayDetachedHeldByCwd(t *testing.T) {
 		t.Fatalf("Unmount: %v", err)
 	}
 	ok, detail := o.CheckGone(ctx, "sb-busy", dev)
-	if want := fmt.Sprintf("held by pid %d (cwd)", holder.Process.Pid); ok || !strings.Contains(detail, want) {
+	// The holder is named with its comm, state and cgroup.
+	if want := fmt.Sprintf("held by pid %d (cwd; sleep, state S, cgroup /", holder.Process.Pid); ok || !strings.Contains(detail, want) {
 		t.Errorf("CheckGone with a cwd in the detached overlay = %v, %q; want false, ~%q", ok, detail, want)
 	}
 	stopHolder(holder)
