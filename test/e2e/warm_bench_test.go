@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,20 +117,7 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 				b.Logf("pool after its throughput run: %+v", st.WarmPools)
 			}
 			waitPool(b, pc, "full and quiet", quiet)
-			pe.stop("a")
-			pe.args = slices.DeleteFunc(pe.args, func(a string) bool { return slices.Contains(poolArgs, a) })
-			pe.start("a")
-			pe.waitPrimary("a", 2*time.Minute)
-			for deadline := time.Now().Add(3 * time.Minute); ; {
-				nd, err := pc.Node(ctx(b, time.Minute))
-				if err == nil && nd.Capacity.Warm == (api.Capacity{}) && len(nd.Withheld) == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					b.Fatalf("warm members left after a pool-less takeover: %+v, %v", nd.Capacity, err)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			pe.restartWithoutPool(poolArgs)
 		}
 		var ids []string
 		for j := range warmBenchPool {

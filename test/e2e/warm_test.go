@@ -96,17 +96,27 @@ func TestWarmClaimThroughTheAPI(t *testing.T) {
 	}
 
 	// The member is destroyed by the next primary that keeps no pool.
+	e.restartWithoutPool(pool)
+}
+
+// restartWithoutPool stops slot a, starts it again without the pool's
+// args and waits until its takeover destroyed every member (warm row 0,
+// nothing withheld). None may be booting at the stop: a boot under
+// emulation can outlast the stop's grace.
+func (e *env) restartWithoutPool(pool []string) {
+	e.t.Helper()
 	e.stop("a")
 	e.args = slices.DeleteFunc(e.args, func(a string) bool { return slices.Contains(pool, a) })
 	e.start("a")
 	e.waitPrimary("a", 2*time.Minute)
+	c := e.client()
 	for deadline := time.Now().Add(3 * time.Minute); ; {
-		nd, err := c.Node(ctx(t, time.Minute))
+		nd, err := c.Node(ctx(e.t, time.Minute))
 		if err == nil && nd.Capacity.Warm == (api.Capacity{}) && len(nd.Withheld) == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("warm member left after a pool-less takeover: %+v, %v", nd.Capacity, err)
+			e.t.Fatalf("warm members left after a pool-less takeover: %+v, %v", nd.Capacity, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
