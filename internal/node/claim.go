@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ctld/ctld/internal/errdefs"
@@ -116,9 +115,10 @@ func (n *Node) Claim(ctx context.Context, id string, req journal.ClaimRequest) (
 	var pooled bool                // the claim is one a warm pool serves
 	var waitBound <-chan time.Time // the bound on waiting for a carrier being made
 	displaced := 0                 // idle warm members destroyed for this claim to fit
-	displacingHeld := false
-	stopDisplacing := func() {} // ends the claim's hold on member boots (once)
-	defer func() { stopDisplacing() }()
+	// Member boots wait while this claim runs (and a while after): a
+	// boot beside a claim slows it (warmpool.go, claimBegins).
+	n.claimBegins()
+	defer n.claimEnds()
 admit:
 	for {
 		rec = base
@@ -155,18 +155,6 @@ admit:
 			return n.intendFirst(tx, rec)
 		})
 		if errdefs.Is(err, errdefs.CodeCapacityExhausted) && displaced < maxDisplace && n.warmOn() {
-			if !displacingHeld {
-				displacingHeld = true
-				n.warm.mu.Lock()
-				n.warm.displacing++
-				n.warm.mu.Unlock()
-				stopDisplacing = sync.OnceFunc(func() {
-					n.warm.mu.Lock()
-					n.warm.displacing--
-					n.warm.mu.Unlock()
-					n.kickWarm()
-				})
-			}
 			if n.displaceMember(ctx, n.log.With("sandbox", id, "generation", req.Generation), rec) {
 				displaced++
 				continue
@@ -191,7 +179,6 @@ admit:
 			break admit
 		}
 	}
-	stopDisplacing()
 	rec.Timings.AdmitMS = ms(time.Since(admitStart))
 	if err != nil || !started {
 		if err != nil {
@@ -201,13 +188,6 @@ admit:
 	}
 	defer n.endOp(op.ID)
 	log := n.log.With("sandbox", id, "generation", req.Generation, "op", op.ID)
-	if pooled {
-		// The refill starts once this claim is answered (or rolled
-		// back), not beside it: in the test VM a member boot beside a
-		// warm claim doubled its agent round trip (p50 1082 vs 515 ms,
-		// BenchmarkWarmVsColdClaim).
-		defer n.kickWarm()
-	}
 
 	var ready journal.Sandbox
 	var cerr error
