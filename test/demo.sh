@@ -187,7 +187,7 @@ warm_idle() { [ "$(ctl-manager --json --timeout 10s node status | jq '[.node.war
 wait_for 300 "the warm pool's busybox member to boot and answer its agent" warm_idle
 echo "a claim that takes the warm member (no runsc create/start; its agent's claim answer is the readiness proof):"
 ctl-manager sandbox create warm1 --cpu 500m --memory 256Mi --pids 256 | grep -E '^timings'
-echo "a cold claim of the same spec (the pool is still refilling):"
+echo "a cold claim of the same spec (the pool is empty: its refill waits until claims are quiet):"
 ctl-manager sandbox create cold1 --cpu 500m --memory 256Mi --pids 256 | grep -E '^timings'
 echo "pool: $(ctl-manager --json node status | jq -c '.node.warm_pools')"
 ctl-manager sandbox destroy warm1 >/dev/null
