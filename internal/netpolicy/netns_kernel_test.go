@@ -283,9 +283,9 @@ func TestKernelNetnsCheckGoneSeesHolders(t *testing.T) {
 	}
 	ok, detail := n.CheckGone(ctx, name, id)
 	for _, want := range []string{
-		fmt.Sprintf("pid %d (task %d ns/net)", sleeper.Process.Pid, sleeper.Process.Pid),
+		fmt.Sprintf("pid %d (task %d ns/net; sleep, state ", sleeper.Process.Pid, sleeper.Process.Pid),
 		"mounted at " + bind,
-		fmt.Sprintf("pid %d (fd %d)", os.Getpid(), f.Fd()),
+		fmt.Sprintf("pid %d (fd %d; ", os.Getpid(), f.Fd()),
 	} {
 		if ok || !strings.Contains(detail, want) {
 			t.Errorf("CheckGone with holders = %v, %q; want false, naming %q", ok, detail, want)
