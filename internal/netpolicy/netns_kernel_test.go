@@ -283,7 +283,7 @@ func TestKernelNetnsCheckGoneSeesHolders(t *testing.T) {
 	}
 	ok, detail := n.CheckGone(ctx, name, id)
 	for _, want := range []string{
-		fmt.Sprintf("pid %d (task %d ns/net; sleep, state ", sleeper.Process.Pid, sleeper.Process.Pid),
+		fmt.Sprintf("pid %d (task %d ns/net; ", sleeper.Process.Pid, sleeper.Process.Pid),
 		"mounted at " + bind,
 		fmt.Sprintf("pid %d (fd %d; ", os.Getpid(), f.Fd()),
 	} {
