@@ -18,18 +18,8 @@ import (
 // and both creates landed on one node while the other stayed idle; the
 // fleet's two-node VM test saw it).
 func TestPgPlacementsSpreadWhenOneCommitsBetween(t *testing.T) {
-	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
 	ctx := context.Background()
-	var stores [2]*Store
-	for i := range stores {
-		s, err := OpenPostgres(ctx, dsn, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		stores[i] = s
-	}
+	stores := twoPgStores(t)
 	for _, id := range []string{"a", "b"} {
 		pub, _, err := ed25519.GenerateKey(rand.Reader)
 		if err != nil {

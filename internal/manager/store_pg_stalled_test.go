@@ -18,18 +18,8 @@ import (
 // lost. (Without it the sweep waited for ever: the fleet's lost-node
 // scenario hung in the VM when the stop landed mid-heartbeat.)
 func TestPgStalledClientDoesNotBlockTheFleet(t *testing.T) {
-	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
 	ctx := context.Background()
-	var stores [2]*Store
-	for i := range stores {
-		s, err := OpenPostgres(ctx, dsn, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		stores[i] = s
-	}
+	stores := twoPgStores(t)
 	pub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -57,4 +47,22 @@ func TestPgStalledClientDoesNotBlockTheFleet(t *testing.T) {
 		t.Fatalf("the sweep beside a stopped client's transaction: %+v, %v (after %v); want the node marked lost", lost, err, time.Since(t0).Round(time.Millisecond))
 	}
 	t.Logf("marked lost %v after the sweep began (the stopped session ended by the server)", time.Since(t0).Round(time.Millisecond))
+}
+
+// twoPgStores starts PostgreSQL and opens two stores (two replicas) on one
+// new database of it.
+func twoPgStores(t *testing.T) [2]*Store {
+	t.Helper()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	var stores [2]*Store
+	for i := range stores {
+		s, err := OpenPostgres(context.Background(), dsn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores[i] = s
+	}
+	return stores
 }
