@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/ctld/ctld/internal/blockstore"
 	"github.com/ctld/ctld/internal/blockstore/dirstore"
@@ -27,12 +29,16 @@ func benchData(b *testing.B) []byte {
 }
 
 func benchRepo(b *testing.B, compress blockstore.Compression) *blockstore.Repo {
+	return benchRepoWith(b, blockstore.Options{Compression: compress})
+}
+
+func benchRepoWith(b *testing.B, opts blockstore.Options) *blockstore.Repo {
 	ds, err := dirstore.Open(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
 	nk, _, _ := blockstore.GenerateNodeKey("node-a")
-	r, err := blockstore.New(ds, nk, blockstore.Options{Compression: compress})
+	r, err := blockstore.New(ds, nk, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,26 +102,52 @@ func BenchmarkCommit(b *testing.B) {
 func benchCommit(b *testing.B, compress blockstore.Compression, packed bool) {
 	data := benchData(b)
 	r := benchRepo(b, compress)
-	ctx := context.Background()
-	cs := blockstore.DefaultChunkSize
 	b.SetBytes(benchDevice)
 	for i := 0; b.Loop(); i++ {
-		// A volume per round: chunks are named by content, so a
-		// second round in the same volume would only dedup.
-		ref := blockstore.GenRef{Volume: blockstore.Template(fmt.Sprintf("t%d", i)), Generation: 0}
-		w, err := r.NewWriter(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: benchDevice, Packed: packed})
-		if err != nil {
-			b.Fatal(err)
-		}
-		for c := 0; c < benchDevice/cs; c++ {
-			if err := w.WriteChunk(ctx, uint64(c), data[c*cs:(c+1)*cs]); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if _, err := w.Commit(ctx); err != nil {
+		commitDevice(b, r, fmt.Sprintf("t%d", i), data, packed)
+	}
+}
+
+// commitDevice commits data as generation 0 of template name (a volume
+// per round: chunks are named by content, so a second round in the same
+// volume would only dedup).
+func commitDevice(b *testing.B, r *blockstore.Repo, name string, data []byte, packed bool) {
+	ctx := context.Background()
+	cs := blockstore.DefaultChunkSize
+	ref := blockstore.GenRef{Volume: blockstore.Template(name), Generation: 0}
+	w, err := r.NewWriter(ctx, blockstore.CommitSpec{Generation: ref, DeviceSize: uint64(len(data)), Packed: packed})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for c := 0; c < len(data)/cs; c++ {
+		if err := w.WriteChunk(ctx, uint64(c), data[c*cs:(c+1)*cs]); err != nil {
 			b.Fatal(err)
 		}
 	}
+	if _, err := w.Commit(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkPackedSealers: a packed commit of the bench device (S2, as a
+// template import stores it) with one sealer against GOMAXPROCS sealers,
+// alternating in one run; reports the ratio parallel/one.
+func BenchmarkPackedSealers(b *testing.B) {
+	data := benchData(b)
+	one := benchRepoWith(b, blockstore.Options{Compression: blockstore.CompressS2, Sealers: 1})
+	all := benchRepoWith(b, blockstore.Options{Compression: blockstore.CompressS2})
+	var tOne, tAll time.Duration
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		commitDevice(b, one, fmt.Sprintf("t%d", i), data, true)
+		t1 := time.Now()
+		commitDevice(b, all, fmt.Sprintf("t%d", i), data, true)
+		tOne, tAll = tOne+t1.Sub(t0), tAll+time.Since(t1)
+	}
+	n := time.Duration(b.N)
+	b.ReportMetric(float64(tAll)/float64(tOne), "parallel/one")
+	fmt.Printf("packed commit of %d MiB: one sealer %v, %d sealers %v: ratio %.2f\n", benchDevice>>20,
+		(tOne / n).Round(time.Millisecond), runtime.GOMAXPROCS(0), (tAll / n).Round(time.Millisecond), float64(tAll)/float64(tOne))
 }
 
 func BenchmarkReadChunk(b *testing.B) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"sync"
 )
 
 // Pack objects: a Writer of a CommitSpec with Packed appends its sealed
@@ -38,41 +39,92 @@ func packKey(v Volume, id PackID) string {
 	return v.String() + "/packs/" + hex.EncodeToString(id[:])
 }
 
-// packState is a packing Writer's: the packs started so far (their
-// indexes +1 are the entries' Pack), the one being filled, and where each
-// chunk of this generation went (a chunk is packed once).
+// packState is a packing Writer's. The caller's goroutine records each
+// entry by its sum and hands a chunk not queued before to a sealer; the
+// sealers append to the current pack in the order they finish, under mu,
+// and record where each sum went; Commit places the entries from that
+// once every sealer is done. So a chunk is sealed and packed once, and
+// the pack's order does not matter (the manifest says where each is).
 type packState struct {
-	ids   []PackID
+	queued  map[[32]byte]bool // the caller's: sums handed to a sealer
+	sealers chan struct{}     // a slot per chunk being sealed
+	bufs    sync.Pool         // *[]byte copies of the chunks being sealed
+	sealing sync.WaitGroup
+
+	mu    sync.Mutex
+	ids   []PackID // the packs started so far (an entry's Pack is index+1)
 	cur   PackWriter
 	size  int64
 	at    map[[32]byte]Entry
-	slots chan struct{}
+	slots chan struct{} // a slot per closed pack being committed
 }
 
-func newPackState() *packState {
-	return &packState{at: map[[32]byte]Entry{}, slots: make(chan struct{}, packsInFlight)}
+func newPackState(sealers int) *packState {
+	return &packState{
+		queued: map[[32]byte]bool{}, sealers: make(chan struct{}, sealers),
+		at: map[[32]byte]Entry{}, slots: make(chan struct{}, packsInFlight),
+	}
 }
 
-// writePacked seals chunk i (keyed checksum s) and appends it to the
-// current pack, unless this generation packed the same chunk already.
+// place is e (a data entry) with the pack range its sum was stored at.
+func (p *packState) place(e Entry) (Entry, error) {
+	at, ok := p.at[e.Sum]
+	if !ok {
+		return e, fmt.Errorf("chunk %d was never packed", e.Index)
+	}
+	e.Pack, e.Offset, e.Length = at.Pack, at.Offset, at.Length
+	return e, nil
+}
+
+// writePacked records chunk i (keyed checksum s) and, unless this
+// generation queued the same chunk already, seals a copy of it in the
+// background (a sealer slot first) and appends it to the current pack.
 func (w *Writer) writePacked(ctx context.Context, i uint64, s [32]byte, data []byte) error {
-	ref := w.m.Ref()
-	if e, ok := w.pk.at[s]; ok {
-		e.Index = i
-		w.entries[i] = e
+	w.entries[i] = Entry{Index: i, Kind: EntryData, Sum: s}
+	if w.pk.queued[s] {
 		return nil
 	}
-	blob, err := w.repo.codec.seal(w.dk, kindChunk, chunkKey(w.dk.volume, s), data)
-	if err != nil {
-		return fmt.Errorf("commit %s: %w", ref, err)
+	select {
+	case w.pk.sealers <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("commit %s: %w", w.m.Ref(), ctx.Err())
 	}
+	w.pk.queued[s] = true
+	bp, _ := w.pk.bufs.Get().(*[]byte)
+	if bp == nil || len(*bp) != len(data) {
+		b := make([]byte, len(data))
+		bp = &b
+	}
+	copy(*bp, data)
+	w.pk.sealing.Add(1)
+	go func() {
+		defer func() { w.pk.bufs.Put(bp); <-w.pk.sealers; w.pk.sealing.Done() }()
+		if w.firstErr() != nil {
+			return // the generation fails already
+		}
+		blob, err := w.repo.codec.seal(w.dk, kindChunk, chunkKey(w.dk.volume, s), *bp)
+		if err == nil {
+			err = w.appendPacked(s, blob)
+		}
+		if err != nil {
+			w.setErr(err)
+		}
+	}()
+	return nil
+}
+
+// appendPacked appends the sealed chunk of sum s to the current pack
+// (closing a full one and opening the next first).
+func (w *Writer) appendPacked(s [32]byte, blob []byte) error {
+	w.pk.mu.Lock()
+	defer w.pk.mu.Unlock()
 	if w.pk.cur != nil && w.pk.size+int64(len(blob)) > PackTarget {
-		if err := w.closePack(ctx); err != nil {
+		if err := w.closePack(w.ctx); err != nil {
 			return err
 		}
 	}
 	if w.pk.cur == nil {
-		if err := w.openPack(ctx); err != nil {
+		if err := w.openPack(w.ctx); err != nil {
 			return err
 		}
 	}
@@ -81,16 +133,14 @@ func (w *Writer) writePacked(ctx context.Context, i uint64, s [32]byte, data []b
 		// The pack's tail is unknown now: the generation fails.
 		w.pk.cur.Abort()
 		w.pk.cur = nil
-		w.setErr(fmt.Errorf("write pack: %w", err))
-		return fmt.Errorf("commit %s: write pack: %w", ref, err)
+		return fmt.Errorf("write pack: %w", err)
 	}
 	w.pk.size += int64(len(blob))
-	e := Entry{Index: i, Kind: EntryData, Sum: s, Pack: uint32(len(w.pk.ids)), Offset: uint32(off), Length: uint32(len(blob))}
-	w.pk.at[s] = e
-	w.entries[i] = e
+	w.pk.at[s] = Entry{Kind: EntryData, Sum: s, Pack: uint32(len(w.pk.ids)), Offset: uint32(off), Length: uint32(len(blob))}
 	return nil
 }
 
+// openPack starts the next pack (pk.mu held, or no sealer running).
 func (w *Writer) openPack(ctx context.Context) error {
 	var id PackID
 	if _, err := rand.Read(id[:]); err != nil {
@@ -110,7 +160,8 @@ func (w *Writer) openPack(ctx context.Context) error {
 }
 
 // closePack commits the current pack in the background (a slot of
-// packsInFlight first); Commit waits for it before the manifest.
+// packsInFlight first; pk.mu held, or no sealer running); Commit waits
+// for it before the manifest.
 func (w *Writer) closePack(ctx context.Context) error {
 	select {
 	case w.pk.slots <- struct{}{}:

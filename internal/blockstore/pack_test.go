@@ -128,15 +128,19 @@ func TestPackedTamperIsCorrupt(t *testing.T) {
 				t.Errorf("chunk %d, untouched: %v", i, err)
 			}
 		}
-		// Cut short: the last chunk's range ends past the pack's end, and
-		// a range starting past it is refused by the store.
+		// Cut short inside one chunk's range (sealers pack in the order
+		// they finish, so by offset): its range ends past the pack's end,
+		// and the next one's starts past it, refused by the store.
+		byOff := slices.Clone(m.Entries[:6])
+		slices.SortFunc(byOff, func(a, b blockstore.Entry) int { return int(a.Offset) - int(b.Offset) })
+		cut, past := byOff[3], byOff[4]
 		if err := st.Delete(ctx, key); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.Put(ctx, key, edited[:e3.Offset+10]); err != nil {
+		if err := st.Put(ctx, key, edited[:cut.Offset+10]); err != nil {
 			t.Fatal(err)
 		}
-		for _, i := range []uint64{3, 5} {
+		for _, i := range []uint64{cut.Index, past.Index} {
 			if err := im.ReadChunk(ctx, i, buf); !errors.Is(err, blockstore.ErrCorrupt) {
 				t.Errorf("chunk %d of a truncated pack: %v, want ErrCorrupt", i, err)
 			}
@@ -243,5 +247,68 @@ func TestPackedCommitFailsWithItsPack(t *testing.T) {
 		if strings.Contains(k, "/packs/") {
 			t.Fatalf("a pack after a failed commit: %s", k)
 		}
+	}
+}
+
+// Eight sealers at once over 96 chunks of 12 contents, written from one
+// buffer the caller overwrites after each call: every chunk reads back as
+// written, each content is packed once (the pack holds 12 sealed chunks),
+// and repeats name one range.
+func TestPackedSealersInParallel(t *testing.T) {
+	f := newFixture(t, blockstore.Options{Sealers: 8})
+	ctx := context.Background()
+	v := blockstore.Template("parallel")
+	const n, kinds = 96, 12
+	w, err := f.repo.NewWriter(ctx, blockstore.CommitSpec{Generation: blockstore.GenRef{Volume: v}, DeviceSize: n * cs, ChunkSize: cs, Packed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	contents := make([][]byte, kinds)
+	for k := range contents {
+		contents[k] = randChunk(t)
+	}
+	dev := make([]byte, n*cs)
+	buf := make([]byte, cs)
+	for i := range n {
+		copy(buf, contents[i%kinds])
+		copy(dev[i*cs:], buf)
+		if err := w.WriteChunk(ctx, uint64(i), buf); err != nil {
+			t.Fatal(err)
+		}
+		clear(buf) // WriteChunk copied what it seals later
+	}
+	m, err := w.Commit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, f.repo, blockstore.GenRef{Volume: v}); !bytes.Equal(got, dev) {
+		t.Fatal("the generation sealed in parallel reads differently")
+	}
+	ranges := map[[2]uint32]bool{}
+	var packed int64
+	for _, e := range m.Entries {
+		if r := [2]uint32{e.Offset, e.Length}; !ranges[r] {
+			ranges[r] = true
+			packed += int64(e.Length)
+		}
+		if first := m.Entries[int(e.Index)%kinds]; first.Offset != e.Offset || first.Length != e.Length {
+			t.Fatalf("chunk %d at %d+%d, its first copy (chunk %d) at %d+%d: want one range", e.Index, e.Offset, e.Length, first.Index, first.Offset, first.Length)
+		}
+	}
+	if len(m.Packs) != 1 || len(ranges) != kinds {
+		t.Fatalf("%d packs, %d ranges: want 1 and %d", len(m.Packs), len(ranges), kinds)
+	}
+	var size int64
+	for _, k := range listAll(t, f.dir) {
+		if strings.Contains(k, "/packs/") {
+			b, err := f.dir.Get(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			size = int64(len(b))
+		}
+	}
+	if size != packed {
+		t.Fatalf("pack of %d bytes, the entries' distinct ranges %d: want every content packed once", size, packed)
 	}
 }

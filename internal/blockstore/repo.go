@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,9 @@ type Repo struct {
 	codec *codec
 	// Parallel object writes of one commit (S3 latency hides behind it).
 	uploads int
+	// Chunks a packing commit seals at once (compression and AEAD are
+	// its CPU; the caller reads the next chunk meanwhile).
+	sealers int
 	// blobs recycles the read path's object buffers (*[]byte) when the
 	// store is a BufferGetter.
 	blobs sync.Pool
@@ -35,6 +39,9 @@ type Options struct {
 	Compression Compression
 	// Uploads bounds a commit's parallel object writes (default 8).
 	Uploads int
+	// Sealers bounds the chunks a packing commit seals at once (default
+	// GOMAXPROCS).
+	Sealers int
 }
 
 // New returns a repo over store whose data keys node wraps.
@@ -46,7 +53,10 @@ func New(store Store, node *NodeKey, opts Options) (*Repo, error) {
 	if opts.Uploads <= 0 {
 		opts.Uploads = 8
 	}
-	return &Repo{store: store, keys: NewKeyring(store, node), codec: c, uploads: opts.Uploads}, nil
+	if opts.Sealers <= 0 {
+		opts.Sealers = runtime.GOMAXPROCS(0)
+	}
+	return &Repo{store: store, keys: NewKeyring(store, node), codec: c, uploads: opts.Uploads, sealers: opts.Sealers}, nil
 }
 
 // Object keys of a volume v:
@@ -469,7 +479,7 @@ func (r *Repo) newWriter(ctx context.Context, m *Manifest, packed bool) (*Writer
 		sem:      make(chan struct{}, r.uploads),
 	}
 	if _, ok := r.store.(RangeGetter); ok && packed {
-		w.pk = newPackState()
+		w.pk = newPackState(r.sealers)
 	} else if b, ok := r.store.(Batcher); ok {
 		w.batch = b.NewBatch()
 	}
@@ -553,10 +563,13 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 		return nil, fmt.Errorf("commit %s: writer finished", ref)
 	}
 	w.done = true
-	if w.pk != nil && w.pk.cur != nil {
-		if err := w.closePack(ctx); err != nil {
-			w.Abort()
-			return nil, err
+	if w.pk != nil {
+		w.pk.sealing.Wait()
+		if w.pk.cur != nil {
+			if err := w.closePack(ctx); err != nil {
+				w.Abort()
+				return nil, err
+			}
 		}
 	}
 	w.wg.Wait()
@@ -581,6 +594,12 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 	}
 	m.Entries = make([]Entry, 0, len(w.entries))
 	for _, e := range w.entries {
+		if w.pk != nil && e.Kind == EntryData {
+			var err error
+			if e, err = w.pk.place(e); err != nil {
+				return nil, fmt.Errorf("commit %s: %w", ref, err)
+			}
+		}
 		m.Entries = append(m.Entries, e)
 	}
 	sortEntries(m.Entries)
@@ -602,6 +621,9 @@ func (w *Writer) Commit(ctx context.Context) (*Manifest, error) {
 // flight (their objects stay, unreferenced; a Batcher's staged ones go).
 func (w *Writer) Abort() {
 	w.done = true
+	if w.pk != nil {
+		w.pk.sealing.Wait()
+	}
 	w.wg.Wait()
 	w.abortBatch()
 	if w.pk != nil && w.pk.cur != nil {
