@@ -31,7 +31,8 @@ import (
 const helperEnv = "CTL_AGENT_TEST_HELPER"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) == "1" {
+	// The pre-forked workload process of a warm agent has no environment.
+	if os.Getenv(helperEnv) == "1" || len(os.Args) > 1 && os.Args[1] == agent.ExecHelperArg {
 		os.Exit(agent.Main(os.Args[1:], os.Environ(), os.Stderr))
 	}
 	os.Exit(m.Run())

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,8 +54,14 @@ func TestWarmClaimStartsTheClaimsWorkload(t *testing.T) {
 	if got, err := a.c.Ready(ctx); err != nil || got != "nonce-123" {
 		t.Fatalf("ready before the claim = %q, %v; want the boot nonce", got, err)
 	}
-	if kids := children(t, a.cmd.Process.Pid); len(kids) != 0 {
-		t.Fatalf("a warm agent has children before its claim: %v", kids)
+	// One child: the workload's process, forked at boot, waiting for the
+	// claim with nothing of the agent's environment.
+	pre := children(t, a.cmd.Process.Pid)
+	if len(pre) != 1 {
+		t.Fatalf("a warm agent's children before its claim: %v, want its pre-forked workload alone", pre)
+	}
+	if env, err := os.ReadFile("/proc/" + strconv.Itoa(pre[0]) + "/environ"); err != nil || len(env) != 0 {
+		t.Fatalf("the pre-forked workload's env before the claim: %q, %v; want none", env, err)
 	}
 	dir := t.TempDir()
 	u := wire.User{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}
@@ -66,8 +73,18 @@ func TestWarmClaimStartsTheClaimsWorkload(t *testing.T) {
 		t.Fatalf("ready after the claim = %q, %v; want the claim's nonce", got, err)
 	}
 	kids := children(t, a.cmd.Process.Pid)
-	if len(kids) != 1 {
-		t.Fatalf("children after the claim = %v, want the workload alone", kids)
+	if !slices.Equal(kids, pre) {
+		t.Fatalf("children after the claim = %v, want the workload alone, the pre-forked %v", kids, pre)
+	}
+	// The claim's answer comes once the command was found runnable; its
+	// exec may still be under way.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(kids[0]) + "/cmdline"); string(cmdline) == "sleep\x001000\x00" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the workload never became sleep 1000")
+		}
 	}
 	env, err := os.ReadFile("/proc/" + strconv.Itoa(kids[0]) + "/environ")
 	if err != nil {
@@ -157,5 +174,51 @@ func TestWarmTakesNoWorkload(t *testing.T) {
 	}
 	if code := agent.Main([]string{"--hostname-cap", "--nonce-file", "x", "--", "true"}, nil, &strings.Builder{}); code != 2 {
 		t.Fatalf("Main(--hostname-cap -- true) = %d, want 2", code)
+	}
+}
+
+// TestWarmClaimPreforkedChecks: the pre-forked workload process answers
+// the claim only for a command it can exec: a file without the execute
+// bit, a file the kernel cannot run (no ELF, no #!) and a missing cwd are
+// not_started with the reason; a pre-forked process killed before the
+// claim makes the claim not_started too (the node falls back to a cold
+// claim), never a hang.
+func TestWarmClaimPreforkedChecks(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	u := wire.User{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}
+	dir := t.TempDir()
+	noX := filepath.Join(dir, "not-executable")
+	text := filepath.Join(dir, "plain-text")
+	if err := os.WriteFile(noX, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(text, []byte("echo hi\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		req  client.ClaimRequest
+		want string
+	}{
+		"no execute bit": {client.ClaimRequest{Args: []string{noX}}, "permission denied"},
+		"not a program":  {client.ClaimRequest{Args: []string{text}}, "exec format error"},
+		"missing cwd":    {client.ClaimRequest{Args: []string{"true"}, Cwd: filepath.Join(dir, "gone")}, "chdir"},
+	} {
+		a := startAgent(t, "--warm")
+		c.req.Nonce, c.req.User = "n", u
+		_, err := a.c.Claim(ctx, c.req)
+		if wireCode(err) != wire.CodeNotStarted || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: claim = %v, want %s naming %q", name, err, wire.CodeNotStarted, c.want)
+		}
+	}
+	a := startAgent(t, "--warm")
+	pre := children(t, a.cmd.Process.Pid)
+	if len(pre) != 1 {
+		t.Fatalf("children before the claim: %v", pre)
+	}
+	if err := syscall.Kill(pre[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.c.Claim(ctx, client.ClaimRequest{Nonce: "n", User: u, Args: []string{"true"}}); wireCode(err) != wire.CodeNotStarted {
+		t.Fatalf("claim after its pre-forked process died = %v, want %s", err, wire.CodeNotStarted)
 	}
 }

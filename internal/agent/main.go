@@ -25,6 +25,9 @@ import (
 // --warm boots a warm pool member's agent (claim.go): no workload until
 // one OpClaim names it.
 func Main(args, env []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == ExecHelperArg {
+		return RunExecHelper(args[1:], stderr)
+	}
 	fs := flag.NewFlagSet("ctl-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.ctl/agent.sock", "the agent's Unix socket")
@@ -79,13 +82,23 @@ func Main(args, env []string, stderr io.Writer) int {
 	if *warm {
 		claimed = make(chan *Workload, 1)
 		srv.Hostnames = *hostCap
+		helper, err := startExecHelper(reaper, *hostCap)
+		if err != nil {
+			log.Warn("no pre-forked workload process: the claim forks one", "err", err)
+		}
 		srv.Claim = func(_ context.Context, c Claim) error {
 			if *hostCap {
 				if err := SetHostnameAndDrop(c.Hostname); err != nil {
 					return err
 				}
 			}
-			w, err := StartWorkloadIn(reaper, c.Args, c.Env, c.Cwd, c.User)
+			var w *Workload
+			var err error
+			if helper != nil {
+				w, err = helper.start(c)
+			} else {
+				w, err = StartWorkloadIn(reaper, c.Args, c.Env, c.Cwd, c.User)
+			}
 			if err != nil {
 				return err
 			}

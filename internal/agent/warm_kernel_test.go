@@ -45,8 +45,9 @@ func guestProcs(t testing.TB, ctx context.Context, c *client.Client) map[int]str
 // init, no workload) and claims it: the claim's command runs as the
 // claim's user with exactly the claim's env in the claim's cwd, the
 // agent answers the claim's nonce, and nothing from before the claim is
-// in the guest but the agent (no other process, no nonce file, the boot
-// nonce nowhere). Logs the idle member's memory and the claim's time
+// in the guest but the agent and the workload's process it forked at
+// boot, which became the workload (no other process, no nonce file, the
+// boot nonce nowhere). Logs the idle member's memory and the claim's time
 // against the member's own create+start+ready.
 func TestKernelWarmClaim(t *testing.T) {
 	ktest.Require(t)
@@ -60,9 +61,21 @@ func TestKernelWarmClaim(t *testing.T) {
 	booted := time.Since(g.created)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// The agent as pid 1 and the workload's process it forked at boot,
+	// waiting for the claim with no environment.
 	idle := guestProcs(t, ctx, g.c)
-	if len(idle) != 1 || !strings.Contains(idle[1], "ctl-agent --warm") {
-		t.Fatalf("idle member's processes = %v, want the agent alone as pid 1", idle)
+	pre := ""
+	for pid, cmd := range idle {
+		if pid != 1 && cmd == "ctl-agent --exec-helper --drop-sys-admin" {
+			pre = strconv.Itoa(pid)
+		}
+	}
+	if len(idle) != 2 || !strings.Contains(idle[1], "ctl-agent --warm") || pre == "" {
+		t.Fatalf("idle member's processes = %v, want the agent as pid 1 and its pre-forked workload", idle)
+	}
+	var preEnv bytes.Buffer
+	if _, err := g.c.ReadFile(ctx, "/proc/"+pre+"/environ", &wire.User{}, 1<<16, &preEnv); err != nil || preEnv.Len() != 0 {
+		t.Fatalf("the pre-forked workload's environ = %q, %v; want none", preEnv.String(), err)
 	}
 	mem, err := os.ReadFile(filepath.Join(g.cgroup, "memory.current"))
 	if err != nil {
@@ -108,6 +121,9 @@ func TestKernelWarmClaim(t *testing.T) {
 		if time.Since(t1) > time.Minute {
 			t.Fatalf("guest processes after the claim = %v, want the agent and the workload's shell and sleep", procs)
 		}
+	}
+	if w != pre {
+		t.Errorf("the workload is pid %s, want the pre-forked %s", w, pre)
 	}
 	var environ bytes.Buffer
 	if _, err := g.c.ReadFile(ctx, "/proc/"+w+"/environ", &wire.User{}, 1<<16, &environ); err != nil {

@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ctld/ctld/internal/agent/wire"
+)
+
+// A warm agent forks its workload's process at boot: a copy of itself
+// (ExecHelperArg) that waits for the claim on a pipe. At the claim it
+// takes on the claim's identity (credentials, working directory, no
+// CAP_SYS_ADMIN in its bounding set), checks that the command resolves
+// to a file it may execute, says so, and execs it. The claim's answer
+// waits for that check, not for the exec: under gVisor a process start
+// (a new address space: a new host stub process) is most of a warm
+// claim's cost, and it now overlaps the answer's way back to the host.
+// An exec that fails after the check (a binary the kernel refuses) ends
+// the workload with 127 and its reason on the guest's output, as a
+// workload that fails at once does.
+
+// ExecHelperArg is the agent's first argument that makes it a warm
+// agent's pre-forked workload process; dropSysAdminArg may follow (the
+// agent holds CAP_SYS_ADMIN for the claim's hostname).
+const (
+	ExecHelperArg   = "--exec-helper"
+	dropSysAdminArg = "--drop-sys-admin"
+)
+
+// Descriptors of the pre-forked process: the claim comes in on one, the
+// check's result goes out on the other.
+const (
+	helperSpecFD   = 3
+	helperStatusFD = 4
+)
+
+// maxHelperSpec bounds the claim the pre-forked process reads (args and
+// env are bounded by the agent's frame already).
+const maxHelperSpec = 8 << 20
+
+// helperCheckTimeout bounds how long a claim waits for the pre-forked
+// process's check (a few syscalls).
+const helperCheckTimeout = 30 * time.Second
+
+// helperSpec is what the agent sends its pre-forked process.
+type helperSpec struct {
+	Args []string  `json:"args"`
+	Env  []string  `json:"env"`
+	Cwd  string    `json:"cwd"`
+	User wire.User `json:"user"`
+	// dropSysAdmin: the process's own flag, not the agent's to send.
+	dropSysAdmin bool
+}
+
+// execHelper is the agent's side of its pre-forked workload process.
+type execHelper struct {
+	pid    int
+	done   <-chan syscall.WaitStatus
+	spec   *os.File // the claim goes out here, once
+	status *os.File // "ok" or the reason it cannot run
+}
+
+// startExecHelper forks the pre-forked workload process: the agent's own
+// binary with no environment, in a process group of its own (the
+// workload's), reaped through r. dropSysAdmin: the agent holds
+// CAP_SYS_ADMIN (--hostname-cap), which the workload must not.
+func startExecHelper(r *Reaper, dropSysAdmin bool) (*execHelper, error) {
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("pre-fork the workload: %w", err)
+	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		specR.Close()
+		specW.Close()
+		return nil, fmt.Errorf("pre-fork the workload: %w", err)
+	}
+	argv := []string{"ctl-agent", ExecHelperArg}
+	if dropSysAdmin {
+		argv = append(argv, dropSysAdminArg)
+	}
+	pid, done, err := r.Start("/proc/self/exe", argv, &syscall.ProcAttr{
+		Env:   []string{},
+		Files: []uintptr{0, 1, 2, specR.Fd(), statusW.Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	specR.Close()
+	statusW.Close()
+	if err != nil {
+		specW.Close()
+		statusR.Close()
+		return nil, fmt.Errorf("pre-fork the workload: %w", err)
+	}
+	return &execHelper{pid: pid, done: done, spec: specW, status: statusR}, nil
+}
+
+// start hands c to the pre-forked process and returns it as the workload
+// once it checked that it can exec c's command (its exec then runs on).
+func (h *execHelper) start(c Claim) (*Workload, error) {
+	defer h.spec.Close()
+	defer h.status.Close()
+	b, err := json.Marshal(helperSpec{Args: c.Args, Env: c.Env, Cwd: c.Cwd, User: c.User})
+	if err != nil {
+		return nil, fmt.Errorf("start workload: %w", err)
+	}
+	if _, err := h.spec.Write(b); err != nil {
+		return nil, fmt.Errorf("start workload %s: the pre-forked process is gone: %w", c.Args[0], err)
+	}
+	h.spec.Close()
+	_ = h.status.SetReadDeadline(time.Now().Add(helperCheckTimeout))
+	line, err := bufio.NewReader(io.LimitReader(h.status, 4096)).ReadString('\n')
+	if err != nil {
+		unix.Kill(h.pid, unix.SIGKILL)
+		return nil, fmt.Errorf("start workload %s: the pre-forked process did not answer: %w", c.Args[0], err)
+	}
+	if line = strings.TrimSuffix(line, "\n"); line != "ok" {
+		return nil, fmt.Errorf("start workload %s: %s", c.Args[0], line)
+	}
+	return &Workload{pid: h.pid, done: h.done, sigs: make(chan os.Signal, 8)}, nil
+}
+
+// RunExecHelper is the pre-forked workload process (ctl-agent
+// --exec-helper [--drop-sys-admin]; args after the first): it waits for
+// the claim, becomes its workload and execs it; it returns only when it
+// cannot (the agent went away: 0; the claim cannot run: 127).
+func RunExecHelper(args []string, stderr io.Writer) int {
+	if len(args) > 1 || len(args) == 1 && args[0] != dropSysAdminArg {
+		fmt.Fprintf(stderr, "ctl-agent: %s takes only %s\n", ExecHelperArg, dropSysAdminArg)
+		return 2
+	}
+	unix.CloseOnExec(helperSpecFD)
+	unix.CloseOnExec(helperStatusFD)
+	in := os.NewFile(helperSpecFD, "claim")
+	status := os.NewFile(helperStatusFD, "status")
+	s := helperSpec{dropSysAdmin: len(args) == 1}
+	if err := json.NewDecoder(io.LimitReader(in, maxHelperSpec)).Decode(&s); err != nil {
+		if !errors.Is(err, io.EOF) {
+			fmt.Fprintln(stderr, "ctl-agent: pre-forked workload: bad claim:", err)
+		}
+		return 0
+	}
+	in.Close()
+	argv0, err := s.become()
+	if err != nil {
+		fmt.Fprintf(status, "%s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		return 127
+	}
+	if _, err := status.WriteString("ok\n"); err != nil {
+		return 127 // the agent gave up on the claim
+	}
+	err = syscall.Exec(argv0, s.Args, s.Env)
+	fmt.Fprintf(stderr, "ctl-agent: exec %s: %v\n", s.Args[0], err)
+	return 127
+}
+
+// become makes this process s's workload but for the exec: no
+// CAP_SYS_ADMIN in the bounding set when the agent held it for the
+// hostname (checked after the drop), s's credentials and working directory; it returns the
+// command's path once that is a file this user may execute in a format
+// the kernel runs (ELF or #!).
+func (s helperSpec) become() (string, error) {
+	if len(s.Args) == 0 {
+		return "", errors.New("no command")
+	}
+	if s.dropSysAdmin {
+		if err := SetHostnameAndDrop(""); err != nil {
+			return "", err
+		}
+	}
+	if os.Getuid() == 0 {
+		if err := syscall.Setgroups(nil); err != nil {
+			return "", fmt.Errorf("set groups: %w", err)
+		}
+	}
+	// As the agent's ForkExec did for a workload: gid first, while root.
+	if err := syscall.Setgid(int(s.User.GID)); err != nil {
+		return "", fmt.Errorf("set gid %d: %w", s.User.GID, err)
+	}
+	if err := syscall.Setuid(int(s.User.UID)); err != nil {
+		return "", fmt.Errorf("set uid %d: %w", s.User.UID, err)
+	}
+	cwd := s.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	if err := syscall.Chdir(cwd); err != nil {
+		return "", fmt.Errorf("chdir %s: %w", cwd, err)
+	}
+	argv0, err := lookPath(s.Args[0], s.Env)
+	if err != nil {
+		return "", err
+	}
+	if err := unix.Access(argv0, unix.X_OK); err != nil {
+		return "", fmt.Errorf("%s: %w", argv0, err)
+	}
+	f, err := os.Open(argv0)
+	if err != nil {
+		return "", err
+	}
+	var magic [4]byte
+	n, _ := io.ReadFull(f, magic[:])
+	f.Close()
+	if m := string(magic[:n]); m != "\x7fELF" && !strings.HasPrefix(m, "#!") {
+		return "", fmt.Errorf("%s: %w", argv0, syscall.ENOEXEC)
+	}
+	return argv0, nil
+}
