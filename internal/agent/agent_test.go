@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -677,4 +678,30 @@ func TestExecJobControlLeavesNoProcess(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestColdAgentBootReport: once its workload started, a cold agent leaves
+// where its boot went beside its socket: each step measured, none
+// negative, the runtime's start-up within reason.
+func TestColdAgentBootReport(t *testing.T) {
+	a := startAgent(t, "--", "sleep", "1000")
+	if got, err := a.c.Ready(ctxT(t, 30*time.Second)); err != nil || got != "nonce-123" {
+		t.Fatalf("ready = %q, %v", got, err)
+	}
+	path := filepath.Join(filepath.Dir(a.socket), wire.BootReportName)
+	var b []byte
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if b, err = os.ReadFile(path); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	var r wire.BootReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("boot report %q: %v", b, err)
+	}
+	if r.ListenMS <= 0 || r.StartMS <= 0 || r.RuntimeMS < 0 || r.RuntimeMS > 60_000 {
+		t.Fatalf("boot report %+v: want listen and start measured, the runtime's start-up within a minute", r)
+	}
+	t.Logf("boot report on the host: %+v", r)
 }

@@ -25,6 +25,7 @@ import (
 // --warm boots a warm pool member's agent (claim.go): no workload until
 // one OpClaim names it.
 func Main(args, env []string, stderr io.Writer) int {
+	boot := bootTimes{main: time.Now()}
 	if len(args) > 0 && args[0] == ExecHelperArg {
 		return RunExecHelper(args[1:], stderr)
 	}
@@ -76,6 +77,7 @@ func Main(args, env []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 		return 1
 	}
+	boot.listening = time.Now()
 	start := newStartGate()
 	srv := &Server{Nonce: cfg.Nonce, User: cfg.User, FileCap: *fileCap, Reaper: reaper, Logger: log, Started: start.wait}
 	var claimed chan *Workload
@@ -146,11 +148,15 @@ func Main(args, env []string, stderr io.Writer) int {
 		}
 	}
 	w, err := StartWorkload(reaper, fs.Args(), cfg.Env, cfg.User)
+	boot.started = time.Now()
 	start.done(err)
 	// The ready call waiting for the start answers first; the signal
 	// setup after it is not on the readiness path (see Reaper.Run).
 	runtime.Gosched()
 	reaper.Run()
+	if err == nil {
+		go writeBootReport(filepath.Dir(*socket), boot)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "ctl-agent:", err)
 		// A ready call already waiting gets the error; then the guest
