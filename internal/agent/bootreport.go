@@ -17,8 +17,7 @@ type bootTimes struct {
 	main, listening, started time.Time
 }
 
-// writeBootReport leaves the boot's report in dir (best effort: a
-// diagnostic). The process's start comes from /proc (ticks since boot
+// writeBootReport leaves the boot's report in dir. The process's start comes from /proc (ticks since boot
 // against the uptime), read here, after the readiness answer.
 func writeBootReport(dir string, b bootTimes) {
 	r := wire.BootReport{
@@ -28,13 +27,19 @@ func writeBootReport(dir string, b bootTimes) {
 	if up, start, ok := procTimes(); ok {
 		r.RuntimeMS = max(0, (up-start)*1000-ms(time.Since(b.main)))
 	}
-	enc, err := json.Marshal(r)
+	writeReport(dir, wire.BootReportName, r)
+}
+
+// writeReport leaves v as JSON in dir/name (temp file and rename: the
+// host never reads half of it; best effort: a diagnostic).
+func writeReport(dir, name string, v any) {
+	enc, err := json.Marshal(v)
 	if err != nil {
 		return
 	}
-	tmp := filepath.Join(dir, "."+wire.BootReportName+".tmp")
+	tmp := filepath.Join(dir, "."+name+".tmp")
 	if os.WriteFile(tmp, enc, 0o600) == nil {
-		os.Rename(tmp, filepath.Join(dir, wire.BootReportName))
+		os.Rename(tmp, filepath.Join(dir, name))
 	}
 }
 

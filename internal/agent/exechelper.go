@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -137,6 +138,11 @@ func RunExecHelper(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ctl-agent: %s takes only %s\n", ExecHelperArg, dropSysAdminArg)
 		return 2
 	}
+	// The identity switch is made on this thread alone, the one that
+	// execs: the exec ends every other thread, so what they hold never
+	// reaches the workload (and each all-threads syscall of the Go
+	// runtime is a stop of every thread, costly under gVisor).
+	runtime.LockOSThread()
 	unix.CloseOnExec(helperSpecFD)
 	unix.CloseOnExec(helperStatusFD)
 	in := os.NewFile(helperSpecFD, "claim")
@@ -171,22 +177,26 @@ func (s helperSpec) become() (string, error) {
 	if len(s.Args) == 0 {
 		return "", errors.New("no command")
 	}
+	// Raw syscalls of this (locked) thread only; see RunExecHelper.
 	if s.dropSysAdmin {
-		if err := SetHostnameAndDrop(""); err != nil {
-			return "", err
+		if _, _, e := unix.RawSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); e != 0 {
+			return "", fmt.Errorf("drop CAP_SYS_ADMIN from the bounding set: %w", e)
+		}
+		if in, _, _ := unix.RawSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_READ, unix.CAP_SYS_ADMIN, 0); in != 0 {
+			return "", errors.New("CAP_SYS_ADMIN still in the bounding set after the drop")
 		}
 	}
 	if os.Getuid() == 0 {
-		if err := syscall.Setgroups(nil); err != nil {
-			return "", fmt.Errorf("set groups: %w", err)
+		if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			return "", fmt.Errorf("set groups: %w", e)
 		}
 	}
 	// As the agent's ForkExec did for a workload: gid first, while root.
-	if err := syscall.Setgid(int(s.User.GID)); err != nil {
-		return "", fmt.Errorf("set gid %d: %w", s.User.GID, err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(s.User.GID), uintptr(s.User.GID), uintptr(s.User.GID)); e != 0 {
+		return "", fmt.Errorf("set gid %d: %w", s.User.GID, e)
 	}
-	if err := syscall.Setuid(int(s.User.UID)); err != nil {
-		return "", fmt.Errorf("set uid %d: %w", s.User.UID, err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(s.User.UID), uintptr(s.User.UID), uintptr(s.User.UID)); e != 0 {
+		return "", fmt.Errorf("set uid %d: %w", s.User.UID, e)
 	}
 	cwd := s.Cwd
 	if cwd == "" {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ctld/ctld/internal/agent/wire"
 	"github.com/ctld/ctld/internal/logging"
 )
 
@@ -81,6 +82,7 @@ func Main(args, env []string, stderr io.Writer) int {
 	start := newStartGate()
 	srv := &Server{Nonce: cfg.Nonce, User: cfg.User, FileCap: *fileCap, Reaper: reaper, Logger: log, Started: start.wait}
 	var claimed chan *Workload
+	var claimReport wire.ClaimReport // written before the claim is sent on claimed
 	if *warm {
 		claimed = make(chan *Workload, 1)
 		srv.Hostnames = *hostCap
@@ -89,11 +91,13 @@ func Main(args, env []string, stderr io.Writer) int {
 			log.Warn("no pre-forked workload process: the claim forks one", "err", err)
 		}
 		srv.Claim = func(_ context.Context, c Claim) error {
+			t0 := time.Now()
 			if *hostCap {
 				if err := SetHostnameAndDrop(c.Hostname); err != nil {
 					return err
 				}
 			}
+			t1 := time.Now()
 			var w *Workload
 			var err error
 			if helper != nil {
@@ -104,6 +108,7 @@ func Main(args, env []string, stderr io.Writer) int {
 			if err != nil {
 				return err
 			}
+			claimReport = wire.ClaimReport{HostnameMS: ms(t1.Sub(t0)), StartMS: ms(time.Since(t1)), Preforked: helper != nil}
 			claimed <- w // once: the server refuses a second claim
 			return nil
 		}
@@ -129,6 +134,7 @@ func Main(args, env []string, stderr io.Writer) int {
 				return 1
 			case w := <-claimed:
 				w.forwardFrom(sig)
+				go writeReport(filepath.Dir(*socket), wire.ClaimReportName, claimReport)
 				return waitWorkload(ctx, log, w, served, *socket, stderr)
 			}
 		}

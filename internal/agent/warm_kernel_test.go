@@ -218,6 +218,7 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 	u := wire.User{UID: 1000, GID: 1000}
 	var cold, warm, proof []time.Duration
 	var boots []wire.BootReport
+	var claims []wire.ClaimReport
 	var mems []int64
 	for i := range n {
 		// The member is booted before the cold claim starts and claimed
@@ -239,7 +240,7 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 		}
 		cold = append(cold, time.Since(c.created))
 		proof = append(proof, time.Since(c.started))
-		boots = append(boots, readBootReport(b, c))
+		boots = append(boots, readReport[wire.BootReport](b, c, wire.BootReportName))
 
 		t0 := time.Now()
 		got, err := m.c.Claim(ctx, client.ClaimRequest{Nonce: "warm", User: u, Args: []string{"sleep", "100000"}, Env: []string{"A=1"}, Cwd: "/"})
@@ -247,6 +248,7 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 		if err != nil || got != "warm" {
 			b.Fatalf("warm claim = %q, %v", got, err)
 		}
+		claims = append(claims, readReport[wire.ClaimReport](b, m, wire.ClaimReportName))
 		// Each pair's guests go before the next pair (their cleanups run at
 		// the end otherwise, and 2n guests would share the VM).
 		for _, g := range []*guest{c, m} {
@@ -267,38 +269,44 @@ func BenchmarkWarmVsColdClaim(b *testing.B) {
 		float64(w50)/float64(c50), float64(w99)/float64(c99), mems[len(mems)/2]>>10, mems[0]>>10, mems[len(mems)-1]>>10)
 	// Where a cold guest's readiness goes (the agent's own clock): its
 	// process start to Main, Main to listening, then the workload's start.
-	msP50 := func(f func(wire.BootReport) float64) float64 {
-		v := make([]float64, len(boots))
-		for i, r := range boots {
-			v[i] = f(r)
-		}
-		slices.Sort(v)
-		return v[len(v)/2]
-	}
 	fmt.Fprintf(os.Stdout, "cold readiness (runsc start returned to the agent's answer) p50 %v; the agent's boot p50: runtime start-up %.0f ms, to listening %.0f ms, workload fork+exec %.0f ms\n",
-		pct(proof, 0.5).Round(time.Millisecond), msP50(func(r wire.BootReport) float64 { return r.RuntimeMS }),
-		msP50(func(r wire.BootReport) float64 { return r.ListenMS }), msP50(func(r wire.BootReport) float64 { return r.StartMS }))
+		pct(proof, 0.5).Round(time.Millisecond), p50Of(boots, func(r wire.BootReport) float64 { return r.RuntimeMS }),
+		p50Of(boots, func(r wire.BootReport) float64 { return r.ListenMS }), p50Of(boots, func(r wire.BootReport) float64 { return r.StartMS }))
+	fmt.Fprintf(os.Stdout, "warm claim call p50 %v; in the agent p50: hostname and capability drop %.0f ms, workload start %.0f ms (pre-forked: %v); the rest is the round trip\n",
+		w50.Round(time.Millisecond), p50Of(claims, func(r wire.ClaimReport) float64 { return r.HostnameMS }),
+		p50Of(claims, func(r wire.ClaimReport) float64 { return r.StartMS }), claims[0].Preforked)
 	b.ReportMetric(float64(w50)/float64(c50), "warm/cold-p50")
 	b.ReportMetric(float64(w99)/float64(c99), "warm/cold-p99")
 	b.ReportMetric(float64(mems[len(mems)/2]), "idle-member-bytes")
 }
 
-// readBootReport reads the boot report a cold guest's agent left beside
-// its socket (it writes it right after its answer).
-func readBootReport(t testing.TB, g *guest) wire.BootReport {
+// p50Of is the median of f over rs.
+func p50Of[R any](rs []R, f func(R) float64) float64 {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// readReport reads the report (wire.BootReportName, ClaimReportName) a
+// guest's agent left beside its socket (it writes it right after its
+// answer).
+func readReport[R any](t testing.TB, g *guest, name string) R {
 	t.Helper()
-	path := filepath.Join(filepath.Dir(g.c.Socket), wire.BootReportName)
+	path := filepath.Join(filepath.Dir(g.c.Socket), name)
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		b, err := os.ReadFile(path)
 		if err == nil {
-			var r wire.BootReport
+			var r R
 			if err := json.Unmarshal(b, &r); err != nil {
-				t.Fatalf("boot report %q: %v", b, err)
+				t.Fatalf("%s report %q: %v", name, b, err)
 			}
 			return r
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no boot report from %s: %v", g.id, err)
+			t.Fatalf("no %s report from %s: %v", name, g.id, err)
 		}
 	}
 }

@@ -20,3 +20,19 @@ type BootReport struct {
 	// StartMS: the socket listening to the workload's fork+exec done.
 	StartMS float64 `json:"start_ms"`
 }
+
+// ClaimReportName is the file a warm agent writes in its socket directory
+// once its claim started the workload (after the answer, off its path):
+// where the claim call went. The guest's word, bounded by MaxBootReport.
+const ClaimReportName = "claim"
+
+// ClaimReport is a warm agent's claim in its own clock, in milliseconds.
+type ClaimReport struct {
+	// HostnameMS: the claim's hostname set and CAP_SYS_ADMIN dropped.
+	HostnameMS float64 `json:"hostname_ms"`
+	// StartMS: the workload's start: with Preforked, the pre-forked
+	// process's identity switch and check (its exec runs on after);
+	// without, a fork+exec.
+	StartMS   float64 `json:"start_ms"`
+	Preforked bool    `json:"preforked"`
+}
