@@ -16,11 +16,17 @@ RUNSC ?= debian
 ifeq ($(filter debian current,$(RUNSC)),)
 $(error RUNSC must be debian or current, got "$(RUNSC)")
 endif
-RUNSC_ENV = $(if $(filter current,$(RUNSC)),-env "PATH=$$(test/vm/setup.sh --runsc-dir):/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin")
-VMRUN = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR" $(RUNSC_ENV)
+runsc_env = $(if $(filter current,$(1)),-env "PATH=$$(test/vm/setup.sh --runsc-dir):/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin")
+# vmrun_with,BUILD: vmrun with that runsc build first on the guest's PATH.
+vmrun_with = KDIR=$$(test/vm/setup.sh) && $(GO) run ./test/vm/vmrun -kernel "$$KDIR" $(call runsc_env,$(1))
+VMRUN = $(call vmrun_with,$(RUNSC))
+# E2E_RUNSC: the e2e VM's build: the current one (the production default),
+# unless RUNSC is given on the command line; the packages' VM (the runsc
+# kernel tests) and the load VM keep Debian's (RUNSC's default).
+E2E_RUNSC ?= $(if $(filter command line,$(origin RUNSC)),$(RUNSC),current)
 PREFIX ?= /usr/local
 
-.PHONY: all build agent test test-unit model test-recipes test-vm test-vm-fleet-scale test-code-node test-vm-split test-vm-all test-vm-e2e test-vm-rest test-systemd vet demo demo-fleet bench bench-fleet-takeover bench-nbd churn bench-systemd install deb clean
+.PHONY: all build agent test test-unit model test-recipes test-vm test-vm-fleet-scale test-code-node test-vm-split test-vm-all test-vm-e2e test-vm-rest test-vm-load test-systemd vet demo demo-fleet bench bench-fleet-takeover bench-nbd churn bench-systemd install deb clean
 
 all: build
 
@@ -133,8 +139,17 @@ test-vm-fleet-scale:
 test-code-node:
 	$(VMRUN) -timeout 20m -job-timeout 15m -run '^TestKernelCodeNode$$' ./cmd/ctl-manager
 
+# E2E_LOAD: the load test, in a VM of its own on Debian's build: under TCG,
+# 50 starved guests on the current build's systrap platform lost one guest
+# in two of two runs to a gVisor stub-thread death ("Stub thread no longer
+# exists; killing subprocess", then "systrap corrupted memory: subprocess
+# died"), reported as a readiness failure (see docs/operations.md).
+E2E_LOAD ?= TestClaimManySmallGuests
 test-vm-e2e:
-	$(VMRUN) -timeout 55m -job-timeout 50m -pkg-skip 'test/e2e=$(E2E_IN_REST)' ./test/e2e
+	$(call vmrun_with,$(E2E_RUNSC)) -timeout 55m -job-timeout 50m -pkg-skip 'test/e2e=$(E2E_IN_REST)|^($(E2E_LOAD))$$' ./test/e2e
+
+test-vm-load:
+	$(VMRUN) -timeout 20m -job-timeout 15m -run '^($(E2E_LOAD))$$' ./test/e2e
 
 # Per test binary 30m: cmd/ctl-manager's kernel tests take ~10 min on a
 # quiet host and passed 20 when another VM shared the host's two cores.
@@ -156,10 +171,11 @@ bench-systemd:
 	$(GO) test -c -o bin/e2e.test ./test/e2e
 	$(VMRUN) -timeout 58m -job-timeout 52m -mem 8192 $(if $(CTLD_BENCH_SANDBOXES),-env CTLD_BENCH_SANDBOXES=$(CTLD_BENCH_SANDBOXES)) $(if $(CTLD_BENCH_FAILOVERS),-env CTLD_BENCH_FAILOVERS=$(CTLD_BENCH_FAILOVERS)) -systemd test/systemd/bench-failover.sh
 
-# `make test`'s VM stage: the e2e VM and the packages' VM, and the systemd
-# VM as soon as either of them ends (-j2: at most two VMs at once).
+# `make test`'s VM stage: the e2e VM and the packages' VM, then the systemd,
+# fleet-scale and load VMs as the first ones end (-j2: at most two VMs at
+# once).
 test-vm-all:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-vm-e2e test-vm-rest test-systemd test-vm-fleet-scale
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-vm-e2e test-vm-rest test-systemd test-vm-fleet-scale test-vm-load
 
 test:
 	@test/stage.sh setup test/vm/setup.sh
