@@ -211,6 +211,10 @@ func TestWarmClaimPreforkedChecks(t *testing.T) {
 		}
 	}
 	a := startAgent(t, "--warm")
+	// Ready: the agent serves once its pre-forked process waits.
+	if _, err := a.c.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
 	pre := children(t, a.cmd.Process.Pid)
 	if len(pre) != 1 {
 		t.Fatalf("children before the claim: %v", pre)

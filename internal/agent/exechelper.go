@@ -49,8 +49,12 @@ const (
 const maxHelperSpec = 8 << 20
 
 // helperCheckTimeout bounds how long a claim waits for the pre-forked
-// process's check (a few syscalls).
-const helperCheckTimeout = 30 * time.Second
+// process's check (a few syscalls); helperBootTimeout how long a booting
+// member waits for the process to come up (a Go runtime's start-up).
+const (
+	helperCheckTimeout = 30 * time.Second
+	helperBootTimeout  = 2 * time.Minute
+)
 
 // helperSpec is what the agent sends its pre-forked process.
 type helperSpec struct {
@@ -67,7 +71,8 @@ type execHelper struct {
 	pid    int
 	done   <-chan syscall.WaitStatus
 	spec   *os.File // the claim goes out here, once
-	status *os.File // "ok" or the reason it cannot run
+	status *os.File // "waiting", then "ok" or the reason it cannot run
+	lines  *bufio.Reader
 }
 
 // startExecHelper forks the pre-forked workload process: the agent's own
@@ -101,7 +106,17 @@ func startExecHelper(r *Reaper, dropSysAdmin bool) (*execHelper, error) {
 		statusR.Close()
 		return nil, fmt.Errorf("pre-fork the workload: %w", err)
 	}
-	return &execHelper{pid: pid, done: done, spec: specW, status: statusR}, nil
+	h := &execHelper{pid: pid, done: done, spec: specW, status: statusR, lines: bufio.NewReader(io.LimitReader(statusR, 4096))}
+	// Its runtime's start-up is the member's boot, not the claim's: the
+	// member is ready once its pre-forked process waits for the claim.
+	_ = statusR.SetReadDeadline(time.Now().Add(helperBootTimeout))
+	if line, err := h.lines.ReadString('\n'); err != nil || line != "waiting\n" {
+		unix.Kill(pid, unix.SIGKILL)
+		specW.Close()
+		statusR.Close()
+		return nil, fmt.Errorf("pre-fork the workload: it did not come up (%q, %v)", line, err)
+	}
+	return h, nil
 }
 
 // start hands c to the pre-forked process and returns it as the workload
@@ -118,7 +133,7 @@ func (h *execHelper) start(c Claim) (*Workload, error) {
 	}
 	h.spec.Close()
 	_ = h.status.SetReadDeadline(time.Now().Add(helperCheckTimeout))
-	line, err := bufio.NewReader(io.LimitReader(h.status, 4096)).ReadString('\n')
+	line, err := h.lines.ReadString('\n')
 	if err != nil {
 		unix.Kill(h.pid, unix.SIGKILL)
 		return nil, fmt.Errorf("start workload %s: the pre-forked process did not answer: %w", c.Args[0], err)
@@ -147,6 +162,9 @@ func RunExecHelper(args []string, stderr io.Writer) int {
 	unix.CloseOnExec(helperStatusFD)
 	in := os.NewFile(helperSpecFD, "claim")
 	status := os.NewFile(helperStatusFD, "status")
+	if _, err := status.WriteString("waiting\n"); err != nil {
+		return 0 // the agent gave up on us
+	}
 	s := helperSpec{dropSysAdmin: len(args) == 1}
 	if err := json.NewDecoder(io.LimitReader(in, maxHelperSpec)).Decode(&s); err != nil {
 		if !errors.Is(err, io.EOF) {
