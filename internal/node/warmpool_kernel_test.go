@@ -58,6 +58,13 @@ func TestKernelWarmPool(t *testing.T) {
 	if got.WarmMember != m.Rec.ID || got.ContainerID != m.Rec.ContainerID {
 		t.Fatalf("the claim did not take member %s: %+v", m.Rec.ID, got)
 	}
+	// The claim was answered once its command checked runnable; the
+	// pre-forked process's exec may still be under way.
+	for deadline := time.Now().Add(time.Minute); exec("warm-a", "pidof sleep || true") == ""; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim's workload never became sleep")
+		}
+	}
 	// The guest's processes: the agent (pid 1) and the workload, apart
 	// from this exec's own shell and ps.
 	ps := exec("warm-a", "ps -o pid,args")
@@ -89,9 +96,10 @@ func TestKernelWarmPool(t *testing.T) {
 	if got := exec("warm-a", "hostname"); got != "warm-a" {
 		t.Errorf("hostname %q, want the claim's", got)
 	}
-	// A glob reads the dir alone (stat of the host socket is refused).
-	if got := exec("warm-a", "echo /.ctl/*"); got != "/.ctl/agent.sock" {
-		t.Errorf("agent socket dir after the claim: %q, want the socket alone (no nonce file)", got)
+	// A glob reads the dir alone (stat of the host socket is refused):
+	// the socket and, once written, the agent's claim report; no nonce.
+	if got := exec("warm-a", "echo /.ctl/*"); got != "/.ctl/agent.sock" && got != "/.ctl/agent.sock /.ctl/"+wire.ClaimReportName {
+		t.Errorf("agent socket dir after the claim: %q, want the socket and the claim report alone (no nonce file)", got)
 	}
 
 	creq := claimReq("c-cold", 1)
