@@ -42,24 +42,11 @@ func (o *Overlay) proc() string { return procRoot(o.ProcRoot) }
 // reused for another filesystem is not mistaken for it.
 func (o *Overlay) checkSuperblockGone(id, dev string) (ok bool, detail string) {
 	upper := filepath.Join(o.Dir(id), upperName)
-	nss, err := mountinfo.AllNamespaces(o.proc())
-	if err != nil {
-		return false, fmt.Sprintf("cannot read the mounts of every namespace: %v", err)
+	n, reused, mounted := o.scanMounts(upper, dev)
+	if mounted != "" {
+		return false, mounted
 	}
-	reused := false
-	for _, ns := range nss {
-		for _, m := range ns.Mounts {
-			ud, _ := mountinfo.Option(m.SuperOptions, "upperdir")
-			ours := m.FSType == "overlay" && ud == upper
-			if ours {
-				return false, fmt.Sprintf("overlay superblock %d:%d (upperdir %s) still mounted at %s in mount namespace %s (pid %d)", m.Major, m.Minor, upper, m.MountPoint, ns.ID, ns.PID)
-			}
-			if dev != "" && fmt.Sprintf("%d:%d", m.Major, m.Minor) == dev {
-				reused = true
-			}
-		}
-	}
-	where := fmt.Sprintf("in none of %d mount namespaces", len(nss))
+	where := fmt.Sprintf("in none of %d mount namespaces", n)
 	if dev == "" {
 		return true, fmt.Sprintf("overlay (upperdir %s) mounted %s; superblock device not recorded, holders not checked", upper, where)
 	}
@@ -73,9 +60,38 @@ func (o *Overlay) checkSuperblockGone(id, dev string) (ok bool, detail string) {
 		return false, err.Error()
 	}
 	if held != "" {
+		// The device may have been freed and given to a new filesystem
+		// between the scan and the holders' (a guest's root mounted
+		// meanwhile, in a namespace of its own): look again.
+		if _, reused, mounted := o.scanMounts(upper, dev); mounted == "" && reused {
+			return true, fmt.Sprintf("overlay superblock %s mounted %s; the device now belongs to another filesystem (its holders' %s)", dev, where, held)
+		}
 		return false, fmt.Sprintf("overlay superblock %s is detached but alive: held by %s", dev, held)
 	}
 	return true, fmt.Sprintf("overlay superblock %s mounted %s and held by no process", dev, where)
+}
+
+// scanMounts reads every mount namespace: n of them; reused says a
+// filesystem other than the overlay of upperdir upper has device dev;
+// mounted, when not empty, says where that overlay is still mounted (or
+// that the namespaces could not be read).
+func (o *Overlay) scanMounts(upper, dev string) (n int, reused bool, mounted string) {
+	nss, err := mountinfo.AllNamespaces(o.proc())
+	if err != nil {
+		return 0, false, fmt.Sprintf("cannot read the mounts of every namespace: %v", err)
+	}
+	for _, ns := range nss {
+		for _, m := range ns.Mounts {
+			ud, _ := mountinfo.Option(m.SuperOptions, "upperdir")
+			if m.FSType == "overlay" && ud == upper {
+				return len(nss), false, fmt.Sprintf("overlay superblock %d:%d (upperdir %s) still mounted at %s in mount namespace %s (pid %d)", m.Major, m.Minor, upper, m.MountPoint, ns.ID, ns.PID)
+			}
+			if dev != "" && fmt.Sprintf("%d:%d", m.Major, m.Minor) == dev {
+				reused = true
+			}
+		}
+	}
+	return len(nss), reused, ""
 }
 
 func parseDev(dev string) (uint32, uint32, error) {
