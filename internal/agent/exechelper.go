@@ -128,7 +128,11 @@ func (h *execHelper) start(c Claim) (*Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start workload: %w", err)
 	}
+	// Bounded both ways: a pre-forked process that hangs costs the claim
+	// helperCheckTimeout, never the agent.
+	_ = h.spec.SetWriteDeadline(time.Now().Add(helperCheckTimeout))
 	if _, err := h.spec.Write(b); err != nil {
+		unix.Kill(h.pid, unix.SIGKILL)
 		return nil, fmt.Errorf("start workload %s: the pre-forked process is gone: %w", c.Args[0], err)
 	}
 	h.spec.Close()
